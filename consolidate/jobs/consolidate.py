@@ -1,0 +1,134 @@
+"""``consolidate``: the nightly sleep pass over one store (Hydra job).
+
+Examples::
+
+    consolidate                                   # LOCOMO store, built on first run
+    consolidate pass.force=true pass.threshold=0.85 similarity.device=cpu
+    consolidate experiment=nightly store.dir=/data/stores/alice
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from ..sleep import run_pass, trigger
+from ..store import hours_now
+from .common import CONFIG_DIR, open_store, pass_cfg, sim_cfg, typed, write_summary
+
+log = logging.getLogger("consolidate")
+
+
+def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, Any]:
+    """Open (or build) the store, check the trigger, run the pass, commit, write a summary.
+
+    Args:
+        cfg: composed ``consolidate`` config.
+        out_dir: where ``summary.json`` goes (default: Hydra's output dir or ``outputs/``).
+
+    Returns:
+        The run summary (also written to ``<out_dir>/summary.json``).
+    """
+    from ..config import StoreConfig
+
+    t0 = time.perf_counter()
+    pc = pass_cfg(cfg)
+    sc = sim_cfg(cfg)
+    scfg: StoreConfig = typed(cfg, "store", StoreConfig)
+    t = time.perf_counter()
+    store, report = open_store(cfg)
+    t_build = time.perf_counter() - t
+    merger = instantiate(cfg.merge)
+    summary: dict[str, Any] = {"store": str(store.root), "config": OmegaConf.to_container(cfg)}
+    if report is not None:
+        summary["import"] = {k: report[k] for k in ("observations", "conversations", "sha256")}
+        summary["import"]["malformed_evidence"] = len(report["malformed_evidence"])
+        summary["import"]["time_s"] = round(t_build, 3)
+    with store.lock(timeout_s=scfg.lock_timeout_s):
+        t = time.perf_counter()
+        snap = store.load()
+        t_load = time.perf_counter() - t
+        fire, new_imp = trigger(snap.records, pc.trigger_importance)
+        summary["trigger"] = {"new_importance": round(new_imp, 4),
+                              "threshold": pc.trigger_importance, "fired": fire,
+                              "forced": pc.force}
+        summary["base_version"] = snap.version
+        if not (fire or pc.force):
+            summary["ran"] = False
+            log.info("trigger did not fire: new importance %.3f < %.3f (use pass.force=true)",
+                     new_imp, pc.trigger_importance)
+        else:
+            wall = hours_now()
+            res = run_pass(snap.records, cfg=pc, sim_cfg=sc, merger=merger,
+                           version=snap.version + 1, wall_h=wall)
+            t = time.perf_counter()
+            commit = store.commit(res.records, res.events, base=snap, dry_run=pc.dry_run,
+                                  pass_time_h=wall)
+            res.stats["time_s"]["load"] = round(t_load, 4)
+            res.stats["time_s"]["commit"] = round(time.perf_counter() - t, 4)
+            summary.update(ran=True, dry_run=pc.dry_run, commit=commit, stats=res.stats)
+    summary["wall_time_s"] = round(time.perf_counter() - t0, 3)
+    if out_dir is None:
+        out_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else "outputs"
+    summary["summary_path"] = str(write_summary(out_dir, summary))
+    return summary
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The short table printed at the end of a run."""
+    lines = [f"store            {s['store']}"]
+    if "import" in s:
+        i = s["import"]
+        lines.append(f"imported         {i['observations']} observations from "
+                     f"{i['conversations']} conversations ({i['time_s']} s)")
+    tr = s["trigger"]
+    lines.append(f"trigger          new importance {tr['new_importance']} vs "
+                 f"{tr['threshold']}: {'fired' if tr['fired'] else 'not fired'}"
+                 f"{' (forced)' if tr['forced'] else ''}")
+    if not s.get("ran"):
+        lines.append("pass             skipped (nothing to do; pass.force=true to run anyway)")
+    else:
+        st = s["stats"]
+        c = s["commit"]
+        rows = [
+            ("records in", st["records_in"], st["time_s"]["load"]),
+            ("exact duplicates", f"{st['exact_duplicates']} in {st['exact_groups']} groups",
+             st["time_s"]["exact"]),
+            ("pairs >= thresh", st["pairs"], st["time_s"]["similarity"]),
+            ("clusters", st["clusters"], st["time_s"]["cluster"]),
+            ("merges", f"{st['merges']} clusters + {st['exact_merges']} exact "
+                       f"({st['merged_members']} records)", st["time_s"]["merge"]),
+            ("review pairs", st["review_pairs"], ""),
+            ("dropped", f"{st['dropped_floor']} below floor, {st['dropped_cap']} over cap",
+             st["time_s"]["score"]),
+            ("records out", st["records_out"], st["time_s"]["commit"]),
+            ("model calls", st["model_calls"], ""),
+        ]
+        lines.append(f"{'stage':<17}{'result':<44}time_s")
+        lines += [f"{a:<17}{b!s:<44}{t}" for a, b, t in rows]
+        where = f"snapshot {c['version']}" if c["snapshot"] else "dry run, no snapshot"
+        lines.append(f"written          {where}, changelog {c['changelog']}, "
+                     f"carried {c['carried_records']} late records")
+        lines.append(f"device           {st['device']} (merger: {st['merger']})")
+    lines.append(f"wall time        {s['wall_time_s']} s; summary {s['summary_path']}")
+    return "\n".join(lines)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="consolidate")
+def _main(cfg: DictConfig) -> None:
+    summary = run_consolidate(cfg)
+    print(format_summary(summary))
+
+
+def main() -> None:
+    _main()
+
+
+if __name__ == "__main__":
+    main()

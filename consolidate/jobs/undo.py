@@ -1,0 +1,50 @@
+"""``consolidate-undo merge_id=m-...``: restore the members of one merge (Hydra job)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+from ..config import StoreConfig
+from ..sleep import undo_merge
+from ..store import hours_now
+from .common import CONFIG_DIR, open_store, typed
+
+log = logging.getLogger("consolidate")
+
+
+def run_undo(cfg: DictConfig) -> dict[str, Any]:
+    """Undo ``cfg.merge_id`` in ``cfg.store.dir`` as a new snapshot; returns the commit info.
+
+    Raises:
+        KeyError / ValueError: see :func:`consolidate.sleep.undo_merge`.
+    """
+    scfg: StoreConfig = typed(cfg, "store", StoreConfig)
+    store, _ = open_store(cfg, build=False)
+    with store.lock(timeout_s=scfg.lock_timeout_s):
+        snap = store.load()
+        recs = undo_merge(snap.records, cfg.merge_id)
+        restored = recs.meta["id"][
+            snap.records.meta["merged_into"].eq(cfg.merge_id).to_numpy()
+        ].tolist()
+        ev = [{"op": "undo", "id": cfg.merge_id, "restored": restored}]
+        commit = store.commit(recs, ev, base=snap, pass_time_h=snap.last_pass_at or hours_now())
+    return {"undone": cfg.merge_id, "restored": restored, **commit}
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="undo")
+def _main(cfg: DictConfig) -> None:
+    out = run_undo(cfg)
+    print(f"undid {out['undone']}: restored {len(out['restored'])} records "
+          f"({', '.join(out['restored'][:5])}); now at snapshot {out['version']}")
+
+
+def main() -> None:
+    _main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,440 @@
+"""The offline "sleep" pass: a pure function from one snapshot to the next.
+
+``run_pass(records, ...) -> PassResult(records, events, stats)`` reads nothing and writes
+nothing: the job (:mod:`consolidate.jobs.consolidate`) loads the snapshot, calls it and commits
+the result. It works on one or many namespaces and keeps no global state, so namespaces can be
+sharded across processes or machines.
+
+Stages, in order (each timed in ``stats["time_s"]``):
+
+1. ``purge``: tombstones older than ``tombstone_retention_hours`` are removed for good.
+2. ``exact``: live, unpinned records with the same normalised-text hash in one namespace form
+   a group (no model call).
+3. ``similarity``: tiled cosine join (:func:`consolidate.similarity.threshold_pairs`) over the
+   groups' strength-weighted centroids, within each namespace.
+4. ``cluster``: centroid-checked, complete-link clustering with the conflict guard
+   (:func:`consolidate.cluster.centroid_clusters`).
+5. ``merge``: one :class:`~consolidate.merge.MergeRequest` per cluster, all in one
+   :meth:`~consolidate.merge.Merger.merge_batch` call; exact-only groups need no call.
+   A merged record gets the strength-weighted centroid (renormalised), importance = max,
+   last_used = max, created_at = min, strength = sum (capped), source_ids = union, validity =
+   the union interval; its members become tombstones with ``merged_into`` set.
+6. ``score``: retention score, floor, cap per namespace (pinned rows are never dropped);
+   dropped rows become tombstones (``deleted_reason`` = ``floor`` or ``cap``).
+
+Pinned records take part in nothing but scoring (and are never dropped): they are never merged
+or rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .cluster import centroid_clusters
+from .config import PassConfig, SimilarityConfig
+from .merge import ExtractiveMerger, MergeMember, MergeRequest, Merger, canonical_order
+from .scoring import retention_score, select_survivors
+from .similarity import threshold_pairs
+from .store.schema import Records, hours_from_datetime
+from .text import conflict_reason, text_hash
+
+__all__ = ["PassResult", "run_pass", "resolve_now", "trigger", "undo_merge", "merged_id"]
+
+
+@dataclass
+class PassResult:
+    """Output of :func:`run_pass`.
+
+    Attributes:
+        records: the full next record set (live + tombstones).
+        events: changelog events (JSON-serialisable dicts).
+        stats: counts per stage, timings (seconds), model accounting.
+    """
+
+    records: Records
+    events: list[dict[str, Any]] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def merged_id(version: int, member_ids: Sequence[str]) -> str:
+    """Deterministic id of a merged record: ``m-`` + 24 hex chars of
+    sha256(version, sorted member ids)."""
+    h = hashlib.sha256(f"{version}\n".encode() + "\n".join(sorted(member_ids)).encode())
+    return "m-" + h.hexdigest()[:24]
+
+
+def resolve_now(spec: str | float, meta: pd.DataFrame, wall_h: float) -> np.ndarray:
+    """Per-row "now" in hours since the epoch.
+
+    Args:
+        spec: ``"wall"`` (the wall clock ``wall_h``), ``"latest"`` (per namespace, the latest
+            ``last_used``/``created_at`` among its live records: a simulated clock for
+            historical stores such as LOCOMO), an ISO datetime string, or hours (float).
+        meta: the records' table.
+        wall_h: wall clock, hours since the epoch.
+
+    Returns:
+        ``float64 [n]``.
+
+    Raises:
+        ValueError: an unparseable ``spec``.
+    """
+    n = len(meta)
+    if isinstance(spec, (int, float)):
+        return np.full(n, float(spec))
+    if spec == "wall":
+        return np.full(n, wall_h)
+    if spec == "latest":
+        live = meta["deleted_at"].isna()
+        t = np.fmax(meta["last_used"].to_numpy(np.float64), meta["created_at"].to_numpy(np.float64))
+        s = pd.Series(np.where(live, t, np.nan)).groupby(meta["namespace"].to_numpy()).transform(
+            "max"
+        )
+        return np.where(np.isnan(s.to_numpy()), wall_h, s.to_numpy())
+    try:
+        return np.full(n, hours_from_datetime(spec))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"pass.now must be 'wall', 'latest', hours or an ISO datetime; "
+                         f"got {spec!r}") from e
+
+
+def trigger(records: Records, threshold: float) -> tuple[bool, float]:
+    """Should the nightly pass run? Sums the importance of live records that no pass has
+    processed yet (``last_pass`` is null).
+
+    Returns:
+        ``(fire, new_importance)`` with ``fire = new_importance >= threshold``.
+    """
+    m = records.meta
+    new = records.live_mask() & m["last_pass"].isna().to_numpy()
+    total = float(m["importance"].to_numpy(np.float64)[new].sum())
+    return total >= threshold, total
+
+
+def _union_sources(lists: Sequence[Sequence[str]]) -> list[str]:
+    out: list[str] = []
+    seen: set[str] = set()
+    for lst in lists:
+        for s in lst:
+            if s not in seen:
+                seen.add(s)
+                out.append(s)
+    return sorted(out)
+
+
+def run_pass(
+    records: Records,
+    *,
+    cfg: PassConfig,
+    sim_cfg: SimilarityConfig | None = None,
+    merger: Merger | None = None,
+    version: int = 1,
+    wall_h: float | None = None,
+) -> PassResult:
+    """Consolidate ``records`` (one snapshot, any number of namespaces).
+
+    Args:
+        records: all records of the snapshot (tombstones pass through untouched).
+        cfg: pass settings (threshold, tau in hours, floor, cap, strength cap, now, stages).
+        sim_cfg: similarity engine settings (device, dtype, tiles); default cpu/auto fp32.
+        merger: the :class:`~consolidate.merge.Merger` (default: extractive).
+        version: version of the snapshot this pass will write (stamped as ``last_pass`` and
+            mixed into merged ids).
+        wall_h: wall clock in hours since the epoch, used for tombstone times and as ``now``
+            when ``cfg.now == "wall"`` (default: the current time).
+
+    Returns:
+        :class:`PassResult`.
+
+    Raises:
+        ValueError: bad settings (threshold outside [-1, 1], tau <= 0, cap < 0) or a merger
+            that returned the wrong number of responses.
+    """
+    sim_cfg = sim_cfg or SimilarityConfig()
+    merger = merger or ExtractiveMerger()
+    wall_h = time.time() / 3600 if wall_h is None else float(wall_h)
+    if not -1.0 <= cfg.threshold <= 1.0:
+        raise ValueError(f"threshold must be in [-1, 1], got {cfg.threshold}")
+    if cfg.cap is not None and cfg.cap < 0:
+        raise ValueError(f"cap must be >= 0, got {cfg.cap}")
+    times: dict[str, float] = {}
+    stats: dict[str, Any] = {"merger": merger.name, "version": version}
+    events: list[dict[str, Any]] = []
+    dim = records.dim
+
+    # ---------------------------------------------------------------- purge
+    t = time.perf_counter()
+    meta = records.meta.copy()
+    vec = records.vectors
+    deleted = meta["deleted_at"].to_numpy(np.float64)
+    stats["records_in"] = int(np.isnan(deleted).sum())
+    stats["tombstones_in"] = int((~np.isnan(deleted)).sum())
+    purge = np.zeros(len(meta), bool)
+    if cfg.tombstone_retention_hours is not None:
+        purge = ~np.isnan(deleted) & (wall_h - deleted > cfg.tombstone_retention_hours)
+    if purge.any():
+        events.append({"op": "purge", "ids": meta["id"][purge].tolist()})
+        meta = meta[~purge].reset_index(drop=True)
+        vec = vec[~purge]
+    stats["purged"] = int(purge.sum())
+    times["purge"] = time.perf_counter() - t
+
+    ids = meta["id"].to_numpy(object)
+    live = meta["deleted_at"].isna().to_numpy()
+    pinned = meta["pinned"].to_numpy(bool)
+    strength = meta["strength"].to_numpy(np.float64)
+    cand = np.flatnonzero(live & ~pinned)
+
+    # ---------------------------------------------------------------- exact duplicates
+    t = time.perf_counter()
+    if cfg.exact_dedup and len(cand):
+        key = meta["namespace"].iloc[cand].astype(str) + "\x00" + meta["text_hash"].iloc[cand]
+        grp = pd.Series(cand).groupby(key.to_numpy(), sort=True)
+        units = [sorted(g.tolist(), key=lambda r: ids[r]) for _, g in grp]
+    else:
+        units = [[int(r)] for r in cand]
+    units.sort(key=lambda u: ids[u[0]])
+    stats["exact_groups"] = sum(len(u) > 1 for u in units)
+    stats["exact_duplicates"] = sum(len(u) - 1 for u in units if len(u) > 1)
+    times["exact"] = time.perf_counter() - t
+
+    # unit arrays
+    u_vec = np.zeros((len(units), dim), np.float32)
+    u_w = np.zeros(len(units))
+    for k, u in enumerate(units):
+        s = (strength[u, None] * vec[u].astype(np.float64)).sum(0)
+        u_vec[k] = s / max(np.linalg.norm(s), 1e-300)
+        u_w[k] = strength[u].sum()
+    u_key = [ids[u[0]] for u in units]
+    u_text = [meta["text"].iat[u[0]] for u in units]
+    u_ns = meta["namespace"].to_numpy(object)[[u[0] for u in units]] if units else np.array([])
+    ns_codes = pd.factorize(pd.Series(u_ns, dtype=object), sort=True)[0]
+
+    # ---------------------------------------------------------------- similarity
+    t = time.perf_counter()
+    if cfg.near_dedup and len(units) > 1:
+        pairs = threshold_pairs(
+            torch.from_numpy(u_vec), cfg.threshold, segments=torch.from_numpy(ns_codes),
+            device=sim_cfg.device, dtype=sim_cfg.dtype, tile_rows=sim_cfg.tile_rows,
+            tile_cols=sim_cfg.tile_cols,
+            budget_bytes=None if sim_cfg.budget_mb is None else int(sim_cfg.budget_mb * 2**20),
+        )
+    else:
+        pairs = None
+    stats["pairs"] = 0 if pairs is None else len(pairs)
+    stats["device"] = str(torch.device(sim_cfg.device) if sim_cfg.device != "auto"
+                          else ("cuda" if torch.cuda.is_available() else "cpu"))
+    times["similarity"] = time.perf_counter() - t
+
+    # ---------------------------------------------------------------- clustering
+    t = time.perf_counter()
+    if pairs is not None and len(pairs):
+        cr = centroid_clusters(
+            pairs.i, pairs.j, pairs.sim, u_vec, u_w, u_key, cfg.threshold,
+            conflict=lambda a, b: conflict_reason(u_text[a], u_text[b]),
+            allow_conflicts=bool(getattr(merger, "handles_conflicts", False)),
+        )
+        clusters, review = cr.clusters, cr.review
+        pair_sim = {(int(a), int(b)): float(s) for a, b, s in zip(pairs.i, pairs.j, pairs.sim,
+                                                                  strict=True)}
+    else:
+        clusters, review, pair_sim = [], [], {}
+    for a, b, s, reason in review:
+        events.append({
+            "op": "review", "reason": reason, "similarity": round(s, 6),
+            "ids": [u_key[a], u_key[b]], "texts": [u_text[a], u_text[b]],
+            "namespace": u_ns[a],
+        })
+    stats["clusters"] = len(clusters)
+    stats["review_pairs"] = len(review)
+    times["cluster"] = time.perf_counter() - t
+
+    # ---------------------------------------------------------------- merge
+    t = time.perf_counter()
+    in_cluster = {k for c in clusters for k in c}
+    requests: list[MergeRequest] = []
+    req_units: list[list[int]] = []
+    for c in clusters:
+        rows = sorted((r for k in c for r in units[k]), key=lambda r: ids[r])
+        sims = tuple(
+            (u_key[a], u_key[b], round(pair_sim[(min(a, b), max(a, b))], 6))
+            for x, a in enumerate(c) for b in c[x + 1 :]
+            if (min(a, b), max(a, b)) in pair_sim
+        )
+        confl = tuple((u_key[a], u_key[b], r) for a, b, _, r in review
+                      if a in c and b in c)
+        requests.append(MergeRequest(
+            cluster_id=merged_id(version, [ids[r] for r in rows]),
+            namespace=str(u_ns[c[0]]),
+            members=tuple(_member(meta, r) for r in rows),
+            similarities=sims, conflicts=confl,
+        ))
+        req_units.append(c)
+    responses = merger.merge_batch(requests) if requests else []
+    if len(responses) != len(requests):
+        raise ValueError(f"merger {merger.name!r} returned {len(responses)} responses for "
+                         f"{len(requests)} requests")
+    merges: list[tuple[list[int], str, str, dict[str, Any]]] = []  # rows, text, op, extra
+    for req, resp, c in zip(requests, responses, req_units, strict=True):
+        if resp.text is not None and resp.text.strip():
+            merges.append(([r for k in c for r in units[k]], resp.text.strip(), "merge",
+                           {"similarities": [list(s) for s in req.similarities],
+                            "raw": resp.raw, "note": resp.note}))
+        else:
+            events.append({"op": "merge_declined", "cluster_id": req.cluster_id,
+                           "ids": [m.id for m in req.members], "note": resp.note,
+                           "raw": resp.raw})
+            in_cluster -= set(c)  # fall back to exact-only merges of its groups
+    for k, u in enumerate(units):
+        if len(u) > 1 and k not in in_cluster:
+            text = canonical_order([_member(meta, r) for r in u])[0].text
+            merges.append((u, text, "exact_merge", {}))
+    stats["model_calls"] = sum(r.calls for r in responses)
+    stats["prompt_tokens"] = sum(r.prompt_tokens for r in responses)
+    stats["completion_tokens"] = sum(r.completion_tokens for r in responses)
+
+    new_rows: list[dict[str, Any]] = []
+    new_vecs: list[np.ndarray] = []
+    del_at = meta["deleted_at"].to_numpy(np.float64).copy()
+    del_reason = meta["deleted_reason"].to_numpy(object).copy()
+    merged_into = meta["merged_into"].to_numpy(object).copy()
+    for rows, text, op, extra in sorted(merges, key=lambda m: min(ids[r] for r in m[0])):
+        rows = sorted(rows, key=lambda r: ids[r])
+        mid = merged_id(version, [ids[r] for r in rows])
+        w = strength[rows]
+        s = (w[:, None] * vec[rows].astype(np.float64)).sum(0)
+        v = (s / np.linalg.norm(s)).astype(np.float32)
+        vf = meta["valid_from"].to_numpy(np.float64)[rows]
+        vt = meta["valid_to"].to_numpy(np.float64)[rows]
+        new_rows.append({
+            "id": mid,
+            "namespace": meta["namespace"].iat[rows[0]],
+            "text": text,
+            "importance": float(meta["importance"].to_numpy(np.float64)[rows].max()),
+            "created_at": float(meta["created_at"].to_numpy(np.float64)[rows].min()),
+            "last_used": float(meta["last_used"].to_numpy(np.float64)[rows].max()),
+            "strength": float(min(w.sum(), max(cfg.strength_cap, w.max()))),
+            "pinned": False,
+            "source_ids": _union_sources([meta["source_ids"].iat[r] for r in rows]),
+            "valid_from": float(np.nanmin(vf)) if not np.isnan(vf).all() else math.nan,
+            "valid_to": math.nan if np.isnan(vt).any() else float(vt.max()),
+            "deleted_at": math.nan,
+            "deleted_reason": None,
+            "merged_into": None,
+            "text_hash": text_hash(text),
+            "last_pass": float(version),
+        })
+        new_vecs.append(v)
+        del_at[rows] = wall_h
+        del_reason[rows] = "merged"
+        merged_into[rows] = mid
+        events.append({"op": op, "id": mid, "namespace": new_rows[-1]["namespace"],
+                       "members": [ids[r] for r in rows], "text": text,
+                       "merger": merger.name if op == "merge" else None, **extra})
+    meta["deleted_at"] = del_at
+    meta["deleted_reason"] = del_reason
+    meta["merged_into"] = merged_into
+    stats["merges"] = sum(1 for m in merges if m[2] == "merge")
+    stats["exact_merges"] = sum(1 for m in merges if m[2] == "exact_merge")
+    stats["merged_members"] = sum(len(m[0]) for m in merges)
+    if new_rows:
+        add = pd.DataFrame(new_rows, columns=meta.columns)
+        meta = pd.concat([meta, add], ignore_index=True)
+        vec = np.concatenate([vec, np.stack(new_vecs)])
+    times["merge"] = time.perf_counter() - t
+
+    # ---------------------------------------------------------------- decay, floor, cap
+    t = time.perf_counter()
+    live = meta["deleted_at"].isna().to_numpy()
+    li = np.flatnonzero(live)
+    lm = meta.iloc[li]
+    now = resolve_now(cfg.now, meta, wall_h)[li]
+    if cfg.decay:
+        score = retention_score(
+            torch.tensor(lm["importance"].to_numpy(np.float64)),
+            torch.tensor(lm["last_used"].to_numpy(np.float64)),
+            torch.tensor(lm["strength"].to_numpy(np.float64)),
+            torch.tensor(now), cfg.tau_hours,
+        ).numpy()
+        floor = cfg.floor
+    else:
+        score = lm["importance"].to_numpy(np.float64)
+        floor = -math.inf
+    sel = select_survivors(score, lm["pinned"].to_numpy(bool), lm["namespace"].to_numpy(object),
+                           lm["id"].to_numpy(object), floor, cfg.cap)
+    drop = li[~sel.keep]
+    meta.loc[drop, "deleted_at"] = wall_h
+    meta.loc[drop, "deleted_reason"] = sel.reason[~sel.keep]
+    for r, sc, why in zip(drop, score[~sel.keep], sel.reason[~sel.keep], strict=True):
+        events.append({"op": "drop", "id": meta["id"].iat[r], "reason": why,
+                       "score": float(sc), "namespace": meta["namespace"].iat[r]})
+    stats["dropped_floor"] = int((sel.reason == "floor").sum())
+    stats["dropped_cap"] = int((sel.reason == "cap").sum())
+    kept = li[sel.keep]
+    meta.loc[kept, "last_pass"] = float(version)
+    stats["records_out"] = int(len(kept))
+    stats["score_min"] = float(score[sel.keep].min()) if sel.keep.any() else None
+    times["score"] = time.perf_counter() - t
+
+    stats["time_s"] = {k: round(v, 4) for k, v in times.items()}
+    return PassResult(Records(meta.reset_index(drop=True), vec.astype(np.float32)), events,
+                      stats)
+
+
+def _member(meta: pd.DataFrame, r: int) -> MergeMember:
+    return MergeMember(
+        id=str(meta["id"].iat[r]),
+        text=str(meta["text"].iat[r]),
+        importance=float(meta["importance"].iat[r]),
+        last_used=float(meta["last_used"].iat[r]),
+        strength=float(meta["strength"].iat[r]),
+        created_at=float(meta["created_at"].iat[r]),
+        source_ids=tuple(meta["source_ids"].iat[r]),
+    )
+
+
+def undo_merge(records: Records, merge_id: str, wall_h: float | None = None) -> Records:
+    """Undo a merge: the merged record becomes a tombstone (``deleted_reason="undone"``) and
+    its members are live again (``deleted_at``, ``merged_into`` cleared).
+
+    Args:
+        records: all records (with tombstones).
+        merge_id: id of the merged record.
+        wall_h: wall clock, hours since the epoch (default: now).
+
+    Returns:
+        New :class:`Records`.
+
+    Raises:
+        KeyError: ``merge_id`` is not in the records, or no record was merged into it (for
+            example its members were purged after the tombstone retention).
+        ValueError: the merged record is no longer live (merged again, dropped or undone):
+            undo the later change first.
+    """
+    wall_h = time.time() / 3600 if wall_h is None else wall_h
+    meta = records.meta.copy()
+    pos = np.flatnonzero(meta["id"].to_numpy(object) == merge_id)
+    if not len(pos):
+        raise KeyError(f"no record with id {merge_id!r}")
+    p = int(pos[0])
+    if not np.isnan(meta["deleted_at"].iat[p]):
+        later = meta["merged_into"].iat[p] or meta["deleted_reason"].iat[p]
+        raise ValueError(f"{merge_id!r} is not live (deleted: {later}); undo that first")
+    members = np.flatnonzero(meta["merged_into"].to_numpy(object) == merge_id)
+    if not len(members):
+        raise KeyError(f"no record was merged into {merge_id!r}")
+    meta.loc[members, "deleted_at"] = math.nan
+    meta.loc[members, "deleted_reason"] = None
+    meta.loc[members, "merged_into"] = None
+    meta.loc[p, "deleted_at"] = wall_h
+    meta.loc[p, "deleted_reason"] = "undone"
+    return Records(meta, records.vectors)

@@ -1,0 +1,38 @@
+"""Memory store: schema, validation, Parquet snapshots with atomic swap, importers."""
+
+from .batch import MemoryBatch, resolve_device
+from .schema import (
+    InvalidRecordsError,
+    Records,
+    datetime_from_hours,
+    hours_from_datetime,
+    hours_now,
+    records_from_rows,
+    validate,
+)
+from .store import (
+    ConcurrentCommitError,
+    LockTimeoutError,
+    Snapshot,
+    Store,
+    StoreNotFoundError,
+    apply_touch,
+)
+
+__all__ = [
+    "MemoryBatch",
+    "resolve_device",
+    "InvalidRecordsError",
+    "Records",
+    "datetime_from_hours",
+    "hours_from_datetime",
+    "hours_now",
+    "records_from_rows",
+    "validate",
+    "ConcurrentCommitError",
+    "LockTimeoutError",
+    "Snapshot",
+    "Store",
+    "StoreNotFoundError",
+    "apply_touch",
+]

@@ -1,0 +1,466 @@
+"""Record schema, conversion to and from Arrow, and validation.
+
+In memory a set of records is a :class:`Records`: a pandas ``DataFrame`` of scalar and list
+columns plus a row-aligned ``float32`` numpy array of unit vectors. Times are **hours since the
+Unix epoch (UTC) as float64** in memory (``NaN`` = null) and ``timestamp[us, UTC]`` in Parquet.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from ..text import text_hash
+
+__all__ = [
+    "COLUMNS",
+    "TIME_COLUMNS",
+    "Records",
+    "InvalidRecordsError",
+    "Problem",
+    "validate",
+    "records_from_rows",
+    "records_to_arrow",
+    "records_from_arrow",
+    "hours_now",
+    "hours_from_datetime",
+    "datetime_from_hours",
+]
+
+# name -> pandas dtype used in memory
+COLUMNS: dict[str, str] = {
+    "id": "object",
+    "namespace": "object",
+    "text": "object",
+    "importance": "float64",
+    "created_at": "float64",
+    "last_used": "float64",
+    "strength": "float64",
+    "pinned": "bool",
+    "source_ids": "object",
+    "valid_from": "float64",
+    "valid_to": "float64",
+    "deleted_at": "float64",
+    "deleted_reason": "object",
+    "merged_into": "object",
+    "text_hash": "object",
+    "last_pass": "float64",  # version of the snapshot written by the last pass that saw it
+}
+TIME_COLUMNS = ("created_at", "last_used", "valid_from", "valid_to", "deleted_at")
+_NULLABLE_STR = ("deleted_reason", "merged_into")
+_US_PER_HOUR = 3_600_000_000
+
+
+def hours_now() -> float:
+    """Current wall-clock time in hours since the Unix epoch (UTC), float."""
+    return time.time() / 3600.0
+
+
+def hours_from_datetime(ts: Any) -> float:
+    """Hours since the epoch for a ``datetime``/``pd.Timestamp``/ISO string (naive = UTC)."""
+    t = pd.Timestamp(ts)
+    if t.tzinfo is None:
+        t = t.tz_localize("UTC")
+    return t.value / 3.6e12
+
+
+def datetime_from_hours(h: float) -> pd.Timestamp:
+    """Inverse of :func:`hours_from_datetime` (UTC ``pd.Timestamp``)."""
+    return pd.Timestamp(round(h * 3.6e12), unit="ns", tz="UTC")
+
+
+@dataclass
+class Records:
+    """Row-aligned record table and vectors.
+
+    Attributes:
+        meta: ``DataFrame`` with exactly the columns of :data:`COLUMNS`, ``RangeIndex``.
+        vectors: ``float32`` array ``[n, d]``; row ``k`` belongs to ``meta.iloc[k]``.
+    """
+
+    meta: pd.DataFrame
+    vectors: np.ndarray
+    #: rows whose vector had the wrong length on input (filled with NaN); see :func:`validate`
+    bad_dim: list[int] = field(default_factory=list)
+    #: rows whose text was not valid UTF-8 on input (text set to ``None``)
+    bad_utf8: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.meta) != len(self.vectors):
+            raise ValueError(f"meta has {len(self.meta)} rows but vectors {len(self.vectors)}")
+
+    def __len__(self) -> int:
+        return len(self.meta)
+
+    @property
+    def dim(self) -> int:
+        return int(self.vectors.shape[1]) if self.vectors.ndim == 2 else 0
+
+    def take(self, idx: np.ndarray | list[int]) -> Records:
+        """Rows ``idx`` (int positions) as new ``Records``."""
+        idx = np.asarray(idx, dtype=np.int64)
+        return Records(self.meta.iloc[idx].reset_index(drop=True), self.vectors[idx])
+
+    def mask(self, m: np.ndarray) -> Records:
+        return self.take(np.flatnonzero(m))
+
+    @staticmethod
+    def concat(parts: Iterable[Records], dim: int) -> Records:
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return Records.empty(dim)
+        meta = pd.concat([p.meta for p in parts], ignore_index=True)
+        return Records(meta, np.concatenate([p.vectors for p in parts]).astype(np.float32))
+
+    @staticmethod
+    def empty(dim: int) -> Records:
+        meta = pd.DataFrame({c: pd.Series([], dtype=t) for c, t in COLUMNS.items()})
+        return Records(meta, np.zeros((0, dim), dtype=np.float32))
+
+    def live_mask(self) -> np.ndarray:
+        """``bool [n]``: rows that are not tombstones."""
+        return np.isnan(self.meta["deleted_at"].to_numpy(dtype=np.float64))
+
+
+class InvalidRecordsError(ValueError):
+    """Records failed validation. ``problems`` lists each kind with the offending ids."""
+
+    def __init__(self, source: str, problems: list[Problem]):
+        self.source = source
+        self.problems = problems
+        lines = [f"invalid records in {source}:"]
+        lines += [f"  - {p.describe()}" for p in problems]
+        super().__init__("\n".join(lines))
+
+
+@dataclass
+class Problem:
+    kind: str
+    rows: list[int] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+
+    def describe(self, show: int = 5) -> str:
+        head = ", ".join(repr(i) for i in self.ids[:show])
+        more = f" (and {len(self.ids) - show} more)" if len(self.ids) > show else ""
+        return f"{self.kind}: {len(self.ids)} record(s): {head}{more}"
+
+
+def _fill_defaults(row: Mapping[str, Any], now_h: float) -> dict[str, Any]:
+    r = dict(row)
+    r.setdefault("importance", 0.5)
+    r.setdefault("created_at", r.get("last_used", now_h))
+    r.setdefault("last_used", r["created_at"])
+    r.setdefault("strength", 1.0)
+    r.setdefault("pinned", False)
+    r.setdefault("source_ids", [])
+    for c in ("valid_from", "valid_to", "deleted_at", "last_pass"):
+        r.setdefault(c, math.nan)
+    for c in _NULLABLE_STR:
+        r.setdefault(c, None)
+    for c in TIME_COLUMNS:
+        v = r[c]
+        if v is None:
+            r[c] = math.nan
+        elif not isinstance(v, (int, float, np.floating, np.integer)):
+            r[c] = hours_from_datetime(v)
+    if r["last_pass"] is None:
+        r["last_pass"] = math.nan
+    return r
+
+
+def records_from_rows(rows: Iterable[Mapping[str, Any]], dim: int | None = None) -> Records:
+    """Build :class:`Records` from dicts with at least ``id``, ``namespace``, ``text``, ``vector``.
+
+    Times may be hours since the epoch (float), ``datetime``, ``pd.Timestamp`` or ISO strings.
+    Missing optional fields get defaults: importance 0.5, strength 1, last_used = created_at =
+    now, no provenance. ``text_hash`` is always recomputed. Vectors are **not** validated here
+    (call :func:`validate`); rows whose vector has the wrong length are kept with a NaN vector
+    of the right length and listed in ``Records.bad_dim`` for :func:`validate`.
+
+    Args:
+        rows: iterable of mappings.
+        dim: expected vector dimension; default: the length of the first row's vector.
+
+    Raises:
+        KeyError: a row lacks ``id``, ``namespace``, ``text`` or ``vector`` (message names it).
+    """
+    now_h = hours_now()
+    rows = [_fill_defaults(r, now_h) for r in rows]
+    for k, r in enumerate(rows):
+        for req in ("id", "namespace", "text", "vector"):
+            if req not in r:
+                raise KeyError(f"record #{k} (id={r.get('id')!r}) has no field {req!r}")
+    if dim is None:
+        dim = len(rows[0]["vector"]) if rows else 0
+    vecs = np.full((len(rows), dim), np.nan, dtype=np.float32)
+    bad_dim = []
+    for k, r in enumerate(rows):
+        v = np.asarray(r["vector"], dtype=np.float32).reshape(-1)
+        if v.shape[0] != dim:
+            bad_dim.append(k)
+        else:
+            vecs[k] = v
+    meta = pd.DataFrame({c: [r.get(c) for r in rows] for c in COLUMNS if c != "text_hash"})
+    meta["text_hash"] = [_safe_hash(t) for t in meta["text"]]
+    meta = _coerce(meta)
+    return Records(meta, vecs, bad_dim=bad_dim)
+
+
+def _safe_hash(t: Any) -> str:
+    try:
+        return text_hash(t) if isinstance(t, str) else ""
+    except UnicodeEncodeError:
+        return ""
+
+
+def _coerce(meta: pd.DataFrame) -> pd.DataFrame:
+    out = pd.DataFrame(index=pd.RangeIndex(len(meta)))
+    for c, t in COLUMNS.items():
+        s = meta[c] if c in meta else pd.Series([None] * len(meta))
+        if t == "float64":
+            out[c] = pd.to_numeric(s, errors="coerce").astype("float64").to_numpy()
+        elif t == "bool":
+            out[c] = s.fillna(False).astype(bool).to_numpy()
+        elif c == "source_ids":
+            out[c] = pd.Series([list(x) if x is not None else [] for x in s], dtype=object)
+        else:
+            out[c] = pd.Series(list(s), dtype=object)
+    return out
+
+
+# ---------------------------------------------------------------- arrow I/O
+def arrow_schema(dim: int) -> pa.Schema:
+    """Parquet/Arrow schema of a snapshot with ``dim``-dimensional vectors."""
+    ts = pa.timestamp("us", tz="UTC")
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            ("namespace", pa.string()),
+            ("text", pa.string()),
+            ("vector", pa.list_(pa.float32(), dim)),
+            ("importance", pa.float64()),
+            ("created_at", ts),
+            ("last_used", ts),
+            ("strength", pa.float64()),
+            ("pinned", pa.bool_()),
+            ("source_ids", pa.list_(pa.string())),
+            ("valid_from", ts),
+            ("valid_to", ts),
+            ("deleted_at", ts),
+            ("deleted_reason", pa.string()),
+            ("merged_into", pa.string()),
+            ("text_hash", pa.string()),
+            ("last_pass", pa.int64()),
+        ]
+    )
+
+
+def _hours_to_ts(col: np.ndarray) -> pa.Array:
+    mask = np.isnan(col)
+    us = np.where(mask, 0, np.round(col * _US_PER_HOUR)).astype(np.int64)
+    return pa.array(us, type=pa.int64(), mask=mask).cast(pa.timestamp("us", tz="UTC"))
+
+
+def _opt_str(s: pd.Series) -> list[str | None]:
+    return [x if isinstance(x, str) else None for x in s]
+
+
+def records_to_arrow(recs: Records) -> pa.Table:
+    """Convert to an Arrow table with :func:`arrow_schema` (times as UTC timestamps)."""
+    m = recs.meta
+    dim = recs.dim
+    flat = pa.array(recs.vectors.reshape(-1).astype(np.float32), type=pa.float32())
+    arrays = {
+        "id": pa.array(m["id"].tolist(), pa.string()),
+        "namespace": pa.array(m["namespace"].tolist(), pa.string()),
+        "text": pa.array(m["text"].tolist(), pa.string()),
+        "vector": pa.FixedSizeListArray.from_arrays(flat, dim),
+        "importance": pa.array(m["importance"].to_numpy(np.float64)),
+        "strength": pa.array(m["strength"].to_numpy(np.float64)),
+        "pinned": pa.array(m["pinned"].to_numpy(bool)),
+        "source_ids": pa.array([list(x) for x in m["source_ids"]], pa.list_(pa.string())),
+        "deleted_reason": pa.array(_opt_str(m["deleted_reason"]), pa.string()),
+        "merged_into": pa.array(_opt_str(m["merged_into"]), pa.string()),
+        "text_hash": pa.array(m["text_hash"].tolist(), pa.string()),
+    }
+    for c in TIME_COLUMNS:
+        arrays[c] = _hours_to_ts(m[c].to_numpy(np.float64))
+    lp = m["last_pass"].to_numpy(np.float64)
+    lp_mask = np.isnan(lp)
+    arrays["last_pass"] = pa.array(np.where(lp_mask, 0, lp).astype(np.int64), mask=lp_mask)
+    schema = arrow_schema(dim)
+    return pa.table([arrays[f.name] for f in schema], schema=schema)
+
+
+def _bad_utf8_rows(col: pa.ChunkedArray) -> list[int]:
+    bad: list[int] = []
+    off = 0
+    for chunk in col.chunks:
+        try:
+            chunk.validate(full=True)
+        except pa.ArrowInvalid:
+            as_bin = chunk.view(pa.binary()) if pa.types.is_string(chunk.type) else chunk
+            for k, b in enumerate(as_bin.to_pylist()):
+                if b is None:
+                    continue
+                try:
+                    b.decode("utf-8")
+                except UnicodeDecodeError:
+                    bad.append(off + k)
+        off += len(chunk)
+    return bad
+
+
+def records_from_arrow(table: pa.Table) -> Records:
+    """Inverse of :func:`records_to_arrow`. Rows with invalid UTF-8 text get text ``None``
+    and are listed in ``Records.bad_utf8`` for :func:`validate`; vectors of the wrong length
+    (variable-length list columns) in ``Records.bad_dim``.
+
+    Raises:
+        KeyError: a required column (id, namespace, text, vector) is missing.
+    """
+    names = set(table.column_names)
+    for req in ("id", "namespace", "text", "vector"):
+        if req not in names:
+            raise KeyError(f"column {req!r} missing (columns: {sorted(names)})")
+    bad_utf8 = _bad_utf8_rows(table.column("text")) if pa.types.is_string(
+        table.schema.field("text").type
+    ) or pa.types.is_binary(table.schema.field("text").type) else []
+    if bad_utf8:
+        texts_bin = table.column("text").cast(pa.binary()) if pa.types.is_binary(
+            table.schema.field("text").type
+        ) else pa.chunked_array([c.view(pa.binary()) for c in table.column("text").chunks])
+        texts = [
+            None if (k in set(bad_utf8) or b is None) else b.decode("utf-8")
+            for k, b in enumerate(texts_bin.to_pylist())
+        ]
+        table = table.drop_columns(["text"]).append_column("text", pa.array(texts, pa.string()))
+    vcol = table.column("vector").combine_chunks()
+    n = table.num_rows
+    if pa.types.is_fixed_size_list(vcol.type):
+        dim = vcol.type.list_size
+        vals = vcol.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
+        vecs = vals.reshape(n, dim) if n else np.zeros((0, dim), np.float32)
+        bad_dim: list[int] = []
+    else:
+        lists = vcol.to_pylist()
+        lens = [len(v) if v is not None else -1 for v in lists]
+        dim = max(set(lens), key=lens.count) if lens else 0
+        vecs = np.full((n, dim), np.nan, dtype=np.float32)
+        bad_dim = []
+        for k, v in enumerate(lists):
+            if v is None or len(v) != dim:
+                bad_dim.append(k)
+            else:
+                vecs[k] = v
+    cols: dict[str, Any] = {}
+    for c in COLUMNS:
+        if c == "text_hash" or c not in names and c != "text":
+            continue
+        arr = table.column(c)
+        if c in TIME_COLUMNS:
+            us = arr.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
+            v = us.to_numpy(zero_copy_only=False).astype(np.float64) / _US_PER_HOUR
+            v[np.asarray(us.is_null())] = np.nan
+            cols[c] = v
+        elif c == "last_pass":
+            cols[c] = arr.cast(pa.float64()).to_numpy(zero_copy_only=False)
+        else:
+            cols[c] = arr.to_pylist()
+    meta = pd.DataFrame(cols)
+    meta["text_hash"] = [_safe_hash(t) for t in meta["text"]]
+    meta = _coerce(meta)
+    return Records(meta, vecs, bad_dim=bad_dim, bad_utf8=bad_utf8)
+
+
+# ---------------------------------------------------------------- validation
+def validate(
+    recs: Records,
+    *,
+    dim: int | None,
+    now_h: float | None = None,
+    future_tolerance_h: float = 5 / 60,
+    existing_ids: set[str] | None = None,
+) -> list[Problem]:
+    """Check every record; return the problems found (empty list = valid).
+
+    Checks: NaN/inf in a vector, zero vector, wrong dimension, empty or whitespace-only text,
+    text that is not valid UTF-8, duplicate id (within ``recs`` and against ``existing_ids``),
+    importance outside [0, 1] (or NaN), strength < 1 (or NaN), last_used later than
+    ``now_h + future_tolerance_h``, and a missing id or namespace.
+
+    Args:
+        recs: the records.
+        dim: expected vector dimension (``None`` = take ``recs.dim``).
+        now_h: wall clock in hours since the epoch (default: now).
+        future_tolerance_h: allowed clock skew for ``last_used``, hours (default 5 min).
+        existing_ids: ids already in the store (for duplicate detection at write time).
+
+    Returns:
+        list of :class:`Problem`, one per kind that occurs, ids in row order.
+    """
+    now_h = hours_now() if now_h is None else now_h
+    m = recs.meta
+    ids = [str(x) for x in m["id"]]
+    found: dict[str, list[int]] = {}
+
+    def add(kind: str, rows: Iterable[int]) -> None:
+        rows = sorted(set(int(r) for r in rows))
+        if rows:
+            found.setdefault(kind, []).extend(rows)
+
+    add("missing id", [k for k, x in enumerate(m["id"]) if not isinstance(x, str) or not x])
+    add("missing namespace",
+        [k for k, x in enumerate(m["namespace"]) if not isinstance(x, str) or not x])
+    v = recs.vectors
+    bad_dim = set(recs.bad_dim)
+    if dim is not None and v.ndim == 2 and v.shape[1] != dim:
+        bad_dim = set(range(len(recs)))
+    add("wrong vector dimension" + (f" (expected {dim})" if dim else ""), bad_dim)
+    if v.size:
+        finite = np.isfinite(v).all(axis=1)
+        add("NaN or inf in vector", [k for k in np.flatnonzero(~finite) if k not in bad_dim])
+        norms = np.linalg.norm(np.where(np.isfinite(v), v, 0), axis=1)
+        add("zero vector", np.flatnonzero(finite & (norms < 1e-12)))
+    bad_utf8 = set(recs.bad_utf8)
+    for k, t in enumerate(m["text"]):
+        if isinstance(t, str):
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError:
+                bad_utf8.add(k)
+    add("text is not valid UTF-8", bad_utf8)
+    add("empty or whitespace-only text",
+        [k for k, t in enumerate(m["text"])
+         if k not in bad_utf8 and (not isinstance(t, str) or not t.strip())])
+    imp = m["importance"].to_numpy(np.float64)
+    add("importance outside [0, 1]", np.flatnonzero(~((imp >= 0) & (imp <= 1))))
+    st = m["strength"].to_numpy(np.float64)
+    add("strength < 1", np.flatnonzero(~(st >= 1)))
+    lu = m["last_used"].to_numpy(np.float64)
+    add("last_used in the future", np.flatnonzero(lu > now_h + future_tolerance_h))
+    add("last_used missing", np.flatnonzero(np.isnan(lu)))
+    seen: dict[str, int] = {}
+    dups = []
+    for k, i in enumerate(ids):
+        if i in seen or (existing_ids is not None and i in existing_ids):
+            dups.append(k)
+        seen.setdefault(i, k)
+    add("duplicate id", dups)
+    return [Problem(kind, rows, [ids[r] for r in rows]) for kind, rows in found.items()]
+
+
+def normalise_vectors(recs: Records) -> None:
+    """Rescale every finite non-zero vector to unit length in place (float32)."""
+    v = recs.vectors.astype(np.float64)
+    n = np.linalg.norm(v, axis=1, keepdims=True)
+    ok = np.isfinite(n) & (n > 1e-12)
+    v = np.where(ok, v / np.where(ok, n, 1.0), v)
+    recs.vectors = v.astype(np.float32)

@@ -1,0 +1,549 @@
+"""A memory store on disk: Parquet snapshots, a pointer swapped atomically, write deltas.
+
+Layout of a store directory::
+
+    CURRENT                      pointer (JSON): version, snapshot and changelog file names,
+                                 dim, deltas already folded into this snapshot
+    LOCK                         flock()ed by the one pass (or undo) allowed at a time
+    snapshots/snapshot-000007.parquet
+    changelogs/changelog-000007.jsonl
+    deltas/<time_ns>-<pid>-<rand>.parquet     records appended since the snapshot
+    deltas/<time_ns>-<pid>-<rand>.touch.json  recall bookkeeping since the snapshot
+    quarantine/<time_ns>-<source>.parquet     rows refused in quarantine mode
+
+Writers never rewrite a snapshot: :meth:`Store.append` and :meth:`Store.mark_used` add a delta
+file (temp file, fsync, rename), so they need no lock and never wait for a pass. Readers see
+``snapshot + deltas not yet folded``. A pass holds ``LOCK``, reads version N, and commits with
+:meth:`Store.commit`: snapshot N+1 and its changelog go to temp files, are fsynced and renamed,
+then ``CURRENT`` is replaced with ``os.replace`` (the commit point). Deltas that arrived while
+the pass ran are carried into N+1, so no write is lost. The lock is ``fcntl.flock``: the kernel
+drops it when its process dies, so a crashed pass cannot leave it held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import re
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .schema import (
+    InvalidRecordsError,
+    Problem,
+    Records,
+    hours_now,
+    normalise_vectors,
+    records_from_arrow,
+    records_from_rows,
+    records_to_arrow,
+    validate,
+)
+
+__all__ = ["Store", "Snapshot", "StoreNotFoundError", "ConcurrentCommitError", "LockTimeoutError"]
+
+POINTER = "CURRENT"
+_SNAP = re.compile(r"snapshot-(\d{6,})\.parquet$")
+
+
+class StoreNotFoundError(FileNotFoundError):
+    """The directory holds no store (no ``CURRENT`` pointer)."""
+
+
+class ConcurrentCommitError(RuntimeError):
+    """The pointer moved since the snapshot was read (compare-and-swap failed)."""
+
+
+class LockTimeoutError(TimeoutError):
+    """Another pass holds the store lock."""
+
+
+def _crashpoint(name: str) -> None:
+    """Test hook: ``CONSOLIDATE_CRASH_AT=name`` kills this process with SIGKILL here."""
+    if os.environ.get("CONSOLIDATE_CRASH_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, write: Any, crash_tag: str = "") -> None:
+    """Write ``path`` via ``path.tmp-<rand>``: write(tmp), fsync, rename, fsync dir."""
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        if crash_tag:
+            _crashpoint(f"{crash_tag}:before_rename")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+
+
+@dataclass(frozen=True)
+class Pointer:
+    version: int
+    snapshot: str
+    changelog: str | None
+    dim: int
+    folded: tuple[str, ...] = ()
+    created_at: float = 0.0
+    last_pass_at: float | None = None
+
+    def to_json(self) -> str:
+        d = self.__dict__.copy()
+        d["folded"] = list(self.folded)
+        return json.dumps(d, indent=1)
+
+
+@dataclass
+class Snapshot:
+    """One consistent view of a store.
+
+    Attributes:
+        version: snapshot version N read from ``CURRENT``.
+        records: all records (live and tombstones) after applying the pending deltas.
+        dim: vector dimension.
+        deltas: names of the delta files applied on top of the snapshot.
+        new_ids: ids of records added by those deltas (written since the snapshot).
+        path: the snapshot file.
+        last_pass_at: wall time (hours since epoch) of the last pass, ``None`` if none yet.
+    """
+
+    version: int
+    records: Records
+    dim: int
+    deltas: tuple[str, ...]
+    new_ids: list[str] = field(default_factory=list)
+    path: Path | None = None
+    last_pass_at: float | None = None
+
+    def batch(self, device: str = "cpu", live_only: bool = True) -> Any:
+        """Tensors on ``device`` plus a table view; see :class:`consolidate.store.MemoryBatch`."""
+        from .batch import MemoryBatch
+
+        recs = self.records.mask(self.records.live_mask()) if live_only else self.records
+        return MemoryBatch.from_records(recs, device=device)
+
+
+class Store:
+    """A memory store directory (see the module docstring for the layout).
+
+    Args:
+        root: the store directory.
+        keep_snapshots: how many snapshots (with changelogs) to keep after a commit (>= 1).
+        quarantine: if ``True``, invalid rows met by :meth:`append` or :meth:`load` are moved
+            to ``quarantine/`` and the rest goes on; if ``False`` (default), they raise
+            :class:`InvalidRecordsError` and nothing is written.
+        future_tolerance_h: allowed clock skew for ``last_used`` in the future, hours.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        keep_snapshots: int = 5,
+        quarantine: bool = False,
+        future_tolerance_h: float = 5 / 60,
+    ) -> None:
+        if keep_snapshots < 1:
+            raise ValueError("keep_snapshots must be >= 1")
+        self.root = Path(root)
+        self.keep_snapshots = keep_snapshots
+        self.quarantine = quarantine
+        self.future_tolerance_h = future_tolerance_h
+
+    # ------------------------------------------------------------ paths
+    @property
+    def pointer_path(self) -> Path:
+        return self.root / POINTER
+
+    def _dirs(self) -> None:
+        for d in ("snapshots", "changelogs", "deltas"):
+            (self.root / d).mkdir(parents=True, exist_ok=True)
+
+    def exists(self) -> bool:
+        return self.pointer_path.exists()
+
+    def head(self) -> Pointer:
+        """The current pointer. Raises :class:`StoreNotFoundError` if there is none."""
+        try:
+            d = json.loads(self.pointer_path.read_text())
+        except FileNotFoundError:
+            raise StoreNotFoundError(f"no store at {self.root} (missing {POINTER})") from None
+        d["folded"] = tuple(d.get("folded", ()))
+        return Pointer(**d)
+
+    # ------------------------------------------------------------ create
+    def create(self, records: Records, *, source: str = "records") -> Snapshot:
+        """Write snapshot 1 from ``records`` into an empty directory.
+
+        Raises:
+            FileExistsError: a store already exists at ``root``.
+            InvalidRecordsError: a record is invalid (not in quarantine mode); nothing written.
+        """
+        if self.exists():
+            raise FileExistsError(f"a store already exists at {self.root}")
+        records = self._checked(records, dim=records.dim, source=source, existing=None)
+        self._dirs()
+        with self.lock():
+            self._write_version(1, records, events=[], folded=(), last_pass_at=None)
+        return self.load()
+
+    # ------------------------------------------------------------ read
+    def load(self, *, validate_records: bool = True) -> Snapshot:
+        """Read the current snapshot and apply pending deltas.
+
+        Raises:
+            StoreNotFoundError: no store here.
+            InvalidRecordsError: a record in the snapshot or a delta is invalid; the message
+                names the file and the record ids. In quarantine mode the bad rows are moved
+                to ``quarantine/`` instead (the snapshot file itself is not changed).
+        """
+        ptr = self.head()
+        path = self.root / "snapshots" / ptr.snapshot
+        recs = records_from_arrow(pq.read_table(path))
+        if validate_records:
+            recs = self._checked(recs, dim=ptr.dim, source=str(path), existing=None,
+                                 check_future=False)
+        applied, new_ids = [], []
+        for name in self._pending(ptr):
+            recs, added = self._apply_delta(recs, name, ptr.dim, validate_records)
+            applied.append(name)
+            new_ids += added
+        return Snapshot(ptr.version, recs, ptr.dim, tuple(applied), new_ids, path,
+                        ptr.last_pass_at)
+
+    def _pending(self, ptr: Pointer) -> list[str]:
+        d = self.root / "deltas"
+        if not d.exists():
+            return []
+        folded = set(ptr.folded)
+        names = [
+            p.name for p in d.iterdir()
+            if not p.name.startswith(".") and p.name not in folded
+            and (p.name.endswith(".parquet") or p.name.endswith(".touch.json"))
+        ]
+        return sorted(names)
+
+    def _apply_delta(
+        self, recs: Records, name: str, dim: int, validate_records: bool = True
+    ) -> tuple[Records, list[str]]:
+        path = self.root / "deltas" / name
+        if name.endswith(".touch.json"):
+            d = json.loads(path.read_text())
+            return apply_touch(recs, d["ids"], d["now"], d.get("strength_cap")), []
+        new = records_from_arrow(pq.read_table(path))
+        if validate_records:
+            new = self._checked(new, dim=dim, source=str(path),
+                                existing=set(recs.meta["id"]), check_future=False)
+        return Records.concat([recs, new], dim), list(new.meta["id"])
+
+    # ------------------------------------------------------------ write (no lock)
+    def append(self, records: Records | Iterable[Mapping[str, Any]]) -> list[str]:
+        """Add new records through a delta file; safe while a pass runs.
+
+        Vectors are rescaled to unit length. ``text_hash`` is recomputed.
+
+        Args:
+            records: :class:`Records` or dicts (see :func:`records_from_rows`).
+
+        Returns:
+            The ids written (empty if every row went to quarantine).
+
+        Raises:
+            InvalidRecordsError: a record is invalid (also a duplicate of a stored id); the
+                message names the record ids; nothing is written (unless quarantine mode).
+        """
+        ptr = self.head()
+        if not isinstance(records, Records):
+            records = records_from_rows(records, dim=ptr.dim)
+        view = self.load(validate_records=False)
+        records = self._checked(records, dim=ptr.dim, source="append()",
+                                existing=set(view.records.meta["id"]))
+        if not len(records):
+            return []
+        normalise_vectors(records)
+        name = self._delta_name("parquet")
+        _write_atomic(self.root / "deltas" / name,
+                      lambda p: pq.write_table(records_to_arrow(records), p))
+        return list(records.meta["id"])
+
+    def mark_used(
+        self, ids: Sequence[str], *, now: float | None = None, strength_cap: float | None = None
+    ) -> None:
+        """Recall bookkeeping: each id's ``last_used = now`` and ``strength += 1`` (capped).
+
+        Written as a delta file, so it is safe while a pass runs; a touched record merged by
+        that pass passes its touch on to the merged record (``merged_into``).
+
+        Args:
+            ids: memory ids that were retrieved and used.
+            now: hours since the epoch (default: wall clock).
+            strength_cap: strength never exceeds this (``None`` = no cap).
+
+        Raises:
+            KeyError: an id is not in the store (names the first few); nothing is written.
+        """
+        view = self.load(validate_records=False)
+        known = set(view.records.meta["id"])
+        missing = [i for i in ids if i not in known]
+        if missing:
+            raise KeyError(f"mark_used: {len(missing)} unknown id(s) in {self.root}: "
+                           f"{missing[:5]}")
+        now = hours_now() if now is None else float(now)
+        payload = json.dumps({"ids": list(ids), "now": now, "strength_cap": strength_cap})
+        _write_atomic(self.root / "deltas" / self._delta_name("touch.json"),
+                      lambda p: p.write_text(payload))
+
+    def _delta_name(self, ext: str) -> str:
+        return f"{time.time_ns():020d}-{os.getpid()}-{uuid.uuid4().hex[:8]}.{ext}"
+
+    # ------------------------------------------------------------ validation
+    def _checked(
+        self, recs: Records, *, dim: int, source: str, existing: set[str] | None,
+        check_future: bool = True,
+    ) -> Records:
+        problems = validate(
+            recs, dim=dim, existing_ids=existing,
+            future_tolerance_h=self.future_tolerance_h if check_future else math.inf,
+        )
+        if not problems:
+            return recs
+        if not self.quarantine:
+            raise InvalidRecordsError(source, problems)
+        bad = sorted({r for p in problems for r in p.rows})
+        keep = np.ones(len(recs), dtype=bool)
+        keep[bad] = False
+        self._quarantine(recs, bad, problems, source)
+        return recs.mask(keep)
+
+    def _quarantine(self, recs: Records, rows: list[int], problems: list[Problem],
+                    source: str) -> None:
+        qdir = self.root / "quarantine"
+        qdir.mkdir(parents=True, exist_ok=True)
+        bad = recs.take(rows)
+        reasons: dict[int, list[str]] = {}
+        for p in problems:
+            for r in p.rows:
+                reasons.setdefault(r, []).append(p.kind)
+        table = records_to_arrow(
+            Records(bad.meta.assign(text=[t if isinstance(t, str) and _utf8_ok(t) else None
+                                          for t in bad.meta["text"]]),
+                    np.nan_to_num(bad.vectors))
+        )
+        table = table.append_column("quarantine_reason",
+                                    pa.array(["; ".join(reasons[r]) for r in rows]))
+        table = table.append_column("quarantine_source", pa.array([source] * len(rows)))
+        name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
+        _write_atomic(qdir / name, lambda p: pq.write_table(table, p))
+
+    # ------------------------------------------------------------ commit (under lock)
+    @contextlib.contextmanager
+    def lock(self, timeout_s: float = 0.0, poll_s: float = 0.2) -> Iterator[None]:
+        """Hold the store's exclusive lock (one pass or undo at a time).
+
+        Uses ``fcntl.flock`` on ``LOCK``: the kernel releases it when the process exits,
+        so a crashed pass never leaves the store locked.
+
+        Args:
+            timeout_s: seconds to wait for the lock (0 = fail at once).
+
+        Raises:
+            LockTimeoutError: still held by another process after ``timeout_s``; the message
+                names its pid and host.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+                        raise LockTimeoutError(
+                            f"store {self.root} is locked by another pass ({holder or '?'})"
+                        ) from None
+                    time.sleep(poll_s)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def commit(
+        self,
+        records: Records,
+        events: list[dict[str, Any]],
+        *,
+        base: Snapshot,
+        dry_run: bool = False,
+        pass_time_h: float | None = None,
+    ) -> dict[str, Any]:
+        """Write ``records`` as snapshot ``base.version + 1`` with its changelog and swap.
+
+        Must be called while holding :meth:`lock`. Deltas written after ``base`` was read are
+        carried into the new snapshot (added records appended unchanged, touches applied,
+        following ``merged_into`` for records the pass merged); they are listed in the
+        changelog as ``carried``.
+
+        Args:
+            records: the full new record set (live and tombstones), as the pass returned it.
+            events: changelog events (JSON-serialisable dicts).
+            base: the snapshot the pass read.
+            dry_run: write only the changelog (``changelogs/dry-run-<N+1>-<time>.jsonl``).
+            pass_time_h: wall time of the pass (hours since epoch) stored in the pointer.
+
+        Returns:
+            ``{"version", "snapshot", "changelog", "carried_records", "carried_touches"}``.
+
+        Raises:
+            ConcurrentCommitError: ``CURRENT`` no longer points at ``base.version``.
+        """
+        ptr = self.head()
+        if ptr.version != base.version:
+            raise ConcurrentCommitError(
+                f"{self.root}: pointer is at version {ptr.version}, the pass read "
+                f"{base.version}; rerun the pass"
+            )
+        late = [n for n in self._pending(ptr) if n not in set(base.deltas)]
+        carried_ids: list[str] = []
+        n_touch = 0
+        for name in late:
+            records, added = self._apply_delta(records, name, ptr.dim)
+            carried_ids += added
+            n_touch += name.endswith(".touch.json")
+        if late:
+            events = events + [{"op": "carried", "deltas": late, "record_ids": carried_ids}]
+        version = ptr.version + 1
+        if dry_run:
+            name = f"dry-run-{version:06d}-{time.time_ns()}.jsonl"
+            _write_atomic(self.root / "changelogs" / name, lambda p: _write_jsonl(p, events))
+            return {"version": ptr.version, "snapshot": None, "changelog": name,
+                    "carried_records": len(carried_ids), "carried_touches": n_touch}
+        folded = tuple(base.deltas) + tuple(late)
+        snap, log = self._write_version(version, records, events, folded,
+                                        pass_time_h if pass_time_h is not None else hours_now())
+        self._cleanup(folded)
+        return {"version": version, "snapshot": snap, "changelog": log,
+                "carried_records": len(carried_ids), "carried_touches": n_touch}
+
+    def _write_version(
+        self, version: int, records: Records, events: list[dict[str, Any]],
+        folded: tuple[str, ...], last_pass_at: float | None,
+    ) -> tuple[str, str]:
+        snap = f"snapshot-{version:06d}.parquet"
+        log = f"changelog-{version:06d}.jsonl"
+        table = records_to_arrow(records)
+        _write_atomic(self.root / "snapshots" / snap, lambda p: pq.write_table(table, p),
+                      crash_tag="snapshot")
+        _crashpoint("after_snapshot")
+        _write_atomic(self.root / "changelogs" / log, lambda p: _write_jsonl(p, events),
+                      crash_tag="changelog")
+        _crashpoint("after_changelog")
+        ptr = Pointer(version, snap, log, records.dim, folded, hours_now(), last_pass_at)
+        _write_atomic(self.pointer_path, lambda p: p.write_text(ptr.to_json()),
+                      crash_tag="pointer")
+        _crashpoint("after_pointer")
+        return snap, log
+
+    def _cleanup(self, folded: tuple[str, ...]) -> None:
+        """Remove folded deltas, stale temp files and snapshots beyond retention."""
+        for name in folded:
+            with contextlib.suppress(FileNotFoundError):
+                (self.root / "deltas" / name).unlink()
+        keep_from = self.head().version - self.keep_snapshots + 1
+        for sub, pat in (("snapshots", _SNAP), ("changelogs", re.compile(r"changelog-(\d+)"))):
+            for p in (self.root / sub).iterdir():
+                m = pat.match(p.name)
+                if m and int(m.group(1)) < keep_from:
+                    p.unlink()
+                elif p.name.startswith(".") and ".tmp-" in p.name:
+                    p.unlink()
+
+    def snapshots(self) -> list[int]:
+        """Versions of the snapshot files present (retained history), ascending."""
+        d = self.root / "snapshots"
+        return sorted(int(m.group(1)) for p in d.iterdir() if (m := _SNAP.match(p.name)))
+
+
+def _utf8_ok(t: str) -> bool:
+    try:
+        t.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _write_jsonl(path: Path, events: list[dict[str, Any]]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for e in events:
+            f.write(json.dumps(e, default=_json_default) + "\n")
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def apply_touch(
+    recs: Records, ids: Sequence[str], now: float, strength_cap: float | None
+) -> Records:
+    """Apply recall bookkeeping to ``recs`` (returns a new ``Records``).
+
+    For each id, in order: follow ``merged_into`` to the live record it was merged into,
+    then ``last_used = max(last_used, now)`` and ``strength = min(strength + 1, cap)`` (a
+    strength already above the cap is left as it is).
+    Unknown ids are ignored (the record may have been purged by then).
+    """
+    meta = recs.meta.copy()
+    pos = {i: k for k, i in enumerate(meta["id"])}
+    merged = meta["merged_into"].tolist()
+    lu = meta["last_used"].to_numpy(np.float64).copy()
+    st = meta["strength"].to_numpy(np.float64).copy()
+    cap = math.inf if strength_cap is None else float(strength_cap)
+    for i in ids:
+        k = pos.get(i)
+        hops = 0
+        while k is not None and isinstance(merged[k], str) and hops < 64:
+            k = pos.get(merged[k])
+            hops += 1
+        if k is None:
+            continue
+        lu[k] = max(lu[k], now)
+        st[k] = max(st[k], min(st[k] + 1.0, cap))  # never lowers a strength above the cap
+    meta["last_used"] = lu
+    meta["strength"] = st
+    return Records(meta, recs.vectors)

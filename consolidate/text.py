@@ -1,0 +1,153 @@
+"""Text normalisation, hashing and the conflict guard.
+
+The conflict guard is deliberately conservative: a pair of memories whose texts differ by a
+negation, a changed number or a changed date is never merged without a model, because sentence
+embeddings score such pairs as near-duplicates (with all-MiniLM-L6-v2, "I live in Berlin" and
+"I don't live in Berlin" have cosine ~0.87, see ``../shared/DESIGN.md``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from collections import Counter
+
+__all__ = [
+    "normalise",
+    "text_hash",
+    "conflict_reason",
+    "split_facts",
+    "content_tokens",
+]
+
+_WS = re.compile(r"\s+")
+_EDGE_PUNCT = re.compile(r"^[\W_]+|[\W_]+$")
+_TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|n't")
+
+
+def normalise(text: str) -> str:
+    """Normalise text for exact-duplicate detection.
+
+    Unicode NFKC, case-folded, curly quotes made straight, whitespace collapsed, leading and
+    trailing punctuation removed. Inner punctuation, digits and word order are kept, so
+    "Has 2 cats." and "has 2 cats" collide but "has 3 cats" does not.
+
+    Args:
+        text: any ``str``.
+
+    Returns:
+        The normalised ``str`` (possibly empty).
+    """
+    t = unicodedata.normalize("NFKC", text).casefold()
+    t = t.replace("\u2019", "'").replace("\u2018", "'").replace("\u201c", '"').replace("\u201d", '"')
+    t = _WS.sub(" ", t).strip()
+    return _EDGE_PUNCT.sub("", t)
+
+
+def text_hash(text: str) -> str:
+    """SHA-256 hex digest (64 chars) of :func:`normalise` ``(text)`` encoded as UTF-8.
+
+    Raises:
+        UnicodeEncodeError: if ``text`` holds lone surrogates (not valid UTF-8).
+    """
+    return hashlib.sha256(normalise(text).encode("utf-8")).hexdigest()
+
+
+def content_tokens(text: str) -> list[str]:
+    """Lower-case word tokens of ``text`` (contractions split so that "don't" -> "do", "n't")."""
+    t = normalise(text).replace("n't", " n't")
+    return _TOKEN.findall(t)
+
+
+# ---------------------------------------------------------------- conflict guard
+_NEGATIONS = {
+    "not", "no", "never", "n't", "cannot", "nobody", "nothing", "none", "neither", "nor",
+    "nowhere", "without", "stopped", "quit", "anymore",
+}
+_NUMBER_WORDS = {
+    "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+    "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13,
+    "fourteen": 14, "fifteen": 15, "sixteen": 16, "seventeen": 17, "eighteen": 18,
+    "nineteen": 19, "twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "hundred": 100,
+    "thousand": 1000, "first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5,
+    "once": 1, "twice": 2, "dozen": 12,
+}
+_MONTHS = {
+    "january", "february", "march", "april", "may", "june", "july", "august", "september",
+    "october", "november", "december", "jan", "feb", "mar", "apr", "jun", "jul", "aug",
+    "sep", "sept", "oct", "nov", "dec",
+}
+_WEEKDAYS = {
+    "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday",
+    "yesterday", "today", "tomorrow", "tonight", "weekend",
+}
+_RELATIVE_TIME = {"last", "next", "ago", "later", "earlier", "previous", "upcoming"}
+_NUM = re.compile(r"\d+(?:[.,:/-]\d+)*")
+
+
+def _negation_count(tokens: list[str]) -> Counter:
+    return Counter(t for t in tokens if t in _NEGATIONS)
+
+
+def _numbers(tokens: list[str], raw: str) -> Counter:
+    vals: Counter = Counter()
+    for m in _NUM.findall(normalise(raw)):
+        vals[m.replace(",", "")] += 1
+    for t in tokens:
+        if t in _NUMBER_WORDS and not (t == "may"):
+            vals[str(_NUMBER_WORDS[t])] += 1
+    return vals
+
+
+def _date_terms(tokens: list[str]) -> Counter:
+    # "may" is a month only in front of or after a number ("8 May", "May 2023"); as a modal
+    # verb it is not a date.
+    out: Counter = Counter()
+    for k, t in enumerate(tokens):
+        if t == "may":
+            nb = tokens[max(0, k - 1) : k] + tokens[k + 1 : k + 2]
+            if not any(x.isdigit() for x in nb):
+                continue
+        if t in _MONTHS or t in _WEEKDAYS or t in _RELATIVE_TIME:
+            out[t] += 1
+    return out
+
+
+def conflict_reason(a: str, b: str) -> str | None:
+    """Why two texts must not be merged without a model, or ``None``.
+
+    Rules, checked in order:
+
+    * ``"negation"``: the multisets of negation markers differ ("lives in Berlin" vs
+      "doesn't live in Berlin"; "still plays" vs "stopped playing").
+    * ``"number"``: both texts state numbers (digits or number words) and the multisets differ
+      ("has 2 cats" vs "has three cats"). A number present on one side only is extra detail,
+      not a conflict.
+    * ``"date"``: both texts state date terms (month, weekday, relative time words) and the
+      multisets differ ("in May" vs "in June").
+
+    Args:
+        a, b: the two texts (``str``).
+
+    Returns:
+        One of ``"negation"``, ``"number"``, ``"date"`` or ``None``.
+    """
+    ta, tb = content_tokens(a), content_tokens(b)
+    if _negation_count(ta) != _negation_count(tb):
+        return "negation"
+    na, nb = _numbers(ta, a), _numbers(tb, b)
+    if na and nb and na != nb:
+        return "number"
+    da, db = _date_terms(ta), _date_terms(tb)
+    if da and db and da != db:
+        return "date"
+    return None
+
+
+_SENT = re.compile(r"(?<=[.!?;])\s+")
+
+
+def split_facts(text: str) -> list[str]:
+    """Split a memory text into sentence-level facts (on ``.``, ``!``, ``?``, ``;``)."""
+    return [s.strip() for s in _SENT.split(text.strip()) if s.strip()]
