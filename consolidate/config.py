@@ -138,7 +138,6 @@ class PathsConfig:
     root_dir: str = "."
     data_dir: str = "../shared/data"
     store_root: str = "stores"
-    output_dir: str = "outputs"
 
 
 def register_configs() -> None:

@@ -78,7 +78,8 @@ def resolve_now(spec: str | float, meta: pd.DataFrame, wall_h: float) -> np.ndar
     Args:
         spec: ``"wall"`` (the wall clock ``wall_h``), ``"latest"`` (per namespace, the latest
             ``last_used``/``created_at`` among its live records: a simulated clock for
-            historical stores such as LOCOMO), an ISO datetime string, or hours (float).
+            historical stores such as LOCOMO), an ISO datetime string, or hours since the
+            epoch (a float or a numeric string).
         meta: the records' table.
         wall_h: wall clock, hours since the epoch.
 
@@ -89,6 +90,11 @@ def resolve_now(spec: str | float, meta: pd.DataFrame, wall_h: float) -> np.ndar
         ValueError: an unparseable ``spec``.
     """
     n = len(meta)
+    if isinstance(spec, str):
+        try:
+            spec = float(spec)
+        except ValueError:
+            pass
     if isinstance(spec, (int, float)):
         return np.full(n, float(spec))
     if spec == "wall":

@@ -51,10 +51,10 @@ class MemoryBatch:
         codes, names = pd.factorize(m["namespace"], sort=True)
         return MemoryBatch(
             vectors=torch.from_numpy(np.ascontiguousarray(recs.vectors, np.float32)).to(dev),
-            importance=torch.from_numpy(m["importance"].to_numpy(np.float32)).to(dev),
-            last_used=torch.from_numpy(m["last_used"].to_numpy(np.float64)).to(dev),
-            strength=torch.from_numpy(m["strength"].to_numpy(np.float32)).to(dev),
-            pinned=torch.from_numpy(m["pinned"].to_numpy(bool)).to(dev),
+            importance=torch.tensor(m["importance"].to_numpy(np.float32)).to(dev),
+            last_used=torch.tensor(m["last_used"].to_numpy(np.float64)).to(dev),
+            strength=torch.tensor(m["strength"].to_numpy(np.float32)).to(dev),
+            pinned=torch.tensor(m["pinned"].to_numpy(bool)).to(dev),
             namespace=torch.from_numpy(codes.astype(np.int64)).to(dev),
             namespaces=[str(x) for x in names],
             table=m.reset_index(drop=True),

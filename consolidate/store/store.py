@@ -281,7 +281,7 @@ class Store:
         if not isinstance(records, Records):
             records = records_from_rows(records, dim=ptr.dim)
         view = self.load(validate_records=False)
-        records = self._checked(records, dim=ptr.dim, source="append()",
+        records = self._checked(records, dim=ptr.dim, source=f"append() to {self.root}",
                                 existing=set(view.records.meta["id"]))
         if not len(records):
             return []

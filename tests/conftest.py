@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from consolidate.store.schema import Records, normalise_vectors, records_from_rows
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_DIR = Path(os.environ.get("CONSOLIDATE_DATA_DIR", REPO.parent / "shared" / "data"))
+LOCOMO = DATA_DIR / "locomo" / "locomo10.json"
+
+
+def make_records(rows: list[dict], dim: int | None = None) -> Records:
+    """Records from compact dicts; vectors are renormalised to unit length."""
+    recs = records_from_rows(rows, dim=dim)
+    normalise_vectors(recs)
+    return recs
+
+
+def random_rows(n: int, d: int, *, seed: int = 0, namespaces: int = 1, dup_frac: float = 0.2,
+                noise: float = 0.05, t0: float = 1000.0) -> list[dict]:
+    """Random unit vectors with planted near-duplicates (copies plus Gaussian noise)."""
+    g = np.random.default_rng(seed)
+    v = g.normal(size=(n, d))
+    n_dup = int(n * dup_frac)
+    src = g.integers(0, n, n_dup)
+    dst = g.choice(n, n_dup, replace=False)
+    for s, t in zip(src, dst, strict=True):
+        v[t] = v[s] + noise * np.linalg.norm(v[s]) / np.sqrt(d) * g.normal(size=d) * 3
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    return [
+        {"id": f"r{k:05d}", "namespace": f"ns{k % namespaces}", "text": f"memory {_word(k)}",
+         "vector": v[k].astype(np.float32), "importance": float(g.uniform(0.2, 1.0)),
+         "created_at": t0 - float(g.uniform(0, 500)), "last_used": t0 - float(g.uniform(0, 100)),
+         "source_ids": [f"D{k}"]}
+        for k in range(n)
+    ]
+
+
+def _word(k: int) -> str:
+    """A digit-free word per integer (so texts never differ by a number)."""
+    out = ""
+    while True:
+        out += "abcdefghijklmnopqrstuvwxyz"[k % 26]
+        k //= 26
+        if not k:
+            return out
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` (relative path -> digest)."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request):
+    if request.param == "cuda" and not torch.cuda.is_available():
+        pytest.skip("CUDA not available")
+    return request.param

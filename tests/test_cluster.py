@@ -1,0 +1,96 @@
+"""Centroid-checked clustering: no chaining, order independence, conflict guard."""
+
+import numpy as np
+import pytest
+
+from consolidate.cluster import centroid_clusters
+from consolidate.config import PassConfig
+from consolidate.sleep import run_pass
+from tests.conftest import make_records, random_rows
+
+
+def chain_vectors():
+    """Unit vectors with A.B = B.C = 0.96 and A.C = 0.85 (Gram matrix -> Cholesky)."""
+    g = np.array([[1, 0.96, 0.85], [0.96, 1, 0.96], [0.85, 0.96, 1.0]])
+    return np.linalg.cholesky(g)  # rows are the vectors
+
+
+def test_chain_is_not_one_cluster():
+    v = chain_vectors()
+    s = v @ v.T
+    np.testing.assert_allclose([s[0, 1], s[1, 2], s[0, 2]], [0.96, 0.96, 0.85], atol=1e-12)
+    # the equal-weight centroid check alone would accept all three (cos ~0.962 each)
+    c = v.sum(0) / np.linalg.norm(v.sum(0))
+    assert (v @ c >= 0.95).all()
+    i, j = np.array([0, 1]), np.array([1, 2])
+    res = centroid_clusters(i, j, np.array([0.96, 0.96]), v, np.ones(3), ["A", "B", "C"], 0.95)
+    assert res.labels[0] != res.labels[2]
+    assert res.clusters == [[0, 1]]  # tie broken by ids: (A, B) before (B, C)
+    assert res.rejected == 1
+
+
+def test_chain_through_the_pass():
+    v = chain_vectors()
+    rows = [{"id": k, "namespace": "u", "text": f"fact {k}", "vector": v[n], "importance": 0.5,
+             "last_used": 10.0} for n, k in enumerate("ABC")]
+    res = run_pass(make_records(rows), cfg=PassConfig(threshold=0.95, now="10"), wall_h=20.0)
+    merges = [e for e in res.events if e["op"] == "merge"]
+    assert len(merges) == 1
+    assert not {"A", "C"} <= set(merges[0]["members"])
+
+
+def test_centroid_rejects_when_weights_pull_away():
+    # x and y are 0.951 apart; a heavy y moves the centroid away from x only slightly,
+    # so they merge; every member must stay >= t from the final weighted centroid.
+    g = np.array([[1, 0.951], [0.951, 1.0]])
+    v = np.linalg.cholesky(g)
+    res = centroid_clusters(np.array([0]), np.array([1]), np.array([0.951]), v,
+                            np.array([1.0, 1000.0]), ["x", "y"], 0.95)
+    c = v[1] * 1000 + v[0]
+    c /= np.linalg.norm(c)
+    assert res.clusters == [[0, 1]] and (v @ c >= 0.95).all()
+
+
+def test_clusters_do_not_depend_on_row_order():
+    rows = random_rows(400, 16, seed=5, namespaces=3, dup_frac=0.5, noise=0.1)
+    cfg = PassConfig(threshold=0.8, now="1000", decay=False)
+    a = run_pass(make_records(rows), cfg=cfg, wall_h=2000.0)
+    perm = np.random.default_rng(1).permutation(len(rows))
+    b = run_pass(make_records([rows[k] for k in perm]), cfg=cfg, wall_h=2000.0)
+
+    def groups(r):
+        return sorted(tuple(e["members"]) for e in r.events if e["op"] == "merge")
+
+    assert groups(a) == groups(b)
+    assert len(groups(a)) > 10
+
+
+@pytest.mark.parametrize("a,b", [
+    ("I live in Berlin", "I don't live in Berlin"),
+    ("has 2 cats", "has 3 cats"),
+    ("has two cats", "has 3 cats"),
+    ("moved to Paris in May 2023", "moved to Paris in June 2023"),
+])
+def test_conflicting_pairs_are_never_merged_by_the_extractive_merger(a, b):
+    # identical vectors: only the conflict guard can keep them apart
+    rows = [{"id": "x", "namespace": "u", "text": a, "vector": [1.0, 0.0], "last_used": 5.0},
+            {"id": "y", "namespace": "u", "text": b, "vector": [1.0, 0.0], "last_used": 5.0}]
+    res = run_pass(make_records(rows), cfg=PassConfig(threshold=0.5, now="5"), wall_h=6.0)
+    assert res.stats["merges"] == 0 and res.stats["records_out"] == 2
+    rev = [e for e in res.events if e["op"] == "review"]
+    assert len(rev) == 1 and sorted(rev[0]["ids"]) == ["x", "y"]
+
+
+def test_conflict_blocks_a_third_member_too():
+    # x ~ y merge; z conflicts with x (negation) so it must not join their cluster
+    rows = [{"id": "x", "namespace": "u", "text": "likes tea", "vector": [1.0, 0.0, 0.0]},
+            {"id": "y", "namespace": "u", "text": "likes tea a lot",
+             "vector": [0.99, 0.14, 0.0]},
+            {"id": "z", "namespace": "u", "text": "does not like tea",
+             "vector": [0.99, 0.0, 0.14]}]
+    for r in rows:
+        r["last_used"] = 1.0
+    res = run_pass(make_records(rows), cfg=PassConfig(threshold=0.9, now="1"), wall_h=2.0)
+    merges = [e["members"] for e in res.events if e["op"] == "merge"]
+    assert merges == [["x", "y"]]
+    assert any(e["op"] == "review" and "z" in e["ids"] for e in res.events)

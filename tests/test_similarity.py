@@ -1,0 +1,85 @@
+"""Tiled similarity join against a float64 brute-force reference."""
+
+import numpy as np
+import pytest
+import torch
+
+from consolidate.similarity import auto_tile, threshold_pairs
+from tests.conftest import random_rows
+
+
+def reference(v: np.ndarray, seg: np.ndarray, t: float) -> set[tuple[int, int]]:
+    v64 = v.astype(np.float64)
+    s = v64 @ v64.T
+    i, j = np.nonzero(np.triu(s >= t, 1) & (seg[:, None] == seg[None, :]))
+    return set(zip(i.tolist(), j.tolist(), strict=True))
+
+
+def data(n, d, ns, seed):
+    rows = random_rows(n, d, seed=seed, namespaces=ns, dup_frac=0.3)
+    v = np.stack([r["vector"] for r in rows]).astype(np.float32)
+    seg = np.array([int(r["namespace"][2:]) for r in rows])
+    return v, seg
+
+
+@pytest.mark.parametrize("n,d,ns", [(1, 8, 1), (2, 8, 1), (97, 16, 1), (301, 24, 3),
+                                    (513, 32, 7), (1000, 48, 40)])
+@pytest.mark.parametrize("tiles", [(None, None), (64, 64), (100, 77), (4096, 4096)])
+def test_pairs_equal_float64_reference(n, d, ns, tiles, device):
+    v, seg = data(n, d, ns, seed=n + d)
+    for t in (0.8, 0.95):
+        ref = reference(v, seg, t)
+        got = threshold_pairs(torch.from_numpy(v), t, segments=torch.from_numpy(seg),
+                              device=device, tile_rows=tiles[0], tile_cols=tiles[1])
+        assert set(zip(got.i.tolist(), got.j.tolist(), strict=True)) == ref
+        assert (got.i < got.j).all()
+        if len(got):
+            v64 = v.astype(np.float64)
+            np.testing.assert_allclose(got.sim, (v64[got.i] * v64[got.j]).sum(1), atol=1e-12)
+            assert (got.sim >= t).all()
+    # planted duplicates do produce pairs at 0.8 for the bigger stores
+    if n >= 97:
+        assert len(reference(v, seg, 0.8)) > 0
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "tf32"])
+def test_reduced_precision_tiles_give_the_fp32_pair_set(dtype):
+    v, seg = data(400, 64, 2, seed=3)
+    ref = reference(v, seg, 0.9)
+    got = threshold_pairs(v, 0.9, segments=seg, device="cpu", dtype=dtype, tile_rows=128,
+                          tile_cols=96)
+    assert set(zip(got.i.tolist(), got.j.tolist(), strict=True)) == ref
+
+
+def test_unsorted_segments_and_row_order_do_not_change_pairs():
+    v, seg = data(300, 16, 5, seed=11)
+    perm = np.random.default_rng(0).permutation(300)
+    a = threshold_pairs(v, 0.85, segments=seg, device="cpu", tile_rows=64, tile_cols=64)
+    b = threshold_pairs(v[perm], 0.85, segments=seg[perm], device="cpu", tile_rows=50,
+                        tile_cols=70)
+    mapped = {(min(perm[i], perm[j]), max(perm[i], perm[j])): s
+              for i, j, s in zip(b.i, b.j, b.sim, strict=True)}
+    assert mapped == {(i, j): s for i, j, s in zip(a.i, a.j, a.sim, strict=True)}
+
+
+def test_pairs_never_cross_namespaces():
+    v = np.tile(np.array([[1.0, 0.0]], np.float32), (6, 1))
+    seg = np.array([0, 1, 0, 1, 2, 2])
+    got = threshold_pairs(v, 0.99, segments=seg, device="cpu", tile_rows=64, tile_cols=64)
+    assert set(zip(got.i.tolist(), got.j.tolist(), strict=True)) == {(0, 2), (1, 3), (4, 5)}
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="dtype"):
+        threshold_pairs(np.eye(3, dtype=np.float32), 0.9, dtype="int8")
+    with pytest.raises(ValueError, match="segments"):
+        threshold_pairs(np.eye(3, dtype=np.float32), 0.9, segments=np.zeros(2), device="cpu")
+    with pytest.raises(ValueError, match=r"\[n, d\]"):
+        threshold_pairs(np.ones(3, dtype=np.float32), 0.9, device="cpu")
+
+
+def test_auto_tile_respects_budget():
+    rows, cols = auto_tile(10**6, torch.device("cpu"), budget_bytes=64 << 20)
+    assert rows * cols * 16 <= 64 << 20
+    assert rows == 4096 and cols >= 64
+    assert auto_tile(10, torch.device("cpu"), budget_bytes=1 << 30) == (64, 64)

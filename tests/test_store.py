@@ -1,0 +1,193 @@
+"""Snapshots, atomic swap, deltas, recall bookkeeping, lock, concurrency, undo."""
+
+import json
+import math
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from consolidate.config import PassConfig
+from consolidate.sleep import run_pass, trigger, undo_merge
+from consolidate.store import (
+    ConcurrentCommitError,
+    LockTimeoutError,
+    MemoryBatch,
+    Store,
+    StoreNotFoundError,
+)
+from tests.conftest import REPO, make_records
+
+
+def base_rows():
+    return [
+        {"id": "a", "namespace": "u", "text": "uses vim", "vector": [1.0, 0.0, 0.0],
+         "importance": 0.6, "created_at": 100.0, "last_used": 100.0, "source_ids": ["D1:1"]},
+        {"id": "b", "namespace": "u", "text": "Uses  VIM.", "vector": [1.0, 0.01, 0.0],
+         "importance": 0.4, "created_at": 110.0, "last_used": 110.0, "source_ids": ["D1:2"]},
+        {"id": "c", "namespace": "u", "text": "lunch was soup", "vector": [0.0, 1.0, 0.0],
+         "importance": 0.9, "created_at": 120.0, "last_used": 120.0},
+        {"id": "d", "namespace": "v", "text": "uses vim", "vector": [1.0, 0.0, 0.0],
+         "importance": 0.5, "created_at": 120.0, "last_used": 120.0, "pinned": True},
+    ]
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "store", keep_snapshots=2)
+    s.create(make_records(base_rows()))
+    return s
+
+
+def test_roundtrip_and_batch(store):
+    snap = store.load()
+    assert snap.version == 1 and snap.dim == 3 and len(snap.records) == 4
+    m = snap.records.meta.set_index("id")
+    assert m.loc["a", "source_ids"] == ["D1:1"] and m.loc["c", "source_ids"] == []
+    assert m.loc["d", "pinned"] and m.loc["a", "last_used"] == 100.0
+    assert m.loc["a", "text_hash"] == m.loc["b", "text_hash"]  # normalised text
+    b = snap.batch("cpu")
+    assert isinstance(b, MemoryBatch) and len(b) == 4
+    assert b.vectors.dtype.is_floating_point and tuple(b.vectors.shape) == (4, 3)
+    assert str(b.last_used.dtype) == "torch.float64"
+    assert b.namespaces == ["u", "v"] and b.namespace.tolist() == [0, 0, 0, 1]
+    np.testing.assert_allclose(b.vectors.norm(dim=1).numpy(), 1.0, atol=1e-6)
+
+
+def test_missing_store(tmp_path):
+    with pytest.raises(StoreNotFoundError, match="no store"):
+        Store(tmp_path / "nope").load()
+    with pytest.raises(FileExistsError):
+        s = Store(tmp_path / "s")
+        s.create(make_records(base_rows()))
+        s.create(make_records(base_rows()))
+
+
+def commit_pass(store, **kw):
+    cfg = PassConfig(threshold=0.95, now="200", tau_hours=1e6, floor=0.0, **kw)
+    with store.lock():
+        snap = store.load()
+        res = run_pass(snap.records, cfg=cfg, version=snap.version + 1, wall_h=300.0)
+        info = store.commit(res.records, res.events, base=snap)
+    return snap, res, info
+
+
+def test_pass_commit_swaps_pointer_and_keeps_history(store):
+    _, res, info = commit_pass(store)
+    assert info["version"] == 2
+    assert json.loads(store.pointer_path.read_text())["version"] == 2
+    snap = store.load()
+    live = snap.records.meta[snap.records.live_mask()]
+    # a and b are exact duplicates (normalised text) in namespace u; d is pinned in v
+    assert sorted(live["id"].str[:2]) == ["c", "d", "m-"]
+    merged = live[live["id"].str.startswith("m-")].iloc[0]
+    assert merged["source_ids"] == ["D1:1", "D1:2"] and merged["strength"] == 2.0
+    assert res.stats["exact_merges"] == 1 and res.stats["model_calls"] == 0
+    log = (store.root / "changelogs" / info["changelog"]).read_text().splitlines()
+    assert json.loads(log[0])["op"] == "exact_merge"
+    # retention: keep_snapshots=2
+    commit_pass(store, force=True)
+    commit_pass(store, force=True)
+    assert store.snapshots() == [3, 4]
+    assert sorted(p.name for p in (store.root / "changelogs").iterdir()) == [
+        "changelog-000003.jsonl", "changelog-000004.jsonl"]
+
+
+def test_dry_run_writes_only_the_changelog(store):
+    before = store.pointer_path.read_bytes()
+    with store.lock():
+        snap = store.load()
+        res = run_pass(snap.records, cfg=PassConfig(threshold=0.95, now="200"), version=2)
+        info = store.commit(res.records, res.events, base=snap, dry_run=True)
+    assert info["snapshot"] is None and info["changelog"].startswith("dry-run-000002")
+    assert store.pointer_path.read_bytes() == before and store.snapshots() == [1]
+
+
+def test_trigger_counts_only_unseen_memories(store):
+    fire, imp = trigger(store.load().records, 2.4)
+    assert fire and imp == pytest.approx(0.6 + 0.4 + 0.9 + 0.5)
+    commit_pass(store)
+    assert trigger(store.load().records, 0.1) == (False, 0.0)
+    store.append([{"id": "e", "namespace": "u", "text": "new fact", "vector": [0, 0, 1.0],
+                   "importance": 0.7, "last_used": 150.0}])
+    fire, imp = trigger(store.load().records, 0.5)
+    assert fire and imp == pytest.approx(0.7)
+
+
+def test_mark_used_with_strength_cap(store):
+    store.mark_used(["a", "c"], now=500.0, strength_cap=2.0)
+    store.mark_used(["a"], now=400.0, strength_cap=2.0)
+    m = store.load().records.meta.set_index("id")
+    assert m.loc["a", "strength"] == 2.0 and m.loc["a", "last_used"] == 500.0
+    assert m.loc["c", "strength"] == 2.0 and m.loc["b", "strength"] == 1.0
+    with pytest.raises(KeyError, match="zzz"):
+        store.mark_used(["zzz"])
+
+
+def test_writes_during_a_pass_are_carried(store):
+    """Deterministic interleaving: a writer appends and recalls between the pass's read and
+    its commit; every write is in the new snapshot."""
+    store.append([{"id": "early", "namespace": "u", "text": "early fact",
+                   "vector": [0, 0, 1.0], "importance": 0.3, "last_used": 130.0}])
+    with store.lock():
+        snap = store.load()
+        assert "early" in set(snap.records.meta["id"])
+        res = run_pass(snap.records, cfg=PassConfig(threshold=0.95, now="200", floor=0),
+                       version=2, wall_h=300.0)
+        # --- a writer runs while the pass works (no lock needed for writers)
+        late = [{"id": f"late{k}", "namespace": "u", "text": f"late fact {'xyz'[k]}",
+                 "vector": [0.1 * k, 1.0, 1.0], "importance": 0.5, "last_used": 140.0}
+                for k in range(3)]
+        store.append(late)
+        store.mark_used(["a"], now=250.0)  # a is being merged by this pass
+        # ---
+        info = store.commit(res.records, res.events, base=snap)
+    assert info["carried_records"] == 3 and info["carried_touches"] == 1
+    after = store.load()
+    assert after.deltas == ()  # all folded into snapshot 2
+    m = after.records.meta.set_index("id")
+    for k in range(3):
+        assert m.loc[f"late{k}", "deleted_at"] != m.loc[f"late{k}", "deleted_at"]  # NaN: live
+        assert math.isnan(m.loc[f"late{k}", "last_pass"])  # not consolidated yet
+    merged_id = m.loc["a", "merged_into"]
+    assert m.loc[merged_id, "last_used"] == 250.0 and m.loc[merged_id, "strength"] == 3.0
+    assert not any((store.root / "deltas").iterdir())
+
+
+def test_compare_and_swap(store):
+    snap = store.load()
+    commit_pass(store)
+    with store.lock(), pytest.raises(ConcurrentCommitError, match="version 2"):
+        store.commit(snap.records, [], base=snap)
+
+
+def test_lock_is_exclusive_and_released_by_a_crash(store):
+    with store.lock(), pytest.raises(LockTimeoutError, match="locked"), store.lock(timeout_s=0.3):
+        pass
+    code = (f"import os, signal; from consolidate.store import Store\n"
+            f"s = Store({str(store.root)!r})\n"
+            f"with s.lock():\n    print('held', flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert p.returncode == -9 and "held" in p.stdout
+    t = time.monotonic()
+    with store.lock(timeout_s=5):
+        assert time.monotonic() - t < 1
+
+
+def test_undo_restores_members(store):
+    _, res, _ = commit_pass(store)
+    mid = next(e["id"] for e in res.events if e["op"] == "exact_merge")
+    with store.lock():
+        snap = store.load()
+        recs = undo_merge(snap.records, mid, wall_h=400.0)
+        store.commit(recs, [{"op": "undo", "id": mid}], base=snap)
+    m = store.load().records.meta.set_index("id")
+    assert math.isnan(m.loc["a", "deleted_at"]) and m.loc["a", "merged_into"] is None
+    assert math.isnan(m.loc["b", "deleted_at"])
+    assert m.loc[mid, "deleted_reason"] == "undone"
+    with pytest.raises(ValueError, match="not live"):
+        undo_merge(store.load().records, mid)
+    with pytest.raises(KeyError, match="no record with id"):
+        undo_merge(store.load().records, "m-doesnotexist")
