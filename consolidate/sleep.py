@@ -28,6 +28,7 @@ or rewritten.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import time
@@ -41,7 +42,7 @@ import torch
 
 from .cluster import centroid_clusters
 from .config import PassConfig, SimilarityConfig
-from .merge import ExtractiveMerger, MergeMember, MergeRequest, Merger, canonical_order
+from .merge import ExtractiveMerger, MergeMember, Merger, MergeRequest, canonical_order
 from .scoring import retention_score, select_survivors
 from .similarity import threshold_pairs
 from .store.schema import Records, hours_from_datetime
@@ -91,10 +92,8 @@ def resolve_now(spec: str | float, meta: pd.DataFrame, wall_h: float) -> np.ndar
     """
     n = len(meta)
     if isinstance(spec, str):
-        try:
+        with contextlib.suppress(ValueError):
             spec = float(spec)
-        except ValueError:
-            pass
     if isinstance(spec, (int, float)):
         return np.full(n, float(spec))
     if spec == "wall":

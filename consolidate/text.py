@@ -26,6 +26,9 @@ _EDGE_PUNCT = re.compile(r"^[\W_]+|[\W_]+$")
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|n't")
 
 
+_QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"'})
+
+
 def normalise(text: str) -> str:
     """Normalise text for exact-duplicate detection.
 
@@ -40,7 +43,7 @@ def normalise(text: str) -> str:
         The normalised ``str`` (possibly empty).
     """
     t = unicodedata.normalize("NFKC", text).casefold()
-    t = t.replace("\u2019", "'").replace("\u2018", "'").replace("\u201c", '"').replace("\u201d", '"')
+    t = t.translate(_QUOTES)
     t = _WS.sub(" ", t).strip()
     return _EDGE_PUNCT.sub("", t)
 
@@ -95,7 +98,7 @@ def _numbers(tokens: list[str], raw: str) -> Counter:
     for m in _NUM.findall(normalise(raw)):
         vals[m.replace(",", "")] += 1
     for t in tokens:
-        if t in _NUMBER_WORDS and not (t == "may"):
+        if t in _NUMBER_WORDS:
             vals[str(_NUMBER_WORDS[t])] += 1
     return vals
 

@@ -207,7 +207,8 @@ def records_from_rows(rows: Iterable[Mapping[str, Any]], dim: int | None = None)
             bad_dim.append(k)
         else:
             vecs[k] = v
-    meta = pd.DataFrame({c: [r.get(c) for r in rows] for c in COLUMNS if c != "text_hash"})
+    meta = pd.DataFrame({c: pd.Series([r.get(c) for r in rows], dtype=object)
+                         for c in COLUMNS if c != "text_hash"})
     meta["text_hash"] = [_safe_hash(t) for t in meta["text"]]
     meta = _coerce(meta)
     return Records(meta, vecs, bad_dim=bad_dim)
@@ -278,9 +279,9 @@ def records_to_arrow(recs: Records) -> pa.Table:
     dim = recs.dim
     flat = pa.array(recs.vectors.reshape(-1).astype(np.float32), type=pa.float32())
     arrays = {
-        "id": pa.array(m["id"].tolist(), pa.string()),
-        "namespace": pa.array(m["namespace"].tolist(), pa.string()),
-        "text": pa.array(m["text"].tolist(), pa.string()),
+        "id": pa.array(_opt_str(m["id"]), pa.string()),
+        "namespace": pa.array(_opt_str(m["namespace"]), pa.string()),
+        "text": pa.array(_opt_str(m["text"]), pa.string()),
         "vector": pa.FixedSizeListArray.from_arrays(flat, dim),
         "importance": pa.array(m["importance"].to_numpy(np.float64)),
         "strength": pa.array(m["strength"].to_numpy(np.float64)),
@@ -299,29 +300,38 @@ def records_to_arrow(recs: Records) -> pa.Table:
     return pa.table([arrays[f.name] for f in schema], schema=schema)
 
 
-def _bad_utf8_rows(col: pa.ChunkedArray) -> list[int]:
-    bad: list[int] = []
-    off = 0
-    for chunk in col.chunks:
+def _decode_texts(col: pa.ChunkedArray) -> tuple[list[str | None], list[int]]:
+    """Python strings of a string/binary column; rows with invalid UTF-8 become ``None``."""
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
         try:
-            chunk.validate(full=True)
+            for chunk in col.chunks:
+                chunk.validate(full=True)
+            return col.to_pylist(), []
         except pa.ArrowInvalid:
-            as_bin = chunk.view(pa.binary()) if pa.types.is_string(chunk.type) else chunk
-            for k, b in enumerate(as_bin.to_pylist()):
-                if b is None:
-                    continue
-                try:
-                    b.decode("utf-8")
-                except UnicodeDecodeError:
-                    bad.append(off + k)
-        off += len(chunk)
-    return bad
+            col = pa.chunked_array([c.view(pa.binary()) for c in col.chunks], pa.binary())
+    out: list[str | None] = []
+    bad: list[int] = []
+    for k, b in enumerate(col.to_pylist()):
+        if b is None or isinstance(b, str):
+            out.append(b)
+            continue
+        try:
+            out.append(b.decode("utf-8"))
+        except UnicodeDecodeError:
+            out.append(None)
+            bad.append(k)
+    return out, bad
 
 
-def records_from_arrow(table: pa.Table) -> Records:
+def records_from_arrow(table: pa.Table, dim: int | None = None) -> Records:
     """Inverse of :func:`records_to_arrow`. Rows with invalid UTF-8 text get text ``None``
     and are listed in ``Records.bad_utf8`` for :func:`validate`; vectors of the wrong length
     (variable-length list columns) in ``Records.bad_dim``.
+
+    Args:
+        table: snapshot or delta table.
+        dim: expected vector dimension (default: the fixed list size, or the most common
+            length of a variable-length vector column).
 
     Raises:
         KeyError: a required column (id, namespace, text, vector) is missing.
@@ -330,21 +340,10 @@ def records_from_arrow(table: pa.Table) -> Records:
     for req in ("id", "namespace", "text", "vector"):
         if req not in names:
             raise KeyError(f"column {req!r} missing (columns: {sorted(names)})")
-    bad_utf8 = _bad_utf8_rows(table.column("text")) if pa.types.is_string(
-        table.schema.field("text").type
-    ) or pa.types.is_binary(table.schema.field("text").type) else []
-    if bad_utf8:
-        texts_bin = table.column("text").cast(pa.binary()) if pa.types.is_binary(
-            table.schema.field("text").type
-        ) else pa.chunked_array([c.view(pa.binary()) for c in table.column("text").chunks])
-        texts = [
-            None if (k in set(bad_utf8) or b is None) else b.decode("utf-8")
-            for k, b in enumerate(texts_bin.to_pylist())
-        ]
-        table = table.drop_columns(["text"]).append_column("text", pa.array(texts, pa.string()))
+    texts, bad_utf8 = _decode_texts(table.column("text"))
     vcol = table.column("vector").combine_chunks()
     n = table.num_rows
-    if pa.types.is_fixed_size_list(vcol.type):
+    if pa.types.is_fixed_size_list(vcol.type) and dim in (None, vcol.type.list_size):
         dim = vcol.type.list_size
         vals = vcol.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
         vecs = vals.reshape(n, dim) if n else np.zeros((0, dim), np.float32)
@@ -352,7 +351,8 @@ def records_from_arrow(table: pa.Table) -> Records:
     else:
         lists = vcol.to_pylist()
         lens = [len(v) if v is not None else -1 for v in lists]
-        dim = max(set(lens), key=lens.count) if lens else 0
+        if dim is None:
+            dim = max(sorted(set(lens)), key=lens.count) if lens else 0
         vecs = np.full((n, dim), np.nan, dtype=np.float32)
         bad_dim = []
         for k, v in enumerate(lists):
@@ -362,10 +362,12 @@ def records_from_arrow(table: pa.Table) -> Records:
                 vecs[k] = v
     cols: dict[str, Any] = {}
     for c in COLUMNS:
-        if c == "text_hash" or c not in names and c != "text":
+        if c == "text_hash" or c not in names:
             continue
         arr = table.column(c)
-        if c in TIME_COLUMNS:
+        if c == "text":
+            cols[c] = texts
+        elif c in TIME_COLUMNS:
             us = arr.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
             v = us.to_numpy(zero_copy_only=False).astype(np.float64) / _US_PER_HOUR
             v[np.asarray(us.is_null())] = np.nan

@@ -224,7 +224,7 @@ class Store:
         """
         ptr = self.head()
         path = self.root / "snapshots" / ptr.snapshot
-        recs = records_from_arrow(pq.read_table(path))
+        recs = records_from_arrow(pq.read_table(path), dim=ptr.dim)
         if validate_records:
             recs = self._checked(recs, dim=ptr.dim, source=str(path), existing=None,
                                  check_future=False)
@@ -255,7 +255,7 @@ class Store:
         if name.endswith(".touch.json"):
             d = json.loads(path.read_text())
             return apply_touch(recs, d["ids"], d["now"], d.get("strength_cap")), []
-        new = records_from_arrow(pq.read_table(path))
+        new = records_from_arrow(pq.read_table(path), dim=dim)
         if validate_records:
             new = self._checked(new, dim=dim, source=str(path),
                                 existing=set(recs.meta["id"]), check_future=False)
@@ -448,7 +448,10 @@ class Store:
             _write_atomic(self.root / "changelogs" / name, lambda p: _write_jsonl(p, events))
             return {"version": ptr.version, "snapshot": None, "changelog": name,
                     "carried_records": len(carried_ids), "carried_touches": n_touch}
-        folded = tuple(base.deltas) + tuple(late)
+        # deltas folded by the previous commit whose cleanup did not finish (crash) stay
+        # listed, so they are never applied twice
+        leftover = tuple(n for n in ptr.folded if (self.root / "deltas" / n).exists())
+        folded = leftover + tuple(base.deltas) + tuple(late)
         snap, log = self._write_version(version, records, events, folded,
                                         pass_time_h if pass_time_h is not None else hours_now())
         self._cleanup(folded)
@@ -483,10 +486,12 @@ class Store:
         for sub, pat in (("snapshots", _SNAP), ("changelogs", re.compile(r"changelog-(\d+)"))):
             for p in (self.root / sub).iterdir():
                 m = pat.match(p.name)
-                if m and int(m.group(1)) < keep_from:
+                old = m is not None and int(m.group(1)) < keep_from
+                stale_tmp = p.name.startswith(".") and ".tmp-" in p.name
+                if old or stale_tmp:
                     p.unlink()
-                elif p.name.startswith(".") and ".tmp-" in p.name:
-                    p.unlink()
+        for p in self.root.glob(f".{POINTER}.tmp-*"):
+            p.unlink()
 
     def snapshots(self) -> list[int]:
         """Versions of the snapshot files present (retained history), ascending."""
