@@ -1,0 +1,59 @@
+"""Config composition: every job's primary config composes, typos fail at compose time."""
+
+import shutil
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError
+
+from consolidate.config import PassConfig, SimilarityConfig, StoreConfig
+from consolidate.jobs.common import CONFIG_DIR, pass_cfg, sim_cfg, typed
+
+
+def _compose(name, overrides=(), config_dir=CONFIG_DIR):
+    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir)):
+        return compose(config_name=name, overrides=list(overrides))
+
+
+@pytest.mark.parametrize("name", ["consolidate", "undo", "import"])
+def test_primary_configs_compose(name):
+    cfg = _compose(name, ["merge_id=m-x"] if name == "undo" else [])
+    assert cfg.task_name == name
+
+
+def test_defaults_are_typed():
+    cfg = _compose("consolidate")
+    pc = pass_cfg(cfg)
+    assert isinstance(pc, PassConfig) and pc.threshold == 0.9 and pc.tau_hours == 720
+    assert isinstance(sim_cfg(cfg), SimilarityConfig)
+    st = typed(cfg, "store", StoreConfig)
+    assert st.dir.endswith("stores/locomo") and st.locomo_file.endswith("locomo/locomo10.json")
+
+
+def test_data_dir_from_environment(monkeypatch):
+    monkeypatch.setenv("CONSOLIDATE_DATA_DIR", "/data/x")
+    st = typed(_compose("consolidate"), "store", StoreConfig)
+    assert st.locomo_file == "/data/x/locomo/locomo10.json"
+
+
+def test_presets():
+    cfg = _compose("consolidate", ["experiment=nightly", "store.dir=/tmp/s"])
+    assert pass_cfg(cfg).now == "wall" and cfg.store.init_from is None
+    cfg = _compose("consolidate", ["debug=default"])
+    assert cfg.store.conversations == 2 and cfg.store.name == "locomo-debug"
+
+
+def test_mistyped_override_fails():
+    with pytest.raises(ConfigCompositionException, match="treshold"):
+        _compose("consolidate", ["pass.treshold=0.5"])
+    with pytest.raises(ConfigCompositionException):
+        _compose("consolidate", ["pass.tau_hours=many"])
+
+
+def test_mistyped_key_in_a_yaml_file_fails(tmp_path):
+    d = tmp_path / "configs"
+    shutil.copytree(CONFIG_DIR, d)
+    (d / "pass" / "typo.yaml").write_text("defaults:\n  - base\n  - _self_\ntreshold: 0.5\n")
+    with pytest.raises((ConfigCompositionException, ConfigKeyError), match="treshold"):
+        _compose("consolidate", ["pass=typo"], config_dir=d)

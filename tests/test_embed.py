@@ -1,0 +1,32 @@
+"""The packaged all-MiniLM-L6-v2 model, loaded offline."""
+
+import numpy as np
+import pytest
+
+from consolidate.embed import Embedder, packaged_model_path
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def emb():
+    return Embedder(device="cpu", show_progress=False)
+
+
+def test_model_ships_in_the_package():
+    assert (packaged_model_path() / "model.safetensors").exists()
+
+
+def test_encode_is_normalised_and_negation_scores_high(emb):
+    v = emb.encode(["I live in Berlin", "I don't live in Berlin", "lunch was soup"])
+    assert v.shape == (3, 384) and v.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    s = v @ v.T
+    # why the conflict guard exists: a negation scores above many paraphrases
+    assert 0.8 < s[0, 1] < 0.95 and s[0, 2] < 0.3
+    assert emb.encode([]).shape == (0, 384)
+
+
+def test_missing_model_path():
+    with pytest.raises(FileNotFoundError, match="not found"):
+        Embedder("/nonexistent/model")

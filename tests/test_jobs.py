@@ -1,0 +1,64 @@
+"""The console scripts end to end, as a user runs them (subprocess, real embedding model)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from consolidate.store import Store
+from tests.conftest import LOCOMO, REPO
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not LOCOMO.exists(), reason="LOCOMO data not present")]
+BIN = Path(sys.executable).parent
+
+
+def run(cmd, tmp_path, *args):
+    env = {**os.environ, "CONSOLIDATE_DATA_DIR": str(LOCOMO.parents[1])}
+    p = subprocess.run([str(BIN / cmd), *args, f"hydra.run.dir={tmp_path}/run-{len(args)}"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p.stdout
+
+
+def test_consolidate_trigger_undo(tmp_path):
+    store_dir = tmp_path / "store"
+    out = run("consolidate", tmp_path, "debug=default", f"store.dir={store_dir}")
+    assert "imported" in out and "records out" in out and out.strip().splitlines()[-1].startswith(
+        "wall time")
+    summary = json.loads(next(tmp_path.glob("run-*/summary.json")).read_text())
+    st = summary["stats"]
+    n_obs = summary["import"]["observations"]
+    assert n_obs > 300 and st["records_in"] == n_obs
+    # every record is accounted for: live + merged members + dropped
+    assert st["records_out"] + st["merged_members"] - st["merges"] - st["exact_merges"] + \
+        st["dropped_floor"] + st["dropped_cap"] == n_obs
+    assert st["model_calls"] == 0 and summary["commit"]["version"] == 2
+    snap = Store(store_dir).load()
+    assert int(snap.records.live_mask().sum()) == st["records_out"]
+    # nothing new: the trigger does not fire
+    out = run("consolidate", tmp_path, "debug=default", f"store.dir={store_dir}", "pass.cap=5")
+    assert "not fired" in out and "skipped" in out
+    assert Store(store_dir).head().version == 2
+    # undo one merge from the changelog
+    log = store_dir / "changelogs" / "changelog-000002.jsonl"
+    merge = next(json.loads(x) for x in log.read_text().splitlines() if '"op": "merge"' in x)
+    out = run("consolidate-undo", tmp_path, "debug=default", f"store.dir={store_dir}",
+              f"merge_id={merge['id']}")
+    assert f"restored {len(merge['members'])} records" in out
+    m = Store(store_dir).load().records.meta.set_index("id")
+    assert m.loc[merge["members"], "deleted_at"].isna().all()
+    assert m.loc[merge["id"], "deleted_reason"] == "undone"
+
+
+def test_dry_run_and_bad_override(tmp_path):
+    store_dir = tmp_path / "store"
+    run("consolidate", tmp_path, "debug=default", f"store.dir={store_dir}", "pass.dry_run=true")
+    assert Store(store_dir).head().version == 1
+    assert list((store_dir / "changelogs").glob("dry-run-*.jsonl"))
+    p = subprocess.run([str(BIN / "consolidate"), "pass.treshold=0.5"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "treshold" in p.stderr
