@@ -1,0 +1,1 @@
+"""Evaluation: dataset tasks, metrics, retrieval before/after consolidation, calibration."""
