@@ -23,7 +23,7 @@ import torch
 
 from .store.batch import resolve_device
 
-__all__ = ["Pairs", "threshold_pairs", "auto_tile", "DTYPE_MARGIN"]
+__all__ = ["Pairs", "TopK", "threshold_pairs", "topk_neighbours", "auto_tile", "DTYPE_MARGIN"]
 
 #: candidate margin below the threshold per tile dtype (max |error| of a unit-vector dot
 #: product in that dtype for d <= 4096, with headroom); candidates are re-scored in float64.
@@ -192,3 +192,118 @@ def _rescore64(v32: torch.Tensor, i: torch.Tensor, j: torch.Tensor,
         b = v32[j[k : k + chunk]].double()
         out[k : k + chunk] = (a * b).sum(1)
     return out
+
+
+@dataclass
+class TopK:
+    """Top-k neighbours per query.
+
+    Attributes:
+        indices: ``int64 [q, k]`` key positions, best first; ``-1`` where a query has fewer
+            than ``k`` keys in its segment.
+        scores: ``float32 [q, k]`` cosine in the tile dtype (``-inf`` for padding).
+    """
+
+    indices: np.ndarray
+    scores: np.ndarray
+
+
+def topk_neighbours(
+    queries: torch.Tensor | np.ndarray,
+    keys: torch.Tensor | np.ndarray,
+    k: int,
+    *,
+    query_segments: torch.Tensor | np.ndarray | None = None,
+    key_segments: torch.Tensor | np.ndarray | None = None,
+    device: str | torch.device = "auto",
+    dtype: str = "fp32",
+    tile_rows: int = 4096,
+    tile_cols: int | None = None,
+    budget_bytes: int | None = None,
+) -> TopK:
+    """Top-k keys by cosine for every query, only within the query's segment (namespace).
+
+    Queries and keys are sorted by segment internally, so a query tile is compared only with
+    the key range of the segments it contains; a running top-k per row is merged tile by
+    tile, so memory stays at one ``tile_rows x tile_cols`` block. Ties are broken by the
+    lower key position (stable order).
+
+    Args:
+        queries: ``float32 [q, d]`` unit vectors.
+        keys: ``float32 [n, d]`` unit vectors.
+        k: neighbours per query (>= 1).
+        query_segments, key_segments: ``int64 [q]`` / ``[n]`` segment codes (both or neither).
+        device, dtype, tile_rows, tile_cols, budget_bytes: as for :func:`threshold_pairs`.
+
+    Returns:
+        :class:`TopK` in the original query order with original key positions.
+
+    Raises:
+        ValueError: bad shapes, ``k < 1``, or only one of the segment arrays given.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if (query_segments is None) != (key_segments is None):
+        raise ValueError("give both query_segments and key_segments, or neither")
+    if dtype not in _TORCH_DTYPE:
+        raise ValueError(f"dtype must be one of {sorted(_TORCH_DTYPE)}, got {dtype!r}")
+    dev = resolve_device(device)
+    q = torch.as_tensor(queries).to(dev, torch.float32)
+    key = torch.as_tensor(keys).to(dev, torch.float32)
+    if q.ndim != 2 or key.ndim != 2 or q.shape[1] != key.shape[1]:
+        raise ValueError(f"queries {tuple(q.shape)} and keys {tuple(key.shape)} must be "
+                         f"[q, d] and [n, d]")
+    nq, n = q.shape[0], key.shape[0]
+    if query_segments is None:
+        qs = torch.zeros(nq, dtype=torch.int64)
+        ks = torch.zeros(n, dtype=torch.int64)
+    else:
+        qs = torch.as_tensor(query_segments, dtype=torch.int64).cpu()
+        ks = torch.as_tensor(key_segments, dtype=torch.int64).cpu()
+    qord = torch.argsort(qs, stable=True)
+    kord = torch.argsort(ks, stable=True)
+    qs_s, ks_s = qs[qord], ks[kord]
+    # key range [lo, hi) of each segment value, looked up by searchsorted
+    lo_of = torch.searchsorted(ks_s, qs_s, side="left")
+    hi_of = torch.searchsorted(ks_s, qs_s, side="right")
+    tdt = _TORCH_DTYPE[dtype]
+    qv = q[qord.to(dev)].to(tdt)
+    kv = key[kord.to(dev)].to(tdt)
+    ks_dev, qs_dev = ks_s.to(dev), qs_s.to(dev)
+    if tile_cols is None:
+        tile_cols = auto_tile(max(n, 1), dev, budget_bytes)[1]
+    kk = min(k, max(n, 1))
+    best_s = torch.full((nq, kk), float("-inf"), device=dev)
+    best_i = torch.full((nq, kk), -1, dtype=torch.int64, device=dev)
+    tf32_prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    try:
+        for r0 in range(0, nq, tile_rows):
+            r1 = min(nq, r0 + tile_rows)
+            c_lo, c_hi = int(lo_of[r0:r1].min()), int(hi_of[r0:r1].max())
+            bs, bi = best_s[r0:r1], best_i[r0:r1]
+            for c0 in range(c_lo, c_hi, tile_cols):
+                c1 = min(c_hi, c0 + tile_cols)
+                s = (qv[r0:r1] @ kv[c0:c1].T).float()
+                s.masked_fill_(qs_dev[r0:r1, None] != ks_dev[None, c0:c1], float("-inf"))
+                idx = torch.arange(c0, c1, device=dev).expand(r1 - r0, -1)
+                cs = torch.cat([bs, s], 1)
+                ci = torch.cat([bi, idx], 1)
+                top = torch.topk(cs, kk, dim=1, sorted=True)
+                bs, bi = top.values, torch.gather(ci, 1, top.indices)
+            best_s[r0:r1], best_i[r0:r1] = bs, bi
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32_prev
+    kord_dev = kord.to(dev)
+    mapped = torch.where(bi_valid := (best_i >= 0) & torch.isfinite(best_s),
+                         kord_dev[best_i.clamp(min=0)], torch.full_like(best_i, -1))
+    best_s = torch.where(bi_valid, best_s, torch.full_like(best_s, float("-inf")))
+    inv = torch.empty_like(qord)
+    inv[qord] = torch.arange(nq)
+    inv = inv.to(dev)
+    out_i, out_s = mapped[inv].cpu().numpy(), best_s[inv].cpu().numpy()
+    if kk < k:  # fewer keys than k
+        pad = k - kk
+        out_i = np.pad(out_i, ((0, 0), (0, pad)), constant_values=-1)
+        out_s = np.pad(out_s, ((0, 0), (0, pad)), constant_values=-np.inf)
+    return TopK(out_i.astype(np.int64), out_s.astype(np.float32))

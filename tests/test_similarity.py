@@ -83,3 +83,47 @@ def test_auto_tile_respects_budget():
     assert rows * cols * 16 <= 64 << 20
     assert rows == 4096 and cols >= 64
     assert auto_tile(10, torch.device("cpu"), budget_bytes=1 << 30) == (64, 64)
+
+
+def topk_reference(q, keys, qseg, kseg, k):
+    s = q.astype(np.float64) @ keys.astype(np.float64).T
+    s[qseg[:, None] != kseg[None, :]] = -np.inf
+    out = []
+    for row in s:
+        order = np.lexsort((np.arange(len(row)), -row))[:k]
+        got = [int(j) if np.isfinite(row[j]) else -1 for j in order]
+        out.append(got + [-1] * (k - len(got)))
+    return out
+
+
+@pytest.mark.parametrize("nq,n,segs,k", [(1, 1, 1, 1), (37, 211, 1, 10), (50, 300, 4, 7),
+                                         (64, 90, 9, 20), (33, 5, 2, 10)])
+@pytest.mark.parametrize("tiles", [(8, 16), (4096, None), (13, 29)])
+def test_topk_equals_float64_reference(nq, n, segs, k, tiles, device):
+    from consolidate.similarity import topk_neighbours
+
+    g = np.random.default_rng(nq * n)
+    keys = g.normal(size=(n, 24)).astype(np.float32)
+    keys /= np.linalg.norm(keys, axis=1, keepdims=True)
+    q = keys[g.integers(0, n, nq)] + 0.3 * g.normal(size=(nq, 24)).astype(np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    qseg, kseg = g.integers(0, segs, nq), g.integers(0, segs, n)
+    got = topk_neighbours(q, keys, k, query_segments=qseg, key_segments=kseg, device=device,
+                          tile_rows=tiles[0], tile_cols=tiles[1])
+    ref = topk_reference(q, keys, qseg, kseg, k)
+    assert got.indices.shape == (nq, k)
+    assert got.indices.tolist() == ref
+    valid = got.indices >= 0
+    v64 = (q.astype(np.float64)[:, None, :] * keys.astype(np.float64)[got.indices.clip(0)]).sum(-1)
+    np.testing.assert_allclose(got.scores[valid], v64[valid], atol=1e-5)
+    assert (got.indices[~valid] == -1).all() and np.isinf(got.scores[~valid]).all()
+
+
+def test_topk_bad_arguments():
+    from consolidate.similarity import topk_neighbours
+
+    e = np.eye(3, dtype=np.float32)
+    with pytest.raises(ValueError, match="k must"):
+        topk_neighbours(e, e, 0)
+    with pytest.raises(ValueError, match="both"):
+        topk_neighbours(e, e, 1, query_segments=np.zeros(3))
