@@ -81,3 +81,14 @@ class Embedder:
             convert_to_numpy=True, normalize_embeddings=True,
         )
         return np.asarray(v, dtype=np.float32)
+
+    def count_tokens(self, texts: Sequence[str]) -> np.ndarray:
+        """Tokens per text under the model's tokenizer, without special tokens.
+
+        Returns:
+            ``int64 [len(texts)]``.
+        """
+        if not len(texts):
+            return np.zeros(0, np.int64)
+        enc = self.model.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+        return np.array([len(x) for x in enc], dtype=np.int64)

@@ -144,6 +144,7 @@ def run_pass(
     merger: Merger | None = None,
     version: int = 1,
     wall_h: float | None = None,
+    now_by_namespace: dict[str, float] | None = None,
 ) -> PassResult:
     """Consolidate ``records`` (one snapshot, any number of namespaces).
 
@@ -156,6 +157,9 @@ def run_pass(
             mixed into merged ids).
         wall_h: wall clock in hours since the epoch, used for tombstone times and as ``now``
             when ``cfg.now == "wall"`` (default: the current time).
+        now_by_namespace: per-namespace "now" in hours since the epoch, overriding
+            ``cfg.now`` for the namespaces it names (e.g. the date of a LOCOMO
+            conversation's last session, when its questions are asked).
 
     Returns:
         :class:`PassResult`.
@@ -362,7 +366,11 @@ def run_pass(
     live = meta["deleted_at"].isna().to_numpy()
     li = np.flatnonzero(live)
     lm = meta.iloc[li]
-    now = resolve_now(cfg.now, meta, wall_h)[li]
+    now = resolve_now(cfg.now, meta, wall_h)
+    if now_by_namespace:
+        over = meta["namespace"].map(now_by_namespace).to_numpy(np.float64)
+        now = np.where(np.isnan(over), now, over)
+    now = now[li]
     if cfg.decay:
         score = retention_score(
             torch.tensor(lm["importance"].to_numpy(np.float64)),

@@ -1,0 +1,78 @@
+"""Matplotlib plots for evaluation and calibration reports (Agg backend, PNG files)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+__all__ = ["plot_ablation", "plot_pr", "plot_histograms"]
+
+
+def plot_ablation(table: pd.DataFrame, path: str | Path, ks: list[str]) -> Path:
+    """Recall per variant (grouped bars) and store size vs recall (scatter)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    x = np.arange(len(table))
+    w = 0.8 / max(len(ks), 1)
+    for n, k in enumerate(ks):
+        a.bar(x + n * w, table[k], w, label=k)
+    a.set_xticks(x + 0.4 - w / 2, table["variant"], rotation=30, ha="right")
+    a.set_ylabel("evidence recall")
+    a.set_ylim(0, 1)
+    a.legend(fontsize=8)
+    a.set_title("evidence recall by variant")
+    for k, m in zip(ks[-2:], ("o", "s"), strict=False):
+        b.scatter(table["store_size"], table[k], marker=m, label=k)
+    for _, r in table.iterrows():
+        b.annotate(r["variant"], (r["store_size"], r[ks[-1]]), fontsize=7)
+    b.set_xlabel("live memories after the pass")
+    b.set_ylabel("evidence recall")
+    b.legend(fontsize=8)
+    b.set_title("store size vs recall")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_pr(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], path: str | Path) -> Path:
+    """Precision-recall curves: ``{label: (recall, precision, ap)}``."""
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for label, (r, p, ap) in curves.items():
+        ax.plot(r, p, label=f"{label} (AP {ap:.3f})")
+    ax.set_xlabel("recall")
+    ax.set_ylabel("precision")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=8)
+    ax.set_title("duplicate detection by cosine threshold")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_histograms(groups: dict[str, np.ndarray], path: str | Path, title: str,
+                    thresholds: dict[str, float] | None = None) -> Path:
+    """Cosine histograms per group (duplicates, non-duplicates, contradictions)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bins = np.linspace(-0.2, 1.0, 61)
+    for label, v in groups.items():
+        if len(v):
+            ax.hist(v, bins=bins, alpha=0.5, density=True, label=f"{label} (n={len(v)})")
+    for label, t in (thresholds or {}).items():
+        ax.axvline(t, ls="--", lw=1, color="k")
+        ax.annotate(label, (t, ax.get_ylim()[1] * 0.9), rotation=90, fontsize=7)
+    ax.set_xlabel("cosine")
+    ax.set_ylabel("density")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,105 @@
+"""Results schema (pydantic) and writers: ``results.json``, ``samples.jsonl``, ``report.md``.
+
+Every run records what is needed to reproduce and compare it: schema version, task name and
+version, the sha256 of each data file read, the full config, git commit, package versions,
+device and timings, and each metric with ``higher_is_better``.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+__all__ = ["SCHEMA_VERSION", "Metric", "TaskInfo", "Results", "environment", "write_results",
+           "read_results"]
+
+SCHEMA_VERSION = 1
+
+
+class Metric(BaseModel):
+    """One number. ``variant``: ablation arm; ``category``: LOCOMO code (``None`` = all)."""
+
+    name: str
+    value: float | None
+    higher_is_better: bool
+    variant: str | None = None
+    category: int | None = None
+    category_label: str | None = None
+    n: int = 0
+
+
+class TaskInfo(BaseModel):
+    name: str
+    version: str
+    files_sha256: dict[str, str]
+    hash_verified: bool
+    counts: dict[str, int] = Field(default_factory=dict)
+    main_score: str = ""
+
+
+class Results(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    job: str
+    created_at: str
+    task: TaskInfo
+    config: dict[str, Any]
+    git_commit: str | None
+    packages: dict[str, str]
+    device: str
+    python: str
+    timings_s: dict[str, float]
+    metrics: list[Metric]
+    tables: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10, cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(device: str) -> dict[str, Any]:
+    """git commit, package versions, python and device for :class:`Results`."""
+    pk = {}
+    for name in ("consolidate", "torch", "numpy", "pandas", "pyarrow", "datasets",
+                 "sentence-transformers", "transformers", "hydra-core", "nltk"):
+        try:
+            pk[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return {"git_commit": _git_commit(), "packages": pk, "device": device,
+            "python": platform.python_version()}
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_results(out_dir: str | Path, results: Results, samples: list[dict[str, Any]],
+                  report_md: str) -> dict[str, Path]:
+    """Write ``results.json``, ``samples.jsonl`` and ``report.md`` into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"results": out / "results.json", "samples": out / "samples.jsonl",
+             "report": out / "report.md"}
+    paths["results"].write_text(results.model_dump_json(indent=1))
+    with open(paths["samples"], "w") as f:
+        for s in samples:
+            f.write(json.dumps(s, default=float) + "\n")
+    paths["report"].write_text(report_md)
+    return paths
+
+
+def read_results(path: str | Path) -> Results:
+    """Parse a ``results.json`` (raises ``pydantic.ValidationError`` on a bad file)."""
+    return Results.model_validate_json(Path(path).read_text())

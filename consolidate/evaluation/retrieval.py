@@ -1,0 +1,122 @@
+"""Retrieval quality of a memory store on LOCOMO-style questions (no model needed).
+
+For each question, the live memories of its conversation (both speakers' namespaces) are
+ranked by cosine to the question; from that ranking:
+
+* ``recall@k``: evidence recall of the top k (k in ``ks``);
+* ``recall@<B>tok``: evidence recall of the longest prefix of the ranking whose memory texts
+  fit in B tokens, so that merging many facts into long memories cannot inflate recall@k;
+* ``tokens@k``: tokens of the top k memories, i.e. the context a reader would inject.
+
+Tokens are counted with the embedding model's tokenizer (WordPiece for MiniLM): an
+approximation of an LLM's tokens that needs no extra model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..similarity import topk_neighbours
+from ..store.schema import Records
+from .metrics import category_label, evidence_recall
+
+__all__ = ["conversation_of", "retrieval_table", "summarise", "latency_ms"]
+
+
+def conversation_of(namespace: str) -> str:
+    """LOCOMO namespaces are ``<sample_id>/<speaker>``: the conversation is the first part."""
+    return str(namespace).split("/")[0]
+
+
+def _segments(mem_conv: Sequence[str], q_conv: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    codes, _ = pd.factorize(pd.Series(list(mem_conv) + list(q_conv), dtype=object))
+    return codes[: len(mem_conv)].astype(np.int64), codes[len(mem_conv):].astype(np.int64)
+
+
+def retrieval_table(
+    live: Records,
+    questions: pd.DataFrame,
+    q_vectors: np.ndarray,
+    token_counts: np.ndarray,
+    *,
+    ks: Sequence[int] = (1, 5, 10, 20),
+    budgets: Sequence[int] = (200, 500),
+    tokens_at_k: int = 10,
+    retrieve_k: int = 64,
+    device: str = "cpu",
+) -> pd.DataFrame:
+    """Per-question retrieval metrics.
+
+    Args:
+        live: the store's live records (no tombstones).
+        questions: ``qid``, ``conversation``, ``category``, ``evidence`` (list of dia_ids).
+        q_vectors: ``float32 [q, d]`` question embeddings, row-aligned with ``questions``.
+        token_counts: ``int [n]`` tokens of each live record's text.
+        ks, budgets, tokens_at_k: see the module docstring.
+        retrieve_k: ranking depth used for the token budgets (>= max(ks)).
+        device: similarity device.
+
+    Returns:
+        ``DataFrame`` with one row per question: ``qid``, ``category``, ``recall@k`` ...,
+        ``recall@<B>tok`` ..., ``tokens@<k>``, ``n_evidence``, ``top_ids`` (first 10 ids).
+    """
+    depth = max(retrieve_k, max(ks))
+    mem_conv = [conversation_of(n) for n in live.meta["namespace"]]
+    mseg, qseg = _segments(mem_conv, questions["conversation"].tolist())
+    top = topk_neighbours(q_vectors, live.vectors, depth, query_segments=qseg,
+                          key_segments=mseg, device=device)
+    src = live.meta["source_ids"].tolist()
+    ids = live.meta["id"].tolist()
+    tok = np.asarray(token_counts, dtype=np.int64)
+    rows = []
+    for qi, q in enumerate(questions.itertuples(index=False)):
+        ranked = [j for j in top.indices[qi] if j >= 0]
+        r = {"qid": q.qid, "category": int(q.category), "n_evidence": len(q.evidence)}
+        for k in ks:
+            r[f"recall@{k}"] = evidence_recall(q.evidence, [src[j] for j in ranked[:k]])
+        cum = np.cumsum(tok[ranked]) if ranked else np.zeros(0)
+        for b in budgets:
+            n_fit = int(np.searchsorted(cum, b, side="right"))
+            r[f"recall@{b}tok"] = evidence_recall(q.evidence, [src[j] for j in ranked[:n_fit]])
+            r[f"memories@{b}tok"] = n_fit
+        r[f"tokens@{tokens_at_k}"] = int(tok[ranked[:tokens_at_k]].sum()) if ranked else 0
+        r["top_ids"] = [ids[j] for j in ranked[:10]]
+        rows.append(r)
+    return pd.DataFrame(rows)
+
+
+def latency_ms(live: Records, questions: pd.DataFrame, q_vectors: np.ndarray, k: int,
+               sample: int = 200, seed: int = 0, device: str = "cpu") -> dict[str, float]:
+    """p50/p95 of one-question retrieval (top-k over its conversation), milliseconds, on a
+    fixed random sample of questions (``seed``)."""
+    g = np.random.default_rng(seed)
+    idx = g.choice(len(questions), size=min(sample, len(questions)), replace=False)
+    mem_conv = np.array([conversation_of(n) for n in live.meta["namespace"]], dtype=object)
+    by_conv = {c: np.flatnonzero(mem_conv == c) for c in set(mem_conv)}
+    times = []
+    for qi in idx:
+        rows = by_conv.get(questions["conversation"].iat[qi], np.zeros(0, np.int64))
+        t = time.perf_counter()
+        if len(rows):
+            topk_neighbours(q_vectors[qi : qi + 1], live.vectors[rows], k, device=device)
+        times.append((time.perf_counter() - t) * 1e3)
+    return {"p50_ms": float(np.percentile(times, 50)), "p95_ms": float(np.percentile(times, 95))}
+
+
+def summarise(table: pd.DataFrame, metric_cols: Sequence[str]) -> pd.DataFrame:
+    """Mean of each metric over all questions and per category (labelled both ways).
+
+    Returns:
+        ``DataFrame`` with ``category`` (``"all"`` or the code), ``label``, ``n`` and the
+        metric columns (NaN recalls, i.e. questions without evidence, are skipped).
+    """
+    out = [{"category": "all", "label": "all", "n": len(table),
+            **{c: float(table[c].mean()) for c in metric_cols}}]
+    for cat, g in table.groupby("category"):
+        out.append({"category": int(cat), "label": category_label(int(cat)), "n": len(g),
+                    **{c: float(g[c].mean()) for c in metric_cols}})
+    return pd.DataFrame(out)
