@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
 
 __all__ = [
     "PassConfig",
@@ -43,6 +44,13 @@ class PassConfig:
             no pass has seen reaches this (or ``force``).
         force: run even if the trigger does not fire.
         dry_run: write only the changelog, not a new snapshot.
+        calibration_file: a ``calibration.json`` from ``consolidate-calibrate``; its
+            recommended threshold replaces ``threshold``.
+        max_drop_fraction: safety stop: a pass that would drop (floor or cap) more than this
+            share of a store's live memories fails instead (set 1.0 to allow). A wall-clock
+            ``now`` on a historical store, or a wrong tau, is the usual cause.
+        max_review_events: list at most this many review pairs in the changelog (the
+            total is always counted).
     """
 
     threshold: float = 0.9
@@ -58,6 +66,9 @@ class PassConfig:
     trigger_importance: float = 5.0
     force: bool = False
     dry_run: bool = False
+    calibration_file: str | None = None
+    max_drop_fraction: float = 0.5
+    max_review_events: int = 10000
 
 
 @dataclass
@@ -83,6 +94,7 @@ class EmbedderConfig:
     device: str = "auto"
     batch_size: int = 128
     show_progress: bool = True
+    dtype: str = "fp32"
 
 
 @dataclass
@@ -121,7 +133,7 @@ class StoreConfig:
     """
 
     name: str = "locomo"
-    dir: str = "stores/locomo"
+    dir: str = MISSING
     init_from: str | None = "locomo"
     locomo_file: str = "../shared/data/locomo/locomo10.json"
     conversations: int | None = None

@@ -40,9 +40,11 @@ class Embedder:
         device: ``"auto"`` (cuda if available), ``"cpu"`` or ``"cuda[:k]"``.
         batch_size: texts per forward pass.
         show_progress: tqdm progress bar.
+        dtype: model weights ``fp32``, ``bf16`` or ``fp16`` (outputs are float32 either way).
 
     Raises:
         FileNotFoundError: ``model_path`` does not exist.
+        ValueError: unknown ``dtype``.
     """
 
     def __init__(
@@ -51,6 +53,7 @@ class Embedder:
         device: str = "auto",
         batch_size: int = 128,
         show_progress: bool = True,
+        dtype: str = "fp32",
     ) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -63,7 +66,15 @@ class Embedder:
         self.device = resolve_device(device)
         self.batch_size = batch_size
         self.show_progress = show_progress
+        import torch
+
+        dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+        if dtype not in dtypes:
+            raise ValueError(f"dtype must be one of {sorted(dtypes)}, got {dtype!r}")
+        self.dtype = dtype
         self.model = SentenceTransformer(str(path), device=str(self.device), local_files_only=True)
+        if dtype != "fp32":
+            self.model.to(dtypes[dtype])
         self.dim = int(self.model.get_embedding_dimension()
                        if hasattr(self.model, "get_embedding_dimension")
                        else self.model.get_sentence_embedding_dimension())
@@ -80,7 +91,8 @@ class Embedder:
             list(texts), batch_size=self.batch_size, show_progress_bar=self.show_progress,
             convert_to_numpy=True, normalize_embeddings=True,
         )
-        return np.asarray(v, dtype=np.float32)
+        v = np.asarray(v, dtype=np.float32)
+        return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
 
     def count_tokens(self, texts: Sequence[str]) -> np.ndarray:
         """Tokens per text under the model's tokenizer, without special tokens.

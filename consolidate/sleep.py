@@ -46,9 +46,14 @@ from .merge import ExtractiveMerger, MergeMember, Merger, MergeRequest, canonica
 from .scoring import retention_score, select_survivors
 from .similarity import threshold_pairs
 from .store.schema import Records, hours_from_datetime
-from .text import conflict_reason, text_hash
+from .text import conflict_between, conflict_signature, text_hash
 
-__all__ = ["PassResult", "run_pass", "resolve_now", "trigger", "undo_merge", "merged_id"]
+__all__ = ["PassResult", "MassDropError", "run_pass", "resolve_now", "trigger", "undo_merge",
+           "merged_id"]
+
+
+class MassDropError(RuntimeError):
+    """The pass would drop more than ``pass.max_drop_fraction`` of the live memories."""
 
 
 @dataclass
@@ -167,6 +172,8 @@ def run_pass(
     Raises:
         ValueError: bad settings (threshold outside [-1, 1], tau <= 0, cap < 0) or a merger
             that returned the wrong number of responses.
+        MassDropError: more than ``cfg.max_drop_fraction`` of the live memories would be
+            dropped (nothing is returned, so nothing can be committed).
     """
     sim_cfg = sim_cfg or SimilarityConfig()
     merger = merger or ExtractiveMerger()
@@ -225,6 +232,7 @@ def run_pass(
         u_w[k] = strength[u].sum()
     u_key = [ids[u[0]] for u in units]
     u_text = [meta["text"].iat[u[0]] for u in units]
+    u_sig = [conflict_signature(t) for t in u_text] if cfg.near_dedup else []
     u_ns = meta["namespace"].to_numpy(object)[[u[0] for u in units]] if units else np.array([])
     ns_codes = pd.factorize(pd.Series(u_ns, dtype=object), sort=True)[0]
 
@@ -249,7 +257,7 @@ def run_pass(
     if pairs is not None and len(pairs):
         cr = centroid_clusters(
             pairs.i, pairs.j, pairs.sim, u_vec, u_w, u_key, cfg.threshold,
-            conflict=lambda a, b: conflict_reason(u_text[a], u_text[b]),
+            conflict=lambda a, b: conflict_between(u_sig[a], u_sig[b]),
             allow_conflicts=bool(getattr(merger, "handles_conflicts", False)),
         )
         clusters, review = cr.clusters, cr.review
@@ -257,7 +265,7 @@ def run_pass(
                                                                   strict=True)}
     else:
         clusters, review, pair_sim = [], [], {}
-    for a, b, s, reason in review:
+    for a, b, s, reason in review[: cfg.max_review_events]:
         events.append({
             "op": "review", "reason": reason, "similarity": round(s, 6),
             "ids": [u_key[a], u_key[b]], "texts": [u_text[a], u_text[b]],
@@ -265,6 +273,9 @@ def run_pass(
         })
     stats["clusters"] = len(clusters)
     stats["review_pairs"] = len(review)
+    if len(review) > cfg.max_review_events:
+        events.append({"op": "review_truncated", "listed": cfg.max_review_events,
+                       "total": len(review)})
     times["cluster"] = time.perf_counter() - t
 
     # ---------------------------------------------------------------- merge
@@ -274,11 +285,18 @@ def run_pass(
     req_units: list[list[int]] = []
     for c in clusters:
         rows = sorted((r for k in c for r in units[k]), key=lambda r: ids[r])
-        sims = tuple(
-            (u_key[a], u_key[b], round(pair_sim[(min(a, b), max(a, b))], 6))
-            for x, a in enumerate(c) for b in c[x + 1 :]
-            if (min(a, b), max(a, b)) in pair_sim
-        )
+        # pairwise similarities for small clusters; the changelog of a big cluster would
+        # grow quadratically, so it gets each member's cosine to the merged centroid instead
+        if len(c) <= 16:
+            sims = tuple(
+                (u_key[a], u_key[b], round(pair_sim[(min(a, b), max(a, b))], 6))
+                for x, a in enumerate(c) for b in c[x + 1 :]
+                if (min(a, b), max(a, b)) in pair_sim
+            )
+        else:
+            cen = (u_w[c, None] * u_vec[c].astype(np.float64)).sum(0)
+            cen /= np.linalg.norm(cen)
+            sims = tuple((u_key[a], "centroid", round(float(u_vec[a] @ cen), 6)) for a in c)
         confl = tuple((u_key[a], u_key[b], r) for a, b, _, r in review
                       if a in c and b in c)
         requests.append(MergeRequest(
@@ -385,6 +403,14 @@ def run_pass(
     sel = select_survivors(score, lm["pinned"].to_numpy(bool), lm["namespace"].to_numpy(object),
                            lm["id"].to_numpy(object), floor, cfg.cap)
     drop = li[~sel.keep]
+    if len(li) and len(drop) / len(li) > cfg.max_drop_fraction:
+        worst = pd.Series(meta["namespace"].to_numpy(object)[drop]).value_counts().head(3)
+        raise MassDropError(
+            f"the pass would drop {len(drop)} of {len(li)} live memories "
+            f"({len(drop) / len(li):.0%} > pass.max_drop_fraction={cfg.max_drop_fraction}); "
+            f"most in {dict(worst)}. Check pass.now (now={cfg.now!r}), tau_hours "
+            f"({cfg.tau_hours}) and floor ({cfg.floor}), or set pass.max_drop_fraction=1.0"
+        )
     meta.loc[drop, "deleted_at"] = wall_h
     meta.loc[drop, "deleted_reason"] = sel.reason[~sel.keep]
     for r, sc, why in zip(drop, score[~sel.keep], sel.reason[~sel.keep], strict=True):
@@ -440,8 +466,12 @@ def undo_merge(records: Records, merge_id: str, wall_h: float | None = None) -> 
         raise KeyError(f"no record with id {merge_id!r}")
     p = int(pos[0])
     if not np.isnan(meta["deleted_at"].iat[p]):
-        later = meta["merged_into"].iat[p] or meta["deleted_reason"].iat[p]
-        raise ValueError(f"{merge_id!r} is not live (deleted: {later}); undo that first")
+        into, why = meta["merged_into"].iat[p], meta["deleted_reason"].iat[p]
+        if why == "undone":
+            raise ValueError(f"{merge_id!r} was already undone")
+        if isinstance(into, str):
+            raise ValueError(f"{merge_id!r} was merged again into {into!r}; undo that first")
+        raise ValueError(f"{merge_id!r} is not live (deleted: {why}); restore it first")
     members = np.flatnonzero(meta["merged_into"].to_numpy(object) == merge_id)
     if not len(members):
         raise KeyError(f"no record was merged into {merge_id!r}")

@@ -12,17 +12,21 @@ import hashlib
 import re
 import unicodedata
 from collections import Counter
+from dataclasses import dataclass
 
 __all__ = [
     "normalise",
     "text_hash",
     "conflict_reason",
+    "conflict_signature",
+    "conflict_between",
+    "ConflictSignature",
     "split_facts",
     "content_tokens",
 ]
 
 _WS = re.compile(r"\s+")
-_EDGE_PUNCT = re.compile(r"^[\W_]+|[\W_]+$")
+_EDGE_PUNCT = re.compile(r"^[\s\"'`]+|[\s.!?,;:\"'`]+$")
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|n't")
 
 
@@ -32,9 +36,10 @@ _QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": 
 def normalise(text: str) -> str:
     """Normalise text for exact-duplicate detection.
 
-    Unicode NFKC, case-folded, curly quotes made straight, whitespace collapsed, leading and
-    trailing punctuation removed. Inner punctuation, digits and word order are kept, so
-    "Has 2 cats." and "has 2 cats" collide but "has 3 cats" does not.
+    Unicode NFKC, case-folded, curly quotes made straight, whitespace collapsed, and
+    sentence punctuation (``. ! ? , ; :`` and quotes) removed from the ends. Signs, currency,
+    emoji and inner punctuation are kept, so "Has 2 cats." and "has 2 cats" collide but
+    "-5 degrees" and "5 degrees", or ":)" and ":(", do not.
 
     Args:
         text: any ``str``.
@@ -42,10 +47,10 @@ def normalise(text: str) -> str:
     Returns:
         The normalised ``str`` (possibly empty).
     """
-    t = unicodedata.normalize("NFKC", text).casefold()
-    t = t.translate(_QUOTES)
+    t = unicodedata.normalize("NFKC", text).casefold().translate(_QUOTES)
     t = _WS.sub(" ", t).strip()
-    return _EDGE_PUNCT.sub("", t)
+    core = _EDGE_PUNCT.sub("", t)
+    return core if core else t
 
 
 def text_hash(text: str) -> str:
@@ -86,7 +91,7 @@ _WEEKDAYS = {
     "yesterday", "today", "tomorrow", "tonight", "weekend",
 }
 _RELATIVE_TIME = {"last", "next", "ago", "later", "earlier", "previous", "upcoming"}
-_NUM = re.compile(r"\d+(?:[.,:/-]\d+)*")
+_NUM = re.compile(r"(?<!\w)[-+\u2212]?\d+(?:[.,:/-]\d+)*")
 
 
 def _negation_count(tokens: list[str]) -> Counter:
@@ -117,6 +122,37 @@ def _date_terms(tokens: list[str]) -> Counter:
     return out
 
 
+@dataclass(frozen=True)
+class ConflictSignature:
+    """What the conflict guard compares: negation markers, numbers and date terms of a text
+    (multisets as sorted tuples). Compute once per text with :func:`conflict_signature`."""
+
+    negations: tuple
+    numbers: tuple
+    dates: tuple
+
+
+def conflict_signature(text: str) -> ConflictSignature:
+    """The :class:`ConflictSignature` of ``text``."""
+    toks = content_tokens(text)
+    return ConflictSignature(
+        tuple(sorted(_negation_count(toks).items())),
+        tuple(sorted(_numbers(toks, text).items())),
+        tuple(sorted(_date_terms(toks).items())),
+    )
+
+
+def conflict_between(a: ConflictSignature, b: ConflictSignature) -> str | None:
+    """:func:`conflict_reason` on precomputed signatures (O(1) per pair)."""
+    if a.negations != b.negations:
+        return "negation"
+    if a.numbers and b.numbers and a.numbers != b.numbers:
+        return "number"
+    if a.dates and b.dates and a.dates != b.dates:
+        return "date"
+    return None
+
+
 def conflict_reason(a: str, b: str) -> str | None:
     """Why two texts must not be merged without a model, or ``None``.
 
@@ -136,16 +172,7 @@ def conflict_reason(a: str, b: str) -> str | None:
     Returns:
         One of ``"negation"``, ``"number"``, ``"date"`` or ``None``.
     """
-    ta, tb = content_tokens(a), content_tokens(b)
-    if _negation_count(ta) != _negation_count(tb):
-        return "negation"
-    na, nb = _numbers(ta, a), _numbers(tb, b)
-    if na and nb and na != nb:
-        return "number"
-    da, db = _date_terms(ta), _date_terms(tb)
-    if da and db and da != db:
-        return "date"
-    return None
+    return conflict_between(conflict_signature(a), conflict_signature(b))
 
 
 _SENT = re.compile(r"(?<=[.!?;])\s+")

@@ -57,3 +57,16 @@ def test_mistyped_key_in_a_yaml_file_fails(tmp_path):
     (d / "pass" / "typo.yaml").write_text("defaults:\n  - base\n  - _self_\ntreshold: 0.5\n")
     with pytest.raises((ConfigCompositionException, ConfigKeyError), match="treshold"):
         _compose("consolidate", ["pass=typo"], config_dir=d)
+
+
+def test_plus_added_typo_is_refused_when_the_job_reads_the_config():
+    cfg = _compose("consolidate", ["+pass.treshold=0.5"])
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['treshold'\] in 'pass'"):
+        pass_cfg(cfg)
+
+
+def test_nightly_requires_a_store_dir():
+    from omegaconf import OmegaConf
+
+    cfg = _compose("consolidate", ["experiment=nightly"])
+    assert OmegaConf.is_missing(cfg.store, "dir")

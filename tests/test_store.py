@@ -187,7 +187,7 @@ def test_undo_restores_members(store):
     assert math.isnan(m.loc["a", "deleted_at"]) and m.loc["a", "merged_into"] is None
     assert math.isnan(m.loc["b", "deleted_at"])
     assert m.loc[mid, "deleted_reason"] == "undone"
-    with pytest.raises(ValueError, match="not live"):
+    with pytest.raises(ValueError, match="already undone"):
         undo_merge(store.load().records, mid)
     with pytest.raises(KeyError, match="no record with id"):
         undo_merge(store.load().records, "m-doesnotexist")

@@ -77,3 +77,22 @@ def pr_curve(scores: np.ndarray, labels: np.ndarray) -> PRCurve:
     ap = float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
     b = int(np.argmax(f1))
     return PRCurve(th, precision, recall, f1, ap, float(f1[b]), float(th[b]), pos, len(s))
+
+
+def load_calibration(path: str) -> dict:
+    """Read ``calibration.json`` and return its recommendation:
+    ``{"threshold", "dataset", "rule", "model", "dtype", "file"}``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file has no ``recommended.threshold`` in [-1, 1].
+    """
+    import json
+    from pathlib import Path
+
+    d = json.loads(Path(path).read_text())
+    rec = d.get("recommended") or {}
+    t = rec.get("threshold")
+    if not isinstance(t, (int, float)) or not -1 <= t <= 1:
+        raise ValueError(f"{path}: no recommended.threshold in [-1, 1] (got {t!r})")
+    return {**rec, "threshold": float(t), "file": str(path)}

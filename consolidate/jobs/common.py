@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -18,6 +19,11 @@ log = logging.getLogger("consolidate")
 def typed(cfg: DictConfig, key: str, cls: type) -> Any:
     """``cfg[key]`` as an instance of the dataclass ``cls`` (extra keys are an error)."""
     node = cfg[key]
+    allowed = {f.name for f in dataclasses.fields(cls)}
+    extra = sorted(set(node.keys()) - allowed)
+    if extra:
+        raise ValueError(f"unknown key(s) {extra} in '{key}' (a typo? allowed: "
+                         f"{sorted(allowed)})")
     obj = OmegaConf.to_object(node)
     if isinstance(obj, cls):
         return obj
@@ -49,17 +55,24 @@ def open_store(cfg: DictConfig, *, build: bool = True) -> tuple[Store, dict[str,
         return store, None
     if scfg.init_from != "locomo":
         raise ValueError(f"store.init_from must be 'locomo' or null, got {scfg.init_from!r}")
-    from ..embed import Embedder
     from ..store.locomo import locomo_records
 
     ecfg: EmbedderConfig = typed(cfg, "embedder", EmbedderConfig)
     log.info("building store %s from LOCOMO %s", scfg.dir, scfg.locomo_file)
-    emb = Embedder(ecfg.model_path, ecfg.device, ecfg.batch_size, ecfg.show_progress)
+    emb = make_embedder(ecfg)
     recs, report = locomo_records(scfg.locomo_file, emb, scfg.importance, scfg.conversations)
     store.create(recs, source=scfg.locomo_file)
     rep = {**report.__dict__, "embedder": ecfg.name, "embedder_device": str(emb.device)}
     (Path(scfg.dir) / "import_report.json").write_text(json.dumps(rep, indent=1))
     return store, rep
+
+
+def make_embedder(ecfg: EmbedderConfig) -> Any:
+    """An :class:`~consolidate.embed.Embedder` from its config."""
+    from ..embed import Embedder
+
+    return Embedder(ecfg.model_path, ecfg.device, ecfg.batch_size, ecfg.show_progress,
+                    ecfg.dtype)
 
 
 def write_summary(out_dir: str | Path, summary: dict[str, Any]) -> Path:

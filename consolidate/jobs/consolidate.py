@@ -18,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from ..evaluation.calibrate import load_calibration
 from ..sleep import run_pass, trigger
 from ..store import hours_now
 from .common import CONFIG_DIR, open_store, pass_cfg, sim_cfg, typed, write_summary
@@ -39,13 +40,20 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
 
     t0 = time.perf_counter()
     pc = pass_cfg(cfg)
+    calibration = None
+    if pc.calibration_file:
+        calibration = load_calibration(pc.calibration_file)
+        pc.threshold = calibration["threshold"]
     sc = sim_cfg(cfg)
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
     t = time.perf_counter()
     store, report = open_store(cfg)
     t_build = time.perf_counter() - t
     merger = instantiate(cfg.merge)
-    summary: dict[str, Any] = {"store": str(store.root), "config": OmegaConf.to_container(cfg)}
+    summary: dict[str, Any] = {"store": str(store.root.resolve()),
+                               "config": OmegaConf.to_container(cfg, resolve=True)}
+    if calibration is not None:
+        summary["calibration"] = calibration
     if report is not None:
         summary["import"] = {k: report[k] for k in ("observations", "conversations", "sha256")}
         summary["import"]["malformed_evidence"] = len(report["malformed_evidence"])

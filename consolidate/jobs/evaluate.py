@@ -27,7 +27,8 @@ from ..evaluation.results import Metric, Results, TaskInfo, environment, now_iso
 from ..evaluation.retrieval import conversation_of, latency_ms, retrieval_table, summarise
 from ..evaluation.tasks import TASKS, load_locomo_qa, verify
 from ..sleep import run_pass
-from .common import CONFIG_DIR, sim_cfg, typed
+from ..store.batch import resolve_device
+from .common import CONFIG_DIR, make_embedder, sim_cfg, typed
 
 log = logging.getLogger("consolidate")
 
@@ -51,7 +52,6 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
     Returns:
         The :class:`~consolidate.evaluation.results.Results` written.
     """
-    from ..embed import Embedder
     from ..store.locomo import locomo_records
 
     out = Path(out_dir or HydraConfig.get().runtime.output_dir)
@@ -61,7 +61,7 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
     shas = verify(spec, cfg.paths.data_dir, cfg.allow_hash_mismatch)
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
     ecfg: EmbedderConfig = typed(cfg, "embedder", EmbedderConfig)
-    emb = Embedder(ecfg.model_path, ecfg.device, ecfg.batch_size, ecfg.show_progress)
+    emb = make_embedder(ecfg)
     recs, _ = locomo_records(scfg.locomo_file, emb, scfg.importance, scfg.conversations)
     qa = load_locomo_qa(scfg.locomo_file).to_pandas()
     convs = {conversation_of(n) for n in recs.meta["namespace"]}
@@ -131,7 +131,8 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
                       counts={"observations": len(recs), "questions": len(qa),
                               "conversations": len(convs)}, main_score=spec.main_score),
         config=OmegaConf.to_container(cfg, resolve=False),
-        **environment(str(sc.device)), timings_s={k: round(x, 3) for k, x in timings.items()},
+        **environment(str(resolve_device(sc.device))),
+        timings_s={k: round(x, 3) for k, x in timings.items()},
         metrics=metrics,
         tables={"ablation": abl.round(4).to_dict("records"),
                 "per_category": per_cat.round(4).to_dict("records")},

@@ -12,6 +12,7 @@ from .schema import (
 )
 from .store import (
     ConcurrentCommitError,
+    CorruptStoreError,
     LockTimeoutError,
     Snapshot,
     Store,
@@ -30,6 +31,7 @@ __all__ = [
     "records_from_rows",
     "validate",
     "ConcurrentCommitError",
+    "CorruptStoreError",
     "LockTimeoutError",
     "Snapshot",
     "Store",

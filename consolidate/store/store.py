@@ -23,6 +23,7 @@ drops it when its process dies, so a crashed pass cannot leave it held.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import math
@@ -45,6 +46,7 @@ from .schema import (
     InvalidRecordsError,
     Problem,
     Records,
+    datetime_from_hours,
     hours_now,
     normalise_vectors,
     records_from_arrow,
@@ -53,7 +55,8 @@ from .schema import (
     validate,
 )
 
-__all__ = ["Store", "Snapshot", "StoreNotFoundError", "ConcurrentCommitError", "LockTimeoutError"]
+__all__ = ["Store", "Snapshot", "StoreNotFoundError", "CorruptStoreError",
+           "ConcurrentCommitError", "LockTimeoutError"]
 
 POINTER = "CURRENT"
 _SNAP = re.compile(r"snapshot-(\d{6,})\.parquet$")
@@ -61,6 +64,10 @@ _SNAP = re.compile(r"snapshot-(\d{6,})\.parquet$")
 
 class StoreNotFoundError(FileNotFoundError):
     """The directory holds no store (no ``CURRENT`` pointer)."""
+
+
+class CorruptStoreError(RuntimeError):
+    """The pointer or a snapshot cannot be read."""
 
 
 class ConcurrentCommitError(RuntimeError):
@@ -115,7 +122,21 @@ class Pointer:
     def to_json(self) -> str:
         d = self.__dict__.copy()
         d["folded"] = list(self.folded)
+        # human-readable copies of the times (hours since the epoch in the fields above)
+        for k in ("created_at", "last_pass_at"):
+            if d[k] is not None:
+                d[k + "_utc"] = datetime_from_hours(d[k]).isoformat()
         return json.dumps(d, indent=1)
+
+    @staticmethod
+    def from_json(text: str) -> Pointer:
+        d = json.loads(text)
+        if not isinstance(d, dict):
+            raise ValueError(f"expected a JSON object, got {type(d).__name__}")
+        names = {f.name for f in dataclasses.fields(Pointer)}
+        d = {k: v for k, v in d.items() if k in names}
+        d["folded"] = tuple(d.get("folded", ()))
+        return Pointer(**d)
 
 
 @dataclass
@@ -190,11 +211,22 @@ class Store:
     def head(self) -> Pointer:
         """The current pointer. Raises :class:`StoreNotFoundError` if there is none."""
         try:
-            d = json.loads(self.pointer_path.read_text())
+            text = self.pointer_path.read_text()
         except FileNotFoundError:
             raise StoreNotFoundError(f"no store at {self.root} (missing {POINTER})") from None
-        d["folded"] = tuple(d.get("folded", ()))
-        return Pointer(**d)
+        except NotADirectoryError:
+            raise StoreNotFoundError(f"{self.root} is not a directory") from None
+        try:
+            ptr = Pointer.from_json(text)
+            if not (isinstance(ptr.version, int) and isinstance(ptr.dim, int)
+                    and isinstance(ptr.snapshot, str) and ptr.version >= 1 and ptr.dim >= 1):
+                raise ValueError("version, dim or snapshot has the wrong type")
+            return ptr
+        except (ValueError, TypeError, AttributeError, KeyError) as e:
+            raise CorruptStoreError(f"{self.pointer_path} is not a valid pointer ({e}); the "
+                                    f"snapshots in {self.root / 'snapshots'} are untouched"
+                                    ) from e
+
 
     # ------------------------------------------------------------ create
     def create(self, records: Records, *, source: str = "records") -> Snapshot:
@@ -209,7 +241,8 @@ class Store:
         records = self._checked(records, dim=records.dim, source=source, existing=None)
         self._dirs()
         with self.lock():
-            self._write_version(1, records, events=[], folded=(), last_pass_at=None)
+            ev = [{"op": "create", "source": source, "records": len(records)}]
+            self._write_version(1, records, events=ev, folded=(), last_pass_at=None)
         return self.load()
 
     # ------------------------------------------------------------ read
@@ -224,7 +257,12 @@ class Store:
         """
         ptr = self.head()
         path = self.root / "snapshots" / ptr.snapshot
-        recs = records_from_arrow(pq.read_table(path), dim=ptr.dim)
+        try:
+            table = pq.read_table(path)
+        except (OSError, pa.ArrowInvalid) as e:
+            raise CorruptStoreError(f"cannot read snapshot {path} named by {self.pointer_path}: "
+                                    f"{e}") from e
+        recs = records_from_arrow(table, dim=ptr.dim)
         if validate_records:
             recs = self._checked(recs, dim=ptr.dim, source=str(path), existing=None,
                                  check_future=False)

@@ -1,0 +1,160 @@
+"""``consolidate-calibrate``: the merge threshold from labelled pairs (Hydra job).
+
+STS-B (score >= 4 = duplicate) and SICK (mutual entailment = duplicate; contradiction pairs
+reported separately as hard negatives) are embedded per embedding dtype; one sorted pass per
+dataset gives the PR curve, average precision, the best-F1 threshold and the threshold at each
+target precision. Writes ``calibration.json`` (accepted by ``consolidate
+pass.calibration_file=...``), ``results.json``, ``report.md`` and PNG plots.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import pandas as pd
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from ..config import EmbedderConfig
+from ..evaluation.calibrate import pr_curve
+from ..evaluation.plots import plot_histograms, plot_pr
+from ..evaluation.results import Metric, Results, TaskInfo, environment, now_iso, write_results
+from ..evaluation.tasks import TASKS, load_sick, load_stsb, verify
+from .common import CONFIG_DIR, make_embedder, typed
+
+log = logging.getLogger("consolidate")
+
+
+def _pairs(name: str, split: str | None, root: str) -> pd.DataFrame:
+    if name == "stsb":
+        df = load_stsb(root, split or "dev").to_pandas()
+        df["contradiction"] = 0
+    elif name == "sick":
+        df = load_sick(root, split).to_pandas()
+    else:
+        raise ValueError(f"unknown pair dataset {name!r} (stsb, sick)")
+    return df[["sentence1", "sentence2", "label", "contradiction"]]
+
+
+def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, Any]:
+    """Calibrate on every ``cfg.datasets`` entry for every ``cfg.dtypes``; returns the
+    ``calibration.json`` content (also written to ``out_dir``)."""
+    out = Path(out_dir or HydraConfig.get().runtime.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    root = cfg.paths.data_dir
+    shas: dict[str, str] = {}
+    for d in cfg.datasets:
+        shas.update(verify(TASKS[d.name], root, cfg.allow_hash_mismatch))
+    data = {f"{d.name}-{d.split or 'all'}": _pairs(d.name, d.split, root) for d in cfg.datasets}
+    base: EmbedderConfig = typed(cfg, "embedder", EmbedderConfig)
+    entries: list[dict[str, Any]] = []
+    metrics: list[Metric] = []
+    curves: dict[str, tuple] = {}
+    for dtype in cfg.dtypes:
+        emb = make_embedder(EmbedderConfig(**{**base.__dict__, "dtype": dtype}))
+        for key, df in data.items():
+            sents = pd.unique(pd.concat([df["sentence1"], df["sentence2"]]).astype(str))
+            pos = {s: k for k, s in enumerate(sents)}
+            v = emb.encode(list(sents)).astype(np.float64)
+            a = v[[pos[s] for s in df["sentence1"].astype(str)]]
+            b = v[[pos[s] for s in df["sentence2"].astype(str)]]
+            cos = (a * b).sum(1)
+            c = pr_curve(cos, df["label"].to_numpy())
+            contra = cos[df["contradiction"].to_numpy() == 1]
+            e = {
+                "dataset": key, "model": base.name, "dtype": dtype, "pairs": int(c.n),
+                "duplicates": int(c.positives), "average_precision": c.average_precision,
+                "best_f1": c.best_f1, "best_f1_threshold": c.best_f1_threshold,
+                "threshold_at_precision": {str(p): c.threshold_at_precision(p)
+                                           for p in cfg.target_precisions},
+                "contradiction_pairs": int(len(contra)),
+                "contradictions_above_best_f1_threshold": (
+                    float((contra >= c.best_f1_threshold).mean()) if len(contra) else None),
+            }
+            entries.append(e)
+            label = f"{key} {dtype}"
+            curves[label] = (c.recall, c.precision, c.average_precision)
+            for name, val in (("average_precision", c.average_precision), ("best_f1", c.best_f1),
+                              ("best_f1_threshold", c.best_f1_threshold)):
+                metrics.append(Metric(name=name, value=val, higher_is_better=name != "best_f1"
+                                      "_threshold", variant=label, n=c.n))
+            lab = df["label"].to_numpy() == 1
+            groups = {"duplicates": cos[lab], "non-duplicates": cos[~lab & (
+                df["contradiction"].to_numpy() == 0)], "contradictions": contra}
+            ths = {"best F1": c.best_f1_threshold}
+            tp = e["threshold_at_precision"].get(str(cfg.recommend.precision))
+            if tp is not None:
+                ths[f"P>={cfg.recommend.precision}"] = tp
+            plot_histograms(groups, out / f"hist_{key}_{dtype}.png", f"{label}: cosine", ths)
+            log.info("%s: AP %.4f, best F1 %.4f at %.4f", label, c.average_precision, c.best_f1,
+                     c.best_f1_threshold)
+    plot_pr(curves, out / "pr_curves.png")
+    rec_entry = next((e for e in entries if e["dataset"] == cfg.recommend.dataset
+                      and e["dtype"] == cfg.recommend.dtype), None)
+    if rec_entry is None:
+        raise ValueError(f"recommend.dataset={cfg.recommend.dataset!r} with dtype "
+                         f"{cfg.recommend.dtype!r} was not calibrated")
+    if cfg.recommend.rule == "best_f1":
+        thr = rec_entry["best_f1_threshold"]
+    else:
+        thr = rec_entry["threshold_at_precision"][str(cfg.recommend.precision)]
+    calib = {
+        "schema_version": 1, "created_at": now_iso(), "entries": entries,
+        "recommended": {"threshold": thr, "dataset": cfg.recommend.dataset,
+                        "dtype": cfg.recommend.dtype, "rule": cfg.recommend.rule,
+                        "precision": cfg.recommend.precision, "model": base.name},
+    }
+    (out / "calibration.json").write_text(json.dumps(calib, indent=1))
+    res = Results(
+        job="calibrate", created_at=calib["created_at"],
+        task=TaskInfo(name="+".join(d.name for d in cfg.datasets), version="1.0",
+                      files_sha256=shas, hash_verified=all(
+                          shas[f] == h for d in cfg.datasets
+                          for f, h in TASKS[d.name].files.items()),
+                      main_score="average_precision"),
+        config=OmegaConf.to_container(cfg, resolve=False),
+        **environment(str(emb.device)), timings_s={"total": round(time.perf_counter() - t0, 3)},
+        metrics=metrics, tables={"calibration": entries},
+    )
+    table = pd.DataFrame([{k: v for k, v in e.items() if k != "threshold_at_precision"}
+                          | {f"t@P{p}": e["threshold_at_precision"][p]
+                             for p in e["threshold_at_precision"]} for e in entries])
+    report = "\n".join([
+        "# Threshold calibration", "",
+        f"- created {res.created_at}; git {res.git_commit}; device {res.device}",
+        "- duplicate = STS-B score >= 4; SICK mutual entailment. `contradictions_above_best_"
+        "f1_threshold`: share of SICK contradiction pairs a pass at that threshold would "
+        "merge without the conflict guard.",
+        f"- recommended threshold: {thr:.4f} ({cfg.recommend.rule} on {cfg.recommend.dataset},"
+        f" {cfg.recommend.dtype})", "",
+        table.round(4).to_markdown(index=False), "",
+        "![PR curves](pr_curves.png)", ""])
+    write_results(out, res, [], report)
+    return calib
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="calibrate")
+def _main(cfg: DictConfig) -> None:
+    calib = run_calibrate(cfg)
+    for e in calib["entries"]:
+        print(f"{e['dataset']:<12} {e['dtype']:<5} AP {e['average_precision']:.4f}  best F1 "
+              f"{e['best_f1']:.4f} at {e['best_f1_threshold']:.4f}")
+    r = calib["recommended"]
+    out = HydraConfig.get().runtime.output_dir
+    print(f"recommended threshold {r['threshold']:.4f}; use it with: consolidate "
+          f"pass.calibration_file={out}/calibration.json")
+
+
+def main() -> None:
+    _main()
+
+
+if __name__ == "__main__":
+    main()
