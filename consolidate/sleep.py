@@ -178,10 +178,7 @@ def run_pass(
     sim_cfg = sim_cfg or SimilarityConfig()
     merger = merger or ExtractiveMerger()
     wall_h = time.time() / 3600 if wall_h is None else float(wall_h)
-    if not -1.0 <= cfg.threshold <= 1.0:
-        raise ValueError(f"threshold must be in [-1, 1], got {cfg.threshold}")
-    if cfg.cap is not None and cfg.cap < 0:
-        raise ValueError(f"cap must be >= 0, got {cfg.cap}")
+    _check_settings(cfg)
     times: dict[str, float] = {}
     stats: dict[str, Any] = {"merger": merger.name, "version": version}
     events: list[dict[str, Any]] = []
@@ -227,7 +224,8 @@ def run_pass(
     u_vec = np.zeros((len(units), dim), np.float32)
     u_w = np.zeros(len(units))
     for k, u in enumerate(units):
-        s = (strength[u, None] * vec[u].astype(np.float64)).sum(0)
+        w = strength[u] / strength[u].max()  # scale-free weights: no overflow
+        s = (w[:, None] * vec[u].astype(np.float64)).sum(0)
         u_vec[k] = s / max(np.linalg.norm(s), 1e-300)
         u_w[k] = strength[u].sum()
     u_key = [ids[u[0]] for u in units]
@@ -338,7 +336,7 @@ def run_pass(
         rows = sorted(rows, key=lambda r: ids[r])
         mid = merged_id(version, [ids[r] for r in rows])
         w = strength[rows]
-        s = (w[:, None] * vec[rows].astype(np.float64)).sum(0)
+        s = ((w / w.max())[:, None] * vec[rows].astype(np.float64)).sum(0)
         v = (s / np.linalg.norm(s)).astype(np.float32)
         vf = meta["valid_from"].to_numpy(np.float64)[rows]
         vt = meta["valid_to"].to_numpy(np.float64)[rows]
@@ -427,6 +425,34 @@ def run_pass(
     stats["time_s"] = {k: round(v, 4) for k, v in times.items()}
     return PassResult(Records(meta.reset_index(drop=True), vec.astype(np.float32)), events,
                       stats)
+
+
+def _check_settings(cfg: PassConfig) -> None:
+    """Refuse settings that would silently do the wrong thing (NaN compares false)."""
+    def real(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    if not (real(cfg.threshold) and -1.0 <= cfg.threshold <= 1.0):
+        raise ValueError(f"pass.threshold must be in [-1, 1], got {cfg.threshold!r}")
+    if not (real(cfg.tau_hours) and cfg.tau_hours > 0):
+        raise ValueError(f"pass.tau_hours must be > 0 hours, got {cfg.tau_hours!r}")
+    if not (real(cfg.floor) and 0.0 <= cfg.floor <= 1.0):
+        raise ValueError(f"pass.floor must be in [0, 1], got {cfg.floor!r}")
+    if cfg.cap is not None and not (isinstance(cfg.cap, int) and not isinstance(cfg.cap, bool)
+                                    and cfg.cap >= 0):
+        raise ValueError(f"pass.cap must be an integer >= 0 or null, got {cfg.cap!r}")
+    if not (real(cfg.strength_cap) and cfg.strength_cap >= 1):
+        raise ValueError(f"pass.strength_cap must be >= 1, got {cfg.strength_cap!r}")
+    if not (real(cfg.max_drop_fraction) and 0.0 <= cfg.max_drop_fraction <= 1.0):
+        raise ValueError(f"pass.max_drop_fraction must be in [0, 1], got "
+                         f"{cfg.max_drop_fraction!r}")
+    if isinstance(cfg.now, (int, float)) or cfg.now not in ("wall", "latest"):
+        try:
+            val = float(cfg.now)
+        except (TypeError, ValueError):
+            val = None
+        if val is not None and not math.isfinite(val):
+            raise ValueError(f"pass.now must be finite, got {cfg.now!r}")
 
 
 def _member(meta: pd.DataFrame, r: int) -> MergeMember:

@@ -56,7 +56,8 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
         summary["calibration"] = calibration
     if report is not None:
         summary["import"] = {k: report[k] for k in ("observations", "conversations", "sha256")}
-        summary["import"]["malformed_evidence"] = len(report["malformed_evidence"])
+        for k in ("malformed_evidence", "malformed_items", "bad_times"):
+            summary["import"][k] = len(report[k])
         summary["import"]["time_s"] = round(t_build, 3)
     with store.lock(timeout_s=scfg.lock_timeout_s):
         t = time.perf_counter()
@@ -95,6 +96,10 @@ def format_summary(s: dict[str, Any]) -> str:
         i = s["import"]
         lines.append(f"imported         {i['observations']} observations from "
                      f"{i['conversations']} conversations ({i['time_s']} s)")
+        problems = {k: i[k] for k in ("malformed_evidence", "malformed_items", "bad_times")
+                    if i.get(k)}
+        if problems:
+            lines.append(f"import problems  {problems} (listed in import_report.json)")
     tr = s["trigger"]
     lines.append(f"trigger          new importance {tr['new_importance']} vs "
                  f"{tr['threshold']}: {'fired' if tr['fired'] else 'not fired'}"

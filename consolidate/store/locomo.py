@@ -53,6 +53,8 @@ class ImportReport:
     conversations: int = 0
     malformed_evidence: list[dict[str, Any]] = field(default_factory=list)
     bad_times: list[dict[str, Any]] = field(default_factory=list)
+    #: observations that are not ``[text, evidence]`` with a non-empty text (not imported)
+    malformed_items: list[dict[str, Any]] = field(default_factory=list)
 
 
 def parse_session_time(s: str) -> datetime:
@@ -117,8 +119,10 @@ def read_locomo_observations(
     Namespace = ``<sample_id>/<speaker>``; id = ``<sample_id>/<speaker>/s<session>/<k>``;
     source_ids = the evidence dia_ids; time = the session's date and time (UTC, hours since
     the epoch). Evidence that cannot be parsed is reported and kept verbatim as a source id;
-    a session time that cannot be parsed is reported and the previous session's time is used.
-    No observation is dropped.
+    a session time that cannot be parsed is reported and the nearest parseable session's
+    time is used. An item that is not ``[text, evidence]`` with a non-empty text cannot
+    become a memory: it is listed in ``malformed_items`` (with its would-be id), never
+    dropped silently.
 
     Args:
         path: ``locomo10.json``.
@@ -127,7 +131,8 @@ def read_locomo_observations(
     Raises:
         FileNotFoundError: ``path`` does not exist (message suggests ``paths.data_dir`` and
             ``CONSOLIDATE_DATA_DIR``).
-        ValueError: the file is not LOCOMO-shaped (names the conversation).
+        ValueError: the file is not valid JSON or not LOCOMO-shaped (names the file and the
+            conversation), or a conversation has no parseable session time.
     """
     path = Path(path)
     if not path.exists():
@@ -137,36 +142,58 @@ def read_locomo_observations(
         )
     raw = path.read_bytes()
     report = ImportReport(str(path), hashlib.sha256(raw).hexdigest())
-    data = json.loads(raw)
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list of conversations")
     out: list[LocomoObservation] = []
-    for conv in data[:conversations]:
+    for ci, conv in enumerate(data[:conversations]):
         sid = conv.get("sample_id") if isinstance(conv, dict) else None
-        if not sid or "observation" not in conv or "conversation" not in conv:
-            raise ValueError(f"{path}: conversation {sid!r} lacks sample_id/observation")
+        where = f"{path}: conversation #{ci} ({sid!r})"
+        if not isinstance(sid, str) or not isinstance(conv.get("observation"), dict) \
+                or not isinstance(conv.get("conversation"), dict):
+            raise ValueError(f"{where}: needs a string sample_id and dicts 'conversation' "
+                             f"and 'observation'")
         report.conversations += 1
         sessions = sorted(
             (int(m.group(1)), k) for k in conv["observation"] if (m := _SESSION_OBS.match(k))
         )
-        prev_h = None
-        for num, key in sessions:
+        times: dict[int, float] = {}
+        for num, _ in sessions:
             when = conv["conversation"].get(f"session_{num}_date_time")
             try:
-                t_h = parse_session_time(when).timestamp() / 3600.0
+                times[num] = parse_session_time(when).timestamp() / 3600.0
             except (ValueError, AttributeError, TypeError):
                 report.bad_times.append({"conversation": sid, "session": num, "value": when})
-                t_h = prev_h if prev_h is not None else 0.0
-            prev_h = t_h
-            for speaker, items in conv["observation"][key].items():
+        if sessions and not times:
+            raise ValueError(f"{where}: no session has a parseable date/time")
+        for num, key in sessions:
+            # an unparseable session time takes the nearest parseable session's time
+            t_h = times.get(num)
+            if t_h is None:
+                near = min(times, key=lambda s: (abs(s - num), s))
+                t_h = times[near]
+            by_speaker = conv["observation"][key]
+            if not isinstance(by_speaker, dict):
+                raise ValueError(f"{where}: {key} is not a dict of speaker -> observations")
+            for speaker, items in by_speaker.items():
+                if not isinstance(items, list):
+                    raise ValueError(f"{where}: {key}/{speaker} is not a list of observations")
                 for k, item in enumerate(items):
                     rid = f"{sid}/{speaker}/s{num}/{k}"
-                    text, evid = (item + [None])[:2] if isinstance(item, list) else (item, None)
+                    ok = (isinstance(item, list) and 1 <= len(item) <= 2
+                          and isinstance(item[0], str) and item[0].strip())
+                    if not ok:
+                        report.malformed_items.append({"id": rid, "item": repr(item)[:200]})
+                        continue
+                    text, evid = (item + [None])[:2]
                     good, bad = parse_evidence(evid) if evid is not None else ([], [])
                     if bad or not good:
                         report.malformed_evidence.append({"id": rid, "evidence": evid})
-                    out.append(LocomoObservation(rid, f"{sid}/{speaker}", str(text),
-                                                 good + bad, t_h, sid, speaker, num))
+                    out.append(LocomoObservation(rid, f"{sid}/{speaker}", text, good + bad, t_h,
+                                                 sid, str(speaker), num))
     report.observations = len(out)
     return out, report
 

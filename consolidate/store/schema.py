@@ -91,10 +91,15 @@ class Records:
     bad_dim: list[int] = field(default_factory=list)
     #: rows whose text was not valid UTF-8 on input (text set to ``None``)
     bad_utf8: list[int] = field(default_factory=list)
+    #: other input problems found while parsing rows: kind -> row positions
+    input_problems: dict[str, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.meta) != len(self.vectors):
             raise ValueError(f"meta has {len(self.meta)} rows but vectors {len(self.vectors)}")
+        # positions and labels must agree (the pass mixes .iat and .loc)
+        if not self.meta.index.equals(pd.RangeIndex(len(self.meta))):
+            self.meta = self.meta.reset_index(drop=True)
 
     def __len__(self) -> int:
         return len(self.meta)
@@ -152,66 +157,139 @@ class Problem:
         return f"{self.kind}: {len(self.ids)} record(s): {head}{more}"
 
 
-def _fill_defaults(row: Mapping[str, Any], now_h: float) -> dict[str, Any]:
-    r = dict(row)
-    r.setdefault("importance", 0.5)
-    r.setdefault("created_at", r.get("last_used", now_h))
-    r.setdefault("last_used", r["created_at"])
-    r.setdefault("strength", 1.0)
-    r.setdefault("pinned", False)
-    r.setdefault("source_ids", [])
-    for c in ("valid_from", "valid_to", "deleted_at", "last_pass"):
-        r.setdefault(c, math.nan)
-    for c in _NULLABLE_STR:
-        r.setdefault(c, None)
-    for c in TIME_COLUMNS:
-        v = r[c]
-        if v is None:
-            r[c] = math.nan
-        elif not isinstance(v, (int, float, np.floating, np.integer)):
-            r[c] = hours_from_datetime(v)
-    if r["last_pass"] is None:
-        r["last_pass"] = math.nan
-    return r
+_REAL = (int, float, np.integer, np.floating)
+#: times outside +-2e6 hours of the epoch (about years 1742..2198) are refused
+MAX_ABS_HOURS = 2e6
+MAX_STRENGTH = 1e6
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, _REAL) and not isinstance(v, (bool, np.bool_))
+
+
+def _to_hours(v: Any) -> float:
+    """None/NaT/NaN -> NaN; a real number -> hours; datetime/Timestamp/ISO str -> hours."""
+    if v is None:
+        return math.nan
+    if _is_real(v):
+        return float(v)
+    if isinstance(v, (bool, np.bool_)):
+        raise TypeError("a boolean is not a time")
+    if pd.isna(v):
+        return math.nan
+    return hours_from_datetime(v)
+
+
+class _RowParser:
+    """Parses one input row; problems are collected per kind instead of raised."""
+
+    def __init__(self, now_h: float) -> None:
+        self.now_h = now_h
+        self.problems: dict[str, list[int]] = {}
+
+    def bad(self, kind: str, k: int) -> None:
+        self.problems.setdefault(kind, []).append(k)
+
+    def parse(self, row: Mapping[str, Any], k: int) -> dict[str, Any]:
+        if not isinstance(row, Mapping):
+            self.bad(f"record is a {type(row).__name__}, not a mapping", k)
+            row = {}
+        r: dict[str, Any] = {}
+        for req in ("id", "namespace", "text", "vector"):
+            if req not in row:
+                self.bad(f"missing field {req!r}", k)
+        for c in ("id", "namespace"):
+            v = row.get(c)
+            r[c] = v if isinstance(v, str) else (None if v is None else str(v))
+            if v is not None and not isinstance(v, str):
+                self.bad(f"{c} is not a string", k)
+        r["text"] = row.get("text")
+        for c, default in (("importance", 0.5), ("strength", 1.0)):
+            v = row.get(c, default)
+            if _is_real(v):
+                r[c] = float(v)
+            else:
+                r[c] = math.nan
+                self.bad(f"{c} is not a number", k)
+        for c in TIME_COLUMNS:
+            v = row.get(c)
+            if c == "created_at" and v is None:
+                v = row.get("last_used", self.now_h)
+            if c == "last_used" and v is None:
+                v = row.get("created_at", self.now_h)
+            try:
+                r[c] = _to_hours(v)
+            except (ValueError, TypeError, OverflowError):
+                r[c] = math.nan
+                self.bad(f"{c} is not a time", k)
+        p = row.get("pinned", False)
+        if not isinstance(p, (bool, np.bool_)):
+            self.bad("pinned is not a boolean", k)
+        r["pinned"] = bool(p) if isinstance(p, (bool, np.bool_)) else False
+        src = row.get("source_ids", [])
+        if src is None:
+            src = []
+        if isinstance(src, (str, bytes)) or not isinstance(src, (list, tuple, np.ndarray)) or \
+                not all(isinstance(x, str) for x in src):
+            self.bad("source_ids is not a list of strings", k)
+            src = []
+        r["source_ids"] = list(src)
+        for c in _NULLABLE_STR:
+            v = row.get(c)
+            r[c] = v if isinstance(v, str) else None
+            if v is not None and not isinstance(v, str):
+                self.bad(f"{c} is not a string", k)
+        lp = row.get("last_pass")
+        r["last_pass"] = float(lp) if _is_real(lp) else math.nan
+        return r
 
 
 def records_from_rows(rows: Iterable[Mapping[str, Any]], dim: int | None = None) -> Records:
     """Build :class:`Records` from dicts with at least ``id``, ``namespace``, ``text``, ``vector``.
 
-    Times may be hours since the epoch (float), ``datetime``, ``pd.Timestamp`` or ISO strings.
-    Missing optional fields get defaults: importance 0.5, strength 1, last_used = created_at =
-    now, no provenance. ``text_hash`` is always recomputed. Vectors are **not** validated here
-    (call :func:`validate`); rows whose vector has the wrong length are kept with a NaN vector
-    of the right length and listed in ``Records.bad_dim`` for :func:`validate`.
+    Times may be hours since the epoch (int or float), ``datetime``, ``pd.Timestamp`` or ISO
+    strings (naive = UTC); ``None``/NaT = missing. Missing optional fields get defaults:
+    importance 0.5, strength 1, last_used = created_at = now, no provenance. ``text_hash`` is
+    always recomputed. Nothing is coerced silently: a field of the wrong type (a string
+    importance, a string ``source_ids``, a non-boolean ``pinned``, a vector that is not a
+    flat list of numbers of length ``dim``) is recorded in ``Records.input_problems`` and
+    reported by :func:`validate` with the record's id.
 
     Args:
         rows: iterable of mappings.
         dim: expected vector dimension; default: the length of the first row's vector.
-
-    Raises:
-        KeyError: a row lacks ``id``, ``namespace``, ``text`` or ``vector`` (message names it).
     """
-    now_h = hours_now()
-    rows = [_fill_defaults(r, now_h) for r in rows]
-    for k, r in enumerate(rows):
-        for req in ("id", "namespace", "text", "vector"):
-            if req not in r:
-                raise KeyError(f"record #{k} (id={r.get('id')!r}) has no field {req!r}")
+    parser = _RowParser(hours_now())
+    raw = list(rows)
+    parsed = [parser.parse(r, k) for k, r in enumerate(raw)]
+    vec_in = [r.get("vector") if isinstance(r, Mapping) else None for r in raw]
+    arrays: list[np.ndarray | None] = []
+    for k, v in enumerate(vec_in):
+        try:
+            a = np.asarray(v, dtype=np.float32)
+            if a.ndim != 1 or isinstance(v, (str, bytes)):
+                raise ValueError
+            arrays.append(a)
+        except (ValueError, TypeError):
+            arrays.append(None)
+            if v is not None:
+                parser.bad("vector is not a flat list of numbers", k)
     if dim is None:
-        dim = len(rows[0]["vector"]) if rows else 0
-    vecs = np.full((len(rows), dim), np.nan, dtype=np.float32)
+        dim = next((len(a) for a in arrays if a is not None), 0)
+    vecs = np.full((len(raw), dim), np.nan, dtype=np.float32)
     bad_dim = []
-    for k, r in enumerate(rows):
-        v = np.asarray(r["vector"], dtype=np.float32).reshape(-1)
-        if v.shape[0] != dim:
+    for k, a in enumerate(arrays):
+        if a is None:
+            continue
+        if a.shape[0] != dim:
             bad_dim.append(k)
         else:
-            vecs[k] = v
-    meta = pd.DataFrame({c: pd.Series([r.get(c) for r in rows], dtype=object)
+            vecs[k] = a
+    meta = pd.DataFrame({c: pd.Series([r.get(c) for r in parsed], dtype=object)
                          for c in COLUMNS if c != "text_hash"})
     meta["text_hash"] = [_safe_hash(t) for t in meta["text"]]
     meta = _coerce(meta)
-    return Records(meta, vecs, bad_dim=bad_dim)
+    return Records(meta, vecs, bad_dim=bad_dim, input_problems=parser.problems)
 
 
 def _safe_hash(t: Any) -> str:
@@ -418,9 +496,16 @@ def validate(
         if rows:
             found.setdefault(kind, []).extend(rows)
 
-    add("missing id", [k for k, x in enumerate(m["id"]) if not isinstance(x, str) or not x])
-    add("missing namespace",
-        [k for k, x in enumerate(m["namespace"]) if not isinstance(x, str) or not x])
+    for kind, rows in recs.input_problems.items():
+        add(kind, rows)
+    add("id is missing or empty",
+        [k for k, x in enumerate(m["id"]) if not isinstance(x, str) or not x.strip()])
+    add("namespace is missing or empty",
+        [k for k, x in enumerate(m["namespace"]) if not isinstance(x, str) or not x.strip()])
+    add("id, namespace or source_ids not valid UTF-8",
+        [k for k, (i, n, src) in enumerate(zip(m["id"], m["namespace"], m["source_ids"],
+                                               strict=True))
+         if not all(_utf8_ok(x) for x in [i, n, *src] if isinstance(x, str))])
     v = recs.vectors
     bad_dim = set(recs.bad_dim)
     if dim is not None and v.ndim == 2 and v.shape[1] != dim:
@@ -446,9 +531,15 @@ def validate(
     add("importance outside [0, 1]", np.flatnonzero(~((imp >= 0) & (imp <= 1))))
     st = m["strength"].to_numpy(np.float64)
     add("strength < 1", np.flatnonzero(~(st >= 1)))
+    add(f"strength above {MAX_STRENGTH:g}", np.flatnonzero(st > MAX_STRENGTH))
     lu = m["last_used"].to_numpy(np.float64)
     add("last_used in the future", np.flatnonzero(lu > now_h + future_tolerance_h))
-    add("last_used missing", np.flatnonzero(np.isnan(lu)))
+    for c in ("created_at", "last_used"):
+        add(f"{c} missing", np.flatnonzero(np.isnan(m[c].to_numpy(np.float64))))
+    for c in TIME_COLUMNS:
+        t = m[c].to_numpy(np.float64)
+        add(f"{c} out of range (|hours since epoch| > {MAX_ABS_HOURS:g})",
+            np.flatnonzero(~np.isnan(t) & ~(np.abs(t) <= MAX_ABS_HOURS)))
     seen: dict[str, int] = {}
     dups = []
     for k, i in enumerate(ids):
@@ -457,6 +548,14 @@ def validate(
         seen.setdefault(i, k)
     add("duplicate id", dups)
     return [Problem(kind, rows, [ids[r] for r in rows]) for kind, rows in found.items()]
+
+
+def _utf8_ok(t: str) -> bool:
+    try:
+        t.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def normalise_vectors(recs: Records) -> None:

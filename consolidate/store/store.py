@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -39,10 +40,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .schema import (
+    MAX_ABS_HOURS,
     InvalidRecordsError,
     Problem,
     Records,
@@ -204,6 +207,8 @@ class Store:
     def _dirs(self) -> None:
         for d in ("snapshots", "changelogs", "deltas"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
+        for lock in ("LOCK", "WRITERS.LOCK"):
+            (self.root / lock).touch()
 
     def exists(self) -> bool:
         return self.pointer_path.exists()
@@ -238,6 +243,8 @@ class Store:
         """
         if self.exists():
             raise FileExistsError(f"a store already exists at {self.root}")
+        if not len(records) or records.dim < 1:
+            raise ValueError(f"create(): no records (or no vector dimension) for {self.root}")
         records = self._checked(records, dim=records.dim, source=source, existing=None)
         self._dirs()
         with self.lock():
@@ -290,10 +297,15 @@ class Store:
         self, recs: Records, name: str, dim: int, validate_records: bool = True
     ) -> tuple[Records, list[str]]:
         path = self.root / "deltas" / name
-        if name.endswith(".touch.json"):
-            d = json.loads(path.read_text())
-            return apply_touch(recs, d["ids"], d["now"], d.get("strength_cap")), []
-        new = records_from_arrow(pq.read_table(path), dim=dim)
+        try:
+            if name.endswith(".touch.json"):
+                d = json.loads(path.read_text())
+                return apply_touch(recs, d["ids"], float(d["now"]), d.get("strength_cap")), []
+            table = pq.read_table(path)
+        except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid) as e:
+            raise CorruptStoreError(f"cannot read delta {path}: {e}; move it out of "
+                                    f"{path.parent} to go on without it") from e
+        new = records_from_arrow(table, dim=dim)
         if validate_records:
             new = self._checked(new, dim=dim, source=str(path),
                                 existing=set(recs.meta["id"]), check_future=False)
@@ -316,18 +328,52 @@ class Store:
                 message names the record ids; nothing is written (unless quarantine mode).
         """
         ptr = self.head()
+        if isinstance(records, Mapping):
+            raise TypeError("append() takes a list of records, not one dict")
         if not isinstance(records, Records):
             records = records_from_rows(records, dim=ptr.dim)
-        view = self.load(validate_records=False)
-        records = self._checked(records, dim=ptr.dim, source=f"append() to {self.root}",
-                                existing=set(view.records.meta["id"]))
-        if not len(records):
-            return []
-        normalise_vectors(records)
-        name = self._delta_name("parquet")
-        _write_atomic(self.root / "deltas" / name,
-                      lambda p: pq.write_table(records_to_arrow(records), p))
+        m = records.meta
+        not_live = np.flatnonzero(~np.isnan(m["deleted_at"].to_numpy(np.float64))
+                                  | m["merged_into"].map(lambda x: isinstance(x, str)).to_numpy(
+                                      bool))
+        if len(not_live):
+            records.input_problems.setdefault(
+                "not a live record (append takes new memories; deleted_at/merged_into set)",
+                []).extend(not_live.tolist())
+        records.meta["last_pass"] = np.nan  # no pass has seen a new record
+        # the check against stored ids and the write happen under a writers' lock, so two
+        # concurrent appends of one id cannot both pass (passes do not take this lock)
+        with self._writers_lock():
+            view = self.load(validate_records=False)
+            records = self._checked(records, dim=ptr.dim, source=f"append() to {self.root}",
+                                    existing=set(view.records.meta["id"]))
+            if not len(records):
+                return []
+            normalise_vectors(records)
+            name = self._delta_name("parquet")
+            _write_atomic(self.root / "deltas" / name,
+                          lambda p: pq.write_table(records_to_arrow(records), p))
         return list(records.meta["id"])
+
+    @contextlib.contextmanager
+    def _writers_lock(self, timeout_s: float = 60.0) -> Iterator[None]:
+        fd = os.open(self.root / "WRITERS.LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise LockTimeoutError(f"{self.root}: another writer holds "
+                                               f"WRITERS.LOCK for over {timeout_s} s") from None
+                    time.sleep(0.01)
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
     def mark_used(
         self, ids: Sequence[str], *, now: float | None = None, strength_cap: float | None = None
@@ -345,13 +391,25 @@ class Store:
         Raises:
             KeyError: an id is not in the store (names the first few); nothing is written.
         """
+        wall = hours_now()
+        now = wall if now is None else now
+        if not (isinstance(now, (int, float)) and not isinstance(now, bool)
+                and math.isfinite(now) and abs(now) <= MAX_ABS_HOURS
+                and now <= wall + self.future_tolerance_h):
+            raise ValueError(f"mark_used: now={now!r} must be hours since the epoch, finite and "
+                             f"not in the future (wall clock {wall:.1f} h); seconds divided by "
+                             f"3600 give hours")
+        if strength_cap is not None and not strength_cap >= 1:
+            raise ValueError(f"mark_used: strength_cap must be >= 1, got {strength_cap!r}")
+        if isinstance(ids, str):
+            raise TypeError("mark_used() takes a list of ids, not one string")
         view = self.load(validate_records=False)
         known = set(view.records.meta["id"])
         missing = [i for i in ids if i not in known]
         if missing:
             raise KeyError(f"mark_used: {len(missing)} unknown id(s) in {self.root}: "
                            f"{missing[:5]}")
-        now = hours_now() if now is None else float(now)
+        now = float(now)
         payload = json.dumps({"ids": list(ids), "now": now, "strength_cap": strength_cap})
         _write_atomic(self.root / "deltas" / self._delta_name("touch.json"),
                       lambda p: p.write_text(payload))
@@ -395,8 +453,11 @@ class Store:
         table = table.append_column("quarantine_reason",
                                     pa.array(["; ".join(reasons[r]) for r in rows]))
         table = table.append_column("quarantine_source", pa.array([source] * len(rows)))
-        name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.parquet"
-        _write_atomic(qdir / name, lambda p: pq.write_table(table, p))
+        # one file per (source, bad ids): loading the same bad snapshot twice adds nothing
+        key = hashlib.sha256((source + "\n" + "\n".join(map(str, bad.meta["id"]))).encode())
+        path = qdir / f"{key.hexdigest()[:16]}.parquet"
+        if not path.exists():
+            _write_atomic(path, lambda p: pq.write_table(table, p))
 
     # ------------------------------------------------------------ commit (under lock)
     @contextlib.contextmanager
@@ -471,6 +532,10 @@ class Store:
                 f"{self.root}: pointer is at version {ptr.version}, the pass read "
                 f"{base.version}; rerun the pass"
             )
+        problems = validate(records, dim=ptr.dim, future_tolerance_h=math.inf)
+        if problems:
+            raise InvalidRecordsError(f"the new snapshot for {self.root} (nothing written)",
+                                      problems)
         late = [n for n in self._pending(ptr) if n not in set(base.deltas)]
         carried_ids: list[str] = []
         n_touch = 0
@@ -566,14 +631,17 @@ def apply_touch(
 ) -> Records:
     """Apply recall bookkeeping to ``recs`` (returns a new ``Records``).
 
-    For each id, in order: follow ``merged_into`` to the live record it was merged into,
-    then ``last_used = max(last_used, now)`` and ``strength = min(strength + 1, cap)`` (a
-    strength already above the cap is left as it is).
+    For each id, in order: follow ``merged_into`` to the record it was merged into, then
+    ``last_used = max(last_used, now)`` and ``strength = min(strength + 1, cap)`` (a
+    strength already above the cap is left as it is). A record dropped by decay or the cap
+    (``deleted_reason`` floor/cap) is revived: it was just used. Undone merges are skipped.
     Unknown ids are ignored (the record may have been purged by then).
     """
     meta = recs.meta.copy()
     pos = {i: k for k, i in enumerate(meta["id"])}
     merged = meta["merged_into"].tolist()
+    reason = meta["deleted_reason"].tolist()
+    deleted = meta["deleted_at"].to_numpy(np.float64).copy()
     lu = meta["last_used"].to_numpy(np.float64).copy()
     st = meta["strength"].to_numpy(np.float64).copy()
     cap = math.inf if strength_cap is None else float(strength_cap)
@@ -583,10 +651,16 @@ def apply_touch(
         while k is not None and isinstance(merged[k], str) and hops < 64:
             k = pos.get(merged[k])
             hops += 1
-        if k is None:
+        if k is None or reason[k] == "undone":
             continue
+        if reason[k] in ("floor", "cap"):
+            # recalled after (or while) the pass dropped it: the memory is in use, revive it
+            deleted[k] = np.nan
+            reason[k] = None
         lu[k] = max(lu[k], now)
         st[k] = max(st[k], min(st[k] + 1.0, cap))  # never lowers a strength above the cap
     meta["last_used"] = lu
     meta["strength"] = st
+    meta["deleted_at"] = deleted
+    meta["deleted_reason"] = pd.Series(reason, dtype=object)
     return Records(meta, recs.vectors)

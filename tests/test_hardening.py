@@ -1,0 +1,226 @@
+"""Regression tests for inputs that once slipped through (found by adversarial testing)."""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from consolidate.config import PassConfig
+from consolidate.sleep import MassDropError, run_pass
+from consolidate.store import CorruptStoreError, InvalidRecordsError, Records, Store
+from consolidate.store.locomo import read_locomo_observations
+from tests.conftest import REPO, make_records, tree_digest
+
+GOOD = {"id": "ok", "namespace": "u", "text": "fine", "vector": [1.0, 0.0, 0.0],
+        "importance": 0.5, "last_used": 10.0}
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "store")
+    s.create(make_records([{**GOOD, "id": "a"}, {**GOOD, "id": "b", "text": "other"}]))
+    return s
+
+
+@pytest.mark.parametrize("field,value,kind", [
+    ("strength", math.inf, "strength above"),
+    ("strength", 1e200, "strength above"),
+    ("last_used", pd.NaT, "last_used missing"),
+    ("created_at", 1e13, "created_at out of range"),
+    ("last_used", -math.inf, "last_used out of range"),
+    ("last_used", True, "last_used is not a time"),
+    ("last_used", "not a date", "last_used is not a time"),
+    ("source_ids", "D1:3", "source_ids is not a list of strings"),
+    ("source_ids", [1, 2], "source_ids is not a list of strings"),
+    ("pinned", "False", "pinned is not a boolean"),
+    ("vector", [[1.0, 0.0], [0.0, 1.0]], "vector is not a flat list"),
+    ("vector", "0.1,0.2,0.3", "vector is not a flat list"),
+    ("importance", "0.7", "importance is not a number"),
+    ("id", 5, "id is not a string"),
+    ("namespace", "  ", "namespace is missing or empty"),
+    ("deleted_at", 5.0, "not a live record"),
+    ("merged_into", "m-x", "not a live record"),
+    ("id", "caf\udce9", "not valid UTF-8"),
+])
+def test_bad_field_is_refused_by_name(store, field, value, kind):
+    before = tree_digest(store.root)
+    row = {**GOOD, "id": "bad-1", field: value}
+    with pytest.raises(InvalidRecordsError) as ei:
+        store.append([GOOD, row])
+    assert kind in str(ei.value)
+    assert tree_digest(store.root) == before
+
+
+def test_append_of_one_dict_is_a_clear_error(store):
+    with pytest.raises(TypeError, match="list of records"):
+        store.append(GOOD)
+
+
+def test_concurrent_appends_of_one_id_cannot_both_succeed(store):
+    code = ("import sys; from consolidate.store import Store\n"
+            "s = Store(sys.argv[1])\n"
+            "try:\n"
+            "    s.append([{'id': 'dup', 'namespace': 'u', 'text': 'x' + sys.argv[2],"
+            " 'vector': [1.0, 0.0, 0.0], 'last_used': 1.0}]); print('ok')\n"
+            "except Exception as e:\n    print('refused', type(e).__name__)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(store.root), str(k)], cwd=REPO,
+                              stdout=subprocess.PIPE, text=True) for k in range(4)]
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert outs.count("ok") == 1, outs
+    assert list(store.load().records.meta["id"]).count("dup") == 1
+
+
+def test_mark_used_refuses_seconds_and_inf(store):
+    import time
+
+    for bad in (time.time(), math.inf, math.nan):
+        with pytest.raises(ValueError, match="hours since the epoch"):
+            store.mark_used(["a"], now=bad)
+    assert not any((store.root / "deltas").iterdir())
+
+
+def test_exact_dedup_keeps_signs_and_symbols_apart():
+    texts = ["-5 degrees outside", "5 degrees outside", ":)", ":(", "$100 budget",
+             "\u20ac100 budget"]
+    g = np.random.default_rng(0)
+    rows = [{"id": f"t{k}", "namespace": "u", "text": t, "vector": g.normal(size=8),
+             "last_used": 1.0} for k, t in enumerate(texts)]
+    rows.append({"id": "t9", "namespace": "u", "text": "  5 Degrees outside. ",
+                 "vector": g.normal(size=8), "last_used": 1.0})
+    res = run_pass(make_records(rows), cfg=PassConfig(now="1", near_dedup=False), wall_h=2.0)
+    merges = [e["members"] for e in res.events if e["op"] == "exact_merge"]
+    assert merges == [["t1", "t9"]]
+
+
+def test_signed_numbers_conflict():
+    from consolidate.text import conflict_reason
+
+    assert conflict_reason("-5 degrees outside", "5 degrees outside") == "number"
+
+
+def test_records_with_a_shuffled_index_tombstone_the_right_rows():
+    recs = make_records([{**GOOD, "id": "r0", "importance": 0.9},
+                         {**GOOD, "id": "r1", "text": "other", "vector": [0, 1.0, 0],
+                          "importance": 0.1}])
+    shuffled = Records(recs.meta.iloc[[1, 0]], recs.vectors[[1, 0]])
+    res = run_pass(shuffled, cfg=PassConfig(cap=1, now="10"), wall_h=11.0)
+    m = res.records.meta.set_index("id")
+    assert m.loc["r1", "deleted_reason"] == "cap" and math.isnan(m.loc["r0", "deleted_at"])
+    assert [e["id"] for e in res.events if e["op"] == "drop"] == ["r1"]
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"floor": math.nan}, "floor"), ({"floor": 2.0}, "floor"), ({"now": "nan"}, "now"),
+    ({"now": "inf"}, "now"), ({"cap": 2.5}, "cap"), ({"tau_hours": math.inf}, "tau"),
+    ({"threshold": math.nan}, "threshold"), ({"strength_cap": 0.5}, "strength_cap"),
+])
+def test_bad_pass_settings(kw, match):
+    with pytest.raises(ValueError, match=match):
+        run_pass(make_records([GOOD]), cfg=PassConfig(**kw), wall_h=20.0)
+
+
+def test_mass_drop_safety_stop():
+    rows = [{**GOOD, "id": f"r{k}", "text": f"fact {'abcd'[k]}", "last_used": 10.0,
+             "vector": np.eye(4)[k]} for k in range(4)]
+    with pytest.raises(MassDropError, match=r"drop 4 of 4"):
+        run_pass(make_records(rows), cfg=PassConfig(now="100000", floor=0.01), wall_h=1e5)
+    res = run_pass(make_records(rows), cfg=PassConfig(now="100000", floor=0.01,
+                                                      max_drop_fraction=1.0), wall_h=1e5)
+    assert res.stats["dropped_floor"] == 4
+
+
+def test_recall_during_a_pass_revives_a_dropped_memory(store):
+    with store.lock():
+        snap = store.load()
+        res = run_pass(snap.records, cfg=PassConfig(now="10", cap=1, max_drop_fraction=1.0,
+                                                    near_dedup=False),
+                       version=2, wall_h=20.0)
+        dropped = next(e["id"] for e in res.events if e["op"] == "drop")
+        store.mark_used([dropped], now=15.0)
+        store.commit(res.records, res.events, base=snap)
+    m = store.load().records.meta.set_index("id")
+    assert math.isnan(m.loc[dropped, "deleted_at"]) and m.loc[dropped, "last_used"] == 15.0
+
+
+@pytest.mark.parametrize("content", ["{not json", "[]", "null",
+                                     '{"version": "1", "snapshot": 3, "dim": "4"}'])
+def test_corrupt_pointer_names_the_file(store, content):
+    store.pointer_path.write_text(content)
+    with pytest.raises(CorruptStoreError, match="CURRENT is not a valid pointer"):
+        store.load()
+
+
+def test_corrupt_touch_delta_names_the_file(store):
+    (store.root / "deltas" / "00000000000000000001-1-x.touch.json").write_text("{oops")
+    with pytest.raises(CorruptStoreError, match=r"touch\.json"):
+        store.load()
+
+
+def test_create_with_no_records(tmp_path):
+    with pytest.raises(ValueError, match="no records"):
+        Store(tmp_path / "s").create(Records.empty(4))
+
+
+def test_quarantine_on_load_writes_one_file(tmp_path):
+    s = Store(tmp_path / "q")
+    s.create(make_records([{**GOOD, "id": "a"}, {**GOOD, "id": "b", "text": "t"}]))
+    path = s.root / "snapshots" / "snapshot-000001.parquet"
+    import pyarrow.parquet as pq
+
+    from consolidate.store.schema import records_to_arrow
+
+    recs = s.load().records
+    recs.meta.loc[0, "importance"] = 9.0
+    pq.write_table(records_to_arrow(recs), path)
+    q = Store(s.root, quarantine=True)
+    for _ in range(3):
+        assert list(q.load().records.meta["id"]) == ["b"]
+    assert len(list((s.root / "quarantine").glob("*.parquet"))) == 1
+
+
+def locomo_file(tmp_path, conv):
+    p = tmp_path / "locomo.json"
+    p.write_text(json.dumps([conv]))
+    return p
+
+
+def test_locomo_bad_first_session_time_takes_the_nearest(tmp_path):
+    conv = {"sample_id": "c1", "conversation": {"session_1_date_time": "garbage",
+                                                "session_2_date_time": "1:56 pm on 8 May, 2023"},
+            "observation": {"session_1_observation": {"A": [["fact one", "D1:1"]]},
+                            "session_2_observation": {"A": [["fact two", "D2:1"]]}}}
+    obs, rep = read_locomo_observations(locomo_file(tmp_path, conv))
+    assert obs[0].time_h == obs[1].time_h > 400000
+    assert rep.bad_times == [{"conversation": "c1", "session": 1, "value": "garbage"}]
+
+
+def test_locomo_malformed_items_are_reported_not_invented(tmp_path):
+    conv = {"sample_id": "c1", "conversation": {"session_1_date_time": "1:56 pm on 8 May, 2023"},
+            "observation": {"session_1_observation": {"A": [[None, "D1:1"], [], "text",
+                                                            ["good one", "D1:2"]]}}}
+    obs, rep = read_locomo_observations(locomo_file(tmp_path, conv))
+    assert [o.text for o in obs] == ["good one"]
+    assert [m["id"] for m in rep.malformed_items] == ["c1/A/s1/0", "c1/A/s1/1", "c1/A/s1/2"]
+
+
+@pytest.mark.parametrize("conv,match", [
+    ({"sample_id": "c1", "conversation": [], "observation": {}}, "conversation #0"),
+    ({"sample_id": "c1", "conversation": {}, "observation": {"session_1_observation": {}}},
+     "no session has a parseable date"),
+    ({"sample_id": "c1", "conversation": {"session_1_date_time": "1:56 pm on 8 May, 2023"},
+      "observation": {"session_1_observation": {"A": "not a list"}}}, "not a list"),
+])
+def test_locomo_structural_errors_name_the_conversation(tmp_path, conv, match):
+    with pytest.raises(ValueError, match=match):
+        read_locomo_observations(locomo_file(tmp_path, conv))
+
+
+def test_locomo_invalid_json_names_the_file(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_bytes(b"\xff\xfe not json")
+    with pytest.raises(ValueError, match="x.json"):
+        read_locomo_observations(p)
