@@ -212,7 +212,10 @@ def run_pass(
     if cfg.exact_dedup and len(cand):
         key = meta["namespace"].iloc[cand].astype(str) + "\x00" + meta["text_hash"].iloc[cand]
         grp = pd.Series(cand).groupby(key.to_numpy(), sort=True)
-        units = [sorted(g.tolist(), key=lambda r: ids[r]) for _, g in grp]
+        keep_apart0 = meta["keep_apart"].tolist()
+        units = [sub for _, g in grp
+                 for sub in _split_apart(sorted(g.tolist(), key=lambda r: ids[r]), ids,
+                                         keep_apart0)]
     else:
         units = [[int(r)] for r in cand]
     units.sort(key=lambda u: ids[u[0]])
@@ -231,6 +234,9 @@ def run_pass(
     u_key = [ids[u[0]] for u in units]
     u_text = [meta["text"].iat[u[0]] for u in units]
     u_sig = [conflict_signature(t) for t in u_text] if cfg.near_dedup else []
+    keep_apart = meta["keep_apart"].tolist()
+    u_member_ids = [{ids[r] for r in u} for u in units]
+    u_apart = [{x for r in u for x in keep_apart[r]} for u in units]
     u_ns = meta["namespace"].to_numpy(object)[[u[0] for u in units]] if units else np.array([])
     ns_codes = pd.factorize(pd.Series(u_ns, dtype=object), sort=True)[0]
 
@@ -255,7 +261,9 @@ def run_pass(
     if pairs is not None and len(pairs):
         cr = centroid_clusters(
             pairs.i, pairs.j, pairs.sim, u_vec, u_w, u_key, cfg.threshold,
-            conflict=lambda a, b: conflict_between(u_sig[a], u_sig[b]),
+            conflict=lambda a, b: conflict_between(u_sig[a], u_sig[b]) or (
+                "undone merge" if (u_apart[a] & u_member_ids[b]) or (u_apart[b] & u_member_ids[a])
+                else None),
             allow_conflicts=bool(getattr(merger, "handles_conflicts", False)),
         )
         clusters, review = cr.clusters, cr.review
@@ -357,6 +365,7 @@ def run_pass(
             "merged_into": None,
             "text_hash": text_hash(text),
             "last_pass": float(version),
+            "keep_apart": sorted({x for r in rows for x in meta["keep_apart"].iat[r]}),
         })
         new_vecs.append(v)
         del_at[rows] = wall_h
@@ -427,6 +436,23 @@ def run_pass(
                       stats)
 
 
+def _split_apart(rows: list[int], ids: np.ndarray, keep_apart: list[list[str]]
+                 ) -> list[list[int]]:
+    """Split an exact-duplicate group so that no subgroup holds two records that an undo
+    marked ``keep_apart`` (first fit, in id order: deterministic)."""
+    if not any(keep_apart[r] for r in rows):
+        return [rows]
+    groups: list[list[int]] = []
+    for r in rows:
+        for g in groups:
+            if not any(ids[x] in keep_apart[r] or ids[r] in keep_apart[x] for x in g):
+                g.append(r)
+                break
+        else:
+            groups.append([r])
+    return groups
+
+
 def _check_settings(cfg: PassConfig) -> None:
     """Refuse settings that would silently do the wrong thing (NaN compares false)."""
     def real(x: Any) -> bool:
@@ -469,7 +495,9 @@ def _member(meta: pd.DataFrame, r: int) -> MergeMember:
 
 def undo_merge(records: Records, merge_id: str, wall_h: float | None = None) -> Records:
     """Undo a merge: the merged record becomes a tombstone (``deleted_reason="undone"``) and
-    its members are live again (``deleted_at``, ``merged_into`` cleared).
+    its members are live again (``deleted_at``, ``merged_into`` cleared). Each member's
+    ``keep_apart`` gets the other members' ids, so later passes keep them apart (listed as
+    ``review`` pairs with reason ``"undone merge"``).
 
     Args:
         records: all records (with tombstones).
@@ -504,6 +532,12 @@ def undo_merge(records: Records, merge_id: str, wall_h: float | None = None) -> 
     meta.loc[members, "deleted_at"] = math.nan
     meta.loc[members, "deleted_reason"] = None
     meta.loc[members, "merged_into"] = None
+    # the undo sticks: later passes never merge these members with each other again
+    member_ids = meta["id"].to_numpy(object)[members].tolist()
+    apart = meta["keep_apart"].tolist()
+    for r in members:
+        apart[r] = sorted(set(apart[r]) | (set(member_ids) - {meta["id"].iat[r]}))
+    meta["keep_apart"] = pd.Series(apart, dtype=object)
     meta.loc[p, "deleted_at"] = wall_h
     meta.loc[p, "deleted_reason"] = "undone"
     return Records(meta, records.vectors)

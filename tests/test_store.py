@@ -191,3 +191,18 @@ def test_undo_restores_members(store):
         undo_merge(store.load().records, mid)
     with pytest.raises(KeyError, match="no record with id"):
         undo_merge(store.load().records, "m-doesnotexist")
+
+
+def test_an_undo_sticks_across_later_passes(store):
+    _, res, _ = commit_pass(store)
+    mid = next(e["id"] for e in res.events if e["op"] == "exact_merge")
+    with store.lock():
+        snap = store.load()
+        store.commit(undo_merge(snap.records, mid, wall_h=400.0), [], base=snap)
+    m = store.load().records.meta.set_index("id")
+    assert m.loc["a", "keep_apart"] == ["b"] and m.loc["b", "keep_apart"] == ["a"]
+    _, res, _ = commit_pass(store, force=True)
+    assert not [e for e in res.events if e["op"] in ("merge", "exact_merge")
+                and {"a", "b"} <= set(e["members"])]
+    live = store.load().records
+    assert {"a", "b"} <= set(live.meta["id"][live.live_mask()])

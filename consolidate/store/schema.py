@@ -52,6 +52,7 @@ COLUMNS: dict[str, str] = {
     "merged_into": "object",
     "text_hash": "object",
     "last_pass": "float64",  # version of the snapshot written by the last pass that saw it
+    "keep_apart": "object",  # ids this record must never be merged with (set by an undo)
 }
 TIME_COLUMNS = ("created_at", "last_used", "valid_from", "valid_to", "deleted_at")
 _NULLABLE_STR = ("deleted_reason", "merged_into")
@@ -241,6 +242,11 @@ class _RowParser:
                 self.bad(f"{c} is not a string", k)
         lp = row.get("last_pass")
         r["last_pass"] = float(lp) if _is_real(lp) else math.nan
+        ka = row.get("keep_apart") or []
+        if isinstance(ka, str) or not all(isinstance(x, str) for x in ka):
+            self.bad("keep_apart is not a list of strings", k)
+            ka = []
+        r["keep_apart"] = list(ka)
         return r
 
 
@@ -307,7 +313,7 @@ def _coerce(meta: pd.DataFrame) -> pd.DataFrame:
             out[c] = pd.to_numeric(s, errors="coerce").astype("float64").to_numpy()
         elif t == "bool":
             out[c] = s.fillna(False).astype(bool).to_numpy()
-        elif c == "source_ids":
+        elif c in ("source_ids", "keep_apart"):
             out[c] = pd.Series([list(x) if x is not None else [] for x in s], dtype=object)
         else:
             out[c] = pd.Series(list(s), dtype=object)
@@ -337,6 +343,7 @@ def arrow_schema(dim: int) -> pa.Schema:
             ("merged_into", pa.string()),
             ("text_hash", pa.string()),
             ("last_pass", pa.int64()),
+            ("keep_apart", pa.list_(pa.string())),
         ]
     )
 
@@ -365,6 +372,7 @@ def records_to_arrow(recs: Records) -> pa.Table:
         "strength": pa.array(m["strength"].to_numpy(np.float64)),
         "pinned": pa.array(m["pinned"].to_numpy(bool)),
         "source_ids": pa.array([list(x) for x in m["source_ids"]], pa.list_(pa.string())),
+        "keep_apart": pa.array([list(x) for x in m["keep_apart"]], pa.list_(pa.string())),
         "deleted_reason": pa.array(_opt_str(m["deleted_reason"]), pa.string()),
         "merged_into": pa.array(_opt_str(m["merged_into"]), pa.string()),
         "text_hash": pa.array(m["text_hash"].tolist(), pa.string()),
