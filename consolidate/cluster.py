@@ -5,24 +5,30 @@ pair are merged only if
 
 1. **complete link**: every cross pair ``(a, b)`` is itself a pair (cosine >= threshold);
 2. **centroid**: every member of ``A u B`` has cosine >= threshold to the strength-weighted
-   centroid of ``A u B`` (re-checked for all members each time the centroid moves);
-3. **conflict guard**: no cross pair is a conflict (negation, changed number or date), unless
-   the merger can resolve conflicts with a model.
+   centroid of ``A u B``;
+3. **conflict guard**: no cross pair conflicts (negation, changed number or date, or an
+   undone merge), unless the merger can resolve conflicts with a model.
 
 Rule 2 alone admits chains: with unit vectors where A.B = B.C = 0.96 and A.C = 0.85, each of
 A, B, C has cosine ~0.962 to the equal-weight centroid, so a centroid check at 0.95 would put A
-and C in one cluster. Rule 1 excludes that; with rule 1 the centroid test always holds
-mathematically (cos(x, c) >= (w_x + t (W - w_x)) / W >= t), and it is kept as an explicit
-invariant of every merged cluster, asserted in float64.
+and C in one cluster. Rule 1 excludes that. Under rule 1 the centroid condition holds at every
+step: for a member x with weight w_x of a cluster with total weight W and centroid sum s,
+``x.s >= w_x + t (W - w_x)`` and ``|s| <= W``, so ``cos(x, s) >= t + (1 - t) w_x / W >= t``.
+It is therefore verified in float64 for every final cluster (an assertion, O(size * d)) rather
+than recomputed after each merge, which would cost O(size * d) per merge.
+
+Rule 1 is checked in O(1) per pair: the number of pairs between every two adjacent clusters
+is kept up to date as clusters merge, and A, B are complete-linked iff that count equals
+``|A| * |B|``. Conflicts are checked between conflict classes (items with equal signatures
+behave alike), so dense clusters of similar texts cost O(pairs log pairs) overall.
 
 Tie-breaking, so that results do not depend on row order: pairs are sorted by similarity
-(rounded to 1e-12) descending, then by the sorted pair of the clusters' keys (the smallest
-record id in each) ascending.
+(rounded to 1e-12) descending, then by the two keys (record ids) ascending.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,8 +43,9 @@ class ClusterResult:
     Attributes:
         labels: ``int64 [n]``: cluster label per item; label = smallest member position.
         clusters: member positions of each cluster with >= 2 members, each sorted by key.
-        review: conflicting pairs ``(i, j, sim, reason)`` that were kept apart.
-        rejected: pairs not merged because of rule 1 or 2 (count).
+        review: conflicting pairs ``(i, j, sim, reason)`` kept apart (``sim`` is NaN for a
+            cross pair that was not itself above the threshold).
+        rejected: pairs whose clusters were not merged (incomplete link or conflict).
     """
 
     labels: np.ndarray
@@ -57,11 +64,12 @@ def centroid_clusters(
     threshold: float,
     conflict: Callable[[int, int], str | None] | None = None,
     allow_conflicts: bool = False,
+    conflict_class: Sequence[Hashable] | None = None,
 ) -> ClusterResult:
     """Cluster items joined by pairs; see the module docstring for the rules.
 
     Args:
-        i, j: ``int [p]`` item positions of each pair (any orientation).
+        i, j: ``int [p]`` item positions of each pair (any orientation, no duplicates).
         sim: ``float64 [p]`` cosine of each pair (all ``>= threshold``).
         vectors: ``float [n, d]`` unit vectors of the items (used in float64).
         weights: ``float [n]`` positive weights (memory strength) for the centroid.
@@ -70,87 +78,111 @@ def centroid_clusters(
         conflict: ``conflict(a, b) -> reason | None`` for items ``a``, ``b``.
         allow_conflicts: if ``True``, conflicts are reported in ``review`` but do not block
             merging (for mergers that send such clusters to a model).
+        conflict_class: hashable per item; items of one class must give the same
+            ``conflict`` answers (default: every item its own class).
 
     Returns:
         :class:`ClusterResult`.
+
+    Raises:
+        AssertionError: a final cluster violates the centroid condition (a bug).
     """
     n = len(keys)
-    parent = np.arange(n)
+    i = np.asarray(i, dtype=np.int64)
+    j = np.asarray(j, dtype=np.int64)
+    sim = np.asarray(sim, dtype=np.float64)
+    if conflict_class is None:
+        cls = list(range(n))
+    else:  # hashable classes -> small ints (cheap cache keys)
+        ids: dict[Hashable, int] = {}
+        cls = [ids.setdefault(c, len(ids)) for c in conflict_class]
+    parent = list(range(n))
     members: dict[int, list[int]] = {k: [k] for k in range(n)}
-    v64 = np.asarray(vectors, dtype=np.float64)
-    w = np.asarray(weights, dtype=np.float64)
-    wsum: dict[int, np.ndarray] = {}
-    edge = {(min(a, b), max(a, b)) for a, b in zip(i.tolist(), j.tolist(), strict=True)}
-    ckey = list(keys)  # cluster key = min member key, tracked at the root
+    classes: dict[int, dict[int, int]] = {k: {cls[k]: k} for k in range(n)}
+    # pairs between adjacent clusters, keyed by root
+    between: dict[int, dict[int, int]] = {}
+    for a, b in zip(i.tolist(), j.tolist(), strict=True):
+        between.setdefault(a, {})[b] = 1
+        between.setdefault(b, {})[a] = 1
 
     def find(x: int) -> int:
         while parent[x] != x:
             parent[x] = parent[parent[x]]
             x = parent[x]
-        return int(x)
+        return x
 
-    order = sorted(
-        range(len(i)),
-        key=lambda e: (-round(float(sim[e]), 12), *sorted((keys[i[e]], keys[j[e]]))),
-    )
-    review: dict[tuple[int, int], tuple[int, int, float, str]] = {}
-    conflict_cache: dict[tuple[int, int], str | None] = {}
+    rank = np.empty(n, dtype=np.int64)
+    rank[sorted(range(n), key=lambda x: keys[x])] = np.arange(n)
+    lo = np.minimum(rank[i], rank[j]) if len(i) else i
+    hi = np.maximum(rank[i], rank[j]) if len(i) else j
+    order = np.lexsort((hi, lo, -np.round(sim, 12)))
 
-    def conflict_of(a: int, b: int) -> str | None:
+    cache: dict[tuple[int, int], str | None] = {}
+
+    def class_conflict(ca: int, cb: int, a: int, b: int) -> str | None:
         if conflict is None:
             return None
-        p = (min(a, b), max(a, b))
-        if p not in conflict_cache:
-            conflict_cache[p] = conflict(*p)
-        return conflict_cache[p]
+        key = (ca, cb) if ca <= cb else (cb, ca)
+        if key not in cache:
+            cache[key] = conflict(a, b)
+        return cache[key]
 
-    sims = {}
-    for e in range(len(i)):
-        a, b = int(i[e]), int(j[e])
-        sims[(min(a, b), max(a, b))] = float(sim[e])
+    review: dict[tuple[int, int], tuple[int, int, float, str]] = {}
     rejected = 0
-    for e in order:
+    for e in order.tolist():
         a, b = int(i[e]), int(j[e])
-        reason = conflict_of(a, b)
+        if not allow_conflicts and find(a) == find(b):
+            continue  # already together, hence conflict-free
+        reason = class_conflict(cls[a], cls[b], a, b)
         if reason is not None:
             p = (min(a, b), max(a, b))
             review[p] = (p[0], p[1], float(sim[e]), reason)
             if not allow_conflicts:
+                rejected += 1
                 continue
         ra, rb = find(a), find(b)
         if ra == rb:
             continue
-        ma, mb = members[ra], members[rb]
-        ok = all((min(x, y), max(x, y)) in edge for x in ma for y in mb)
-        if ok and not allow_conflicts:
-            for x in ma:
-                for y in mb:
-                    r = conflict_of(x, y)
-                    if r is not None:
-                        p = (min(x, y), max(x, y))
-                        review.setdefault(p, (p[0], p[1], sims.get(p, float("nan")), r))
-                        ok = False
-                        break
-                if not ok:
-                    break
-        if ok:
-            s = wsum.get(ra, w[ra] * v64[ra]) + wsum.get(rb, w[rb] * v64[rb])
-            c = s / np.linalg.norm(s)
-            mm = ma + mb
-            ok = bool((v64[mm] @ c >= threshold - 1e-12).all())
-        if not ok:
+        if between[ra].get(rb, 0) != len(members[ra]) * len(members[rb]):
             rejected += 1
             continue
-        root, other = (ra, rb) if ckey[ra] <= ckey[rb] else (rb, ra)
+        if not allow_conflicts and conflict is not None:
+            hit = None
+            for ca, xa in classes[ra].items():
+                for cb, xb in classes[rb].items():
+                    r = class_conflict(ca, cb, xa, xb)
+                    if r is not None:
+                        hit = (min(xa, xb), max(xa, xb), r)
+                        break
+                if hit:
+                    break
+            if hit:
+                review.setdefault(hit[:2], (hit[0], hit[1], float("nan"), hit[2]))
+                rejected += 1
+                continue
+        root, other = (ra, rb) if rank[ra] <= rank[rb] else (rb, ra)
         parent[other] = root
-        members[root] = sorted(mm, key=lambda x: keys[x])
-        del members[other]
-        wsum[root] = s
-        wsum.pop(other, None)
-        ckey[root] = min(ckey[ra], ckey[rb])
+        members[root] += members.pop(other)
+        for c, x in classes.pop(other).items():
+            classes[root].setdefault(c, x)
+        # fold the other cluster's adjacency into root's
+        nb_other = between.pop(other)
+        nb_root = between[root]
+        nb_root.pop(other, None)
+        for c, cnt in nb_other.items():
+            if c == root:
+                continue
+            nb_root[c] = nb_root.get(c, 0) + cnt
+            nbc = between[c]
+            nbc[root] = nbc.get(root, 0) + nbc.pop(other)
+    clusters = sorted((sorted(m, key=lambda x: rank[x]) for m in members.values() if len(m) > 1),
+                      key=lambda m: rank[m[0]])
     labels = np.array([find(x) for x in range(n)], dtype=np.int64)
-    clusters = sorted((m for m in members.values() if len(m) > 1), key=lambda m: keys[m[0]])
-    # relabel: label = smallest position in the cluster
+    v64 = np.asarray(vectors, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
     for m in clusters:
         labels[m] = min(m)
+        s = ((w[m] / w[m].max())[:, None] * v64[m]).sum(0)
+        cos = v64[m] @ (s / np.linalg.norm(s))
+        assert (cos >= threshold - 1e-9).all(), f"centroid condition violated: {cos.min()}"
     return ClusterResult(labels, clusters, sorted(review.values()), rejected)

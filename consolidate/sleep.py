@@ -237,6 +237,10 @@ def run_pass(
     keep_apart = meta["keep_apart"].tolist()
     u_member_ids = [{ids[r] for r in u} for u in units]
     u_apart = [{x for r in u for x in keep_apart[r]} for u in units]
+    named = {x for a in u_apart for x in a}
+    # units alike in conflicts share a class: same signature and no undo constraint
+    u_class = [(u_sig[k], k if (u_apart[k] or u_member_ids[k] & named) else -1)
+               for k in range(len(units))] if cfg.near_dedup else None
     u_ns = meta["namespace"].to_numpy(object)[[u[0] for u in units]] if units else np.array([])
     ns_codes = pd.factorize(pd.Series(u_ns, dtype=object), sort=True)[0]
 
@@ -265,6 +269,7 @@ def run_pass(
                 "undone merge" if (u_apart[a] & u_member_ids[b]) or (u_apart[b] & u_member_ids[a])
                 else None),
             allow_conflicts=bool(getattr(merger, "handles_conflicts", False)),
+            conflict_class=u_class,
         )
         clusters, review = cr.clusters, cr.review
         pair_sim = {(int(a), int(b)): float(s) for a, b, s in zip(pairs.i, pairs.j, pairs.sim,
