@@ -254,6 +254,8 @@ def topk_neighbours(
         raise ValueError(f"queries {tuple(q.shape)} and keys {tuple(key.shape)} must be "
                          f"[q, d] and [n, d]")
     nq, n = q.shape[0], key.shape[0]
+    if n == 0 or nq == 0:
+        return TopK(np.full((nq, k), -1, np.int64), np.full((nq, k), -np.inf, np.float32))
     if query_segments is None:
         qs = torch.zeros(nq, dtype=torch.int64)
         ks = torch.zeros(n, dtype=torch.int64)

@@ -416,11 +416,12 @@ def run_pass(
                            lm["id"].to_numpy(object), floor, cfg.cap)
     drop = li[~sel.keep]
     if len(li) and len(drop) / len(li) > cfg.max_drop_fraction:
-        worst = pd.Series(meta["namespace"].to_numpy(object)[drop]).value_counts().head(3)
+        worst = {str(k): int(v) for k, v in pd.Series(
+            meta["namespace"].to_numpy(object)[drop]).value_counts().head(3).items()}
         raise MassDropError(
             f"the pass would drop {len(drop)} of {len(li)} live memories "
             f"({len(drop) / len(li):.0%} > pass.max_drop_fraction={cfg.max_drop_fraction}); "
-            f"most in {dict(worst)}. Check pass.now (now={cfg.now!r}), tau_hours "
+            f"most in {worst}. Check pass.now (now={cfg.now!r}), tau_hours "
             f"({cfg.tau_hours}) and floor ({cfg.floor}), or set pass.max_drop_fraction=1.0"
         )
     meta.loc[drop, "deleted_at"] = wall_h

@@ -127,3 +127,11 @@ def test_topk_bad_arguments():
         topk_neighbours(e, e, 0)
     with pytest.raises(ValueError, match="both"):
         topk_neighbours(e, e, 1, query_segments=np.zeros(3))
+
+
+def test_topk_with_no_keys():
+    from consolidate.similarity import topk_neighbours
+
+    got = topk_neighbours(np.eye(3, dtype=np.float32), np.zeros((0, 3), np.float32), 4,
+                          device="cpu")
+    assert got.indices.shape == (3, 4) and (got.indices == -1).all()

@@ -15,7 +15,7 @@ approximation of an LLM's tokens that needs no extra model.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -43,6 +43,7 @@ def retrieval_table(
     q_vectors: np.ndarray,
     token_counts: np.ndarray,
     *,
+    memory_group: Callable[[str], str] = conversation_of,
     ks: Sequence[int] = (1, 5, 10, 20),
     budgets: Sequence[int] = (200, 500),
     tokens_at_k: int = 10,
@@ -53,9 +54,12 @@ def retrieval_table(
 
     Args:
         live: the store's live records (no tombstones).
-        questions: ``qid``, ``conversation``, ``category``, ``evidence`` (list of dia_ids).
+        questions: ``qid``, ``group``, ``category``, ``evidence`` (list of ids matched
+            against the memories' ``source_ids``).
         q_vectors: ``float32 [q, d]`` question embeddings, row-aligned with ``questions``.
         token_counts: ``int [n]`` tokens of each live record's text.
+        memory_group: namespace -> the question group that may retrieve it (LOCOMO: the
+            conversation, so a question sees both speakers' memories).
         ks, budgets, tokens_at_k: see the module docstring.
         retrieve_k: ranking depth used for the token budgets (>= max(ks)).
         device: similarity device.
@@ -65,8 +69,8 @@ def retrieval_table(
         ``recall@<B>tok`` ..., ``tokens@<k>``, ``n_evidence``, ``top_ids`` (first 10 ids).
     """
     depth = max(retrieve_k, max(ks))
-    mem_conv = [conversation_of(n) for n in live.meta["namespace"]]
-    mseg, qseg = _segments(mem_conv, questions["conversation"].tolist())
+    mem_conv = [memory_group(n) for n in live.meta["namespace"]]
+    mseg, qseg = _segments(mem_conv, questions["group"].tolist())
     top = topk_neighbours(q_vectors, live.vectors, depth, query_segments=qseg,
                           key_segments=mseg, device=device)
     src = live.meta["source_ids"].tolist()
@@ -90,16 +94,17 @@ def retrieval_table(
 
 
 def latency_ms(live: Records, questions: pd.DataFrame, q_vectors: np.ndarray, k: int,
-               sample: int = 200, seed: int = 0, device: str = "cpu") -> dict[str, float]:
+               sample: int = 200, seed: int = 0, device: str = "cpu",
+               memory_group: Callable[[str], str] = conversation_of) -> dict[str, float]:
     """p50/p95 of one-question retrieval (top-k over its conversation), milliseconds, on a
     fixed random sample of questions (``seed``)."""
     g = np.random.default_rng(seed)
     idx = g.choice(len(questions), size=min(sample, len(questions)), replace=False)
-    mem_conv = np.array([conversation_of(n) for n in live.meta["namespace"]], dtype=object)
+    mem_conv = np.array([memory_group(n) for n in live.meta["namespace"]], dtype=object)
     by_conv = {c: np.flatnonzero(mem_conv == c) for c in set(mem_conv)}
     times = []
     for qi in idx:
-        rows = by_conv.get(questions["conversation"].iat[qi], np.zeros(0, np.int64))
+        rows = by_conv.get(questions["group"].iat[qi], np.zeros(0, np.int64))
         t = time.perf_counter()
         if len(rows):
             topk_neighbours(q_vectors[qi : qi + 1], live.vectors[rows], k, device=device)
@@ -107,8 +112,10 @@ def latency_ms(live: Records, questions: pd.DataFrame, q_vectors: np.ndarray, k:
     return {"p50_ms": float(np.percentile(times, 50)), "p95_ms": float(np.percentile(times, 95))}
 
 
-def summarise(table: pd.DataFrame, metric_cols: Sequence[str]) -> pd.DataFrame:
-    """Mean of each metric over all questions and per category (labelled both ways).
+def summarise(table: pd.DataFrame, metric_cols: Sequence[str],
+              label: Callable[[int], str] = category_label) -> pd.DataFrame:
+    """Mean of each metric over all questions and per category (labelled by ``label``; for
+    LOCOMO both naming conventions).
 
     Returns:
         ``DataFrame`` with ``category`` (``"all"`` or the code), ``label``, ``n`` and the
@@ -117,6 +124,6 @@ def summarise(table: pd.DataFrame, metric_cols: Sequence[str]) -> pd.DataFrame:
     out = [{"category": "all", "label": "all", "n": len(table),
             **{c: float(table[c].mean()) for c in metric_cols}}]
     for cat, g in table.groupby("category"):
-        out.append({"category": int(cat), "label": category_label(int(cat)), "n": len(g),
+        out.append({"category": int(cat), "label": label(int(cat)), "n": len(g),
                     **{c: float(g[c].mean()) for c in metric_cols}})
     return pd.DataFrame(out)

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TaskSpec", "DatasetHashError", "TASKS", "verify", "load_locomo_qa",
+__all__ = ["TaskSpec", "MemoryTask", "DatasetHashError", "TASKS", "verify", "load_locomo_qa",
+           "longmemeval_task", "locomo_task",
            "load_stsb", "load_sick", "load_longmemeval", "sha256_file"]
 
 
@@ -72,6 +73,16 @@ TASKS: dict[str, TaskSpec] = {
         "Marelli et al., LREC 2014; CC BY-NC-SA 3.0; duplicate = mutual entailment",
     ),
 }
+
+
+TASKS["longmemeval-fixture"] = TaskSpec(
+    "longmemeval-fixture", "1.0",
+    {"eval/fixtures/longmemeval_tiny.json":
+     "695626ad1b6bc680970b06d5e83fc7e25972ca71ccd8653533e885acb95887cb"},
+    {"questions": 3, "sessions": 7, "user_turns": 10},
+    "evidence_recall@10",
+    "a 3-question fixture in LongMemEval's format (Wu et al., 2024), written for this repo",
+)
 
 
 class DatasetHashError(ValueError):
@@ -178,6 +189,125 @@ def load_sick(root: str | Path, split: str | None = None) -> Any:
         "label": int(r["entailment_AB"] == "A_entails_B" and r["entailment_BA"] == "B_entails_A"),
         "contradiction": int(r["entailment_label"] == "CONTRADICTION"),
     })
+
+
+@dataclass
+class MemoryTask:
+    """A retrieval task: memories to store and questions to ask.
+
+    Attributes:
+        spec: the task's metadata.
+        shas: sha256 of each file read.
+        memories: dicts with ``id``, ``namespace``, ``text``, ``source_ids``, ``created_at``
+            (hours since the epoch) and optionally ``importance``.
+        questions: ``DataFrame`` with ``qid``, ``group``, ``question``, ``answer``,
+            ``category`` (int), ``evidence`` (list of ids matched against ``source_ids``) and
+            ``now_h`` (hours since the epoch when the question is asked).
+        memory_group: maps a memory's namespace to the question ``group`` that may see it.
+        category_names: ``{code: label}`` for reports.
+    """
+
+    spec: TaskSpec
+    shas: dict[str, str]
+    memories: list[dict[str, Any]]
+    questions: Any
+    memory_group: Any
+    category_names: dict[int, str]
+
+
+def locomo_task(path: str | Path, root: str | Path, allow_hash_mismatch: bool = False,
+                conversations: int | None = None, importance: Any = None) -> MemoryTask:
+    """LOCOMO observations and questions -> :class:`MemoryTask` (groups = conversations;
+    categories labelled in both LOCOMO's and Mem0's conventions).
+
+    Args:
+        path: ``locomo10.json``.
+        root: data dir for the hash check of the declared file.
+        conversations: only the first N conversations.
+        importance: :class:`~consolidate.config.ImportanceConfig` for the heuristic.
+    """
+    from ..config import ImportanceConfig
+    from ..store.locomo import heuristic_importance, read_locomo_observations
+    from .metrics import LOCOMO_CATEGORY, category_label
+
+    spec = TASKS["locomo10"]
+    if Path(path).resolve() == (Path(root) / "locomo/locomo10.json").resolve():
+        shas = verify(spec, root, allow_hash_mismatch)
+    else:
+        got = sha256_file(path)
+        if got != spec.files["locomo/locomo10.json"] and not allow_hash_mismatch:
+            raise DatasetHashError(f"{path} has sha256 {got}, not LOCOMO's; pass "
+                                   f"allow_hash_mismatch=true to use it")
+        shas = {str(path): got}
+    imp = importance or ImportanceConfig()
+    obs, _ = read_locomo_observations(path, conversations)
+    memories = [{"id": o.id, "namespace": o.namespace, "text": o.text,
+                 "source_ids": o.source_ids, "created_at": o.time_h,
+                 "importance": heuristic_importance(o.text, imp)} for o in obs]
+    qa = load_locomo_qa(path).to_pandas()
+    convs = {o.conversation for o in obs}
+    qa = qa[qa["conversation"].isin(convs)].reset_index(drop=True)
+    qa["group"] = qa["conversation"]
+    return MemoryTask(spec, shas, memories, qa, lambda ns: str(ns).split("/")[0],
+                      {c: category_label(c) for c in LOCOMO_CATEGORY})
+
+
+def _lme_time(s: str) -> float:
+    from datetime import datetime, timezone
+
+    d = datetime.strptime(s.split(" (")[0] + " " + s.split(") ")[-1], "%Y/%m/%d %H:%M")
+    return d.replace(tzinfo=timezone.utc).timestamp() / 3600
+
+
+def longmemeval_task(path: str | Path, spec: TaskSpec | None = None,
+                     allow_hash_mismatch: bool = False) -> MemoryTask:
+    """LongMemEval-format file -> :class:`MemoryTask`. Each question has its own haystack, so
+    its namespace (and group) is its ``question_id``; every user turn becomes a memory with
+    ``source_ids = [session_id, "<session_id>:<turn>"]``. Evidence: the turns flagged
+    ``has_answer``, or else the ``answer_session_ids``.
+
+    Raises:
+        DatasetHashError: the file's hash differs from ``spec`` (unless allowed).
+        ValueError: a row has unequal session/date/id lists (names the question).
+    """
+    path = Path(path)
+    got = sha256_file(path)
+    if spec is not None:
+        want = next(iter(spec.files.values()))
+        if want and got != want and not allow_hash_mismatch:
+            raise DatasetHashError(f"{path} has sha256 {got}, expected {want}")
+    ds = load_longmemeval(path)
+    types = sorted(set(ds["question_type"]))
+    code = {t: k + 1 for k, t in enumerate(types)}
+    memories, questions = [], []
+    for row in ds:
+        qid = row["question_id"]
+        sess, dates, ids = row["haystack_sessions"], row["haystack_dates"], \
+            row["haystack_session_ids"]
+        if not len(sess) == len(dates) == len(ids):
+            raise ValueError(f"{path}: question {qid!r} has {len(sess)} sessions, "
+                             f"{len(dates)} dates and {len(ids)} session ids")
+        evidence = []
+        for sid, date, turns in zip(ids, dates, sess, strict=True):
+            t_h = _lme_time(date)
+            for k, turn in enumerate(turns):
+                if turn.get("has_answer"):
+                    evidence.append(f"{sid}:{k}")
+                if turn["role"] != "user":
+                    continue
+                memories.append({"id": f"{qid}/{sid}/t{k}", "namespace": qid,
+                                 "text": turn["content"], "source_ids": [sid, f"{sid}:{k}"],
+                                 "created_at": t_h})
+        questions.append({
+            "qid": qid, "group": qid, "question": row["question"], "answer": str(row["answer"]),
+            "category": code[row["question_type"]],
+            "evidence": evidence or list(row["answer_session_ids"]),
+            "now_h": _lme_time(row["question_date"]),
+        })
+    import pandas as pd
+
+    return MemoryTask(spec or TASKS["longmemeval-fixture"], {str(path): got}, memories,
+                      pd.DataFrame(questions), lambda ns: ns, {v: k for k, v in code.items()})
 
 
 def load_longmemeval(path: str | Path) -> Any:

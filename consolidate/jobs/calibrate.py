@@ -53,6 +53,8 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
     for d in cfg.datasets:
         shas.update(verify(TASKS[d.name], root, cfg.allow_hash_mismatch))
     data = {f"{d.name}-{d.split or 'all'}": _pairs(d.name, d.split, root) for d in cfg.datasets}
+    if cfg.max_pairs:  # a deterministic subset (first N pairs) for quick checks
+        data = {k: v.head(int(cfg.max_pairs)) for k, v in data.items()}
     base: EmbedderConfig = typed(cfg, "embedder", EmbedderConfig)
     entries: list[dict[str, Any]] = []
     metrics: list[Metric] = []

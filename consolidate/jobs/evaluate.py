@@ -1,7 +1,9 @@
-"""``consolidate-evaluate``: evidence recall on LOCOMO before and after consolidation, with
-the ablation table (Hydra job).
+"""``consolidate-evaluate``: evidence recall before and after consolidation, with the
+ablation table (Hydra job). Tasks: ``locomo10`` (default), ``longmemeval-fixture`` (a tiny
+file in LongMemEval's format shipped in ``eval/fixtures``), ``longmemeval`` (any file in that
+format, ``longmemeval_file=...``).
 
-One run builds the LOCOMO observations store in memory, embeds the questions once, and for
+One run builds the task's memory store in memory, embeds the questions once, and for
 each variant (no consolidation, hash-only, the full pass at several thresholds, decay off)
 runs the pass with "now" = the date of each conversation's last session, then retrieves for
 every question. It answers: how much smaller can the store get before recall drops?
@@ -21,18 +23,32 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import EmbedderConfig, PassConfig, StoreConfig
-from ..evaluation.metrics import category_label
 from ..evaluation.plots import plot_ablation
 from ..evaluation.results import Metric, Results, TaskInfo, environment, now_iso, write_results
-from ..evaluation.retrieval import conversation_of, latency_ms, retrieval_table, summarise
-from ..evaluation.tasks import TASKS, load_locomo_qa, verify
+from ..evaluation.retrieval import latency_ms, retrieval_table, summarise
+from ..evaluation.tasks import TASKS, MemoryTask, locomo_task, longmemeval_task
 from ..sleep import run_pass
 from ..store.batch import resolve_device
+from ..store.schema import InvalidRecordsError, records_from_rows, validate
 from .common import CONFIG_DIR, make_embedder, sim_cfg, typed
 
 log = logging.getLogger("consolidate")
 
 _LOWER_IS_BETTER = ("tokens@", "store_size", "p50_ms", "p95_ms")
+
+
+def build_task(cfg: DictConfig, scfg: StoreConfig) -> MemoryTask:
+    """The :class:`~consolidate.evaluation.tasks.MemoryTask` named by ``cfg.task``."""
+    if cfg.task == "locomo10":
+        return locomo_task(scfg.locomo_file, cfg.paths.data_dir, cfg.allow_hash_mismatch,
+                           scfg.conversations, scfg.importance)
+    if cfg.task == "longmemeval-fixture":
+        return longmemeval_task(Path(CONFIG_DIR).parent / "eval/fixtures/longmemeval_tiny.json",
+                                TASKS["longmemeval-fixture"], cfg.allow_hash_mismatch)
+    if cfg.task == "longmemeval":
+        return longmemeval_task(cfg.longmemeval_file, None, True)
+    raise ValueError(f"task must be locomo10, longmemeval-fixture or longmemeval; got "
+                     f"{cfg.task!r}")
 
 
 def _variant_pass(base: PassConfig, overrides: dict[str, Any], name: str) -> PassConfig:
@@ -52,24 +68,27 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
     Returns:
         The :class:`~consolidate.evaluation.results.Results` written.
     """
-    from ..store.locomo import locomo_records
-
     out = Path(out_dir or HydraConfig.get().runtime.output_dir)
     timings: dict[str, float] = {}
     t0 = t = time.perf_counter()
-    spec = TASKS["locomo10"]
-    shas = verify(spec, cfg.paths.data_dir, cfg.allow_hash_mismatch)
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
+    task = build_task(cfg, scfg)
+    spec = task.spec
     ecfg: EmbedderConfig = typed(cfg, "embedder", EmbedderConfig)
     emb = make_embedder(ecfg)
-    recs, _ = locomo_records(scfg.locomo_file, emb, scfg.importance, scfg.conversations)
-    qa = load_locomo_qa(scfg.locomo_file).to_pandas()
-    convs = {conversation_of(n) for n in recs.meta["namespace"]}
-    qa = qa[qa["conversation"].isin(convs)].reset_index(drop=True)
+    vecs = emb.encode([m["text"] for m in task.memories])
+    recs = records_from_rows([{**m, "vector": vecs[k], "last_used": m["created_at"]}
+                              for k, m in enumerate(task.memories)], dim=emb.dim)
+    problems = validate(recs, dim=emb.dim)
+    if problems:
+        raise InvalidRecordsError(f"task {spec.name}", problems)
+    qa = task.questions
     q_vecs = emb.encode(qa["question"].tolist())
     timings["build_and_embed"] = time.perf_counter() - t
-    now_conv = qa.groupby("conversation")["now_h"].max().to_dict()
-    now_ns = {n: now_conv[conversation_of(n)] for n in set(recs.meta["namespace"])}
+    now_group = qa.groupby("group")["now_h"].max().to_dict()
+    now_ns = {n: now_group.get(task.memory_group(n), max(now_group.values()))
+              for n in set(recs.meta["namespace"])}
+    convs = set(qa["group"])
     base_pass = typed(cfg, "pass", PassConfig)
     sc = sim_cfg(cfg)
     merger = instantiate(cfg.merge)
@@ -77,13 +96,18 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
     metric_cols = ([f"recall@{k}" for k in ks] + [f"recall@{b}tok" for b in budgets]
                    + [f"tokens@{cfg.tokens_at_k}"])
     ablation, samples, metrics = [], [], []
+    names = task.category_names
+
+    def label(c: int) -> str:
+        return names.get(c, str(c)) if cfg.task == "locomo10" else f"{c} {names.get(c, '?')}"
+
     for v in cfg.variants:
         name = v["name"]
         t = time.perf_counter()
         if v.get("consolidate", True):
             pc = _variant_pass(base_pass, OmegaConf.to_container(v.get("pass", {})), name)
             res = run_pass(recs, cfg=pc, sim_cfg=sc, merger=merger, version=2,
-                           wall_h=max(now_conv.values()), now_by_namespace=now_ns)
+                           wall_h=max(now_group.values()), now_by_namespace=now_ns)
             live = res.records.mask(res.records.live_mask())
             stats = res.stats
         else:
@@ -91,12 +115,12 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
                                  "dropped_cap": 0, "model_calls": 0}
         t_pass = time.perf_counter() - t
         tok = emb.count_tokens(live.meta["text"].tolist())
-        table = retrieval_table(live, qa, q_vecs, tok, ks=ks, budgets=budgets,
-                                tokens_at_k=cfg.tokens_at_k, retrieve_k=cfg.retrieve_k,
-                                device=sc.device)
+        table = retrieval_table(live, qa, q_vecs, tok, memory_group=task.memory_group, ks=ks,
+                                budgets=budgets, tokens_at_k=cfg.tokens_at_k,
+                                retrieve_k=cfg.retrieve_k, device=sc.device)
         lat = latency_ms(live, qa, q_vecs, max(ks), sample=cfg.latency_sample, seed=cfg.seed,
-                         device=sc.device)
-        summ = summarise(table, metric_cols)
+                         device=sc.device, memory_group=task.memory_group)
+        summ = summarise(table, metric_cols, label)
         row = {"variant": name, "store_size": len(live),
                "merges": stats["merges"] + stats["exact_merges"],
                "dropped": stats["dropped_floor"] + stats["dropped_cap"],
@@ -110,7 +134,7 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
                 metrics.append(Metric(
                     name=c, value=None if pd.isna(s[c]) else float(s[c]),
                     higher_is_better=not c.startswith(_LOWER_IS_BETTER), variant=name,
-                    category=cat, category_label=None if cat is None else category_label(cat),
+                    category=cat, category_label=None if cat is None else label(cat),
                     n=int(s["n"])))
         for c in ("store_size", "p50_ms", "p95_ms"):
             metrics.append(Metric(name=c, value=float(row[c]), higher_is_better=False,
@@ -126,10 +150,11 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
     ])
     results = Results(
         job="evaluate", created_at=now_iso(),
-        task=TaskInfo(name=spec.name, version=spec.version, files_sha256=shas,
-                      hash_verified=all(shas[f] == h for f, h in spec.files.items()),
-                      counts={"observations": len(recs), "questions": len(qa),
-                              "conversations": len(convs)}, main_score=spec.main_score),
+        task=TaskInfo(name=spec.name, version=spec.version, files_sha256=task.shas,
+                      hash_verified=not cfg.allow_hash_mismatch or all(
+                          v in spec.files.values() for v in task.shas.values()),
+                      counts={"memories": len(recs), "questions": len(qa),
+                              "groups": len(convs)}, main_score=spec.main_score),
         config=OmegaConf.to_container(cfg, resolve=False),
         **environment(str(resolve_device(sc.device))),
         timings_s={k: round(x, 3) for k, x in timings.items()},
@@ -150,11 +175,11 @@ def _report(res: Results, abl: pd.DataFrame, per_cat: pd.DataFrame, cols: list[s
         f"# Evaluation: {res.task.name} {res.task.version}", "",
         f"- created {res.created_at}; git {res.git_commit}; device {res.device}",
         f"- data sha256 verified: {res.task.hash_verified}; counts {res.task.counts}",
-        "- evidence recall = share of a question's evidence dia_ids covered by the source_ids "
+        "- evidence recall = share of a question's evidence ids covered by the source_ids "
         "of the retrieved memories; `@Ntok` = retrieval cut at N injected tokens "
         "(MiniLM tokenizer).", "",
         "## Ablation (all questions)", "", abl[show].round(4).to_markdown(index=False), "",
-        "## Per category (LOCOMO code, LOCOMO name / Mem0 name)", "",
+        "## Per category (for LOCOMO: code, LOCOMO name / Mem0 name)", "",
     ]
     if len(per_cat):
         piv = per_cat.pivot_table(index=["variant", "category"], columns="metric",

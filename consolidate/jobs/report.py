@@ -1,0 +1,44 @@
+"""``consolidate-report runs=[dir, ...]`` (or ``root=outputs``): rebuild one table and plot
+from many runs' ``results.json`` / ``summary.json`` (Hydra job)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from ..evaluation.sweep import collect, write_report
+from .common import CONFIG_DIR
+
+
+def run_report(cfg: DictConfig, out_dir: str | Path) -> dict[str, Path]:
+    """Collect ``cfg.runs`` plus every run folder under ``cfg.root`` (if set).
+
+    Raises:
+        FileNotFoundError: no run folder with results was found.
+    """
+    dirs = [Path(r) for r in cfg.runs or []]
+    if cfg.root:
+        dirs += [p.parent for p in Path(cfg.root).rglob("results.json")]
+        dirs += [p.parent for p in Path(cfg.root).rglob("summary.json")]
+    dirs = sorted({d.resolve() for d in dirs if d.resolve() != Path(out_dir).resolve()})
+    if not dirs:
+        raise FileNotFoundError(f"no results.json or summary.json under runs={list(cfg.runs)} "
+                                f"root={cfg.root!r}")
+    return write_report(collect(dirs), out_dir, cfg.title)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="report")
+def _main(cfg: DictConfig) -> None:
+    paths = run_report(cfg, HydraConfig.get().runtime.output_dir)
+    print("\n".join(f"{k}: {v}" for k, v in paths.items()))
+
+
+def main() -> None:
+    _main()
+
+
+if __name__ == "__main__":
+    main()
