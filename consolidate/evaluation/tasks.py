@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+# local files only: never let `datasets` or the hub client reach the network
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 __all__ = ["TaskSpec", "MemoryTask", "DatasetHashError", "TASKS", "verify", "load_locomo_qa",
            "longmemeval_task", "locomo_task",

@@ -49,6 +49,7 @@ from .schema import (
     InvalidRecordsError,
     Problem,
     Records,
+    _utf8_ok,
     datetime_from_hours,
     hours_now,
     normalise_vectors,
@@ -85,6 +86,38 @@ def _crashpoint(name: str) -> None:
     """Test hook: ``CONSOLIDATE_CRASH_AT=name`` kills this process with SIGKILL here."""
     if os.environ.get("CONSOLIDATE_CRASH_AT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def _flock(path: Path, timeout_s: float, poll_s: float, message: Any,
+           stamp: bool = False) -> Iterator[None]:
+    """Exclusive ``fcntl.flock`` on ``path`` (created if missing), polling until
+    ``timeout_s``; the kernel releases it if the process dies. ``stamp`` writes the holder's
+    pid and host into the file for the error message of the next waiter.
+
+    Raises:
+        LockTimeoutError: with ``message(holder)`` after ``timeout_s`` seconds.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+                    raise LockTimeoutError(message(holder)) from None
+                time.sleep(poll_s)
+        if stamp:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -357,23 +390,10 @@ class Store:
 
     @contextlib.contextmanager
     def _writers_lock(self, timeout_s: float = 60.0) -> Iterator[None]:
-        fd = os.open(self.root / "WRITERS.LOCK", os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + timeout_s
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        raise LockTimeoutError(f"{self.root}: another writer holds "
-                                               f"WRITERS.LOCK for over {timeout_s} s") from None
-                    time.sleep(0.01)
+        with _flock(self.root / "WRITERS.LOCK", timeout_s, 0.01,
+                    lambda _: f"{self.root}: another writer holds WRITERS.LOCK for over "
+                              f"{timeout_s} s"):
             yield
-        finally:
-            with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
 
     def mark_used(
         self, ids: Sequence[str], *, now: float | None = None, strength_cap: float | None = None
@@ -475,27 +495,10 @@ class Store:
                 names its pid and host.
         """
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + timeout_s
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
-                        raise LockTimeoutError(
-                            f"store {self.root} is locked by another pass ({holder or '?'})"
-                        ) from None
-                    time.sleep(poll_s)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
+        with _flock(self.root / "LOCK", timeout_s, poll_s,
+                    lambda holder: f"store {self.root} is locked by another pass "
+                                   f"({holder or '?'})", stamp=True):
             yield
-        finally:
-            with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
 
     def commit(
         self,
@@ -600,14 +603,6 @@ class Store:
         """Versions of the snapshot files present (retained history), ascending."""
         d = self.root / "snapshots"
         return sorted(int(m.group(1)) for p in d.iterdir() if (m := _SNAP.match(p.name)))
-
-
-def _utf8_ok(t: str) -> bool:
-    try:
-        t.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
 
 
 def _write_jsonl(path: Path, events: list[dict[str, Any]]) -> None:
