@@ -118,7 +118,15 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
     for v in cfg.variants:
         name = v["name"]
         t = time.perf_counter()
-        if v.get("consolidate", True):
+        if v.get("store"):
+            # evaluate an existing store as it is (e.g. the one `consolidate` maintains)
+            from ..store import Store
+
+            snap = Store(v["store"]).load()
+            live = snap.records.mask(snap.records.live_mask())
+            stats = {"merges": 0, "exact_merges": 0, "dropped_floor": 0, "dropped_cap": 0,
+                     "model_calls": 0}
+        elif v.get("consolidate", True):
             pc = _variant_pass(base_pass, OmegaConf.to_container(v.get("pass", {})), name)
             res = run_pass(recs, cfg=pc, sim_cfg=sc, merger=merger, version=2,
                            wall_h=max(now_group.values()), now_by_namespace=now_ns)
@@ -226,6 +234,8 @@ def _report(res: Results, abl: pd.DataFrame, per_cat: pd.DataFrame, cols: list[s
     ans_cols = [c for c in ("locomo_f1", "mem0_f1", "bleu1", "judge", "judge_ci_low",
                             "judge_ci_high", "judge_wrong_answer_acceptance",
                             "judge_invalid_rate", "model_calls") if c in abl]
+    if "answered" not in abl:
+        ans_cols = []
     lines = [
         f"# Evaluation: {res.task.name} {res.task.version}", "",
         f"- created {res.created_at}; git {res.git_commit}; device {res.device}",
