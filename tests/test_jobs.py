@@ -52,6 +52,12 @@ def test_consolidate_trigger_undo(tmp_path):
     m = Store(store_dir).load().records.meta.set_index("id")
     assert m.loc[merge["members"], "deleted_at"].isna().all()
     assert m.loc[merge["id"], "deleted_reason"] == "undone"
+    # a second undo is a one-line error, exit status 2, nothing written
+    p = subprocess.run([str(BIN / "consolidate-undo"), "debug=default", f"store.dir={store_dir}",
+                        f"merge_id={merge['id']}", f"hydra.run.dir={tmp_path}/undo2"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "error:" in p.stderr and "already undone" in p.stderr
+    assert "Traceback" not in p.stderr and Store(store_dir).head().version == 3
 
 
 def test_dry_run_and_bad_override(tmp_path):

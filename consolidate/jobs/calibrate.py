@@ -26,7 +26,7 @@ from ..evaluation.calibrate import pr_curve
 from ..evaluation.plots import plot_histograms, plot_pr
 from ..evaluation.results import Metric, Results, TaskInfo, environment, now_iso, write_results
 from ..evaluation.tasks import TASKS, load_sick, load_stsb, verify
-from .common import CONFIG_DIR, make_embedder, typed
+from .common import CONFIG_DIR, make_embedder, typed, user_errors
 
 log = logging.getLogger("consolidate")
 
@@ -144,7 +144,8 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="calibrate")
 def _main(cfg: DictConfig) -> None:
-    calib = run_calibrate(cfg)
+    with user_errors():
+        calib = run_calibrate(cfg)
     for e in calib["entries"]:
         print(f"{e['dataset']:<12} {e['dtype']:<5} AP {e['average_precision']:.4f}  best F1 "
               f"{e['best_f1']:.4f} at {e['best_f1_threshold']:.4f}")

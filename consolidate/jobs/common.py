@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +89,29 @@ def write_summary(out_dir: str | Path, summary: dict[str, Any]) -> Path:
 
 #: ``configs/`` at the repository root (the package is installed editable from the checkout).
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn the errors a user can fix (bad input, bad settings, a locked or corrupt store, a
+    missing file) into one line on stderr and exit status 2, instead of a traceback."""
+    from ..evaluation.tasks import DatasetHashError
+    from ..sleep import MassDropError
+    from ..store import (
+        ConcurrentCommitError,
+        CorruptStoreError,
+        InvalidRecordsError,
+        LockTimeoutError,
+        StoreNotFoundError,
+    )
+
+    try:
+        yield
+    except (InvalidRecordsError, MassDropError, LockTimeoutError, CorruptStoreError,
+            StoreNotFoundError, ConcurrentCommitError, DatasetHashError, FileNotFoundError,
+            KeyError, ValueError) as e:
+        if os.environ.get("CONSOLIDATE_DEBUG"):
+            raise
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        print(f"error: {msg}\n(set CONSOLIDATE_DEBUG=1 for the traceback)", file=sys.stderr)
+        sys.exit(2)

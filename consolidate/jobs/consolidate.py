@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..evaluation.calibrate import load_calibration
 from ..sleep import run_pass, trigger
 from ..store import hours_now
-from .common import CONFIG_DIR, open_store, pass_cfg, sim_cfg, typed, write_summary
+from .common import CONFIG_DIR, open_store, pass_cfg, sim_cfg, typed, user_errors, write_summary
 
 log = logging.getLogger("consolidate")
 
@@ -50,7 +50,7 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
     store, report = open_store(cfg)
     t_build = time.perf_counter() - t
     merger = instantiate(cfg.merge)
-    summary: dict[str, Any] = {"store": str(store.root.resolve()),
+    summary: dict[str, Any] = {"store": str(store.root),
                                "config": OmegaConf.to_container(cfg, resolve=True)}
     if calibration is not None:
         summary["calibration"] = calibration
@@ -135,7 +135,8 @@ def format_summary(s: dict[str, Any]) -> str:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="consolidate")
 def _main(cfg: DictConfig) -> None:
-    summary = run_consolidate(cfg)
+    with user_errors():
+        summary = run_consolidate(cfg)
     print(format_summary(summary))
 
 

@@ -31,7 +31,7 @@ from ..evaluation.tasks import TASKS, MemoryTask, locomo_task, longmemeval_task
 from ..sleep import run_pass
 from ..store.batch import resolve_device
 from ..store.schema import InvalidRecordsError, records_from_rows, validate
-from .common import CONFIG_DIR, make_embedder, sim_cfg, typed
+from .common import CONFIG_DIR, make_embedder, sim_cfg, typed, user_errors
 
 log = logging.getLogger("consolidate")
 
@@ -264,7 +264,8 @@ def _report(res: Results, abl: pd.DataFrame, per_cat: pd.DataFrame, cols: list[s
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="evaluate")
 def _main(cfg: DictConfig) -> None:
-    res = run_evaluate(cfg)
+    with user_errors():
+        res = run_evaluate(cfg)
     abl = pd.DataFrame(res.tables["ablation"])
     cols = ["variant", "store_size", "recall@1", "recall@10", "recall@500tok",
             f"tokens@{cfg.tokens_at_k}"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from .common import CONFIG_DIR, open_store
+from .common import CONFIG_DIR, open_store, user_errors
 
 
 def run_import(cfg: DictConfig) -> dict:
@@ -17,7 +17,8 @@ def run_import(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="import")
 def _main(cfg: DictConfig) -> None:
-    out = run_import(cfg)
+    with user_errors():
+        out = run_import(cfg)
     if "observations" in out:
         print(f"built {out['store']}: {out['observations']} memories from "
               f"{out['conversations']} conversations; {len(out['malformed_evidence'])} with "

@@ -10,7 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from ..evaluation.sweep import collect, write_report
-from .common import CONFIG_DIR
+from .common import CONFIG_DIR, user_errors
 
 
 def run_report(cfg: DictConfig, out_dir: str | Path) -> dict[str, Path]:
@@ -32,7 +32,8 @@ def run_report(cfg: DictConfig, out_dir: str | Path) -> dict[str, Path]:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="report")
 def _main(cfg: DictConfig) -> None:
-    paths = run_report(cfg, HydraConfig.get().runtime.output_dir)
+    with user_errors():
+        paths = run_report(cfg, HydraConfig.get().runtime.output_dir)
     print("\n".join(f"{k}: {v}" for k, v in paths.items()))
 
 

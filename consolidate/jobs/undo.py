@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from ..config import StoreConfig
 from ..sleep import undo_merge
 from ..store import hours_now
-from .common import CONFIG_DIR, open_store, typed
+from .common import CONFIG_DIR, open_store, typed, user_errors
 
 log = logging.getLogger("consolidate")
 
@@ -37,7 +37,8 @@ def run_undo(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="undo")
 def _main(cfg: DictConfig) -> None:
-    out = run_undo(cfg)
+    with user_errors():
+        out = run_undo(cfg)
     print(f"undid {out['undone']}: restored {len(out['restored'])} records "
           f"({', '.join(out['restored'][:5])}); now at snapshot {out['version']}")
 
