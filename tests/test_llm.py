@@ -64,6 +64,14 @@ def test_missing_facts():
     # a capitalised word that starts a sentence is not taken for a name
     assert missing_facts("In 2023 she adopted 2 cats in May; she does not eat fish",
                          members) == ["name Gina"]
+    # invented facts: an added number, an added name, mostly new words
+    assert missing_facts("In 2023 Gina adopted 2 cats in May and 3 dogs; does not eat fish",
+                         members) == ["added number 3"]
+    assert "added name Paris" in missing_facts(
+        "In 2023 Gina adopted 2 cats in May in Paris; does not eat fish", members)
+    assert missing_facts("In 2023 Gina adopted 2 cats in May, does not eat fish, loves "
+                         "skiing, hiking, painting, chess, opera and sailing", members) == [
+        "7 of 17 content words in no member"]  # loves skiing hiking painting chess opera sailing
 
 
 def test_good_merge_is_applied_with_one_call():

@@ -1,9 +1,9 @@
 """``LLMMerger``: the pass's :class:`~consolidate.merge.Merger` backed by any LLM backend.
 
 One request per cluster, all clusters in one batch call. The model writes one text from the
-members' own texts (never from an earlier merged text: each member is shown verbatim, so a
-re-merge starts from the source facts it is given). A merge is accepted only if it keeps
-every number, date term, negation and capitalised name of its members; otherwise the request
+members' own texts (each member is shown verbatim). A merge is accepted only if it keeps
+every number, date term, negation and capitalised name of its members and adds no number,
+name or (beyond a quarter of its content words) vocabulary of its own; otherwise the request
 is retried once, and after that the cluster is left unmerged (the conservative choice). Every
 raw response goes to the changelog.
 """
@@ -70,21 +70,40 @@ def parse_merge(raw: str) -> str | None:
 _NAME = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][a-z]+)\b")
 
 
-def missing_facts(text: str, members: Sequence[str]) -> list[str]:
-    """What ``text`` drops from ``members``: numbers, date terms, a negation, capitalised
-    names (not sentence-initial). Empty list = acceptable."""
+_STOP = {"a", "an", "the", "and", "or", "but", "of", "to", "in", "on", "at", "for", "with",
+         "is", "was", "are", "were", "be", "been", "has", "had", "have", "her", "his", "she",
+         "he", "they", "their", "it", "its", "that", "this", "as", "by", "from", "also",
+         "who", "which", "about", "into", "very", "so", "both"}
+
+
+def missing_facts(text: str, members: Sequence[str], max_novel: float = 0.25) -> list[str]:
+    """What is wrong with a merged ``text`` given its ``members``: a dropped number, date
+    term, negation or capitalised name (not sentence-initial); an added number or name; or
+    more than ``max_novel`` of its content words found in no member (invented facts).
+    Empty list = acceptable."""
     toks = content_tokens(text)
     have_num = _numbers(toks, text)
     have_dates = _date_terms(toks)
     low = set(toks)
     missing: list[str] = []
+    member_toks: set[str] = set()
+    member_nums: set[str] = set()
     for m in members:
         mt = content_tokens(m)
+        member_toks |= set(mt)
+        member_nums |= set(_numbers(mt, m))
         missing += [f"number {n}" for n in _numbers(mt, m) if n not in have_num]
         missing += [f"date {d}" for d in _date_terms(mt) if d not in have_dates]
         if _negation_count(mt) and not _negation_count(toks):
             missing.append("a negation")
         missing += [f"name {w}" for w in _NAME.findall(m.strip()) if w.lower() not in low]
+    missing += [f"added number {n}" for n in have_num if n not in member_nums]
+    missing += [f"added name {w}" for w in _NAME.findall(text.strip())
+                if w.lower() not in member_toks]
+    content = [t for t in toks if t not in _STOP]
+    novel = [t for t in content if t not in member_toks]
+    if content and len(novel) / len(content) > max_novel:
+        missing.append(f"{len(novel)} of {len(content)} content words in no member")
     return sorted(set(missing))
 
 
