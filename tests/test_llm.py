@@ -231,3 +231,52 @@ def test_consolidate_with_smollm2_as_the_merger(tmp_path):
     events = [json.loads(x) for x in log]
     decided = [e for e in events if e["op"] in ("merge", "merge_declined")]
     assert len(decided) == st["clusters"] and all(e.get("raw") for e in decided)
+
+
+# ---------------------------------------------------------------- decide parser
+from consolidate.llm.decide import (  # noqa: E402
+    Neighbour,
+    decide_request,
+    parse_decisions,
+    prefilter,
+)
+
+NB = [Neighbour(1, "mem-a", "Gina lives in Porto"), Neighbour(2, "mem-b", "Gina is a nurse",
+                                                              pinned=True)]
+
+
+def test_decide_request_shows_aliases_never_ids():
+    r = decide_request(["Gina moved to Lisbon", "Gina likes tea"], NB)
+    text = r.messages[1]["content"]
+    assert "[1] Gina lives in Porto" in text and "2. Gina likes tea" in text
+    assert "mem-a" not in text and "mem-b" not in text
+
+
+def test_parse_decisions_applies_valid_ops():
+    raw = ('{"decisions": [{"fact": 1, "op": "UPDATE", "target": 1, "text": "Gina lives in '
+           'Lisbon"}, {"fact": 2, "op": "NOOP"}]}')
+    d = parse_decisions(raw, 2, NB)
+    assert (d[0].op, d[0].target_id, d[0].text) == ("UPDATE", "mem-a", "Gina lives in Lisbon")
+    assert d[1].op == "NOOP"
+
+
+@pytest.mark.parametrize("raw", ["", "no json here", '{"decisions": "x"}',
+                                 '{"decisions": [{"fact": 1, "op": "MERGE"}]}'])
+def test_parse_decisions_malformed_is_none(raw):
+    assert parse_decisions(raw, 1, NB) is None
+
+
+def test_unknown_alias_and_pinned_target_are_rejected():
+    raw = ('{"decisions": [{"fact": 1, "op": "DELETE", "target": 7}, '
+           '{"fact": 2, "op": "DELETE", "target": 2}, {"fact": 3, "op": "UPDATE", "target": 1}]}')
+    d = parse_decisions(raw, 4, NB)
+    assert [x.op for x in d] == ["ADD", "ADD", "ADD", "ADD"]
+    assert "not shown" in d[0].note and "pinned" in d[1].note
+    assert "without text" in d[2].note and d[3].note == "no decision given"
+    assert all(x.target_id is None for x in d)
+
+
+def test_prefilter():
+    d = prefilter(["h1", "h2", "h3"], {"h1"}, [0.99, 0.2, 0.8], add_below=0.5)
+    assert (d[0].op, d[0].source) == ("NOOP", "filter")
+    assert d[1].op == "ADD" and d[2] is None
