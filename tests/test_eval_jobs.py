@@ -120,7 +120,7 @@ def test_answer_and_judge_path_with_smollm2(tmp_path):
                             "latency_sample=2", "answer.backend=transformers",
                             "answer.questions=2", "answer.judge_repeats=2",
                             "answer.variants=[append-all]", "answer.max_tokens=12",
-                            f"answer.cache_dir={REPO / '.cache' / 'models'}",
+                            f"answer.backend_kwargs.cache_dir={REPO / '.cache' / 'models'}",
                             "variants=[{name: append-all, consolidate: false}]"])
     res = run_evaluate(cfg, tmp_path)
     row = res.tables["ablation"][0]

@@ -102,9 +102,7 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
     if acfg.backend:
         from ..llm import make_backend
 
-        backend = make_backend(acfg.backend, model_path=acfg.model_path,
-                               device=acfg.device, batch_size=acfg.batch_size,
-                               cache_dir=acfg.cache_dir)
+        backend = make_backend(acfg.backend, **OmegaConf.to_container(acfg.backend_kwargs))
         answer_sample = qa.sample(n=min(int(acfg.questions), len(qa)),
                                   random_state=cfg.seed).sort_index()
         # LOCOMO's per-category F1 rules apply to LOCOMO only; other tasks get plain token F1
