@@ -272,13 +272,20 @@ def run_pass(
             conflict_class=u_class,
         )
         clusters, review = cr.clusters, cr.review
-        pair_sim = {(int(a), int(b)): float(s) for a, b, s in zip(pairs.i, pairs.j, pairs.sim,
-                                                                  strict=True)}
     else:
-        clusters, review, pair_sim = [], [], {}
+        clusters, review = [], []
+    # similarity of a pair (a < b), looked up in the (i, j)-sorted pair arrays: no dict of
+    # every pair (millions in a dense namespace)
+    pair_key = (pairs.i * len(units) + pairs.j) if pairs is not None else np.zeros(0, np.int64)
+
+    def pair_sim(a: int, b: int) -> float | None:
+        key = min(a, b) * len(units) + max(a, b)
+        k = int(np.searchsorted(pair_key, key))
+        return float(pairs.sim[k]) if k < len(pair_key) and pair_key[k] == key else None
     for a, b, s, reason in review[: cfg.max_review_events]:
         events.append({
-            "op": "review", "reason": reason, "similarity": round(s, 6),
+            "op": "review", "reason": reason,
+            "similarity": None if math.isnan(s) else round(s, 6),
             "ids": [u_key[a], u_key[b]], "texts": [u_text[a], u_text[b]],
             "namespace": u_ns[a],
         })
@@ -300,9 +307,9 @@ def run_pass(
         # grow quadratically, so it gets each member's cosine to the merged centroid instead
         if len(c) <= 16:
             sims = tuple(
-                (u_key[a], u_key[b], round(pair_sim[(min(a, b), max(a, b))], 6))
+                (u_key[a], u_key[b], round(sv, 6))
                 for x, a in enumerate(c) for b in c[x + 1 :]
-                if (min(a, b), max(a, b)) in pair_sim
+                if (sv := pair_sim(a, b)) is not None
             )
         else:
             cen = (u_w[c, None] * u_vec[c].astype(np.float64)).sum(0)
