@@ -206,3 +206,35 @@ def test_an_undo_sticks_across_later_passes(store):
                 and {"a", "b"} <= set(e["members"])]
     live = store.load().records
     assert {"a", "b"} <= set(live.meta["id"][live.live_mask()])
+
+
+def test_patch_deletes_updates_and_closes_validity(store):
+    store.append([{"id": "c2", "namespace": "u", "text": "lunch was pasta",
+                   "vector": [0.0, 0.9, 0.1], "importance": 0.5, "last_used": 130.0}])
+    store.patch([{"id": "c", "op": "delete", "into": "c2"},
+                 {"id": "a", "op": "close", "valid_to": 150.0},
+                 {"id": "b", "op": "delete"}], now=160.0)
+    m = store.load().records.meta.set_index("id")
+    assert (m.loc["c", "deleted_reason"], m.loc["c", "merged_into"]) == ("updated", "c2")
+    assert m.loc["b", "deleted_reason"] == "deleted" and m.loc["b", "deleted_at"] == 160.0
+    assert m.loc["a", "valid_to"] == 150.0 and math.isnan(m.loc["a", "deleted_at"])
+    with pytest.raises(ValueError, match="pinned"):
+        store.patch([{"id": "d", "op": "delete"}])
+    with pytest.raises(KeyError, match="zz"):
+        store.patch([{"id": "zz", "op": "delete"}])
+    # a pass folds the patch into the snapshot; the tombstones stay restorable
+    commit_pass(store, force=True)
+    m = store.load().records.meta.set_index("id")
+    assert m.loc["b", "deleted_reason"] == "deleted" and not any(
+        (store.root / "deltas").iterdir())
+
+
+def test_patch_written_during_a_pass_is_carried(store):
+    with store.lock():
+        snap = store.load()
+        res = run_pass(snap.records, cfg=PassConfig(threshold=0.95, now="200", floor=0),
+                       version=2, wall_h=300.0)
+        store.patch([{"id": "c", "op": "close", "valid_to": 250.0}])
+        info = store.commit(res.records, res.events, base=snap)
+    assert info["carried_touches"] == 1
+    assert store.load().records.meta.set_index("id").loc["c", "valid_to"] == 250.0

@@ -9,6 +9,7 @@ Layout of a store directory::
     changelogs/changelog-000007.jsonl
     deltas/<time_ns>-<pid>-<rand>.parquet     records appended since the snapshot
     deltas/<time_ns>-<pid>-<rand>.touch.json  recall bookkeeping since the snapshot
+    deltas/<time_ns>-<pid>-<rand>.patch.json  tombstones / closed validity from the write path
     quarantine/<time_ns>-<source>.parquet     rows refused in quarantine mode
 
 Writers never rewrite a snapshot: :meth:`Store.append` and :meth:`Store.mark_used` add a delta
@@ -322,7 +323,7 @@ class Store:
         names = [
             p.name for p in d.iterdir()
             if not p.name.startswith(".") and p.name not in folded
-            and (p.name.endswith(".parquet") or p.name.endswith(".touch.json"))
+            and p.name.endswith((".parquet", ".touch.json", ".patch.json"))
         ]
         return sorted(names)
 
@@ -334,6 +335,8 @@ class Store:
             if name.endswith(".touch.json"):
                 d = json.loads(path.read_text())
                 return apply_touch(recs, d["ids"], float(d["now"]), d.get("strength_cap")), []
+            if name.endswith(".patch.json"):
+                return apply_patch(recs, json.loads(path.read_text())["patches"]), []
             table = pq.read_table(path)
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid) as e:
             raise CorruptStoreError(f"cannot read delta {path}: {e}; move it out of "
@@ -432,6 +435,46 @@ class Store:
         now = float(now)
         payload = json.dumps({"ids": list(ids), "now": now, "strength_cap": strength_cap})
         _write_atomic(self.root / "deltas" / self._delta_name("touch.json"),
+                      lambda p: p.write_text(payload))
+
+    def patch(self, patches: Sequence[Mapping[str, Any]], *, now: float | None = None) -> None:
+        """Write-path changes to stored records, as one delta (safe while a pass runs).
+
+        Each patch is ``{"id": ..., "op": "delete" | "close", "into": id | None,
+        "valid_to": hours | None}``: ``delete`` makes the record a tombstone
+        (``deleted_reason`` = ``"deleted"``, or ``"updated"`` with ``merged_into`` = ``into``
+        when a newer record replaces it); ``close`` ends its validity at ``valid_to`` (a
+        contradicted temporal fact). Nothing is removed: an update or delete can be undone
+        from the tombstone.
+
+        Raises:
+            KeyError: an unknown id (nothing written).
+            ValueError: a pinned record would be deleted, an unknown op, or a bad time.
+        """
+        wall = hours_now()
+        now = wall if now is None else float(now)
+        view = self.load(validate_records=False)
+        m = view.records.meta.set_index("id")
+        out = []
+        for p in patches:
+            i, op = p.get("id"), p.get("op")
+            if i not in m.index:
+                raise KeyError(f"patch: unknown id {i!r} in {self.root}")
+            if op == "delete":
+                if bool(m.loc[i, "pinned"]):
+                    raise ValueError(f"patch: {i!r} is pinned and is never deleted")
+                out.append({"id": i, "op": op, "into": p.get("into"), "at": now})
+            elif op == "close":
+                vt = p.get("valid_to", now)
+                if not (isinstance(vt, (int, float)) and math.isfinite(vt)
+                        and abs(vt) <= MAX_ABS_HOURS):
+                    raise ValueError(f"patch: valid_to={vt!r} for {i!r} is not hours since "
+                                     f"the epoch")
+                out.append({"id": i, "op": op, "valid_to": float(vt)})
+            else:
+                raise ValueError(f"patch: op must be 'delete' or 'close', got {op!r}")
+        payload = json.dumps({"patches": out})
+        _write_atomic(self.root / "deltas" / self._delta_name("patch.json"),
                       lambda p: p.write_text(payload))
 
     def _delta_name(self, ext: str) -> str:
@@ -545,7 +588,7 @@ class Store:
         for name in late:
             records, added = self._apply_delta(records, name, ptr.dim)
             carried_ids += added
-            n_touch += name.endswith(".touch.json")
+            n_touch += name.endswith((".touch.json", ".patch.json"))
         if late:
             events = events + [{"op": "carried", "deltas": late, "record_ids": carried_ids}]
         version = ptr.version + 1
@@ -619,6 +662,31 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, np.ndarray):
         return o.tolist()
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def apply_patch(recs: Records, patches: Sequence[Mapping[str, Any]]) -> Records:
+    """Apply :meth:`Store.patch` entries (unknown ids are skipped: they may be purged)."""
+    meta = recs.meta.copy()
+    pos = {i: k for k, i in enumerate(meta["id"])}
+    deleted = meta["deleted_at"].to_numpy(np.float64).copy()
+    reason = meta["deleted_reason"].tolist()
+    into = meta["merged_into"].tolist()
+    vto = meta["valid_to"].to_numpy(np.float64).copy()
+    for p in patches:
+        k = pos.get(p["id"])
+        if k is None:
+            continue
+        if p["op"] == "delete" and np.isnan(deleted[k]):
+            deleted[k] = p["at"]
+            reason[k] = "updated" if p.get("into") else "deleted"
+            into[k] = p.get("into")
+        elif p["op"] == "close":
+            vto[k] = p["valid_to"] if np.isnan(vto[k]) else min(vto[k], p["valid_to"])
+    meta["deleted_at"] = deleted
+    meta["deleted_reason"] = pd.Series(reason, dtype=object)
+    meta["merged_into"] = pd.Series(into, dtype=object)
+    meta["valid_to"] = vto
+    return Records(meta, recs.vectors)
 
 
 def apply_touch(
