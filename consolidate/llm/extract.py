@@ -1,0 +1,96 @@
+"""Fact extraction from one conversation turn (the write path's first model call).
+
+The model returns short self-contained facts, each with importance 1-10 (stored as 0..1)
+and, where the turn states it, when the fact became true. Turns from tool output or web text
+are not sent unless allowed (a defence against poisoned memories); every fact records the
+turn it came from. An unparseable answer is retried once by the caller; after that the turn
+is skipped and logged, never guessed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field, ValidationError
+
+from .base import ChatRequest
+
+__all__ = ["EXTRACT_PROMPT_VERSION", "Turn", "ExtractedFact", "ExtractOut", "trusted",
+           "extract_request", "parse_facts"]
+
+EXTRACT_PROMPT_VERSION = "extract-v1"
+#: turn sources whose content is the user's or the assistant's own words
+TRUSTED_SOURCES = ("user", "assistant")
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn: ``source`` is ``user``, ``assistant``, ``tool`` or ``web``; ``time_h`` in
+    hours since the epoch."""
+
+    id: str
+    namespace: str
+    speaker: str
+    text: str
+    time_h: float
+    source: str = "user"
+
+
+class ExtractedFact(BaseModel):
+    text: str = Field(min_length=1)
+    importance: int = Field(ge=1, le=10)
+    valid_from: str | None = None
+
+
+class ExtractOut(BaseModel):
+    """The extract answer's schema."""
+
+    facts: list[ExtractedFact]
+
+
+def trusted(turn: Turn, allow_untrusted: bool = False) -> bool:
+    """May this turn's content become memories? Tool and web text only when allowed."""
+    return allow_untrusted or turn.source in TRUSTED_SOURCES
+
+
+_SYSTEM = ("Extract short, self-contained facts about the speaker from one message. Name the "
+           "speaker in each fact. Rate each fact's importance from 1 (trivial) to 10 (life "
+           "event). If the message says when a fact became true, give it as valid_from. "
+           'Reply with JSON only: {"facts": [{"text": "...", "importance": 5, '
+           '"valid_from": null}]}. No facts: {"facts": []}')
+
+
+def extract_request(turn: Turn, when: str, max_tokens: int = 192,
+                    retry: bool = False) -> ChatRequest:
+    """The chat request for one turn (``when``: the turn's date, for relative times)."""
+    user = f"Date: {when}\n{turn.speaker}: {turn.text}\n\nJSON:"
+    if retry:
+        user += "\n(Your previous answer was not valid JSON in the required form.)"
+    return ChatRequest(({"role": "system", "content": _SYSTEM},
+                        {"role": "user", "content": user}), max_tokens=max_tokens,
+                       temperature=0.7 if retry else 0.0, seed=1 if retry else 0)
+
+
+_JSON = re.compile(r"\{.*\}", re.DOTALL)
+
+
+def parse_facts(raw: str) -> list[ExtractedFact] | None:
+    """Facts from a model answer; ``None`` if it is not valid :class:`ExtractOut` JSON.
+    Facts are stripped and de-duplicated (case-insensitive), order kept."""
+    m = _JSON.search(raw or "")
+    if not m:
+        return None
+    try:
+        out = ExtractOut.model_validate(json.loads(m.group(0)))
+    except (ValueError, ValidationError):
+        return None
+    seen: set[str] = set()
+    facts = []
+    for f in out.facts:
+        t = f.text.strip()
+        if t and t.lower() not in seen:
+            seen.add(t.lower())
+            facts.append(f.model_copy(update={"text": t}))
+    return facts
