@@ -1,0 +1,230 @@
+"""The write path: turns -> facts -> embeddings -> top-s neighbours -> decisions -> store.
+
+1. Turns from tool output or web text are dropped unless allowed (poisoned-memory defence).
+2. One extract request per turn, all in one batch; an unparseable answer is retried once,
+   then the turn is skipped and logged.
+3. All facts are embedded in one batch; their top-s stored neighbours (same namespace) come
+   from :func:`consolidate.similarity.topk_neighbours`.
+4. Cheap filters first (exact duplicate -> NOOP, nearest neighbour below ``add_below`` ->
+   ADD); the remaining facts of a turn go to the model in ONE decide request with aliased
+   neighbours (:mod:`consolidate.llm.decide`), retried once, else ADD.
+5. Decisions are applied in turn order, then fact order. When two facts touch the same stored
+   memory in one batch, the first wins and the later one is ADDed instead (deterministic).
+   ADD appends a record; UPDATE appends the new text and tombstones the old record with
+   ``merged_into`` pointing at it; DELETE tombstones. Nothing is ever removed.
+
+New records are written with :meth:`Store.append` before the tombstones
+(:meth:`Store.patch`), so a crash in between leaves both versions, never neither.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .llm.base import LLMBackend
+from .llm.decide import Decision, Neighbour, decide_request, parse_decisions, prefilter
+from .llm.extract import Turn, extract_request, parse_facts, trusted
+from .similarity import topk_neighbours
+from .store import Records, Store, datetime_from_hours, records_from_rows
+from .store.schema import normalise_vectors
+from .text import text_hash
+
+__all__ = ["IngestConfig", "ingest"]
+
+
+@dataclass
+class IngestConfig:
+    """Write-path settings.
+
+    Attributes:
+        top_s: stored neighbours per fact shown to the decide step.
+        add_below: a fact whose nearest neighbour's cosine is below this is ADDed without a
+            model call.
+        allow_untrusted: also extract from ``tool``/``web`` turns.
+        extract_max_tokens, decide_max_tokens: generation limits.
+    """
+
+    top_s: int = 5
+    add_below: float = 0.5
+    allow_untrusted: bool = False
+    extract_max_tokens: int = 192
+    decide_max_tokens: int = 256
+
+
+def _fact_id(turn_id: str, k: int) -> str:
+    return "f-" + hashlib.sha256(f"{turn_id}\n{k}".encode()).hexdigest()[:24]
+
+
+def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: Any,
+           cfg: IngestConfig | None = None, device: str = "cpu") -> dict[str, Any]:
+    """Run the write path over ``turns`` into ``store`` (created from the first ADDs if it
+    does not exist yet).
+
+    Args:
+        store: the target store.
+        turns: in the order they happened.
+        backend: any :class:`~consolidate.llm.base.LLMBackend`.
+        embedder: object with ``encode(texts) -> float32 [n, d]``.
+        cfg: :class:`IngestConfig`.
+        device: similarity device.
+
+    Returns:
+        Summary: counts per stage, decisions by op and by who decided, model calls, tokens,
+        latency p50/p95 per stage (seconds), and ``events`` (every decision with the raw
+        model answer) for the changelog.
+    """
+    cfg = cfg or IngestConfig()
+    events: list[dict[str, Any]] = []
+    lat: dict[str, list[float]] = {"extract": [], "decide": []}
+    tokens = Counter()
+    calls = Counter()
+
+    def chat(stage: str, reqs: list) -> list:
+        out = backend.chat(reqs) if reqs else []
+        calls[stage] += len(out)
+        for r in out:
+            lat[stage].append(r.latency_s)
+            tokens["prompt"] += r.prompt_tokens
+            tokens["completion"] += r.completion_tokens
+        return out
+
+    ok_turns = [t for t in turns if trusted(t, cfg.allow_untrusted)]
+    for t in turns:
+        if not trusted(t, cfg.allow_untrusted):
+            events.append({"op": "skip_untrusted", "turn": t.id, "source": t.source})
+    # ---- extract (one request per turn, one retry)
+    when = [datetime_from_hours(t.time_h).strftime("%d %B %Y") for t in ok_turns]
+    raw = chat("extract", [extract_request(t, w, cfg.extract_max_tokens)
+                           for t, w in zip(ok_turns, when, strict=True)])
+    facts = [parse_facts(r.text) for r in raw]
+    bad = [k for k, f in enumerate(facts) if f is None]
+    if bad:
+        again = chat("extract", [extract_request(ok_turns[k], when[k], cfg.extract_max_tokens,
+                                                 retry=True) for k in bad])
+        for k, r in zip(bad, again, strict=True):
+            facts[k] = parse_facts(r.text)
+            if facts[k] is None:
+                events.append({"op": "extract_failed", "turn": ok_turns[k].id,
+                               "raw": [raw[k].text, r.text]})
+    items = [(t, k, f) for t, fs in zip(ok_turns, facts, strict=True) if fs
+             for k, f in enumerate(fs)]
+    # ---- embed and find neighbours
+    if store.exists():
+        snap = store.load()
+        live = snap.records.mask(snap.records.live_mask())
+    else:  # a new store: created from the first ADDs
+        live = Records.empty(int(embedder.dim))
+    lm = live.meta
+    vecs = (embedder.encode([f.text for _, _, f in items]) if items
+            else np.zeros((0, live.dim), np.float32))
+    ns_names = sorted({t.namespace for t, _, _ in items} | set(lm["namespace"]))
+    code = {n: c for c, n in enumerate(ns_names)}
+    top = topk_neighbours(vecs, live.vectors, cfg.top_s,
+                          query_segments=np.array([code[t.namespace] for t, _, _ in items],
+                                                  dtype=np.int64),
+                          key_segments=np.array([code[n] for n in lm["namespace"]],
+                                                dtype=np.int64), device=device)
+    stored_hashes = {(n, h) for n, h in zip(lm["namespace"], lm["text_hash"], strict=True)}
+    pre = prefilter([f"{t.namespace}\x00{text_hash(f.text)}" for t, _, f in items],
+                    {f"{n}\x00{h}" for n, h in stored_hashes},
+                    [float(s[0]) if np.isfinite(s[0]) else -1.0 for s in top.scores],
+                    cfg.add_below)
+    # ---- decide: one request per turn for its undecided facts
+    decisions: list[Decision | None] = list(pre)
+    by_turn: dict[str, list[int]] = {}
+    for n, (t, _, _) in enumerate(items):
+        if decisions[n] is None:
+            by_turn.setdefault(t.id, []).append(n)
+    asks = []
+    for tid, idx in by_turn.items():
+        seen: dict[int, Neighbour] = {}
+        for n in idx:
+            for j in top.indices[n]:
+                if j >= 0 and j not in seen:
+                    seen[j] = Neighbour(len(seen) + 1, lm["id"].iat[j], lm["text"].iat[j],
+                                        bool(lm["pinned"].iat[j]))
+        asks.append((tid, idx, list(seen.values())))
+    answers = chat("decide", [decide_request([items[n][2].text for n in idx], nb,
+                                             cfg.decide_max_tokens) for _, idx, nb in asks])
+    parsed = [parse_decisions(a.text, len(idx), nb)
+              for a, (_, idx, nb) in zip(answers, asks, strict=True)]
+    redo = [k for k, p in enumerate(parsed) if p is None]
+    retry = chat("decide", [decide_request([items[n][2].text for n in asks[k][1]], asks[k][2],
+                                           cfg.decide_max_tokens, retry=True) for k in redo])
+    raw_of = {k: [answers[k].text] for k in range(len(asks))}
+    for k, r in zip(redo, retry, strict=True):
+        parsed[k] = parse_decisions(r.text, len(asks[k][1]), asks[k][2])
+        raw_of[k].append(r.text)
+    for k, (_, idx, _) in enumerate(asks):
+        ds = parsed[k] or [Decision(i, "ADD", source="fallback", note="unparseable twice")
+                           for i in range(len(idx))]
+        for d, n in zip(ds, idx, strict=True):
+            decisions[n] = Decision(n, d.op, d.target_id, d.text, d.source, d.note)
+    # ---- apply, in order; the first decision touching a memory wins
+    touched: set[str] = set()
+    new_rows, patches, upd_texts = [], [], []
+    for n, (t, k, f) in enumerate(items):
+        d = decisions[n]
+        assert d is not None
+        if d.op in ("UPDATE", "DELETE") and d.target_id in touched:
+            d = Decision(n, "ADD", source="fallback",
+                         note=f"{d.op} of {d.target_id} already changed in this batch")
+        ev = {"op": d.op, "turn": t.id, "fact": f.text, "by": d.source, "note": d.note,
+              "target": d.target_id}
+        if d.source == "model" or d.note == "unparseable twice":
+            key = next(i for i, (_, idx, _) in enumerate(asks) if n in idx)
+            ev["raw"] = raw_of[key]
+        events.append(ev)
+        row = {"id": _fact_id(t.id, k), "namespace": t.namespace, "text": f.text,
+               "vector": vecs[n], "importance": f.importance / 10.0, "created_at": t.time_h,
+               "last_used": t.time_h, "source_ids": [t.id]}
+        if d.op == "ADD":
+            new_rows.append(row)
+        elif d.op == "UPDATE":
+            touched.add(d.target_id)
+            old = lm[lm["id"] == d.target_id].iloc[0]
+            row.update(text=d.text, importance=max(row["importance"], float(old["importance"])),
+                       source_ids=sorted(set(old["source_ids"]) | {t.id}))
+            upd_texts.append(len(new_rows))
+            new_rows.append(row)
+            patches.append({"id": d.target_id, "op": "delete", "into": row["id"]})
+        elif d.op == "DELETE":
+            touched.add(d.target_id)
+            patches.append({"id": d.target_id, "op": "delete"})
+    if upd_texts:  # an UPDATE's vector is the embedding of its new text
+        v = embedder.encode([new_rows[i]["text"] for i in upd_texts])
+        for i, vec in zip(upd_texts, v, strict=True):
+            new_rows[i]["vector"] = vec
+    if new_rows and not store.exists():
+        recs = records_from_rows(new_rows, dim=live.dim)
+        normalise_vectors(recs)
+        store.create(recs, source="ingest")
+        written = [r["id"] for r in new_rows]
+    else:
+        written = store.append(new_rows) if new_rows else []
+    if patches:
+        store.patch(patches, now=max(t.time_h for t in ok_turns))
+    ops = Counter(e["op"] for e in events if e["op"] in ("ADD", "UPDATE", "DELETE", "NOOP"))
+    by = Counter(e["by"] for e in events if "by" in e)
+
+    def pct(x: list[float], q: float) -> float | None:
+        return float(np.percentile(x, q)) if x else None
+
+    return {
+        "turns": len(turns), "trusted_turns": len(ok_turns),
+        "skipped_untrusted": len(turns) - len(ok_turns),
+        "extract_failed": sum(e["op"] == "extract_failed" for e in events),
+        "facts": len(items), "decisions": dict(ops), "decided_by": dict(by),
+        "records_written": len(written), "tombstoned": len(patches),
+        "model_calls": dict(calls), "prompt_tokens": tokens["prompt"],
+        "completion_tokens": tokens["completion"],
+        "latency_s": {s: {"p50": pct(v, 50), "p95": pct(v, 95)} for s, v in lat.items()},
+        "time": time.time(), "events": events,
+    }
