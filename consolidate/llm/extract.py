@@ -68,9 +68,20 @@ def extract_request(turn: Turn, when: str, max_tokens: int = 192,
     user = f"Date: {when}\n{turn.speaker}: {turn.text}\n\nJSON:"
     if retry:
         user += "\n(Your previous answer was not valid JSON in the required form.)"
-    return ChatRequest(({"role": "system", "content": _SYSTEM},
+    return ChatRequest(({"role": "system", "content": _SYSTEM}, *_EXAMPLE,
                         {"role": "user", "content": user}), max_tokens=max_tokens,
                        temperature=0.7 if retry else 0.0, seed=1 if retry else 0)
+
+
+#: one worked example (helps small models keep to the format)
+_EXAMPLE = (
+    {"role": "user", "content": "Date: 3 March 2023\nAnna: I just got back from Kyoto! "
+                                "My sister Mia lives there now.\n\nJSON:"},
+    {"role": "assistant", "content": '{"facts": [{"text": "Anna visited Kyoto", '
+                                     '"importance": 5, "valid_from": "2023-03"}, {"text": '
+                                     '"Anna\'s sister Mia lives in Kyoto", "importance": 7, '
+                                     '"valid_from": null}]}'},
+)
 
 
 _JSON = re.compile(r"\{.*\}", re.DOTALL)

@@ -220,3 +220,36 @@ def locomo_records(
         for k, o in enumerate(obs)
     ]
     return records_from_rows(rows, dim=int(vecs.shape[1]) if len(obs) else embedder.dim), report
+
+
+def read_locomo_turns(path: str | Path, conversations: int | None = None,
+                      sessions: int | None = None, max_turns: int | None = None) -> list[Any]:
+    """LOCOMO dialogue turns as :class:`~consolidate.llm.extract.Turn` (id = dia_id prefixed
+    by the conversation, namespace = ``<sample_id>/<speaker>``, time = the session's time).
+
+    Args:
+        path: ``locomo10.json``.
+        conversations, sessions: only the first N of each.
+        max_turns: stop after this many turns in all.
+
+    Raises:
+        ValueError: a session's date/time cannot be parsed (names the conversation).
+    """
+    from ..llm.extract import Turn
+
+    data = json.loads(Path(path).read_bytes())
+    out: list[Turn] = []
+    for conv in data[:conversations]:
+        sid, c = conv["sample_id"], conv["conversation"]
+        nums = sorted(int(m.group(1)) for k in c if (m := re.match(r"^session_(\d+)$", k)))
+        for num in nums[:sessions]:
+            try:
+                t_h = parse_session_time(c[f"session_{num}_date_time"]).timestamp() / 3600
+            except (KeyError, ValueError) as e:
+                raise ValueError(f"{path}: {sid} session {num}: {e}") from e
+            for turn in c[f"session_{num}"]:
+                out.append(Turn(f"{sid}/{turn['dia_id']}", f"{sid}/{turn['speaker']}",
+                                turn["speaker"], str(turn.get("text", "")), t_h))
+                if max_turns is not None and len(out) >= max_turns:
+                    return out
+    return out

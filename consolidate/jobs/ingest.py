@@ -1,0 +1,60 @@
+"""``consolidate-ingest``: the write path over LOCOMO dialogue turns (Hydra job).
+
+Example: ``consolidate-ingest ingest.max_turns=20 store.dir=stores/ingested``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from ..config import EmbedderConfig, StoreConfig
+from ..llm import make_backend
+from ..store import Store
+from ..store.locomo import read_locomo_turns
+from ..write_path import IngestConfig, ingest
+from .common import CONFIG_DIR, make_embedder, sim_cfg, typed, user_errors
+
+
+def run_ingest(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
+    """Read turns, run :func:`consolidate.write_path.ingest`, write ``ingest_summary.json``
+    and ``ingest_log.jsonl`` (every decision with the raw model answer) to ``out_dir``."""
+    scfg: StoreConfig = typed(cfg, "store", StoreConfig)
+    turns = read_locomo_turns(scfg.locomo_file, scfg.conversations, cfg.ingest.sessions,
+                              cfg.ingest.max_turns)
+    backend = make_backend(cfg.ingest.backend,
+                           **OmegaConf.to_container(cfg.ingest.backend_kwargs))
+    emb = make_embedder(typed(cfg, "embedder", EmbedderConfig))
+    icfg = IngestConfig(**{k: cfg.ingest[k] for k in ("top_s", "add_below", "allow_untrusted",
+                                                       "extract_max_tokens",
+                                                       "decide_max_tokens")})
+    out = ingest(Store(scfg.dir, keep_snapshots=scfg.keep_snapshots), turns, backend, emb,
+                 icfg, device=sim_cfg(cfg).device)
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    events = out.pop("events")
+    with open(d / "ingest_log.jsonl", "w") as f:
+        for e in events:
+            f.write(json.dumps(e) + "\n")
+    (d / "ingest_summary.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="ingest")
+def _main(cfg: DictConfig) -> None:
+    with user_errors():
+        out = run_ingest(cfg, HydraConfig.get().runtime.output_dir)
+    print(json.dumps(out, indent=1))
+
+
+def main() -> None:
+    _main()
+
+
+if __name__ == "__main__":
+    main()
