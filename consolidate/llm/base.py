@@ -8,11 +8,16 @@ looked up by name and imported lazily, so choosing one never imports another's p
 from __future__ import annotations
 
 import importlib
+import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["ChatRequest", "ChatResponse", "LLMBackend", "BACKENDS", "make_backend"]
+from pydantic import BaseModel, ValidationError
+
+__all__ = ["ChatRequest", "ChatResponse", "LLMBackend", "BACKENDS", "make_backend",
+           "parse_json_model"]
 
 
 @dataclass(frozen=True)
@@ -78,3 +83,19 @@ def make_backend(name: str, **kwargs: Any) -> LLMBackend:
         raise ImportError(f"LLM backend {name!r} needs packages that are missing ({e}); "
                           f"install with: {hint}") from e
     return getattr(module, cls)(**kwargs)
+
+
+_JSON = re.compile(r"\{.*\}", re.DOTALL)
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_json_model(raw: str, model: type[M]) -> M | None:
+    """The outermost ``{...}`` of a model answer validated as ``model``; ``None`` when there
+    is none or it does not validate (the callers then retry or take the safe choice)."""
+    m = _JSON.search(raw or "")
+    if not m:
+        return None
+    try:
+        return model.model_validate(json.loads(m.group(0)))
+    except (ValueError, ValidationError):
+        return None

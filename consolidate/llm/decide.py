@@ -14,15 +14,13 @@ ADDed instead; nothing is ever deleted on doubt.
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
-from .base import ChatRequest
+from .base import ChatRequest, parse_json_model
 
 __all__ = ["DECIDE_PROMPT_VERSION", "Neighbour", "Decision", "DecideOut", "prefilter",
            "decide_request", "parse_decisions"]
@@ -103,7 +101,6 @@ def decide_request(facts: Sequence[str], neighbours: Sequence[Neighbour],
                        temperature=0.7 if retry else 0.0, seed=1 if retry else 0)
 
 
-_JSON = re.compile(r"\{.*\}", re.DOTALL)
 
 
 def parse_decisions(raw: str, n_facts: int, neighbours: Sequence[Neighbour]
@@ -115,12 +112,8 @@ def parse_decisions(raw: str, n_facts: int, neighbours: Sequence[Neighbour]
     a ``target`` alias that was shown (else rejected -> ADD); a pinned target is never
     updated or deleted (rejected -> ADD); UPDATE needs a non-empty text (else ADD).
     """
-    m = _JSON.search(raw or "")
-    if not m:
-        return None
-    try:
-        out = DecideOut.model_validate(json.loads(m.group(0)))
-    except (ValueError, ValidationError):
+    out = parse_json_model(raw, DecideOut)
+    if out is None:
         return None
     by_alias = {n.alias: n for n in neighbours}
     got: dict[int, Decision] = {}

@@ -9,13 +9,11 @@ is skipped and logged, never guessed.
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
-from .base import ChatRequest
+from .base import ChatRequest, parse_json_model
 
 __all__ = ["EXTRACT_PROMPT_VERSION", "Turn", "ExtractedFact", "ExtractOut", "trusted",
            "extract_request", "parse_facts"]
@@ -84,18 +82,13 @@ _EXAMPLE = (
 )
 
 
-_JSON = re.compile(r"\{.*\}", re.DOTALL)
 
 
 def parse_facts(raw: str) -> list[ExtractedFact] | None:
     """Facts from a model answer; ``None`` if it is not valid :class:`ExtractOut` JSON.
     Facts are stripped and de-duplicated (case-insensitive), order kept."""
-    m = _JSON.search(raw or "")
-    if not m:
-        return None
-    try:
-        out = ExtractOut.model_validate(json.loads(m.group(0)))
-    except (ValueError, ValidationError):
+    out = parse_json_model(raw, ExtractOut)
+    if out is None:
         return None
     seen: set[str] = set()
     facts = []

@@ -15,11 +15,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from ..merge import MergeRequest, MergeResponse, canonical_order
 from ..text import _date_terms, _negation_count, _numbers, content_tokens
-from .base import ChatRequest, make_backend
+from .base import ChatRequest, make_backend, parse_json_model
 from .cache import CachedBackend
 
 __all__ = ["MERGE_PROMPT_VERSION", "MergeOut", "merge_chat_request", "parse_merge",
@@ -50,18 +50,13 @@ def merge_chat_request(req: MergeRequest, max_tokens: int, retry_note: str = "",
                        seed=seed)
 
 
-_JSON = re.compile(r"\{.*\}", re.DOTALL)
 
 
 def parse_merge(raw: str) -> str | None:
     """The merged text from a model answer (first JSON object with a non-empty ``text``),
     or ``None`` if there is none."""
-    m = _JSON.search(raw or "")
-    if not m:
-        return None
-    try:
-        out = MergeOut.model_validate(json.loads(m.group(0)))
-    except (ValueError, ValidationError):
+    out = parse_json_model(raw, MergeOut)
+    if out is None:
         return None
     text = out.text.strip()
     return text or None
