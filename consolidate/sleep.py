@@ -45,6 +45,7 @@ from .config import PassConfig, SimilarityConfig
 from .merge import ExtractiveMerger, MergeMember, Merger, MergeRequest, canonical_order
 from .scoring import retention_score, select_survivors
 from .similarity import threshold_pairs
+from .store.batch import resolve_device
 from .store.schema import Records, hours_from_datetime
 from .text import conflict_between, conflict_signature, text_hash
 
@@ -256,8 +257,7 @@ def run_pass(
     else:
         pairs = None
     stats["pairs"] = 0 if pairs is None else len(pairs)
-    stats["device"] = str(torch.device(sim_cfg.device) if sim_cfg.device != "auto"
-                          else ("cuda" if torch.cuda.is_available() else "cpu"))
+    stats["device"] = str(resolve_device(sim_cfg.device))
     times["similarity"] = time.perf_counter() - t
 
     # ---------------------------------------------------------------- clustering

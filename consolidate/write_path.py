@@ -20,7 +20,6 @@ New records are written with :meth:`Store.append` before the tombstones
 from __future__ import annotations
 
 import hashlib
-import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -226,5 +225,5 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
         "model_calls": dict(calls), "prompt_tokens": tokens["prompt"],
         "completion_tokens": tokens["completion"],
         "latency_s": {s: {"p50": pct(v, 50), "p95": pct(v, 95)} for s, v in lat.items()},
-        "time": time.time(), "events": events,
+        "events": events,
     }
