@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Set up (idempotent), lint, run the whole test suite (slow tests included).
+# Set up (idempotent), lint, run the whole test suite (slow tests included), then the vllm
+# backend's tests with the real engine in their own environment (.venv-vllm, ~4 min to set
+# up the first time; CONSOLIDATE_SKIP_VLLM=1 skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/python -m pytest -q "$@"
+if [ "${CONSOLIDATE_SKIP_VLLM:-0}" != 1 ]; then
+  bash scripts/setup_vllm.sh
+  .venv-vllm/bin/python -m pytest -q tests/test_vllm.py
+fi

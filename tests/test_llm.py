@@ -10,8 +10,8 @@ import pytest
 
 from consolidate.config import PassConfig
 from consolidate.llm import ChatRequest, ChatResponse, make_backend
-from consolidate.llm.cache import CachedBackend
-from consolidate.llm.merger import LLMMerger, missing_facts, parse_merge
+from consolidate.llm.cache import CachedBackend, request_key
+from consolidate.llm.merger import LLMMerger, MergeOut, missing_facts, parse_merge
 from consolidate.llm.openai_backend import BackendError, OpenAIBackend
 from consolidate.sleep import run_pass
 from tests.conftest import make_records, require_smollm2
@@ -123,6 +123,7 @@ def test_unknown_backend():
 
 class Handler(BaseHTTPRequestHandler):
     calls: dict = {}
+    formats: dict = {}
 
     def log_message(self, *a):
         pass
@@ -131,6 +132,7 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         prompt = body["messages"][-1]["content"]
         n = Handler.calls[prompt] = Handler.calls.get(prompt, 0) + 1
+        Handler.formats[prompt] = body.get("response_format")
         if prompt == "slow" and n == 1:
             time.sleep(1.5)
         if prompt == "flaky" and n == 1:
@@ -154,6 +156,7 @@ class Handler(BaseHTTPRequestHandler):
 @pytest.fixture
 def server():
     Handler.calls = {}
+    Handler.formats = {}
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
@@ -180,6 +183,35 @@ def test_openai_backend_client_error_is_not_retried(server):
     with pytest.raises(BackendError, match="1 attempt"):
         be.chat([req("bad")])
     assert Handler.calls["bad"] == 1
+
+
+def test_openai_backend_sends_the_json_schema_as_response_format(server):
+    schema = MergeOut.model_json_schema()
+    r = ChatRequest(({"role": "user", "content": "s"},), json_schema=schema)
+    OpenAIBackend(server, "m").chat([r, req("plain")])
+    sent = Handler.formats["s"]
+    assert sent["type"] == "json_schema" and sent["json_schema"]["schema"] == schema
+    assert sent["json_schema"]["schema"]["required"] == ["text"]
+    assert Handler.formats["plain"] is None
+    OpenAIBackend(server, "m", structured=False).chat([r])
+    assert Handler.formats["s"] is None
+
+
+def test_cache_key_includes_the_schema():
+    a = req("x")
+    b = ChatRequest(a.messages, max_tokens=a.max_tokens, json_schema={"type": "object"})
+    assert request_key("b", "m", "v", a) != request_key("b", "m", "v", b)
+
+
+def test_vllm_without_vllm_names_the_install_command():
+    pytest.importorskip("torch")
+    try:
+        import vllm  # noqa: F401
+        pytest.skip("vllm is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(ImportError, match="setup_vllm.sh"):
+        make_backend("vllm")
 
 
 def test_openai_backend_gives_up_after_retries():

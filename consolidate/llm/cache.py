@@ -21,9 +21,12 @@ __all__ = ["CachedBackend", "request_key"]
 
 def request_key(backend: str, model: str, prompt_version: str, r: ChatRequest) -> str:
     """Cache key of one request (hex sha256)."""
-    payload = json.dumps({"backend": backend, "model": model, "prompt": prompt_version,
-                          "max_tokens": r.max_tokens, "temperature": r.temperature,
-                          "seed": r.seed, "messages": list(r.messages)}, sort_keys=True)
+    fields = {"backend": backend, "model": model, "prompt": prompt_version,
+              "max_tokens": r.max_tokens, "temperature": r.temperature, "seed": r.seed,
+              "messages": list(r.messages)}
+    if r.json_schema is not None:  # constrained decoding changes the answer
+        fields["schema"] = r.json_schema
+    payload = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 

@@ -98,7 +98,8 @@ def decide_request(facts: Sequence[str], neighbours: Sequence[Neighbour],
         user += "\n(Your previous answer was not valid JSON in the required form.)"
     return ChatRequest(({"role": "system", "content": _SYSTEM},
                         {"role": "user", "content": user}), max_tokens=max_tokens,
-                       temperature=0.7 if retry else 0.0, seed=1 if retry else 0)
+                       temperature=0.7 if retry else 0.0, seed=1 if retry else 0,
+                       json_schema=DecideOut.model_json_schema())
 
 
 

