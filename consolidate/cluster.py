@@ -65,6 +65,7 @@ def centroid_clusters(
     conflict: Callable[[int, int], str | None] | None = None,
     allow_conflicts: bool = False,
     conflict_class: Sequence[Hashable] | None = None,
+    blocking: Callable[[str], bool] | None = None,
 ) -> ClusterResult:
     """Cluster items joined by pairs; see the module docstring for the rules.
 
@@ -80,6 +81,8 @@ def centroid_clusters(
             merging (for mergers that send such clusters to a model).
         conflict_class: hashable per item; items of one class must give the same
             ``conflict`` answers (default: every item its own class).
+        blocking: ``blocking(reason) -> bool``: conflicts that keep items apart even with
+            ``allow_conflicts`` (e.g. an undone merge); default none.
 
     Returns:
         :class:`ClusterResult`.
@@ -129,6 +132,9 @@ def centroid_clusters(
 
     review: dict[tuple[int, int], tuple[int, int, float, str]] = {}
     rejected = 0
+    def blocks(reason: str) -> bool:
+        return not allow_conflicts or (blocking is not None and blocking(reason))
+
     for e in order.tolist():
         a, b = int(i[e]), int(j[e])
         if not allow_conflicts and find(a) == find(b):
@@ -137,7 +143,7 @@ def centroid_clusters(
         if reason is not None:
             p = (min(a, b), max(a, b))
             review[p] = (p[0], p[1], float(sim[e]), reason)
-            if not allow_conflicts:
+            if blocks(reason):
                 rejected += 1
                 continue
         ra, rb = find(a), find(b)
@@ -146,12 +152,12 @@ def centroid_clusters(
         if between[ra].get(rb, 0) != len(members[ra]) * len(members[rb]):
             rejected += 1
             continue
-        if not allow_conflicts and conflict is not None:
+        if conflict is not None and (not allow_conflicts or blocking is not None):
             hit = None
             for ca, xa in classes[ra].items():
                 for cb, xb in classes[rb].items():
                     r = class_conflict(ca, cb, xa, xb)
-                    if r is not None:
+                    if r is not None and blocks(r):
                         hit = (min(xa, xb), max(xa, xb), r)
                         break
                 if hit:

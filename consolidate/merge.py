@@ -5,6 +5,13 @@ The pass builds one :class:`MergeRequest` per cluster and calls
 per request; ``text=None`` means "leave these members unmerged". The pass itself computes the
 merged vector, importance, strength, provenance and tombstones, so a merger only writes text.
 
+Contradictions: a merger with ``handles_conflicts = True`` also receives clusters whose
+members the conflict guard flagged (negation, number, date). It must not blend them: it names
+the members a newer member contradicts in :attr:`MergeResponse.superseded` and writes its text
+from the others. The pass then closes each superseded member's validity interval
+(``valid_to`` = when the newer fact became true) and keeps it as history instead of
+tombstoning it; see :func:`newer_fact_times` for which member counts as newer.
+
 This module ships the no-model :class:`ExtractiveMerger`. Model-backed mergers (vLLM,
 OpenAI-compatible servers, transformers) implement the same protocol and are chosen by config
 (``merge._target_``); the pass does not change.
@@ -12,18 +19,21 @@ OpenAI-compatible servers, transformers) implement the same protocol and are cho
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from .text import content_tokens, split_facts
 
-__all__ = ["MergeMember", "MergeRequest", "MergeResponse", "Merger", "ExtractiveMerger"]
+__all__ = ["MergeMember", "MergeRequest", "MergeResponse", "Merger", "ExtractiveMerger",
+           "fact_time", "newer_fact_times", "older_in_conflict"]
 
 
 @dataclass(frozen=True)
 class MergeMember:
-    """One record of a cluster (times in hours since the epoch)."""
+    """One record of a cluster (times in hours since the epoch; ``valid_from`` NaN when the
+    fact has no stated start)."""
 
     id: str
     text: str
@@ -32,6 +42,7 @@ class MergeMember:
     strength: float
     created_at: float
     source_ids: tuple[str, ...] = ()
+    valid_from: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,9 @@ class MergeResponse:
         calls: model calls spent on this request (0 for the extractive merger).
         prompt_tokens, completion_tokens: token accounting.
         note: free-form reason (e.g. why it declined).
+        superseded: ids of members contradicted by a newer member (only from mergers with
+            ``handles_conflicts``); ``text`` then merges the other members only. The pass
+            accepts an id only if :func:`older_in_conflict` agrees.
     """
 
     text: str | None
@@ -73,6 +87,7 @@ class MergeResponse:
     completion_tokens: int = 0
     note: str = ""
     extra: dict = field(default_factory=dict)
+    superseded: tuple[str, ...] = ()
 
 
 @runtime_checkable
@@ -92,26 +107,66 @@ def canonical_order(members: Sequence[MergeMember]) -> list[MergeMember]:
     return sorted(members, key=lambda m: (-m.importance, -m.last_used, -m.strength, m.id))
 
 
+def fact_time(m: MergeMember) -> float:
+    """When a member's fact became true (hours since the epoch): ``valid_from`` if stated,
+    else ``created_at``."""
+    return m.valid_from if math.isfinite(m.valid_from) else m.created_at
+
+
+def newer_fact_times(req: MergeRequest) -> dict[str, float]:
+    """For each member that some conflicting partner supersedes: the earliest
+    :func:`fact_time` among its strictly newer conflicting partners (the time its validity
+    interval closes). Members in no conflict, or not older than any partner, are absent;
+    equal times supersede nothing (neither is newer)."""
+    by_id = {m.id: m for m in req.members}
+    out: dict[str, float] = {}
+    for a, b, _ in req.conflicts:
+        if a not in by_id or b not in by_id:
+            continue
+        ta, tb = fact_time(by_id[a]), fact_time(by_id[b])
+        if ta == tb:
+            continue
+        old, new_t = (a, tb) if ta < tb else (b, ta)
+        out[old] = min(out.get(old, math.inf), new_t)
+    return out
+
+
+def older_in_conflict(req: MergeRequest, member_id: str) -> bool:
+    """May ``member_id`` be superseded, i.e. does a strictly newer member conflict with it?"""
+    return member_id in newer_fact_times(req)
+
+
 class ExtractiveMerger:
     """No-model merger: keep the most important (then most recent) text and append the facts
     of the other members that it does not already state.
 
     A fact (sentence of another member) is appended only if some of its word tokens are not
     yet in the merged text; sentences are kept verbatim, never rewritten, so no number, date,
-    name or negation is changed. It does not handle conflicts: the pass keeps conflicting
-    pairs apart and lists them for review.
+    name or negation is changed.
+
+    By default it does not handle conflicts: the pass keeps conflicting pairs apart and lists
+    them for review. With ``newer_wins=True`` it takes clusters with flagged pairs too and
+    resolves each by time alone: the older member of a flagged pair is superseded (its
+    validity interval closed by the pass), the rest are merged. That rule trusts the conflict
+    guard: two dated events ("went to Paris in 2019" / "in 2021") are then treated as one fact
+    that changed. A model-backed merger can judge that instead.
 
     Args:
         separator: joins the base text and the appended facts.
         max_chars: stop appending facts past this length (``None`` = no limit).
+        newer_wins: supersede the older member of each flagged pair (see above).
     """
 
     name = "extractive"
     handles_conflicts = False
 
-    def __init__(self, separator: str = " ", max_chars: int | None = None) -> None:
+    def __init__(self, separator: str = " ", max_chars: int | None = None,
+                 newer_wins: bool = False) -> None:
         self.separator = separator
         self.max_chars = max_chars
+        self.handles_conflicts = bool(newer_wins)
+        if newer_wins:
+            self.name = "extractive:newer_wins"
 
     def merge_text(self, members: Sequence[MergeMember]) -> str:
         ordered = canonical_order(members)
@@ -134,4 +189,17 @@ class ExtractiveMerger:
         return self.separator.join(parts)
 
     def merge_batch(self, requests: Sequence[MergeRequest]) -> list[MergeResponse]:
-        return [MergeResponse(self.merge_text(r.members)) for r in requests]
+        out = []
+        for r in requests:
+            old = newer_fact_times(r) if self.handles_conflicts else {}
+            rest = [m for m in r.members if m.id not in old]
+            left = {x for a, b, _ in r.conflicts for x in (a, b)
+                    if a not in old and b not in old}
+            if left:  # a flagged pair with equal times: no newer fact, never blend
+                out.append(MergeResponse(None, note="flagged pair with equal times: left "
+                                         "for review", superseded=tuple(sorted(old))))
+                continue
+            out.append(MergeResponse(self.merge_text(rest) if len(rest) > 1 else None,
+                                     superseded=tuple(sorted(old)),
+                                     note=f"newer wins over {len(old)}" if old else ""))
+        return out

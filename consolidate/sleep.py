@@ -42,7 +42,14 @@ import torch
 
 from .cluster import centroid_clusters
 from .config import PassConfig, SimilarityConfig
-from .merge import ExtractiveMerger, MergeMember, Merger, MergeRequest, canonical_order
+from .merge import (
+    ExtractiveMerger,
+    MergeMember,
+    Merger,
+    MergeRequest,
+    canonical_order,
+    newer_fact_times,
+)
 from .scoring import retention_score, select_survivors
 from .similarity import threshold_pairs
 from .store.batch import resolve_device
@@ -202,11 +209,22 @@ def run_pass(
     stats["purged"] = int(purge.sum())
     times["purge"] = time.perf_counter() - t
 
+    def now_rows(m: pd.DataFrame) -> np.ndarray:
+        now = resolve_now(cfg.now, m, wall_h)
+        if now_by_namespace:
+            over = m["namespace"].map(now_by_namespace).to_numpy(np.float64)
+            now = np.where(np.isnan(over), now, over)
+        return now
+
     ids = meta["id"].to_numpy(object)
     live = meta["deleted_at"].isna().to_numpy()
     pinned = meta["pinned"].to_numpy(bool)
     strength = meta["strength"].to_numpy(np.float64)
-    cand = np.flatnonzero(live & ~pinned)
+    # a memory whose validity interval has closed is history: never merged with current facts
+    valid_to = meta["valid_to"].to_numpy(np.float64)
+    closed = np.isfinite(valid_to) & (valid_to <= now_rows(meta))
+    cand = np.flatnonzero(live & ~pinned & ~closed)
+    stats["closed_kept_apart"] = int((live & closed).sum())
 
     # ---------------------------------------------------------------- exact duplicates
     t = time.perf_counter()
@@ -270,6 +288,7 @@ def run_pass(
                 else None),
             allow_conflicts=bool(getattr(merger, "handles_conflicts", False)),
             conflict_class=u_class,
+            blocking=lambda reason: reason == "undone merge",
         )
         clusters, review = cr.clusters, cr.review
     else:
@@ -299,6 +318,15 @@ def run_pass(
     # ---------------------------------------------------------------- merge
     t = time.perf_counter()
     in_cluster = {k for c in clusters for k in c}
+    cluster_of = {k: x for x, c in enumerate(clusters) for k in c}
+    # conflicting pairs inside each cluster (only a conflict-handling merger gets any), as
+    # record-id pairs: every row of one unit against every row of the other
+    confl_of: dict[int, list[tuple[str, str, str]]] = {}
+    for a, b, _, r in review:
+        x = cluster_of.get(a)
+        if x is not None and cluster_of.get(b) == x:
+            confl_of.setdefault(x, []).extend(
+                (str(ids[ra]), str(ids[rb]), r) for ra in units[a] for rb in units[b])
     requests: list[MergeRequest] = []
     req_units: list[list[int]] = []
     for c in clusters:
@@ -315,8 +343,7 @@ def run_pass(
             cen = (u_w[c, None] * u_vec[c].astype(np.float64)).sum(0)
             cen /= np.linalg.norm(cen)
             sims = tuple((u_key[a], "centroid", round(float(u_vec[a] @ cen), 6)) for a in c)
-        confl = tuple((u_key[a], u_key[b], r) for a, b, _, r in review
-                      if a in c and b in c)
+        confl = tuple(confl_of.get(len(requests), ()))
         requests.append(MergeRequest(
             cluster_id=merged_id(version, [ids[r] for r in rows]),
             namespace=str(u_ns[c[0]]),
@@ -329,20 +356,46 @@ def run_pass(
         raise ValueError(f"merger {merger.name!r} returned {len(responses)} responses for "
                          f"{len(requests)} requests")
     merges: list[tuple[list[int], str, str, dict[str, Any]]] = []  # rows, text, op, extra
+    row_of = {str(ids[r]): r for c in req_units for k in c for r in units[k]}
+    valid_to_new = meta["valid_to"].to_numpy(np.float64).copy()
+    superseded_rows: set[int] = set()
     for req, resp, c in zip(requests, responses, req_units, strict=True):
-        if resp.text is not None and resp.text.strip():
-            merges.append(([r for k in c for r in units[k]], resp.text.strip(), "merge",
+        allowed = newer_fact_times(req) if resp.superseded else {}
+        bad = sorted(set(resp.superseded) - set(allowed))
+        sup = [] if bad else sorted(set(resp.superseded))
+        for x in sup:  # newer wins: close the older fact's validity interval, keep it
+            r = row_of[x]
+            old_vt = valid_to_new[r]
+            valid_to_new[r] = allowed[x] if np.isnan(old_vt) else min(old_vt, allowed[x])
+            superseded_rows.add(r)
+            events.append({"op": "supersede", "id": x, "namespace": req.namespace,
+                           "valid_to": float(valid_to_new[r]), "cluster_id": req.cluster_id,
+                           "by": sorted({b if a == x else a for a, b, _ in req.conflicts
+                                         if x in (a, b)} - set(sup)),
+                           "reasons": sorted({w for a, b, w in req.conflicts
+                                              if x in (a, b)}),
+                           "merger": merger.name, "raw": resp.raw})
+        rest = [r for k in c for r in units[k] if r not in superseded_rows]
+        if not bad and resp.text is not None and resp.text.strip() and len(rest) > 1:
+            merges.append((rest, resp.text.strip(), "merge",
                            {"similarities": [list(s) for s in req.similarities],
-                            "raw": resp.raw, "note": resp.note}))
+                            "raw": resp.raw, "note": resp.note,
+                            **({"superseded": sup} if sup else {})}))
         else:
-            events.append({"op": "merge_declined", "cluster_id": req.cluster_id,
-                           "ids": [m.id for m in req.members], "note": resp.note,
-                           "raw": resp.raw})
+            note = (f"merger superseded {bad}, which no newer conflicting member contradicts"
+                    if bad else resp.note)
+            if not sup:
+                events.append({"op": "merge_declined", "cluster_id": req.cluster_id,
+                               "ids": [m.id for m in req.members], "note": note,
+                               "raw": resp.raw})
             in_cluster -= set(c)  # fall back to exact-only merges of its groups
     for k, u in enumerate(units):
+        u = [r for r in u if r not in superseded_rows]
         if len(u) > 1 and k not in in_cluster:
             text = canonical_order([_member(meta, r) for r in u])[0].text
             merges.append((u, text, "exact_merge", {}))
+    meta["valid_to"] = valid_to_new
+    stats["superseded"] = len(superseded_rows)
     stats["model_calls"] = sum(r.calls for r in responses)
     stats["prompt_tokens"] = sum(r.prompt_tokens for r in responses)
     stats["completion_tokens"] = sum(r.completion_tokens for r in responses)
@@ -407,11 +460,7 @@ def run_pass(
     live = meta["deleted_at"].isna().to_numpy()
     li = np.flatnonzero(live)
     lm = meta.iloc[li]
-    now = resolve_now(cfg.now, meta, wall_h)
-    if now_by_namespace:
-        over = meta["namespace"].map(now_by_namespace).to_numpy(np.float64)
-        now = np.where(np.isnan(over), now, over)
-    now = now[li]
+    now = now_rows(meta)[li]
     if cfg.decay:
         score = retention_score(
             torch.tensor(lm["importance"].to_numpy(np.float64)),
@@ -507,6 +556,7 @@ def _member(meta: pd.DataFrame, r: int) -> MergeMember:
         strength=float(meta["strength"].iat[r]),
         created_at=float(meta["created_at"].iat[r]),
         source_ids=tuple(meta["source_ids"].iat[r]),
+        valid_from=float(meta["valid_from"].iat[r]),
     )
 
 

@@ -6,6 +6,14 @@ every number, date term, negation and capitalised name of its members and adds n
 name or (beyond a quarter of its content words) vocabulary of its own; otherwise the request
 is retried once, and after that the cluster is left unmerged (the conservative choice). Every
 raw response goes to the changelog.
+
+With ``handles_conflicts=True`` the pass also sends clusters whose members the conflict guard
+flagged. Those get a second prompt (``merge-conflict-v1``): the notes numbered in time order
+with their dates and the flagged pairs, and the answer names the outdated notes (contradicted
+by a newer one) besides the merged text of the others. An outdated note is accepted only if a
+strictly newer flagged partner exists (:func:`~consolidate.merge.newer_fact_times`), and the
+text is checked against the notes that stay true only; anything else is retried once, then the
+cluster is left unmerged and nothing is closed.
 """
 
 from __future__ import annotations
@@ -13,19 +21,22 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel
 
-from ..merge import MergeRequest, MergeResponse, canonical_order
+from ..merge import MergeRequest, MergeResponse, canonical_order, fact_time, newer_fact_times
 from ..text import _date_terms, _negation_count, _numbers, content_tokens
 from .base import ChatRequest, make_backend, parse_json_model
 from .cache import CachedBackend
 
-__all__ = ["MERGE_PROMPT_VERSION", "MergeOut", "merge_chat_request", "parse_merge",
-           "missing_facts", "LLMMerger"]
+__all__ = ["MERGE_PROMPT_VERSION", "CONFLICT_PROMPT_VERSION", "MergeOut", "ConflictOut",
+           "merge_chat_request", "conflict_chat_request", "parse_merge", "missing_facts",
+           "LLMMerger"]
 
 MERGE_PROMPT_VERSION = "merge-v1"
+CONFLICT_PROMPT_VERSION = "merge-conflict-v1"
 _SYSTEM = ("You merge notes about one person into a single note. Keep every number, date, "
            "name and negation exactly. Do not add facts. Reply with JSON only: "
            '{"text": "<the merged note>"}')
@@ -35,6 +46,49 @@ class MergeOut(BaseModel):
     """The merge answer's schema."""
 
     text: str
+
+
+class ConflictOut(BaseModel):
+    """The conflict-merge answer's schema: numbers of outdated notes, and the merged text of
+    the notes that are still true (may be empty when only one remains)."""
+
+    outdated: list[int]
+    text: str
+
+
+_CONFLICT_SYSTEM = (
+    "You clean up notes about one person. Some notes may contradict each other; when they "
+    "do, the newer note is true and the older one is outdated. Never blend contradicting "
+    "notes. List the numbers of the outdated notes, then merge the notes that are still true "
+    "into one note that keeps every number, date, name and negation exactly. Reply with JSON "
+    'only: {"outdated": [<note numbers>], "text": "<merged note of the others>"}')
+
+
+def _date(hours: float) -> str:
+    return datetime.fromtimestamp(hours * 3600, UTC).strftime("%Y-%m-%d")
+
+
+def conflict_order(req: MergeRequest) -> list:
+    """Members in the order the conflict prompt numbers them (1-based): by fact time, id."""
+    return sorted(req.members, key=lambda m: (fact_time(m), m.id))
+
+
+def conflict_chat_request(req: MergeRequest, max_tokens: int, retry_note: str = "",
+                          seed: int = 0) -> ChatRequest:
+    """The chat request for one cluster with flagged pairs (notes dated, oldest first)."""
+    order = conflict_order(req)
+    num = {m.id: k + 1 for k, m in enumerate(order)}
+    notes = "\n".join(f"[{num[m.id]}] ({_date(fact_time(m))}) {m.text}" for m in order)
+    flagged = sorted({(min(num[a], num[b]), max(num[a], num[b]), why)
+                      for a, b, why in req.conflicts if a in num and b in num})
+    pairs = "\n".join(f"- [{a}] and [{b}] may contradict ({why})" for a, b, why in flagged)
+    user = f"Notes, oldest first:\n{notes}\n\nFlagged:\n{pairs}\n\nAnswer as JSON:"
+    if retry_note:
+        user += f"\n(Your previous answer was rejected: {retry_note}.)"
+    return ChatRequest(({"role": "system", "content": _CONFLICT_SYSTEM},
+                        {"role": "user", "content": user}),
+                       max_tokens=max_tokens, temperature=0.0 if not retry_note else 0.7,
+                       seed=seed, json_schema=ConflictOut.model_json_schema())
 
 
 def merge_chat_request(req: MergeRequest, max_tokens: int, retry_note: str = "",
@@ -47,7 +101,7 @@ def merge_chat_request(req: MergeRequest, max_tokens: int, retry_note: str = "",
     return ChatRequest(({"role": "system", "content": _SYSTEM},
                         {"role": "user", "content": user}),
                        max_tokens=max_tokens, temperature=0.0 if not retry_note else 0.7,
-                       seed=seed)
+                       seed=seed, json_schema=MergeOut.model_json_schema())
 
 
 
@@ -106,56 +160,84 @@ class LLMMerger:
     """Merger through an LLM backend (see the module docstring).
 
     Args:
-        backend: backend name (``transformers``, ``openai``) or a backend object.
+        backend: backend name (``transformers``, ``openai``, ``vllm``) or a backend object.
         backend_kwargs: passed to the backend.
         cache_path: SQLite response cache (``None`` = no cache).
         max_tokens: new tokens per merge.
+        handles_conflicts: also take clusters with flagged pairs (newer fact wins).
     """
 
     name = "llm"
-    handles_conflicts = False
 
     def __init__(self, backend: str | Any = "transformers", backend_kwargs: dict | None = None,
                  cache_path: str | None = ".cache/llm_cache.sqlite",
-                 max_tokens: int = 96) -> None:
+                 max_tokens: int = 96, handles_conflicts: bool = False) -> None:
         be = make_backend(backend, **dict(backend_kwargs or {})) if isinstance(backend, str) \
             else backend
-        self.backend: Any = CachedBackend(be, cache_path, MERGE_PROMPT_VERSION) \
-            if cache_path else be
+        version = MERGE_PROMPT_VERSION + ("+" + CONFLICT_PROMPT_VERSION
+                                          if handles_conflicts else "")
+        self.backend: Any = CachedBackend(be, cache_path, version) if cache_path else be
         self.name = f"llm:{be.name}"
         self.max_tokens = max_tokens
+        self.handles_conflicts = bool(handles_conflicts)
+
+    def _request(self, req: MergeRequest, why: str = "", seed: int = 0) -> ChatRequest:
+        if self.handles_conflicts and req.conflicts:
+            return conflict_chat_request(req, self.max_tokens, why, seed)
+        return merge_chat_request(req, self.max_tokens, why, seed)
+
+    def _check(self, req: MergeRequest, raw: str) -> tuple[str | None, tuple[str, ...], str]:
+        """(text, superseded ids, why rejected or "")."""
+        if not (self.handles_conflicts and req.conflicts):
+            text = parse_merge(raw)
+            if text is None:
+                return None, (), "no JSON with a text"
+            return text, (), ", ".join(missing_facts(text, [m.text for m in req.members]))
+        out = parse_json_model(raw, ConflictOut)
+        if out is None:
+            return None, (), "no JSON with outdated and text"
+        order = conflict_order(req)
+        if any(not 1 <= k <= len(order) for k in out.outdated):
+            return None, (), f"outdated {out.outdated} names notes that do not exist"
+        sup = tuple(sorted({order[k - 1].id for k in out.outdated}))
+        allowed = newer_fact_times(req)
+        wrong = [k for k in sorted(set(out.outdated)) if order[k - 1].id not in allowed]
+        if wrong:
+            return None, (), f"notes {wrong} are not contradicted by a newer flagged note"
+        rest = [m.text for m in req.members if m.id not in sup]
+        if len(rest) < 2:
+            return None, sup, ""  # nothing left to merge: only close the outdated ones
+        text = out.text.strip()
+        if not text:
+            return None, (), "empty text"
+        return text, sup, ", ".join(missing_facts(text, rest))
 
     def merge_batch(self, requests: Sequence[MergeRequest]) -> list[MergeResponse]:
-        first = self.backend.chat([merge_chat_request(r, self.max_tokens) for r in requests])
+        first = self.backend.chat([self._request(r) for r in requests])
         out: list[MergeResponse | None] = [None] * len(requests)
         retry: list[tuple[int, str]] = []
         for k, (req, resp) in enumerate(zip(requests, first, strict=True)):
-            text = parse_merge(resp.text)
-            why = "no JSON with a text" if text is None else ", ".join(
-                missing_facts(text, [m.text for m in req.members]))
+            text, sup, why = self._check(req, resp.text)
             if not why:
                 out[k] = MergeResponse(text, resp.text, 1, resp.prompt_tokens,
-                                       resp.completion_tokens,
+                                       resp.completion_tokens, superseded=sup,
                                        extra={"latency_s": resp.latency_s})
             else:
                 retry.append((k, why))
         if retry:
-            second = self.backend.chat([
-                merge_chat_request(requests[k], self.max_tokens, why, seed=1)
-                for k, why in retry])
+            second = self.backend.chat([self._request(requests[k], why, seed=1)
+                                        for k, why in retry])
             for (k, why), resp in zip(retry, second, strict=True):
-                text = parse_merge(resp.text)
-                why2 = "no JSON with a text" if text is None else ", ".join(
-                    missing_facts(text, [m.text for m in requests[k].members]))
+                text, sup, why2 = self._check(requests[k], resp.text)
                 p0 = first[k]
-                tokens = (p0.prompt_tokens + resp.prompt_tokens,
-                          p0.completion_tokens + resp.completion_tokens)
+                common = dict(raw=json.dumps([p0.text, resp.text]), calls=2,
+                              prompt_tokens=p0.prompt_tokens + resp.prompt_tokens,
+                              completion_tokens=p0.completion_tokens + resp.completion_tokens,
+                              extra={"latency_s": p0.latency_s + resp.latency_s})
                 if why2:
-                    out[k] = MergeResponse(None, json.dumps([p0.text, resp.text]), 2, *tokens,
-                                           note=f"rejected twice: {why}; then {why2}",
-                                           extra={"latency_s": p0.latency_s + resp.latency_s})
+                    out[k] = MergeResponse(None, note=f"rejected twice: {why}; then {why2}",
+                                           **common)
                 else:
-                    out[k] = MergeResponse(text, json.dumps([p0.text, resp.text]), 2, *tokens,
-                                           note=f"accepted on retry (first: {why})",
-                                           extra={"latency_s": p0.latency_s + resp.latency_s})
+                    out[k] = MergeResponse(text, note=f"accepted on retry (first: {why})",
+                                           superseded=sup, **common)
         return [o for o in out if o is not None]

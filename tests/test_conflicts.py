@@ -1,0 +1,155 @@
+"""Contradicting clusters: with a conflict-handling merger the newer fact wins and the older
+one's validity interval is closed (kept as history, never blended or tombstoned)."""
+
+import math
+
+from consolidate.config import PassConfig
+from consolidate.llm.base import ChatResponse
+from consolidate.llm.merger import LLMMerger
+from consolidate.merge import ExtractiveMerger, MergeMember, MergeRequest, newer_fact_times
+from consolidate.sleep import run_pass, undo_merge
+from tests.conftest import make_records
+
+CFG = PassConfig(threshold=0.9, now="100", decay=False)
+
+
+def rows(extra=()):
+    base = [
+        {"id": "a", "namespace": "u", "text": "Gina has 2 cats", "vector": [1.0, 0.0, 0.0],
+         "created_at": 10.0, "last_used": 10.0, "importance": 0.6},
+        {"id": "b", "namespace": "u", "text": "Gina has 3 cats", "vector": [0.999, 0.03, 0.0],
+         "created_at": 20.0, "last_used": 20.0, "importance": 0.5},
+    ]
+    return base + list(extra)
+
+
+def by_id(res):
+    return res.records.meta.set_index("id")
+
+
+def test_default_merger_keeps_conflicts_apart_and_closes_nothing():
+    res = run_pass(make_records(rows()), cfg=CFG, wall_h=200.0)
+    m = by_id(res)
+    assert res.stats["merges"] == 0 and res.stats["superseded"] == 0
+    assert math.isnan(m.loc["a", "valid_to"]) and math.isnan(m.loc["b", "valid_to"])
+    assert [e["reason"] for e in res.events if e["op"] == "review"] == ["number"]
+
+
+def test_newer_wins_closes_the_older_fact():
+    res = run_pass(make_records(rows()), cfg=CFG, merger=ExtractiveMerger(newer_wins=True),
+                   wall_h=200.0)
+    m = by_id(res)
+    assert m.loc["a", "valid_to"] == 20.0  # closed when the newer fact (b) became true
+    assert math.isnan(m.loc["a", "deleted_at"]) and math.isnan(m.loc["b", "deleted_at"])
+    assert math.isnan(m.loc["b", "valid_to"])
+    sup = [e for e in res.events if e["op"] == "supersede"]
+    assert [(e["id"], e["by"], e["valid_to"]) for e in sup] == [("a", ["b"], 20.0)]
+    assert res.stats["superseded"] == 1 and res.stats["merges"] == 0
+    assert len(m) == 2  # nothing created, nothing lost
+
+
+def test_newer_wins_merges_the_rest_and_uses_valid_from():
+    c = {"id": "c", "namespace": "u", "text": "Gina now has 3 cats at home",
+         "vector": [0.998, 0.05, 0.0], "created_at": 30.0, "last_used": 30.0,
+         "importance": 0.4, "valid_from": 15.0}
+    res = run_pass(make_records(rows([c])), cfg=CFG, merger=ExtractiveMerger(newer_wins=True),
+                   wall_h=200.0)
+    m = by_id(res)
+    # c's fact became true at 15 (valid_from), before b's (20): a closes at 15
+    assert m.loc["a", "valid_to"] == 15.0 and math.isnan(m.loc["a", "deleted_at"])
+    merged = [e for e in res.events if e["op"] == "merge"]
+    assert len(merged) == 1 and merged[0]["members"] == ["b", "c"]
+    assert merged[0]["superseded"] == ["a"]
+    assert "2 cats" not in merged[0]["text"]
+    assert m.loc[["b", "c"], "merged_into"].tolist() == [merged[0]["id"]] * 2
+    assert math.isnan(m.loc[merged[0]["id"], "valid_to"])
+
+
+def test_closed_history_is_not_merged_again():
+    first = run_pass(make_records(rows()), cfg=CFG, merger=ExtractiveMerger(newer_wins=True),
+                     wall_h=200.0)
+    again = run_pass(first.records, cfg=CFG, merger=ExtractiveMerger(newer_wins=True),
+                     version=2, wall_h=201.0)
+    assert again.stats["closed_kept_apart"] == 1
+    assert again.stats["superseded"] == 0 and again.stats["pairs"] == 0
+    assert by_id(again).loc["a", "valid_to"] == 20.0
+
+
+def test_equal_times_supersede_nothing():
+    r = rows()
+    r[1]["created_at"] = 10.0
+    res = run_pass(make_records(r), cfg=CFG, merger=ExtractiveMerger(newer_wins=True),
+                   wall_h=200.0)
+    m = by_id(res)
+    assert res.stats["superseded"] == 0
+    assert math.isnan(m.loc["a", "valid_to"]) and math.isnan(m.loc["b", "valid_to"])
+    assert [e["op"] for e in res.events if e["op"] == "merge_declined"] == ["merge_declined"]
+
+
+def test_undone_merges_stay_apart_even_for_a_conflict_merger():
+    recs = make_records([
+        {"id": "x", "namespace": "u", "text": "Gina likes tea", "vector": [1.0, 0.0],
+         "created_at": 1.0, "last_used": 1.0},
+        {"id": "y", "namespace": "u", "text": "Gina loves tea", "vector": [0.999, 0.03],
+         "created_at": 2.0, "last_used": 2.0}])
+    res = run_pass(recs, cfg=CFG, wall_h=200.0)
+    mid = next(e["id"] for e in res.events if e["op"] == "merge")
+    undone = undo_merge(res.records, mid, wall_h=201.0)
+    again = run_pass(undone, cfg=CFG, merger=ExtractiveMerger(newer_wins=True), version=2,
+                     wall_h=202.0)
+    assert again.stats["merges"] == 0 and again.stats["superseded"] == 0
+    assert [e["reason"] for e in again.events if e["op"] == "review"] == ["undone merge"]
+
+
+def test_newer_fact_times_by_hand():
+    def mem(i, t, vf=math.nan):
+        return MergeMember(i, i, 0.5, t, 1.0, t, (), vf)
+    req = MergeRequest("m", "u", (mem("a", 10), mem("b", 20), mem("c", 30, vf=5)),
+                       conflicts=(("a", "b", "number"), ("b", "c", "number"),
+                                  ("a", "c", "negation")))
+    # a (10) < b (20): a closes at 20; c's fact time is 5: c is older than a and b
+    assert newer_fact_times(req) == {"a": 20.0, "c": 10.0}
+
+
+class Scripted:
+    name = "scripted"
+    model = "s"
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+        self.seen = []
+
+    def chat(self, requests):
+        self.seen += requests
+        return [ChatResponse(self.answers.pop(0), 7, 3, 0.01) for _ in requests]
+
+
+def llm_run(answer, extra=()):
+    be = Scripted([answer, answer])
+    res = run_pass(make_records(rows(extra)), cfg=CFG,
+                   merger=LLMMerger(be, cache_path=None, handles_conflicts=True), wall_h=200.0)
+    return res, be
+
+
+def test_llm_merger_supersedes_the_older_note():
+    c = {"id": "c", "namespace": "u", "text": "Gina has 3 cats now",
+         "vector": [0.998, 0.05, 0.0], "created_at": 30.0, "last_used": 30.0}
+    res, be = llm_run('{"outdated": [1], "text": "Gina has 3 cats now"}', [c])
+    m = by_id(res)
+    assert len(be.seen) == 1  # one call for the cluster
+    prompt = be.seen[0].messages[-1]["content"]
+    assert "[1]" in prompt and "2 cats" in prompt and "1970-01-01" in prompt
+    assert m.loc["a", "valid_to"] == 20.0
+    merged = next(e for e in res.events if e["op"] == "merge")
+    assert merged["members"] == ["b", "c"] and merged["superseded"] == ["a"]
+    assert res.stats["model_calls"] == 1
+
+
+def test_llm_merger_may_not_supersede_the_newer_note():
+    # note 2 is b (the newer of the flagged pair): rejected, so nothing closes or merges
+    res, be = llm_run('{"outdated": [2], "text": "Gina has 2 cats"}')
+    m = by_id(res)
+    assert res.stats["superseded"] == 0 and res.stats["merges"] == 0
+    assert math.isnan(m.loc["a", "valid_to"]) and math.isnan(m.loc["b", "valid_to"])
+    declined = [e for e in res.events if e["op"] == "merge_declined"]
+    assert len(declined) == 1 and len(be.seen) == 2  # retried once, then left unmerged
