@@ -11,7 +11,10 @@
 5. Decisions are applied in turn order, then fact order. When two facts touch the same stored
    memory in one batch, the first wins and the later one is ADDed instead (deterministic).
    ADD appends a record; UPDATE appends the new text and tombstones the old record with
-   ``merged_into`` pointing at it; DELETE tombstones. Nothing is ever removed.
+   ``merged_into`` pointing at it; DELETE tombstones. A temporal fact (one with a
+   ``valid_from``) is history rather than an error once contradicted: UPDATE or DELETE of it
+   closes its validity interval (``valid_to`` = when the new fact became true, else the turn's
+   time) and keeps it live. Nothing is ever removed.
 
 New records are written with :meth:`Store.append` before the tombstones
 (:meth:`Store.patch`), so a crash in between leaves both versions, never neither.
@@ -31,7 +34,7 @@ from .llm.base import LLMBackend
 from .llm.decide import Decision, Neighbour, decide_request, parse_decisions, prefilter
 from .llm.extract import Turn, extract_request, parse_facts, trusted
 from .similarity import topk_neighbours
-from .store import Records, Store, datetime_from_hours, records_from_rows
+from .store import Records, Store, datetime_from_hours, hours_from_datetime, records_from_rows
 from .store.schema import normalise_vectors
 from .text import text_hash
 
@@ -181,10 +184,22 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
             key = next(i for i, (_, idx, _) in enumerate(asks) if n in idx)
             ev["raw"] = raw_of[key]
         events.append(ev)
+        vf = _valid_from_hours(f.valid_from, t.time_h)
         row = {"id": _fact_id(t.id, k), "namespace": t.namespace, "text": f.text,
                "vector": vecs[n], "importance": f.importance / 10.0, "created_at": t.time_h,
-               "last_used": t.time_h, "source_ids": [t.id]}
-        if d.op == "ADD":
+               "last_used": t.time_h, "source_ids": [t.id], "valid_from": vf}
+        old_vf = (float(lm.loc[lm["id"] == d.target_id, "valid_from"].iloc[0])
+                  if d.op in ("UPDATE", "DELETE") else np.nan)
+        if np.isfinite(old_vf):  # a temporal fact: close it, keep it as history
+            touched.add(d.target_id)
+            ends = vf if np.isfinite(vf) and vf > old_vf else t.time_h
+            patches.append({"id": d.target_id, "op": "close", "valid_to": max(ends, old_vf)})
+            ev["closed"] = d.target_id
+            if d.op == "UPDATE":
+                row.update(text=d.text)
+                upd_texts.append(len(new_rows))
+                new_rows.append(row)
+        elif d.op == "ADD":
             new_rows.append(row)
         elif d.op == "UPDATE":
             touched.add(d.target_id)
@@ -227,3 +242,15 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
         "latency_s": {s: {"p50": pct(v, 50), "p95": pct(v, 95)} for s, v in lat.items()},
         "events": events,
     }
+
+
+def _valid_from_hours(text: str | None, turn_h: float) -> float:
+    """A fact's stated start (``"2023-05"``, ``"2023-05-08"``...) in hours since the epoch;
+    NaN when absent, unparseable or after the turn that states it."""
+    if not text:
+        return float("nan")
+    try:
+        h = hours_from_datetime(text.strip())
+    except (ValueError, TypeError, OverflowError):
+        return float("nan")
+    return h if np.isfinite(h) and h <= turn_h else float("nan")

@@ -95,6 +95,37 @@ def test_every_operation_and_the_safeguards(store):
     assert all("raw" in e for e in out["events"] if e.get("by") == "model")
 
 
+def test_contradicted_temporal_fact_is_closed_not_deleted(tmp_path):
+    emb = WordEmbedder()
+    texts = ["Gina lives in Porto", "Gina likes tea"]
+    v = emb.encode(texts)
+    s = Store(tmp_path / "s")
+    # Porto since hour 5 (a temporal fact); tea has no start
+    s.create(make_records([{"id": f"m{k}", "namespace": "gina", "text": t, "vector": v[k],
+                            "last_used": 10.0, "valid_from": 5.0 if k == 0 else None}
+                           for k, t in enumerate(texts)]))
+    june = "1970-01-01T18:00"  # hour 18, before the turn (hour 21)
+    be = Scripted([
+        json.dumps({"facts": [{"text": "Gina lives in Lisbon", "importance": 6,
+                               "valid_from": june},
+                              {"text": "Gina likes coffee", "importance": 4}]}),
+        json.dumps({"decisions": [
+            {"fact": 1, "op": "UPDATE", "target": 1, "text": "Gina lives in Lisbon"},
+            {"fact": 2, "op": "DELETE", "target": 2}]}),
+    ])
+    out = ingest(s, [turn(1, "I moved to Lisbon in June; coffee now")], be, emb,
+                 IngestConfig(add_below=-1.0))
+    m = s.load().records.meta.set_index("id")
+    porto = m.loc["m0"]
+    assert porto["valid_to"] == 18.0 and np.isnan(porto["deleted_at"])  # history, live
+    lisbon = m[m["text"] == "Gina lives in Lisbon"].iloc[0]
+    assert lisbon["valid_from"] == 18.0 and np.isnan(lisbon["valid_to"])
+    # tea had no start: a plain DELETE tombstone
+    assert m.loc["m1", "deleted_reason"] == "deleted"
+    assert [e.get("closed") for e in out["events"] if e["op"] in ("UPDATE", "DELETE")] == [
+        "m0", None]
+
+
 def test_pinned_target_and_unknown_alias_become_add(store):
     emb = WordEmbedder()
     be = Scripted([facts("Gina works as a doctor", "Gina lives in Faro"),
