@@ -51,6 +51,10 @@ class PassConfig:
             ``now`` on a historical store, or a wrong tau, is the usual cause.
         max_review_events: list at most this many review pairs in the changelog (the
             total is always counted).
+        reflect: write reflections (needs a reflector, config group ``reflect``): groups of
+            at least ``reflect_min_size`` live memories whose cosine pairs all reach
+            ``reflect_threshold`` (centroid-checked like merges) get one new memory each,
+            at most ``reflect_max_per_namespace`` groups per namespace, largest first.
     """
 
     threshold: float = 0.9
@@ -69,6 +73,10 @@ class PassConfig:
     calibration_file: str | None = None
     max_drop_fraction: float = 0.5
     max_review_events: int = 10000
+    reflect: bool = False
+    reflect_threshold: float = 0.75
+    reflect_min_size: int = 3
+    reflect_max_per_namespace: int = 5
 
 
 @dataclass

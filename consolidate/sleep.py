@@ -158,6 +158,7 @@ def run_pass(
     version: int = 1,
     wall_h: float | None = None,
     now_by_namespace: dict[str, float] | None = None,
+    reflector: Any | None = None,
 ) -> PassResult:
     """Consolidate ``records`` (one snapshot, any number of namespaces).
 
@@ -173,13 +174,17 @@ def run_pass(
         now_by_namespace: per-namespace "now" in hours since the epoch, overriding
             ``cfg.now`` for the namespaces it names (e.g. the date of a LOCOMO
             conversation's last session, when its questions are asked).
+        reflector: writes reflections when ``cfg.reflect`` (an object with
+            ``reflect_batch(list[MergeRequest]) -> list[MergeResponse]``, e.g.
+            :class:`~consolidate.llm.reflect.LLMReflector`).
 
     Returns:
         :class:`PassResult`.
 
     Raises:
-        ValueError: bad settings (threshold outside [-1, 1], tau <= 0, cap < 0) or a merger
-            that returned the wrong number of responses.
+        ValueError: bad settings (threshold outside [-1, 1], tau <= 0, cap < 0), a merger
+            or reflector that returned the wrong number of responses, or ``cfg.reflect``
+            without a reflector.
         MassDropError: more than ``cfg.max_drop_fraction`` of the live memories would be
             dropped (nothing is returned, so nothing can be committed).
     """
@@ -435,6 +440,7 @@ def run_pass(
             "text_hash": text_hash(text),
             "last_pass": float(version),
             "keep_apart": sorted({x for r in rows for x in meta["keep_apart"].iat[r]}),
+            "derived_from": sorted({x for r in rows for x in meta["derived_from"].iat[r]}),
         })
         new_vecs.append(v)
         del_at[rows] = wall_h
@@ -454,6 +460,15 @@ def run_pass(
         meta = pd.concat([meta, add], ignore_index=True)
         vec = np.concatenate([vec, np.stack(new_vecs)])
     times["merge"] = time.perf_counter() - t
+
+    # ---------------------------------------------------------------- reflect
+    t = time.perf_counter()
+    if cfg.reflect:
+        if reflector is None:
+            raise ValueError("pass.reflect=true needs a reflector (config group `reflect`)")
+        meta, vec = _reflect(meta, vec, cfg, sim_cfg, reflector, version, now_rows(meta),
+                             events, stats)
+    times["reflect"] = time.perf_counter() - t
 
     # ---------------------------------------------------------------- decay, floor, cap
     t = time.perf_counter()
@@ -500,6 +515,91 @@ def run_pass(
     stats["time_s"] = {k: round(v, 4) for k, v in times.items()}
     return PassResult(Records(meta.reset_index(drop=True), vec.astype(np.float32)), events,
                       stats)
+
+
+def _reflect(meta: pd.DataFrame, vec: np.ndarray, cfg: PassConfig, sim_cfg: SimilarityConfig,
+             reflector: Any, version: int, now: np.ndarray, events: list[dict[str, Any]],
+             stats: dict[str, Any]) -> tuple[pd.DataFrame, np.ndarray]:
+    """The reflect stage (see :class:`~consolidate.config.PassConfig`): group live, open,
+    non-reflection memories; skip groups an existing live reflection already covers; ask the
+    reflector once for all groups; append one record per accepted answer."""
+    live = meta["deleted_at"].isna().to_numpy()
+    vt = meta["valid_to"].to_numpy(np.float64)
+    is_refl = np.array([len(x) > 0 for x in meta["derived_from"]], bool)
+    cand = np.flatnonzero(live & ~(np.isfinite(vt) & (vt <= now)) & ~is_refl)
+    covered = [set(x) for x, ok in zip(meta["derived_from"], live & is_refl, strict=True)
+               if ok]
+    stats.update(reflect_groups=0, reflections=0, reflect_calls=0)
+    if len(cand) < max(2, cfg.reflect_min_size):
+        return meta, vec
+    ns = pd.factorize(meta["namespace"].to_numpy(object)[cand], sort=True)[0]
+    pairs = threshold_pairs(torch.from_numpy(vec[cand]), cfg.reflect_threshold,
+                            segments=torch.from_numpy(ns), device=sim_cfg.device,
+                            dtype=sim_cfg.dtype, tile_rows=sim_cfg.tile_rows,
+                            tile_cols=sim_cfg.tile_cols)
+    if not len(pairs):
+        return meta, vec
+    ids = meta["id"].to_numpy(object)
+    w = meta["strength"].to_numpy(np.float64)[cand]
+    cr = centroid_clusters(pairs.i, pairs.j, pairs.sim, vec[cand], w,
+                           [str(x) for x in ids[cand]], cfg.reflect_threshold)
+    groups = [[int(cand[k]) for k in c] for c in cr.clusters
+              if len(c) >= cfg.reflect_min_size]
+    groups = [g for g in groups if not any({ids[r] for r in g} <= c for c in covered)]
+    groups.sort(key=lambda g: (-len(g), ids[min(g, key=lambda r: ids[r])]))
+    per_ns: dict[str, int] = {}
+    chosen = []
+    for g in groups:
+        n = str(meta["namespace"].iat[g[0]])
+        if per_ns.get(n, 0) < cfg.reflect_max_per_namespace:
+            per_ns[n] = per_ns.get(n, 0) + 1
+            chosen.append(sorted(g, key=lambda r: ids[r]))
+    if not chosen:
+        return meta, vec
+    reqs = [MergeRequest(cluster_id="rf-" + merged_id(version, [ids[r] for r in g])[2:],
+                         namespace=str(meta["namespace"].iat[g[0]]),
+                         members=tuple(_member(meta, r) for r in g)) for g in chosen]
+    resps = reflector.reflect_batch(reqs)
+    if len(resps) != len(reqs):
+        raise ValueError(f"reflector returned {len(resps)} responses for {len(reqs)} groups")
+    rows, vecs = [], []
+    strength = meta["strength"].to_numpy(np.float64)
+    for g, req, resp in zip(chosen, reqs, resps, strict=True):
+        if not (resp.text and resp.text.strip()):
+            events.append({"op": "reflect_declined", "ids": [m.id for m in req.members],
+                           "note": resp.note, "raw": resp.raw, "namespace": req.namespace})
+            continue
+        s = ((strength[g] / strength[g].max())[:, None] * vec[g].astype(np.float64)).sum(0)
+        text = resp.text.strip()
+        rows.append({
+            "id": req.cluster_id, "namespace": req.namespace, "text": text,
+            "importance": float(meta["importance"].to_numpy(np.float64)[g].max()),
+            "created_at": float(meta["created_at"].to_numpy(np.float64)[g].max()),
+            "last_used": float(meta["last_used"].to_numpy(np.float64)[g].max()),
+            "strength": 1.0, "pinned": False,
+            "source_ids": _union_sources([meta["source_ids"].iat[r] for r in g]),
+            "valid_from": math.nan, "valid_to": math.nan, "deleted_at": math.nan,
+            "deleted_reason": None, "merged_into": None, "text_hash": text_hash(text),
+            "last_pass": float(version), "keep_apart": [],
+            "derived_from": [m.id for m in req.members],
+        })
+        vecs.append((s / np.linalg.norm(s)).astype(np.float32))
+        events.append({"op": "reflect", "id": req.cluster_id, "namespace": req.namespace,
+                       "derived_from": [m.id for m in req.members], "text": text,
+                       "reflector": getattr(reflector, "name", "?"), "raw": resp.raw,
+                       "note": resp.note})
+    stats.update(reflect_groups=len(reqs), reflections=len(rows),
+                 reflect_calls=sum(r.calls for r in resps),
+                 reflect_prompt_tokens=sum(r.prompt_tokens for r in resps),
+                 reflect_completion_tokens=sum(r.completion_tokens for r in resps))
+    lat = [r.extra["latency_s"] for r in resps if "latency_s" in r.extra]
+    if lat:
+        stats["reflect_latency_p50_s"] = float(np.percentile(lat, 50))
+        stats["reflect_latency_p95_s"] = float(np.percentile(lat, 95))
+    if rows:
+        meta = pd.concat([meta, pd.DataFrame(rows, columns=meta.columns)], ignore_index=True)
+        vec = np.concatenate([vec, np.stack(vecs)])
+    return meta, vec
 
 
 def _split_apart(rows: list[int], ids: np.ndarray, keep_apart: list[list[str]]

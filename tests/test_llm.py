@@ -238,16 +238,19 @@ def test_consolidate_with_smollm2_as_the_merger(tmp_path):
             "debug=default", f"paths.data_dir={DATA_DIR}", f"store.dir={tmp_path / 's'}",
             "merge=llm", f"merge.backend_kwargs.cache_dir={REPO / '.cache' / 'models'}",
             f"merge.cache_path={tmp_path / 'cache.sqlite'}", "merge.max_tokens=64",
-            "pass.decay=false"])
+            "pass.decay=false", "pass.reflect=true", "pass.reflect_max_per_namespace=1",
+            f"reflect.backend_kwargs.cache_dir={REPO / '.cache' / 'models'}",
+            f"reflect.cache_path={tmp_path / 'cache.sqlite'}"])
     s = run_consolidate(cfg, out_dir=tmp_path / "out")
     st = s["stats"]
     assert st["merger"] == "llm:transformers" and st["clusters"] > 0
     assert st["clusters"] <= st["model_calls"] <= 2 * st["clusters"]
     assert st["prompt_tokens"] > 0 and st["completion_tokens"] > 0
     assert st["merge_latency_p50_s"] <= st["merge_latency_p95_s"]
-    # nothing lost: every input record is live, or a member of exactly one merge
-    assert st["records_out"] + st["merged_members"] - st["merges"] - st["exact_merges"] == \
-        st["records_in"]
+    # nothing lost: every input record is live, or a member of exactly one merge (the
+    # reflections are new records on top)
+    assert st["records_out"] - st["reflections"] + st["merged_members"] - st["merges"] - \
+        st["exact_merges"] == st["records_in"]
     snap = Store(tmp_path / "s").load()
     m = snap.records.meta.set_index("id")
     for mid in m.index[m.index.str.startswith("m-")]:
@@ -258,6 +261,18 @@ def test_consolidate_with_smollm2_as_the_merger(tmp_path):
     events = [json.loads(x) for x in log]
     decided = [e for e in events if e["op"] in ("merge", "merge_declined")]
     assert len(decided) == st["clusters"] and all(e.get("raw") for e in decided)
+    # reflection: one call per group (two with the retry), new records linked to live members
+    g = st["reflect_groups"]
+    assert 0 < g <= len(set(m["namespace"])) and g <= st["reflect_calls"] <= 2 * g
+    refl = [e for e in events if e["op"] in ("reflect", "reflect_declined")]
+    assert len(refl) == g and all(e.get("raw") for e in refl)
+    made = m[m["derived_from"].map(len) > 0]
+    assert len(made) == st["reflections"] == sum(e["op"] == "reflect" for e in refl)
+    for rid, row in made.iterrows():
+        assert rid.startswith("rf-") and len(row["derived_from"]) >= 3
+        assert m.loc[row["derived_from"], "deleted_at"].isna().all()
+        assert row["source_ids"] == sorted({x for i in row["derived_from"]
+                                            for x in m.loc[i, "source_ids"]})
 
 
 # ---------------------------------------------------------------- decide parser

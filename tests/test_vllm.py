@@ -36,6 +36,7 @@ def out(tmp_path_factory):
 
 
 def test_batched_chat_with_json_schema(out):
+    assert out["backend"] == "VLLMBackend"  # built from configs/merge/vllm.yaml
     assert out["n_requests"] == len(out["raw"]) == len(out["tokens"]) == 6
     assert all(pt > 0 and ct > 0 for pt, ct in out["tokens"])
     schemas = [MergeOut] * 3 + [DecideOut] * 2 + [ExtractOut]

@@ -14,18 +14,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.confte
 
 
 def main(out_path: str) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
     from consolidate.config import PassConfig
-    from consolidate.llm import make_backend
+    from consolidate.jobs.common import CONFIG_DIR
     from consolidate.llm.decide import Neighbour, decide_request, parse_decisions
     from consolidate.llm.extract import Turn, extract_request, parse_facts
-    from consolidate.llm.merger import LLMMerger, merge_chat_request, parse_merge
+    from consolidate.llm.merger import merge_chat_request, parse_merge
     from consolidate.merge import MergeMember, MergeRequest
     from consolidate.sleep import run_pass
     from tests.conftest import make_records
 
+    # the merger exactly as `consolidate merge=vllm` builds it (configs/merge/vllm.yaml)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("consolidate", overrides=["merge=vllm", "merge.cache_path=null",
+                                                "merge.max_tokens=64"])
     t = time.perf_counter()
-    be = make_backend("vllm", max_model_len=1024, gpu_memory_utilization=0.3)
+    merger = instantiate(cfg.merge)
     start_s = time.perf_counter() - t
+    be = merger.backend
 
     def mem(i, text):
         return MergeMember(i, text, 0.5, 1.0, 1.0, 1.0)
@@ -60,9 +68,10 @@ def main(out_path: str) -> None:
          "vector": [0.999, 0.04], "importance": 0.5, "source_ids": ["D1:2"]},
         {"id": "c", "namespace": "u", "text": "Jon likes jazz", "vector": [0.0, 1.0]}])
     res = run_pass(recs, cfg=PassConfig(threshold=0.9, now="6", decay=False),
-                   merger=LLMMerger(be, cache_path=None, max_tokens=64), wall_h=7.0)
+                   merger=merger, wall_h=7.0)
     out = {
-        "start_s": start_s, "batch_s": batch_s, "n_requests": len(reqs),
+        "backend": type(be).__name__, "start_s": start_s, "batch_s": batch_s,
+        "n_requests": len(reqs),
         "raw": [r.text for r in resp],
         "tokens": [[r.prompt_tokens, r.completion_tokens] for r in resp],
         "finish": [r.extra.get("finish_reason") for r in resp],

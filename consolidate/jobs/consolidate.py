@@ -50,6 +50,7 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
     store, report = open_store(cfg)
     t_build = time.perf_counter() - t
     merger = instantiate(cfg.merge)
+    reflector = instantiate(cfg.reflect) if pc.reflect else None
     summary: dict[str, Any] = {"store": str(store.root),
                                "config": OmegaConf.to_container(cfg, resolve=True)}
     if calibration is not None:
@@ -75,7 +76,7 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
         else:
             wall = hours_now()
             res = run_pass(snap.records, cfg=pc, sim_cfg=sc, merger=merger,
-                           version=snap.version + 1, wall_h=wall)
+                           version=snap.version + 1, wall_h=wall, reflector=reflector)
             t = time.perf_counter()
             commit = store.commit(res.records, res.events, base=snap, dry_run=pc.dry_run,
                                   pass_time_h=wall)
@@ -118,11 +119,19 @@ def format_summary(s: dict[str, Any]) -> str:
             ("merges", f"{st['merges']} clusters + {st['exact_merges']} exact "
                        f"({st['merged_members']} records)", st["time_s"]["merge"]),
             ("review pairs", st["review_pairs"], ""),
+            ("superseded", f"{st['superseded']} older facts closed (valid_to)", ""),
             ("dropped", f"{st['dropped_floor']} below floor, {st['dropped_cap']} over cap",
              st["time_s"]["score"]),
             ("records out", st["records_out"], st["time_s"]["commit"]),
-            ("model calls", st["model_calls"], ""),
+            ("model calls", _calls(st, "merge", st["model_calls"], "prompt_tokens",
+                                   "completion_tokens"), ""),
         ]
+        if "reflections" in st:
+            rows.insert(-2, ("reflections", f"{st['reflections']} of {st['reflect_groups']} "
+                                            f"groups", st["time_s"]["reflect"]))
+            rows.append(("reflect calls", _calls(st, "reflect", st["reflect_calls"],
+                                                 "reflect_prompt_tokens",
+                                                 "reflect_completion_tokens"), ""))
         lines.append(f"{'stage':<17}{'result':<44}time_s")
         lines += [f"{a:<17}{b!s:<44}{t}" for a, b, t in rows]
         where = f"snapshot {c['version']}" if c["snapshot"] else "dry run, no snapshot"
@@ -131,6 +140,17 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"device           {st['device']} (merger: {st['merger']})")
     lines.append(f"wall time        {s['wall_time_s']} s; summary {s['summary_path']}")
     return "\n".join(lines)
+
+
+def _calls(st: dict[str, Any], stage: str, calls: int, pt: str, ct: str) -> str:
+    """``N (P+C tokens, p50/p95 latency s)`` for one model stage of the summary table."""
+    if not calls:
+        return "0"
+    out = f"{calls} ({st.get(pt, 0)}+{st.get(ct, 0)} tokens"
+    if f"{stage}_latency_p50_s" in st:
+        out += (f", p50 {st[f'{stage}_latency_p50_s']:.2f} s, "
+                f"p95 {st[f'{stage}_latency_p95_s']:.2f} s")
+    return out + ")"
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="consolidate")

@@ -53,6 +53,7 @@ COLUMNS: dict[str, str] = {
     "text_hash": "object",
     "last_pass": "float64",  # version of the snapshot written by the last pass that saw it
     "keep_apart": "object",  # ids this record must never be merged with (set by an undo)
+    "derived_from": "object",  # ids of the memories a reflection summarises ([] otherwise)
 }
 TIME_COLUMNS = ("created_at", "last_used", "valid_from", "valid_to", "deleted_at")
 _NULLABLE_STR = ("deleted_reason", "merged_into")
@@ -247,6 +248,11 @@ class _RowParser:
             self.bad("keep_apart is not a list of strings", k)
             ka = []
         r["keep_apart"] = list(ka)
+        df = row.get("derived_from") or []
+        if isinstance(df, str) or not all(isinstance(x, str) for x in df):
+            self.bad("derived_from is not a list of strings", k)
+            df = []
+        r["derived_from"] = list(df)
         return r
 
 
@@ -313,7 +319,7 @@ def _coerce(meta: pd.DataFrame) -> pd.DataFrame:
             out[c] = pd.to_numeric(s, errors="coerce").astype("float64").to_numpy()
         elif t == "bool":
             out[c] = s.fillna(False).astype(bool).to_numpy()
-        elif c in ("source_ids", "keep_apart"):
+        elif c in ("source_ids", "keep_apart", "derived_from"):
             out[c] = pd.Series([list(x) if x is not None else [] for x in s], dtype=object)
         else:
             out[c] = pd.Series(list(s), dtype=object)
@@ -344,6 +350,7 @@ def arrow_schema(dim: int) -> pa.Schema:
             ("text_hash", pa.string()),
             ("last_pass", pa.int64()),
             ("keep_apart", pa.list_(pa.string())),
+            ("derived_from", pa.list_(pa.string())),
         ]
     )
 
@@ -373,6 +380,8 @@ def records_to_arrow(recs: Records) -> pa.Table:
         "pinned": pa.array(m["pinned"].to_numpy(bool)),
         "source_ids": pa.array([list(x) for x in m["source_ids"]], pa.list_(pa.string())),
         "keep_apart": pa.array([list(x) for x in m["keep_apart"]], pa.list_(pa.string())),
+        "derived_from": pa.array([list(x) for x in m["derived_from"]],
+                                 pa.list_(pa.string())),
         "deleted_reason": pa.array(_opt_str(m["deleted_reason"]), pa.string()),
         "merged_into": pa.array(_opt_str(m["merged_into"]), pa.string()),
         "text_hash": pa.array(m["text_hash"].tolist(), pa.string()),

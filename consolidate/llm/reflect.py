@@ -1,0 +1,130 @@
+"""Reflection: one higher-level fact per cluster of related memories, through any backend.
+
+The pass groups related live memories (cosine at ``pass.reflect.threshold``, looser than the
+merge threshold) and sends each group here in one batch. The model answers one general
+statement the notes support together ("Gina cares for animals" over notes about her cats,
+her dog and her volunteering at a shelter). The pass stores it as a NEW memory linked to its
+sources (``derived_from`` = the member ids; provenance = their ``source_ids``); the members
+stay as they are. This is the reflection step of Generative Agents (Park et al., 2023,
+"Generative Agents: Interactive Simulacra of Human Behavior", section 4.2), without their
+importance-sum trigger: here reflection runs in the nightly pass, over clusters.
+
+Checks: an answer must be valid JSON with a non-empty ``text`` that adds no number and no
+name that is in no member (a reflection may generalise; it may not invent specifics); one
+retry, then the group gets no reflection. Reflector answers use the same
+:class:`~consolidate.merge.MergeRequest` / :class:`~consolidate.merge.MergeResponse` types
+as merges.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from ..merge import MergeRequest, MergeResponse, canonical_order
+from ..text import _numbers, content_tokens
+from .base import ChatRequest, make_backend, parse_json_model
+from .cache import CachedBackend
+from .merger import _NAME
+
+__all__ = ["REFLECT_PROMPT_VERSION", "ReflectOut", "reflect_request", "invented",
+           "LLMReflector"]
+
+REFLECT_PROMPT_VERSION = "reflect-v1"
+_SYSTEM = ("You read notes about one person and write ONE short, general insight that the "
+           "notes support together (a trait, habit, goal or relationship), not a summary of "
+           "each note. Use only names and numbers that appear in the notes. Reply with JSON "
+           'only: {"text": "<the insight>"}')
+
+
+class ReflectOut(BaseModel):
+    """The reflect answer's schema."""
+
+    text: str
+
+
+def reflect_request(req: MergeRequest, max_tokens: int = 64, retry_note: str = "",
+                    seed: int = 0) -> ChatRequest:
+    """The chat request for one group (notes most important first)."""
+    notes = "\n".join(f"- {m.text}" for m in canonical_order(req.members))
+    user = f"Notes:\n{notes}\n\nInsight as JSON:"
+    if retry_note:
+        user += f"\n(Your previous answer was rejected: {retry_note}.)"
+    return ChatRequest(({"role": "system", "content": _SYSTEM},
+                        {"role": "user", "content": user}),
+                       max_tokens=max_tokens, temperature=0.0 if not retry_note else 0.7,
+                       seed=seed, json_schema=ReflectOut.model_json_schema())
+
+
+def invented(text: str, members: Sequence[str]) -> list[str]:
+    """Numbers and capitalised names (not sentence-initial) in ``text`` found in no member;
+    empty list = acceptable."""
+    member_toks: set[str] = set()
+    member_nums: set[str] = set()
+    for m in members:
+        mt = content_tokens(m)
+        member_toks |= set(mt)
+        member_nums |= set(_numbers(mt, m))
+    toks = content_tokens(text)
+    out = [f"added number {n}" for n in _numbers(toks, text) if n not in member_nums]
+    out += [f"added name {w}" for w in _NAME.findall(text.strip())
+            if w.lower() not in member_toks]
+    return sorted(set(out))
+
+
+class LLMReflector:
+    """Writes reflections through an LLM backend (see the module docstring).
+
+    Args:
+        backend: backend name (``transformers``, ``openai``, ``vllm``) or a backend object.
+        backend_kwargs: passed to the backend.
+        cache_path: SQLite response cache (``None`` = no cache).
+        max_tokens: new tokens per reflection.
+    """
+
+    def __init__(self, backend: str | Any = "transformers", backend_kwargs: dict | None = None,
+                 cache_path: str | None = ".cache/llm_cache.sqlite",
+                 max_tokens: int = 64) -> None:
+        be = make_backend(backend, **dict(backend_kwargs or {})) if isinstance(backend, str) \
+            else backend
+        self.backend: Any = CachedBackend(be, cache_path, REFLECT_PROMPT_VERSION) \
+            if cache_path else be
+        self.name = f"llm:{be.name}"
+        self.max_tokens = max_tokens
+
+    def _check(self, req: MergeRequest, raw: str) -> tuple[str | None, str]:
+        out = parse_json_model(raw, ReflectOut)
+        text = out.text.strip() if out is not None else ""
+        if not text:
+            return None, "no JSON with a text"
+        return text, ", ".join(invented(text, [m.text for m in req.members]))
+
+    def reflect_batch(self, requests: Sequence[MergeRequest]) -> list[MergeResponse]:
+        """One response per group, in order; ``text=None`` = no reflection for that group."""
+        first = self.backend.chat([reflect_request(r, self.max_tokens) for r in requests])
+        out: list[MergeResponse] = []
+        retry: list[tuple[int, str]] = []
+        for k, (req, resp) in enumerate(zip(requests, first, strict=True)):
+            text, why = self._check(req, resp.text)
+            out.append(MergeResponse(text if not why else None, resp.text, 1,
+                                     resp.prompt_tokens, resp.completion_tokens,
+                                     extra={"latency_s": resp.latency_s}))
+            if why:
+                retry.append((k, why))
+        if retry:
+            second = self.backend.chat([reflect_request(requests[k], self.max_tokens, why, 1)
+                                        for k, why in retry])
+            for (k, why), resp in zip(retry, second, strict=True):
+                text, why2 = self._check(requests[k], resp.text)
+                p0 = first[k]
+                out[k] = MergeResponse(
+                    None if why2 else text, json.dumps([p0.text, resp.text]), 2,
+                    p0.prompt_tokens + resp.prompt_tokens,
+                    p0.completion_tokens + resp.completion_tokens,
+                    note=f"rejected twice: {why}; then {why2}" if why2 else
+                    f"accepted on retry (first: {why})",
+                    extra={"latency_s": p0.latency_s + resp.latency_s})
+        return out
