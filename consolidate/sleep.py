@@ -8,8 +8,9 @@ sharded across processes or machines.
 Stages, in order (each timed in ``stats["time_s"]``):
 
 1. ``purge``: tombstones older than ``tombstone_retention_hours`` are removed for good.
-2. ``exact``: live, unpinned records with the same normalised-text hash in one namespace form
-   a group (no model call).
+2. ``exact``: live, unpinned, still-valid records with the same normalised-text hash in one
+   namespace form a group (no model call). A record whose ``valid_to`` has passed is history
+   and takes part in no merge.
 3. ``similarity``: tiled cosine join (:func:`consolidate.similarity.threshold_pairs`) over the
    groups' strength-weighted centroids, within each namespace.
 4. ``cluster``: centroid-checked, complete-link clustering with the conflict guard
@@ -18,8 +19,13 @@ Stages, in order (each timed in ``stats["time_s"]``):
    :meth:`~consolidate.merge.Merger.merge_batch` call; exact-only groups need no call.
    A merged record gets the strength-weighted centroid (renormalised), importance = max,
    last_used = max, created_at = min, strength = sum (capped), source_ids = union, validity =
-   the union interval; its members become tombstones with ``merged_into`` set.
-6. ``score``: retention score, floor, cap per namespace (pinned rows are never dropped);
+   the union interval; its members become tombstones with ``merged_into`` set. With a
+   conflict-handling merger (``handles_conflicts``), clusters with flagged pairs are sent too:
+   the newer fact wins, the older one's ``valid_to`` is closed (a ``supersede`` event) and it
+   stays live as history; undone merges still keep their members apart.
+6. ``reflect`` (``pass.reflect``): groups of related memories get one new memory each from
+   the reflector, linked by ``derived_from``; the members are unchanged.
+7. ``score``: retention score, floor, cap per namespace (pinned rows are never dropped);
    dropped rows become tombstones (``deleted_reason`` = ``floor`` or ``cap``).
 
 Pinned records take part in nothing but scoring (and are never dropped): they are never merged
