@@ -11,10 +11,24 @@ Exactness: tiles are computed in the chosen dtype with a margin below the thresh
 candidate is then re-scored in float64 from the float32 vectors and kept only if ``>=
 threshold``. The pair set therefore equals a float64 brute-force reference, and the similarity
 values do not depend on row order or tile sizes (which makes clustering order-independent).
+
+Engines (keyword ``engine`` of :func:`threshold_pairs` and :func:`topk_neighbours`):
+
+* ``"torch"``: the tiled torch path described above (cpu or cuda).
+* ``"triton"``: fused Triton kernels (:mod:`consolidate.kernels.triton_join`): each program
+  computes one tile of scores on chip and writes only the surviving candidate pairs (or
+  keeps a running top-k on chip); one launch covers every namespace. The candidates go
+  through the same float64 re-scoring and sorting as the torch path, so the pairs and
+  similarities are identical. Needs ``pip install triton`` and a CUDA device, or
+  ``TRITON_INTERPRET=1`` (set before triton is imported) to run on cpu in the interpreter.
+* ``"faiss"``: delegated to :mod:`consolidate.faiss_engine` (imported lazily).
+* ``"auto"`` (default): ``"triton"`` on a cuda device when triton imports, else ``"torch"``;
+  on cpu the default is therefore the torch path. Triton is imported only when chosen.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -23,13 +37,19 @@ import torch
 
 from .store.batch import resolve_device
 
-__all__ = ["Pairs", "TopK", "threshold_pairs", "topk_neighbours", "auto_tile", "DTYPE_MARGIN"]
+__all__ = ["Pairs", "TopK", "threshold_pairs", "topk_neighbours", "auto_tile", "DTYPE_MARGIN",
+           "ENGINES"]
 
 #: candidate margin below the threshold per tile dtype (max |error| of a unit-vector dot
 #: product in that dtype for d <= 4096, with headroom); candidates are re-scored in float64.
 DTYPE_MARGIN = {"fp32": 1e-4, "tf32": 4e-3, "bf16": 3e-2, "fp16": 6e-3}
 _TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
                 "fp16": torch.float16}
+#: values of the ``engine`` keyword.
+ENGINES = ("auto", "torch", "triton", "faiss")
+#: default Triton tile (BLOCK_M, BLOCK_N) of the threshold join; tile_rows/tile_cols given
+#: to the Triton engine are rounded down to a power of two in [16, 128].
+_TRITON_TILE = (64, 64)
 
 
 @dataclass
@@ -87,6 +107,51 @@ def auto_tile(n: int, device: torch.device, budget_bytes: int | None = None) -> 
     return int(rows), int(cols)
 
 
+@functools.lru_cache(maxsize=1)
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _resolve_engine(engine: str, dev: torch.device) -> str:
+    """The engine to run: validates ``engine`` and resolves ``"auto"``.
+
+    Raises:
+        ValueError: unknown engine, or ``"triton"`` on a non-cuda device without
+            ``TRITON_INTERPRET=1``.
+        ImportError: ``"triton"`` without triton installed.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
+    if engine == "auto":
+        return "triton" if dev.type == "cuda" and _triton_importable() else "torch"
+    if engine == "triton":
+        if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"the triton engine needs CUDA or TRITON_INTERPRET=1 (set before "
+                             f"triton is imported); device is {dev}")
+        if not _triton_importable():
+            raise ImportError("engine='triton' needs triton: pip install triton "
+                              "(or pip install 'consolidate[gpu]')")
+    return engine
+
+
+def _triton_join():
+    """The Triton kernel module (imports triton)."""
+    from .kernels import triton_join
+
+    return triton_join
+
+
+def _triton_block(size: int | None, default: int | None) -> int | None:
+    """A torch-path tile size as a Triton block: power of two in [16, 128] (rounded down)."""
+    if size is None:
+        return default
+    return 1 << (min(128, max(16, int(size))).bit_length() - 1)
+
+
 def threshold_pairs(
     vectors: torch.Tensor | np.ndarray,
     threshold: float,
@@ -97,6 +162,7 @@ def threshold_pairs(
     tile_rows: int | None = None,
     tile_cols: int | None = None,
     budget_bytes: int | None = None,
+    engine: str = "auto",
 ) -> Pairs:
     """All pairs ``i < j`` in the same segment with cosine ``>= threshold``.
 
@@ -108,18 +174,30 @@ def threshold_pairs(
         dtype: tile precision, one of ``fp32``, ``tf32``, ``bf16``, ``fp16``. Results are
             exact in every dtype (float64 re-scoring of candidates within
             :data:`DTYPE_MARGIN`); lower precision only makes the tiles faster on GPUs.
-        tile_rows, tile_cols: tile shape (default: :func:`auto_tile`).
-        budget_bytes: memory budget for :func:`auto_tile`.
+        tile_rows, tile_cols: tile shape (default: :func:`auto_tile`). For the Triton engine
+            they are the kernel's block shape, rounded down to a power of two in [16, 128]
+            (default 64 x 64).
+        budget_bytes: memory budget for :func:`auto_tile` (torch engine only).
+        engine: ``"auto"``, ``"torch"``, ``"triton"`` or ``"faiss"`` (see the module
+            docstring); every engine returns the same pair set.
 
     Returns:
         :class:`Pairs` with positions into the input rows, sorted by ``(i, j)``.
 
     Raises:
-        ValueError: bad shapes, unknown dtype, or ``segments`` of the wrong length.
+        ValueError: bad shapes, unknown dtype, ``segments`` of the wrong length, unknown
+            engine, or ``engine="triton"`` on cpu without ``TRITON_INTERPRET=1``.
+        ImportError: ``engine="triton"`` without triton installed.
     """
+    dev = resolve_device(device)
+    eng = _resolve_engine(engine, dev)
     if dtype not in _TORCH_DTYPE:
         raise ValueError(f"dtype must be one of {sorted(_TORCH_DTYPE)}, got {dtype!r}")
-    dev = resolve_device(device)
+    if eng == "faiss":
+        from .faiss_engine import threshold_pairs_faiss
+
+        return threshold_pairs_faiss(vectors, threshold, segments=segments, device=device,
+                                     dtype=dtype)
     v = torch.as_tensor(vectors)
     if v.ndim != 2:
         raise ValueError(f"vectors must be [n, d], got shape {tuple(v.shape)}")
@@ -139,8 +217,24 @@ def threshold_pairs(
 
     v32 = v.to(dev, torch.float32)[order.to(dev)]
     vt = v32.to(_TORCH_DTYPE[dtype])
-    seg_dev = seg_sorted.to(dev)
     cand = threshold - DTYPE_MARGIN[dtype]
+    if eng == "triton":
+        ci_, cj_ = _triton_join().threshold_candidates(
+            vt, ends, cand, block_m=_triton_block(tile_rows, _TRITON_TILE[0]),
+            block_n=_triton_block(tile_cols, _TRITON_TILE[1]), allow_tf32=dtype == "tf32")
+    else:
+        ci_, cj_ = _torch_candidates(vt, seg_sorted.to(dev), ends, cand, dtype, tile_rows,
+                                     tile_cols, budget_bytes)
+    if not ci_.numel():
+        return empty
+    return _pairs_from_candidates(v32, order.to(dev), ci_, cj_, threshold)
+
+
+def _torch_candidates(vt: torch.Tensor, seg_dev: torch.Tensor, ends: torch.Tensor,
+                      cand: float, dtype: str, tile_rows: int | None, tile_cols: int | None,
+                      budget_bytes: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Candidate pairs (sorted positions, ``int64``) of the tiled torch path."""
+    n, dev = vt.shape[0], vt.device
     if tile_rows is None or tile_cols is None:
         ar, ac = auto_tile(n, dev, budget_bytes)
         tile_rows, tile_cols = tile_rows or ar, tile_cols or ac
@@ -169,14 +263,20 @@ def threshold_pairs(
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32_prev
     if not out_i:
-        return empty
-    ci_ = torch.cat(out_i)
-    cj_ = torch.cat(out_j)
+        empty = torch.zeros(0, dtype=torch.int64, device=dev)
+        return empty, empty
+    return torch.cat(out_i), torch.cat(out_j)
+
+
+def _pairs_from_candidates(v32: torch.Tensor, order: torch.Tensor, ci_: torch.Tensor,
+                           cj_: torch.Tensor, threshold: float) -> Pairs:
+    """Re-score candidates in float64, keep ``>= threshold``, map back to input positions
+    and sort by ``(i, j)`` (shared by every engine, so their results are identical)."""
     sim = _rescore64(v32, ci_, cj_)
     keep = sim >= threshold
     ci_, cj_, sim = ci_[keep], cj_[keep], sim[keep]
-    oi = order.to(dev)[ci_]
-    oj = order.to(dev)[cj_]
+    oi = order[ci_]
+    oj = order[cj_]
     lo, hi = torch.minimum(oi, oj), torch.maximum(oi, oj)
     lo, hi, sim = lo.cpu().numpy(), hi.cpu().numpy(), sim.cpu().numpy()
     srt = np.lexsort((hi, lo))
@@ -201,7 +301,9 @@ class TopK:
     Attributes:
         indices: ``int64 [q, k]`` key positions, best first; ``-1`` where a query has fewer
             than ``k`` keys in its segment.
-        scores: ``float32 [q, k]`` cosine in the tile dtype (``-inf`` for padding).
+        scores: ``float32 [q, k]`` cosine in the tile dtype (``-inf`` for padding); the torch
+            engine rounds 16-bit tiles to their dtype, the Triton engine accumulates the
+            16-bit products in float32.
     """
 
     indices: np.ndarray
@@ -217,37 +319,52 @@ def topk_neighbours(
     key_segments: torch.Tensor | np.ndarray | None = None,
     device: str | torch.device = "auto",
     dtype: str = "fp32",
-    tile_rows: int = 4096,
+    tile_rows: int | None = None,
     tile_cols: int | None = None,
     budget_bytes: int | None = None,
+    engine: str = "auto",
 ) -> TopK:
     """Top-k keys by cosine for every query, only within the query's segment (namespace).
 
     Queries and keys are sorted by segment internally, so a query tile is compared only with
     the key range of the segments it contains; a running top-k per row is merged tile by
-    tile, so memory stays at one ``tile_rows x tile_cols`` block. Ties are broken by the
-    lower key position (stable order).
+    tile, so memory stays at one ``tile_rows x tile_cols`` block (torch engine) or on chip
+    (Triton engine). Ties are broken by the lower key position (stable order).
 
     Args:
         queries: ``float32 [q, d]`` unit vectors.
         keys: ``float32 [n, d]`` unit vectors.
         k: neighbours per query (>= 1).
         query_segments, key_segments: ``int64 [q]`` / ``[n]`` segment codes (both or neither).
-        device, dtype, tile_rows, tile_cols, budget_bytes: as for :func:`threshold_pairs`.
+        device, dtype, tile_cols, budget_bytes: as for :func:`threshold_pairs`.
+        tile_rows: query rows per tile (torch default 4096; Triton: rounded down to a power
+            of two in [16, 128], default 64/32/16 as k grows).
+        engine: ``"auto"``, ``"torch"``, ``"triton"`` or ``"faiss"`` (see the module
+            docstring). The Triton engine supports ``min(k, n) <= 128``; ``"auto"`` falls
+            back to torch above that.
 
     Returns:
         :class:`TopK` in the original query order with original key positions.
 
     Raises:
-        ValueError: bad shapes, ``k < 1``, or only one of the segment arrays given.
+        ValueError: bad shapes, ``k < 1``, only one of the segment arrays given, unknown
+            dtype or engine, ``engine="triton"`` on cpu without ``TRITON_INTERPRET=1``, or
+            ``engine="triton"`` with ``min(k, n) > 128``.
+        ImportError: ``engine="triton"`` without triton installed.
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if (query_segments is None) != (key_segments is None):
         raise ValueError("give both query_segments and key_segments, or neither")
+    dev = resolve_device(device)
+    eng = _resolve_engine(engine, dev)
     if dtype not in _TORCH_DTYPE:
         raise ValueError(f"dtype must be one of {sorted(_TORCH_DTYPE)}, got {dtype!r}")
-    dev = resolve_device(device)
+    if eng == "faiss":
+        from .faiss_engine import topk_faiss
+
+        return topk_faiss(queries, keys, k, query_segments=query_segments,
+                          key_segments=key_segments, device=device, dtype=dtype)
     q = torch.as_tensor(queries).to(dev, torch.float32)
     key = torch.as_tensor(keys).to(dev, torch.float32)
     if q.ndim != 2 or key.ndim != 2 or q.shape[1] != key.shape[1]:
@@ -256,6 +373,13 @@ def topk_neighbours(
     nq, n = q.shape[0], key.shape[0]
     if n == 0 or nq == 0:
         return TopK(np.full((nq, k), -1, np.int64), np.full((nq, k), -np.inf, np.float32))
+    kk = min(k, max(n, 1))
+    if eng == "triton" and kk > _triton_join().MAX_TOPK:
+        if engine == "auto":
+            eng = "torch"
+        else:
+            raise ValueError(f"engine='triton' supports min(k, n) <= "
+                             f"{_triton_join().MAX_TOPK}, got {kk}; use engine='torch'")
     if query_segments is None:
         qs = torch.zeros(nq, dtype=torch.int64)
         ks = torch.zeros(n, dtype=torch.int64)
@@ -271,10 +395,38 @@ def topk_neighbours(
     tdt = _TORCH_DTYPE[dtype]
     qv = q[qord.to(dev)].to(tdt)
     kv = key[kord.to(dev)].to(tdt)
-    ks_dev, qs_dev = ks_s.to(dev), qs_s.to(dev)
+    if eng == "triton":
+        best_s, best_i = _triton_join().topk_candidates(
+            qv, kv, lo_of, hi_of, kk, block_m=_triton_block(tile_rows, None),
+            block_n=_triton_block(tile_cols, 64), allow_tf32=dtype == "tf32")
+    else:
+        best_s, best_i = _topk_torch(qv, kv, qs_s.to(dev), ks_s.to(dev), lo_of, hi_of, kk,
+                                     dtype, 4096 if tile_rows is None else tile_rows,
+                                     tile_cols, budget_bytes)
+    kord_dev = kord.to(dev)
+    mapped = torch.where(bi_valid := (best_i >= 0) & torch.isfinite(best_s),
+                         kord_dev[best_i.clamp(min=0)], torch.full_like(best_i, -1))
+    best_s = torch.where(bi_valid, best_s, torch.full_like(best_s, float("-inf")))
+    inv = torch.empty_like(qord)
+    inv[qord] = torch.arange(nq)
+    inv = inv.to(dev)
+    out_i, out_s = mapped[inv].cpu().numpy(), best_s[inv].cpu().numpy()
+    if kk < k:  # fewer keys than k
+        pad = k - kk
+        out_i = np.pad(out_i, ((0, 0), (0, pad)), constant_values=-1)
+        out_s = np.pad(out_s, ((0, 0), (0, pad)), constant_values=-np.inf)
+    return TopK(out_i.astype(np.int64), out_s.astype(np.float32))
+
+
+def _topk_torch(qv: torch.Tensor, kv: torch.Tensor, qs_dev: torch.Tensor, ks_dev: torch.Tensor,
+                lo_of: torch.Tensor, hi_of: torch.Tensor, kk: int, dtype: str, tile_rows: int,
+                tile_cols: int | None, budget_bytes: int | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Running top-``kk`` of the tiled torch path: ``float32 [q, kk]`` scores and ``int64
+    [q, kk]`` sorted key positions (``-1``/``-inf`` where missing), queries sorted."""
+    nq, n, dev = qv.shape[0], kv.shape[0], qv.device
     if tile_cols is None:
         tile_cols = auto_tile(max(n, 1), dev, budget_bytes)[1]
-    kk = min(k, max(n, 1))
     best_s = torch.full((nq, kk), float("-inf"), device=dev)
     best_i = torch.full((nq, kk), -1, dtype=torch.int64, device=dev)
     tf32_prev = torch.backends.cuda.matmul.allow_tf32
@@ -296,16 +448,4 @@ def topk_neighbours(
             best_s[r0:r1], best_i[r0:r1] = bs, bi
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32_prev
-    kord_dev = kord.to(dev)
-    mapped = torch.where(bi_valid := (best_i >= 0) & torch.isfinite(best_s),
-                         kord_dev[best_i.clamp(min=0)], torch.full_like(best_i, -1))
-    best_s = torch.where(bi_valid, best_s, torch.full_like(best_s, float("-inf")))
-    inv = torch.empty_like(qord)
-    inv[qord] = torch.arange(nq)
-    inv = inv.to(dev)
-    out_i, out_s = mapped[inv].cpu().numpy(), best_s[inv].cpu().numpy()
-    if kk < k:  # fewer keys than k
-        pad = k - kk
-        out_i = np.pad(out_i, ((0, 0), (0, pad)), constant_values=-1)
-        out_s = np.pad(out_s, ((0, 0), (0, pad)), constant_values=-np.inf)
-    return TopK(out_i.astype(np.int64), out_s.astype(np.float32))
+    return best_s, best_i

@@ -135,3 +135,72 @@ def test_topk_with_no_keys():
     got = topk_neighbours(np.eye(3, dtype=np.float32), np.zeros((0, 3), np.float32), 4,
                           device="cpu")
     assert got.indices.shape == (3, 4) and (got.indices == -1).all()
+
+
+def test_engine_torch_and_auto_agree_on_cpu(monkeypatch):
+    from consolidate.similarity import topk_neighbours
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    v, seg = data(300, 16, 4, seed=5)
+    a = threshold_pairs(v, 0.8, segments=seg, device="cpu", engine="torch")
+    b = threshold_pairs(v, 0.8, segments=seg, device="cpu", engine="auto")
+    c = threshold_pairs(v, 0.8, segments=seg, device="cpu")
+    assert len(a) > 0
+    for x in (b, c):
+        np.testing.assert_array_equal(a.i, x.i)
+        np.testing.assert_array_equal(a.j, x.j)
+        np.testing.assert_array_equal(a.sim, x.sim)
+    ta = topk_neighbours(v[:40], v, 5, query_segments=seg[:40], key_segments=seg,
+                         device="cpu", engine="torch")
+    tb = topk_neighbours(v[:40], v, 5, query_segments=seg[:40], key_segments=seg,
+                         device="cpu", engine="auto")
+    np.testing.assert_array_equal(ta.indices, tb.indices)
+    np.testing.assert_array_equal(ta.scores, tb.scores)
+
+
+def test_engine_errors(monkeypatch):
+    from consolidate.similarity import topk_neighbours
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    e = np.eye(3, dtype=np.float32)
+    with pytest.raises(ValueError, match="triton engine needs CUDA or TRITON_INTERPRET=1"):
+        threshold_pairs(e, 0.9, device="cpu", engine="triton")
+    with pytest.raises(ValueError, match="triton engine needs CUDA or TRITON_INTERPRET=1"):
+        topk_neighbours(e, e, 1, device="cpu", engine="triton")
+    with pytest.raises(ValueError, match="engine must be one of"):
+        threshold_pairs(e, 0.9, device="cpu", engine="numba")
+    with pytest.raises(ValueError, match="engine must be one of"):
+        topk_neighbours(e, e, 1, device="cpu", engine="cuda")
+
+
+def test_engine_triton_without_triton_names_pip(monkeypatch):
+    import consolidate.similarity as sim
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(sim, "_triton_importable", lambda: False)
+    with pytest.raises(ImportError, match="pip install triton"):
+        threshold_pairs(np.eye(3, dtype=np.float32), 0.9, device="cpu", engine="triton")
+
+
+def test_engine_faiss_dispatches_lazily(monkeypatch):
+    import sys
+    import types
+
+    from consolidate.similarity import Pairs, TopK, topk_neighbours
+
+    calls = []
+    fake = types.ModuleType("consolidate.faiss_engine")
+    fake.threshold_pairs_faiss = lambda *a, **kw: calls.append(("pairs", a, kw)) or Pairs(
+        np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+    fake.topk_faiss = lambda *a, **kw: calls.append(("topk", a, kw)) or TopK(
+        np.zeros((3, 1), np.int64), np.zeros((3, 1), np.float32))
+    monkeypatch.setitem(sys.modules, "consolidate.faiss_engine", fake)
+    e = np.eye(3, dtype=np.float32)
+    seg = np.zeros(3, np.int64)
+    threshold_pairs(e, 0.9, segments=seg, device="cpu", dtype="fp16", tile_rows=64,
+                    engine="faiss")
+    topk_neighbours(e, e, 1, query_segments=seg, key_segments=seg, device="cpu",
+                    engine="faiss")
+    assert [c[0] for c in calls] == ["pairs", "topk"]
+    assert calls[0][2] == {"segments": seg, "device": "cpu", "dtype": "fp16"}
+    assert set(calls[1][2]) == {"query_segments", "key_segments", "device", "dtype"}
