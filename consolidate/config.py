@@ -81,10 +81,12 @@ class PassConfig:
 
 @dataclass
 class SimilarityConfig:
-    """Similarity engine: ``device`` auto|cpu|cuda, tile ``dtype`` fp32|tf32|bf16|fp16,
-    tile shape (``None`` = from available memory), memory budget in MiB for auto tiles."""
+    """Similarity engine: ``engine`` auto|torch|triton|faiss (auto = the fused Triton kernel
+    on cuda when triton imports, else torch tiles), ``device`` auto|cpu|cuda, tile ``dtype``
+    fp32|tf32|bf16|fp16, tile shape (``None`` = from available memory), memory budget in MiB
+    for auto tiles."""
 
-    engine: str = "torch"
+    engine: str = "auto"
     device: str = "auto"
     dtype: str = "fp32"
     tile_rows: int | None = None

@@ -280,13 +280,14 @@ def run_pass(
         pairs = threshold_pairs(
             torch.from_numpy(u_vec), cfg.threshold, segments=torch.from_numpy(ns_codes),
             device=sim_cfg.device, dtype=sim_cfg.dtype, tile_rows=sim_cfg.tile_rows,
-            tile_cols=sim_cfg.tile_cols,
+            tile_cols=sim_cfg.tile_cols, engine=sim_cfg.engine,
             budget_bytes=None if sim_cfg.budget_mb is None else int(sim_cfg.budget_mb * 2**20),
         )
     else:
         pairs = None
     stats["pairs"] = 0 if pairs is None else len(pairs)
     stats["device"] = str(resolve_device(sim_cfg.device))
+    stats["engine"] = sim_cfg.engine
     times["similarity"] = time.perf_counter() - t
 
     # ---------------------------------------------------------------- clustering
@@ -542,7 +543,7 @@ def _reflect(meta: pd.DataFrame, vec: np.ndarray, cfg: PassConfig, sim_cfg: Simi
     pairs = threshold_pairs(torch.from_numpy(vec[cand]), cfg.reflect_threshold,
                             segments=torch.from_numpy(ns), device=sim_cfg.device,
                             dtype=sim_cfg.dtype, tile_rows=sim_cfg.tile_rows,
-                            tile_cols=sim_cfg.tile_cols)
+                            tile_cols=sim_cfg.tile_cols, engine=sim_cfg.engine)
     if not len(pairs):
         return meta, vec
     ids = meta["id"].to_numpy(object)
