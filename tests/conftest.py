@@ -15,6 +15,25 @@ DATA_DIR = Path(os.environ.get("CONSOLIDATE_DATA_DIR", REPO.parent / "shared" / 
 LOCOMO = DATA_DIR / "locomo" / "locomo10.json"
 
 
+class Scripted:
+    """An LLM backend that answers from a list (one answer per request, in order), records
+    every request, and reports ``tokens`` = (prompt, completion) per answer."""
+
+    name = "scripted"
+    model = "scripted-1"
+
+    def __init__(self, answers, tokens=(7, 3)):
+        self.answers = list(answers)
+        self.tokens = tokens
+        self.seen = []
+
+    def chat(self, requests):
+        from consolidate.llm.base import ChatResponse
+
+        self.seen += requests
+        return [ChatResponse(self.answers.pop(0), *self.tokens, 0.01) for _ in requests]
+
+
 def make_records(rows: list[dict], dim: int | None = None) -> Records:
     """Records from compact dicts; vectors are renormalised to unit length."""
     recs = records_from_rows(rows, dim=dim)

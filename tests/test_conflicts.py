@@ -4,11 +4,10 @@ one's validity interval is closed (kept as history, never blended or tombstoned)
 import math
 
 from consolidate.config import PassConfig
-from consolidate.llm.base import ChatResponse
 from consolidate.llm.merger import LLMMerger
 from consolidate.merge import ExtractiveMerger, MergeMember, MergeRequest, newer_fact_times
 from consolidate.sleep import run_pass, undo_merge
-from tests.conftest import make_records
+from tests.conftest import Scripted, make_records
 
 CFG = PassConfig(threshold=0.9, now="100", decay=False)
 
@@ -111,17 +110,6 @@ def test_newer_fact_times_by_hand():
     assert newer_fact_times(req) == {"a": 20.0, "c": 10.0}
 
 
-class Scripted:
-    name = "scripted"
-    model = "s"
-
-    def __init__(self, answers):
-        self.answers = list(answers)
-        self.seen = []
-
-    def chat(self, requests):
-        self.seen += requests
-        return [ChatResponse(self.answers.pop(0), 7, 3, 0.01) for _ in requests]
 
 
 def llm_run(answer, extra=()):

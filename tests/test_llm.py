@@ -9,27 +9,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from consolidate.config import PassConfig
-from consolidate.llm import ChatRequest, ChatResponse, make_backend
+from consolidate.llm import ChatRequest, make_backend
 from consolidate.llm.cache import CachedBackend, request_key
 from consolidate.llm.merger import LLMMerger, MergeOut, missing_facts, parse_merge
 from consolidate.llm.openai_backend import BackendError, OpenAIBackend
 from consolidate.sleep import run_pass
-from tests.conftest import make_records, require_smollm2
-
-
-class Scripted:
-    """A backend that answers from a list, recording every request."""
-
-    name = "scripted"
-    model = "scripted-1"
-
-    def __init__(self, answers):
-        self.answers = list(answers)
-        self.seen = []
-
-    def chat(self, requests):
-        self.seen += requests
-        return [ChatResponse(self.answers.pop(0), 10, 5, 0.01) for _ in requests]
+from tests.conftest import Scripted, make_records, require_smollm2
 
 
 def cluster_rows():
@@ -77,7 +62,7 @@ def test_missing_facts():
 def test_good_merge_is_applied_with_one_call():
     res, be = run(['{"text": "Gina adopted 2 cats in May."}'])
     assert res.stats["merges"] == 1 and res.stats["model_calls"] == 1
-    assert res.stats["prompt_tokens"] == 10 and res.stats["completion_tokens"] == 5
+    assert res.stats["prompt_tokens"] == 7 and res.stats["completion_tokens"] == 3
     ev = next(e for e in res.events if e["op"] == "merge")
     assert ev["text"] == "Gina adopted 2 cats in May." and ev["merger"] == "llm:scripted"
     assert ev["raw"] == '{"text": "Gina adopted 2 cats in May."}'

@@ -5,26 +5,14 @@ import json
 import pytest
 
 from consolidate.config import PassConfig
-from consolidate.llm.base import ChatResponse
 from consolidate.llm.reflect import LLMReflector, ReflectOut, invented
 from consolidate.sleep import run_pass
-from tests.conftest import make_records
+from tests.conftest import Scripted, make_records
 
 CFG = PassConfig(threshold=0.9, now="100", decay=False, reflect=True,
                  reflect_threshold=0.75, reflect_min_size=3)
 
 
-class Scripted:
-    name = "scripted"
-    model = "s"
-
-    def __init__(self, answers):
-        self.answers = list(answers)
-        self.seen = []
-
-    def chat(self, requests):
-        self.seen += requests
-        return [ChatResponse(self.answers.pop(0), 9, 4, 0.02) for _ in requests]
 
 
 def rows():
@@ -63,7 +51,7 @@ def test_reflection_is_a_new_memory_linked_to_its_sources():
     # members untouched and live; 4 in, 5 out
     assert m.loc[["g0", "g1", "g2", "z"], "deleted_at"].isna().all() and len(m) == 5
     assert res.stats["reflections"] == 1 and res.stats["reflect_calls"] == 1
-    assert res.stats["reflect_prompt_tokens"] == 9 and res.stats["merges"] == 0
+    assert res.stats["reflect_prompt_tokens"] == 7 and res.stats["merges"] == 0
     # the prompt shows every member, most important first
     prompt = be.seen[0].messages[-1]["content"]
     assert prompt.index("shelter") < prompt.index("dog") < prompt.index("cats")

@@ -6,24 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from consolidate.llm.base import ChatResponse
 from consolidate.llm.extract import Turn
 from consolidate.store import Store
 from consolidate.write_path import IngestConfig, ingest
-from tests.conftest import make_records, require_smollm2
-
-
-class Scripted:
-    name = "scripted"
-    model = "s"
-
-    def __init__(self, answers):
-        self.answers = list(answers)
-        self.seen = []
-
-    def chat(self, requests):
-        self.seen += requests
-        return [ChatResponse(self.answers.pop(0), 7, 3, 0.01) for _ in requests]
+from tests.conftest import Scripted, make_records, require_smollm2
 
 
 class WordEmbedder:

@@ -13,10 +13,11 @@ import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from .base import ChatRequest, ChatResponse, LLMBackend
+from .base import ChatRequest, ChatResponse, LLMBackend, make_backend
 
-__all__ = ["CachedBackend", "request_key"]
+__all__ = ["CachedBackend", "request_key", "backend_from"]
 
 
 def request_key(backend: str, model: str, prompt_version: str, r: ChatRequest) -> str:
@@ -78,3 +79,13 @@ class CachedBackend:
         self.hits += len(requests) - len(first)
         self.misses += len(first)
         return [found[k] for k in keys]
+
+
+def backend_from(backend: str | Any, backend_kwargs: dict | None, cache_path: str | None,
+                 prompt_version: str) -> tuple[Any, Any]:
+    """``(backend to call, the model backend itself)``: ``backend`` is a name for
+    :func:`~consolidate.llm.base.make_backend` (with ``backend_kwargs``) or a backend object;
+    with a ``cache_path`` the first is wrapped in a :class:`CachedBackend`."""
+    be = make_backend(backend, **dict(backend_kwargs or {})) if isinstance(backend, str) \
+        else backend
+    return (CachedBackend(be, cache_path, prompt_version) if cache_path else be), be

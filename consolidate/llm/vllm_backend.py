@@ -21,13 +21,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import vllm  # the module is imported only when the vllm backend is chosen
 
 from .base import ChatRequest, ChatResponse
-from .transformers_backend import convert_gguf, smollm2_gguf
+from .transformers_backend import resolve_model_path
 
 __all__ = ["VLLMBackend"]
 
@@ -67,12 +66,7 @@ class VLLMBackend:
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
                              f"{gpu_memory_utilization}")
-        path = Path(model_path) if model_path else smollm2_gguf()
-        if not path.exists():
-            raise FileNotFoundError(f"LLM model not found: {path}")
-        if path.suffix == ".gguf":
-            path = convert_gguf(path, Path(cache_dir) / path.stem)
-        self.model = str(path)
+        self.model = str(resolve_model_path(model_path, cache_dir))
         settings = dict(model=self.model, dtype=dtype,
                         tensor_parallel_size=int(tensor_parallel_size),
                         gpu_memory_utilization=float(gpu_memory_utilization),
