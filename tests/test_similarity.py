@@ -5,14 +5,8 @@ import pytest
 import torch
 
 from consolidate.similarity import auto_tile, threshold_pairs
-from tests.conftest import random_rows
-
-
-def reference(v: np.ndarray, seg: np.ndarray, t: float) -> set[tuple[int, int]]:
-    v64 = v.astype(np.float64)
-    s = v64 @ v64.T
-    i, j = np.nonzero(np.triu(s >= t, 1) & (seg[:, None] == seg[None, :]))
-    return set(zip(i.tolist(), j.tolist(), strict=True))
+from tests.conftest import pair_reference as reference
+from tests.conftest import random_rows, topk_reference
 
 
 def data(n, d, ns, seed):
@@ -85,15 +79,6 @@ def test_auto_tile_respects_budget():
     assert auto_tile(10, torch.device("cpu"), budget_bytes=1 << 30) == (64, 64)
 
 
-def topk_reference(q, keys, qseg, kseg, k):
-    s = q.astype(np.float64) @ keys.astype(np.float64).T
-    s[qseg[:, None] != kseg[None, :]] = -np.inf
-    out = []
-    for row in s:
-        order = np.lexsort((np.arange(len(row)), -row))[:k]
-        got = [int(j) if np.isfinite(row[j]) else -1 for j in order]
-        out.append(got + [-1] * (k - len(got)))
-    return out
 
 
 @pytest.mark.parametrize("nq,n,segs,k", [(1, 1, 1, 1), (37, 211, 1, 10), (50, 300, 4, 7),

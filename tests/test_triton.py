@@ -24,6 +24,9 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import pair_reference as ref_pairs
+from tests.conftest import topk_reference as ref_topk
+
 REPO = Path(__file__).resolve().parents[1]
 
 CHECKS = {}
@@ -37,22 +40,8 @@ def check(fn):
 # ------------------------------------------------------------------ references and data
 
 
-def ref_pairs(v: np.ndarray, seg: np.ndarray, t: float) -> set[tuple[int, int]]:
-    v64 = v.astype(np.float64)
-    i, j = np.nonzero(np.triu(v64 @ v64.T >= t, 1) & (seg[:, None] == seg[None, :]))
-    return set(zip(i.tolist(), j.tolist(), strict=True))
 
 
-def ref_topk(q: np.ndarray, keys: np.ndarray, qseg: np.ndarray, kseg: np.ndarray,
-             k: int) -> list[list[int]]:
-    s = q.astype(np.float64) @ keys.astype(np.float64).T
-    s[qseg[:, None] != kseg[None, :]] = -np.inf
-    out = []
-    for row in s:
-        order = np.lexsort((np.arange(len(row)), -row))[:k]
-        got = [int(j) if np.isfinite(row[j]) else -1 for j in order]
-        out.append(got + [-1] * (k - len(got)))
-    return out
 
 
 def unit(x: np.ndarray) -> np.ndarray:
