@@ -117,15 +117,15 @@ def newer_fact_times(req: MergeRequest) -> dict[str, float]:
     """For each member that some conflicting partner supersedes: the earliest
     :func:`fact_time` among its strictly newer conflicting partners (the time its validity
     interval closes). Members in no conflict, or not older than any partner, are absent;
-    equal times supersede nothing (neither is newer)."""
+    equal or unknown (NaN) times supersede nothing (neither is newer)."""
     by_id = {m.id: m for m in req.members}
     out: dict[str, float] = {}
     for a, b, _ in req.conflicts:
         if a not in by_id or b not in by_id:
             continue
         ta, tb = fact_time(by_id[a]), fact_time(by_id[b])
-        if ta == tb:
-            continue
+        if not (math.isfinite(ta) and math.isfinite(tb)) or ta == tb:
+            continue  # no known order: neither is newer
         old, new_t = (a, tb) if ta < tb else (b, ta)
         out[old] = min(out.get(old, math.inf), new_t)
     return out
@@ -148,22 +148,29 @@ class ExtractiveMerger:
     them for review. With ``newer_wins=True`` it takes clusters with flagged pairs too and
     resolves each by time alone: the older member of a flagged pair is superseded (its
     validity interval closed by the pass), the rest are merged. That rule trusts the conflict
-    guard: two dated events ("went to Paris in 2019" / "in 2021") are then treated as one fact
-    that changed. A model-backed merger can judge that instead.
+    guard, so it applies only to the reasons in ``supersede_on`` (number and date changes by
+    default; negation flags are often false on real text, e.g. "keep pushing" / "do not give
+    up"): a cluster with any other flagged pair, or with a flagged pair of equal times, is left
+    unmerged for review. Two dated events ("went to Paris in 2019" / "in 2021") are still
+    treated as one fact that changed; a model-backed merger can judge that instead.
 
     Args:
         separator: joins the base text and the appended facts.
         max_chars: stop appending facts past this length (``None`` = no limit).
         newer_wins: supersede the older member of each flagged pair (see above).
+        supersede_on: conflict reasons the rule resolves (``number``, ``date``,
+            ``negation``).
     """
 
     name = "extractive"
     handles_conflicts = False
 
     def __init__(self, separator: str = " ", max_chars: int | None = None,
-                 newer_wins: bool = False) -> None:
+                 newer_wins: bool = False,
+                 supersede_on: Sequence[str] = ("number", "date")) -> None:
         self.separator = separator
         self.max_chars = max_chars
+        self.supersede_on = tuple(supersede_on)
         self.handles_conflicts = bool(newer_wins)
         if newer_wins:
             self.name = "extractive:newer_wins"
@@ -191,13 +198,17 @@ class ExtractiveMerger:
     def merge_batch(self, requests: Sequence[MergeRequest]) -> list[MergeResponse]:
         out = []
         for r in requests:
+            other = sorted({w for _, _, w in r.conflicts if w not in self.supersede_on})
+            if other:  # flags the rule does not trust: never blend, never close
+                out.append(MergeResponse(None, note=f"flagged {', '.join(other)}: left for "
+                                         f"review"))
+                continue
             old = newer_fact_times(r) if self.handles_conflicts else {}
             rest = [m for m in r.members if m.id not in old]
-            left = {x for a, b, _ in r.conflicts for x in (a, b)
-                    if a not in old and b not in old}
-            if left:  # a flagged pair with equal times: no newer fact, never blend
+            if any(a not in old and b not in old for a, b, _ in r.conflicts):
+                # a flagged pair with equal or unknown times: no newer fact, never blend
                 out.append(MergeResponse(None, note="flagged pair with equal times: left "
-                                         "for review", superseded=tuple(sorted(old))))
+                                         "for review"))
                 continue
             out.append(MergeResponse(self.merge_text(rest) if len(rest) > 1 else None,
                                      superseded=tuple(sorted(old)),

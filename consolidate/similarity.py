@@ -310,6 +310,17 @@ class TopK:
     scores: np.ndarray
 
 
+def _rank_key(scores: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """``int64`` keys whose order is (score desc, position asc): the float32 score's bits made
+    order-preserving in the high 32 bits, ``2**32 - 1 - position`` in the low 32 (``-1``
+    padding ranks last). ``torch.topk`` over floats is not stable, so equal scores would
+    otherwise come back in any order."""
+    bits = scores.float().contiguous().view(torch.int32).to(torch.int64)
+    ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    low = torch.where(pos >= 0, 0xFFFFFFFF - pos, torch.zeros_like(pos))
+    return (ordered << 32) | low
+
+
 def topk_neighbours(
     queries: torch.Tensor | np.ndarray,
     keys: torch.Tensor | np.ndarray,
@@ -443,8 +454,8 @@ def _topk_torch(qv: torch.Tensor, kv: torch.Tensor, qs_dev: torch.Tensor, ks_dev
                 idx = torch.arange(c0, c1, device=dev).expand(r1 - r0, -1)
                 cs = torch.cat([bs, s], 1)
                 ci = torch.cat([bi, idx], 1)
-                top = torch.topk(cs, kk, dim=1, sorted=True)
-                bs, bi = top.values, torch.gather(ci, 1, top.indices)
+                top = torch.topk(_rank_key(cs, ci), kk, dim=1, sorted=True).indices
+                bs, bi = torch.gather(cs, 1, top), torch.gather(ci, 1, top)
             best_s[r0:r1], best_i[r0:r1] = bs, bi
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32_prev

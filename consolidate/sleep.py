@@ -54,6 +54,7 @@ from .merge import (
     Merger,
     MergeRequest,
     canonical_order,
+    fact_time,
     newer_fact_times,
 )
 from .scoring import retention_score, select_survivors
@@ -234,7 +235,10 @@ def run_pass(
     # a memory whose validity interval has closed is history: never merged with current facts
     valid_to = meta["valid_to"].to_numpy(np.float64)
     closed = np.isfinite(valid_to) & (valid_to <= now_rows(meta))
-    cand = np.flatnonzero(live & ~pinned & ~closed)
+    # reflections are a layer above the facts: never merged with them (a reflection's vector
+    # is its members' centroid, closer to each member than they are to each other)
+    is_refl = np.array([len(x) > 0 for x in meta["derived_from"]], bool)
+    cand = np.flatnonzero(live & ~pinned & ~closed & ~is_refl)
     stats["closed_kept_apart"] = int((live & closed).sum())
 
     # ---------------------------------------------------------------- exact duplicates
@@ -375,15 +379,19 @@ def run_pass(
         allowed = newer_fact_times(req) if resp.superseded else {}
         bad = sorted(set(resp.superseded) - set(allowed))
         sup = [] if bad else sorted(set(resp.superseded))
+        times = {m.id: fact_time(m) for m in req.members}
         for x in sup:  # newer wins: close the older fact's validity interval, keep it
             r = row_of[x]
             old_vt = valid_to_new[r]
             valid_to_new[r] = allowed[x] if np.isnan(old_vt) else min(old_vt, allowed[x])
             superseded_rows.add(r)
+            if valid_to_new[r] == old_vt:
+                continue  # already closed there (a fact that becomes true later): no event
             events.append({"op": "supersede", "id": x, "namespace": req.namespace,
                            "valid_to": float(valid_to_new[r]), "cluster_id": req.cluster_id,
                            "by": sorted({b if a == x else a for a, b, _ in req.conflicts
-                                         if x in (a, b)} - set(sup)),
+                                         if x in (a, b)
+                                         and times[b if a == x else a] > times[x]}),
                            "reasons": sorted({w for a, b, w in req.conflicts
                                               if x in (a, b)}),
                            "merger": merger.name, "raw": resp.raw})
@@ -406,8 +414,10 @@ def run_pass(
         if len(u) > 1 and k not in in_cluster:
             text = canonical_order([_member(meta, r) for r in u])[0].text
             merges.append((u, text, "exact_merge", {}))
+    old_valid_to = meta["valid_to"].to_numpy(np.float64)
+    stats["superseded"] = int(sum(1 for r in superseded_rows
+                                  if valid_to_new[r] != old_valid_to[r]))
     meta["valid_to"] = valid_to_new
-    stats["superseded"] = len(superseded_rows)
     stats["model_calls"] = sum(r.calls for r in responses)
     stats["prompt_tokens"] = sum(r.prompt_tokens for r in responses)
     stats["completion_tokens"] = sum(r.completion_tokens for r in responses)
@@ -459,6 +469,13 @@ def run_pass(
     meta["deleted_at"] = del_at
     meta["deleted_reason"] = del_reason
     meta["merged_into"] = merged_into
+    # reflections follow their members into the records they were merged into (no link to a
+    # tombstone that a later purge removes)
+    moved = {str(ids[r]): m for r, m in enumerate(merged_into[: len(ids)])
+             if del_reason[r] == "merged" and isinstance(m, str)}
+    if moved:
+        meta["derived_from"] = [sorted({moved.get(x, x) for x in d}) if d else d
+                                for d in meta["derived_from"]]
     stats["merges"] = sum(1 for m in merges if m[2] == "merge")
     stats["exact_merges"] = sum(1 for m in merges if m[2] == "exact_merge")
     stats["merged_members"] = sum(len(m[0]) for m in merges)
@@ -534,8 +551,11 @@ def _reflect(meta: pd.DataFrame, vec: np.ndarray, cfg: PassConfig, sim_cfg: Simi
     vt = meta["valid_to"].to_numpy(np.float64)
     is_refl = np.array([len(x) > 0 for x in meta["derived_from"]], bool)
     cand = np.flatnonzero(live & ~(np.isfinite(vt) & (vt <= now)) & ~is_refl)
-    covered = [set(x) for x, ok in zip(meta["derived_from"], live & is_refl, strict=True)
-               if ok]
+    # a group counts as reflected while any reflection of it is still in the store (live, or
+    # dropped by floor/cap: reflecting it again every night would only be dropped again)
+    reason = meta["deleted_reason"].tolist()
+    covered = [set(x) for x, r, ok in zip(meta["derived_from"], reason, is_refl, strict=True)
+               if ok and (not isinstance(r, str) or r in ("floor", "cap"))]
     stats.update(reflect_groups=0, reflections=0, reflect_calls=0)
     if len(cand) < max(2, cfg.reflect_min_size):
         return meta, vec
@@ -645,6 +665,13 @@ def _check_settings(cfg: PassConfig) -> None:
     if not (real(cfg.max_drop_fraction) and 0.0 <= cfg.max_drop_fraction <= 1.0):
         raise ValueError(f"pass.max_drop_fraction must be in [0, 1], got "
                          f"{cfg.max_drop_fraction!r}")
+    if not (real(cfg.reflect_threshold) and -1.0 <= cfg.reflect_threshold <= 1.0):
+        raise ValueError(f"pass.reflect_threshold must be in [-1, 1], got "
+                         f"{cfg.reflect_threshold!r}")
+    for key in ("reflect_min_size", "reflect_max_per_namespace"):
+        v = getattr(cfg, key)
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            raise ValueError(f"pass.{key} must be an integer >= 1, got {v!r}")
     if isinstance(cfg.now, (int, float)) or cfg.now not in ("wall", "latest"):
         try:
             val = float(cfg.now)

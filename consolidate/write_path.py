@@ -23,12 +23,14 @@ New records are written with :meth:`Store.append` before the tombstones
 from __future__ import annotations
 
 import hashlib
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from .llm.base import LLMBackend
 from .llm.decide import Decision, Neighbour, decide_request, parse_decisions, prefilter
@@ -133,7 +135,10 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
                                                   dtype=np.int64),
                           key_segments=np.array([code[n] for n in lm["namespace"]],
                                                 dtype=np.int64), device=device)
-    stored_hashes = {(n, h) for n, h in zip(lm["namespace"], lm["text_hash"], strict=True)}
+    # closed history does not count: "lives in Porto" again after a move is a new fact
+    still_open = ~np.isfinite(lm["valid_to"].to_numpy(np.float64))
+    stored_hashes = {(n, h) for n, h, o in zip(lm["namespace"], lm["text_hash"], still_open,
+                                                strict=True) if o}
     pre = prefilter([f"{t.namespace}\x00{text_hash(f.text)}" for t, _, f in items],
                     {f"{n}\x00{h}" for n, h in stored_hashes},
                     [float(s[0]) if np.isfinite(s[0]) else -1.0 for s in top.scores],
@@ -246,11 +251,18 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
 
 def _valid_from_hours(text: str | None, turn_h: float) -> float:
     """A fact's stated start (``"2023-05"``, ``"2023-05-08"``...) in hours since the epoch;
-    NaN when absent, unparseable or after the turn that states it."""
-    if not text:
-        return float("nan")
+    NaN when absent, not year-first, unparseable, outside the years 1900-2200 or after the
+    turn that states it (a bad date never fails the batch: the fact just has no start)."""
+    if not text or not _ISO_START.match(text.strip()):
+        return float("nan")  # only year-first dates: "05/08/2023" is ambiguous
     try:
-        h = hours_from_datetime(text.strip())
+        ts = pd.Timestamp(text.strip())
     except (ValueError, TypeError, OverflowError):
         return float("nan")
+    if pd.isna(ts) or not 1900 <= ts.year <= 2200:
+        return float("nan")
+    h = hours_from_datetime(ts)
     return h if np.isfinite(h) and h <= turn_h else float("nan")
+
+
+_ISO_START = re.compile(r"^\d{4}(-\d{1,2}(-\d{1,2})?)?([T ]\d{1,2}:\d{2}(:\d{2})?)?$")

@@ -141,3 +141,67 @@ def test_llm_merger_may_not_supersede_the_newer_note():
     assert math.isnan(m.loc["a", "valid_to"]) and math.isnan(m.loc["b", "valid_to"])
     declined = [e for e in res.events if e["op"] == "merge_declined"]
     assert len(declined) == 1 and len(be.seen) == 2  # retried once, then left unmerged
+
+
+# ---------------------------------------------------------------- regressions (break-it review)
+def test_llm_merger_may_not_blend_a_flagged_pair():
+    # "outdated": [] keeps both numbers, which missing_facts alone would accept
+    res, be = llm_run('{"outdated": [], "text": "Gina has 2 cats and 3 cats"}')
+    assert res.stats["merges"] == 0 and res.stats["superseded"] == 0
+    ev = next(e for e in res.events if e["op"] == "merge_declined")
+    assert "never blend" in ev["note"] and len(be.seen) == 2
+
+
+def test_equal_times_cost_no_model_call():
+    r = rows()
+    r[1]["created_at"] = 10.0
+    be = Scripted([])
+    res = run_pass(make_records(r), cfg=CFG,
+                   merger=LLMMerger(be, cache_path=None, handles_conflicts=True), wall_h=200.0)
+    assert be.seen == [] and res.stats["model_calls"] == 0 and res.stats["merges"] == 0
+
+
+def test_newer_wins_leaves_negation_flags_for_review():
+    r = [{"id": "a", "namespace": "u", "text": "Jon will keep pushing for his dreams",
+          "vector": [1.0, 0.0], "created_at": 10.0, "last_used": 10.0},
+         {"id": "b", "namespace": "u", "text": "Jon will keep pushing and not give up",
+          "vector": [0.999, 0.03], "created_at": 20.0, "last_used": 20.0}]
+    res = run_pass(make_records(r), cfg=CFG, merger=ExtractiveMerger(newer_wins=True),
+                   wall_h=200.0)
+    assert res.stats["superseded"] == 0 and res.stats["merges"] == 0
+    assert math.isnan(by_id(res).loc["a", "valid_to"])
+    assert "negation" in next(e for e in res.events if e["op"] == "merge_declined")["note"]
+    # trusted only when asked
+    res2 = run_pass(make_records(r), cfg=CFG, wall_h=200.0,
+                    merger=ExtractiveMerger(newer_wins=True, supersede_on=("negation",)))
+    assert by_id(res2).loc["a", "valid_to"] == 20.0
+
+
+def test_unknown_times_supersede_nothing():
+    def mem(i, t):
+        return MergeMember(i, i, 0.5, 1.0, 1.0, t)
+    req = MergeRequest("m", "u", (mem("a", math.nan), mem("b", 20.0)),
+                       conflicts=(("a", "b", "number"),))
+    assert newer_fact_times(req) == {}
+
+
+def test_supersede_names_every_newer_partner_and_is_not_repeated():
+    a2 = {"id": "a2", "namespace": "u", "text": "Gina has 2 cats", "vector": [0.999, 0.0, 0.03],
+          "created_at": 30.0, "last_used": 30.0}
+    res = run_pass(make_records(rows([a2])), cfg=CFG, wall_h=200.0,
+                   merger=ExtractiveMerger(newer_wins=True))
+    sup = {e["id"]: e for e in res.events if e["op"] == "supersede"}
+    # a (10) and a2 (30) are exact duplicates; b (20) is newer than a, older than a2:
+    # 2 cats until 20, 3 cats until 30, 2 cats since
+    assert {k: (e["by"], e["valid_to"]) for k, e in sup.items()} == {
+        "a": (["b"], 20.0), "b": (["a2"], 30.0)}
+    assert math.isnan(by_id(res).loc["a2", "valid_to"])
+    # a fact that becomes true after `now` closes the older one at that future time once
+    fut = rows()
+    fut[1]["valid_from"] = 500.0
+    first = run_pass(make_records(fut), cfg=CFG, merger=ExtractiveMerger(newer_wins=True),
+                     wall_h=200.0)
+    again = run_pass(first.records, cfg=CFG, merger=ExtractiveMerger(newer_wins=True),
+                     version=2, wall_h=201.0)
+    assert first.stats["superseded"] == 1 and again.stats["superseded"] == 0
+    assert not [e for e in again.events if e["op"] == "supersede"]

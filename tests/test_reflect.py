@@ -1,7 +1,10 @@
 """Reflection in the pass: one new memory per group of related memories, linked to them."""
 
+import dataclasses
 import json
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from consolidate.config import PassConfig
@@ -90,3 +93,55 @@ def test_invented_by_hand():
 def test_reflect_needs_a_reflector():
     with pytest.raises(ValueError, match="reflector"):
         run_pass(make_records(rows()), cfg=CFG, wall_h=200.0)
+
+
+# ---------------------------------------------------------------- regressions (break-it review)
+def test_a_reflection_is_never_merged_with_its_members():
+    # its vector (the centroid) is at cosine 0.92 to each member, above the merge threshold
+    first, _ = run([json.dumps({"text": "Gina cares for animals"})])
+    again, be = run([], recs=first.records, version=2)
+    assert again.stats["merges"] == 0 and again.stats["pairs"] == 0
+    assert again.records.meta["deleted_at"].isna().all()
+
+
+def test_a_dropped_reflection_is_not_written_again_every_night():
+    # members at strength 2, the reflection at 1: with decay it scores lowest and the cap of
+    # 3 drops it
+    cfg = dataclasses.replace(CFG, cap=3, decay=True, floor=0.0)
+    recs = make_records([dict(r, strength=2.0, importance=0.5, last_used=12.0)
+                         for r in rows()[:3]])
+    calls = []
+    for night in (1, 2, 3):
+        be = Scripted([json.dumps({"text": "Gina cares for animals"})])
+        res = run_pass(recs, cfg=cfg, version=night, wall_h=200.0 + night,
+                       reflector=LLMReflector(be, cache_path=None))
+        calls.append(len(be.seen))
+        recs = res.records
+    assert calls == [1, 0, 0]
+    m = recs.meta
+    assert (m["derived_from"].map(len) > 0).sum() == 1  # one reflection record, dropped by cap
+    assert m.loc[m["derived_from"].map(len) > 0, "deleted_reason"].tolist() == ["cap"]
+
+
+def test_derived_from_follows_merges():
+    first, _ = run([json.dumps({"text": "Gina cares for animals"})])
+    dup = make_records([dict(rows()[0], id="g0b", text="Gina adopted 2 cats!")])
+    recs = type(first.records)(
+        pd.concat([first.records.meta, dup.meta], ignore_index=True),
+        np.concatenate([first.records.vectors, dup.vectors]))
+    again, be = run([], recs=recs, version=2)
+    m = again.records.meta.set_index("id")
+    merged = next(e for e in again.events if e["op"] == "exact_merge")
+    assert merged["members"] == ["g0", "g0b"]
+    refl = m[m["derived_from"].map(len) > 0]
+    assert len(refl) == 1 and be.seen == []  # still covered: no second reflection
+    assert refl.iloc[0]["derived_from"] == sorted(["g1", "g2", merged["id"]])
+    assert m.loc[refl.iloc[0]["derived_from"], "deleted_at"].isna().all()
+
+
+@pytest.mark.parametrize("bad", [{"reflect_threshold": float("nan")},
+                                 {"reflect_min_size": 0}, {"reflect_max_per_namespace": 1.5}])
+def test_bad_reflect_settings_are_refused(bad):
+    with pytest.raises(ValueError, match="pass.reflect"):
+        run_pass(make_records(rows()), cfg=dataclasses.replace(CFG, **bad), wall_h=200.0,
+                 reflector=LLMReflector(Scripted([]), cache_path=None))

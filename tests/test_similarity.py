@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from consolidate.similarity import auto_tile, threshold_pairs
+from consolidate.similarity import auto_tile, threshold_pairs, topk_neighbours
 from tests.conftest import pair_reference as reference
 from tests.conftest import random_rows, topk_reference
 
@@ -189,3 +189,17 @@ def test_engine_faiss_dispatches_lazily(monkeypatch):
     assert [c[0] for c in calls] == ["pairs", "topk"]
     assert calls[0][2] == {"segments": seg, "device": "cpu", "dtype": "fp16"}
     assert set(calls[1][2]) == {"query_segments", "key_segments", "device", "dtype"}
+
+
+def test_topk_ties_go_to_the_lower_position_in_every_tile_shape():
+    keys = np.tile(np.array([[0.6, 0.8]], np.float32), (300, 1))
+    q = np.array([[0.6, 0.8], [0.8, 0.6]], np.float32)
+    for cols in (None, 7, 64):
+        got = topk_neighbours(q, keys, 3, device="cpu", engine="torch", tile_cols=cols)
+        assert got.indices.tolist() == [[0, 1, 2], [0, 1, 2]], cols
+
+
+def test_cuda_without_cuda_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        threshold_pairs(np.eye(3, dtype=np.float32), 0.5, device="cuda")

@@ -238,3 +238,24 @@ def test_patch_written_during_a_pass_is_carried(store):
         info = store.commit(res.records, res.events, base=snap)
     assert info["carried_touches"] == 1
     assert store.load().records.meta.set_index("id").loc["c", "valid_to"] == 250.0
+
+
+def test_patch_of_a_record_merged_meanwhile_follows_merged_into(tmp_path):
+    s = Store(tmp_path / "s")
+    s.create(make_records([
+        {"id": "A", "namespace": "u", "text": "Gina lives in Porto", "vector": [1.0, 0.0]},
+        {"id": "B", "namespace": "u", "text": "gina lives in porto.", "vector": [1.0, 0.0]},
+        {"id": "C", "namespace": "u", "text": "Gina likes tea", "vector": [0.0, 1.0]},
+        {"id": "D", "namespace": "u", "text": "Gina likes tea!", "vector": [0.0, 1.0]}]))
+    with s.lock():
+        snap = s.load()
+        res = run_pass(snap.records, cfg=PassConfig(now="0", decay=False), version=2,
+                       wall_h=20.0)
+        # the write path closes A and deletes C while the pass runs
+        s.patch([{"id": "A", "op": "close", "valid_to": 18.0}, {"id": "C", "op": "delete"}],
+                now=19.0)
+        s.commit(res.records, res.events, base=snap)
+    m = s.load().records.meta.set_index("id")
+    porto, tea = m.loc["A", "merged_into"], m.loc["C", "merged_into"]
+    assert m.loc[porto, "valid_to"] == 18.0  # the merged record holds A's fact: closed
+    assert m.loc[tea, "deleted_reason"] == "deleted" and m.loc[tea, "deleted_at"] == 19.0

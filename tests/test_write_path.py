@@ -112,6 +112,31 @@ def test_contradicted_temporal_fact_is_closed_not_deleted(tmp_path):
         "m0", None]
 
 
+@pytest.mark.parametrize("text,hours", [
+    ("2023-05", 1682899200 / 3600), ("2023-05-08", 1683504000 / 3600), ("NaN", None), ("nat", None),
+    ("1700-01-01", None), ("05/08/2023", None), ("2999-01-01", None), ("", None)])
+def test_model_dates_never_fail_the_batch(text, hours):
+    from consolidate.write_path import _valid_from_hours
+    got = _valid_from_hours(text, 500_000.0)
+    if hours is None:
+        assert np.isnan(got)
+    else:  # UTC midnight in hours since the epoch
+        assert got == hours
+
+
+def test_a_fact_true_again_after_closed_history_is_not_a_duplicate(tmp_path):
+    emb = WordEmbedder()
+    s = Store(tmp_path / "s")
+    v = emb.encode(["Gina lives in Porto"])
+    s.create(make_records([{"id": "m0", "namespace": "gina", "text": "Gina lives in Porto",
+                            "vector": v[0], "valid_from": 5.0, "valid_to": 18.0}]))
+    be = Scripted([facts("Gina lives in Porto"),
+                   json.dumps({"decisions": [{"fact": 1, "op": "ADD"}]})])
+    out = ingest(s, [turn(20, "Back in Porto!")], be, emb, IngestConfig(add_below=-1.0))
+    assert out["decisions"] == {"ADD": 1}
+    assert (s.load().records.meta["text"] == "Gina lives in Porto").sum() == 2
+
+
 def test_pinned_target_and_unknown_alias_become_add(store):
     emb = WordEmbedder()
     be = Scripted([facts("Gina works as a doctor", "Gina lives in Faro"),

@@ -94,7 +94,8 @@ CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """Turn the errors a user can fix (bad input, bad settings, a locked or corrupt store, a
-    missing file) into one line on stderr and exit status 2, instead of a traceback."""
+    missing file or package) into one line on stderr and exit status 2, instead of a
+    traceback."""
     from ..evaluation.tasks import DatasetHashError
     from ..sleep import MassDropError
     from ..store import (
@@ -109,7 +110,7 @@ def user_errors() -> Iterator[None]:
         yield
     except (InvalidRecordsError, MassDropError, LockTimeoutError, CorruptStoreError,
             StoreNotFoundError, ConcurrentCommitError, DatasetHashError, FileNotFoundError,
-            KeyError, ValueError) as e:
+            KeyError, ValueError, ImportError) as e:
         if os.environ.get("CONSOLIDATE_DEBUG"):
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)

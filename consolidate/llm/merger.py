@@ -19,6 +19,7 @@ cluster is left unmerged and nothing is closed.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -65,7 +66,17 @@ _CONFLICT_SYSTEM = (
 
 
 def _date(hours: float) -> str:
+    if not math.isfinite(hours):
+        return "date unknown"
     return datetime.fromtimestamp(hours * 3600, UTC).strftime("%Y-%m-%d")
+
+
+def _unordered(req: MergeRequest) -> bool:
+    """Has the request a flagged pair where neither member is newer (equal or NaN times)?"""
+    older = newer_fact_times(req)
+    by_id = {m.id: fact_time(m) for m in req.members}
+    return any(a not in older and b not in older and by_id.get(a) is not None
+               and by_id.get(b) is not None for a, b, _ in req.conflicts)
 
 
 def conflict_order(req: MergeRequest) -> list:
@@ -192,6 +203,12 @@ class LLMMerger:
         wrong = [k for k in sorted(set(out.outdated)) if order[k - 1].id not in allowed]
         if wrong:
             return None, (), f"notes {wrong} are not contradicted by a newer flagged note"
+        open_pair = [(a, b) for a, b, _ in req.conflicts if a not in sup and b not in sup]
+        if open_pair:
+            a, b = open_pair[0]
+            num = {m.id: k + 1 for k, m in enumerate(order)}
+            return None, (), (f"notes [{num[a]}] and [{num[b]}] were flagged and neither is "
+                              f"marked outdated; never blend them")
         rest = [m.text for m in req.members if m.id not in sup]
         if len(rest) < 2:
             return None, sup, ""  # nothing left to merge: only close the outdated ones
@@ -201,10 +218,20 @@ class LLMMerger:
         return text, sup, ", ".join(missing_facts(text, rest))
 
     def merge_batch(self, requests: Sequence[MergeRequest]) -> list[MergeResponse]:
-        first = self.backend.chat([self._request(r) for r in requests])
         out: list[MergeResponse | None] = [None] * len(requests)
+        ask = []
+        for k, req in enumerate(requests):
+            if self.handles_conflicts and req.conflicts and _unordered(req):
+                # a flagged pair with no newer side can be neither closed nor blended
+                out[k] = MergeResponse(None, note="flagged pair with equal or unknown "
+                                       "times: left for review (no call)")
+            else:
+                ask.append(k)
+        sent = self.backend.chat([self._request(requests[k]) for k in ask]) if ask else []
+        first: dict[int, Any] = dict(zip(ask, sent, strict=True))
         retry: list[tuple[int, str]] = []
-        for k, (req, resp) in enumerate(zip(requests, first, strict=True)):
+        for k, resp in first.items():
+            req = requests[k]
             text, sup, why = self._check(req, resp.text)
             if not why:
                 out[k] = MergeResponse(text, resp.text, 1, resp.prompt_tokens,

@@ -665,7 +665,12 @@ def _json_default(o: Any) -> Any:
 
 
 def apply_patch(recs: Records, patches: Sequence[Mapping[str, Any]]) -> Records:
-    """Apply :meth:`Store.patch` entries (unknown ids are skipped: they may be purged)."""
+    """Apply :meth:`Store.patch` entries (unknown ids are skipped: they may be purged).
+
+    A patch aimed at a record that a pass has merged since (``deleted_reason="merged"``)
+    follows ``merged_into`` to the record that now holds its fact, as recalls do: a fact the
+    write path deleted or closed while a pass ran must not stay current inside the merge.
+    """
     meta = recs.meta.copy()
     pos = {i: k for k, i in enumerate(meta["id"])}
     deleted = meta["deleted_at"].to_numpy(np.float64).copy()
@@ -674,6 +679,11 @@ def apply_patch(recs: Records, patches: Sequence[Mapping[str, Any]]) -> Records:
     vto = meta["valid_to"].to_numpy(np.float64).copy()
     for p in patches:
         k = pos.get(p["id"])
+        seen: set[int] = set()
+        while (k is not None and k not in seen and reason[k] == "merged"
+               and isinstance(into[k], str)):
+            seen.add(k)
+            k = pos.get(into[k])
         if k is None:
             continue
         if p["op"] == "delete" and np.isnan(deleted[k]):
