@@ -379,7 +379,7 @@ def run_pass(
         allowed = newer_fact_times(req) if resp.superseded else {}
         bad = sorted(set(resp.superseded) - set(allowed))
         sup = [] if bad else sorted(set(resp.superseded))
-        times = {m.id: fact_time(m) for m in req.members}
+        ftime = {m.id: fact_time(m) for m in req.members}
         for x in sup:  # newer wins: close the older fact's validity interval, keep it
             r = row_of[x]
             old_vt = valid_to_new[r]
@@ -391,7 +391,7 @@ def run_pass(
                            "valid_to": float(valid_to_new[r]), "cluster_id": req.cluster_id,
                            "by": sorted({b if a == x else a for a, b, _ in req.conflicts
                                          if x in (a, b)
-                                         and times[b if a == x else a] > times[x]}),
+                                         and ftime[b if a == x else a] > ftime[x]}),
                            "reasons": sorted({w for a, b, w in req.conflicts
                                               if x in (a, b)}),
                            "merger": merger.name, "raw": resp.raw})
