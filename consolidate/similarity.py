@@ -237,6 +237,11 @@ def _torch_candidates(vt: torch.Tensor, seg_dev: torch.Tensor, ends: torch.Tenso
     n, dev = vt.shape[0], vt.device
     if tile_rows is None or tile_cols is None:
         ar, ac = auto_tile(n, dev, budget_bytes)
+        # many small namespaces: a row tile much taller than a namespace computes mostly
+        # cross-namespace scores that are masked away (waste ~ tile_rows / namespace size);
+        # rows of about two namespaces keep the waste small and still pack many per matmul
+        segs = int(torch.unique_consecutive(seg_dev).numel())
+        ar = min(ar, max(256, 1 << max(0, int(2 * n / segs) - 1).bit_length()))
         tile_rows, tile_cols = tile_rows or ar, tile_cols or ac
     tf32_prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
@@ -446,17 +451,36 @@ def _topk_torch(qv: torch.Tensor, kv: torch.Tensor, qs_dev: torch.Tensor, ks_dev
         for r0 in range(0, nq, tile_rows):
             r1 = min(nq, r0 + tile_rows)
             c_lo, c_hi = int(lo_of[r0:r1].min()), int(hi_of[r0:r1].max())
-            bs, bi = best_s[r0:r1], best_i[r0:r1]
+            if c_hi <= c_lo:
+                continue
+            # one namespace in the whole block: no segment mask needed
+            one_seg = bool(qs_dev[r0] == qs_dev[r1 - 1]) and bool(
+                ks_dev[c_lo] == ks_dev[c_hi - 1]) and bool(qs_dev[r0] == ks_dev[c_lo])
+            cand_s, cand_i = [best_s[r0:r1]], [best_i[r0:r1]]
             for c0 in range(c_lo, c_hi, tile_cols):
                 c1 = min(c_hi, c0 + tile_cols)
                 s = (qv[r0:r1] @ kv[c0:c1].T).float()
-                s.masked_fill_(qs_dev[r0:r1, None] != ks_dev[None, c0:c1], float("-inf"))
-                idx = torch.arange(c0, c1, device=dev).expand(r1 - r0, -1)
-                cs = torch.cat([bs, s], 1)
-                ci = torch.cat([bi, idx], 1)
-                top = torch.topk(_rank_key(cs, ci), kk, dim=1, sorted=True).indices
-                bs, bi = torch.gather(cs, 1, top), torch.gather(ci, 1, top)
-            best_s[r0:r1], best_i[r0:r1] = bs, bi
+                if not one_seg:
+                    s.masked_fill_(qs_dev[r0:r1, None] != ks_dev[None, c0:c1], float("-inf"))
+                kt = min(kk, c1 - c0)
+                # one more than needed: torch.topk is not stable, so where the (kt+1)-th
+                # score equals the kt-th (a tie straddles the cut), redo those rows with the
+                # exact (score, position) key
+                v, ix = torch.topk(s, min(kt + 1, c1 - c0), dim=1, sorted=True)
+                tied = torch.zeros(r1 - r0, dtype=torch.bool, device=dev)
+                if v.shape[1] > kt:
+                    tied = (v[:, kt] == v[:, kt - 1]) & torch.isfinite(v[:, kt])
+                v, ix = v[:, :kt], ix[:, :kt]
+                if bool(tied.any()):
+                    rows = tied.nonzero()[:, 0]
+                    pos = torch.arange(c0, c1, device=dev).expand(len(rows), -1)
+                    ix[rows] = torch.topk(_rank_key(s[rows], pos), kt, dim=1).indices
+                    v[rows] = torch.gather(s[rows], 1, ix[rows])
+                cand_s.append(v)
+                cand_i.append(ix + c0)
+            cs, ci = torch.cat(cand_s, 1), torch.cat(cand_i, 1)
+            top = torch.topk(_rank_key(cs, ci), kk, dim=1, sorted=True).indices
+            best_s[r0:r1], best_i[r0:r1] = torch.gather(cs, 1, top), torch.gather(ci, 1, top)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32_prev
     return best_s, best_i
