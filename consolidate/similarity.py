@@ -251,20 +251,16 @@ def _torch_candidates(vt: torch.Tensor, seg_dev: torch.Tensor, ends: torch.Tenso
             r1 = min(n, r0 + tile_rows)
             cend = int(ends[r1 - 1])
             rows = vt[r0:r1]
-            rseg = seg_dev[r0:r1]
             for c0 in range(r0, cend, tile_cols):
                 c1 = min(cend, c0 + tile_cols)
-                s = rows @ vt[c0:c1].T
-                m = s >= cand
-                # upper triangle: column index > row index
-                ri = torch.arange(r0, r1, device=dev)[:, None]
-                ci = torch.arange(c0, c1, device=dev)[None, :]
-                m &= ci > ri
-                m &= rseg[:, None] == seg_dev[c0:c1][None, :]
-                nz = m.nonzero()
+                # threshold first (one pass over the tile), then the upper-triangle and
+                # same-namespace tests on the few candidates only
+                nz = ((rows @ vt[c0:c1].T) >= cand).nonzero()
                 if nz.numel():
-                    out_i.append(nz[:, 0] + r0)
-                    out_j.append(nz[:, 1] + c0)
+                    i, j = nz[:, 0] + r0, nz[:, 1] + c0
+                    keep = (j > i) & (seg_dev[i] == seg_dev[j])
+                    out_i.append(i[keep])
+                    out_j.append(j[keep])
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32_prev
     if not out_i:
