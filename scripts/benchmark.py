@@ -1,0 +1,1172 @@
+#!/usr/bin/env python3
+"""Benchmark the similarity join and top-k search against what a user would write instead.
+
+Everything is measured in the same run, on the same data: our engines (``threshold_pairs`` /
+``topk_neighbours`` with engine torch, triton where CUDA and triton are there, faiss where
+installed), naive torch tiles, numpy tiles on the cpu, raw faiss-cpu ``range_search`` /
+``search``, sentence-transformers ``util.paraphrase_mining_embeddings``,
+``util.community_detection`` and ``util.semantic_search``, and a per-namespace Python loop
+over our engine; plus the device's matmul peak, so each method's achieved TFLOP/s is also a
+share of what the hardware did in this run.
+
+Timing: two warm-up calls (one if the first takes over a second) on a slice of the input
+(the first ``--warm-rows`` rows; whole namespaces for the many-namespaces case), then up to
+``--repeats`` timed calls on the full input, best kept; a call slower than ``--slow-s`` is
+not repeated (``runs`` column). A method whose time extrapolated from the warm-up would
+overrun the remaining ``--budget-s`` is skipped and says so. Results are written after
+every method, so a run cut short still leaves its table.
+
+Recall (and precision) are against a float64 brute-force reference: all pairs when
+``n <= --full-ref-max`` (then also timed as the method "torch float64 tiles"), otherwise the
+pairs that touch ``--ref-sample`` random rows; top-k against float64 top-k of up to
+``--ref-sample`` queries.
+
+Usage::
+
+    .venv/bin/python scripts/benchmark.py                       # cpu preset, 3-4 min on 2 cores
+    python3 scripts/benchmark.py --preset gpu --out $OUT/bench  # H200 subset, ~5 min
+    python3 scripts/benchmark.py --preset tiny --out /tmp/b     # seconds: a smoke test
+
+The LOCOMO case embeds the observations (data dir ``../shared/data`` or
+``CONSOLIDATE_DATA_DIR``; needs hydra-core and the embedding model package) or reads vectors
+saved earlier (``--save-locomo-npz`` / ``--locomo-npz``); without either it is skipped.
+
+Output folder (``--out``): ``results.parquet``, ``report.md``, ``benchmark.png``,
+``meta.json``. The ratio lines of our engine against each baseline are printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import importlib.util
+import inspect
+import json
+import math
+import os
+import platform
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from consolidate.faiss_engine import recall_at_k, threshold_pairs_faiss, topk_faiss  # noqa: E402
+from consolidate.similarity import TopK, threshold_pairs, topk_neighbours  # noqa: E402
+from consolidate.store.batch import resolve_device  # noqa: E402
+
+HAS_FAISS = importlib.util.find_spec("faiss") is not None
+HAS_ST = importlib.util.find_spec("sentence_transformers") is not None
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+ENGINE_KW = ("engine" in inspect.signature(threshold_pairs).parameters
+             and "engine" in inspect.signature(topk_neighbours).parameters)
+TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
+               "fp16": torch.float16, "fp64": torch.float64}
+
+
+class Skip(Exception):
+    """A method that cannot run here (missing package, over a size cap, over budget)."""
+
+
+# --------------------------------------------------------------------------- cases
+
+
+@dataclass
+class Case:
+    """One benchmark input and the methods to run on it.
+
+    kind: ``join`` (pairs >= threshold, one namespace), ``namespaces`` (join within
+    ``namespaces`` namespaces of ``rows_per_ns`` rows), ``topk`` (``q`` queries, the first
+    rows of the store, against all ``n`` rows).
+    """
+
+    kind: str
+    n: int
+    d: int
+    dtype: str
+    threshold: float | None = None
+    k: int | None = None
+    q: int | None = None
+    namespaces: int = 1
+    source: str = "random"
+    methods: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        src = "LOCOMO " if self.source == "locomo" else ""
+        if self.kind == "topk":
+            return f"{src}top-{self.k} q={self.q} n={self.n} d={self.d} {self.dtype}"
+        ns = f" ns={self.namespaces}x{self.n // max(1, self.namespaces)}" \
+            if self.kind == "namespaces" else ""
+        return f"{src}join n={self.n}{ns} d={self.d} {self.dtype} t={self.threshold}"
+
+
+JOIN = ["ours (torch)", "ours (triton)", "ours (faiss)", "naive torch tiles", "numpy tiles",
+        "faiss range_search"]
+ST_JOIN = ["st paraphrase_mining", "st community_detection"]
+TOPK = ["ours (torch)", "ours (triton)", "ours (faiss)", "naive torch tiles", "numpy tiles",
+        "faiss search", "st semantic_search", "faiss IVF (approx)"]
+NS = ["ours (torch)", "ours (triton)", "ours (faiss)", "loop over ours per namespace",
+      "numpy loop per namespace"]
+
+
+def preset_cases(preset: str) -> tuple[list[Case], dict[str, Any]]:
+    """Cases of a preset and its defaults (budget, caps)."""
+    if preset == "cpu":
+        return [
+            Case("join", 50_000, 384, "fp32", 0.9, methods=JOIN),
+            Case("join", 10_000, 384, "fp32", 0.9,
+                 methods=["ours (torch)", "ours (faiss)", "numpy tiles"] + ST_JOIN),
+            Case("topk", 50_000, 384, "fp32", k=10, q=5_000, methods=TOPK),
+            Case("namespaces", 200_000, 384, "fp32", 0.9, namespaces=2_000, methods=NS),
+            Case("join", 0, 384, "fp32", 0.9, source="locomo",
+                 methods=["ours (torch)", "ours (faiss)", "numpy tiles", "faiss range_search"]
+                 + ST_JOIN),
+        ], {"budget_s": 300.0, "cpu_cap_tflop": 1.5, "st_cap_n": 10_000, "locomo_conv": 2,
+            "repeats": 3, "slow_s": 2.0, "warm_rows": 4096}
+    if preset == "gpu":
+        # the leading cases of the issue's grid, most important first; the rest of the grid
+        # (n=1e4, d=1024 at 0.85/0.95, k=100) runs only while the time budget lasts
+        return [
+            Case("join", 1_000_000, 1024, "bf16", 0.9, methods=JOIN),
+            Case("join", 1_000_000, 384, "bf16", 0.9, methods=JOIN),
+            Case("topk", 1_000_000, 1024, "bf16", k=10, q=1_000_000,
+                 methods=["ours (torch)", "ours (triton)", "ours (faiss)", "naive torch tiles"]),
+            Case("namespaces", 1_000_000, 384, "bf16", 0.9, namespaces=10_000, methods=NS),
+            Case("join", 100_000, 384, "bf16", 0.9, methods=JOIN + ST_JOIN),
+            Case("join", 0, 384, "bf16", 0.9, source="locomo", methods=JOIN + ST_JOIN),
+            Case("join", 100_000, 1024, "bf16", 0.85, methods=JOIN[:4]),
+            Case("join", 100_000, 1024, "bf16", 0.95, methods=JOIN[:4]),
+            Case("topk", 100_000, 384, "bf16", k=100, q=100_000,
+                 methods=TOPK[:4] + ["st semantic_search"]),
+            Case("join", 10_000, 384, "bf16", 0.9, methods=JOIN + ST_JOIN),
+            Case("join", 1_000_000, 384, "bf16", 0.9, methods=["st community_detection"]),
+        ], {"budget_s": 270.0, "cpu_cap_tflop": 4.0, "st_cap_n": 1_000_000,
+            "locomo_conv": 10, "repeats": 3, "slow_s": 5.0, "warm_rows": 65_536}
+    if preset == "tiny":
+        return [
+            Case("join", 3_000, 64, "fp32", 0.9, methods=JOIN + ST_JOIN),
+            Case("topk", 3_000, 64, "fp32", k=10, q=500, methods=TOPK),
+            Case("namespaces", 2_000, 64, "fp32", 0.9, namespaces=20, methods=NS),
+        ], {"budget_s": 60.0, "cpu_cap_tflop": 0.1, "st_cap_n": 10_000, "locomo_conv": 1,
+            "repeats": 2, "slow_s": 1.0, "warm_rows": 512}
+    raise SystemExit(f"unknown preset {preset!r}")
+
+
+# --------------------------------------------------------------------------- data
+
+
+def make_store(n: int, d: int, seed: int, device: torch.device, dup_frac: float = 0.1,
+               cos: tuple[float, float] = (0.8, 0.995),
+               seg: np.ndarray | None = None) -> torch.Tensor:
+    """``float32 [n, d]`` random unit vectors; ``dup_frac * n`` rows replaced by near-copies
+    of other rows at a cosine drawn uniformly from ``cos`` (so every threshold in that range
+    has pairs on both sides of it). With ``seg`` (namespace codes, changed in place) a
+    near-copy moves into its source's namespace."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    v = torch.randn(n, d, generator=g, device=device)
+    v = torch.nn.functional.normalize(v, dim=1)
+    m = int(n * dup_frac)
+    if m:
+        dst = torch.randperm(n, generator=g, device=device)[:m]
+        src = torch.randint(0, n, (m,), generator=g, device=device)
+        c = torch.empty(m, 1, device=device).uniform_(*cos, generator=g)
+        u = torch.nn.functional.normalize(torch.randn(m, d, generator=g, device=device), dim=1)
+        base = v[src]
+        u = torch.nn.functional.normalize(u - (u * base).sum(1, keepdim=True) * base, dim=1)
+        v[dst] = torch.nn.functional.normalize(c * base + (1 - c * c).sqrt() * u, dim=1)
+        if seg is not None:
+            seg[dst.cpu().numpy()] = seg[src.cpu().numpy()]
+    return v
+
+
+def locomo_store(conversations: int, device: torch.device, npz: str | None = None,
+                 save: str | None = None) -> tuple[torch.Tensor, np.ndarray]:
+    """Embedded LOCOMO observations and namespace codes, or :class:`Skip` with the reason.
+
+    ``npz``: read ``vectors``/``codes`` saved earlier with ``save`` instead of embedding (a
+    machine without the data or the embedding model can still run the case).
+    """
+    if npz:
+        if not Path(npz).exists():
+            raise Skip(f"no LOCOMO vectors at {npz}")
+        with np.load(npz) as z:  # the store as saved (its conversations, not ``conversations``)
+            v, codes = z["vectors"].astype(np.float32), z["codes"].astype(np.int64)
+        return torch.from_numpy(np.ascontiguousarray(v)), codes
+    data = Path(os.environ.get("CONSOLIDATE_DATA_DIR", REPO.parent / "shared" / "data"))
+    path = data / "locomo" / "locomo10.json"
+    if not path.exists():
+        raise Skip(f"LOCOMO not found at {path} (set CONSOLIDATE_DATA_DIR)")
+    try:
+        from consolidate.embed import Embedder
+        from consolidate.store.locomo import locomo_records
+        emb = Embedder(device=str(device), show_progress=False)
+    except Exception as e:  # missing hydra/omegaconf, model package, ...
+        raise Skip(f"LOCOMO store unavailable: {type(e).__name__}: {e}") from e
+    recs, _ = locomo_records(path, emb, conversations=conversations)
+    codes, _ = pd.factorize(recs.meta["namespace"], sort=True)
+    v = np.ascontiguousarray(recs.vectors, np.float32)
+    if save:
+        np.savez(save, vectors=v, codes=codes.astype(np.int64))
+    return torch.from_numpy(v), codes.astype(np.int64)
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+class PeakRSS:
+    """Peak resident memory of this process while the block runs (10 ms sampling)."""
+
+    def __init__(self) -> None:
+        try:
+            import psutil
+
+            proc = psutil.Process()
+            self._read = lambda: proc.memory_info().rss
+        except ImportError:
+            page = os.sysconf("SC_PAGE_SIZE")
+
+            def read() -> int:
+                with open("/proc/self/statm") as f:
+                    return int(f.read().split()[1]) * page
+
+            self._read = read
+        self.peak = 0
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._read())
+            self._stop.wait(0.01)
+
+    def __enter__(self) -> PeakRSS:
+        self.peak = self._read()
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self._read())
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak(device: torch.device, dtype: str, size: int, reps: int = 5) -> float:
+    """Best TFLOP/s of a ``size``^3 matmul in ``dtype`` on ``device``."""
+    tdt = TORCH_DTYPE[dtype]
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(size, size, generator=g, device=device).to(tdt)
+    b = torch.randn(size, size, generator=g, device=device).to(tdt)
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    try:
+        for _ in range(2):
+            a @ b
+        sync(device)
+        best = math.inf
+        for _ in range(reps):
+            t = time.perf_counter()
+            a @ b
+            sync(device)
+            best = min(best, time.perf_counter() - t)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    return 2 * size**3 / best / 1e12
+
+
+@dataclass
+class Ctx:
+    """The inputs of one case (or of its warm-up slice) as each method wants them."""
+
+    case: Case
+    device: torch.device
+    v: torch.Tensor  # float32 [n, d] on device
+    seg: np.ndarray | None  # int64 [n] namespace codes
+    args: argparse.Namespace
+    cache: dict[str, Any] = field(default_factory=dict)
+    _host: np.ndarray | None = None
+
+    @property
+    def host(self) -> np.ndarray:
+        """float32 numpy copy for the cpu baselines (made once)."""
+        if self._host is None:
+            self._host = np.ascontiguousarray(self.v.cpu().numpy(), np.float32)
+        return self._host
+
+    @property
+    def n(self) -> int:
+        return int(self.v.shape[0])
+
+    @property
+    def q(self) -> int:
+        return min(self.case.q or self.n, self.n)
+
+    @property
+    def seg_t(self) -> torch.Tensor | None:
+        return None if self.seg is None else torch.from_numpy(self.seg)
+
+    def slice(self, rows: int) -> Ctx:
+        """The first ``rows`` rows (whole namespaces for a namespace case: the first
+        ``rows / rows-per-namespace`` codes), for the warm-up."""
+        if self.seg is not None and self.case.kind == "namespaces":
+            per = max(1, self.n // max(1, self.case.namespaces))
+            keep = np.flatnonzero(self.seg < max(1, rows // per))
+            sub = Case(**{**self.case.__dict__, "n": keep.size,
+                          "namespaces": max(1, rows // per)})
+            idx = torch.from_numpy(keep).to(self.device)
+            return Ctx(sub, self.device, self.v[idx], self.seg[keep], self.args)
+        rows = min(rows, self.n)
+        sub = Case(**{**self.case.__dict__, "n": rows, "q": min(self.q, max(1, rows // 4))})
+        return Ctx(sub, self.device, self.v[:rows], None if self.seg is None
+                   else self.seg[:rows], self.args)
+
+
+def flops(ctx: Ctx) -> float:
+    """Useful flops: ``2 n^2 d / 2`` per namespace for a join, ``2 q n d`` for top-k."""
+    d = ctx.v.shape[1]
+    if ctx.case.kind == "topk":
+        return 2.0 * ctx.q * ctx.n * d
+    if ctx.seg is None:
+        return float(ctx.n) ** 2 * d
+    counts = np.bincount(ctx.seg - ctx.seg.min()).astype(np.float64)
+    return float((counts**2).sum() * d)
+
+
+# --------------------------------------------------------------------------- methods
+# a join method returns (i, j) int64 numpy arrays (i < j, input positions); a top-k method
+# returns int64 [q, k] ids; community detection returns a list of communities.
+
+
+def _faiss_gpu() -> bool:
+    if not HAS_FAISS:
+        return False
+    import faiss
+
+    return hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0
+
+
+def _ours_engine(ctx: Ctx, engine: str, topk: bool) -> Any:
+    c = ctx.case
+    dev = ctx.device
+    if engine == "faiss" and dev.type == "cuda" and not _faiss_gpu():
+        dev = torch.device("cpu")  # faiss-cpu from cuda tensors (precheck caps the size)
+    if topk:
+        kw: dict[str, Any] = {"device": dev, "dtype": c.dtype}
+        if ctx.seg is not None:
+            kw.update(query_segments=ctx.seg[: ctx.q], key_segments=ctx.seg)
+        if ENGINE_KW:
+            return topk_neighbours(ctx.v[: ctx.q], ctx.v, c.k, engine=engine, **kw).indices
+        fn = topk_faiss if engine == "faiss" else topk_neighbours
+        return fn(ctx.v[: ctx.q], ctx.v, c.k, **kw).indices
+    kw = {"segments": ctx.seg_t, "device": dev, "dtype": c.dtype}
+    if ENGINE_KW:
+        p = threshold_pairs(ctx.v, c.threshold, engine=engine, **kw)
+    else:
+        fn = threshold_pairs_faiss if engine == "faiss" else threshold_pairs
+        p = fn(ctx.v, c.threshold, **kw)
+    return p.i, p.j
+
+
+def _tile_rows(ctx: Ctx, cols: int, bytes_per: int = 4) -> int:
+    budget = (8 << 30) if ctx.device.type == "cuda" else (512 << 20)
+    return int(max(64, min(16384, budget // (bytes_per * max(cols, 1)))))
+
+
+def naive_torch_join(ctx: Ctx) -> tuple[np.ndarray, np.ndarray]:
+    """Row tile x (rows from the tile on): matmul -> mask -> nonzero, scores in the dtype."""
+    c, dev = ctx.case, ctx.device
+    v = ctx.v.to(TORCH_DTYPE[c.dtype])
+    n = ctx.n
+    t_rows = min(_tile_rows(ctx, n), n)
+    tri = torch.ones(t_rows, t_rows, dtype=torch.bool, device=dev).triu_(1)
+    out_i, out_j = [], []
+    for r0 in range(0, n, t_rows):
+        r1 = min(n, r0 + t_rows)
+        m = (v[r0:r1] @ v[r0:].T) >= c.threshold
+        m[:, : r1 - r0] &= tri[: r1 - r0, : r1 - r0]
+        nz = m.nonzero()
+        out_i.append(nz[:, 0] + r0)
+        out_j.append(nz[:, 1] + r0)
+    return torch.cat(out_i).cpu().numpy(), torch.cat(out_j).cpu().numpy()
+
+
+def naive_torch_topk(ctx: Ctx) -> np.ndarray:
+    """Query tile: matmul -> topk, scores in the dtype."""
+    c = ctx.case
+    v = ctx.v.to(TORCH_DTYPE[c.dtype])
+    t_rows = _tile_rows(ctx, ctx.n)
+    out = []
+    for r0 in range(0, ctx.q, t_rows):
+        r1 = min(ctx.q, r0 + t_rows)
+        out.append(torch.topk(v[r0:r1] @ v.T, min(c.k, ctx.n), dim=1).indices)
+    return torch.cat(out).cpu().numpy()
+
+
+def numpy_join(ctx: Ctx) -> tuple[np.ndarray, np.ndarray]:
+    """numpy float32 tiles: x[r0:r1] @ x[r0:].T -> >= t -> nonzero (upper triangle)."""
+    x, t, n = ctx.host, ctx.case.threshold, ctx.n
+    t_rows = 2048
+    out_i, out_j = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for r0 in range(0, n, t_rows):
+        r1 = min(n, r0 + t_rows)
+        i, j = np.nonzero(x[r0:r1] @ x[r0:].T >= t)
+        keep = j > i
+        out_i.append(i[keep] + r0)
+        out_j.append(j[keep] + r0)
+    return np.concatenate(out_i).astype(np.int64), np.concatenate(out_j).astype(np.int64)
+
+
+def numpy_topk(ctx: Ctx) -> np.ndarray:
+    """numpy float32 query tiles: matmul -> argpartition -> sort."""
+    x, k = ctx.host, min(ctx.case.k, ctx.n)
+    out = []
+    for r0 in range(0, ctx.q, 1024):
+        s = x[r0 : min(ctx.q, r0 + 1024)] @ x.T
+        part = np.argpartition(-s, k - 1, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(s, part, 1), axis=1, kind="stable")
+        out.append(np.take_along_axis(part, order, 1))
+    return np.concatenate(out).astype(np.int64)
+
+
+def faiss_range(ctx: Ctx) -> tuple[np.ndarray, np.ndarray]:
+    """IndexFlatIP over the store, range_search of every row (full square), keep i < j."""
+    import faiss
+
+    x = ctx.host
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    lims, _, cols = index.range_search(x, ctx.case.threshold)
+    rows = np.repeat(np.arange(ctx.n, dtype=np.int64), np.diff(lims).astype(np.int64))
+    keep = cols > rows
+    return rows[keep], cols[keep].astype(np.int64)
+
+
+def faiss_search(ctx: Ctx) -> np.ndarray:
+    """IndexFlatIP over the store, search of the queries."""
+    import faiss
+
+    x = ctx.host
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    return index.search(x[: ctx.q], min(ctx.case.k, ctx.n))[1].astype(np.int64)
+
+
+def faiss_ivf_build(ctx: Ctx) -> None:
+    """ApproxIndex IVF-Flat (nlist 4 sqrt(n), nprobe 16): built before the timing."""
+    from consolidate.faiss_engine import ApproxIndex
+
+    t = time.perf_counter()
+    ctx.cache["ivf"] = ApproxIndex("ivf", nprobe=16).build(ctx.host)
+    ctx.cache["ivf_build_s"] = time.perf_counter() - t
+
+
+def faiss_ivf(ctx: Ctx) -> np.ndarray:
+    return ctx.cache["ivf"].search(ctx.host[: ctx.q], ctx.case.k).indices
+
+
+def st_paraphrase(ctx: Ctx) -> tuple[np.ndarray, np.ndarray]:
+    """util.paraphrase_mining_embeddings with its defaults (top_k=100, max_pairs=500000),
+    then score >= threshold."""
+    from sentence_transformers import util
+
+    res = util.paraphrase_mining_embeddings(ctx.v)
+    a = np.array([(min(i, j), max(i, j)) for s, i, j in res if s >= ctx.case.threshold],
+                 np.int64).reshape(-1, 2)
+    return a[:, 0], a[:, 1]
+
+
+def st_community(ctx: Ctx) -> list[list[int]]:
+    from sentence_transformers import util
+
+    return util.community_detection(ctx.v, threshold=ctx.case.threshold, min_community_size=2)
+
+
+def st_semantic(ctx: Ctx) -> np.ndarray:
+    from sentence_transformers import util
+
+    res = util.semantic_search(ctx.v[: ctx.q], ctx.v, top_k=ctx.case.k)
+    out = np.full((ctx.q, ctx.case.k), -1, np.int64)
+    for r, hits in enumerate(res):
+        out[r, : len(hits)] = [h["corpus_id"] for h in hits]
+    return out
+
+
+def _groups(seg: np.ndarray) -> list[np.ndarray]:
+    order = np.argsort(seg, kind="stable")
+    return np.split(order, np.flatnonzero(np.diff(seg[order])) + 1)
+
+
+def loop_ours(ctx: Ctx) -> tuple[np.ndarray, np.ndarray]:
+    """A Python loop over namespaces, one threshold_pairs call each (default engine)."""
+    out_i, out_j = [], []
+    for idx in _groups(ctx.seg):
+        p = threshold_pairs(ctx.v[torch.from_numpy(idx).to(ctx.device)], ctx.case.threshold,
+                            device=ctx.device, dtype=ctx.case.dtype)
+        a, b = idx[p.i], idx[p.j]
+        out_i.append(np.minimum(a, b))
+        out_j.append(np.maximum(a, b))
+    return np.concatenate(out_i), np.concatenate(out_j)
+
+
+def loop_numpy(ctx: Ctx) -> tuple[np.ndarray, np.ndarray]:
+    """A Python loop over namespaces: x @ x.T -> triu(>= t) -> nonzero, float32."""
+    x = ctx.host
+    out_i, out_j = [], []
+    for idx in _groups(ctx.seg):
+        xs = x[idx]
+        i, j = np.nonzero(np.triu(xs @ xs.T >= ctx.case.threshold, 1))
+        a, b = idx[i], idx[j]
+        out_i.append(np.minimum(a, b))
+        out_j.append(np.maximum(a, b))
+    return np.concatenate(out_i), np.concatenate(out_j)
+
+
+def ref64_join(ctx: Ctx) -> tuple[np.ndarray, np.ndarray]:
+    """float64 brute force in row tiles on the device (the exact reference)."""
+    v = ctx.v.double()
+    n, t, dev = ctx.n, ctx.case.threshold, ctx.device
+    seg = None if ctx.seg is None else torch.from_numpy(ctx.seg).to(dev)
+    t_rows = _tile_rows(ctx, n, 8)
+    out_i, out_j = [], []
+    for r0 in range(0, n, t_rows):
+        r1 = min(n, r0 + t_rows)
+        m = (v[r0:r1] @ v[r0:].T) >= t
+        m &= torch.arange(r0, n, device=dev)[None, :] > torch.arange(r0, r1, device=dev)[:, None]
+        if seg is not None:
+            m &= seg[r0:r1, None] == seg[None, r0:]
+        nz = m.nonzero()
+        out_i.append(nz[:, 0] + r0)
+        out_j.append(nz[:, 1] + r0)
+    return torch.cat(out_i).cpu().numpy(), torch.cat(out_j).cpu().numpy()
+
+
+@dataclass
+class Method:
+    """How to run one method: ``fn(ctx)``, its family, where it runs (``dev``: the chosen
+    device, ``cpu``, ``faiss``: cuda with GPU faiss else cpu), its dtype (``None``: the
+    case's), what it needs (``needs``: ``faiss`` / ``st`` / ``triton``), whether it is a cpu
+    method capped by ``--cpu-cap-tflop``, and an untimed ``prepare(ctx)``."""
+
+    fn: Callable[[Ctx], Any]
+    family: str  # ours | baseline | reference
+    where: str = "dev"
+    dtype: str | None = None
+    needs: str | None = None
+    prepare: Callable[[Ctx], None] | None = None
+
+
+def _cpu(fn: Callable[[Ctx], Any], needs: str | None = None,
+         prepare: Callable[[Ctx], None] | None = None) -> Method:
+    return Method(fn, "baseline", "cpu", "fp32", needs, prepare)
+
+
+_OURS_JOIN = {
+    "ours (torch)": Method(lambda c: _ours_engine(c, "torch", False), "ours"),
+    "ours (triton)": Method(lambda c: _ours_engine(c, "triton", False), "ours",
+                            needs="triton"),
+    "ours (faiss)": Method(lambda c: _ours_engine(c, "faiss", False), "ours", "faiss",
+                           needs="faiss"),
+}
+_REF = Method(ref64_join, "reference", dtype="fp64")
+METHODS: dict[str, dict[str, Method]] = {
+    "join": {
+        **_OURS_JOIN,
+        "naive torch tiles": Method(naive_torch_join, "baseline"),
+        "numpy tiles": _cpu(numpy_join),
+        "faiss range_search": _cpu(faiss_range, "faiss"),
+        "st paraphrase_mining": Method(st_paraphrase, "baseline", dtype="fp32", needs="st"),
+        "st community_detection": Method(st_community, "baseline", dtype="fp32", needs="st"),
+        "torch float64 tiles (reference)": _REF,
+    },
+    "topk": {
+        "ours (torch)": Method(lambda c: _ours_engine(c, "torch", True), "ours"),
+        "ours (triton)": Method(lambda c: _ours_engine(c, "triton", True), "ours",
+                                needs="triton"),
+        "ours (faiss)": Method(lambda c: _ours_engine(c, "faiss", True), "ours", "faiss",
+                               needs="faiss"),
+        "naive torch tiles": Method(naive_torch_topk, "baseline"),
+        "numpy tiles": _cpu(numpy_topk),
+        "faiss search": _cpu(faiss_search, "faiss"),
+        "st semantic_search": Method(st_semantic, "baseline", dtype="fp32",
+                                     needs="st-topk"),
+        "faiss IVF (approx)": _cpu(faiss_ivf, "faiss", faiss_ivf_build),
+    },
+    "namespaces": {
+        **_OURS_JOIN,
+        "loop over ours per namespace": Method(loop_ours, "baseline"),
+        "numpy loop per namespace": _cpu(loop_numpy),
+        "torch float64 tiles (reference)": _REF,
+    },
+}
+
+
+def precheck(ctx: Ctx, name: str, m: Method, where: str) -> None:
+    """Raise :class:`Skip` when ``m`` cannot or should not run on this case."""
+    dev = ctx.device
+    if m.needs == "triton":
+        if dev.type != "cuda" or not HAS_TRITON:
+            raise Skip("the triton engine needs CUDA and triton")
+        if not ENGINE_KW:
+            raise Skip("similarity.py has no engine= yet")
+    if m.needs == "faiss" and not HAS_FAISS:
+        raise Skip("faiss not installed (pip install 'consolidate[faiss]')")
+    if m.needs in ("st", "st-topk"):
+        if not HAS_ST:
+            raise Skip("sentence-transformers not installed")
+        if m.needs == "st" and ctx.n > ctx.args.st_cap_n:
+            raise Skip(f"sentence-transformers capped at n={ctx.args.st_cap_n} (time)")
+    if where == "cpu" and dev.type == "cuda" or m.where == "cpu":
+        tflop = flops(ctx) / 1e12
+        if tflop > ctx.args.cpu_cap_tflop:
+            raise Skip(f"cpu method capped at {ctx.args.cpu_cap_tflop} TFLOP "
+                       f"(this case: {tflop:.3g})")
+
+
+# --------------------------------------------------------------------------- references
+
+
+class Reference:
+    """float64 pairs (all, or those touching a row sample) / top-k of a query sample."""
+
+    def __init__(self, ctx: Ctx, full_pairs: tuple[np.ndarray, np.ndarray] | None) -> None:
+        self.ctx = ctx
+        n = ctx.n
+        g = np.random.default_rng(0)
+        if ctx.case.kind == "topk":
+            self.rows = np.sort(g.choice(ctx.q, min(ctx.q, ctx.args.ref_sample), replace=False))
+            self.topk = self._topk64(self.rows)
+            self.scope = f"{self.rows.size} sampled queries"
+            return
+        if full_pairs is not None:
+            self.rows = None
+            self.keys = np.unique(full_pairs[0] * n + full_pairs[1])
+            self.scope = "all pairs"
+        else:
+            self.rows = np.sort(g.choice(n, min(n, ctx.args.ref_sample), replace=False))
+            self.keys = self._pairs64(self.rows)
+            self.scope = f"pairs touching {self.rows.size} sampled rows"
+
+    def _pairs64(self, rows: np.ndarray) -> np.ndarray:
+        ctx, n = self.ctx, self.ctx.n
+        v = ctx.v.double()
+        seg = None if ctx.seg is None else torch.from_numpy(ctx.seg).to(ctx.device)
+        keys = [np.zeros(0, np.int64)]
+        for r0 in range(0, rows.size, 256):
+            r = torch.from_numpy(rows[r0 : r0 + 256]).to(ctx.device)
+            m = (v[r] @ v.T) >= ctx.case.threshold
+            m[torch.arange(r.numel(), device=ctx.device), r] = False
+            if seg is not None:
+                m &= seg[r][:, None] == seg[None, :]
+            nz = m.nonzero()
+            a, b = r[nz[:, 0]].cpu().numpy(), nz[:, 1].cpu().numpy()
+            keys.append(np.minimum(a, b) * n + np.maximum(a, b))
+        return np.unique(np.concatenate(keys))
+
+    def _topk64(self, rows: np.ndarray) -> TopK:
+        ctx = self.ctx
+        v = ctx.v.double()
+        k = min(ctx.case.k, ctx.n)
+        idx = []
+        for r0 in range(0, rows.size, 256):
+            r = torch.from_numpy(rows[r0 : r0 + 256]).to(ctx.device)
+            idx.append(torch.topk(v[r] @ v.T, k, dim=1).indices.cpu())
+        return TopK(torch.cat(idx).numpy(), np.zeros((rows.size, k), np.float32))
+
+    def score_pairs(self, i: np.ndarray, j: np.ndarray) -> tuple[float, float]:
+        n = self.ctx.n
+        keys = np.unique(np.minimum(i, j).astype(np.int64) * n + np.maximum(i, j))
+        if self.rows is not None:
+            keys = keys[np.isin(keys // n, self.rows) | np.isin(keys % n, self.rows)]
+        hit = np.isin(keys, self.keys, assume_unique=True).sum()
+        recall = hit / self.keys.size if self.keys.size else 1.0
+        precision = hit / keys.size if keys.size else 1.0
+        return float(recall), float(precision)
+
+    def score_communities(self, comms: list[list[int]]) -> tuple[float, float, int]:
+        """Share of reference pairs inside one community; precision only for all pairs."""
+        n = self.ctx.n
+        label = np.full(n, -1, np.int64)
+        for c, members in enumerate(comms):
+            label[np.asarray(members, np.int64)] = c
+        a, b = self.keys // n, self.keys % n
+        same = (label[a] >= 0) & (label[a] == label[b])
+        recall = float(same.mean()) if self.keys.size else 1.0
+        inside = int(sum(len(c) * (len(c) - 1) // 2 for c in comms))
+        precision = (same.sum() / inside if inside else 1.0) if self.rows is None else math.nan
+        return recall, float(precision), inside
+
+    def score_topk(self, ids: np.ndarray) -> float:
+        k = self.topk.indices.shape[1]
+        return recall_at_k(TopK(ids[self.rows][:, :k], None), self.topk)
+
+
+# --------------------------------------------------------------------------- running
+
+REF_NAME = "torch float64 tiles (reference)"
+
+
+class Runner:
+    def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
+        self.args = args
+        self.device = device
+        self.rows: list[dict[str, Any]] = []
+        self.t0 = time.perf_counter()
+        self.peaks: dict[str, float] = {}
+
+    def left(self) -> float:
+        return self.args.budget_s - (time.perf_counter() - self.t0)
+
+    def peak(self, where: str, dtype: str) -> float:
+        """Measured matmul TFLOP/s of ``where`` (cpu | cuda) in ``dtype`` (cached)."""
+        key = f"{where} {dtype}"
+        if key not in self.peaks:
+            dev = torch.device("cpu") if where == "cpu" else self.device
+            size = 8192 if dev.type == "cuda" else self.args.cpu_peak_size
+            if dtype == "fp64" and dev.type == "cpu":
+                size = min(size, 2048)
+            try:
+                self.peaks[key] = matmul_peak(dev, dtype, size)
+            except Exception as e:  # e.g. a dtype the cpu cannot multiply
+                print(f"matmul peak {key}: {e}", flush=True)
+                self.peaks[key] = math.nan
+        return self.peaks[key]
+
+    def skip_row(self, case: Case, why: str) -> None:
+        print(f"[skip] {case.name}: {why}", flush=True)
+        self.rows.append({"case": case.name, "kind": case.kind, "method": "(case)",
+                          "status": "skipped", "note": why})
+
+    def run_case(self, case: Case) -> None:
+        args, dev = self.args, self.device
+        seg = None
+        try:
+            if case.source == "locomo":
+                v, codes = locomo_store(args.locomo_conv, dev, args.locomo_npz,
+                                        args.save_locomo_npz)
+                case.n, case.d = int(v.shape[0]), int(v.shape[1])
+                case.namespaces = int(codes.max()) + 1 if codes.size else 0
+                v = v.to(dev)
+            else:
+                if case.kind == "namespaces":
+                    g = np.random.default_rng(args.seed)
+                    seg = (np.arange(case.n) % case.namespaces)[g.permutation(case.n)]
+                    seg = seg.astype(np.int64)
+                v = make_store(case.n, case.d, args.seed + case.n + case.d, dev, seg=seg)
+        except Skip as e:
+            self.skip_row(case, str(e))
+            return
+        ctx = Ctx(case, dev, v, seg, args)
+        full = case.kind != "topk" and ctx.n <= args.full_ref_max
+        methods = ([REF_NAME] if full else []) + list(case.methods)
+        extra = (f" ({ctx.n} observations of {case.namespaces} namespaces, joined as one "
+                 f"store)" if case.source == "locomo" else "")
+        print(f"\n== {case.name}{extra}", flush=True)
+        reference = None
+        for name in methods:
+            row = self.measure(ctx, name, METHODS[case.kind][name])
+            if reference is None:
+                if full and name == REF_NAME and "out" not in row:
+                    full = False  # the reference run was skipped: sample instead
+                if not full or name == REF_NAME:
+                    t = time.perf_counter()
+                    reference = Reference(ctx, row.get("out") if full else None)
+                    print(f"   reference: float64, {reference.scope} "
+                          f"({time.perf_counter() - t:.1f} s)", flush=True)
+            if "out" in row and reference is not None:
+                self.score(row, reference)
+            row.pop("out", None)
+            self.rows.append(row)
+            self.checkpoint()
+        del ctx, v
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+    @staticmethod
+    def score(row: dict[str, Any], ref: Reference) -> None:
+        out = row["out"]
+        row["recall_scope"] = ref.scope
+        if row["kind"] == "topk":
+            row["recall"] = ref.score_topk(out)
+        elif isinstance(out, list):
+            row["recall"], row["precision"], row["pairs"] = ref.score_communities(out)
+            row["pairs_per_s"] = row["pairs"] / row["time_s"]
+        else:
+            row["recall"], row["precision"] = ref.score_pairs(*out)
+
+    def _timed(self, fn: Callable[[], Any]) -> tuple[float, Any]:
+        t = time.perf_counter()
+        c = time.process_time()
+        out = fn()
+        sync(self.device)
+        self.last_cpu = time.process_time() - c
+        return time.perf_counter() - t, out
+
+    def measure(self, ctx: Ctx, name: str, m: Method) -> dict[str, Any]:
+        c, dev = ctx.case, self.device
+        where = {"dev": dev.type, "cpu": "cpu"}.get(m.where) or \
+            ("cuda" if dev.type == "cuda" and _faiss_gpu() else "cpu")
+        dtype = m.dtype or c.dtype
+        if m.where == "faiss" and where == "cuda" and c.dtype in ("bf16", "fp16"):
+            dtype = "fp16"
+        row: dict[str, Any] = {
+            "case": c.name, "kind": c.kind, "n": ctx.n, "q": ctx.q if c.kind == "topk" else None,
+            "d": c.d, "threshold": c.threshold, "k": c.k, "namespaces": c.namespaces,
+            "method": name, "family": m.family, "device": where, "dtype": dtype,
+        }
+        f = flops(ctx)
+        try:
+            if self.left() <= 0:
+                raise Skip("time budget spent")
+            precheck(ctx, name, m, where)
+            warm = ctx.slice(self.args.warm_rows)
+            with PeakRSS() as rss:
+                if m.prepare:
+                    m.prepare(warm)
+                # first call: compiles, allocates, spins up; a second one (if the first was
+                # quick) gives the time that is extrapolated to the full case
+                t_warm, _ = self._timed(lambda: m.fn(warm))
+                if t_warm < 1.0:
+                    t_warm, _ = self._timed(lambda: m.fn(warm))
+                est = t_warm * f / max(flops(warm), 1.0)
+                if est > self.left():
+                    raise Skip(f"estimated {est:.0f} s (from the warm-up) > {self.left():.0f} s "
+                               f"left of the budget")
+                if m.prepare:
+                    m.prepare(ctx)
+                if dev.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(dev)
+                times, cpu = [], []
+                for _ in range(max(1, self.args.repeats)):
+                    t, out = self._timed(lambda: m.fn(ctx))
+                    times.append(t)
+                    cpu.append(self.last_cpu)
+                    if t > self.args.slow_s or self.left() < 0:
+                        break
+        except Skip as e:
+            print(f"   {name:34s} skipped: {e}", flush=True)
+            return {**row, "status": "skipped", "note": str(e)}
+        except Exception as e:  # an engine that fails here is a result, not a crash
+            traceback.print_exc()
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+            return {**row, "status": "error", "note": f"{type(e).__name__}: {e}"[:300]}
+        best = min(times)
+        peak = self.peak(where, dtype)
+        row.update({
+            "status": "ok", "time_s": best, "runs": len(times), "flops": f,
+            "cpu_s": cpu[times.index(best)], "load1": os.getloadavg()[0],
+            "tflops": f / best / 1e12, "peak_tflops": peak,
+            "share_of_peak": f / best / 1e12 / peak,
+            "peak_rss_mb": rss.peak / 2**20,
+            "peak_dev_mb": torch.cuda.max_memory_allocated(dev) / 2**20
+            if dev.type == "cuda" else math.nan,
+            "out": out,
+        })
+        if c.kind == "topk":
+            row["queries_per_s"] = ctx.q / best
+            row["pairs"] = int(ctx.q * c.k)
+        elif not isinstance(out, list):
+            row["pairs"] = int(out[0].size)
+            row["pairs_per_s"] = out[0].size / best
+        if "ivf_build_s" in ctx.cache:  # approximate: scans nprobe / nlist of the store
+            row.update(flops=math.nan, tflops=math.nan, share_of_peak=math.nan)
+            row["note"] = f"nlist {ctx.cache['ivf'].nlist}, nprobe 16; build " \
+                f"{ctx.cache.pop('ivf_build_s'):.2f} s not in the time; random vectors have " \
+                "no clusters (worst case for IVF)"
+        print(f"   {name:34s} {best:9.3f} s  ({len(times)} run{'s' * (len(times) > 1)}, "
+              f"{row['tflops']:.3g} TFLOP/s)", flush=True)
+        return row
+
+    def frame(self) -> pd.DataFrame:
+        cols = ["case", "kind", "n", "q", "d", "threshold", "k", "namespaces", "method",
+                "family", "device", "dtype", "status", "time_s", "runs", "cpu_s", "load1",
+                "pairs",
+                "pairs_per_s", "queries_per_s", "flops", "tflops", "peak_tflops",
+                "share_of_peak", "peak_rss_mb", "peak_dev_mb", "recall", "precision",
+                "recall_scope", "note"]
+        return pd.DataFrame(self.rows).reindex(columns=cols)
+
+    def checkpoint(self) -> None:
+        out = Path(self.args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        self.frame().to_parquet(out / "results.parquet", index=False)
+
+
+def _x(r: float) -> str:
+    return f"{r:.2f}x" if r < 10 else f"{r:.0f}x"
+
+
+def ratio_lines(df: pd.DataFrame) -> list[str]:
+    """Per case: our torch engine's time, and every other method as a multiple of it."""
+    lines = []
+    for case, g in df.groupby("case", sort=False):
+        ok = g[g.status == "ok"].set_index("method")
+        if "ours (torch)" not in ok.index:
+            continue
+        base = ok.loc["ours (torch)", "time_s"]
+        parts = [f"ours (torch) {base:.3g} s" if base >= 0.01 else
+                 f"ours (torch) {base * 1e3:.3g} ms"]
+        for m, r in ok.iterrows():
+            if m == "ours (torch)":
+                continue
+            x = r.time_s / base
+            rec = f" (recall {r.recall:.3g})" if r.recall < 0.999 else ""
+            parts.append(f"{m} {_x(x)} slower{rec}" if x >= 1 else f"{m} {_x(1 / x)} faster{rec}")
+        lines.append(f"{case}: " + "; ".join(parts))
+    return lines
+
+
+def write_report(df: pd.DataFrame, meta: dict[str, Any], out: Path) -> list[str]:
+    df.to_parquet(out / "results.parquet", index=False)
+    (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    tables = []
+    for case, g in df.groupby("case", sort=False):
+        ok = g[g.status == "ok"]
+        show = ok[["method", "device", "dtype", "time_s", "runs", "cpu_s", "load1", "pairs",
+                   "pairs_per_s", "queries_per_s", "tflops", "share_of_peak", "peak_rss_mb",
+                   "peak_dev_mb", "recall", "precision"]].dropna(axis=1, how="all")
+        scope = ok.recall_scope.dropna()
+        tables += [f"### {case}", ""]
+        if len(show):
+            tables += [show.to_markdown(index=False, floatfmt=".4g"), ""]
+        if len(scope):
+            tables += [f"recall against float64: {scope.iloc[0]}.", ""]
+        tables += [f"* {r.method}: {r.status}: {r.note}" for r in g.itertuples()
+                   if isinstance(r.note, str) and r.note]
+        tables.append("")
+    ratios = ratio_lines(df)
+    peaks = "; ".join(f"{k}: {v:.3g} TFLOP/s" for k, v in meta["matmul_peak_tflops"].items())
+    text = [
+        "# Similarity join / top-k benchmark", "",
+        *([] if meta.get("complete", True) else
+          ["**Partial**: written after a case; the run had not finished (or was cut short).",
+           ""]),
+        f"`{meta['command']}` on {meta['device']} ({meta['cpu_count']} cpus), torch "
+        f"{meta['torch']}, {meta['date']}; {meta['wall_s']:.0f} s in all. Load average at "
+        f"start {meta['loadavg_start']}, at end {meta['loadavg_end']} (other processes on a "
+        "shared machine add noise: see load1 and cpu_s per row); git "
+        f"{meta['git']}.", "",
+        f"Matmul peak measured in this run (square matmul, best of the start and the end of the "
+        f"run): {peaks}.", "",
+        "* time: best of `runs` calls after two warm-up calls (one if it took over 1 s) on "
+        "the first "
+        f"{meta['args']['warm_rows']} rows; `runs` = 1 where a call took longer than "
+        f"{meta['args']['slow_s']} s. Untimed: building the store, the IVF index build "
+        "(in its note), the float64 reference of recall.",
+        "* TFLOP/s counts useful work only: `n^2 d` per namespace for a join (upper "
+        "triangle), `2 q n d` for top-k, whatever the method computes; share_of_peak divides "
+        "by the matmul peak measured in this run for the method's device and dtype.",
+        "* recall / precision: against float64 brute force (`recall_scope` in "
+        "results.parquet). community_detection: recall = share of reference pairs inside one "
+        "community, pairs = pairs inside communities.",
+        "* naive torch tiles: row tile against the rows from the tile on (upper triangle), "
+        "`>= t` on the scores of the case's dtype, no re-scoring. numpy / faiss: float32 on "
+        "the cpu. faiss range_search: the whole store against itself (both triangles). "
+        "paraphrase_mining: library defaults (top_k=100, max_pairs=500000) then `>= t`.",
+        f"* sentence-transformers paraphrase_mining / community_detection run only up to "
+        f"n = {meta['args']['st_cap_n']} (their time grows fast: on the 2-core cpu about a "
+        "minute each at n = 50,000); cpu baselines (numpy, faiss-cpu) only up to "
+        f"{meta['args']['cpu_cap_tflop']} TFLOP of useful work; a skipped row says why.",
+        "* cpu_s: cpu seconds of this process (all threads) in the timed call: with other "
+        "processes on the machine, time_s grows but cpu_s much less; load1: the 1-minute "
+        "load average after the method (the machine has "
+        f"{meta['cpu_count']} cpus).",
+        "* peak_rss_mb: the process's resident memory, sampled every 10 ms during the "
+        "method (includes the store and earlier allocations); peak_dev_mb: "
+        "torch.cuda.max_memory_allocated.", "",
+        "## Ratios (same run)", "",
+        *[f"* {r}" for r in ratios], "",
+        "## Results", "",
+        *tables,
+    ]
+    (out / "report.md").write_text("\n".join(text))
+    plot(df, out / "benchmark.png")
+    return ratios
+
+
+def plot(df: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = df[df.status == "ok"]
+    cases = list(dict.fromkeys(ok.case))
+    if not cases:
+        return
+    h = [max(1, (ok.case == c).sum()) for c in cases]
+    fig, axes = plt.subplots(len(cases), 1, figsize=(9, 0.35 * sum(h) + 1.2 * len(cases)),
+                             gridspec_kw={"height_ratios": h}, squeeze=False)
+    colours = {"ours": "tab:blue", "baseline": "tab:orange", "reference": "tab:gray"}
+    for ax, c in zip(axes[:, 0], cases, strict=True):
+        g = ok[ok.case == c]
+        ax.barh(g.method, g.time_s, color=[colours.get(f, "k") for f in g.family])
+        ax.set_xscale("log")
+        ax.invert_yaxis()
+        ax.set_title(c, fontsize=9, loc="left")
+        ax.tick_params(labelsize=8)
+        for y, t in enumerate(g.time_s):
+            ax.text(t, y, f" {t:.3g} s", va="center", fontsize=7)
+        ax.set_xlim(g.time_s.min() / 2, g.time_s.max() * 4)
+    axes[-1, 0].set_xlabel("time per call, s (log scale; blue: ours)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return "cpu: " + line.split(":", 1)[1].strip()
+    return "cpu: " + (platform.processor() or platform.machine())
+
+
+def git_state() -> str:
+    """``<commit>`` plus ``+dirty`` when the working tree has changes, or ``unknown``."""
+    import subprocess
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+
+    try:
+        return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain")
+                                                      else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version(), "numpy": np.__version__}
+    for mod in ("faiss", "sentence_transformers", "triton", "pandas"):
+        try:
+            out[mod] = getattr(__import__(mod), "__version__", "?")
+        except ImportError:
+            out[mod] = None
+    return out
+
+
+def report(runner: Runner, meta: dict[str, Any], out: Path, final: bool) -> list[str]:
+    """Write results.parquet, report.md, benchmark.png and meta.json; with ``final`` first
+    measure the matmul peak again (clocks, thread pools and other load differ between the
+    start and the end of a run) and keep the better of the two."""
+    if final:
+        for key, val in list(runner.peaks.items()):
+            where, dtype = key.split()
+            runner.peaks.pop(key)
+            again = runner.peak(where, dtype)
+            runner.peaks[key] = max(val, again) if again == again else val
+    df = runner.frame()
+    ok = df.status == "ok"
+    if ok.any():
+        best = df.loc[ok].apply(lambda r: runner.peaks[f"{r['device']} {r['dtype']}"], axis=1)
+        df.loc[ok, "peak_tflops"] = best
+        df.loc[ok, "share_of_peak"] = df.loc[ok, "tflops"] / best
+    meta["wall_s"] = time.perf_counter() - runner.t0
+    meta["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    meta["matmul_peak_tflops"] = dict(runner.peaks)
+    meta["complete"] = final
+    return write_report(df, meta, out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", choices=["cpu", "gpu", "tiny"], default="cpu")
+    ap.add_argument("--out", default=None, help="output folder (default eval/benchmark_<preset>)")
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda[:k]")
+    ap.add_argument("--cases", default=None,
+                    help="comma-separated case numbers of the preset to run (default all)")
+    ap.add_argument("--budget-s", type=float, default=None, help="time budget for all cases")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--slow-s", type=float, default=None)
+    ap.add_argument("--warm-rows", type=int, default=None)
+    ap.add_argument("--cpu-cap-tflop", type=float, default=None,
+                    help="largest case (useful TFLOP) for the cpu methods (numpy, faiss-cpu)")
+    ap.add_argument("--st-cap-n", type=int, default=None,
+                    help="largest n for the sentence-transformers baselines")
+    ap.add_argument("--locomo-conv", type=int, default=None,
+                    help="LOCOMO conversations to embed (0 = skip the LOCOMO case)")
+    ap.add_argument("--locomo-npz", default=os.environ.get("LOCOMO_NPZ"),
+                    help="read the LOCOMO vectors from this .npz (see --save-locomo-npz) "
+                    "instead of embedding them (env LOCOMO_NPZ)")
+    ap.add_argument("--save-locomo-npz", default=None,
+                    help="save the embedded LOCOMO vectors and namespace codes to this .npz")
+    ap.add_argument("--full-ref-max", type=int, default=20_000,
+                    help="largest n with an all-pairs float64 reference")
+    ap.add_argument("--ref-sample", type=int, default=2000)
+    ap.add_argument("--cpu-peak-size", type=int, default=3072)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    cases, defaults = preset_cases(args.preset)
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.out is None:
+        args.out = str(Path("eval") / f"benchmark_{args.preset}")
+        if Path.cwd().resolve() != REPO:
+            args.out = str(REPO / args.out)
+    if args.cases:
+        pick = [int(x) for x in args.cases.split(",")]
+        cases = [cases[i] for i in pick]
+    if args.locomo_conv == 0:
+        cases = [c for c in cases if c.source != "locomo"]
+    dev = resolve_device(args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    load0 = os.getloadavg()
+    meta: dict[str, Any] = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "device": device_name(dev), "torch": torch.__version__, "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(), "versions": versions(),
+        "engine_kw": ENGINE_KW, "args": vars(args), "preset": args.preset,
+        "loadavg_start": [round(x, 2) for x in load0], "git": git_state(),
+    }
+    print(f"device {meta['device']}, torch {torch.__version__}, engine= "
+          f"{'yes' if ENGINE_KW else 'no (torch and faiss called directly)'}", flush=True)
+    runner = Runner(args, dev)
+    t = time.perf_counter()
+    first = {c.dtype for c in cases} | {"fp32"}
+    for d in sorted(first):
+        runner.peak(dev.type, d)
+    if dev.type == "cuda":
+        runner.peak("cpu", "fp32")
+    print("matmul peak: " + ", ".join(f"{k} {v:.3g} TFLOP/s" for k, v in runner.peaks.items())
+          + f" ({time.perf_counter() - t:.1f} s)", flush=True)
+    for case in cases:
+        if runner.left() <= 0:
+            runner.rows.append({"case": case.name, "kind": case.kind, "method": "(case)",
+                                "status": "skipped", "note": "time budget spent"})
+            print(f"[skip] {case.name}: time budget spent", flush=True)
+            continue
+        runner.run_case(case)
+        report(runner, meta, out, final=False)  # a run cut short keeps its report
+    ratios = report(runner, meta, out, final=True)
+    print(f"\nwrote {out}/results.parquet, report.md, benchmark.png, meta.json "
+          f"({meta['wall_s']:.0f} s)\n")
+    for line in ratios:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
