@@ -38,7 +38,7 @@ import torch
 from .store.batch import resolve_device
 
 __all__ = ["Pairs", "TopK", "threshold_pairs", "topk_neighbours", "auto_tile", "DTYPE_MARGIN",
-           "ENGINES"]
+           "ENGINES", "check_engine"]
 
 #: candidate margin below the threshold per tile dtype (max |error| of a unit-vector dot
 #: product in that dtype for d <= 4096, with headroom); candidates are re-scored in float64.
@@ -136,6 +136,18 @@ def _resolve_engine(engine: str, dev: torch.device) -> str:
             raise ImportError("engine='triton' needs triton: pip install triton "
                               "(or pip install 'consolidate[gpu]')")
     return engine
+
+
+def check_engine(engine: str, device: str | torch.device = "auto") -> str:
+    """The engine that ``engine`` means on ``device`` (``"auto"`` resolved), checked before
+    any work starts.
+
+    Raises:
+        ValueError: unknown engine or device, a cuda device without CUDA, or
+            ``"triton"`` on cpu without ``TRITON_INTERPRET=1``.
+        ImportError: ``"triton"`` without triton installed.
+    """
+    return _resolve_engine(engine, resolve_device(device))
 
 
 def _triton_join():

@@ -620,8 +620,10 @@ def precheck(ctx: Ctx, name: str, m: Method, where: str) -> None:
     """Raise :class:`Skip` when ``m`` cannot or should not run on this case."""
     dev = ctx.device
     if m.needs == "triton":
-        if dev.type != "cuda" or not HAS_TRITON:
-            raise Skip("the triton engine needs CUDA and triton")
+        if dev.type != "cuda":
+            raise Skip("the triton engine needs a CUDA device")
+        if not HAS_TRITON:
+            raise Skip("the triton engine needs triton (pip install triton)")
         if not ENGINE_KW:
             raise Skip("similarity.py has no engine= yet")
     if m.needs == "faiss" and not HAS_FAISS:
@@ -1141,8 +1143,9 @@ def main(argv: list[str] | None = None) -> int:
         "engine_kw": ENGINE_KW, "args": vars(args), "preset": args.preset,
         "loadavg_start": [round(x, 2) for x in load0], "git": git_state(),
     }
-    print(f"device {meta['device']}, torch {torch.__version__}, engine= "
-          f"{'yes' if ENGINE_KW else 'no (torch and faiss called directly)'}", flush=True)
+    print(f"device {meta['device']}, torch {torch.__version__}, engines via "
+          f"{'similarity.engine' if ENGINE_KW else 'direct calls (no engine= keyword)'}",
+          flush=True)
     runner = Runner(args, dev)
     t = time.perf_counter()
     first = {c.dtype for c in cases} | {"fp32"}

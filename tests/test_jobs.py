@@ -68,3 +68,24 @@ def test_dry_run_and_bad_override(tmp_path):
     p = subprocess.run([str(BIN / "consolidate"), "pass.treshold=0.5"], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "treshold" in p.stderr
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["similarity.device=cuda"], "CUDA is not available"),
+    (["similarity.engine=triton", "similarity.device=cpu"], "TRITON_INTERPRET"),
+    (["similarity.engine=nope"], "engine must be one of"),
+    (["merge=vllm"], "setup_vllm.sh"),
+])
+def test_settings_errors_are_one_line_and_build_nothing(tmp_path, args, expect):
+    if "merge=vllm" in args and __import__("importlib").util.find_spec("vllm"):
+        pytest.skip("vllm is installed here")
+    if "similarity.device=cuda" in args and __import__("torch").cuda.is_available():
+        pytest.skip("CUDA is available here")
+    store_dir = tmp_path / "store"
+    p = subprocess.run([str(BIN / "consolidate"), "debug=default", f"store.dir={store_dir}",
+                        *args, f"hydra.run.dir={tmp_path}/run"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr.startswith("error:") and expect in p.stderr
+    assert "Traceback" not in p.stderr
+    assert not store_dir.exists()  # failed before the store was built

@@ -96,6 +96,8 @@ def user_errors() -> Iterator[None]:
     """Turn the errors a user can fix (bad input, bad settings, a locked or corrupt store, a
     missing file or package) into one line on stderr and exit status 2, instead of a
     traceback."""
+    from hydra.errors import InstantiationException
+
     from ..evaluation.tasks import DatasetHashError
     from ..sleep import MassDropError
     from ..store import (
@@ -106,11 +108,17 @@ def user_errors() -> Iterator[None]:
         StoreNotFoundError,
     )
 
-    try:
-        yield
-    except (InvalidRecordsError, MassDropError, LockTimeoutError, CorruptStoreError,
+    user = (InvalidRecordsError, MassDropError, LockTimeoutError, CorruptStoreError,
             StoreNotFoundError, ConcurrentCommitError, DatasetHashError, FileNotFoundError,
-            KeyError, ValueError, ImportError) as e:
+            KeyError, ValueError, ImportError)
+    try:
+        try:
+            yield
+        except InstantiationException as e:  # a `_target_` whose constructor refused
+            if isinstance(e.__cause__, user):
+                raise e.__cause__ from e
+            raise
+    except user as e:
         if os.environ.get("CONSOLIDATE_DEBUG"):
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)

@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ..evaluation.calibrate import load_calibration
+from ..similarity import check_engine
 from ..sleep import run_pass, trigger
 from ..store import hours_now
 from .common import CONFIG_DIR, open_store, pass_cfg, sim_cfg, typed, user_errors, write_summary
@@ -45,12 +46,13 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
         calibration = load_calibration(pc.calibration_file)
         pc.threshold = calibration["threshold"]
     sc = sim_cfg(cfg)
+    check_engine(sc.engine, sc.device)  # settings errors before any store is built
+    merger = instantiate(cfg.merge)
+    reflector = instantiate(cfg.reflect) if pc.reflect else None
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
     t = time.perf_counter()
     store, report = open_store(cfg)
     t_build = time.perf_counter() - t
-    merger = instantiate(cfg.merge)
-    reflector = instantiate(cfg.reflect) if pc.reflect else None
     summary: dict[str, Any] = {"store": str(store.root),
                                "config": OmegaConf.to_container(cfg, resolve=True)}
     if calibration is not None:
@@ -137,7 +139,8 @@ def format_summary(s: dict[str, Any]) -> str:
         where = f"snapshot {c['version']}" if c["snapshot"] else "dry run, no snapshot"
         lines.append(f"written          {where}, changelog {c['changelog']}, "
                      f"carried {c['carried_records']} late records")
-        lines.append(f"device           {st['device']} (merger: {st['merger']})")
+        lines.append(f"device           {st['device']}, engine {st.get('engine', 'torch')} "
+                     f"(merger: {st['merger']})")
     lines.append(f"wall time        {s['wall_time_s']} s; summary {s['summary_path']}")
     return "\n".join(lines)
 

@@ -28,7 +28,7 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
         raise ValueError(f"unknown device {device!r} (auto, cpu, cuda, cuda:N)") from e
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for, but CUDA is not available here "
-                         f"(use device=auto or cpu)")
+                         f"(set similarity.device=auto or cpu)")
     return dev
 
 
