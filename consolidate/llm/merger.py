@@ -126,6 +126,22 @@ _STOP = {"a", "an", "the", "and", "or", "but", "of", "to", "in", "on", "at", "fo
          "who", "which", "about", "into", "very", "so", "both"}
 
 
+def invented(text: str, members: Sequence[str]) -> list[str]:
+    """Numbers and capitalised names (not sentence-initial) in ``text`` found in no member;
+    empty list = acceptable."""
+    member_toks: set[str] = set()
+    member_nums: set[str] = set()
+    for m in members:
+        mt = content_tokens(m)
+        member_toks |= set(mt)
+        member_nums |= set(_numbers(mt, m))
+    toks = content_tokens(text)
+    out = [f"added number {n}" for n in _numbers(toks, text) if n not in member_nums]
+    out += [f"added name {w}" for w in _NAME.findall(text.strip())
+            if w.lower() not in member_toks]
+    return sorted(set(out))
+
+
 def missing_facts(text: str, members: Sequence[str], max_novel: float = 0.25) -> list[str]:
     """What is wrong with a merged ``text`` given its ``members``: a dropped number, date
     term, negation or capitalised name (not sentence-initial); an added number or name; or
@@ -137,19 +153,15 @@ def missing_facts(text: str, members: Sequence[str], max_novel: float = 0.25) ->
     low = set(toks)
     missing: list[str] = []
     member_toks: set[str] = set()
-    member_nums: set[str] = set()
     for m in members:
         mt = content_tokens(m)
         member_toks |= set(mt)
-        member_nums |= set(_numbers(mt, m))
         missing += [f"number {n}" for n in _numbers(mt, m) if n not in have_num]
         missing += [f"date {d}" for d in _date_terms(mt) if d not in have_dates]
         if _negation_count(mt) and not _negation_count(toks):
             missing.append("a negation")
         missing += [f"name {w}" for w in _NAME.findall(m.strip()) if w.lower() not in low]
-    missing += [f"added number {n}" for n in have_num if n not in member_nums]
-    missing += [f"added name {w}" for w in _NAME.findall(text.strip())
-                if w.lower() not in member_toks]
+    missing += invented(text, members)
     content = [t for t in toks if t not in _STOP]
     novel = [t for t in content if t not in member_toks]
     if content and len(novel) / len(content) > max_novel:

@@ -25,10 +25,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..merge import MergeRequest, MergeResponse, canonical_order
-from ..text import _numbers, content_tokens
 from .base import ChatRequest, json_request, parse_json_model
 from .cache import backend_from
-from .merger import _NAME
+from .merger import invented
 
 __all__ = ["REFLECT_PROMPT_VERSION", "ReflectOut", "reflect_request", "invented",
            "LLMReflector"]
@@ -54,20 +53,6 @@ def reflect_request(req: MergeRequest, max_tokens: int = 64, retry_note: str = "
                         max_tokens, retry_note, seed)
 
 
-def invented(text: str, members: Sequence[str]) -> list[str]:
-    """Numbers and capitalised names (not sentence-initial) in ``text`` found in no member;
-    empty list = acceptable."""
-    member_toks: set[str] = set()
-    member_nums: set[str] = set()
-    for m in members:
-        mt = content_tokens(m)
-        member_toks |= set(mt)
-        member_nums |= set(_numbers(mt, m))
-    toks = content_tokens(text)
-    out = [f"added number {n}" for n in _numbers(toks, text) if n not in member_nums]
-    out += [f"added name {w}" for w in _NAME.findall(text.strip())
-            if w.lower() not in member_toks]
-    return sorted(set(out))
 
 
 class LLMReflector:
