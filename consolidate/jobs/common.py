@@ -76,7 +76,7 @@ def make_embedder(ecfg: EmbedderConfig) -> Any:
     from ..embed import Embedder
 
     return Embedder(ecfg.model_path, ecfg.device, ecfg.batch_size, ecfg.show_progress,
-                    ecfg.dtype)
+                    ecfg.dtype, ecfg.pipeline, ecfg.batch_tokens)
 
 
 def write_summary(out_dir: str | Path, summary: dict[str, Any]) -> Path:

@@ -1,0 +1,63 @@
+"""Embedding throughput: the packed pipeline against a plain ``SentenceTransformer.encode``
+call, same model, same texts (the LOCOMO observations), same run.
+
+Usage: .venv/bin/python scripts/bench_embed.py [--device auto] [--dtype fp32|fp16|bf16]
+           [--n 2541] [--out eval/embed_cpu]
+Writes ``<out>/embed.json`` and prints texts/s and the ratio last.
+"""
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from consolidate.embed import Embedder
+from consolidate.store.locomo import read_locomo_observations
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--n", type=int, default=2541, help="texts (LOCOMO observations)")
+    ap.add_argument("--data", default=os.environ.get("CONSOLIDATE_DATA_DIR", "../shared/data"))
+    ap.add_argument("--model", default=None, help="model folder (default: packaged MiniLM)")
+    ap.add_argument("--out", default="eval/embed_cpu")
+    a = ap.parse_args()
+    obs = read_locomo_observations(Path(a.data) / "locomo" / "locomo10.json")[0]
+    texts = [str(t) for t in obs["text"]][: a.n]
+    res = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "n": len(texts),
+           "device": a.device, "dtype": a.dtype, "torch": torch.__version__,
+           "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count()}
+    vecs = {}
+    for name in ("st", "packed"):
+        e = Embedder(a.model, a.device, show_progress=False, dtype=a.dtype, pipeline=name)
+        e.encode(texts[:64])  # warm-up
+        best = float("inf")
+        for _ in range(2):
+            if e.device.type == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            vecs[name] = e.encode(texts)
+            if e.device.type == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t)
+        res[name] = {"seconds": round(best, 4), "texts_per_s": round(len(texts) / best, 1)}
+        res["device"] = str(e.device)
+    res["max_abs_diff"] = float(np.abs(vecs["st"] - vecs["packed"]).max())
+    res["ratio"] = round(res["st"]["seconds"] / res["packed"]["seconds"], 3)
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / "embed.json").write_text(json.dumps(res, indent=1))
+    print(json.dumps(res, indent=1))
+    print(f"embed {len(texts)} LOCOMO texts on {res['device']} {a.dtype}: packed "
+          f"{res['packed']['texts_per_s']} texts/s, plain encode {res['st']['texts_per_s']} "
+          f"texts/s: {res['ratio']}x")
+
+
+if __name__ == "__main__":
+    main()
