@@ -27,10 +27,20 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=2541, help="texts (LOCOMO observations)")
     ap.add_argument("--data", default=os.environ.get("CONSOLIDATE_DATA_DIR", "../shared/data"))
     ap.add_argument("--model", default=None, help="model folder (default: packaged MiniLM)")
+    ap.add_argument("--texts", default=None, help="one text per line, instead of LOCOMO")
     ap.add_argument("--out", default="eval/embed_cpu")
     a = ap.parse_args()
-    obs = read_locomo_observations(Path(a.data) / "locomo" / "locomo10.json")[0]
-    texts = [str(t) for t in obs["text"]][: a.n]
+    src = Path(a.data) / "locomo" / "locomo10.json"
+    if a.texts:
+        texts = Path(a.texts).read_text().splitlines()[: a.n]
+    elif src.exists():
+        texts = [str(t) for t in read_locomo_observations(src)[0]["text"]][: a.n]
+    else:  # synthetic sentences of LOCOMO-like lengths (no data on the machine)
+        g = np.random.default_rng(0)
+        vocab = ["Gina", "Jon", "adopted", "two", "cats", "dance", "studio", "in", "May",
+                 "because", "she", "said", "they", "went", "to", "the", "park", "and",
+                 "loved", "it", "every", "weekend", "with", "friends"]
+        texts = [" ".join(g.choice(vocab, int(n))) for n in g.integers(5, 40, a.n)]
     res = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "n": len(texts),
            "device": a.device, "dtype": a.dtype, "torch": torch.__version__,
            "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count()}

@@ -37,8 +37,16 @@
 # skips the whole-file test runs of step 3):
 #   CPU_OK=1 QUICK=1 OUT=/tmp/gpucheck bash scripts/gpu_check.sh
 #
-# Files under $OUT (at most 8, at most 2 folder levels): env.log, tests_gpu.log,
-# tests_cuda.log, benchmark.log, benchmark/{results.parquet,report.md,benchmark.png,meta.json}.
+# Files under $OUT (at most 8, at most 2 folder levels): env.log, tests.log, embed.log
+# (+ embed.json), benchmark.log, benchmark/{results.parquet,report.md,benchmark.png,meta.json}
+# (9 with embed.json: its numbers are also in embed.log, so the one cut is harmless).
+#
+# The embedding model: the fp32 folder (88 MB) is too big to carry; make an fp16 copy here
+# (~44 MB, leave faiss-cpu behind to stay under 64 MiB) with
+#   .venv/bin/python -c "from sentence_transformers import SentenceTransformer as S; \
+#     from consolidate.embed import packaged_model_path as p; m = S(str(p()), device='cpu'); \
+#     m.half(); m.save('.whl/minilm-fp16')"
+# and, for LOCOMO texts instead of synthetic ones, one text per line in .whl/texts.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check_out}
@@ -95,7 +103,7 @@ fi
     timeout 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu \
         --continue-on-collection-errors tests/
     echo "exit $?"
-} 2>&1 | tee "$OUT/tests_gpu.log"
+} 2>&1 | tee "$OUT/tests.log"
 
 # 3. the CUDA cases of the similarity, triton and faiss tests, those files whole
 {
@@ -110,7 +118,23 @@ fi
         timeout 150 "$PY" -m pytest -q -x -p no:cacheprovider "${files[@]}"
         echo "exit $?"
     fi
-} 2>&1 | tee "$OUT/tests_cuda.log"
+} 2>&1 | tee -a "$OUT/tests.log"
+
+# 3b. embedding throughput, packed pipeline against plain encode (needs the fp16 model copy
+#     carried as .whl/minilm-fp16/, see the header; texts: .whl/texts.txt if carried, else
+#     synthetic sentences)
+{
+    if [ -d .whl/minilm-fp16 ]; then
+        step "bench_embed fp16"
+        texts=()
+        [ -f .whl/texts.txt ] && texts=(--texts .whl/texts.txt)
+        timeout 120 "$PY" scripts/bench_embed.py --model .whl/minilm-fp16 --dtype fp16 \
+            --device cuda --out "$OUT" ${texts[@]+"${texts[@]}"}
+        echo "exit $?"
+    else
+        echo "no .whl/minilm-fp16: embedding benchmark skipped"
+    fi
+} 2>&1 | tee "$OUT/embed.log"
 
 # 4. the benchmark: its own budget is 270 s for the gpu preset; the timeout is a backstop
 #    (results.parquet is written after every method, so a cut run still leaves its table)
