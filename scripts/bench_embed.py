@@ -32,16 +32,19 @@ def main() -> None:
     a = ap.parse_args()
     src = Path(a.data) / "locomo" / "locomo10.json"
     if a.texts:
-        texts = Path(a.texts).read_text().splitlines()[: a.n]
+        texts, source = Path(a.texts).read_text().splitlines()[: a.n], a.texts
     elif src.exists():
         texts = [str(t) for t in read_locomo_observations(src)[0]["text"]][: a.n]
-    else:  # synthetic sentences of LOCOMO-like lengths (no data on the machine)
+        source = "LOCOMO observations"
+    else:
+        source = "synthetic sentences"  # LOCOMO-like lengths, where no data travels
         g = np.random.default_rng(0)
         vocab = ["Gina", "Jon", "adopted", "two", "cats", "dance", "studio", "in", "May",
                  "because", "she", "said", "they", "went", "to", "the", "park", "and",
                  "loved", "it", "every", "weekend", "with", "friends"]
         texts = [" ".join(g.choice(vocab, int(n))) for n in g.integers(5, 40, a.n)]
     res = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "n": len(texts),
+           "texts": source,
            "device": a.device, "dtype": a.dtype, "torch": torch.__version__,
            "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count()}
     vecs = {}
@@ -64,7 +67,7 @@ def main() -> None:
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "embed.json").write_text(json.dumps(res, indent=1))
     print(json.dumps(res, indent=1))
-    print(f"embed {len(texts)} LOCOMO texts on {res['device']} {a.dtype}: packed "
+    print(f"embed {len(texts)} {source} on {res['device']} {a.dtype}: packed "
           f"{res['packed']['texts_per_s']} texts/s, plain encode {res['st']['texts_per_s']} "
           f"texts/s: {res['ratio']}x")
 
