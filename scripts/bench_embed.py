@@ -34,7 +34,7 @@ def main() -> None:
     if a.texts:
         texts, source = Path(a.texts).read_text().splitlines()[: a.n], a.texts
     elif src.exists():
-        texts = [str(t) for t in read_locomo_observations(src)[0]["text"]][: a.n]
+        texts = [o.text for o in read_locomo_observations(src)[0]][: a.n]
         source = "LOCOMO observations"
     else:
         source = "synthetic sentences"  # LOCOMO-like lengths, where no data travels
