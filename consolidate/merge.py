@@ -27,7 +27,7 @@ from typing import Protocol, runtime_checkable
 from .text import content_tokens, split_facts
 
 __all__ = ["MergeMember", "MergeRequest", "MergeResponse", "Merger", "ExtractiveMerger",
-           "fact_time", "newer_fact_times", "older_in_conflict"]
+           "fact_time", "newer_fact_times"]
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class MergeResponse:
         note: free-form reason (e.g. why it declined).
         superseded: ids of members contradicted by a newer member (only from mergers with
             ``handles_conflicts``); ``text`` then merges the other members only. The pass
-            accepts an id only if :func:`older_in_conflict` agrees.
+            accepts an id only if :func:`newer_fact_times` lists it.
     """
 
     text: str | None
@@ -130,10 +130,6 @@ def newer_fact_times(req: MergeRequest) -> dict[str, float]:
         out[old] = min(out.get(old, math.inf), new_t)
     return out
 
-
-def older_in_conflict(req: MergeRequest, member_id: str) -> bool:
-    """May ``member_id`` be superseded, i.e. does a strictly newer member conflict with it?"""
-    return member_id in newer_fact_times(req)
 
 
 class ExtractiveMerger:

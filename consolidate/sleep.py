@@ -232,13 +232,8 @@ def run_pass(
     live = meta["deleted_at"].isna().to_numpy()
     pinned = meta["pinned"].to_numpy(bool)
     strength = meta["strength"].to_numpy(np.float64)
-    # a memory whose validity interval has closed is history: never merged with current facts
-    valid_to = meta["valid_to"].to_numpy(np.float64)
-    closed = np.isfinite(valid_to) & (valid_to <= now_rows(meta))
-    # reflections are a layer above the facts: never merged with them (a reflection's vector
-    # is its members' centroid, closer to each member than they are to each other)
-    is_refl = np.array([len(x) > 0 for x in meta["derived_from"]], bool)
-    cand = np.flatnonzero(live & ~pinned & ~closed & ~is_refl)
+    open_facts, closed = _open_facts(meta, now_rows(meta))
+    cand = np.flatnonzero(open_facts & ~pinned)
     stats["closed_kept_apart"] = int((live & closed).sum())
 
     # ---------------------------------------------------------------- exact duplicates
@@ -261,9 +256,7 @@ def run_pass(
     u_vec = np.zeros((len(units), dim), np.float32)
     u_w = np.zeros(len(units))
     for k, u in enumerate(units):
-        w = strength[u] / strength[u].max()  # scale-free weights: no overflow
-        s = (w[:, None] * vec[u].astype(np.float64)).sum(0)
-        u_vec[k] = s / max(np.linalg.norm(s), 1e-300)
+        u_vec[k] = _centroid(vec[u], strength[u])
         u_w[k] = strength[u].sum()
     u_key = [ids[u[0]] for u in units]
     u_text = [meta["text"].iat[u[0]] for u in units]
@@ -345,7 +338,7 @@ def run_pass(
                 (str(ids[ra]), str(ids[rb]), r) for ra in units[a] for rb in units[b])
     requests: list[MergeRequest] = []
     req_units: list[list[int]] = []
-    for c in clusters:
+    for x, c in enumerate(clusters):
         rows = sorted((r for k in c for r in units[k]), key=lambda r: ids[r])
         # pairwise similarities for small clusters; the changelog of a big cluster would
         # grow quadratically, so it gets each member's cosine to the merged centroid instead
@@ -359,7 +352,7 @@ def run_pass(
             cen = (u_w[c, None] * u_vec[c].astype(np.float64)).sum(0)
             cen /= np.linalg.norm(cen)
             sims = tuple((u_key[a], "centroid", round(float(u_vec[a] @ cen), 6)) for a in c)
-        confl = tuple(confl_of.get(len(requests), ()))
+        confl = tuple(confl_of.get(x, ()))
         requests.append(MergeRequest(
             cluster_id=merged_id(version, [ids[r] for r in rows]),
             namespace=str(u_ns[c[0]]),
@@ -375,6 +368,7 @@ def run_pass(
     row_of = {str(ids[r]): r for c in req_units for k in c for r in units[k]}
     valid_to_new = meta["valid_to"].to_numpy(np.float64).copy()
     superseded_rows: set[int] = set()
+    n_closed = 0  # rows whose valid_to this pass closed (or moved earlier)
     for req, resp, c in zip(requests, responses, req_units, strict=True):
         allowed = newer_fact_times(req) if resp.superseded else {}
         bad = sorted(set(resp.superseded) - set(allowed))
@@ -387,6 +381,7 @@ def run_pass(
             superseded_rows.add(r)
             if valid_to_new[r] == old_vt:
                 continue  # already closed there (a fact that becomes true later): no event
+            n_closed += 1
             events.append({"op": "supersede", "id": x, "namespace": req.namespace,
                            "valid_to": float(valid_to_new[r]), "cluster_id": req.cluster_id,
                            "by": sorted({b if a == x else a for a, b, _ in req.conflicts
@@ -414,9 +409,7 @@ def run_pass(
         if len(u) > 1 and k not in in_cluster:
             text = canonical_order([_member(meta, r) for r in u])[0].text
             merges.append((u, text, "exact_merge", {}))
-    old_valid_to = meta["valid_to"].to_numpy(np.float64)
-    stats["superseded"] = int(sum(1 for r in superseded_rows
-                                  if valid_to_new[r] != old_valid_to[r]))
+    stats["superseded"] = n_closed
     meta["valid_to"] = valid_to_new
     stats["model_calls"] = sum(r.calls for r in responses)
     stats["prompt_tokens"] = sum(r.prompt_tokens for r in responses)
@@ -435,8 +428,7 @@ def run_pass(
         rows = sorted(rows, key=lambda r: ids[r])
         mid = merged_id(version, [ids[r] for r in rows])
         w = strength[rows]
-        s = ((w / w.max())[:, None] * vec[rows].astype(np.float64)).sum(0)
-        v = (s / np.linalg.norm(s)).astype(np.float32)
+        v = _centroid(vec[rows], w)
         vf = meta["valid_from"].to_numpy(np.float64)[rows]
         vt = meta["valid_to"].to_numpy(np.float64)[rows]
         new_rows.append({
@@ -541,16 +533,37 @@ def run_pass(
                       stats)
 
 
+def _centroid(v: np.ndarray, strength: np.ndarray) -> np.ndarray:
+    """Strength-weighted mean of unit vectors ``v`` (``[m, d]``), renormalised: ``float32
+    [d]``. Weights are scaled by their max first, so large strengths cannot overflow."""
+    s = ((strength / strength.max())[:, None] * v.astype(np.float64)).sum(0)
+    return (s / max(np.linalg.norm(s), 1e-300)).astype(np.float32)
+
+
+def _is_reflection(meta: pd.DataFrame) -> np.ndarray:
+    """``bool [n]``: rows written by the reflect stage (they have ``derived_from``)."""
+    return np.array([len(x) > 0 for x in meta["derived_from"]], bool)
+
+
+def _open_facts(meta: pd.DataFrame, now: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(open, closed)`` as ``bool [n]``: ``closed`` = the validity interval ended at or
+    before ``now`` (hours, per row): history. ``open`` = live, not closed, not a reflection:
+    the memories that may be merged or reflected on. Reflections stay out because their
+    vector is their members' centroid, closer to each member than those are to each other."""
+    vt = meta["valid_to"].to_numpy(np.float64)
+    closed = np.isfinite(vt) & (vt <= now)
+    return meta["deleted_at"].isna().to_numpy() & ~closed & ~_is_reflection(meta), closed
+
+
 def _reflect(meta: pd.DataFrame, vec: np.ndarray, cfg: PassConfig, sim_cfg: SimilarityConfig,
              reflector: Any, version: int, now: np.ndarray, events: list[dict[str, Any]],
              stats: dict[str, Any]) -> tuple[pd.DataFrame, np.ndarray]:
     """The reflect stage (see :class:`~consolidate.config.PassConfig`): group live, open,
     non-reflection memories; skip groups an existing live reflection already covers; ask the
     reflector once for all groups; append one record per accepted answer."""
-    live = meta["deleted_at"].isna().to_numpy()
-    vt = meta["valid_to"].to_numpy(np.float64)
-    is_refl = np.array([len(x) > 0 for x in meta["derived_from"]], bool)
-    cand = np.flatnonzero(live & ~(np.isfinite(vt) & (vt <= now)) & ~is_refl)
+    open_facts, _ = _open_facts(meta, now)
+    cand = np.flatnonzero(open_facts)
+    is_refl = _is_reflection(meta)
     # a group counts as reflected while any reflection of it is still in the store (live, or
     # dropped by floor/cap: reflecting it again every night would only be dropped again)
     reason = meta["deleted_reason"].tolist()
@@ -596,7 +609,6 @@ def _reflect(meta: pd.DataFrame, vec: np.ndarray, cfg: PassConfig, sim_cfg: Simi
             events.append({"op": "reflect_declined", "ids": [m.id for m in req.members],
                            "note": resp.note, "raw": resp.raw, "namespace": req.namespace})
             continue
-        s = ((strength[g] / strength[g].max())[:, None] * vec[g].astype(np.float64)).sum(0)
         text = resp.text.strip()
         rows.append({
             "id": req.cluster_id, "namespace": req.namespace, "text": text,
@@ -610,7 +622,7 @@ def _reflect(meta: pd.DataFrame, vec: np.ndarray, cfg: PassConfig, sim_cfg: Simi
             "last_pass": float(version), "keep_apart": [],
             "derived_from": [m.id for m in req.members],
         })
-        vecs.append((s / np.linalg.norm(s)).astype(np.float32))
+        vecs.append(_centroid(vec[g], strength[g]))
         events.append({"op": "reflect", "id": req.cluster_id, "namespace": req.namespace,
                        "derived_from": [m.id for m in req.members], "text": text,
                        "reflector": getattr(reflector, "name", "?"), "raw": resp.raw,

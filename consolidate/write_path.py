@@ -176,6 +176,7 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
             decisions[n] = Decision(n, d.op, d.target_id, d.text, d.source, d.note)
     # ---- apply, in order; the first decision touching a memory wins
     touched: set[str] = set()
+    row_of = {i: k for k, i in enumerate(lm["id"])}  # decision targets -> stored rows
     new_rows, patches, upd_texts = [], [], []
     for n, (t, k, f) in enumerate(items):
         d = decisions[n]
@@ -193,8 +194,8 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
         row = {"id": _fact_id(t.id, k), "namespace": t.namespace, "text": f.text,
                "vector": vecs[n], "importance": f.importance / 10.0, "created_at": t.time_h,
                "last_used": t.time_h, "source_ids": [t.id], "valid_from": vf}
-        old_vf = (float(lm.loc[lm["id"] == d.target_id, "valid_from"].iloc[0])
-                  if d.op in ("UPDATE", "DELETE") else np.nan)
+        old = lm.iloc[row_of[d.target_id]] if d.op in ("UPDATE", "DELETE") else None
+        old_vf = np.nan if old is None else float(old["valid_from"])
         if np.isfinite(old_vf):  # a temporal fact: close it, keep it as history
             touched.add(d.target_id)
             ends = vf if np.isfinite(vf) and vf > old_vf else t.time_h
@@ -208,7 +209,6 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
             new_rows.append(row)
         elif d.op == "UPDATE":
             touched.add(d.target_id)
-            old = lm[lm["id"] == d.target_id].iloc[0]
             row.update(text=d.text, importance=max(row["importance"], float(old["importance"])),
                        source_ids=sorted(set(old["source_ids"]) | {t.id}))
             upd_texts.append(len(new_rows))
