@@ -27,7 +27,7 @@ from typing import Protocol, runtime_checkable
 from .text import content_tokens, split_facts
 
 __all__ = ["MergeMember", "MergeRequest", "MergeResponse", "Merger", "ExtractiveMerger",
-           "fact_time", "newer_fact_times"]
+           "fact_time", "newer_fact_times", "unordered_pair"]
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,14 @@ def newer_fact_times(req: MergeRequest) -> dict[str, float]:
 
 
 
+def unordered_pair(req: MergeRequest, older: dict[str, float] | None = None) -> bool:
+    """Has ``req`` a flagged pair where neither member is newer (equal or unknown times)?
+    Such a pair can be neither closed nor blended. ``older``: :func:`newer_fact_times` of
+    ``req`` if already computed."""
+    older = newer_fact_times(req) if older is None else older
+    return any(a not in older and b not in older for a, b, _ in req.conflicts)
+
+
 class ExtractiveMerger:
     """No-model merger: keep the most important (then most recent) text and append the facts
     of the other members that it does not already state.
@@ -201,7 +209,7 @@ class ExtractiveMerger:
                 continue
             old = newer_fact_times(r) if self.handles_conflicts else {}
             rest = [m for m in r.members if m.id not in old]
-            if any(a not in old and b not in old for a, b, _ in r.conflicts):
+            if unordered_pair(r, old):
                 # a flagged pair with equal or unknown times: no newer fact, never blend
                 out.append(MergeResponse(None, note="flagged pair with equal times: left "
                                          "for review"))

@@ -27,7 +27,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..merge import MergeRequest, MergeResponse, canonical_order, fact_time, newer_fact_times
+from ..merge import (
+    MergeRequest,
+    MergeResponse,
+    canonical_order,
+    fact_time,
+    newer_fact_times,
+    unordered_pair,
+)
 from ..text import _date_terms, _negation_count, _numbers, content_tokens
 from .base import ChatRequest, json_request, parse_json_model
 from .cache import backend_from
@@ -70,13 +77,6 @@ def _date(hours: float) -> str:
         return "date unknown"
     return datetime.fromtimestamp(hours * 3600, UTC).strftime("%Y-%m-%d")
 
-
-def _unordered(req: MergeRequest) -> bool:
-    """Has the request a flagged pair where neither member is newer (equal or NaN times)?"""
-    older = newer_fact_times(req)
-    by_id = {m.id: fact_time(m) for m in req.members}
-    return any(a not in older and b not in older and by_id.get(a) is not None
-               and by_id.get(b) is not None for a, b, _ in req.conflicts)
 
 
 def conflict_order(req: MergeRequest) -> list:
@@ -233,7 +233,7 @@ class LLMMerger:
         out: list[MergeResponse | None] = [None] * len(requests)
         ask = []
         for k, req in enumerate(requests):
-            if self.handles_conflicts and req.conflicts and _unordered(req):
+            if self.handles_conflicts and req.conflicts and unordered_pair(req):
                 # a flagged pair with no newer side can be neither closed nor blended
                 out[k] = MergeResponse(None, note="flagged pair with equal or unknown "
                                        "times: left for review (no call)")
