@@ -464,6 +464,7 @@ def _topk_torch(qv: torch.Tensor, kv: torch.Tensor, qs_dev: torch.Tensor, ks_dev
             # one namespace in the whole block: no segment mask needed
             one_seg = bool(qs_dev[r0] == qs_dev[r1 - 1]) and bool(
                 ks_dev[c_lo] == ks_dev[c_hi - 1]) and bool(qs_dev[r0] == ks_dev[c_lo])
+            # start from the -inf / -1 rows: padding where a namespace holds fewer than kk keys
             cand_s, cand_i = [best_s[r0:r1]], [best_i[r0:r1]]
             for c0 in range(c_lo, c_hi, tile_cols):
                 c1 = min(c_hi, c0 + tile_cols)
