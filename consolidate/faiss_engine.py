@@ -46,7 +46,7 @@ GPU_MAX_K = 2048
 _GPU_KS = (64, 256, 1024, GPU_MAX_K)
 
 
-def _import_faiss(gpu: bool = False) -> Any:
+def _import_faiss() -> Any:
     """Import faiss or raise an ImportError that says how to install it."""
     try:
         import faiss
@@ -55,13 +55,29 @@ def _import_faiss(gpu: bool = False) -> Any:
             "the faiss engine needs faiss: pip install 'consolidate[faiss]' (faiss-cpu), or "
             "'consolidate[faiss-gpu]' for device='cuda'"
         ) from e
-    if gpu and not (hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0):
-        raise RuntimeError(
-            "device='cuda' with the faiss engine needs a faiss build with GPU support "
-            "(pip install 'consolidate[faiss-gpu]'); this faiss sees no GPU. Use device='cpu' "
-            "or engine='torch'"
-        )
     return faiss
+
+
+def _faiss_on(device: str | torch.device) -> tuple[Any, torch.device]:
+    """``(faiss, device)``: ``"auto"`` means cuda only when this faiss build sees a GPU (a
+    faiss-cpu install on a CUDA machine runs on the cpu).
+
+    Raises:
+        ImportError: faiss is not installed.
+        ValueError: an explicit cuda device while faiss has no GPU support.
+    """
+    faiss = _import_faiss()
+    has_gpu = hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0
+    if device is None or str(device) == "auto":
+        return faiss, resolve_device("cuda" if has_gpu and torch.cuda.is_available()
+                                     else "cpu")
+    dev = resolve_device(device)
+    if dev.type == "cuda" and not has_gpu:
+        raise ValueError(
+            "device='cuda' with the faiss engine needs a faiss build with GPU support "
+            "(pip install 'consolidate[faiss-gpu]'); this faiss sees no GPU. Use device=cpu "
+            "or auto, or engine=torch")
+    return faiss, dev
 
 
 def _as_f32(x: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -202,7 +218,8 @@ def threshold_pairs_faiss(
             memory, which faiss reads).
         threshold: cosine threshold in [-1, 1].
         segments: ``int64 [n]`` namespace codes; pairs never cross segments. ``None`` = one.
-        device: ``"auto"`` (cuda if torch sees one), ``"cpu"`` or ``"cuda[:k]"``.
+        device: ``"auto"`` (cuda if torch and faiss both see one), ``"cpu"`` or
+            ``"cuda[:k]"``.
         dtype: one of ``fp32``, ``tf32``, ``bf16``, ``fp16``. faiss-cpu always computes in
             float32; on cuda ``fp16``/``bf16`` send float16 vectors to ``knn_gpu``. Results
             are exact in every dtype (float64 re-scoring of candidates within the margin).
@@ -216,13 +233,11 @@ def threshold_pairs_faiss(
 
     Raises:
         ImportError: faiss is not installed.
-        RuntimeError: ``device`` is cuda and faiss has no GPU support.
         ValueError: bad shapes, unknown dtype, ``segments`` of the wrong length, or a cuda
-            device where torch sees no CUDA.
+            device where torch sees no CUDA or faiss has no GPU support.
     """
     _check_dtype(dtype)
-    dev = resolve_device(device)
-    faiss = _import_faiss(gpu=dev.type == "cuda")
+    faiss, dev = _faiss_on(device)
     v = _as_f32(vectors)
     if v.ndim != 2:
         raise ValueError(f"vectors must be [n, d], got shape {tuple(v.shape)}")
@@ -303,17 +318,16 @@ def topk_faiss(
 
     Raises:
         ImportError: faiss is not installed.
-        RuntimeError: ``device`` is cuda and faiss has no GPU support.
         ValueError: bad shapes, ``k < 1`` (or ``k > GPU_MAX_K`` on cuda), unknown dtype,
-            only one of the segment arrays given, or a cuda device where torch sees no CUDA.
+            only one of the segment arrays given, or a cuda device where torch sees no CUDA
+            or faiss has no GPU support.
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if (query_segments is None) != (key_segments is None):
         raise ValueError("give both query_segments and key_segments, or neither")
     _check_dtype(dtype)
-    dev = resolve_device(device)
-    faiss = _import_faiss(gpu=dev.type == "cuda")
+    faiss, dev = _faiss_on(device)
     if dev.type == "cuda" and k > GPU_MAX_K:
         raise ValueError(f"faiss on cuda supports k <= {GPU_MAX_K}, got {k}")
     q, key = _as_f32(queries), _as_f32(keys)
@@ -390,7 +404,7 @@ class ApproxIndex:
         self.nlist, self.nprobe = nlist, nprobe
         self.m, self.ef_search, self.ef_construction = m, ef_search, ef_construction
         self.train_size, self.seed = train_size, seed
-        self.device = resolve_device(device)
+        _, self.device = _faiss_on(device)
         if kind == "hnsw" and self.device.type == "cuda":
             raise ValueError("faiss HNSW runs on the cpu only; use kind='ivf' on cuda")
         self.index: Any = None
@@ -412,10 +426,9 @@ class ApproxIndex:
 
         Raises:
             ImportError: faiss is not installed.
-            RuntimeError: cuda asked and faiss has no GPU support.
             ValueError: ``vectors`` is not ``[n, d]`` with ``n >= 1``.
         """
-        faiss = _import_faiss(gpu=self.device.type == "cuda")
+        faiss = _import_faiss()
         x = _as_f32(vectors)
         if x.ndim != 2 or x.shape[0] < 1:
             raise ValueError(f"vectors must be [n, d] with n >= 1, got {tuple(x.shape)}")

@@ -192,8 +192,17 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="both"):
         topk_faiss(eye, eye, 1, query_segments=np.zeros(3), device="cpu")
     if faiss.get_num_gpus() == 0:  # cuda asked: no CUDA, or a faiss without GPU support
-        with pytest.raises((RuntimeError, ValueError), match="GPU support|CUDA"):
+        with pytest.raises(ValueError, match="GPU support|CUDA"):
             threshold_pairs_faiss(eye, 0.9, device="cuda")
+
+
+def test_auto_runs_on_cpu_when_faiss_sees_no_gpu(monkeypatch):
+    # a CUDA machine with faiss-cpu: "auto" must not pick cuda for faiss
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 0)
+    v, seg = data(40, 8, 2, seed=3)
+    got = threshold_pairs_faiss(v, 0.5, segments=seg, device="auto")
+    assert as_set(got) == ref_pairs(v, seg, 0.5)
 
 
 def test_missing_faiss_names_the_extra(monkeypatch):
