@@ -37,12 +37,40 @@ def test_pairs_equal_float64_reference(n, d, ns, tiles, device):
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "tf32"])
-def test_reduced_precision_tiles_give_the_fp32_pair_set(dtype):
+@pytest.mark.parametrize("tiles", [(128, 96), (None, None)])  # tiled / batched blocks
+def test_reduced_precision_tiles_give_the_fp32_pair_set(dtype, tiles):
     v, seg = data(400, 64, 2, seed=3)
     ref = reference(v, seg, 0.9)
-    got = threshold_pairs(v, 0.9, segments=seg, device="cpu", dtype=dtype, tile_rows=128,
-                          tile_cols=96)
+    got = threshold_pairs(v, 0.9, segments=seg, device="cpu", dtype=dtype, tile_rows=tiles[0],
+                          tile_cols=tiles[1])
     assert set(zip(got.i.tolist(), got.j.tolist(), strict=True)) == ref
+
+
+def test_block_sizes_pad_at_most_an_eighth():
+    from consolidate.similarity import _block_size
+
+    sizes = torch.tensor([1, 2, 8, 9, 100, 127, 128, 129, 1000])
+    assert _block_size(sizes).tolist() == [8, 8, 8, 16, 104, 128, 128, 144, 1024]
+
+
+@pytest.mark.parametrize("t", [0.9, 0.3, 0.0, -0.5])
+def test_mixed_namespace_sizes_batched_and_tiled(t, device):
+    """Namespaces of 1..300 rows with 64-row tiles: the small ones go through the batched
+    padded blocks (rows past a namespace's end are computed and dropped), the big ones
+    through tiles with the row-max prefilter (and its whole-tile fallback at low t)."""
+    g = np.random.default_rng(5)
+    sizes = [1, 2, 3, 7, 8, 9, 17, 64, 65, 100, 300, 1, 40]
+    seg = np.repeat(np.arange(len(sizes)), sizes)
+    g.shuffle(seg)
+    v = g.normal(size=(len(seg), 12)).astype(np.float32)
+    v[1::3] = v[::3][: len(v[1::3])] + 0.05 * v[1::3]  # planted near-duplicates
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    ref = reference(v, seg, t)
+    got = threshold_pairs(v, t, segments=seg, device=device, tile_rows=64, tile_cols=48)
+    assert set(zip(got.i.tolist(), got.j.tolist(), strict=True)) == ref
+    assert len(ref) > 0
+    default = threshold_pairs(v, t, segments=seg, device=device)  # every namespace batched
+    assert set(zip(default.i.tolist(), default.j.tolist(), strict=True)) == ref
 
 
 def test_unsorted_segments_and_row_order_do_not_change_pairs():
@@ -75,7 +103,9 @@ def test_bad_arguments():
 def test_auto_tile_respects_budget():
     rows, cols = auto_tile(10**6, torch.device("cpu"), budget_bytes=64 << 20)
     assert rows * cols * 16 <= 64 << 20
-    assert rows == 4096 and cols >= 64
+    assert rows == 1024 and cols == 2048  # cpu: a tile near cache size
+    # a small budget shrinks the columns: 1024 rows x 16 bytes x cols <= 8 MiB
+    assert auto_tile(10**6, torch.device("cpu"), budget_bytes=8 << 20) == (1024, 512)
     assert auto_tile(10, torch.device("cpu"), budget_bytes=1 << 30) == (64, 64)
 
 
@@ -203,3 +233,47 @@ def test_cuda_without_cuda_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="CUDA is not available"):
         threshold_pairs(np.eye(3, dtype=np.float32), 0.5, device="cuda")
+
+
+@pytest.mark.parametrize("k", [1, 5, 40])
+@pytest.mark.parametrize("tiles", [(None, None), (16, 32)])  # batched blocks / both paths
+def test_topk_mixed_namespaces_equal_float64_reference(k, tiles, device):
+    """Namespaces with 0..300 keys and 0..40 queries, shuffled, with exact duplicate keys
+    (ties): batched padded blocks (padded key columns must never win) and tiles agree with
+    float64 top-k, ties to the lower key position."""
+    g = np.random.default_rng(k)
+    nkeys = [0, 1, 2, 9, 16, 17, 100, 300, 5, 3]
+    nqs = [3, 4, 0, 10, 1, 40, 17, 2, 6, 5]
+    kseg = np.repeat(np.arange(len(nkeys)), nkeys)
+    qseg = np.repeat(np.arange(len(nqs)), nqs)
+    g.shuffle(kseg)
+    g.shuffle(qseg)
+    keys = g.normal(size=(len(kseg), 8)).astype(np.float32)
+    keys /= np.linalg.norm(keys, axis=1, keepdims=True)
+    q = g.normal(size=(len(qseg), 8)).astype(np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    ties = 0
+    for s in range(len(nkeys)):  # exact duplicate keys in one namespace: tied scores
+        kpos, qpos = np.nonzero(kseg == s)[0], np.nonzero(qseg == s)[0]
+        if len(kpos) >= 3 and len(qpos):
+            keys[kpos[1]] = keys[kpos[2]] = keys[kpos[0]]
+            q[qpos[0]] = keys[kpos[0]]
+            ties += 1
+    assert ties == 7
+    got = topk_neighbours(q, keys, k, query_segments=qseg, key_segments=kseg, device=device,
+                          engine="torch", tile_rows=tiles[0], tile_cols=tiles[1])
+    assert got.indices.tolist() == topk_reference(q, keys, qseg, kseg, k)
+    for s in range(len(nkeys)):  # the tied triple comes first, lower positions first
+        kpos, qpos = np.nonzero(kseg == s)[0], np.nonzero(qseg == s)[0]
+        if len(kpos) >= 3 and len(qpos):
+            top = min(k, 3)
+            assert got.indices[qpos[0], :top].tolist() == kpos[:top].tolist()
+    # the query whose namespace has no keys gets only padding
+    assert (got.indices[qseg == 0] == -1).all() and np.isneginf(got.scores[qseg == 0]).all()
+
+
+def test_topk_segment_lengths_are_checked():
+    e = np.eye(3, dtype=np.float32)
+    with pytest.raises(ValueError, match="query_segments"):
+        topk_neighbours(e, e, 1, query_segments=np.zeros(2), key_segments=np.zeros(3),
+                        device="cpu")

@@ -326,6 +326,16 @@ def _check_block(name: str, value: int) -> int:
     return value
 
 
+def _kernel_input(x: torch.Tensor) -> torch.Tensor:
+    """``x`` contiguous; on the cpu (Triton's interpreter) also in torch-owned memory: the
+    interpreter re-binds each argument's storage, which fails for memory shared with numpy
+    (``torch.as_tensor`` of an array)."""
+    x = x.contiguous()
+    if x.device.type == "cpu" and not x.untyped_storage().resizable():
+        x = x.clone()
+    return x
+
+
 def threshold_candidates(
     vt: torch.Tensor,
     ends: torch.Tensor | np.ndarray,
@@ -366,7 +376,7 @@ def threshold_candidates(
         raise ValueError(f"vt must be [n, d], got shape {tuple(vt.shape)}")
     _check_block("block_m", block_m)
     _check_block("block_n", block_n)
-    vt = vt.contiguous()
+    vt = _kernel_input(vt)
     n, d = vt.shape
     dev = vt.device
     bk = (_check_block("block_k", block_k) if block_k
@@ -447,7 +457,7 @@ def topk_candidates(
     global LAST_TOPK_STATS
     if not 1 <= k <= MAX_TOPK:
         raise ValueError(f"the triton top-k supports 1 <= k <= {MAX_TOPK}, got {k}")
-    qv, kv = qv.contiguous(), kv.contiguous()
+    qv, kv = _kernel_input(qv), _kernel_input(kv)
     nq, d = qv.shape
     dev = qv.device
     kp = _next_pow2(k)
