@@ -94,3 +94,27 @@ def test_conflict_blocks_a_third_member_too():
     merges = [e["members"] for e in res.events if e["op"] == "merge"]
     assert merges == [["x", "y"]]
     assert any(e["op"] == "review" and "z" in e["ids"] for e in res.events)
+
+
+def test_items_in_no_pair_keep_their_own_label_and_positions_map_back():
+    # 7 items; pairs only among {1, 3, 5} (one cluster) and {4, 6} (a conflict); 0 and 2 are
+    # in no pair. Keys sort in reverse position order, so the cluster lists 5, 3, 1.
+    v = np.zeros((7, 3))
+    v[[1, 3, 5], 0] = 1.0
+    v[[4, 6], 1] = 1.0
+    v[[0, 2], 2] = 1.0
+    keys = [f"k{9 - x}" for x in range(7)]
+    seen = []
+
+    def conflict(a, b):
+        seen.append((a, b))
+        return "number" if {a, b} == {4, 6} else None
+
+    res = centroid_clusters(np.array([1, 3, 1, 4]), np.array([3, 5, 5, 6]), np.ones(4), v,
+                            np.ones(7), keys, 0.9, conflict=conflict)
+    assert res.labels.tolist() == [0, 1, 2, 1, 4, 1, 6]
+    assert res.clusters == [[5, 3, 1]]
+    assert res.review == [(4, 6, 1.0, "number")]
+    assert res.rejected == 1
+    assert {frozenset(p) for p in seen} <= {frozenset(p) for p in
+                                            [(1, 3), (3, 5), (1, 5), (4, 6)]}
