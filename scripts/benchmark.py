@@ -62,6 +62,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from consolidate.cluster import centroid_clusters  # noqa: E402
 from consolidate.faiss_engine import recall_at_k, threshold_pairs_faiss, topk_faiss  # noqa: E402
 from consolidate.similarity import TopK, threshold_pairs, topk_neighbours  # noqa: E402
 from consolidate.store.batch import resolve_device  # noqa: E402
@@ -87,8 +88,9 @@ class Case:
     """One benchmark input and the methods to run on it.
 
     kind: ``join`` (pairs >= threshold, one namespace), ``namespaces`` (join within
-    ``namespaces`` namespaces of ``rows_per_ns`` rows), ``topk`` (``q`` queries, the first
-    rows of the store, against all ``n`` rows).
+    ``namespaces`` namespaces of ``n / namespaces`` rows), ``topk`` (``q`` queries, the first
+    rows of the store, against all ``n`` rows; with ``namespaces > 1``, each query only
+    against the keys of its namespace).
     """
 
     kind: str
@@ -106,7 +108,8 @@ class Case:
     def name(self) -> str:
         src = "LOCOMO " if self.source == "locomo" else ""
         if self.kind == "topk":
-            return f"{src}top-{self.k} q={self.q} n={self.n} d={self.d} {self.dtype}"
+            ns = f" ns={self.namespaces}" if self.namespaces > 1 else ""
+            return f"{src}top-{self.k} q={self.q} n={self.n}{ns} d={self.d} {self.dtype}"
         ns = f" ns={self.namespaces}x{self.n // max(1, self.namespaces)}" \
             if self.kind == "namespaces" else ""
         return f"{src}join n={self.n}{ns} d={self.d} {self.dtype} t={self.threshold}"
@@ -114,11 +117,12 @@ class Case:
 
 JOIN = ["ours (torch)", "ours (triton)", "ours (faiss)", "naive torch tiles", "numpy tiles",
         "faiss range_search"]
-ST_JOIN = ["st paraphrase_mining", "st community_detection"]
+ST_JOIN = ["ours pairs + clusters", "st paraphrase_mining", "st community_detection"]
 TOPK = ["ours (torch)", "ours (triton)", "ours (faiss)", "naive torch tiles", "numpy tiles",
         "faiss search", "st semantic_search", "faiss IVF (approx)"]
 NS = ["ours (torch)", "ours (triton)", "ours (faiss)", "loop over ours per namespace",
       "numpy loop per namespace"]
+TOPK_NS = NS  # the same method names, top-k variants
 
 
 def preset_cases(preset: str) -> tuple[list[Case], dict[str, Any]]:
@@ -130,6 +134,8 @@ def preset_cases(preset: str) -> tuple[list[Case], dict[str, Any]]:
                  methods=["ours (torch)", "ours (faiss)", "numpy tiles"] + ST_JOIN),
             Case("topk", 50_000, 384, "fp32", k=10, q=5_000, methods=TOPK),
             Case("namespaces", 200_000, 384, "fp32", 0.9, namespaces=2_000, methods=NS),
+            Case("topk", 200_000, 384, "fp32", k=10, q=20_000, namespaces=2_000,
+                 methods=TOPK_NS),
             Case("join", 0, 384, "fp32", 0.9, source="locomo",
                  methods=["ours (torch)", "ours (faiss)", "numpy tiles", "faiss range_search"]
                  + ST_JOIN),
@@ -144,6 +150,8 @@ def preset_cases(preset: str) -> tuple[list[Case], dict[str, Any]]:
             Case("topk", 1_000_000, 1024, "bf16", k=10, q=1_000_000,
                  methods=["ours (torch)", "ours (triton)", "ours (faiss)", "naive torch tiles"]),
             Case("namespaces", 1_000_000, 384, "bf16", 0.9, namespaces=10_000, methods=NS),
+            Case("topk", 1_000_000, 384, "bf16", k=10, q=100_000, namespaces=10_000,
+                 methods=TOPK_NS),
             Case("join", 100_000, 384, "bf16", 0.9, methods=JOIN + ST_JOIN),
             Case("join", 0, 384, "bf16", 0.9, source="locomo", methods=JOIN + ST_JOIN),
             Case("join", 100_000, 1024, "bf16", 0.85, methods=JOIN[:4]),
@@ -151,7 +159,8 @@ def preset_cases(preset: str) -> tuple[list[Case], dict[str, Any]]:
             Case("topk", 100_000, 384, "bf16", k=100, q=100_000,
                  methods=TOPK[:4] + ["st semantic_search"]),
             Case("join", 10_000, 384, "bf16", 0.9, methods=JOIN + ST_JOIN),
-            Case("join", 1_000_000, 384, "bf16", 0.9, methods=["st community_detection"]),
+            Case("join", 1_000_000, 384, "bf16", 0.9,
+                 methods=["ours pairs + clusters", "st community_detection"]),
         ], {"budget_s": 270.0, "cpu_cap_tflop": 4.0, "st_cap_n": 1_000_000,
             "locomo_conv": 10, "repeats": 3, "slow_s": 5.0, "warm_rows": 65_536}
     if preset == "tiny":
@@ -159,6 +168,7 @@ def preset_cases(preset: str) -> tuple[list[Case], dict[str, Any]]:
             Case("join", 3_000, 64, "fp32", 0.9, methods=JOIN + ST_JOIN),
             Case("topk", 3_000, 64, "fp32", k=10, q=500, methods=TOPK),
             Case("namespaces", 2_000, 64, "fp32", 0.9, namespaces=20, methods=NS),
+            Case("topk", 2_000, 64, "fp32", k=10, q=400, namespaces=20, methods=TOPK_NS),
         ], {"budget_s": 60.0, "cpu_cap_tflop": 0.1, "st_cap_n": 10_000, "locomo_conv": 1,
             "repeats": 2, "slow_s": 1.0, "warm_rows": 512}
     raise SystemExit(f"unknown preset {preset!r}")
@@ -341,7 +351,11 @@ def flops(ctx: Ctx) -> float:
     """Useful flops: ``2 n^2 d / 2`` per namespace for a join, ``2 q n d`` for top-k."""
     d = ctx.v.shape[1]
     if ctx.case.kind == "topk":
-        return 2.0 * ctx.q * ctx.n * d
+        if ctx.seg is None:
+            return 2.0 * ctx.q * ctx.n * d
+        m = int(ctx.seg.max()) + 1
+        qc = np.bincount(ctx.seg[: ctx.q], minlength=m).astype(np.float64)
+        return float(2.0 * (qc * np.bincount(ctx.seg, minlength=m)).sum() * d)
     if ctx.seg is None:
         return float(ctx.n) ** 2 * d
     counts = np.bincount(ctx.seg - ctx.seg.min()).astype(np.float64)
@@ -497,6 +511,24 @@ def st_community(ctx: Ctx) -> list[list[int]]:
     return util.community_detection(ctx.v, threshold=ctx.case.threshold, min_community_size=2)
 
 
+def clusters_prepare(ctx: Ctx) -> None:
+    """Untimed: record ids (the pass has them) and the float32 host copy of the vectors."""
+    ctx.cache["keys"] = [f"m{x:08d}" for x in range(ctx.n)]
+    _ = ctx.host
+
+
+def ours_clusters(ctx: Ctx) -> list[list[int]]:
+    """What the pass does: our join (default engine) then centroid-checked, complete-link
+    clusters (consolidate.cluster, unit weights, no conflict guard), the counterpart of
+    community_detection."""
+    c = ctx.case
+    p = threshold_pairs(ctx.v, c.threshold, segments=ctx.seg_t, device=ctx.device,
+                        dtype=c.dtype)
+    cr = centroid_clusters(p.i, p.j, p.sim, ctx.host, np.ones(ctx.n), ctx.cache["keys"],
+                           c.threshold)
+    return cr.clusters
+
+
 def st_semantic(ctx: Ctx) -> np.ndarray:
     from sentence_transformers import util
 
@@ -522,6 +554,37 @@ def loop_ours(ctx: Ctx) -> tuple[np.ndarray, np.ndarray]:
         out_i.append(np.minimum(a, b))
         out_j.append(np.maximum(a, b))
     return np.concatenate(out_i), np.concatenate(out_j)
+
+
+def loop_ours_topk(ctx: Ctx) -> np.ndarray:
+    """A Python loop over namespaces, one topk_neighbours call each (default engine)."""
+    k = ctx.case.k
+    out = np.full((ctx.q, k), -1, np.int64)
+    for idx in _groups(ctx.seg):
+        qi = idx[idx < ctx.q]  # the queries are the store's first q rows
+        if not qi.size:
+            continue
+        t = topk_neighbours(ctx.v[torch.from_numpy(qi).to(ctx.device)],
+                            ctx.v[torch.from_numpy(idx).to(ctx.device)], k,
+                            device=ctx.device, dtype=ctx.case.dtype)
+        out[qi] = np.where(t.indices >= 0, idx[t.indices.clip(0)], -1)
+    return out
+
+
+def loop_numpy_topk(ctx: Ctx) -> np.ndarray:
+    """A Python loop over namespaces: q @ x.T -> argpartition -> sort, float32."""
+    x, k = ctx.host, ctx.case.k
+    out = np.full((ctx.q, k), -1, np.int64)
+    for idx in _groups(ctx.seg):
+        qi = idx[idx < ctx.q]
+        if not qi.size:
+            continue
+        s = x[qi] @ x[idx].T
+        kk = min(k, idx.size)
+        part = np.argpartition(-s, kk - 1, axis=1)[:, :kk]
+        order = np.argsort(-np.take_along_axis(s, part, 1), axis=1, kind="stable")
+        out[qi, :kk] = idx[np.take_along_axis(part, order, 1)]
+    return out
 
 
 def loop_numpy(ctx: Ctx) -> tuple[np.ndarray, np.ndarray]:
@@ -592,6 +655,7 @@ METHODS: dict[str, dict[str, Method]] = {
         "faiss range_search": _cpu(faiss_range, "faiss"),
         "st paraphrase_mining": Method(st_paraphrase, "baseline", dtype="fp32", needs="st"),
         "st community_detection": Method(st_community, "baseline", dtype="fp32", needs="st"),
+        "ours pairs + clusters": Method(ours_clusters, "ours", prepare=clusters_prepare),
         "torch float64 tiles (reference)": _REF,
     },
     "topk": {
@@ -606,6 +670,8 @@ METHODS: dict[str, dict[str, Method]] = {
         "st semantic_search": Method(st_semantic, "baseline", dtype="fp32",
                                      needs="st-topk"),
         "faiss IVF (approx)": _cpu(faiss_ivf, "faiss", faiss_ivf_build),
+        "loop over ours per namespace": Method(loop_ours_topk, "baseline"),
+        "numpy loop per namespace": _cpu(loop_numpy_topk),
     },
     "namespaces": {
         **_OURS_JOIN,
@@ -684,10 +750,15 @@ class Reference:
         ctx = self.ctx
         v = ctx.v.double()
         k = min(ctx.case.k, ctx.n)
+        seg = None if ctx.seg is None else torch.from_numpy(ctx.seg).to(ctx.device)
         idx = []
         for r0 in range(0, rows.size, 256):
             r = torch.from_numpy(rows[r0 : r0 + 256]).to(ctx.device)
-            idx.append(torch.topk(v[r] @ v.T, k, dim=1).indices.cpu())
+            s = v[r] @ v.T
+            if seg is not None:
+                s.masked_fill_(seg[r][:, None] != seg[None, :], float("-inf"))
+            top = torch.topk(s, k, dim=1)
+            idx.append(torch.where(torch.isfinite(top.values), top.indices, -1).cpu())
         return TopK(torch.cat(idx).numpy(), np.zeros((rows.size, k), np.float32))
 
     def score_pairs(self, i: np.ndarray, j: np.ndarray) -> tuple[float, float]:
@@ -765,7 +836,7 @@ class Runner:
                 case.namespaces = int(codes.max()) + 1 if codes.size else 0
                 v = v.to(dev)
             else:
-                if case.kind == "namespaces":
+                if case.namespaces > 1:
                     g = np.random.default_rng(args.seed)
                     seg = (np.arange(case.n) % case.namespaces)[g.permutation(case.n)]
                     seg = seg.astype(np.int64)
@@ -934,6 +1005,75 @@ def ratio_lines(df: pd.DataFrame) -> list[str]:
     return lines
 
 
+@dataclass
+class Target:
+    """A goal of the issue: ``ours`` (a method, or ``None`` for the fastest of our engines)
+    against ``baseline`` by at least ``ratio`` and/or within ``seconds``, on the case whose
+    rows match ``where`` (column -> value)."""
+
+    what: str
+    where: dict[str, Any]
+    baseline: str | None = None
+    ratio: float | None = None
+    seconds: float | None = None
+    ours: str | None = None
+
+
+TARGETS = [
+    Target("threshold join n=10^6 d=1024 bf16", {"kind": "join", "n": 10**6, "d": 1024,
+                                                  "dtype": "bf16"}, "naive torch tiles", 1.9, 1.6),
+    Target("threshold join n=10^6 d=384 bf16", {"kind": "join", "n": 10**6, "d": 384,
+                                                 "dtype": "bf16"}, seconds=0.7),
+    Target("top-10 of every row n=10^6 d=1024", {"kind": "topk", "n": 10**6, "d": 1024,
+                                                 "k": 10}, "naive torch tiles", 4.0, 2.5),
+    Target("pairs + centroid clusters n=10^6 d=384", {"kind": "join", "n": 10**6, "d": 384},
+           "st community_detection", 20.0, ours="ours pairs + clusters"),
+    Target("join n=10^5 d=384 vs paraphrase_mining", {"kind": "join", "n": 10**5, "d": 384},
+           "st paraphrase_mining", 100.0),
+    Target("10^4 namespaces x 100 d=384", {"kind": "namespaces", "n": 10**6,
+                                           "namespaces": 10**4},
+           "loop over ours per namespace", 20.0),
+    Target("cpu join n=5*10^4 d=384 fp32", {"kind": "join", "n": 50_000, "d": 384,
+                                            "dtype": "fp32", "device": "cpu"},
+           "numpy tiles", 1.0),
+]
+
+
+def target_lines(df: pd.DataFrame) -> list[str]:
+    """One line per issue target whose case ran: the measured time and ratio, and whether
+    (and by how much) it was met."""
+    lines = []
+    ok = df[df.status == "ok"]
+    for t in TARGETS:
+        m = ok
+        for col, val in t.where.items():
+            if col not in m.columns:
+                m = m.iloc[0:0]
+                break
+            m = m[m[col] == val]
+        ours = m[m.method == t.ours] if t.ours else m[(m.family == "ours")
+                                                      & (m.method != "ours pairs + clusters")]
+        if not len(ours):
+            continue
+        best = ours.loc[ours.time_s.idxmin()]
+        parts = [f"{best.method} {best.time_s:.3g} s"]
+        verdict = []
+        if t.seconds is not None:
+            ok_s = best.time_s <= t.seconds
+            parts.append(f"goal <= {t.seconds:g} s")
+            verdict.append("met" if ok_s else f"missed by {best.time_s / t.seconds:.2f}x")
+        if t.baseline is not None:
+            base = m[m.method == t.baseline]
+            if len(base):
+                x = float(base.time_s.min()) / best.time_s
+                parts.append(f"{x:.3g}x faster than {t.baseline} (goal >= {t.ratio:g}x)")
+                verdict.append("met" if x >= t.ratio else f"missed by {t.ratio / x:.2f}x")
+            else:
+                parts.append(f"{t.baseline} did not run")
+        lines.append(f"{t.what}: " + "; ".join(parts) + " -> " + ", ".join(verdict or ["-"]))
+    return lines
+
+
 def write_report(df: pd.DataFrame, meta: dict[str, Any], out: Path) -> list[str]:
     df.to_parquet(out / "results.parquet", index=False)
     (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
@@ -953,6 +1093,7 @@ def write_report(df: pd.DataFrame, meta: dict[str, Any], out: Path) -> list[str]
                    if isinstance(r.note, str) and r.note]
         tables.append("")
     ratios = ratio_lines(df)
+    targets = target_lines(df)
     peaks = "; ".join(f"{k}: {v:.3g} TFLOP/s" for k, v in meta["matmul_peak_tflops"].items())
     text = [
         "# Similarity join / top-k benchmark", "",
@@ -992,6 +1133,8 @@ def write_report(df: pd.DataFrame, meta: dict[str, Any], out: Path) -> list[str]
         "* peak_rss_mb: the process's resident memory, sampled every 10 ms during the "
         "method (includes the store and earlier allocations); peak_dev_mb: "
         "torch.cuda.max_memory_allocated.", "",
+        "## Targets of the issue (same run)", "",
+        *([f"* {r}" for r in targets] or ["* no case of this run has a target"]), "",
         "## Ratios (same run)", "",
         *[f"* {r}" for r in ratios], "",
         "## Results", "",
@@ -999,7 +1142,7 @@ def write_report(df: pd.DataFrame, meta: dict[str, Any], out: Path) -> list[str]
     ]
     (out / "report.md").write_text("\n".join(text))
     plot(df, out / "benchmark.png")
-    return ratios
+    return targets + ratios
 
 
 def plot(df: pd.DataFrame, path: Path) -> None:
