@@ -22,6 +22,11 @@ is kept up to date as clusters merge, and A, B are complete-linked iff that coun
 ``|A| * |B|``. Conflicts are checked between conflict classes (items with equal signatures
 behave alike), so dense clusters of similar texts cost O(pairs log pairs) overall.
 
+Only items that appear in a pair are visited (an item in no pair is its own cluster), and an
+isolated pair (both items in no other pair) becomes a cluster of two without union-find work
+unless a blocking conflict keeps it apart, so the Python work grows with the pairs, not with
+n (10^6 items with 47,517 pairs: 0.4 s on a 2-core cpu, 4.2 s when every item was visited).
+
 Tie-breaking, so that results do not depend on row order: pairs are sorted by similarity
 (rounded to 1e-12) descending, then by the two keys (record ids) ascending.
 """
@@ -98,6 +103,11 @@ def centroid_clusters(
     if involved.size < n:
         return _on_paired_items(involved, i, j, sim, vectors, weights, keys, threshold,
                                 conflict, allow_conflicts, conflict_class, blocking)
+    degree = np.bincount(np.concatenate([i, j]), minlength=n)
+    isolated = (degree[i] == 1) & (degree[j] == 1)
+    if isolated.any():
+        return _with_isolated_pairs(isolated, i, j, sim, vectors, weights, keys, threshold,
+                                    conflict, allow_conflicts, conflict_class, blocking)
     if conflict_class is None:
         cls = list(range(n))
     else:  # hashable classes -> small ints (cheap cache keys)
@@ -210,9 +220,9 @@ def _on_paired_items(involved: np.ndarray, i: np.ndarray, j: np.ndarray, sim: np
                      blocking: Callable[[str], bool] | None) -> ClusterResult:
     """:func:`centroid_clusters` over only the items that appear in a pair (``involved``,
     sorted positions), mapped back: an item in no pair is its own cluster, so the Python
-    work is O(paired items), not O(n) (10^6 items with 5 * 10^4 pairs: 4.2 s -> 0.3 s on the
-    2-core cpu). The map is monotone and the key order among paired items is unchanged, so
-    labels, cluster order and tie-breaking are the same as over all items."""
+    work is O(paired items), not O(n). The map is monotone and the key order among paired
+    items is unchanged, so labels, cluster order and tie-breaking are the same as over all
+    items."""
     n = len(keys)
     ci, cj = np.searchsorted(involved, i), np.searchsorted(involved, j)
     pos = involved.tolist()
@@ -228,3 +238,44 @@ def _on_paired_items(involved: np.ndarray, i: np.ndarray, j: np.ndarray, sim: np
     return ClusterResult(
         labels, [[pos[x] for x in m] for m in sub.clusters],
         [(pos[a], pos[b], s_, r) for a, b, s_, r in sub.review], sub.rejected)
+
+
+def _with_isolated_pairs(isolated: np.ndarray, i: np.ndarray, j: np.ndarray, sim: np.ndarray,
+                         vectors: np.ndarray, weights: np.ndarray, keys: Sequence[str],
+                         threshold: float, conflict: Callable[[int, int], str | None] | None,
+                         allow_conflicts: bool, conflict_class: Sequence[Hashable] | None,
+                         blocking: Callable[[str], bool] | None) -> ClusterResult:
+    """:func:`centroid_clusters` where some pairs are isolated (both items in no other pair):
+    such a pair is a cluster of two unless a blocking conflict keeps it apart (the complete
+    link holds trivially and the centroid condition follows from it), with no union-find
+    work; the other pairs go through the full algorithm. Same result as the loop: the
+    conflict of an isolated pair is reported in ``review`` whether or not it blocks, and the
+    clusters are ordered by their first member's key."""
+    n = len(keys)
+    rank = np.empty(n, dtype=np.int64)
+    rank[sorted(range(n), key=lambda x: keys[x])] = np.arange(n)
+    sub = centroid_clusters(i[~isolated], j[~isolated], sim[~isolated], vectors, weights, keys,
+                            threshold, conflict=conflict, allow_conflicts=allow_conflicts,
+                            conflict_class=conflict_class, blocking=blocking)
+    clusters, review, rejected = list(sub.clusters), list(sub.review), sub.rejected
+    cls = list(range(n)) if conflict_class is None else conflict_class
+    cache: dict[tuple[Hashable, Hashable], str | None] = {}
+    for a, b, s_ in zip(i[isolated].tolist(), j[isolated].tolist(), sim[isolated].tolist(),
+                        strict=True):
+        reason = None
+        if conflict is not None:
+            key = (cls[a], cls[b])
+            if key not in cache:
+                cache[key] = cache[key[::-1]] = conflict(a, b)
+            reason = cache[key]
+        if reason is not None:
+            review.append((min(a, b), max(a, b), float(s_), reason))
+            if not allow_conflicts or (blocking is not None and blocking(reason)):
+                rejected += 1
+                continue
+        clusters.append([a, b] if rank[a] < rank[b] else [b, a])
+    clusters.sort(key=lambda m: rank[m[0]])
+    labels = sub.labels.copy()
+    for m in clusters:
+        labels[m] = min(m)
+    return ClusterResult(labels, clusters, sorted(review), rejected)

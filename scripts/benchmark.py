@@ -1117,7 +1117,10 @@ def write_report(df: pd.DataFrame, meta: dict[str, Any], out: Path) -> list[str]
         "by the matmul peak measured in this run for the method's device and dtype.",
         "* recall / precision: against float64 brute force (`recall_scope` in "
         "results.parquet). community_detection: recall = share of reference pairs inside one "
-        "community, pairs = pairs inside communities.",
+        "community, pairs = pairs inside communities. ours pairs + clusters: our join, then "
+        "the pass's centroid-checked, complete-link clusters; its recall is below 1 by "
+        "design (a pair whose clusters are not completely linked stays apart: no chaining), "
+        "where community_detection's precision below 1 shows the pairs its communities add.",
         "* naive torch tiles: row tile against the rows from the tile on (upper triangle), "
         "`>= t` on the scores of the case's dtype, no re-scoring. numpy / faiss: float32 on "
         "the cpu. faiss range_search: the whole store against itself (both triangles). "

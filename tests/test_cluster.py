@@ -118,3 +118,29 @@ def test_items_in_no_pair_keep_their_own_label_and_positions_map_back():
     assert res.rejected == 1
     assert {frozenset(p) for p in seen} <= {frozenset(p) for p in
                                             [(1, 3), (3, 5), (1, 5), (4, 6)]}
+
+
+def test_isolated_pairs_merge_unless_a_blocking_conflict_and_are_reported():
+    # (0, 1), (5, 6), (7, 8): isolated pairs; 2-3-4: a triangle through the full loop.
+    # (5, 6) is an undone merge (blocks), (7, 8) a number conflict (a model may resolve it).
+    v = np.zeros((9, 4))
+    v[[0, 1], 0] = 1.0
+    v[[2, 3, 4], 1] = 1.0
+    v[[5, 6], 2] = 1.0
+    v[[7, 8], 3] = 1.0
+    i, j = np.array([1, 2, 3, 2, 5, 7]), np.array([0, 3, 4, 4, 6, 8])
+    reasons = {frozenset((5, 6)): "undone merge", frozenset((7, 8)): "number"}
+
+    def conflict(a, b):
+        return reasons.get(frozenset((a, b)))
+
+    keys = ["b", "a", "c", "d", "e", "f", "g", "h", "i"]  # item 1 sorts before item 0
+    res = centroid_clusters(i, j, np.ones(6), v, np.ones(9), keys, 0.9, conflict=conflict,
+                            allow_conflicts=True, blocking=lambda r: r == "undone merge")
+    assert res.clusters == [[1, 0], [2, 3, 4], [7, 8]]
+    assert res.labels.tolist() == [0, 0, 2, 2, 2, 5, 6, 7, 7]
+    assert res.review == [(5, 6, 1.0, "undone merge"), (7, 8, 1.0, "number")]
+    assert res.rejected == 1
+    # without a conflict-handling merger both conflicting pairs stay apart
+    strict = centroid_clusters(i, j, np.ones(6), v, np.ones(9), keys, 0.9, conflict=conflict)
+    assert strict.clusters == [[1, 0], [2, 3, 4]] and strict.rejected == 2
