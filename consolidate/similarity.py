@@ -192,9 +192,11 @@ def threshold_pairs(
         dtype: tile precision, one of ``fp32``, ``tf32``, ``bf16``, ``fp16``. Results are
             exact in every dtype (float64 re-scoring of candidates within
             :data:`DTYPE_MARGIN`); lower precision only makes the tiles faster on GPUs.
-        tile_rows, tile_cols: tile shape (default: :func:`auto_tile`). For the Triton engine
-            they are the kernel's block shape, rounded down to a power of two in [16, 128]
-            (default 64 x 64).
+        tile_rows, tile_cols: tile shape (default: :func:`auto_tile`; cpu 1024 x 2048). A
+            namespace of at most ``tile_rows`` rows is one padded block, batched with others
+            of its padded size into about ``tile_rows * tile_cols`` scores per matmul. For the
+            Triton engine they are the kernel's block shape, rounded down to a power of two
+            in [16, 128] (default 64 x 64).
         budget_bytes: memory budget for :func:`auto_tile` (torch engine only).
         engine: ``"auto"``, ``"torch"``, ``"triton"`` or ``"faiss"`` (see the module
             docstring); every engine returns the same pair set.
