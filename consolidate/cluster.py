@@ -99,6 +99,8 @@ def centroid_clusters(
     i = np.asarray(i, dtype=np.int64)
     j = np.asarray(j, dtype=np.int64)
     sim = np.asarray(sim, dtype=np.float64)
+    if conflict_class is not None:  # by position (a pandas Series would index by label)
+        conflict_class = list(conflict_class)
     involved = np.unique(np.concatenate([i, j]))
     if involved.size < n:
         return _on_paired_items(involved, i, j, sim, vectors, weights, keys, threshold,

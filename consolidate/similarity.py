@@ -83,7 +83,8 @@ def _available_bytes(device: torch.device) -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
 
 
-def auto_tile(n: int, device: torch.device, budget_bytes: int | None = None) -> tuple[int, int]:
+def auto_tile(n: int, device: torch.device, budget_bytes: int | None = None,
+              cache_sized: bool = True) -> tuple[int, int]:
     """Tile shape ``(rows, cols)`` whose working set fits the memory budget.
 
     The working set of a tile is about 16 bytes per score (float32 scores, the boolean mask
@@ -98,6 +99,9 @@ def auto_tile(n: int, device: torch.device, budget_bytes: int | None = None) -> 
         n: number of rows.
         device: target device.
         budget_bytes: override the budget (bytes).
+        cache_sized: on cpu, keep the tile near cache size (the threshold join). The top-k
+            passes ``False`` (4096 rows, columns from the budget): it merges a running top-k
+            per column tile, and narrow tiles made it 3-4x slower (n = 200,000, q = 4,096).
 
     Returns:
         ``(tile_rows, tile_cols)``, each >= 64 and <= max(n, 64).
@@ -105,10 +109,10 @@ def auto_tile(n: int, device: torch.device, budget_bytes: int | None = None) -> 
     if budget_bytes is None:
         cap = (8 << 30) if device.type == "cuda" else (2 << 30)
         budget_bytes = min(_available_bytes(device) // 8, cap)
-    rows = 16384 if device.type == "cuda" else 1024
+    rows = 16384 if device.type == "cuda" else (1024 if cache_sized else 4096)
     rows = max(64, min(rows, n))
     cols = max(64, min(budget_bytes // (16 * rows), max(n, 64)))
-    if device.type != "cuda":
+    if device.type != "cuda" and cache_sized:
         cols = min(cols, 2048)
     return int(rows), int(cols)
 
@@ -213,14 +217,15 @@ def threshold_pairs(
     eng = _resolve_engine(engine, dev)
     if dtype not in _TORCH_DTYPE:
         raise ValueError(f"dtype must be one of {sorted(_TORCH_DTYPE)}, got {dtype!r}")
+    v = torch.as_tensor(vectors)
+    if v.ndim != 2:
+        raise ValueError(f"vectors must be [n, d], got shape {tuple(v.shape)}")
+    _check_finite(v, "vectors")
     if eng == "faiss":
         from .faiss_engine import threshold_pairs_faiss
 
         return threshold_pairs_faiss(vectors, threshold, segments=segments, device=device,
                                      dtype=dtype)
-    v = torch.as_tensor(vectors)
-    if v.ndim != 2:
-        raise ValueError(f"vectors must be [n, d], got shape {tuple(v.shape)}")
     n = v.shape[0]
     empty = Pairs(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64))
     if n < 2:
@@ -247,7 +252,19 @@ def threshold_pairs(
                                      budget_bytes)
     if not ci_.numel():
         return empty
-    return _pairs_from_candidates(v32, order.to(dev), ci_, cj_, threshold)
+    # float64 input is re-scored from itself, not from its float32 rounding
+    src = v.to(dev) if v.dtype == torch.float64 else None
+    return _pairs_from_candidates(v32, order.to(dev), ci_, cj_, threshold, src=src)
+
+
+def _check_finite(x: torch.Tensor, what: str) -> None:
+    """Raise ``ValueError`` naming the first rows of ``x`` (``[n, d]``) with NaN or inf: their
+    scores compare false against every threshold and would silently hide pairs."""
+    bad = ~torch.isfinite(x).all(dim=1)
+    if bool(bad.any()):
+        rows = bad.nonzero()[:, 0]
+        raise ValueError(f"{what}: {rows.numel()} row(s) contain NaN or inf, e.g. rows "
+                         f"{rows[:10].tolist()}")
 
 
 def _block_size(size: torch.Tensor) -> torch.Tensor:
@@ -333,7 +350,8 @@ def _torch_candidates(vt: torch.Tensor, counts: torch.Tensor, cand: float, dtype
     """Candidate pairs (sorted positions, ``int64``) of the tiled torch path.
 
     ``counts`` (cpu ``int64``): rows per namespace, in sorted order. A namespace of at most
-    ``tile_rows`` rows is one block, batched with the others of its padded size
+    ``tile_rows`` rows whose padded block holds at most ``tile_rows * tile_cols`` scores is
+    one block, batched with the others of its padded size
     (:func:`_small_block_candidates`): 10^4 stores of 100 rows cost a few batched matmuls.
     A bigger namespace is split into ``tile_rows x tile_cols`` tiles over its upper
     triangle. On cpu the tiles are thresholded with a row-max prefilter
@@ -344,8 +362,11 @@ def _torch_candidates(vt: torch.Tensor, counts: torch.Tensor, cand: float, dtype
         ar, ac = auto_tile(n, dev, budget_bytes)
         tile_rows, tile_cols = tile_rows or ar, tile_cols or ac
     starts = torch.cumsum(counts, 0) - counts
-    small = (counts >= 2) & (counts <= tile_rows)
-    large = (counts > tile_rows).nonzero()[:, 0].tolist()
+    block_scores = max(tile_rows * tile_cols, 1 << 16)
+    # a namespace is one block only if that block fits the tile budget
+    fits = (counts <= tile_rows) & (_block_size(counts) ** 2 <= block_scores)
+    small = (counts >= 2) & fits
+    large = ((counts >= 2) & ~fits).nonzero()[:, 0].tolist()
     prefilter = dev.type != "cuda"
     tf32_prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
@@ -353,7 +374,7 @@ def _torch_candidates(vt: torch.Tensor, counts: torch.Tensor, cand: float, dtype
     try:
         if bool(small.any()):
             parts += _small_block_candidates(vt, starts[small], counts[small], cand,
-                                             max(tile_rows * tile_cols, 1 << 16))
+                                             block_scores)
         for g in large:
             s0, s1 = int(starts[g]), int(starts[g] + counts[g])
             for r0 in range(s0, s1, tile_rows):
@@ -378,14 +399,17 @@ def _torch_candidates(vt: torch.Tensor, counts: torch.Tensor, cand: float, dtype
 
 
 def _pairs_from_candidates(v32: torch.Tensor, order: torch.Tensor, ci_: torch.Tensor,
-                           cj_: torch.Tensor, threshold: float) -> Pairs:
+                           cj_: torch.Tensor, threshold: float,
+                           src: torch.Tensor | None = None) -> Pairs:
     """Re-score candidates in float64, keep ``>= threshold``, map back to input positions
-    and sort by ``(i, j)`` (shared by every engine, so their results are identical)."""
-    sim = _rescore64(v32, ci_, cj_)
-    keep = sim >= threshold
-    ci_, cj_, sim = ci_[keep], cj_[keep], sim[keep]
+    and sort by ``(i, j)`` (shared by every engine, so their results are identical).
+    ``v32``: sorted float32 rows; ``src``: the input rows in input order, used for the
+    re-scoring instead when given (float64 input)."""
     oi = order[ci_]
     oj = order[cj_]
+    sim = _rescore64(v32, ci_, cj_) if src is None else _rescore64(src, oi, oj)
+    keep = sim >= threshold
+    oi, oj, sim = oi[keep], oj[keep], sim[keep]
     lo, hi = torch.minimum(oi, oj), torch.maximum(oi, oj)
     lo, hi, sim = lo.cpu().numpy(), hi.cpu().numpy(), sim.cpu().numpy()
     srt = np.lexsort((hi, lo))
@@ -494,16 +518,18 @@ def topk_neighbours(
     eng = _resolve_engine(engine, dev)
     if dtype not in _TORCH_DTYPE:
         raise ValueError(f"dtype must be one of {sorted(_TORCH_DTYPE)}, got {dtype!r}")
+    q, key = torch.as_tensor(queries), torch.as_tensor(keys)
+    if q.ndim != 2 or key.ndim != 2 or q.shape[1] != key.shape[1]:
+        raise ValueError(f"queries {tuple(q.shape)} and keys {tuple(key.shape)} must be "
+                         f"[q, d] and [n, d]")
+    _check_finite(q, "queries")
+    _check_finite(key, "keys")
     if eng == "faiss":
         from .faiss_engine import topk_faiss
 
         return topk_faiss(queries, keys, k, query_segments=query_segments,
                           key_segments=key_segments, device=device, dtype=dtype)
-    q = torch.as_tensor(queries).to(dev, torch.float32)
-    key = torch.as_tensor(keys).to(dev, torch.float32)
-    if q.ndim != 2 or key.ndim != 2 or q.shape[1] != key.shape[1]:
-        raise ValueError(f"queries {tuple(q.shape)} and keys {tuple(key.shape)} must be "
-                         f"[q, d] and [n, d]")
+    q, key = q.to(dev, torch.float32), key.to(dev, torch.float32)
     nq, n = q.shape[0], key.shape[0]
     if n == 0 or nq == 0:
         return TopK(np.full((nq, k), -1, np.int64), np.full((nq, k), -np.inf, np.float32))
@@ -641,36 +667,38 @@ def _topk_torch(qv: torch.Tensor, kv: torch.Tensor, qs_s: torch.Tensor, lo_of: t
     by tile, merging a running top-k."""
     nq, n, dev = qv.shape[0], kv.shape[0], qv.device
     if tile_cols is None:
-        tile_cols = auto_tile(max(n, 1), dev, budget_bytes)[1]
+        tile_cols = auto_tile(max(n, 1), dev, budget_bytes, cache_sized=False)[1]
     best_s = torch.full((nq, kk), float("-inf"), device=dev)
     best_i = torch.full((nq, kk), -1, dtype=torch.int64, device=dev)
     _, qcnt = torch.unique_consecutive(qs_s, return_counts=True)
     qst = torch.cumsum(qcnt, 0) - qcnt
     kst, kcnt = lo_of[qst], hi_of[qst] - lo_of[qst]
-    small = (kcnt > 0) & (qcnt <= tile_rows) & (kcnt <= tile_cols)
+    block_scores = max(tile_rows * tile_cols, 1 << 16)
+    small = (kcnt > 0) & (qcnt <= tile_rows) & (kcnt <= tile_cols) & (
+        _block_size(qcnt) * _block_size(kcnt) <= block_scores)
     large = ((kcnt > 0) & ~small).nonzero()[:, 0].tolist()
     tf32_prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     try:
         if bool(small.any()):
             _topk_small_blocks(qv, kv, qst[small], qcnt[small], kst[small], kcnt[small], kk,
-                               best_s, best_i, max(tile_rows * tile_cols, 1 << 16))
+                               best_s, best_i, block_scores)
         for g in large:
             a, b = int(qst[g]), int(qst[g] + qcnt[g])
             lo, hi = int(kst[g]), int(kst[g] + kcnt[g])
             for r0 in range(a, b, tile_rows):
                 r1 = min(b, r0 + tile_rows)
-                # start from the -inf / -1 rows: padding where a namespace holds < kk keys
-                cand_s, cand_i = [best_s[r0:r1]], [best_i[r0:r1]]
+                # start from the -inf / -1 rows (padding where a namespace holds < kk keys)
+                # and merge each column tile's top-k into the running top-k: memory stays
+                # at one tile plus [rows, 2 kk]
+                run_s, run_i = best_s[r0:r1], best_i[r0:r1]
                 for c0 in range(lo, hi, tile_cols):
                     c1 = min(hi, c0 + tile_cols)
                     v, ix = _tile_topk((qv[r0:r1] @ kv[c0:c1].T).float(), min(kk, c1 - c0))
-                    cand_s.append(v)
-                    cand_i.append(ix + c0)
-                cs, ci = torch.cat(cand_s, 1), torch.cat(cand_i, 1)
-                top = torch.topk(_rank_key(cs, ci), kk, dim=1, sorted=True).indices
-                best_s[r0:r1] = torch.gather(cs, 1, top)
-                best_i[r0:r1] = torch.gather(ci, 1, top)
+                    cs, ci = torch.cat([run_s, v], 1), torch.cat([run_i, ix + c0], 1)
+                    top = torch.topk(_rank_key(cs, ci), kk, dim=1, sorted=True).indices
+                    run_s, run_i = torch.gather(cs, 1, top), torch.gather(ci, 1, top)
+                best_s[r0:r1], best_i[r0:r1] = run_s, run_i
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32_prev
     return best_s, best_i

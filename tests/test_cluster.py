@@ -144,3 +144,20 @@ def test_isolated_pairs_merge_unless_a_blocking_conflict_and_are_reported():
     # without a conflict-handling merger both conflicting pairs stay apart
     strict = centroid_clusters(i, j, np.ones(6), v, np.ones(9), keys, 0.9, conflict=conflict)
     assert strict.clusters == [[1, 0], [2, 3, 4]] and strict.rejected == 2
+
+
+def test_conflict_class_is_read_by_position_not_by_label():
+    import pandas as pd
+
+    classes = ["A", "B", "A", "A", "C"]
+
+    def conflict(a, b):
+        return "negation" if {classes[a], classes[b]} == {"A", "B"} else None
+
+    v = np.tile([1.0, 0.0], (5, 1))
+    args = ([0, 0], [1, 2], [1.0, 0.99], v, np.ones(5), list("abcde"), 0.9)
+    for cls in (classes, pd.Series(classes, index=range(10, 15)),
+                pd.Series(classes, index=range(4, -1, -1))):
+        res = centroid_clusters(*args, conflict=conflict, conflict_class=cls)
+        assert res.clusters == [[0, 2]]
+        assert res.review == [(0, 1, 1.0, "negation")]

@@ -107,6 +107,9 @@ def test_auto_tile_respects_budget():
     # a small budget shrinks the columns: 1024 rows x 16 bytes x cols <= 8 MiB
     assert auto_tile(10**6, torch.device("cpu"), budget_bytes=8 << 20) == (1024, 512)
     assert auto_tile(10, torch.device("cpu"), budget_bytes=1 << 30) == (64, 64)
+    # the top-k's tiles: 4096 rows, columns from the budget (2 GiB / (16 B x 4096))
+    assert auto_tile(10**6, torch.device("cpu"), budget_bytes=2 << 30,
+                     cache_sized=False) == (4096, 32768)
 
 
 
@@ -277,3 +280,48 @@ def test_topk_segment_lengths_are_checked():
     with pytest.raises(ValueError, match="query_segments"):
         topk_neighbours(e, e, 1, query_segments=np.zeros(2), key_segments=np.zeros(3),
                         device="cpu")
+
+
+@pytest.mark.parametrize("engine", ["torch", "faiss"])
+def test_nan_or_inf_rows_are_a_clear_error(engine):
+    if engine == "faiss":
+        pytest.importorskip("faiss")
+    v = np.eye(4, dtype=np.float32)
+    v[2, 0] = np.nan
+    v[3, 1] = np.inf
+    msg = r"vectors: 2 row\(s\) contain NaN or inf, e\.g\. rows \[2, 3\]"
+    with pytest.raises(ValueError, match=msg):
+        threshold_pairs(v, 0.9, device="cpu", engine=engine)
+    ok = np.eye(4, dtype=np.float32)
+    with pytest.raises(ValueError, match=r"keys: 2 row"):
+        topk_neighbours(ok, v, 2, device="cpu", engine=engine)
+    with pytest.raises(ValueError, match=r"queries: 2 row"):
+        topk_neighbours(v, ok, 2, device="cpu", engine=engine)
+
+
+def test_float64_input_is_rescored_from_itself():
+    # cos exactly 0.9 in float64, 0.89999998 after rounding to float32
+    c = 0.9
+    v = np.array([[1.0, 0.0], [c, np.sqrt(1 - c * c)]])
+    assert v[0] @ v[1] == 0.9
+    got = threshold_pairs(v, 0.9, device="cpu")
+    assert list(zip(got.i.tolist(), got.j.tolist(), strict=True)) == [(0, 1)]
+    assert got.sim.tolist() == [0.9]
+    assert len(threshold_pairs(v.astype(np.float32), 0.9, device="cpu")) == 0
+
+
+def test_a_namespace_whose_block_exceeds_the_budget_is_tiled(monkeypatch):
+    import consolidate.similarity as sim
+
+    seen = []
+    real = sim._small_block_candidates
+    monkeypatch.setattr(sim, "_small_block_candidates",
+                        lambda vt, st, sz, *a: seen.append(sz.tolist()) or real(vt, st, sz, *a))
+    v, seg = data(300, 16, 1, seed=7)
+    seg = np.where(np.arange(300) < 40, 1, 0)  # namespaces of 260 and 40 rows
+    ref = reference(v, seg, 0.8)
+    # 300 x 64 tiles: the budget per block is max(300 * 64, 2^16) scores; the 260-row
+    # namespace pads to 288 (288^2 = 82,944 scores: tiled), the 40-row one to 40 (one block)
+    got = threshold_pairs(v, 0.8, segments=seg, device="cpu", tile_rows=300, tile_cols=64)
+    assert set(zip(got.i.tolist(), got.j.tolist(), strict=True)) == ref and len(ref) > 0
+    assert seen == [[40]]
