@@ -596,10 +596,14 @@ def _tile_topk(s: torch.Tensor, kt: int) -> tuple[torch.Tensor, torch.Tensor]:
         tied = (v[:, kt] == v[:, kt - 1]) & torch.isfinite(v[:, kt])
     v, ix = v[:, :kt], ix[:, :kt]
     if bool(tied.any()):
-        rows = tied.nonzero()[:, 0]
-        pos = torch.arange(m, device=dev).expand(len(rows), -1)
-        ix[rows] = torch.topk(_rank_key(s[rows], pos), kt, dim=1).indices
-        v[rows] = torch.gather(s[rows], 1, ix[rows])
+        # in row chunks: the int64 keys take ~40 bytes per score, the tile 4
+        tied_rows = tied.nonzero()[:, 0]
+        step = max(1, s.shape[0] // 8)
+        for c in range(0, tied_rows.numel(), step):
+            rows = tied_rows[c : c + step]
+            pos = torch.arange(m, device=dev).expand(len(rows), -1)
+            ix[rows] = torch.topk(_rank_key(s[rows], pos), kt, dim=1).indices
+            v[rows] = torch.gather(s[rows], 1, ix[rows])
     top = torch.topk(_rank_key(v, ix), kt, dim=1, sorted=True).indices
     return torch.gather(v, 1, top), torch.gather(ix, 1, top)
 
