@@ -260,7 +260,9 @@ def threshold_pairs(
 def _check_finite(x: torch.Tensor, what: str) -> None:
     """Raise ``ValueError`` naming the first rows of ``x`` (``[n, d]``) with NaN or inf: their
     scores compare false against every threshold and would silently hide pairs."""
-    bad = ~torch.isfinite(x).all(dim=1)
+    step = max(1, (64 << 20) // max(1, x.shape[1]))  # row chunks: at most 64 MiB of mask
+    bad = torch.cat([~torch.isfinite(x[r : r + step]).all(dim=1)
+                     for r in range(0, x.shape[0], step)] or [x.new_zeros(0, dtype=torch.bool)])
     if bool(bad.any()):
         rows = bad.nonzero()[:, 0]
         raise ValueError(f"{what}: {rows.numel()} row(s) contain NaN or inf, e.g. rows "
@@ -360,7 +362,10 @@ def _torch_candidates(vt: torch.Tensor, counts: torch.Tensor, cand: float, dtype
     n, dev = vt.shape[0], vt.device
     if tile_rows is None or tile_cols is None:
         ar, ac = auto_tile(n, dev, budget_bytes)
-        tile_rows, tile_cols = tile_rows or ar, tile_cols or ac
+        # columns for the rows actually used, so an explicit tile_rows keeps the budget
+        if tile_cols is None:
+            tile_cols = ac if tile_rows is None else max(64, ar * ac // tile_rows)
+        tile_rows = tile_rows or ar
     starts = torch.cumsum(counts, 0) - counts
     block_scores = max(tile_rows * tile_cols, 1 << 16)
     # a namespace is one block only if that block fits the tile budget
@@ -671,7 +676,8 @@ def _topk_torch(qv: torch.Tensor, kv: torch.Tensor, qs_s: torch.Tensor, lo_of: t
     by tile, merging a running top-k."""
     nq, n, dev = qv.shape[0], kv.shape[0], qv.device
     if tile_cols is None:
-        tile_cols = auto_tile(max(n, 1), dev, budget_bytes, cache_sized=False)[1]
+        ar, ac = auto_tile(max(n, 1), dev, budget_bytes, cache_sized=False)
+        tile_cols = max(64, ar * ac // tile_rows)  # the budget at the rows actually used
     best_s = torch.full((nq, kk), float("-inf"), device=dev)
     best_i = torch.full((nq, kk), -1, dtype=torch.int64, device=dev)
     _, qcnt = torch.unique_consecutive(qs_s, return_counts=True)

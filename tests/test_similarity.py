@@ -325,3 +325,20 @@ def test_a_namespace_whose_block_exceeds_the_budget_is_tiled(monkeypatch):
     got = threshold_pairs(v, 0.8, segments=seg, device="cpu", tile_rows=300, tile_cols=64)
     assert set(zip(got.i.tolist(), got.j.tolist(), strict=True)) == ref and len(ref) > 0
     assert seen == [[40]]
+
+
+def test_explicit_tile_rows_keep_the_memory_budget(monkeypatch):
+    import consolidate.similarity as sim
+
+    shapes = []
+    real = sim._tile_topk
+    monkeypatch.setattr(sim, "_tile_topk", lambda s, kt: shapes.append(tuple(s.shape)) or
+                        real(s, kt))
+    g = np.random.default_rng(2)
+    v = g.normal(size=(9000, 4)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    budget = 16 * 4096 * 1024  # auto: 4096 rows x 1024 columns
+    got = topk_neighbours(v, v, 3, device="cpu", tile_rows=8192, budget_bytes=budget)
+    assert {c for _, c in shapes} == {512, 9000 % 512}  # 8192 rows x 512 columns
+    assert max(r for r, _ in shapes) == 8192
+    assert (got.indices[:, 0] == np.arange(9000)).all()
