@@ -99,6 +99,12 @@ def centroid_clusters(
     i = np.asarray(i, dtype=np.int64)
     j = np.asarray(j, dtype=np.int64)
     sim = np.asarray(sim, dtype=np.float64)
+    if len(i) and (min(int(i.min()), int(j.min())) < 0 or max(int(i.max()), int(j.max())) >= n):
+        raise ValueError(f"pair positions must be in [0, {n}), got [{min(i.min(), j.min())}, "
+                         f"{max(i.max(), j.max())}]")
+    if not (len(i) == len(j) == len(sim)):
+        raise ValueError(f"i, j and sim must have one length, got {len(i)}, {len(j)}, "
+                         f"{len(sim)}")
     if conflict_class is not None:  # by position (a pandas Series would index by label)
         conflict_class = list(conflict_class)
     involved = np.unique(np.concatenate([i, j]))
@@ -200,19 +206,28 @@ def centroid_clusters(
     clusters = sorted((sorted(m, key=lambda x: rank[x]) for m in members.values() if len(m) > 1),
                       key=lambda m: rank[m[0]])
     labels = np.arange(n, dtype=np.int64)
-    if clusters:  # all clusters at once: label = smallest member, centroid check in float64
-        flat = np.fromiter((x for m in clusters for x in m), np.int64)
-        sizes = np.fromiter((len(m) for m in clusters), np.int64, len(clusters))
-        starts = np.cumsum(sizes) - sizes
-        labels[flat] = np.repeat(np.minimum.reduceat(flat, starts), sizes)
-        v64 = np.asarray(vectors, dtype=np.float64)[flat]
-        w = np.asarray(weights, dtype=np.float64)[flat]
-        w = w / np.repeat(np.maximum.reduceat(w, starts), sizes)
-        s = np.add.reduceat(w[:, None] * v64, starts)
-        s /= np.linalg.norm(s, axis=1, keepdims=True)
-        cos = (v64 * np.repeat(s, sizes, axis=0)).sum(1)
-        assert (cos >= threshold - 1e-9).all(), f"centroid condition violated: {cos.min()}"
+    _label_and_check(labels, clusters, vectors, weights, threshold)
     return ClusterResult(labels, clusters, sorted(review.values()), rejected)
+
+
+def _label_and_check(labels: np.ndarray, clusters: list[list[int]], vectors: np.ndarray,
+                     weights: np.ndarray, threshold: float) -> None:
+    """Set ``labels`` of every cluster's members to its smallest member, and assert the
+    centroid condition of all clusters at once in float64 (a bug, or pairs whose ``sim``
+    disagrees with the vectors, if it fails)."""
+    if not clusters:
+        return
+    flat = np.fromiter((x for m in clusters for x in m), np.int64)
+    sizes = np.fromiter((len(m) for m in clusters), np.int64, len(clusters))
+    starts = np.cumsum(sizes) - sizes
+    labels[flat] = np.repeat(np.minimum.reduceat(flat, starts), sizes)
+    v64 = np.asarray(vectors, dtype=np.float64)[flat]
+    w = np.asarray(weights, dtype=np.float64)[flat]
+    w = w / np.repeat(np.maximum.reduceat(w, starts), sizes)
+    s = np.add.reduceat(w[:, None] * v64, starts)
+    s /= np.linalg.norm(s, axis=1, keepdims=True)
+    cos = (v64 * np.repeat(s, sizes, axis=0)).sum(1)
+    assert (cos >= threshold - 1e-9).all(), f"centroid condition violated: {cos.min()}"
 
 
 def _on_paired_items(involved: np.ndarray, i: np.ndarray, j: np.ndarray, sim: np.ndarray,
@@ -276,8 +291,7 @@ def _with_isolated_pairs(isolated: np.ndarray, i: np.ndarray, j: np.ndarray, sim
                 rejected += 1
                 continue
         clusters.append([a, b] if rank[a] < rank[b] else [b, a])
-    clusters.sort(key=lambda m: rank[m[0]])
     labels = sub.labels.copy()
-    for m in clusters:
-        labels[m] = min(m)
+    _label_and_check(labels, clusters[len(sub.clusters):], vectors, weights, threshold)
+    clusters.sort(key=lambda m: rank[m[0]])
     return ClusterResult(labels, clusters, sorted(review), rejected)

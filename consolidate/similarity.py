@@ -8,9 +8,12 @@ of 100 rows cost a few launches, not 10^4 Python calls. A bigger namespace is cu
 of scores exists at a time, never the n x n matrix.
 
 Exactness: tiles are computed in the chosen dtype with a margin below the threshold; every
-candidate is then re-scored in float64 from the float32 vectors and kept only if ``>=
-threshold``. The pair set therefore equals a float64 brute-force reference, and the similarity
-values do not depend on row order or tile sizes (which makes clustering order-independent).
+candidate is then re-scored in float64 from the float32 vectors (from the input itself when it
+is float64) and kept only if ``>= threshold``. The pair set therefore equals a float64
+brute-force reference, and the similarity values do not depend on row order or tile sizes
+(which makes clustering order-independent). The float64 dot product is one fixed summation
+order; another float64 order can differ in the last bit, so a pair whose cosine equals the
+threshold to ~1e-16 (e.g. exact duplicates at threshold 1.0) may fall on either side.
 
 Engines (keyword ``engine`` of :func:`threshold_pairs` and :func:`topk_neighbours`):
 
@@ -126,6 +129,14 @@ def _triton_importable() -> bool:
     return True
 
 
+def _check_tiles(tile_rows: int | None, tile_cols: int | None) -> None:
+    """Raise ``ValueError`` unless each tile size is ``None`` or an integer >= 1."""
+    for name, val in (("tile_rows", tile_rows), ("tile_cols", tile_cols)):
+        if val is not None and (isinstance(val, bool) or not isinstance(val, (int, np.integer))
+                                or val < 1):
+            raise ValueError(f"{name} must be an integer >= 1 or None, got {val!r}")
+
+
 def _resolve_engine(engine: str, dev: torch.device) -> str:
     """The engine to run: validates ``engine`` and resolves ``"auto"``.
 
@@ -217,23 +228,25 @@ def threshold_pairs(
     eng = _resolve_engine(engine, dev)
     if dtype not in _TORCH_DTYPE:
         raise ValueError(f"dtype must be one of {sorted(_TORCH_DTYPE)}, got {dtype!r}")
-    v = torch.as_tensor(vectors)
+    if not np.isfinite(threshold):
+        raise ValueError(f"threshold must be a finite cosine, got {threshold!r}")
+    _check_tiles(tile_rows, tile_cols)
+    v = torch.as_tensor(vectors).detach()
     if v.ndim != 2:
         raise ValueError(f"vectors must be [n, d], got shape {tuple(v.shape)}")
     _check_finite(v, "vectors")
+    n = v.shape[0]
+    seg = torch.zeros(n, dtype=torch.int64) if segments is None else _codes(segments, "segments")
+    if seg.shape != (n,):
+        raise ValueError(f"segments must have shape ({n},), got {tuple(seg.shape)}")
     if eng == "faiss":
         from .faiss_engine import threshold_pairs_faiss
 
         return threshold_pairs_faiss(vectors, threshold, segments=segments, device=device,
                                      dtype=dtype)
-    n = v.shape[0]
     empty = Pairs(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64))
     if n < 2:
         return empty
-    seg = (torch.zeros(n, dtype=torch.int64) if segments is None
-           else torch.as_tensor(segments, dtype=torch.int64).cpu())
-    if seg.shape != (n,):
-        raise ValueError(f"segments must have shape ({n},), got {tuple(seg.shape)}")
     grp, seg_sorted = _grouped(seg)  # None when already grouped: no copy of the store
     order = torch.arange(n) if grp is None else grp
     v32 = _take(v.to(dev, torch.float32), grp)
@@ -257,10 +270,19 @@ def threshold_pairs(
     return _pairs_from_candidates(v32, order.to(dev), ci_, cj_, threshold, src=src)
 
 
+def _codes(x: torch.Tensor | np.ndarray, what: str) -> torch.Tensor:
+    """Namespace codes as a cpu ``int64`` tensor; ``ValueError`` for non-integer codes (a
+    float 0.2 and 0.7 would both truncate to namespace 0)."""
+    t = torch.as_tensor(x).detach()
+    if t.is_floating_point() or t.is_complex():
+        raise ValueError(f"{what} must be integer namespace codes, got dtype {t.dtype}")
+    return t.to(torch.int64).cpu()
+
+
 def _check_finite(x: torch.Tensor, what: str) -> None:
     """Raise ``ValueError`` naming the first rows of ``x`` (``[n, d]``) with NaN or inf: their
     scores compare false against every threshold and would silently hide pairs."""
-    step = max(1, (64 << 20) // max(1, x.shape[1]))  # row chunks: at most 64 MiB of mask
+    step = max(1, (8 << 20) // max(1, x.shape[1]))  # row chunks: at most 8 MiB of mask
     bad = torch.cat([~torch.isfinite(x[r : r + step]).all(dim=1)
                      for r in range(0, x.shape[0], step)] or [x.new_zeros(0, dtype=torch.bool)])
     if bool(bad.any()):
@@ -492,7 +514,10 @@ def topk_neighbours(
     Queries and keys are sorted by segment internally, so a query tile is compared only with
     the key range of the segments it contains; a running top-k per row is merged tile by
     tile, so memory stays at one ``tile_rows x tile_cols`` block (torch engine) or on chip
-    (Triton engine). Ties are broken by the lower key position (stable order).
+    (Triton engine). Ties are broken by the lower key position (stable order). Ties are
+    decided on the tile-dtype scores: BLAS kernels of different tile widths can give the same
+    pair scores one float32 ulp apart, so exact duplicate keys may come back in another order
+    than a float64 reference when ``tile_cols`` splits them unevenly.
 
     Args:
         queries: ``float32 [q, d]`` unit vectors.
@@ -515,27 +540,38 @@ def topk_neighbours(
             ``engine="triton"`` with ``min(k, n) > 128``.
         ImportError: ``engine="triton"`` without triton installed.
     """
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    k = int(k)
+    _check_tiles(tile_rows, tile_cols)
     if (query_segments is None) != (key_segments is None):
         raise ValueError("give both query_segments and key_segments, or neither")
     dev = resolve_device(device)
     eng = _resolve_engine(engine, dev)
     if dtype not in _TORCH_DTYPE:
         raise ValueError(f"dtype must be one of {sorted(_TORCH_DTYPE)}, got {dtype!r}")
-    q, key = torch.as_tensor(queries), torch.as_tensor(keys)
+    q, key = torch.as_tensor(queries).detach(), torch.as_tensor(keys).detach()
     if q.ndim != 2 or key.ndim != 2 or q.shape[1] != key.shape[1]:
         raise ValueError(f"queries {tuple(q.shape)} and keys {tuple(key.shape)} must be "
                          f"[q, d] and [n, d]")
     _check_finite(q, "queries")
     _check_finite(key, "keys")
+    nq, n = q.shape[0], key.shape[0]
+    if query_segments is None:
+        qs = torch.zeros(nq, dtype=torch.int64)
+        ks = torch.zeros(n, dtype=torch.int64)
+    else:
+        qs = _codes(query_segments, "query_segments")
+        ks = _codes(key_segments, "key_segments")
+        if qs.shape != (nq,) or ks.shape != (n,):
+            raise ValueError(f"query_segments {tuple(qs.shape)} and key_segments "
+                             f"{tuple(ks.shape)} must have shapes ({nq},) and ({n},)")
     if eng == "faiss":
         from .faiss_engine import topk_faiss
 
         return topk_faiss(queries, keys, k, query_segments=query_segments,
                           key_segments=key_segments, device=device, dtype=dtype)
     q, key = q.to(dev, torch.float32), key.to(dev, torch.float32)
-    nq, n = q.shape[0], key.shape[0]
     if n == 0 or nq == 0:
         return TopK(np.full((nq, k), -1, np.int64), np.full((nq, k), -np.inf, np.float32))
     kk = min(k, max(n, 1))
@@ -545,15 +581,6 @@ def topk_neighbours(
         else:
             raise ValueError(f"engine='triton' supports min(k, n) <= "
                              f"{_triton_join().MAX_TOPK}, got {kk}; use engine='torch'")
-    if query_segments is None:
-        qs = torch.zeros(nq, dtype=torch.int64)
-        ks = torch.zeros(n, dtype=torch.int64)
-    else:
-        qs = torch.as_tensor(query_segments, dtype=torch.int64).cpu()
-        ks = torch.as_tensor(key_segments, dtype=torch.int64).cpu()
-        if qs.shape != (nq,) or ks.shape != (n,):
-            raise ValueError(f"query_segments {tuple(qs.shape)} and key_segments "
-                             f"{tuple(ks.shape)} must have shapes ({nq},) and ({n},)")
     qord, qs_s = _grouped(qs)
     kord, ks_s = _grouped(ks)
     # key range [lo, hi) of each segment value, looked up by searchsorted

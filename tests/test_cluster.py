@@ -161,3 +161,14 @@ def test_conflict_class_is_read_by_position_not_by_label():
         res = centroid_clusters(*args, conflict=conflict, conflict_class=cls)
         assert res.clusters == [[0, 2]]
         assert res.review == [(0, 1, 1.0, "negation")]
+
+
+def test_bad_pairs_are_errors():
+    v = np.eye(3)
+    with pytest.raises(ValueError, match=r"pair positions must be in \[0, 3\)"):
+        centroid_clusters([0], [-1], [1.0], v, np.ones(3), list("abc"), 0.9)
+    with pytest.raises(ValueError, match="one length"):
+        centroid_clusters([0, 1], [2], [1.0], v, np.ones(3), list("abc"), 0.9)
+    # an isolated pair whose sim overstates its vectors (orthogonal) fails the centroid check
+    with pytest.raises(AssertionError, match="centroid condition"):
+        centroid_clusters([0], [2], [0.95], v, np.ones(3), list("abc"), 0.9)

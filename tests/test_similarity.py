@@ -342,3 +342,35 @@ def test_explicit_tile_rows_keep_the_memory_budget(monkeypatch):
     assert {c for _, c in shapes} == {512, 9000 % 512}  # 8192 rows x 512 columns
     assert max(r for r, _ in shapes) == 8192
     assert (got.indices[:, 0] == np.arange(9000)).all()
+
+
+def test_bad_arguments_are_value_errors_before_any_work():
+    e = np.eye(3, dtype=np.float32)
+    for rows, cols in [(0, None), (-1, 4), (4, 0), (2.0, 4), (True, 4)]:
+        with pytest.raises(ValueError, match="tile_rows|tile_cols"):
+            threshold_pairs(e, 0.9, device="cpu", tile_rows=rows, tile_cols=cols)
+        with pytest.raises(ValueError, match="tile_rows|tile_cols"):
+            topk_neighbours(e, e, 1, device="cpu", tile_rows=rows, tile_cols=cols)
+    with pytest.raises(ValueError, match="k must be an integer"):
+        topk_neighbours(e, e, 2.5, device="cpu")
+    with pytest.raises(ValueError, match="threshold"):
+        threshold_pairs(e, float("nan"), device="cpu")
+    with pytest.raises(ValueError, match="integer namespace codes"):
+        threshold_pairs(e, 0.9, segments=np.array([0.2, 0.7, 0.2]), device="cpu")
+    with pytest.raises(ValueError, match="integer namespace codes"):
+        topk_neighbours(e, e, 1, query_segments=np.zeros(3), key_segments=np.zeros(3),
+                        device="cpu")
+    # wrong lengths are caught even where there is nothing to compute
+    with pytest.raises(ValueError, match="segments"):
+        threshold_pairs(e[:1], 0.9, segments=np.zeros(5, np.int64), device="cpu")
+    with pytest.raises(ValueError, match="key_segments"):
+        topk_neighbours(e, e[:0], 1, query_segments=np.zeros(3, np.int64),
+                        key_segments=np.zeros(7, np.int64), device="cpu")
+
+
+def test_tensors_that_require_grad_are_accepted():
+    v = torch.eye(3, requires_grad=True)
+    v2 = torch.cat([v, v[:1]])  # row 3 duplicates row 0
+    got = threshold_pairs(v2, 0.99, device="cpu")
+    assert list(zip(got.i.tolist(), got.j.tolist(), strict=True)) == [(0, 3)]
+    assert topk_neighbours(v2, v2, 1, device="cpu").indices[:, 0].tolist() == [0, 1, 2, 0]
