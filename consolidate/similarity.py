@@ -314,6 +314,13 @@ def _per_batch(block_scores: int, scores: int, gathered_bytes: int, dev: torch.d
     return per
 
 
+def _blocks(x: torch.Tensor, starts: torch.Tensor, p: int) -> torch.Tensor:
+    """``[B, p, d]`` copy of rows ``starts[b] .. starts[b] + p - 1`` of ``x`` (``[n, d]``),
+    the last row repeated past the end; the caller drops rows past each namespace's size."""
+    ix = (starts[:, None] + torch.arange(p, device=x.device)[None, :]).clamp(max=x.shape[0] - 1)
+    return x.index_select(0, ix.reshape(-1)).view(-1, p, x.shape[1])
+
+
 def _small_block_candidates(vt: torch.Tensor, starts: torch.Tensor, sizes: torch.Tensor,
                             cand: float, block_scores: int) -> list[tuple[torch.Tensor, ...]]:
     """Candidates of namespaces that fit one row tile: each namespace is one padded ``P x P``
@@ -331,19 +338,17 @@ def _small_block_candidates(vt: torch.Tensor, starts: torch.Tensor, sizes: torch
     Returns:
         list of ``(i, j)`` int64 tensors on ``vt``'s device, ``i < j``.
     """
-    n, d = vt.shape
+    d = vt.shape[1]
     dev = vt.device
     out = []
     padded = _block_size(sizes)
     for p in torch.unique(padded).tolist():
         sel = (padded == p).nonzero()[:, 0]
-        ar = torch.arange(p, device=dev)
         per = _per_batch(block_scores, p * p, p * d * vt.element_size(), dev)
         for b0 in range(0, sel.numel(), per):
             st = starts[sel[b0 : b0 + per]].to(dev)
             sz = sizes[sel[b0 : b0 + per]].to(dev)
-            ix = (st[:, None] + ar[None, :]).clamp(max=n - 1)
-            x = vt.index_select(0, ix.reshape(-1)).view(-1, p, d)
+            x = _blocks(vt, st, p)
             b, r, c = (torch.bmm(x, x.transpose(1, 2)) >= cand).nonzero().unbind(1)
             keep = (r < c) & (c < sz[b])
             b, r, c = b[keep], r[keep], c[keep]
@@ -659,7 +664,7 @@ def _topk_small_blocks(qv: torch.Tensor, kv: torch.Tensor, qst: torch.Tensor,
         best_s, best_i: ``float32 / int64 [q, kk]`` outputs (``-inf`` / ``-1`` prefilled).
         block_scores: scores per batched matmul (the tile budget).
     """
-    nq, n, d = qv.shape[0], kv.shape[0], qv.shape[1]
+    d = qv.shape[1]
     dev = qv.device
     pq_all, pk_all = _block_size(qcnt), _block_size(kcnt)
     shape_id = pq_all * (int(pk_all.max()) + 1) + pk_all
@@ -673,11 +678,7 @@ def _topk_small_blocks(qv: torch.Tensor, kv: torch.Tensor, qst: torch.Tensor,
             part = sel[b0 : b0 + per]
             qs0, qc = qst[part].to(dev), qcnt[part].to(dev)
             ks0, kc = kst[part].to(dev), kcnt[part].to(dev)
-            qi = (qs0[:, None] + arq[None, :]).clamp(max=nq - 1).reshape(-1)
-            ki = (ks0[:, None] + ark[None, :]).clamp(max=n - 1).reshape(-1)
-            bq = qv.index_select(0, qi).view(-1, pq, d)
-            bk = kv.index_select(0, ki).view(-1, pk, d)
-            sc = torch.bmm(bq, bk.transpose(1, 2)).float()
+            sc = torch.bmm(_blocks(qv, qs0, pq), _blocks(kv, ks0, pk).transpose(1, 2)).float()
             sc.masked_fill_(ark[None, None, :] >= kc[:, None, None], float("-inf"))
             v, ix = _tile_topk(sc.view(-1, pk), kt)
             b, r = (arq[None, :] < qc[:, None]).nonzero().unbind(1)
