@@ -3,7 +3,7 @@
 Main entry points:
 
 * :class:`consolidate.store.Store` -- Parquet snapshots with an atomic pointer swap.
-* :func:`consolidate.sleep.run_pass` -- the offline pass, a pure function over a snapshot.
+* :func:`consolidate.pipeline.run_pass` -- the offline pass, a pure function over a snapshot.
 * :func:`consolidate.similarity.threshold_pairs` -- tiled cosine join, cpu or cuda.
 """
 

@@ -27,7 +27,7 @@ __all__ = [
 
 @dataclass
 class PassConfig:
-    """Settings of the sleep pass (see :func:`consolidate.sleep.run_pass`).
+    """Settings of the sleep pass (see :func:`consolidate.pipeline.run_pass`).
 
     Attributes:
         threshold: cosine at or above which two memories are near-duplicates. 0.9 is about the

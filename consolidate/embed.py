@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from .store.batch import resolve_device
+from .device import resolve_device
 
 __all__ = ["Embedder", "packaged_model_path"]
 

@@ -79,8 +79,8 @@ def select_survivors(
     Args:
         score: ``float [n]`` retention scores.
         pinned: ``bool [n]``.
-        namespace: ``[n]`` namespace codes or names.
-        ids: ``[n]`` record ids (tie-breaking).
+        namespace: ``[n]`` namespace names, or integer namespace codes.
+        ids: ``[n]`` record ids, or integer ranks of the ids (tie-breaking: lower first).
         floor: drop non-pinned rows with ``score < floor``.
         cap: maximum rows per namespace (``None`` = no cap).
 
@@ -94,8 +94,12 @@ def select_survivors(
     keep = pinned | (score >= floor)
     reason[~keep] = "floor"
     if cap is not None and n:
-        ns_codes, _ = _codes(namespace)
-        id_rank = np.argsort(np.argsort(np.asarray(ids, dtype=object), kind="stable"))
+        ns = np.asarray(namespace)
+        ns_codes = ns.astype(np.int64) if np.issubdtype(ns.dtype, np.integer) else \
+            _codes(ns)[0]
+        id_arr = np.asarray(ids)
+        id_rank = id_arr if np.issubdtype(id_arr.dtype, np.integer) else \
+            np.argsort(np.argsort(id_arr.astype(object), kind="stable"))
         # order: namespace, pinned first, score desc, id asc
         order = np.lexsort((id_rank, -score, ~pinned, ns_codes))
         ns_sorted = ns_codes[order]

@@ -5,7 +5,7 @@ import pytest
 
 from consolidate.cluster import centroid_clusters
 from consolidate.config import PassConfig
-from consolidate.sleep import run_pass
+from consolidate.pipeline import run_pass
 from tests.conftest import make_records, random_rows
 
 

@@ -12,7 +12,7 @@ from tests.conftest import REPO, make_records, random_rows
 CHILD = """
 import sys
 from consolidate.config import PassConfig
-from consolidate.sleep import run_pass
+from consolidate.pipeline import run_pass
 from consolidate.store import Store
 s = Store(sys.argv[1])
 with s.lock():

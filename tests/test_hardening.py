@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from consolidate.config import PassConfig
-from consolidate.sleep import MassDropError, run_pass
+from consolidate.pipeline import MassDropError, run_pass
 from consolidate.store import CorruptStoreError, InvalidRecordsError, Records, Store
 from consolidate.store.locomo import read_locomo_observations
 from tests.conftest import REPO, make_records, tree_digest

@@ -13,7 +13,7 @@ from consolidate.llm import ChatRequest, make_backend
 from consolidate.llm.cache import CachedBackend, request_key
 from consolidate.llm.merger import LLMMerger, MergeOut, missing_facts, parse_merge
 from consolidate.llm.openai_backend import BackendError, OpenAIBackend
-from consolidate.sleep import run_pass
+from consolidate.pipeline import run_pass
 from tests.conftest import Scripted, make_records, require_smollm2
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from consolidate.config import PassConfig
-from consolidate.sleep import run_pass
+from consolidate.pipeline import run_pass
 from tests.conftest import make_records
 
 

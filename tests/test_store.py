@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from consolidate.config import PassConfig
-from consolidate.sleep import run_pass, trigger, undo_merge
+from consolidate.pipeline import run_pass, trigger, undo_merge
 from consolidate.store import (
     ConcurrentCommitError,
     LockTimeoutError,

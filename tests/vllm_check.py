@@ -23,7 +23,7 @@ def main(out_path: str) -> None:
     from consolidate.llm.extract import Turn, extract_request, parse_facts
     from consolidate.llm.merger import merge_chat_request, parse_merge
     from consolidate.merge import MergeMember, MergeRequest
-    from consolidate.sleep import run_pass
+    from consolidate.pipeline import run_pass
     from tests.conftest import make_records
 
     # the merger exactly as `consolidate merge=vllm` builds it (configs/merge/vllm.yaml)
@@ -79,7 +79,7 @@ def main(out_path: str) -> None:
         "decides_parsed": [d is not None for d in decides],
         "decide_ops": [[x.op for x in d] if d else None for d in decides],
         "facts_parsed": facts is not None,
-        "pass_stats": {k: v for k, v in res.stats.items() if k != "time_s"},
+        "pass_stats": {k: v for k, v in res.stats.as_dict().items() if k != "time_s"},
         "pass_ops": [e["op"] for e in res.events],
         "pass_ids": sorted(res.records.meta["id"]),
         "pass_sources": sorted(x for s in res.records.meta["source_ids"] for x in s),

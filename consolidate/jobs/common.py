@@ -99,7 +99,7 @@ def user_errors() -> Iterator[None]:
     from hydra.errors import InstantiationException
 
     from ..evaluation.tasks import DatasetHashError
-    from ..sleep import MassDropError
+    from ..pipeline import MassDropError
     from ..store import (
         ConcurrentCommitError,
         CorruptStoreError,

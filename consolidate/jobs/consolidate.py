@@ -19,8 +19,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ..evaluation.calibrate import load_calibration
+from ..pipeline import run_pass, trigger
 from ..similarity import check_engine
-from ..sleep import run_pass, trigger
 from ..store import hours_now
 from .common import CONFIG_DIR, open_store, pass_cfg, sim_cfg, typed, user_errors, write_summary
 
@@ -82,9 +82,10 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
             t = time.perf_counter()
             commit = store.commit(res.records, res.events, base=snap, dry_run=pc.dry_run,
                                   pass_time_h=wall)
-            res.stats["time_s"]["load"] = round(t_load, 4)
-            res.stats["time_s"]["commit"] = round(time.perf_counter() - t, 4)
-            summary.update(ran=True, dry_run=pc.dry_run, commit=commit, stats=res.stats)
+            res.stats.time_s["load"] = round(t_load, 4)
+            res.stats.time_s["commit"] = round(time.perf_counter() - t, 4)
+            summary.update(ran=True, dry_run=pc.dry_run, commit=commit,
+                           stats=res.stats.as_dict())
     summary["wall_time_s"] = round(time.perf_counter() - t0, 3)
     if out_dir is None:
         out_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else "outputs"

@@ -24,12 +24,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import EmbedderConfig, PassConfig, StoreConfig
+from ..device import resolve_device
 from ..evaluation.plots import plot_ablation
 from ..evaluation.results import Metric, Results, TaskInfo, environment, now_iso, write_results
 from ..evaluation.retrieval import latency_ms, retrieval_table, summarise
 from ..evaluation.tasks import TASKS, MemoryTask, locomo_task, longmemeval_task
-from ..sleep import run_pass
-from ..store.batch import resolve_device
+from ..pipeline import run_pass
 from ..store.schema import InvalidRecordsError, records_from_rows, validate
 from .common import CONFIG_DIR, make_embedder, sim_cfg, typed, user_errors
 

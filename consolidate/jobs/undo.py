@@ -9,7 +9,7 @@ import hydra
 from omegaconf import DictConfig
 
 from ..config import StoreConfig
-from ..sleep import undo_merge
+from ..pipeline import undo_merge
 from ..store import hours_now
 from .common import CONFIG_DIR, open_store, typed, user_errors
 
@@ -20,7 +20,7 @@ def run_undo(cfg: DictConfig) -> dict[str, Any]:
     """Undo ``cfg.merge_id`` in ``cfg.store.dir`` as a new snapshot; returns the commit info.
 
     Raises:
-        KeyError / ValueError: see :func:`consolidate.sleep.undo_merge`.
+        KeyError / ValueError: see :func:`consolidate.pipeline.undo_merge`.
     """
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
     store, _ = open_store(cfg, build=False)

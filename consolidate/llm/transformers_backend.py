@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..store.batch import resolve_device
+from ..device import resolve_device
 from .base import ChatRequest, ChatResponse
 
 __all__ = ["TransformersBackend", "smollm2_gguf", "convert_gguf", "resolve_model_path"]

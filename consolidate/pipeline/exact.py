@@ -1,0 +1,116 @@
+"""Stage 2, exact duplicates: open, unpinned rows with one normalised-text hash in one
+namespace form a unit (no model call); every other candidate row is a unit of its own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..config import PassConfig
+from .state import PassState, Units, list_lengths, segment_centroids
+
+__all__ = ["exact_stage", "open_facts"]
+
+
+def open_facts(st: PassState) -> tuple[np.ndarray, np.ndarray]:
+    """``(open, closed)`` as ``bool [n]`` over the snapshot rows. ``closed``: the validity
+    interval ended at or before the row's "now" (history). ``open``: live, not closed, not
+    a reflection (a reflection's vector is its members' centroid, closer to each member than
+    they are to each other): the rows that may be merged or reflected on."""
+    vt = st.col("valid_to")
+    closed = np.isfinite(vt) & (vt <= st.now)
+    reflection = list_lengths(st.meta["derived_from"]) > 0
+    return st.live() & ~closed & ~reflection, closed
+
+
+def exact_stage(st: PassState, cfg: PassConfig) -> PassState:
+    """Group the candidate rows into :class:`~consolidate.pipeline.state.Units`.
+
+    Candidates are open, unpinned rows (:func:`open_facts`). With ``cfg.exact_dedup`` rows
+    of one namespace and one ``text_hash`` form one unit (a vectorised group-by on integer
+    codes); a group holding two rows that an undo marked ``keep_apart`` is split first fit
+    in id order (only such groups are visited in Python). A unit's vector is the
+    strength-weighted centroid of its rows (float64 sums on the pass device).
+
+    Sets ``st.units`` and the stats ``records_in``-side counts ``closed_kept_apart``,
+    ``exact_groups``, ``exact_duplicates``.
+    """
+    ok, closed = open_facts(st)
+    st.stats.closed_kept_apart = int((st.live() & closed).sum())
+    cand = np.flatnonzero(ok & ~st.col("pinned").astype(bool))
+    ns, rank = st.ns[cand], st.id_rank[cand]
+    if cfg.exact_dedup and len(cand):
+        h = pd.factorize(st.meta["text_hash"].to_numpy(object)[cand])[0]
+        order = np.lexsort((rank, h, ns))
+        rows = cand[order]
+        hs, nss = h[order], ns[order]
+        brk = np.r_[True, (hs[1:] != hs[:-1]) | (nss[1:] != nss[:-1])]
+        start = np.flatnonzero(brk)
+        rows, start = _split_apart(st, rows, start)
+    else:
+        rows = cand[np.lexsort((rank, ns))]
+        start = np.arange(len(rows))
+    bounds = np.r_[start, len(rows)]
+    # units by (namespace, lowest id): each namespace contiguous for the similarity engine
+    first = rows[start]
+    uorder = np.lexsort((st.id_rank[first], st.ns[first]))
+    size = np.diff(bounds)[uorder]
+    rows = rows[_ranges(bounds[:-1][uorder], size)]
+    ustart = np.r_[0, np.cumsum(size)].astype(np.int64)
+    seg = np.repeat(np.arange(len(size)), size)
+    strength = st.col("strength")
+    weight = np.add.reduceat(strength[rows], ustart[:-1]) if len(size) else np.zeros(0)
+    vec = segment_centroids(st.vec, rows, seg, len(size), strength[rows])
+    st.units = Units(rows=rows, start=ustart, ns=st.ns[rows[ustart[:-1]]], vec=vec,
+                     weight=weight)
+    multi = size > 1
+    st.stats.exact_groups = int(multi.sum())
+    st.stats.exact_duplicates = int((size[multi] - 1).sum())
+    return st
+
+
+def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """``int64``: the concatenation of ``arange(s, s + k)`` for each start ``s`` and size
+    ``k`` (vectorised)."""
+    total = int(sizes.sum())
+    if not total:
+        return np.zeros(0, np.int64)
+    offs = np.repeat(starts - np.r_[0, np.cumsum(sizes)[:-1]], sizes)
+    return np.arange(total, dtype=np.int64) + offs
+
+
+def _split_apart(st: PassState, rows: np.ndarray, start: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Split every exact group that holds a row with ``keep_apart`` so that no subgroup holds
+    two rows an undo marked apart (first fit, in id order: deterministic). Only groups of
+    two or more rows with such a row are visited."""
+    if not len(rows):
+        return rows, start
+    apart_len = list_lengths(st.meta["keep_apart"].to_numpy(object)[rows])
+    bounds = np.r_[start, len(rows)]
+    size = np.diff(bounds)
+    flagged = np.add.reduceat((apart_len > 0).astype(np.int64), start) > 0
+    todo = np.flatnonzero(flagged & (size > 1))
+    if not len(todo):
+        return rows, start
+    ids = st.meta["id"].to_numpy(object)
+    apart = st.meta["keep_apart"].to_numpy(object)
+    new_rows = rows.copy()
+    cuts: list[int] = []
+    for g in todo.tolist():
+        a, b = int(bounds[g]), int(bounds[g + 1])
+        groups: list[list[int]] = []
+        for r in rows[a:b].tolist():
+            for grp in groups:
+                if not any(ids[x] in apart[r] or ids[r] in apart[x] for x in grp):
+                    grp.append(r)
+                    break
+            else:
+                groups.append([r])
+        flat = [r for grp in groups for r in grp]
+        new_rows[a:b] = flat
+        pos = a
+        for grp in groups[:-1]:
+            pos += len(grp)
+            cuts.append(pos)
+    return new_rows, np.unique(np.r_[start, np.array(cuts, np.int64)])

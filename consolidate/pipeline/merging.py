@@ -1,0 +1,231 @@
+"""Stage 5, merge: one request per cluster to the merger (one batch call), supersedes for
+conflict-handling mergers, then one new record per merge and per exact-only group."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..config import PassConfig
+from ..merge import (
+    MergeMember,
+    Merger,
+    MergeRequest,
+    MergeResponse,
+    canonical_order,
+    fact_time,
+    newer_fact_times,
+)
+from .rows import new_records
+from .state import PassState, merged_id
+
+__all__ = ["merge_stage", "member", "latency_stats", "PAIRWISE_SIMILARITIES_MAX"]
+
+#: clusters up to this size list every pair's cosine in their request and changelog event;
+#: bigger ones list each member's cosine to the centroid (pairs grow quadratically)
+PAIRWISE_SIMILARITIES_MAX = 16
+
+
+def member(st: PassState, r: int) -> MergeMember:
+    """The :class:`~consolidate.merge.MergeMember` of snapshot row ``r``."""
+    m = st.meta
+    return MergeMember(
+        id=str(m["id"].iat[r]), text=str(m["text"].iat[r]),
+        importance=float(m["importance"].iat[r]), last_used=float(m["last_used"].iat[r]),
+        strength=float(m["strength"].iat[r]), created_at=float(m["created_at"].iat[r]),
+        source_ids=tuple(m["source_ids"].iat[r]), valid_from=float(m["valid_from"].iat[r]))
+
+
+def latency_stats(responses: list[MergeResponse]) -> tuple[float, float] | None:
+    """``(p50, p95)`` of the responses' ``latency_s`` (seconds), or ``None``."""
+    lat = [r.extra["latency_s"] for r in responses if "latency_s" in r.extra]
+    if not lat:
+        return None
+    return float(np.percentile(lat, 50)), float(np.percentile(lat, 95))
+
+
+def _requests(st: PassState, version: int) -> list[MergeRequest]:
+    """One :class:`MergeRequest` per cluster (members in id order)."""
+    u, p = st.units, st.pairs
+    assert u is not None
+    ids = st.meta["id"].to_numpy(object)
+    keys = ids[u.first]
+    cluster_of = {k: x for x, c in enumerate(st.clusters) for k in c}
+    # conflicting pairs inside each cluster (only a conflict-handling merger gets any), as
+    # record-id pairs: every row of one unit against every row of the other
+    confl_of: dict[int, list[tuple[str, str, str]]] = {}
+    for a, b, _, r in st.review:
+        x = cluster_of.get(a)
+        if x is not None and cluster_of.get(b) == x:
+            confl_of.setdefault(x, []).extend(
+                (str(ids[ra]), str(ids[rb]), r) for ra in u.members(a) for rb in u.members(b))
+    pair_key = (p.i * len(u) + p.j) if p is not None else np.zeros(0, np.int64)
+
+    def pair_sim(a: int, b: int) -> float | None:
+        key = min(a, b) * len(u) + max(a, b)
+        k = int(np.searchsorted(pair_key, key))
+        return float(p.sim[k]) if k < len(pair_key) and pair_key[k] == key else None
+
+    out = []
+    for x, c in enumerate(st.clusters):
+        rows = np.concatenate([u.members(k) for k in c])
+        rows = rows[np.argsort(st.id_rank[rows])]
+        if len(c) <= PAIRWISE_SIMILARITIES_MAX:
+            sims = tuple((keys[a], keys[b], round(sv, 6))
+                         for y, a in enumerate(c) for b in c[y + 1:]
+                         if (sv := pair_sim(a, b)) is not None)
+        else:
+            uv = u.vec[c].cpu().numpy().astype(np.float64)
+            cen = (u.weight[c, None] * uv).sum(0)
+            cen /= np.linalg.norm(cen)
+            sims = tuple((keys[a], "centroid", round(float(uv[y] @ cen), 6))
+                         for y, a in enumerate(c))
+        out.append(MergeRequest(
+            cluster_id=merged_id(version, ids[rows].tolist()),
+            namespace=str(st.ns_names[u.ns[c[0]]]),
+            members=tuple(member(st, r) for r in rows.tolist()),
+            similarities=sims, conflicts=tuple(confl_of.get(x, ()))))
+    return out
+
+
+def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) -> PassState:
+    """Ask ``merger`` once for all clusters, apply its answers, write the merged records.
+
+    For each cluster: superseded members (only ids that :func:`newer_fact_times` allows) get
+    their ``valid_to`` closed and stay live (``supersede`` events); the rest is merged if the
+    merger wrote a text and at least two remain, else a ``merge_declined`` event (unless
+    something was superseded) and its exact groups fall back to exact-only merges. Every
+    exact group not inside a merged cluster becomes an ``exact_merge`` with its canonical
+    text (:func:`~consolidate.merge.canonical_order`). Merged rows become tombstones
+    (``deleted_reason="merged"``, ``merged_into``); reflections that named a merged row
+    follow it to its merged record.
+
+    Raises:
+        ValueError: the merger returned the wrong number of responses.
+    """
+    u = st.units
+    assert u is not None
+    ids = st.meta["id"].to_numpy(object)
+    requests = _requests(st, version)
+    responses = merger.merge_batch(requests) if requests else []
+    if len(responses) != len(requests):
+        raise ValueError(f"merger {merger.name!r} returned {len(responses)} responses for "
+                         f"{len(requests)} requests")
+    in_cluster = {k for c in st.clusters for k in c}
+    row_of = {str(ids[r]): r for c in st.clusters for k in c for r in u.members(k).tolist()}
+    valid_to = st.col("valid_to").copy()
+    superseded: set[int] = set()
+    n_closed = 0
+    merges: list[tuple[np.ndarray, str, str, dict[str, Any]]] = []  # rows, text, op, extra
+    for req, resp, c in zip(requests, responses, st.clusters, strict=True):
+        allowed = newer_fact_times(req) if resp.superseded else {}
+        bad = sorted(set(resp.superseded) - set(allowed))
+        sup = [] if bad else sorted(set(resp.superseded))
+        ftime = {m.id: fact_time(m) for m in req.members}
+        for x in sup:  # newer wins: close the older fact's validity interval, keep it
+            r = row_of[x]
+            old_vt = valid_to[r]
+            valid_to[r] = allowed[x] if np.isnan(old_vt) else min(old_vt, allowed[x])
+            superseded.add(r)
+            if valid_to[r] == old_vt:
+                continue  # already closed there (a fact that becomes true later): no event
+            n_closed += 1
+            st.events.append({
+                "op": "supersede", "id": x, "namespace": req.namespace,
+                "valid_to": float(valid_to[r]), "cluster_id": req.cluster_id,
+                "by": sorted({b if a == x else a for a, b, _ in req.conflicts
+                              if x in (a, b) and ftime[b if a == x else a] > ftime[x]}),
+                "reasons": sorted({w for a, b, w in req.conflicts if x in (a, b)}),
+                "merger": merger.name, "raw": resp.raw})
+        rest = [r for k in c for r in u.members(k).tolist() if r not in superseded]
+        if not bad and resp.text is not None and resp.text.strip() and len(rest) > 1:
+            merges.append((np.array(rest, np.int64), resp.text.strip(), "merge",
+                           {"similarities": [list(s) for s in req.similarities],
+                            "raw": resp.raw, "note": resp.note,
+                            **({"superseded": sup} if sup else {})}))
+        else:
+            note = (f"merger superseded {bad}, which no newer conflicting member contradicts"
+                    if bad else resp.note)
+            if not sup:
+                st.events.append({"op": "merge_declined", "cluster_id": req.cluster_id,
+                                  "ids": [m.id for m in req.members], "note": note,
+                                  "raw": resp.raw})
+            in_cluster -= set(c)  # fall back to exact-only merges of its groups
+    for k in np.flatnonzero(u.size > 1).tolist():
+        if k in in_cluster:
+            continue
+        rows = [r for r in u.members(k).tolist() if r not in superseded]
+        if len(rows) > 1:
+            text = canonical_order([member(st, r) for r in rows])[0].text
+            merges.append((np.array(rows, np.int64), text, "exact_merge", {}))
+    st.meta["valid_to"] = valid_to
+    st.stats.superseded = n_closed
+    st.stats.model_calls = sum(r.calls for r in responses)
+    st.stats.prompt_tokens = sum(r.prompt_tokens for r in responses)
+    st.stats.completion_tokens = sum(r.completion_tokens for r in responses)
+    lat = latency_stats(responses)
+    if lat:
+        st.stats.merge_latency_p50_s, st.stats.merge_latency_p95_s = lat
+    _write_merges(st, cfg, merger, version, merges)
+    return st
+
+
+def _write_merges(st: PassState, cfg: PassConfig, merger: Merger, version: int,
+                  merges: list[tuple[np.ndarray, str, str, dict[str, Any]]]) -> None:
+    """New merged records (ordered by their lowest member id), tombstones, events."""
+    ids = st.meta["id"].to_numpy(object)
+    rank = st.id_rank
+    merges = [(rows[np.argsort(rank[rows])], text, op, extra)
+              for rows, text, op, extra in merges]
+    merges.sort(key=lambda m: rank[m[0][0]])
+    groups = [m[0] for m in merges]
+    mids = [merged_id(version, ids[g].tolist()) for g in groups]
+    meta, vec = new_records(st, groups, [m[1] for m in merges], mids, kind="merge",
+                            version=version, strength_cap=cfg.strength_cap)
+    if groups:
+        flat = np.concatenate(groups)
+        into = np.repeat(np.array(mids, dtype=object), [len(g) for g in groups])
+        deleted_at = st.col("deleted_at").copy()
+        deleted_at[flat] = st.wall_h
+        reason = st.meta["deleted_reason"].to_numpy(object).copy()
+        reason[flat] = "merged"
+        merged_into = st.meta["merged_into"].to_numpy(object).copy()
+        merged_into[flat] = into
+        st.meta["deleted_at"] = deleted_at
+        st.meta["deleted_reason"] = pd.Series(reason, dtype=object)
+        st.meta["merged_into"] = pd.Series(merged_into, dtype=object)
+    st.append(meta, vec)
+    ns = meta["namespace"].tolist()
+    for (rows, text, op, extra), mid, n in zip(merges, mids, ns, strict=True):
+        st.events.append({"op": op, "id": mid, "namespace": n,
+                          "members": ids[rows].tolist(), "text": text,
+                          "merger": merger.name if op == "merge" else None, **extra})
+    _follow_merges(st)
+    st.stats.merges = sum(1 for m in merges if m[2] == "merge")
+    st.stats.exact_merges = sum(1 for m in merges if m[2] == "exact_merge")
+    st.stats.merged_members = int(sum(len(m[0]) for m in merges))
+
+
+def _follow_merges(st: PassState) -> None:
+    """Reflections that name a merged row (this pass or earlier) name its merged record
+    instead, so no link points to a tombstone that a later purge removes. Only rows with a
+    ``derived_from`` are visited."""
+    derived = st.meta["derived_from"].to_numpy(object)
+    refl = np.flatnonzero(np.fromiter(map(len, derived), np.int64, len(derived)) > 0)
+    if not len(refl):
+        return
+    merged = (st.meta["deleted_reason"].to_numpy(object) == "merged") & \
+        st.meta["merged_into"].notna().to_numpy() & ~st.gone
+    moved = pd.Series(st.meta["merged_into"].to_numpy(object)[merged],
+                      index=st.meta["id"].to_numpy(object)[merged])
+    if not len(moved):
+        return
+    out = derived.copy()
+    for r in refl.tolist():
+        d = derived[r]
+        got = moved.reindex(list(d))
+        out[r] = sorted({m if isinstance(m, str) else x for x, m in zip(d, got, strict=True)})
+    st.meta["derived_from"] = pd.Series(out, dtype=object)
+

@@ -1,0 +1,77 @@
+"""Stage 7, decay, floor and cap: the retention score of every live row, then the floor and
+the per-namespace cap (pinned rows never dropped)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..config import PassConfig
+from ..scoring import retention_score, select_survivors
+from .state import PassState, id_ranks
+
+__all__ = ["retention_stage", "MassDropError"]
+
+
+class MassDropError(RuntimeError):
+    """The pass would drop more than ``pass.max_drop_fraction`` of the live memories."""
+
+
+def retention_stage(st: PassState, cfg: PassConfig, version: int) -> PassState:
+    """Score live rows with :func:`~consolidate.scoring.retention_score` (on the pass
+    device; importance alone when ``cfg.decay`` is off), drop those below ``cfg.floor`` and
+    those over ``cfg.cap`` per namespace (:func:`~consolidate.scoring.select_survivors`):
+    they become tombstones with ``deleted_reason`` ``floor`` or ``cap`` and a ``drop``
+    event each. Kept rows get ``last_pass = version``.
+
+    Raises:
+        MassDropError: more than ``cfg.max_drop_fraction`` of the live rows would be
+            dropped (nothing is changed).
+    """
+    li = np.flatnonzero(st.live())
+    imp = st.col("importance")[li]
+    if cfg.decay:
+        dev = st.vec.device
+        score = retention_score(
+            torch.from_numpy(imp).to(dev), torch.from_numpy(st.col("last_used")[li]).to(dev),
+            torch.from_numpy(st.col("strength")[li]).to(dev),
+            torch.from_numpy(st.now[li]).to(dev), cfg.tau_hours).cpu().numpy()
+        floor = cfg.floor
+    else:
+        score, floor = imp, -math.inf
+    sel = select_survivors(score, st.col("pinned").astype(bool)[li], st.ns[li],
+                           id_ranks(st.meta["id"].to_numpy(object)[li]), floor, cfg.cap)
+    drop = li[~sel.keep]
+    if len(li) and len(drop) / len(li) > cfg.max_drop_fraction:
+        worst = {str(st.ns_names[k]): int(v) for k, v in
+                 pd.Series(st.ns[drop]).value_counts().head(3).items()}
+        raise MassDropError(
+            f"the pass would drop {len(drop)} of {len(li)} live memories "
+            f"({len(drop) / len(li):.0%} > pass.max_drop_fraction={cfg.max_drop_fraction}); "
+            f"most in {worst}. Check pass.now (now={cfg.now!r}), tau_hours "
+            f"({cfg.tau_hours}) and floor ({cfg.floor}), or set pass.max_drop_fraction=1.0"
+        )
+    why = sel.reason[~sel.keep]
+    deleted_at = st.col("deleted_at").copy()
+    deleted_at[drop] = st.wall_h
+    reason = st.meta["deleted_reason"].to_numpy(object).copy()
+    reason[drop] = why
+    kept = li[sel.keep]
+    last_pass = st.col("last_pass").copy()
+    last_pass[kept] = float(version)
+    st.meta["deleted_at"] = deleted_at
+    st.meta["deleted_reason"] = pd.Series(reason, dtype=object)
+    st.meta["last_pass"] = last_pass
+    ids = st.meta["id"].to_numpy(object)[drop].tolist()
+    names = st.ns_names[st.ns[drop]].tolist()
+    st.events += [{"op": "drop", "id": i, "reason": w, "score": s, "namespace": n}
+                  for i, w, s, n in zip(ids, why.tolist(), score[~sel.keep].tolist(), names,
+                                        strict=True)]
+    st.stats.dropped_floor = int((sel.reason == "floor").sum())
+    st.stats.dropped_cap = int((sel.reason == "cap").sum())
+    st.stats.records_out = len(kept)
+    st.stats.score_min = float(score[sel.keep].min()) if sel.keep.any() else None
+    return st

@@ -1,0 +1,101 @@
+"""One constructor for the records a pass writes (merged records and reflections)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..store.schema import COLUMNS
+from ..text import text_hash
+from .state import PassState, nan_reduce, segment_centroids
+
+__all__ = ["new_records"]
+
+
+def _union(lists: Sequence[Sequence[str]]) -> list[str]:
+    """Sorted union of string lists."""
+    out: set[str] = set()
+    for lst in lists:
+        out.update(lst)
+    return sorted(out)
+
+
+def new_records(st: PassState, groups: Sequence[np.ndarray], texts: Sequence[str],
+                ids: Sequence[str], *, kind: Literal["merge", "reflection"], version: int,
+                strength_cap: float = 20.0) -> tuple[pd.DataFrame, torch.Tensor]:
+    """Rows (store columns) and vectors of new records, one per group of snapshot rows.
+
+    Every new record gets the strength-weighted centroid of its group's vectors
+    (renormalised, float64 sums on the pass device), importance = max, last_used = max,
+    ``source_ids`` = union, ``text_hash`` of its text, ``last_pass = version``. Then by kind:
+
+    * ``"merge"``: created_at = min, strength = sum capped at ``max(strength_cap, max)``,
+      validity = the union interval (``valid_from`` = earliest stated, ``valid_to`` = latest,
+      open if any member is open), ``keep_apart`` and ``derived_from`` = unions.
+    * ``"reflection"``: created_at = max, strength 1, no validity, ``derived_from`` = the
+      members' ids (in group order).
+
+    Args:
+        st: the pass state (reads its columns as they are now, e.g. after supersedes).
+        groups: ``int64`` row positions per new record (snapshot rows, in id order).
+        texts, ids: text and id of each new record.
+        kind: ``"merge"`` or ``"reflection"``.
+        version: the snapshot version the pass writes.
+        strength_cap: cap on merged strength.
+
+    Returns:
+        ``(meta, vectors)``: a ``DataFrame`` with the store's columns and ``float32 [k, d]``
+        vectors on the pass device.
+    """
+    k = len(groups)
+    if not k:
+        return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in COLUMNS.items()}), \
+            torch.zeros((0, st.vec.shape[1]), dtype=torch.float32, device=st.vec.device)
+    sizes = np.fromiter(map(len, groups), np.int64, k)
+    rows = np.concatenate(groups).astype(np.int64)
+    seg = np.repeat(np.arange(k), sizes)
+    starts = np.r_[0, np.cumsum(sizes)[:-1]]
+    strength = st.col("strength")[rows]
+    vec = segment_centroids(st.vectors(rows), np.arange(len(rows)), seg, k, strength)
+    created = st.col("created_at")[rows]
+    src = st.meta["source_ids"].to_numpy(object)
+    merge = kind == "merge"
+    if merge:
+        w_sum = np.add.reduceat(strength, starts)
+        w_max = np.maximum.reduceat(strength, starts)
+        vf = st.col("valid_from")[rows]
+        vt = st.col("valid_to")[rows]
+        any_open = np.add.reduceat(np.isnan(vt).astype(np.int64), starts) > 0
+        apart = st.meta["keep_apart"].to_numpy(object)
+        derived = st.meta["derived_from"].to_numpy(object)
+    meta = pd.DataFrame({
+        "id": pd.Series(list(ids), dtype=object),
+        "namespace": pd.Series(st.meta["namespace"].to_numpy(object)[rows[starts]],
+                               dtype=object),
+        "text": pd.Series(list(texts), dtype=object),
+        "importance": np.maximum.reduceat(st.col("importance")[rows], starts),
+        "created_at": (np.minimum if merge else np.maximum).reduceat(created, starts),
+        "last_used": np.maximum.reduceat(st.col("last_used")[rows], starts),
+        "strength": np.minimum(w_sum, np.maximum(strength_cap, w_max)) if merge else
+        np.ones(k),
+        "pinned": np.zeros(k, bool),
+        "source_ids": pd.Series([_union(src[g]) for g in groups], dtype=object),
+        "valid_from": nan_reduce(vf, starts, "min") if merge else np.full(k, np.nan),
+        "valid_to": np.where(any_open, np.nan, np.maximum.reduceat(vt, starts)) if merge
+        else np.full(k, np.nan),
+        "deleted_at": np.full(k, np.nan),
+        "deleted_reason": pd.Series([None] * k, dtype=object),
+        "merged_into": pd.Series([None] * k, dtype=object),
+        "text_hash": pd.Series([text_hash(t) for t in texts], dtype=object),
+        "last_pass": np.full(k, float(version)),
+        "keep_apart": pd.Series([_union(apart[g]) for g in groups] if merge else
+                                [[] for _ in range(k)], dtype=object),
+        "derived_from": pd.Series(
+            [_union(derived[g]) for g in groups] if merge else
+            [list(st.meta["id"].to_numpy(object)[g]) for g in groups], dtype=object),
+    })
+    return meta, vec

@@ -1,0 +1,191 @@
+"""``run_pass``: the offline "sleep" pass as a composition of stages.
+
+A pure function from one snapshot to the next: it reads nothing and writes nothing (the job
+loads the snapshot, calls it, commits the result), keeps no global state, and works on one or
+many namespaces, so shards of namespaces can run it in any process.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..config import PassConfig, SimilarityConfig
+from ..device import resolve_device
+from ..merge import ExtractiveMerger, Merger
+from ..store.schema import Records
+from .clock import resolve_now
+from .exact import exact_stage
+from .merging import merge_stage
+from .near import cluster_stage, similarity_stage
+from .purge import purge_stage
+from .reflect import reflect_stage
+from .retention import retention_stage
+from .state import PassResult, PassState, PassStats, id_ranks
+
+__all__ = ["run_pass"]
+
+
+def run_pass(
+    records: Records,
+    *,
+    cfg: PassConfig,
+    sim_cfg: SimilarityConfig | None = None,
+    merger: Merger | None = None,
+    version: int = 1,
+    wall_h: float | None = None,
+    now_by_namespace: dict[str, float] | None = None,
+    reflector: Any | None = None,
+) -> PassResult:
+    """Consolidate ``records`` (one snapshot, any number of namespaces).
+
+    Stages, in order (each timed in ``stats.time_s``): ``purge``
+    (:func:`~consolidate.pipeline.purge.purge_stage`), ``exact``
+    (:func:`~consolidate.pipeline.exact.exact_stage`), ``similarity`` and ``cluster``
+    (:mod:`consolidate.pipeline.near`), ``merge``
+    (:func:`~consolidate.pipeline.merging.merge_stage`), ``reflect``
+    (:func:`~consolidate.pipeline.reflect.reflect_stage`, when ``cfg.reflect``) and
+    ``score`` (:func:`~consolidate.pipeline.retention.retention_stage`). The vectors are
+    moved to the similarity device once and stay there. Pinned records take part in
+    nothing but scoring (and are never dropped).
+
+    Args:
+        records: all records of the snapshot (tombstones pass through untouched).
+        cfg: pass settings (threshold, tau in hours, floor, cap, strength cap, now, stages).
+        sim_cfg: similarity engine settings (device, dtype, tiles); default auto fp32.
+        merger: the :class:`~consolidate.merge.Merger` (default: extractive).
+        version: version of the snapshot this pass will write (stamped as ``last_pass`` and
+            mixed into merged ids).
+        wall_h: wall clock in hours since the epoch, used for tombstone times and as ``now``
+            when ``cfg.now == "wall"`` (default: the current time).
+        now_by_namespace: per-namespace "now" in hours since the epoch, overriding
+            ``cfg.now`` for the namespaces it names (e.g. the date of a LOCOMO
+            conversation's last session, when its questions are asked).
+        reflector: writes reflections when ``cfg.reflect`` (an object with
+            ``reflect_batch(list[MergeRequest]) -> list[MergeResponse]``, e.g.
+            :class:`~consolidate.llm.reflect.LLMReflector`).
+
+    Returns:
+        :class:`~consolidate.pipeline.state.PassResult`: the full next record set (live and
+        tombstones), the changelog events and the :class:`PassStats`.
+
+    Raises:
+        ValueError: bad settings (threshold outside [-1, 1], tau <= 0, cap < 0), a merger
+            or reflector that returned the wrong number of responses, or ``cfg.reflect``
+            without a reflector.
+        MassDropError: more than ``cfg.max_drop_fraction`` of the live memories would be
+            dropped (nothing is returned, so nothing can be committed).
+    """
+    sim_cfg = sim_cfg or SimilarityConfig()
+    merger = merger or ExtractiveMerger()
+    wall_h = time.time() / 3600 if wall_h is None else float(wall_h)
+    _check_settings(cfg)
+    times: dict[str, float] = {}
+
+    def timed(name: str, stage: Callable[[], PassState]) -> PassState:
+        t = time.perf_counter()
+        out = stage()
+        times[name] = times.get(name, 0.0) + time.perf_counter() - t
+        return out
+
+    t0 = time.perf_counter()
+    st = _start(records, sim_cfg, wall_h, merger.name, version)
+    refresh_now = _now_fn(cfg, wall_h, now_by_namespace)
+    st.now = refresh_now(st)
+    times["purge"] = time.perf_counter() - t0
+    st = timed("purge", lambda: purge_stage(st, cfg))
+    st = timed("exact", lambda: exact_stage(st, cfg))
+    st = timed("similarity", lambda: similarity_stage(st, cfg, sim_cfg))
+    st = timed("cluster", lambda: cluster_stage(st, cfg, bool(getattr(
+        merger, "handles_conflicts", False))))
+    st = timed("merge", lambda: merge_stage(st, cfg, merger, version))
+    t = time.perf_counter()
+    if cfg.reflect:
+        st.now = refresh_now(st)
+        st = reflect_stage(st, cfg, sim_cfg, reflector, version)
+    times["reflect"] = time.perf_counter() - t
+    t = time.perf_counter()
+    st.now = refresh_now(st)
+    st = retention_stage(st, cfg, version)
+    out = st.records()
+    times["score"] = time.perf_counter() - t
+    st.stats.time_s = {k: round(v, 4) for k, v in times.items()}
+    return PassResult(out, st.events, st.stats)
+
+
+def _start(records: Records, sim_cfg: SimilarityConfig, wall_h: float, merger: str,
+           version: int) -> PassState:
+    """The initial state: a copy of the row table, the vectors on the pass device (one
+    transfer; no copy on cpu), namespace codes and id ranks."""
+    meta = records.meta.copy()
+    dev = resolve_device(sim_cfg.device)
+    vec = torch.from_numpy(np.ascontiguousarray(records.vectors, dtype=np.float32))
+    if dev.type != "cpu":
+        vec = vec.to(dev)
+    ns, names = pd.factorize(meta["namespace"].to_numpy(object), sort=True)
+    n = len(meta)
+    return PassState(meta=meta, vec=vec, ns=ns.astype(np.int64),
+                     ns_names=np.asarray(names, dtype=object),
+                     id_rank=id_ranks(meta["id"].to_numpy(object)), wall_h=wall_h,
+                     now=np.zeros(n), gone=np.zeros(n, bool),
+                     stats=PassStats(merger=merger, version=version))
+
+
+def _now_fn(cfg: PassConfig, wall_h: float, now_by_namespace: dict[str, float] | None
+            ) -> Callable[[PassState], np.ndarray]:
+    """``f(state) -> float64 [n]``: "now" per row for ``cfg.now``, with the per-namespace
+    overrides; recomputed after stages that add or remove live rows ("latest" depends on
+    them)."""
+    over = now_by_namespace or None
+
+    def now(st: PassState) -> np.ndarray:
+        t = resolve_now(cfg.now, st.meta, wall_h, st.ns)
+        if over:
+            o = pd.Series(st.ns_names).map(over).to_numpy(np.float64)[st.ns]
+            t = np.where(np.isnan(o), t, o)
+        return t
+
+    return now
+
+
+def _check_settings(cfg: PassConfig) -> None:
+    """Refuse settings that would silently do the wrong thing (NaN compares false)."""
+    def real(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    if not (real(cfg.threshold) and -1.0 <= cfg.threshold <= 1.0):
+        raise ValueError(f"pass.threshold must be in [-1, 1], got {cfg.threshold!r}")
+    if not (real(cfg.tau_hours) and cfg.tau_hours > 0):
+        raise ValueError(f"pass.tau_hours must be > 0 hours, got {cfg.tau_hours!r}")
+    if not (real(cfg.floor) and 0.0 <= cfg.floor <= 1.0):
+        raise ValueError(f"pass.floor must be in [0, 1], got {cfg.floor!r}")
+    if cfg.cap is not None and not (isinstance(cfg.cap, int) and not isinstance(cfg.cap, bool)
+                                    and cfg.cap >= 0):
+        raise ValueError(f"pass.cap must be an integer >= 0 or null, got {cfg.cap!r}")
+    if not (real(cfg.strength_cap) and cfg.strength_cap >= 1):
+        raise ValueError(f"pass.strength_cap must be >= 1, got {cfg.strength_cap!r}")
+    if not (real(cfg.max_drop_fraction) and 0.0 <= cfg.max_drop_fraction <= 1.0):
+        raise ValueError(f"pass.max_drop_fraction must be in [0, 1], got "
+                         f"{cfg.max_drop_fraction!r}")
+    if not (real(cfg.reflect_threshold) and -1.0 <= cfg.reflect_threshold <= 1.0):
+        raise ValueError(f"pass.reflect_threshold must be in [-1, 1], got "
+                         f"{cfg.reflect_threshold!r}")
+    for key in ("reflect_min_size", "reflect_max_per_namespace"):
+        v = getattr(cfg, key)
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            raise ValueError(f"pass.{key} must be an integer >= 1, got {v!r}")
+    if isinstance(cfg.now, (int, float)) or cfg.now not in ("wall", "latest"):
+        try:
+            val = float(cfg.now)
+        except (TypeError, ValueError):
+            val = None
+        if val is not None and not math.isfinite(val):
+            raise ValueError(f"pass.now must be finite, got {cfg.now!r}")
+
+

@@ -1,0 +1,340 @@
+"""The pass's typed state: row columns, one vector tensor on the pass device, stats.
+
+A :class:`PassState` is what flows from stage to stage (:mod:`consolidate.pipeline`). Rows
+keep their snapshot positions for the whole pass: purged rows are only masked, and new rows
+(merges, reflections) are collected apart and appended once when the pass ends, so the
+snapshot's vectors are never copied on the way (one copy at the end builds the output).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from ..similarity import Pairs
+from ..store.schema import COLUMNS, Records
+
+__all__ = ["PassResult", "PassStats", "PassState", "Units", "merged_id", "list_lengths",
+           "id_ranks", "segment_centroids"]
+
+
+def merged_id(version: int, member_ids: Sequence[str]) -> str:
+    """Deterministic id of a merged record: ``m-`` + 24 hex chars of
+    sha256(version, sorted member ids)."""
+    h = hashlib.sha256(f"{version}\n".encode() + "\n".join(sorted(member_ids)).encode())
+    return "m-" + h.hexdigest()[:24]
+
+
+def list_lengths(col: pd.Series | np.ndarray) -> np.ndarray:
+    """``int64 [n]``: the length of each list in an object column of lists (one C-level pass,
+    no Python bytecode per row)."""
+    return np.fromiter(map(len, col), np.int64, len(col))
+
+
+def id_ranks(ids: np.ndarray | pd.Series) -> np.ndarray:
+    """``int64 [n]``: rank of each id in ascending code-point order (UTF-8 byte order equals
+    code-point order), computed by Arrow's sort. Ids are unique, so ranks are too."""
+    if not len(ids):
+        return np.zeros(0, np.int64)
+    return pc.rank(pa.array(np.asarray(ids, dtype=object), pa.string()),
+                   sort_keys="ascending", tiebreaker="first").to_numpy().astype(np.int64) - 1
+
+
+def segment_centroids(vec: torch.Tensor, rows: np.ndarray, seg: np.ndarray, n_seg: int,
+                      weight: np.ndarray, chunk: int = 1 << 16) -> torch.Tensor:
+    """Strength-weighted mean of unit vectors per segment, renormalised, computed in float64 on
+    ``vec``'s device.
+
+    Args:
+        vec: ``float32 [n, d]`` row vectors (cpu or cuda).
+        rows: ``int64 [m]`` row positions, grouped by segment (each segment contiguous, rows
+            in the order their float64 sum is taken).
+        seg: ``int64 [m]`` segment of each entry of ``rows`` (non-decreasing, 0..n_seg-1).
+        n_seg: number of segments.
+        weight: ``float64 [m]`` positive weights (strength); scaled by each segment's maximum
+            first so that large strengths cannot overflow.
+        chunk: rows per float64 block (bounds the float64 temporaries to ``chunk x d``).
+
+    Returns:
+        ``float32 [n_seg, d]`` unit vectors on ``vec``'s device.
+    """
+    dev, d = vec.device, vec.shape[1]
+    out = torch.empty((n_seg, d), dtype=torch.float32, device=dev)
+    if not n_seg:
+        return out
+    rows = np.asarray(rows, np.int64)
+    seg = np.asarray(seg, np.int64)
+    w = np.asarray(weight, np.float64)
+    starts = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])
+    w = w / np.repeat(np.maximum.reduceat(w, starts), np.diff(np.r_[starts, len(seg)]))
+    # segment ranges [s0, s1) of whole segments per chunk of entries
+    bounds = np.searchsorted(starts, np.arange(0, len(seg), chunk), side="right") - 1
+    cut = np.unique(np.r_[starts[np.clip(bounds, 0, None)], len(seg)])
+    for a, b in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True):
+        r = torch.from_numpy(rows[a:b]).to(dev)
+        x = vec.index_select(0, r).double() * torch.from_numpy(w[a:b]).to(dev)[:, None]
+        s_lo, s_hi = int(seg[a]), int(seg[b - 1]) + 1
+        local = torch.from_numpy(seg[a:b] - s_lo).to(dev)
+        acc = torch.zeros((s_hi - s_lo, d), dtype=torch.float64, device=dev)
+        acc.index_add_(0, local, x)
+        norm = torch.linalg.vector_norm(acc, dim=1, keepdim=True).clamp_min(1e-300)
+        out[s_lo:s_hi] = (acc / norm).float()
+    return out
+
+
+@dataclass
+class PassStats:
+    """Counts, timings and model accounting of one pass (``summary.json``'s ``stats``).
+
+    Reading ``stats["merges"]`` works like a mapping; :meth:`as_dict` drops the fields a pass
+    did not produce (``None``: reflection and latency fields when those stages did not run).
+
+    Attributes:
+        merger: name of the merger. version: the snapshot version the pass writes.
+        records_in, tombstones_in: live rows and tombstones read. purged: tombstones removed.
+        closed_kept_apart: live rows whose validity ended (history, never merged).
+        exact_groups, exact_duplicates: exact-duplicate groups and their extra rows.
+        pairs: near-duplicate pairs at or above the threshold. device, engine: where the
+            similarity ran.
+        clusters: clusters found. review_pairs: conflicting pairs kept apart or flagged.
+        superseded: older facts whose ``valid_to`` this pass closed.
+        model_calls, prompt_tokens, completion_tokens: merge-stage model accounting.
+        merges, exact_merges, merged_members: merged records written and their members.
+        dropped_floor, dropped_cap: rows dropped by the floor and the cap.
+        records_out: live rows written. score_min: lowest retention score kept.
+        time_s: seconds per stage (``purge``, ``exact``, ``similarity``, ``cluster``,
+            ``merge``, ``reflect``, ``score``; the job adds ``load`` and ``commit``).
+    """
+
+    merger: str = ""
+    version: int = 0
+    records_in: int = 0
+    tombstones_in: int = 0
+    purged: int = 0
+    closed_kept_apart: int = 0
+    exact_groups: int = 0
+    exact_duplicates: int = 0
+    pairs: int = 0
+    device: str = "cpu"
+    engine: str = "auto"
+    clusters: int = 0
+    review_pairs: int = 0
+    superseded: int = 0
+    model_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    merge_latency_p50_s: float | None = None
+    merge_latency_p95_s: float | None = None
+    reflect_groups: int | None = None
+    reflections: int | None = None
+    reflect_calls: int | None = None
+    reflect_prompt_tokens: int | None = None
+    reflect_completion_tokens: int | None = None
+    reflect_latency_p50_s: float | None = None
+    reflect_latency_p95_s: float | None = None
+    merges: int = 0
+    exact_merges: int = 0
+    merged_members: int = 0
+    dropped_floor: int = 0
+    dropped_cap: int = 0
+    records_out: int = 0
+    score_min: float | None = None
+    time_s: dict[str, float] = field(default_factory=dict)
+
+    _ALWAYS = ("score_min",)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of the fields that were set (``score_min`` always present)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None or f.name in self._ALWAYS}
+
+    def __getitem__(self, key: str) -> Any:
+        d = self.as_dict()
+        if key not in d:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.as_dict()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.as_dict().get(key, default)
+
+    def items(self):  # noqa: ANN201 - dict view
+        return self.as_dict().items()
+
+
+@dataclass
+class PassResult:
+    """Output of :func:`~consolidate.pipeline.run_pass`.
+
+    Attributes:
+        records: the full next record set (live and tombstones).
+        events: changelog events (JSON-serialisable dicts), in order.
+        stats: :class:`PassStats`.
+    """
+
+    records: Records
+    events: list[dict[str, Any]] = field(default_factory=list)
+    stats: PassStats = field(default_factory=PassStats)
+
+
+@dataclass
+class Units:
+    """Merge candidates after the exact stage: each unit is one record or one group of exact
+    duplicates, stored as CSR over row positions.
+
+    Units are ordered by (namespace code, lowest member id), so each namespace is a contiguous
+    run (the similarity engine then needs no reordering copy).
+
+    Attributes:
+        rows: ``int64 [m]`` row positions, grouped by unit; each unit's rows in id order.
+        start: ``int64 [U + 1]`` offsets of each unit in ``rows``.
+        ns: ``int64 [U]`` namespace code of each unit.
+        vec: ``float32 [U, d]`` strength-weighted centroid of each unit (on the pass device).
+        weight: ``float64 [U]`` summed strength of each unit.
+    """
+
+    rows: np.ndarray
+    start: np.ndarray
+    ns: np.ndarray
+    vec: torch.Tensor
+    weight: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start) - 1
+
+    @property
+    def first(self) -> np.ndarray:
+        """``int64 [U]``: each unit's row with the lowest id."""
+        return self.rows[self.start[:-1]]
+
+    @property
+    def size(self) -> np.ndarray:
+        """``int64 [U]``: rows per unit."""
+        return np.diff(self.start)
+
+    def members(self, u: int) -> np.ndarray:
+        """Row positions of unit ``u`` (id order)."""
+        return self.rows[self.start[u]:self.start[u + 1]]
+
+
+@dataclass
+class PassState:
+    """What flows through the stages.
+
+    Attributes:
+        meta: the row table (the store's columns, no vectors): the snapshot's rows at their
+            positions, then the rows the pass wrote (:meth:`append`); stages update its
+            columns in a copy made when the pass starts.
+        vec: ``float32 [n0, d]`` the snapshot's vectors on the pass device (moved once);
+            rows ``n0..`` (written by the pass) have theirs in ``new_vec``.
+        ns: ``int64 [n]`` namespace code per row (codes sorted like the names).
+        ns_names: namespace name per code.
+        id_rank: ``int64 [n]`` rank of each row's id.
+        wall_h: wall clock, hours since the epoch.
+        now: ``float64 [n]`` the pass's "now" per row, hours since the epoch.
+        gone: ``bool [n]`` rows purged (removed when the output is assembled).
+        new_vec: vectors of the rows the pass wrote, in row order.
+        units: exact-stage output (``None`` before it ran).
+        pairs: similarity-stage output: pairs of units (``None``: the join did not run).
+        clusters: cluster-stage output: unit positions per cluster.
+        review: cluster-stage output: conflicting unit pairs ``(a, b, sim, reason)``.
+        events: changelog events, in order.
+        stats: :class:`PassStats`.
+    """
+
+    meta: pd.DataFrame
+    vec: torch.Tensor
+    ns: np.ndarray
+    ns_names: np.ndarray
+    id_rank: np.ndarray
+    wall_h: float
+    now: np.ndarray
+    gone: np.ndarray
+    new_vec: list[torch.Tensor] = field(default_factory=list)
+    units: Units | None = None
+    pairs: Pairs | None = None
+    clusters: list[list[int]] = field(default_factory=list)
+    review: list[tuple[int, int, float, str]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    stats: PassStats = field(default_factory=PassStats)
+
+    @property
+    def n(self) -> int:
+        """Rows in the table (snapshot rows plus rows written so far)."""
+        return len(self.meta)
+
+    def col(self, name: str) -> np.ndarray:
+        """Column ``name`` as a numpy array (no copy for numeric columns)."""
+        s = self.meta[name]
+        return s.to_numpy(np.float64) if COLUMNS[name] == "float64" else s.to_numpy()
+
+    def live(self) -> np.ndarray:
+        """``bool [n]``: rows that are not tombstones."""
+        return np.isnan(self.col("deleted_at"))
+
+    def vectors(self, rows: np.ndarray) -> torch.Tensor:
+        """``float32 [len(rows), d]`` vectors of rows ``rows`` (snapshot or written), on the
+        pass device."""
+        rows = np.asarray(rows, np.int64)
+        dev, n0 = self.vec.device, self.vec.shape[0]
+        old = rows < n0
+        if old.all():
+            return self.vec.index_select(0, torch.from_numpy(rows).to(dev))
+        out = torch.empty((len(rows), self.vec.shape[1]), dtype=torch.float32, device=dev)
+        m = torch.from_numpy(old).to(dev)
+        out[m] = self.vec.index_select(0, torch.from_numpy(rows[old]).to(dev))
+        out[~m] = torch.cat(self.new_vec).index_select(
+            0, torch.from_numpy(rows[~old] - n0).to(dev))
+        return out
+
+    def append(self, meta: pd.DataFrame, vec: torch.Tensor) -> None:
+        """Add rows written by the pass (store columns, ``float32 [k, d]`` vectors on the
+        pass device) at the end of the table; their namespaces must already be known."""
+        if not len(meta):
+            return
+        self.meta = pd.concat([self.meta, meta], ignore_index=True)
+        self.new_vec.append(vec)
+        self.ns = np.r_[self.ns, np.searchsorted(self.ns_names,
+                                                 meta["namespace"].to_numpy(object))]
+        self.gone = np.r_[self.gone, np.zeros(len(meta), bool)]
+        self.id_rank = id_ranks(self.meta["id"].to_numpy(object))
+
+    def records(self) -> Records:
+        """The next snapshot: surviving rows in their order (snapshot rows, then the rows the
+        pass wrote), with one copy of the vectors."""
+        keep = np.flatnonzero(~self.gone)
+        meta = (self.meta.iloc[keep] if len(keep) < self.n else self.meta).reset_index(
+            drop=True)
+        base, n0 = self.vec, self.vec.shape[0]
+        kb = keep[keep < n0]
+        if base.device.type == "cpu" and len(kb) == n0 and not self.new_vec:
+            return Records(meta, base.numpy())  # nothing purged or written: no copy
+        out = np.empty((len(meta), base.shape[1]), np.float32)
+        if base.device.type == "cpu":
+            np.take(base.numpy(), kb, axis=0, out=out[: len(kb)])
+        else:
+            out[: len(kb)] = base.index_select(0, torch.from_numpy(kb).to(base.device)).cpu(
+            ).numpy()
+        if self.new_vec:
+            out[len(kb):] = torch.cat(self.new_vec).cpu().numpy()[keep[keep >= n0] - n0]
+        return Records(meta, out)
+
+
+def nan_reduce(values: np.ndarray, starts: np.ndarray, how: str) -> np.ndarray:
+    """Per-segment ``nanmin``/``nanmax`` (NaN where a segment is all NaN); segments start at
+    ``starts`` (``np.ufunc.reduceat`` semantics)."""
+    fill = math.inf if how == "min" else -math.inf
+    f = np.minimum if how == "min" else np.maximum
+    r = f.reduceat(np.where(np.isnan(values), fill, values), starts)
+    return np.where(np.isinf(r) & (r == fill), np.nan, r)
