@@ -98,9 +98,9 @@ def _negation_count(tokens: list[str]) -> Counter:
     return Counter(t for t in tokens if t in _NEGATIONS)
 
 
-def _numbers(tokens: list[str], raw: str) -> Counter:
+def _numbers(tokens: list[str], normalised: str) -> Counter:
     vals: Counter = Counter()
-    for m in _NUM.findall(normalise(raw)):
+    for m in _NUM.findall(normalised):
         vals[m.replace(",", "")] += 1
     for t in tokens:
         if t in _NUMBER_WORDS:
@@ -134,10 +134,11 @@ class ConflictSignature:
 
 def conflict_signature(text: str) -> ConflictSignature:
     """The :class:`ConflictSignature` of ``text``."""
-    toks = content_tokens(text)
+    norm = normalise(text)
+    toks = _TOKEN.findall(norm.replace("n't", " n't"))  # content_tokens, normalised once
     return ConflictSignature(
         tuple(sorted(_negation_count(toks).items())),
-        tuple(sorted(_numbers(toks, text).items())),
+        tuple(sorted(_numbers(toks, norm).items())),
         tuple(sorted(_date_terms(toks).items())),
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import torch
 
 from ..config import PassConfig
 from .state import PassState, Units, list_lengths, segment_centroids
@@ -60,13 +61,29 @@ def exact_stage(st: PassState, cfg: PassConfig) -> PassState:
     seg = np.repeat(np.arange(len(size)), size)
     strength = st.col("strength")
     weight = np.add.reduceat(strength[rows], ustart[:-1]) if len(size) else np.zeros(0)
-    vec = segment_centroids(st.vec, rows, seg, len(size), strength[rows])
+    vec = _unit_vectors(st, rows, ustart, seg, size, strength)
     st.units = Units(rows=rows, start=ustart, ns=st.ns[rows[ustart[:-1]]], vec=vec,
                      weight=weight)
     multi = size > 1
     st.stats.exact_groups = int(multi.sum())
     st.stats.exact_duplicates = int((size[multi] - 1).sum())
     return st
+
+
+def _unit_vectors(st: PassState, rows: np.ndarray, ustart: np.ndarray, seg: np.ndarray,
+                  size: np.ndarray, strength: np.ndarray) -> torch.Tensor:
+    """``float32 [U, d]``: a one-row unit's stored vector as it is (so the pass's pairs are
+    those of the stored vectors), a group's strength-weighted centroid
+    (:func:`~consolidate.pipeline.state.segment_centroids`)."""
+    dev = st.vec.device
+    out = st.vec.index_select(0, torch.from_numpy(rows[ustart[:-1]]).to(dev))
+    multi = np.flatnonzero(size > 1)
+    if len(multi):
+        keep = np.repeat(size > 1, size)
+        mseg = np.repeat(np.arange(len(multi)), size[multi])
+        out[torch.from_numpy(multi).to(dev)] = segment_centroids(
+            st.vec, rows[keep], mseg, len(multi), strength[rows][keep])
+    return out
 
 
 def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:

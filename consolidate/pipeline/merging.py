@@ -21,21 +21,32 @@ from ..merge import (
 from .rows import new_records
 from .state import PassState, merged_id
 
-__all__ = ["merge_stage", "member", "latency_stats", "PAIRWISE_SIMILARITIES_MAX"]
+__all__ = ["merge_stage", "members", "latency_stats", "PAIRWISE_SIMILARITIES_MAX"]
 
 #: clusters up to this size list every pair's cosine in their request and changelog event;
 #: bigger ones list each member's cosine to the centroid (pairs grow quadratically)
 PAIRWISE_SIMILARITIES_MAX = 16
 
 
-def member(st: PassState, r: int) -> MergeMember:
-    """The :class:`~consolidate.merge.MergeMember` of snapshot row ``r``."""
-    m = st.meta
-    return MergeMember(
-        id=str(m["id"].iat[r]), text=str(m["text"].iat[r]),
-        importance=float(m["importance"].iat[r]), last_used=float(m["last_used"].iat[r]),
-        strength=float(m["strength"].iat[r]), created_at=float(m["created_at"].iat[r]),
-        source_ids=tuple(m["source_ids"].iat[r]), valid_from=float(m["valid_from"].iat[r]))
+def members(st: PassState, groups: list[np.ndarray]) -> list[tuple[MergeMember, ...]]:
+    """The :class:`~consolidate.merge.MergeMember` of each row of each group (rows in the
+    given order), with the columns read once for all groups' rows."""
+    if not groups:
+        return []
+    rows = np.concatenate(groups).astype(np.int64)
+    m = st.meta.iloc[rows]
+    cols = [m[c].tolist() for c in ("id", "text")] + [
+        m[c].to_numpy(np.float64).tolist() for c in ("importance", "last_used", "strength",
+                                                      "created_at")] + [
+        m["source_ids"].tolist(), m["valid_from"].to_numpy(np.float64).tolist()]
+    flat = [MergeMember(id=str(i), text=str(t), importance=imp, last_used=lu, strength=s,
+                        created_at=c, source_ids=tuple(src), valid_from=vf)
+            for i, t, imp, lu, s, c, src, vf in zip(*cols, strict=True)]
+    out, k = [], 0
+    for g in groups:
+        out.append(tuple(flat[k:k + len(g)]))
+        k += len(g)
+    return out
 
 
 def latency_stats(responses: list[MergeResponse]) -> tuple[float, float] | None:
@@ -69,9 +80,12 @@ def _requests(st: PassState, version: int) -> list[MergeRequest]:
         return float(p.sim[k]) if k < len(pair_key) and pair_key[k] == key else None
 
     out = []
-    for x, c in enumerate(st.clusters):
+    groups = []
+    for c in st.clusters:
         rows = np.concatenate([u.members(k) for k in c])
-        rows = rows[np.argsort(st.id_rank[rows])]
+        groups.append(rows[np.argsort(st.id_rank[rows])])
+    for x, (c, rows, mem) in enumerate(zip(st.clusters, groups, members(st, groups),
+                                           strict=True)):
         if len(c) <= PAIRWISE_SIMILARITIES_MAX:
             sims = tuple((keys[a], keys[b], round(sv, 6))
                          for y, a in enumerate(c) for b in c[y + 1:]
@@ -85,7 +99,7 @@ def _requests(st: PassState, version: int) -> list[MergeRequest]:
         out.append(MergeRequest(
             cluster_id=merged_id(version, ids[rows].tolist()),
             namespace=str(st.ns_names[u.ns[c[0]]]),
-            members=tuple(member(st, r) for r in rows.tolist()),
+            members=mem,
             similarities=sims, conflicts=tuple(confl_of.get(x, ()))))
     return out
 
@@ -153,13 +167,11 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
                                   "ids": [m.id for m in req.members], "note": note,
                                   "raw": resp.raw})
             in_cluster -= set(c)  # fall back to exact-only merges of its groups
-    for k in np.flatnonzero(u.size > 1).tolist():
-        if k in in_cluster:
-            continue
-        rows = [r for r in u.members(k).tolist() if r not in superseded]
-        if len(rows) > 1:
-            text = canonical_order([member(st, r) for r in rows])[0].text
-            merges.append((np.array(rows, np.int64), text, "exact_merge", {}))
+    exact = [g for k in np.flatnonzero(u.size > 1).tolist() if k not in in_cluster
+             and len(g := np.array([r for r in u.members(k).tolist() if r not in superseded],
+                                   np.int64)) > 1]
+    for g, mem in zip(exact, members(st, exact), strict=True):
+        merges.append((g, canonical_order(mem)[0].text, "exact_merge", {}))
     st.meta["valid_to"] = valid_to
     st.stats.superseded = n_closed
     st.stats.model_calls = sum(r.calls for r in responses)

@@ -10,7 +10,7 @@ import numpy as np
 from ..config import PassConfig, SimilarityConfig
 from ..merge import MergeRequest
 from .exact import open_facts
-from .merging import latency_stats, member
+from .merging import latency_stats, members
 from .near import compact_clusters, similar_pairs
 from .rows import new_records
 from .state import PassState, list_lengths, merged_id
@@ -65,8 +65,8 @@ def reflect_stage(st: PassState, cfg: PassConfig, sim_cfg: SimilarityConfig, ref
     if not chosen:
         return st
     reqs = [MergeRequest(cluster_id="rf-" + merged_id(version, ids[g].tolist())[2:],
-                         namespace=str(st.ns_names[st.ns[g[0]]]),
-                         members=tuple(member(st, r) for r in g.tolist())) for g in chosen]
+                         namespace=str(st.ns_names[st.ns[g[0]]]), members=mem)
+            for g, mem in zip(chosen, members(st, chosen), strict=True)]
     resps = reflector.reflect_batch(reqs)
     if len(resps) != len(reqs):
         raise ValueError(f"reflector returned {len(resps)} responses for {len(reqs)} groups")

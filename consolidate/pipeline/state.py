@@ -58,36 +58,49 @@ def segment_centroids(vec: torch.Tensor, rows: np.ndarray, seg: np.ndarray, n_se
         vec: ``float32 [n, d]`` row vectors (cpu or cuda).
         rows: ``int64 [m]`` row positions, grouped by segment (each segment contiguous, rows
             in the order their float64 sum is taken).
-        seg: ``int64 [m]`` segment of each entry of ``rows`` (non-decreasing, 0..n_seg-1).
+        seg: ``int64 [m]`` segment of each entry of ``rows`` (non-decreasing, 0..n_seg-1,
+            every segment non-empty).
         n_seg: number of segments.
         weight: ``float64 [m]`` positive weights (strength); scaled by each segment's maximum
             first so that large strengths cannot overflow.
         chunk: rows per float64 block (bounds the float64 temporaries to ``chunk x d``).
 
     Returns:
-        ``float32 [n_seg, d]`` unit vectors on ``vec``'s device.
+        ``float32 [n_seg, d]`` unit vectors on ``vec``'s device. A one-row segment gets its
+        row renormalised in float64 (the same numbers as the weighted sum of one row).
     """
     dev, d = vec.device, vec.shape[1]
     out = torch.empty((n_seg, d), dtype=torch.float32, device=dev)
     if not n_seg:
         return out
-    rows = np.asarray(rows, np.int64)
-    seg = np.asarray(seg, np.int64)
-    w = np.asarray(weight, np.float64)
+    rows, seg = np.asarray(rows, np.int64), np.asarray(seg, np.int64)
     starts = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])
-    w = w / np.repeat(np.maximum.reduceat(w, starts), np.diff(np.r_[starts, len(seg)]))
-    # segment ranges [s0, s1) of whole segments per chunk of entries
-    bounds = np.searchsorted(starts, np.arange(0, len(seg), chunk), side="right") - 1
-    cut = np.unique(np.r_[starts[np.clip(bounds, 0, None)], len(seg)])
+    size = np.diff(np.r_[starts, len(seg)])
+    single = np.flatnonzero(size == 1)
+    for a in range(0, len(single), chunk):
+        x = vec.index_select(0, torch.from_numpy(rows[starts[single[a:a + chunk]]]).to(dev))
+        x = x.double()
+        x /= torch.linalg.vector_norm(x, dim=1, keepdim=True).clamp_min(1e-300)
+        out[torch.from_numpy(single[a:a + chunk]).to(dev)] = x.float()
+    multi = np.flatnonzero(size > 1)
+    if not len(multi):
+        return out
+    keep = np.repeat(size > 1, size)
+    rows, w = rows[keep], np.asarray(weight, np.float64)[keep]
+    seg = np.repeat(np.arange(len(multi)), size[multi])
+    starts = np.r_[0, np.cumsum(size[multi])[:-1]]
+    w = w / np.repeat(np.maximum.reduceat(w, starts), size[multi])
+    # whole segments per block of about `chunk` entries
+    cut = np.unique(np.r_[starts[np.searchsorted(starts, np.arange(0, len(seg), chunk),
+                                                 side="right") - 1], len(seg)])
     for a, b in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True):
-        r = torch.from_numpy(rows[a:b]).to(dev)
-        x = vec.index_select(0, r).double() * torch.from_numpy(w[a:b]).to(dev)[:, None]
+        x = vec.index_select(0, torch.from_numpy(rows[a:b]).to(dev)).double()
+        x *= torch.from_numpy(w[a:b]).to(dev)[:, None]
         s_lo, s_hi = int(seg[a]), int(seg[b - 1]) + 1
-        local = torch.from_numpy(seg[a:b] - s_lo).to(dev)
         acc = torch.zeros((s_hi - s_lo, d), dtype=torch.float64, device=dev)
-        acc.index_add_(0, local, x)
-        norm = torch.linalg.vector_norm(acc, dim=1, keepdim=True).clamp_min(1e-300)
-        out[s_lo:s_hi] = (acc / norm).float()
+        acc.index_add_(0, torch.from_numpy(seg[a:b] - s_lo).to(dev), x)
+        acc /= torch.linalg.vector_norm(acc, dim=1, keepdim=True).clamp_min(1e-300)
+        out[torch.from_numpy(multi[s_lo:s_hi]).to(dev)] = acc.float()
     return out
 
 
@@ -321,7 +334,9 @@ class PassState:
         if base.device.type == "cpu" and len(kb) == n0 and not self.new_vec:
             return Records(meta, base.numpy())  # nothing purged or written: no copy
         out = np.empty((len(meta), base.shape[1]), np.float32)
-        if base.device.type == "cpu":
+        if base.device.type == "cpu" and len(kb) == n0:
+            out[:n0] = base.numpy()  # nothing purged: one contiguous copy
+        elif base.device.type == "cpu":
             np.take(base.numpy(), kb, axis=0, out=out[: len(kb)])
         else:
             out[: len(kb)] = base.index_select(0, torch.from_numpy(kb).to(base.device)).cpu(

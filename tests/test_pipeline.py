@@ -1,0 +1,153 @@
+"""The staged pass: stage functions against hand-computed values and float64 references, and
+the LOCOMO main-job pass against the snapshot of the pass it replaced."""
+
+import hashlib
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from consolidate.config import ImportanceConfig, PassConfig, SimilarityConfig
+from consolidate.pipeline import PassStats, run_pass
+from consolidate.pipeline.exact import exact_stage
+from consolidate.pipeline.run import _start
+from consolidate.pipeline.state import id_ranks, segment_centroids
+from tests.conftest import LOCOMO, make_records, random_rows
+
+
+def test_segment_centroids_match_a_float64_reference():
+    g = np.random.default_rng(1)
+    v = g.normal(size=(40, 16)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    rows = g.permutation(40)[:25]
+    sizes = [1, 3, 1, 5, 2, 1, 4, 1, 7]
+    seg = np.repeat(np.arange(len(sizes)), sizes)
+    w = g.uniform(1, 5, size=25)
+    got = segment_centroids(torch.from_numpy(v), rows, seg, len(sizes), w, chunk=4).numpy()
+    for s in range(len(sizes)):
+        r, ws = rows[seg == s], w[seg == s]
+        ref = (ws[:, None] * v[r].astype(np.float64)).sum(0)
+        ref /= np.linalg.norm(ref)
+        np.testing.assert_allclose(got[s], ref, atol=1e-7)
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
+
+
+def test_id_ranks_follow_code_point_order():
+    ids = np.array(["b", "a", "é", "B", "ab", "z9"], dtype=object)
+    assert [ids[k] for k in np.argsort(id_ranks(ids))] == sorted(ids.tolist())
+
+
+def _rows():
+    base = {"importance": 0.5, "created_at": 10.0, "last_used": 10.0}
+    return [
+        {**base, "id": "c", "namespace": "u", "text": "Likes tea.", "vector": [1, 0, 0],
+         "strength": 2.0},
+        {**base, "id": "a", "namespace": "u", "text": "likes tea", "vector": [0, 1, 0],
+         "strength": 1.0},
+        {**base, "id": "b", "namespace": "v", "text": "likes tea", "vector": [0, 0, 1]},
+        {**base, "id": "d", "namespace": "u", "text": "likes coffee", "vector": [1, 1, 0]},
+        {**base, "id": "e", "namespace": "u", "text": "likes tea", "vector": [0, 1, 1],
+         "pinned": True},
+    ]
+
+
+def test_exact_stage_groups_by_namespace_and_hash():
+    recs = make_records(_rows())
+    st = _start(recs, SimilarityConfig(device="cpu"), 100.0, "extractive", 2)
+    st.now = np.full(len(recs), 100.0)
+    st = exact_stage(st, PassConfig())
+    u = st.units
+    ids = recs.meta["id"].to_numpy(object)
+    # units by (namespace, lowest id): u: {a, c} (same hash), d; v: b. e is pinned: no unit
+    assert [ids[u.members(k)].tolist() for k in range(len(u))] == [["a", "c"], ["d"], ["b"]]
+    assert st.stats.exact_groups == 1 and st.stats.exact_duplicates == 1
+    assert u.weight.tolist() == [3.0, 1.0, 1.0]
+    # the group's vector: (1 * e2 + 2 * e1) / 2 (weights over their max), renormalised
+    np.testing.assert_allclose(u.vec[0].numpy(), np.array([2, 1, 0]) / math.sqrt(5),
+                               atol=1e-7)
+    np.testing.assert_allclose(u.vec[1].numpy(), np.array([1, 1, 0]) / math.sqrt(2),
+                               atol=1e-7)
+
+
+def test_pass_stats_read_like_the_summary_dict():
+    s = PassStats(merger="extractive", merges=3, time_s={"merge": 0.5})
+    assert s["merges"] == 3 and s["time_s"] is s.time_s
+    assert "reflections" not in s and "score_min" in s
+    with pytest.raises(KeyError):
+        s["reflections"]
+    s.reflections = 0
+    assert s.as_dict()["reflections"] == 0
+    json.dumps(s.as_dict())
+
+
+def test_merged_vectors_are_member_centroids_and_rows_keep_their_positions():
+    rows = random_rows(600, 24, seed=4, namespaces=5, dup_frac=0.3, noise=0.02)
+    for k, r in enumerate(rows):
+        r["strength"] = float(1 + k % 3)
+    recs = make_records(rows)
+    res = run_pass(recs, cfg=PassConfig(threshold=0.9, decay=False, cap=None),
+                   sim_cfg=SimilarityConfig(device="cpu"), version=3, wall_h=2000.0)
+    assert res.stats.merges > 10
+    m = res.records.meta
+    n = len(recs)
+    # the snapshot's rows first, in order; merged rows after them
+    assert m["id"].tolist()[:n] == recs.meta["id"].tolist()
+    np.testing.assert_array_equal(res.records.vectors[:n], recs.vectors)
+    strength = recs.meta.set_index("id")["strength"]
+    vec = dict(zip(recs.meta["id"], recs.vectors, strict=True))
+    for k in range(n, len(m)):
+        mid = m["id"].iat[k]
+        members = m["id"][m["merged_into"] == mid].tolist()
+        assert len(members) >= 2
+        w = strength[members].to_numpy()
+        ref = ((w / w.max())[:, None] * np.stack([vec[x] for x in members]).astype(
+            np.float64)).sum(0)
+        np.testing.assert_allclose(res.records.vectors[k], ref / np.linalg.norm(ref),
+                                   atol=1e-7)
+        assert m["strength"].iat[k] == min(w.sum(), 20.0)
+
+
+# the pass this package had before the stages (commit 5244916) on the same input, version 7,
+# wall clock 500,000 h: the sha256 of every row's fields (vectors apart, checked above)
+LOCOMO_SNAPSHOT = "c62097f7973321c53e6169d9c29203a209cc59ff8be8599895be44eaa3ef5e24"
+_COLS = ["id", "namespace", "text", "importance", "created_at", "last_used", "strength",
+         "pinned", "source_ids", "valid_from", "valid_to", "deleted_reason", "merged_into",
+         "text_hash", "last_pass", "keep_apart", "derived_from"]
+
+
+def snapshot_digest(meta: pd.DataFrame) -> str:
+    """sha256 over every row's fields except the vector and the wall-clock deletion time."""
+    h = hashlib.sha256()
+    for row in zip(*[meta[c].tolist() for c in _COLS], meta["deleted_at"].isna().tolist(),
+                   strict=True):
+        vals = []
+        for v in row:
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                v = None
+            elif isinstance(v, (list, tuple, np.ndarray)):
+                v = [str(x) for x in v]
+            elif isinstance(v, float):
+                v = repr(v)
+            vals.append(v)
+        h.update(json.dumps(vals).encode())
+    return h.hexdigest()
+
+
+@pytest.mark.slow
+def test_locomo_main_pass_gives_the_same_snapshot():
+    if not LOCOMO.exists():
+        pytest.skip(f"LOCOMO not found at {LOCOMO}")
+    from consolidate.embed import Embedder
+    from consolidate.store.locomo import locomo_records
+
+    recs, _ = locomo_records(LOCOMO, Embedder(show_progress=False), ImportanceConfig(), None)
+    res = run_pass(recs, cfg=PassConfig(), sim_cfg=SimilarityConfig(device="cpu"), version=7,
+                   wall_h=500000.0)
+    s = res.stats
+    assert (s.records_in, s.pairs, s.clusters, s.merges, s.merged_members) == \
+        (2541, 42, 29, 29, 61)
+    assert (s.dropped_floor, s.dropped_cap, s.records_out) == (464, 0, 2045)
+    assert snapshot_digest(res.records.meta) == LOCOMO_SNAPSHOT
