@@ -1,21 +1,22 @@
 """faiss engine: exact join and top-k against float64 brute force; approximate index recall."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
 
 faiss = pytest.importorskip("faiss")
 
-from consolidate.faiss_engine import (  # noqa: E402
+from consolidate.similarity import TopK, threshold_pairs, topk_neighbours  # noqa: E402
+from consolidate.similarity.engines import faiss_engine  # noqa: E402
+from consolidate.similarity.engines.faiss_engine import (  # noqa: E402
     ApproxIndex,
     _packs,
     _range_by_knn,
     _range_cpu,
     recall_at_k,
-    threshold_pairs_faiss,
-    topk_faiss,
 )
-from consolidate.similarity import TopK, threshold_pairs  # noqa: E402
 from tests.conftest import pair_reference as ref_pairs  # noqa: E402
 from tests.conftest import random_rows  # noqa: E402
 
@@ -29,6 +30,11 @@ def data(n, d, ns, seed, dup_frac=0.3):
 
 
 
+# the entry points with engine="faiss" (tile_rows: rows per faiss call, tile_cols: pack rows)
+threshold_pairs_faiss = partial(threshold_pairs, engine="faiss")
+topk_faiss = partial(topk_neighbours, engine="faiss")
+
+
 def as_set(p):
     return set(zip(p.i.tolist(), p.j.tolist(), strict=True))
 
@@ -40,8 +46,8 @@ def test_pairs_equal_float64_reference(n, d, ns, blocks):
     v, seg = data(n, d, ns, seed=n + d)
     v64 = v.astype(np.float64)
     for t in (0.5, 0.8, 0.95):
-        got = threshold_pairs_faiss(v, t, segments=seg, device="cpu", block_rows=blocks[0],
-                                    pack_rows=blocks[1])
+        got = threshold_pairs_faiss(v, t, segments=seg, device="cpu", tile_rows=blocks[0],
+                                    tile_cols=blocks[1])
         assert as_set(got) == ref_pairs(v, seg, t)
         assert (got.i < got.j).all()
         assert got.i.dtype == np.int64 and got.j.dtype == np.int64
@@ -71,8 +77,8 @@ def test_unsorted_segments_and_row_order_do_not_change_pairs():
     v, seg = data(400, 16, 6, seed=11)
     perm = np.random.default_rng(0).permutation(400)
     a = threshold_pairs_faiss(v, 0.85, segments=seg, device="cpu")
-    b = threshold_pairs_faiss(v[perm], 0.85, segments=seg[perm], device="cpu", block_rows=50,
-                              pack_rows=70)
+    b = threshold_pairs_faiss(v[perm], 0.85, segments=seg[perm], device="cpu", tile_rows=50,
+                              tile_cols=70)
     mapped = {(min(perm[i], perm[j]), max(perm[i], perm[j])): s
               for i, j, s in zip(b.i, b.j, b.sim, strict=True)}
     assert mapped == {(i, j): s for i, j, s in zip(a.i, a.j, a.sim, strict=True)}
@@ -81,7 +87,7 @@ def test_unsorted_segments_and_row_order_do_not_change_pairs():
 def test_exact_duplicates_and_namespace_boundaries():
     v = np.tile(np.array([[1.0, 0.0]], np.float32), (6, 1))
     seg = np.array([0, 1, 0, 1, 2, 2])
-    got = threshold_pairs_faiss(v, 0.99, segments=seg, device="cpu", pack_rows=64)
+    got = threshold_pairs_faiss(v, 0.99, segments=seg, device="cpu", tile_cols=64)
     assert as_set(got) == {(0, 2), (1, 3), (4, 5)}
     # threshold exactly 1.0 keeps exact copies (sim == 1.0 in float64)
     assert as_set(threshold_pairs_faiss(v, 1.0, device="cpu")) == ref_pairs(v, np.zeros(6), 1.0)
@@ -169,8 +175,6 @@ def test_topk_without_segments_and_ties():
 
 
 def test_topk_matches_torch_engine_on_a_store():
-    from consolidate.similarity import topk_neighbours
-
     v, seg = data(900, 32, 4, seed=8)
     a = topk_neighbours(v, v, 8, query_segments=seg, key_segments=seg, device="cpu")
     b = topk_faiss(torch.from_numpy(v), torch.from_numpy(v), 8, query_segments=seg,
@@ -276,19 +280,24 @@ def test_recall_at_k_hand_computed():
         recall_at_k(TopK(np.zeros((2, 3), np.int64), None), exact)
 
 
-def test_similarity_engine_keyword_routes_here():
-    import inspect
-
-    from consolidate.similarity import topk_neighbours
-
-    if "engine" not in inspect.signature(threshold_pairs).parameters:
-        pytest.skip("similarity.py has no engine= keyword")
+def test_similarity_engine_keyword_routes_here(monkeypatch):
+    """engine="faiss" runs this module's faiss searches (and only engine="faiss" does)."""
+    calls = []
+    real_range, real_knn = faiss_engine._range_cpu, faiss_engine._knn_cpu
+    monkeypatch.setattr(faiss_engine, "_range_cpu",
+                        lambda *a: calls.append("range") or real_range(*a))
+    monkeypatch.setattr(faiss_engine, "_knn_cpu", lambda *a: calls.append("knn") or real_knn(*a))
     v, seg = data(300, 16, 3, seed=5)
     a = threshold_pairs(v, 0.8, segments=seg, device="cpu", engine="faiss")
-    b = threshold_pairs_faiss(v, 0.8, segments=seg, device="cpu")
+    assert calls and set(calls) == {"range"}
+    calls.clear()
+    b = threshold_pairs(v, 0.8, segments=seg, device="cpu", engine="torch")
+    assert calls == []
     np.testing.assert_array_equal(a.i, b.i)
     np.testing.assert_array_equal(a.sim, b.sim)
     ta = topk_neighbours(v, v, 4, query_segments=seg, key_segments=seg, device="cpu",
                          engine="faiss")
-    tb = topk_faiss(v, v, 4, query_segments=seg, key_segments=seg, device="cpu")
+    assert calls and set(calls) == {"knn"}
+    tb = topk_neighbours(v, v, 4, query_segments=seg, key_segments=seg, device="cpu",
+                         engine="torch")
     np.testing.assert_array_equal(ta.indices, tb.indices)

@@ -47,7 +47,7 @@ def test_reduced_precision_tiles_give_the_fp32_pair_set(dtype, tiles):
 
 
 def test_block_sizes_pad_at_most_an_eighth():
-    from consolidate.similarity import _block_size
+    from consolidate.similarity.engines.torch_engine import _block_size
 
     sizes = torch.tensor([1, 2, 8, 9, 100, 127, 128, 129, 1000])
     assert _block_size(sizes).tolist() == [8, 8, 8, 16, 104, 128, 128, 144, 1024]
@@ -192,7 +192,7 @@ def test_engine_errors(monkeypatch):
 
 
 def test_engine_triton_without_triton_names_pip(monkeypatch):
-    import consolidate.similarity as sim
+    import consolidate.similarity.engines.triton_engine as sim
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(sim, "_triton_importable", lambda: False)
@@ -201,27 +201,42 @@ def test_engine_triton_without_triton_names_pip(monkeypatch):
 
 
 def test_engine_faiss_dispatches_lazily(monkeypatch):
+    """engine="faiss" goes through the registry to whatever module the import system holds
+    under the engine's name, after the checks and segment sorting, with the caller's dtype
+    and tile settings."""
     import sys
     import types
 
-    from consolidate.similarity import Pairs, TopK, topk_neighbours
+    from consolidate.similarity import topk_neighbours
+    from consolidate.similarity.engines import REGISTRY
+    from consolidate.similarity.types import Engine
 
     calls = []
-    fake = types.ModuleType("consolidate.faiss_engine")
-    fake.threshold_pairs_faiss = lambda *a, **kw: calls.append(("pairs", a, kw)) or Pairs(
-        np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
-    fake.topk_faiss = lambda *a, **kw: calls.append(("topk", a, kw)) or TopK(
-        np.zeros((3, 1), np.int64), np.zeros((3, 1), np.float32))
-    monkeypatch.setitem(sys.modules, "consolidate.faiss_engine", fake)
+    empty = torch.zeros(0, dtype=torch.int64)
+    fake = types.ModuleType("consolidate.similarity.engines.faiss_engine")
+    fake.ENGINE = Engine(
+        "faiss",
+        threshold_candidates=lambda *a, **kw: calls.append(("pairs", a, kw)) or (empty, empty),
+        topk=lambda qv, kv, qs, lo, hi, kk, **kw: calls.append(("topk", (qv, kv), kw)) or (
+            torch.full((qv.shape[0], kk), float("-inf")),
+            torch.full((qv.shape[0], kk), -1, dtype=torch.int64)),
+        place=lambda device, dev: calls.append(("place", device)) or dev)
+    module = REGISTRY["faiss"].partition(":")[0]
+    monkeypatch.setitem(sys.modules, module, fake)
     e = np.eye(3, dtype=np.float32)
     seg = np.zeros(3, np.int64)
-    threshold_pairs(e, 0.9, segments=seg, device="cpu", dtype="fp16", tile_rows=64,
-                    engine="faiss")
-    topk_neighbours(e, e, 1, query_segments=seg, key_segments=seg, device="cpu",
-                    engine="faiss")
-    assert [c[0] for c in calls] == ["pairs", "topk"]
-    assert calls[0][2] == {"segments": seg, "device": "cpu", "dtype": "fp16"}
-    assert set(calls[1][2]) == {"query_segments", "key_segments", "device", "dtype"}
+    got = threshold_pairs(e, 0.9, segments=seg, device="cpu", dtype="fp16", tile_rows=64,
+                          engine="faiss")
+    top = topk_neighbours(e, e, 1, query_segments=seg, key_segments=seg, device="cpu",
+                          engine="faiss")
+    assert len(got) == 0 and (top.indices == -1).all()
+    assert [c[0] for c in calls] == ["place", "pairs", "place", "topk"]
+    assert calls[0][1] == "cpu"
+    v32, counts, threshold = calls[1][1]
+    assert v32.dtype == torch.float32 and counts.tolist() == [3] and threshold == 0.9
+    assert calls[1][2] == {"dtype": "fp16", "tile_rows": 64, "tile_cols": None,
+                           "budget_bytes": None}
+    assert set(calls[3][2]) == {"dtype", "tile_rows", "tile_cols", "budget_bytes"}
 
 
 def test_topk_ties_go_to_the_lower_position_in_every_tile_shape():
@@ -311,7 +326,7 @@ def test_float64_input_is_rescored_from_itself():
 
 
 def test_a_namespace_whose_block_exceeds_the_budget_is_tiled(monkeypatch):
-    import consolidate.similarity as sim
+    import consolidate.similarity.engines.torch_engine as sim
 
     seen = []
     real = sim._small_block_candidates
@@ -328,7 +343,7 @@ def test_a_namespace_whose_block_exceeds_the_budget_is_tiled(monkeypatch):
 
 
 def test_explicit_tile_rows_keep_the_memory_budget(monkeypatch):
-    import consolidate.similarity as sim
+    import consolidate.similarity.engines.torch_engine as sim
 
     shapes = []
     real = sim._tile_topk

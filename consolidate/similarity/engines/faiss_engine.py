@@ -1,17 +1,16 @@
-"""faiss engine: the similarity join and top-k search of :mod:`consolidate.similarity` on faiss.
+"""The faiss engine (``engine="faiss"``): exact join and top-k on faiss, plus approximate search.
 
-Same inputs, outputs and guarantees as :func:`~consolidate.similarity.threshold_pairs` and
-:func:`~consolidate.similarity.topk_neighbours`; ``similarity.py`` selects this module with
-``engine="faiss"``. faiss is optional and imported lazily: ``pip install 'consolidate[faiss]'``
-(faiss-cpu) or ``'consolidate[faiss-gpu]'``.
+faiss is optional and imported on the first call: ``pip install 'consolidate[faiss]'``
+(faiss-cpu) or ``'consolidate[faiss-gpu]'``. ``device="auto"`` means cuda only when this faiss
+build sees a GPU (a faiss-cpu install on a CUDA machine runs on the cpu).
 
-Exact join (:func:`threshold_pairs_faiss`):
+Join candidates (:func:`threshold_candidates`):
 
-* cpu: an ``IndexFlatIP`` ``range_search`` per row block against the rows from the block's
-  first row to the end of its pack (upper triangle plus the diagonal block, not the full
-  square). Rows are sorted by namespace; consecutive small namespaces are packed into one
-  search of at most ``pack_rows`` rows (cross-namespace candidates are dropped), so 10^4
-  namespaces of 100 rows cost a few hundred faiss calls, not 10^4.
+* cpu: an ``IndexFlatIP`` ``range_search`` per row block (``tile_rows``, default 4096 rows)
+  against the rows from the block's first row to the end of its pack (upper triangle plus
+  the diagonal block, not the full square). Consecutive small namespaces are packed into one
+  search of at most ``tile_cols`` rows (default 512; cross-namespace candidates are dropped),
+  so 10^4 namespaces of 100 rows cost a few hundred faiss calls, not 10^4.
 * cuda (needs a faiss build with GPU support, ``faiss.get_num_gpus() > 0``): GPU faiss has no
   ``range_search`` for flat indexes, so the same blocks run brute-force ``knn_gpu`` with a
   growing ``k`` (64, 256, 1024, 2048: the GPU limit) for the rows whose k-th neighbour is still
@@ -19,11 +18,12 @@ Exact join (:func:`threshold_pairs_faiss`):
   with ``range_search``. The result is the same; only rows with more than 2048 near
   duplicates cost extra.
 
-Candidates are taken ``DTYPE_MARGIN`` below the threshold and re-scored in float64 from the
-float32 vectors with the same function as the torch engine, so the pair set equals a float64
-brute-force reference and the similarity values are bit-identical to the torch engine's.
+Candidates are taken a margin below the threshold (:data:`DTYPE_MARGIN` of fp32 on cpu, of
+tf32 or fp16 on cuda), and :mod:`consolidate.similarity.api` re-scores them in float64 like
+every engine's, so the pairs and similarities equal the torch engine's.
 
-Exact top-k (:func:`topk_faiss`): an ``IndexFlatIP`` per namespace (``knn_gpu`` on cuda).
+Top-k (:func:`topk`): an ``IndexFlatIP`` search per namespace (``knn_gpu`` on cuda, ``k <=``
+:data:`GPU_MAX_K`); equal scores go to the lower key position.
 
 Approximate search for stores past 10^6 rows: :class:`ApproxIndex` (IVF-Flat or HNSW) and
 :func:`recall_at_k` to measure it against the exact top-k.
@@ -36,14 +36,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from .similarity import DTYPE_MARGIN, Pairs, TopK, _pairs_from_candidates
-from .store.batch import resolve_device
+from ...device import resolve_device
+from ..types import DTYPE_MARGIN, Engine, TopK
 
-__all__ = ["threshold_pairs_faiss", "topk_faiss", "ApproxIndex", "recall_at_k", "GPU_MAX_K"]
+__all__ = ["ENGINE", "threshold_candidates", "topk", "ApproxIndex", "recall_at_k",
+           "GPU_MAX_K"]
 
 #: largest ``k`` of faiss's GPU brute-force k-selection (without cuVS)
 GPU_MAX_K = 2048
 _GPU_KS = (64, 256, 1024, GPU_MAX_K)
+#: default query rows per faiss call (``tile_rows``) and rows per pack (``tile_cols``)
+_BLOCK_ROWS, _PACK_ROWS = 4096, 512
 
 
 def _import_faiss() -> Any:
@@ -58,7 +61,7 @@ def _import_faiss() -> Any:
     return faiss
 
 
-def _faiss_on(device: str | torch.device) -> tuple[Any, torch.device]:
+def _faiss_on(device: str | torch.device | None) -> tuple[Any, torch.device]:
     """``(faiss, device)``: ``"auto"`` means cuda only when this faiss build sees a GPU (a
     faiss-cpu install on a CUDA machine runs on the cpu).
 
@@ -80,26 +83,26 @@ def _faiss_on(device: str | torch.device) -> tuple[Any, torch.device]:
     return faiss, dev
 
 
+def place(device: str | torch.device | None, dev: torch.device) -> torch.device:
+    """The device faiss runs on for the caller's ``device`` (see :func:`_faiss_on`).
+
+    Raises:
+        ImportError: faiss is not installed.
+        ValueError: an explicit cuda device while faiss has no GPU support.
+    """
+    return _faiss_on(device)[1]
+
+
+def max_topk(dev: torch.device) -> int | None:
+    """:data:`GPU_MAX_K` on cuda (faiss's GPU k-selection), no limit on cpu."""
+    return GPU_MAX_K if dev.type == "cuda" else None
+
+
 def _as_f32(x: torch.Tensor | np.ndarray) -> np.ndarray:
+    """Host ``float32`` C-contiguous copy (or view) of ``x``, which faiss reads."""
     if isinstance(x, torch.Tensor):
         x = x.detach().to("cpu", torch.float32).numpy()
     return np.ascontiguousarray(x, dtype=np.float32)
-
-
-def _segments(seg: torch.Tensor | np.ndarray | None, n: int, what: str) -> np.ndarray:
-    if seg is None:
-        return np.zeros(n, np.int64)
-    if isinstance(seg, torch.Tensor):
-        seg = seg.detach().cpu().numpy()
-    s = np.asarray(seg).astype(np.int64)
-    if s.shape != (n,):
-        raise ValueError(f"{what} must have shape ({n},), got {tuple(s.shape)}")
-    return s
-
-
-def _check_dtype(dtype: str) -> None:
-    if dtype not in DTYPE_MARGIN:
-        raise ValueError(f"dtype must be one of {sorted(DTYPE_MARGIN)}, got {dtype!r}")
 
 
 class _Gpu:
@@ -200,57 +203,40 @@ def _packs(seg_sorted: np.ndarray, pack_rows: int) -> list[tuple[int, int]]:
     return packs
 
 
-def threshold_pairs_faiss(
-    vectors: torch.Tensor | np.ndarray,
-    threshold: float,
-    *,
-    segments: torch.Tensor | np.ndarray | None = None,
-    device: str | torch.device = "auto",
-    dtype: str = "fp32",
-    block_rows: int = 4096,
-    pack_rows: int = 512,
-    **_: Any,
-) -> Pairs:
-    """All pairs ``i < j`` in the same segment with cosine ``>= threshold``, on faiss.
+def threshold_candidates(v32: torch.Tensor, counts: torch.Tensor, threshold: float, *,
+                         dtype: str = "fp32", tile_rows: int | None = None,
+                         tile_cols: int | None = None, budget_bytes: int | None = None,
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Candidate pairs of the join (the :class:`~consolidate.similarity.types.Engine`
+    interface) from faiss searches over packs of whole segments.
 
     Args:
-        vectors: ``float32 [n, d]`` unit vectors (numpy, or a cpu/cuda tensor: copied to host
-            memory, which faiss reads).
-        threshold: cosine threshold in [-1, 1].
-        segments: ``int64 [n]`` namespace codes; pairs never cross segments. ``None`` = one.
-        device: ``"auto"`` (cuda if torch and faiss both see one), ``"cpu"`` or
-            ``"cuda[:k]"``.
-        dtype: one of ``fp32``, ``tf32``, ``bf16``, ``fp16``. faiss-cpu always computes in
-            float32; on cuda ``fp16``/``bf16`` send float16 vectors to ``knn_gpu``. Results
-            are exact in every dtype (float64 re-scoring of candidates within the margin).
-        block_rows: query rows per faiss call.
-        pack_rows: consecutive small segments are searched together up to this many rows.
-        **_: ignored (the tile arguments of the torch engine).
+        v32: ``float32 [n, d]`` rows sorted by segment; copied to host memory (faiss reads
+            it there); its device picks faiss-cpu (``range_search``) or GPU faiss
+            (``knn_gpu`` with a growing ``k``).
+        counts: cpu ``int64`` rows per segment, in sorted order.
+        threshold: cosine threshold; faiss keeps scores ``> threshold - margin``, the margin
+            making that strictness irrelevant.
+        dtype: faiss-cpu always computes in float32; on cuda ``fp16``/``bf16`` send float16
+            vectors to ``knn_gpu``.
+        tile_rows: query rows per faiss call (default 4096).
+        tile_cols: consecutive small segments are searched together up to this many rows
+            (default 512).
+        budget_bytes: not used.
 
     Returns:
-        :class:`~consolidate.similarity.Pairs` with positions into the input rows, sorted by
-        ``(i, j)``; ``sim`` re-scored in float64, identical to the torch engine's.
+        ``(ci, cj)``: ``int64 [p]`` sorted positions ``ci < cj`` on ``v32``'s device.
 
     Raises:
         ImportError: faiss is not installed.
-        ValueError: bad shapes, unknown dtype, ``segments`` of the wrong length, or a cuda
-            device where torch sees no CUDA or faiss has no GPU support.
     """
-    _check_dtype(dtype)
-    faiss, dev = _faiss_on(device)
-    v = _as_f32(vectors)
-    if v.ndim != 2:
-        raise ValueError(f"vectors must be [n, d], got shape {tuple(v.shape)}")
-    n = v.shape[0]
-    seg = _segments(segments, n, "segments")
-    empty = Pairs(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64))
-    if n < 2:
-        return empty
-    order = np.argsort(seg, kind="stable")
-    seg_s = seg[order]
-    vs = np.ascontiguousarray(v[order])
-    # candidates within the dtype's margin (faiss keeps scores > radius; the margin makes
-    # that strictness irrelevant), re-scored in float64 below
+    faiss = _import_faiss()
+    dev = v32.device
+    block_rows = _BLOCK_ROWS if tile_rows is None else int(tile_rows)
+    pack_rows = _PACK_ROWS if tile_cols is None else int(tile_cols)
+    vs = _as_f32(v32)
+    # one code per segment, in sorted order
+    seg_s = np.repeat(np.arange(counts.shape[0], dtype=np.int64), counts.numpy())
     if dev.type == "cuda":
         gpu = _Gpu(faiss, dev, dtype)
         cand = threshold - gpu.margin
@@ -265,9 +251,9 @@ def threshold_pairs_faiss(
             return _range_cpu(faiss, xq, xb, cand)
 
     out_i, out_j = [], []
-    for p0, p1 in _packs(seg_s, max(1, pack_rows)):
+    for p0, p1 in _packs(seg_s, pack_rows):
         multi = seg_s[p0] != seg_s[p1 - 1]
-        for r0 in range(p0, p1, max(1, block_rows)):
+        for r0 in range(p0, p1, block_rows):
             r1 = min(p1, r0 + block_rows)
             rows, cols = search(vs[r0:r1], vs[r0:p1])
             rows += r0
@@ -279,97 +265,59 @@ def threshold_pairs_faiss(
             out_j.append(cols[keep])
     ci = np.concatenate(out_i) if out_i else np.zeros(0, np.int64)
     cj = np.concatenate(out_j) if out_j else np.zeros(0, np.int64)
-    if not ci.size:
-        return empty
-    return _pairs_from_candidates(torch.from_numpy(vs), torch.from_numpy(order),
-                                  torch.from_numpy(ci), torch.from_numpy(cj), threshold)
+    return torch.from_numpy(ci).to(dev), torch.from_numpy(cj).to(dev)
 
 
-def topk_faiss(
-    queries: torch.Tensor | np.ndarray,
-    keys: torch.Tensor | np.ndarray,
-    k: int,
-    *,
-    query_segments: torch.Tensor | np.ndarray | None = None,
-    key_segments: torch.Tensor | np.ndarray | None = None,
-    device: str | torch.device = "auto",
-    dtype: str = "fp32",
-    **_: Any,
-) -> TopK:
-    """Exact top-k keys by cosine for every query, within the query's segment, on faiss.
+def _knn_cpu(faiss: Any, xq: np.ndarray, xb: np.ndarray,
+             k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact ``IndexFlatIP`` search: ``float32 [q, k]`` scores and ``int64 [q, k]`` ids."""
+    index = faiss.IndexFlatIP(xb.shape[1])
+    index.add(xb)
+    return index.search(xq, k)
 
-    One ``IndexFlatIP`` search per segment (``knn_gpu`` on cuda). Within a row, equal scores
-    are ordered by the lower key position.
 
-    Args:
-        queries: ``float32 [q, d]`` unit vectors.
-        keys: ``float32 [n, d]`` unit vectors.
-        k: neighbours per query (>= 1; at most :data:`GPU_MAX_K` on cuda).
-        query_segments, key_segments: ``int64 [q]`` / ``[n]`` segment codes (both or neither).
-        device: ``"auto"``, ``"cpu"`` or ``"cuda[:k]"``.
-        dtype: as for :func:`threshold_pairs_faiss` (float32 on cpu; float16 inputs on cuda
-            for ``fp16``/``bf16``).
-        **_: ignored (the tile arguments of the torch engine).
-
-    Returns:
-        :class:`~consolidate.similarity.TopK` in the original query order with original key
-        positions: ``indices int64 [q, k]`` (``-1`` padding when a segment has fewer than
-        ``k`` keys), ``scores float32 [q, k]`` (``-inf`` padding).
+def topk(qv: torch.Tensor, kv: torch.Tensor, qs_s: torch.Tensor, lo_of: torch.Tensor,
+         hi_of: torch.Tensor, kk: int, *, dtype: str = "fp32", tile_rows: int | None = None,
+         tile_cols: int | None = None, budget_bytes: int | None = None,
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-``kk`` (the :class:`~consolidate.similarity.types.Engine` interface): one
+    ``IndexFlatIP`` search per segment, ``knn_gpu`` on cuda (float16 inputs for
+    ``fp16``/``bf16``, ``kk <=`` :data:`GPU_MAX_K`); the tile sizes and ``budget_bytes`` are
+    not used. Equal scores are ordered by the lower key position.
 
     Raises:
         ImportError: faiss is not installed.
-        ValueError: bad shapes, ``k < 1`` (or ``k > GPU_MAX_K`` on cuda), unknown dtype,
-            only one of the segment arrays given, or a cuda device where torch sees no CUDA
-            or faiss has no GPU support.
     """
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    if (query_segments is None) != (key_segments is None):
-        raise ValueError("give both query_segments and key_segments, or neither")
-    _check_dtype(dtype)
-    faiss, dev = _faiss_on(device)
-    if dev.type == "cuda" and k > GPU_MAX_K:
-        raise ValueError(f"faiss on cuda supports k <= {GPU_MAX_K}, got {k}")
-    q, key = _as_f32(queries), _as_f32(keys)
-    if q.ndim != 2 or key.ndim != 2 or q.shape[1] != key.shape[1]:
-        raise ValueError(f"queries {tuple(q.shape)} and keys {tuple(key.shape)} must be "
-                         f"[q, d] and [n, d]")
-    nq, n = q.shape[0], key.shape[0]
-    qs = _segments(query_segments, nq, "query_segments")
-    ks = _segments(key_segments, n, "key_segments")
-    out_i = np.full((nq, k), -1, np.int64)
-    out_s = np.full((nq, k), -np.inf, np.float32)
-    if nq == 0 or n == 0:
-        return TopK(out_i, out_s)
+    faiss = _import_faiss()
+    dev = qv.device
+    q, key = _as_f32(qv), _as_f32(kv)
+    nq = q.shape[0]
+    qs, lo_all, hi_all = qs_s.numpy(), lo_of.numpy(), hi_of.numpy()
+    best_i = np.full((nq, kk), -1, np.int64)
+    best_s = np.full((nq, kk), -np.inf, np.float32)
     gpu = _Gpu(faiss, dev, dtype) if dev.type == "cuda" else None
-    qord = np.argsort(qs, kind="stable")
-    kord = np.argsort(ks, kind="stable")
-    qs_s, ks_s = qs[qord], ks[kord]
-    q_starts = np.flatnonzero(np.r_[True, qs_s[1:] != qs_s[:-1]])
+    q_starts = np.flatnonzero(np.r_[True, qs[1:] != qs[:-1]])
     q_ends = np.r_[q_starts[1:], nq]
     for a, b in zip(q_starts.tolist(), q_ends.tolist(), strict=True):
-        s = qs_s[a]
-        lo = int(np.searchsorted(ks_s, s, "left"))
-        hi = int(np.searchsorted(ks_s, s, "right"))
+        lo, hi = int(lo_all[a]), int(hi_all[a])
         if hi == lo:
             continue
-        kk = min(k, hi - lo)
-        xb = np.ascontiguousarray(key[kord[lo:hi]])
-        xq = np.ascontiguousarray(q[qord[a:b]])
-        if gpu is not None:
-            scores, ids = gpu.knn(xq, xb, kk)
-        else:
-            index = faiss.IndexFlatIP(xb.shape[1])
-            index.add(xb)
-            scores, ids = index.search(xq, kk)
+        kq = min(kk, hi - lo)
+        xb = np.ascontiguousarray(key[lo:hi])
+        xq = np.ascontiguousarray(q[a:b])
+        scores, ids = gpu.knn(xq, xb, kq) if gpu is not None else _knn_cpu(faiss, xq, xb, kq)
         valid = ids >= 0
-        mapped = np.where(valid, kord[lo:hi][np.clip(ids, 0, None)], -1)
+        pos = np.where(valid, ids.astype(np.int64) + lo, -1)
         scores = np.where(valid, scores, -np.inf).astype(np.float32)
         # equal scores: lower key position first
-        srt = np.lexsort((np.where(valid, mapped, np.iinfo(np.int64).max), -scores), axis=1)
-        out_i[qord[a:b], :kk] = np.take_along_axis(mapped, srt, 1)
-        out_s[qord[a:b], :kk] = np.take_along_axis(scores, srt, 1)
-    return TopK(out_i, out_s)
+        srt = np.lexsort((np.where(valid, pos, np.iinfo(np.int64).max), -scores), axis=1)
+        best_i[a:b, :kq] = np.take_along_axis(pos, srt, 1)
+        best_s[a:b, :kq] = np.take_along_axis(scores, srt, 1)
+    return torch.from_numpy(best_s).to(dev), torch.from_numpy(best_i).to(dev)
+
+
+ENGINE = Engine("faiss", threshold_candidates=threshold_candidates, topk=topk, place=place,
+                max_topk=max_topk)
 
 
 class ApproxIndex:
@@ -377,8 +325,8 @@ class ApproxIndex:
 
     Exact search costs ``2 * q * n * d`` flops; an IVF index scans only ``nprobe / nlist`` of
     the store per query, HNSW walks a graph. Use one index per namespace; measure the
-    recall of a setting with :func:`recall_at_k` against :func:`topk_faiss` on a sample of
-    queries before trusting it.
+    recall of a setting with :func:`recall_at_k` against the exact
+    ``topk_neighbours(..., engine="faiss")`` on a sample of queries before trusting it.
 
     Args:
         kind: ``"ivf"`` (IVF-Flat: ``nlist`` k-means cells, ``nprobe`` scanned per query) or
