@@ -21,10 +21,23 @@ Recall (and precision) are against a float64 brute-force reference: all pairs wh
 pairs that touch ``--ref-sample`` random rows; top-k against float64 top-k of up to
 ``--ref-sample`` queries.
 
+Whole pass (``--only pass``, or after the similarity cases): a synthetic store of n records
+(d = 384, namespaces of 100 / 10^4 / 10^5 rows, planted exact duplicates and paraphrase
+clusters; ``scripts/pass_bench.py``) is written as a real store by one process, then a fresh
+process loads it, runs ``run_pass`` and commits, reporting the load, per-stage, pass and
+commit times and the peak RSS (``VmHWM``) against the store's vector + text bytes. With
+``--pass-baseline REV`` the same is measured for the ``consolidate/`` package of git revision
+REV (exported with ``git archive``) on a copy of the same store: ``ours x faster``.
+
 Usage::
 
-    .venv/bin/python scripts/benchmark.py                       # cpu preset, 3-4 min on 2 cores
-    python3 scripts/benchmark.py --preset gpu --out $OUT/bench  # H200 subset, ~5 min
+    .venv/bin/python scripts/benchmark.py --only sim            # cpu similarity cases, 3-4 min
+    # cpu whole-pass cases against the pass before the rewrite (5244916); the baseline only at
+    # n = 10^5 (at n = 10^6 it takes ~220 s and ~10 GB; drop the limit to measure it there)
+    .venv/bin/python scripts/benchmark.py --only pass --pass-baseline 5244916 \\
+        --pass-baseline-max-n 100000
+    .venv/bin/python scripts/benchmark.py --only pass --pass-sizes 100000  # n = 10^5 only
+    python3 scripts/benchmark.py --preset gpu --out $OUT/bench  # H200 subset, ~5 min + passes
     python3 scripts/benchmark.py --preset tiny --out /tmp/b     # seconds: a smoke test
 
 The LOCOMO case embeds the observations (data dir ``../shared/data`` or
@@ -32,7 +45,8 @@ The LOCOMO case embeds the observations (data dir ``../shared/data`` or
 saved earlier (``--save-locomo-npz`` / ``--locomo-npz``); without either it is skipped.
 
 Output folder (``--out``): ``results.parquet``, ``report.md``, ``benchmark.png``,
-``meta.json``. The ratio lines of our engine against each baseline are printed last.
+``meta.json``, and ``pass_results.json`` (the whole-pass children's own JSON). The ratio
+lines of our engine against each baseline are printed last.
 """
 
 from __future__ import annotations
@@ -41,12 +55,14 @@ import argparse
 import contextlib
 import datetime as dt
 import importlib.util
-import inspect
 import json
 import math
 import os
 import platform
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -63,15 +79,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from consolidate.cluster import centroid_clusters  # noqa: E402
-from consolidate.faiss_engine import recall_at_k, threshold_pairs_faiss, topk_faiss  # noqa: E402
+from consolidate.device import resolve_device  # noqa: E402
 from consolidate.similarity import TopK, threshold_pairs, topk_neighbours  # noqa: E402
-from consolidate.store.batch import resolve_device  # noqa: E402
+from consolidate.similarity.engines.faiss_engine import recall_at_k  # noqa: E402
 
 HAS_FAISS = importlib.util.find_spec("faiss") is not None
 HAS_ST = importlib.util.find_spec("sentence_transformers") is not None
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-ENGINE_KW = ("engine" in inspect.signature(threshold_pairs).parameters
-             and "engine" in inspect.signature(topk_neighbours).parameters)
 TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
                "fp16": torch.float16, "fp64": torch.float64}
 
@@ -384,16 +398,9 @@ def _ours_engine(ctx: Ctx, engine: str, topk: bool) -> Any:
         kw: dict[str, Any] = {"device": dev, "dtype": c.dtype}
         if ctx.seg is not None:
             kw.update(query_segments=ctx.seg[: ctx.q], key_segments=ctx.seg)
-        if ENGINE_KW:
-            return topk_neighbours(ctx.v[: ctx.q], ctx.v, c.k, engine=engine, **kw).indices
-        fn = topk_faiss if engine == "faiss" else topk_neighbours
-        return fn(ctx.v[: ctx.q], ctx.v, c.k, **kw).indices
+        return topk_neighbours(ctx.v[: ctx.q], ctx.v, c.k, engine=engine, **kw).indices
     kw = {"segments": ctx.seg_t, "device": dev, "dtype": c.dtype}
-    if ENGINE_KW:
-        p = threshold_pairs(ctx.v, c.threshold, engine=engine, **kw)
-    else:
-        fn = threshold_pairs_faiss if engine == "faiss" else threshold_pairs
-        p = fn(ctx.v, c.threshold, **kw)
+    p = threshold_pairs(ctx.v, c.threshold, engine=engine, **kw)
     return p.i, p.j
 
 
@@ -483,7 +490,7 @@ def faiss_search(ctx: Ctx) -> np.ndarray:
 
 def faiss_ivf_build(ctx: Ctx) -> None:
     """ApproxIndex IVF-Flat (nlist 4 sqrt(n), nprobe 16): built before the timing."""
-    from consolidate.faiss_engine import ApproxIndex
+    from consolidate.similarity.engines.faiss_engine import ApproxIndex
 
     t = time.perf_counter()
     ctx.cache["ivf"] = ApproxIndex("ivf", nprobe=16).build(ctx.host)
@@ -690,8 +697,6 @@ def precheck(ctx: Ctx, name: str, m: Method, where: str) -> None:
             raise Skip("the triton engine needs a CUDA device")
         if not HAS_TRITON:
             raise Skip("the triton engine needs triton (pip install triton)")
-        if not ENGINE_KW:
-            raise Skip("similarity.py has no engine= yet")
     if m.needs == "faiss" and not HAS_FAISS:
         raise Skip("faiss not installed (pip install 'consolidate[faiss]')")
     if m.needs in ("st", "st-topk"):
@@ -801,6 +806,7 @@ class Runner:
         self.rows: list[dict[str, Any]] = []
         self.t0 = time.perf_counter()
         self.peaks: dict[str, float] = {}
+        self.pass_raw: list[dict[str, Any]] = []  # the pass children's JSON, as they said it
 
     def left(self) -> float:
         return self.args.budget_s - (time.perf_counter() - self.t0)
@@ -972,8 +978,75 @@ class Runner:
                 "pairs",
                 "pairs_per_s", "queries_per_s", "flops", "tflops", "peak_tflops",
                 "share_of_peak", "peak_rss_mb", "peak_dev_mb", "recall", "precision",
-                "recall_scope", "note"]
+                "recall_scope", "note",
+                # whole-pass cases (kind "pass")
+                "ns_size", "layout", "records_in", "records_out", "expected_out", "clusters",
+                "planted_clusters", "merges", "exact_merges", "similarity_s", "nonsim_s",
+                "nonsim_stages_s", "untimed_s", "nonsim_ratio", "stage_s", "load_s",
+                "commit_s", "peak_rss_gb", "hwm_before_gb", "pass_peak_rss_gb",
+                "commit_peak_rss_gb", "start_rss_gb", "data_gb", "rss_ratio"]
         return pd.DataFrame(self.rows).reindex(columns=cols)
+
+    def run_pass_case(self, case: PassCase, baseline: tuple[str, Path] | None) -> None:
+        """Generate the case's store in one child, then measure our pass (and the baseline
+        revision's, where given and ``n <= --pass-baseline-max-n``) in a fresh child each,
+        on a fresh copy of the store."""
+        args = self.args
+        print(f"\n== {case.name}", flush=True)
+        head = {"case": case.name, "kind": "pass", "n": case.n, "d": case.d,
+                "threshold": 0.9, "namespaces": case.namespaces, "ns_size": case.ns_size,
+                "layout": case.layout, "dtype": args.pass_dtype}
+        root = Path(tempfile.mkdtemp(prefix="pass-bench-", dir=args.pass_tmp))
+        try:
+            t = time.perf_counter()
+            try:
+                gen = pass_child("generate", {"n": case.n, "ns_size": case.ns_size, "d": case.d,
+                                              "clusters_per_ns": case.clusters_per_ns,
+                                              "seed": args.seed, "out": str(root / "gen")},
+                                 None, args.pass_timeout_s)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                print(f"   generate failed: {e}", flush=True)
+                self.rows.append({**head, "method": "(case)", "status": "error",
+                                  "note": f"generate: {e}"[:300]})
+                return
+            print(f"   store: {gen['planted_clusters']} planted clusters, "
+                  f"{gen['duplicate_rows']} duplicates, {gen['store_bytes'] / 2**20:.0f} MiB "
+                  f"on disk ({time.perf_counter() - t:.1f} s)", flush=True)
+            runs: list[tuple[str, str, Path | None]] = [("ours pass", "ours", None)]
+            if baseline is not None:
+                label = f"baseline pass ({baseline[0]})"
+                if case.n <= args.pass_baseline_max_n:
+                    runs.append((label, "baseline", baseline[1]))
+                else:
+                    self.rows.append({**head, "method": label, "family": "baseline",
+                                      "status": "skipped", "note": "n above "
+                                      f"--pass-baseline-max-n {args.pass_baseline_max_n}"})
+            for method, family, pkg in runs:
+                work = root / "run"
+                shutil.copytree(root / "gen", work)
+                spec = {"store": str(work), "device": args.pass_device,
+                        "dtype": args.pass_dtype, "threshold": 0.9,
+                        "warm_rows": args.pass_warm_rows}
+                try:
+                    meas = pass_child("measure", spec, pkg, args.pass_timeout_s)
+                    row = pass_row(case, gen, meas, method, family, args.pass_dtype)
+                    print(f"   {method:34s} {row['time_s']:9.3f} s  (similarity "
+                          f"{row['similarity_s']:.3g} s, non-sim {row['nonsim_ratio']:.3g}x; "
+                          f"load {row['load_s']:.3g} s, commit {row['commit_s']:.3g} s; peak "
+                          f"RSS {row['peak_rss_gb']:.3g} GB = {row['rss_ratio']:.3g}x data)",
+                          flush=True)
+                    self.pass_raw.append({"case": case.name, "method": method,
+                                          "generate": gen, "measure": meas})
+                except (RuntimeError, subprocess.TimeoutExpired, KeyError, TypeError) as e:
+                    print(f"   {method:34s} failed: {e}", flush=True)
+                    row = {**head, "method": method, "family": family, "status": "error",
+                           "note": f"{type(e).__name__}: {e}"[:300]}
+                finally:
+                    shutil.rmtree(work, ignore_errors=True)
+                self.rows.append(row)
+                self.checkpoint()
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
 
     def checkpoint(self) -> None:
         out = Path(self.args.out)
@@ -1071,14 +1144,282 @@ def target_lines(df: pd.DataFrame) -> list[str]:
             else:
                 parts.append(f"{t.baseline} did not run")
         lines.append(f"{t.what}: " + "; ".join(parts) + " -> " + ", ".join(verdict or ["-"]))
+    return lines + pass_target_lines(df)
+
+
+# --------------------------------------------------------------------------- whole pass
+
+PASS_SCRIPT = REPO / "scripts" / "pass_bench.py"
+#: the pass before the rewrite (5244916) on n=10^6 in 100-row namespaces, 2-core cpu
+PASS_BASELINE_MEASURED_S = 219.0
+#: stage names of ``stats["time_s"]`` that are the similarity search
+SIM_STAGES = ("similarity",)
+
+
+@dataclass
+class PassCase:
+    """One whole sleep pass (load, ``run_pass``, commit) on a synthetic store of ``n`` rows
+    (d = 384) in namespaces of ``ns_size`` rows, ``clusters_per_ns`` planted near-duplicate
+    clusters in each (``None``: about 10% of the rows) and 2% exact duplicates; see
+    ``scripts/pass_bench.py``."""
+
+    n: int
+    ns_size: int
+    clusters_per_ns: int | None = None
+    d: int = 384
+
+    @property
+    def namespaces(self) -> int:
+        return self.n // self.ns_size
+
+    @property
+    def layout(self) -> str:
+        return f"{self.namespaces} x {self.ns_size}"
+
+    @property
+    def name(self) -> str:
+        cl = f", {self.clusters_per_ns} clusters each" if self.clusters_per_ns else ""
+        return f"pass n={self.n} ns={self.namespaces}x{self.ns_size}{cl} d={self.d}"
+
+
+def preset_pass_cases(preset: str) -> list[PassCase]:
+    """Whole-pass cases of a preset: namespaces of 100 rows, of 10^4 rows, and namespaces of
+    10^5 rows with 10^4 planted clusters each (one namespace at n = 10^5)."""
+    big = [PassCase(10**5, 10**5, 10**4)]
+    if preset == "tiny":
+        return [PassCase(2_000, 100), PassCase(2_000, 2_000, 200)]
+    if preset == "cpu":
+        return [PassCase(10**5, 100), PassCase(10**5, 10**4), *big, PassCase(10**6, 100)]
+    if preset == "gpu":  # the targets' cases first
+        return [PassCase(10**6, 100), *big, PassCase(10**5, 100), PassCase(10**5, 10**4),
+                PassCase(10**6, 10**4), PassCase(10**6, 10**5, 10**4)]
+    raise SystemExit(f"unknown preset {preset!r}")
+
+
+def pass_row(case: PassCase, gen: dict[str, Any], meas: dict[str, Any], method: str,
+             family: str, dtype: str = "fp32") -> dict[str, Any]:
+    """A results row from the generator's and the measuring child's JSON.
+
+    non-similarity time = the pass's wall time minus its similarity stage (so it includes
+    ``untimed_s``, the time inside ``run_pass`` outside every timed stage); peak RSS =
+    ``VmHWM`` after the pass; ``rss_ratio`` = peak / (vector bytes + UTF-8 text bytes).
+    """
+    stages = {str(k): float(v) for k, v in (meas.get("stages") or {}).items()}
+    sim = sum(stages[k] for k in SIM_STAGES if k in stages) if any(
+        k in stages for k in SIM_STAGES) else math.nan
+    stage_sum = sum(stages.values())
+    pass_s = float(meas["pass_s"])
+    nonsim = pass_s - sim
+    data = int(gen["vector_bytes"]) + int(gen["text_bytes"])
+    peak = float(meas["hwm_after_gb"]) * 2**30
+    return {
+        "case": case.name, "kind": "pass", "n": case.n, "d": case.d, "threshold": 0.9,
+        "namespaces": case.namespaces, "ns_size": case.ns_size, "layout": case.layout,
+        "method": method, "family": family, "device": meas.get("device"), "dtype": dtype,
+        "status": "ok", "time_s": pass_s, "runs": 1,
+        "records_in": meas.get("records_in"), "records_out": meas.get("records_out"),
+        "expected_out": gen.get("expected_out"), "pairs": meas.get("pairs"),
+        "clusters": meas.get("clusters"), "planted_clusters": gen.get("planted_clusters"),
+        "merges": meas.get("merges"), "exact_merges": meas.get("exact_merges"),
+        "similarity_s": sim, "nonsim_s": nonsim, "nonsim_stages_s": stage_sum - sim,
+        "untimed_s": round(pass_s - stage_sum, 4),  # the stages are rounded to 0.1 ms
+        "nonsim_ratio": nonsim / sim if sim > 0 else math.nan,
+        "stage_s": json.dumps(stages), "load_s": meas.get("load_s"),
+        "commit_s": meas.get("commit_s"), "peak_rss_gb": peak / 2**30,
+        "peak_rss_mb": peak / 2**20, "hwm_before_gb": meas.get("hwm_before_gb"),
+        "pass_peak_rss_gb": meas.get("pass_sampled_peak_gb"),
+        "commit_peak_rss_gb": meas.get("hwm_commit_gb"),
+        "start_rss_gb": meas.get("hwm_start_gb"), "data_gb": data / 2**30,
+        "rss_ratio": peak / data if data else math.nan,
+        "cpu_s": meas.get("pass_cpu_s"), "load1": meas.get("load1", os.getloadavg()[0]),
+    }
+
+
+def _pass_rows(df: pd.DataFrame) -> pd.DataFrame:
+    if "kind" not in df.columns or "ns_size" not in df.columns:
+        return df.iloc[0:0]
+    return df[(df.kind == "pass") & (df.status == "ok")]
+
+
+def pass_speedup(df: pd.DataFrame, case: str) -> tuple[float, float, str] | None:
+    """``(ours s, baseline s, baseline method)`` of a pass case where both ran."""
+    ok = _pass_rows(df)
+    g = ok[ok.case == case]
+    ours, base = g[g.family == "ours"], g[g.family == "baseline"]
+    if not len(ours) or not len(base):
+        return None
+    b = base.loc[base.time_s.idxmin()]
+    return float(ours.time_s.min()), float(b.time_s), str(b.method)
+
+
+def pass_ratio_lines(df: pd.DataFrame) -> list[str]:
+    """Per pass case: our pass time, and the baseline's as a multiple of it."""
+    lines = []
+    ok = _pass_rows(df)
+    for case in dict.fromkeys(ok.case):
+        sp = pass_speedup(df, case)
+        if sp is not None:
+            x = sp[1] / sp[0]
+            how = f"{_x(x)} faster" if x >= 1 else f"{_x(1 / x)} slower"
+            lines.append(f"{case}: ours pass {sp[0]:.3g} s; {sp[2]} {sp[1]:.3g} s: ours {how}")
     return lines
+
+
+@dataclass
+class PassTarget:
+    """A goal of the issue for the whole pass on the case whose rows match ``where``:
+    ``metric`` ``nonsim`` (non-similarity time / similarity time <= goal), ``speedup``
+    (baseline time / ours >= goal), ``rss`` (peak RSS / data bytes <= goal) or ``seconds``
+    (pass time <= goal)."""
+
+    what: str
+    where: dict[str, Any]
+    metric: str
+    goal: float
+
+
+PASS_TARGETS = [
+    PassTarget("whole pass n=10^6, 10^4 namespaces x 100: non-similarity work",
+               {"n": 10**6, "ns_size": 100}, "nonsim", 0.5),
+    PassTarget("whole pass n=10^6, 10^4 namespaces x 100: vs the pass before the rewrite",
+               {"n": 10**6, "ns_size": 100}, "speedup", 6.0),
+    PassTarget("whole pass n=10^6, 10^4 namespaces x 100: peak RSS",
+               {"n": 10**6, "ns_size": 100}, "rss", 2.5),
+    PassTarget("whole pass n=10^5, one namespace, 10^4 planted clusters: non-similarity work",
+               {"n": 10**5, "ns_size": 10**5}, "nonsim", 1.0),
+    PassTarget("gpu whole pass n=10^6, 10^4 namespaces x 100: pass without I/O",
+               {"n": 10**6, "ns_size": 100, "device": "cuda"}, "seconds", 1.0),
+]
+
+
+def _verdict(value: float, goal: float, at_most: bool) -> str:
+    """``met by F`` / ``missed by F``: F = how far from the goal, as a factor."""
+    if not (value == value and goal == goal) or value <= 0:
+        return "not measured"
+    f = goal / value if at_most else value / goal
+    return f"met by {_x(f)}" if f >= 1 else f"missed by {_x(1 / f)}"
+
+
+def pass_target_lines(df: pd.DataFrame) -> list[str]:
+    """One line per whole-pass target whose case ran (our pass, best row of the case)."""
+    lines: list[str] = []
+    ok = _pass_rows(df)
+    if not len(ok):
+        return lines
+    for t in PASS_TARGETS:
+        m = ok[ok.family == "ours"]
+        for col, val in t.where.items():
+            m = m[m[col] == val]
+        if not len(m):
+            continue
+        r = m.loc[m.time_s.idxmin()]
+        if t.metric == "nonsim":
+            text = (f"non-similarity {r.nonsim_s:.3g} s = {r.nonsim_ratio:.3g}x the "
+                    f"similarity stage {r.similarity_s:.3g} s (goal <= {t.goal:g}x; "
+                    f"{r.untimed_s:.3g} s of it outside the timed stages)")
+            verdict = _verdict(r.nonsim_ratio, t.goal, True)
+        elif t.metric == "speedup":
+            sp = pass_speedup(df, r.case)
+            if sp is None:
+                text = (f"ours {r.time_s:.3g} s (goal >= {t.goal:g}x faster; "
+                        f"{PASS_BASELINE_MEASURED_S:g} s measured before would be "
+                        f"{PASS_BASELINE_MEASURED_S / r.time_s:.3g}x)")
+                verdict = "baseline not run"
+            else:
+                x = sp[1] / sp[0]
+                text = (f"ours {sp[0]:.3g} s, {sp[2]} {sp[1]:.3g} s: {x:.3g}x faster "
+                        f"(goal >= {t.goal:g}x)")
+                verdict = _verdict(x, t.goal, False)
+        elif t.metric == "rss":
+            text = (f"peak RSS {r.peak_rss_gb:.3g} GB = {r.rss_ratio:.3g}x the vector + text "
+                    f"bytes {r.data_gb:.3g} GB (goal <= {t.goal:g}x)")
+            verdict = _verdict(r.rss_ratio, t.goal, True)
+        else:
+            text = f"ours {r.time_s:.3g} s on {r.device} (goal <= {t.goal:g} s)"
+            verdict = _verdict(r.time_s, t.goal, True)
+        lines.append(f"{t.what}: {text} -> {verdict}")
+    return lines
+
+
+def pass_table(df: pd.DataFrame) -> list[str]:
+    """The whole-pass section of report.md: one row per pass run, then each run's stages."""
+    if "kind" not in df.columns:
+        return []
+    p = df[df.kind == "pass"]
+    if not len(p):
+        return []
+    ok = p[p.status == "ok"].copy()
+    out = []
+    if len(ok):
+        ok["x_vs_baseline"] = [
+            (sp[1] / sp[0]) if r.family == "ours" and (sp := pass_speedup(df, r.case))
+            else math.nan for r in ok.itertuples()]
+        cols = {"n": "n", "layout": "namespaces", "method": "method", "device": "device",
+                "records_in": "in", "records_out": "out", "expected_out": "planted out",
+                "pairs": "pairs", "clusters": "clusters", "merges": "merges",
+                "exact_merges": "exact merges", "time_s": "pass s",
+                "similarity_s": "similarity s", "nonsim_s": "non-sim s",
+                "nonsim_ratio": "non-sim / sim", "untimed_s": "untimed s", "load_s": "load s",
+                "commit_s": "commit s", "cpu_s": "pass cpu s", "load1": "load1",
+                "peak_rss_gb": "peak RSS GB",
+                "rss_ratio": "RSS / data", "x_vs_baseline": "x faster than baseline"}
+        show = ok[list(cols)].rename(columns=cols).dropna(axis=1, how="all")
+        out += [show.to_markdown(index=False, floatfmt=".4g"), ""]
+        for r in ok.itertuples():
+            st = json.loads(r.stage_s) if isinstance(r.stage_s, str) else {}
+            out.append(f"* {r.case}, {r.method}: stages " + ", ".join(
+                f"{k} {v:.3g} s" for k, v in st.items()) + f"; RSS after the imports "
+                f"{r.start_rss_gb:.3g} GB, peak after load {r.hwm_before_gb:.3g} GB, "
+                f"pass-only sampled peak {r.pass_peak_rss_gb:.3g} GB, peak after commit "
+                f"{r.commit_peak_rss_gb:.3g} GB")
+    out += [f"* {r.case}, {r.method}: {r.status}: {r.note}" for r in p.itertuples()
+            if r.status != "ok" and isinstance(r.note, str)]
+    return out + [""]
+
+
+def export_revision(rev: str, dest: Path) -> str:
+    """``git archive REV consolidate`` unpacked into ``dest`` (read-only git); returns the
+    short commit."""
+    short = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", f"{rev}^{{commit}}"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    with subprocess.Popen(["git", "-C", str(REPO), "archive", rev, "consolidate"],
+                          stdout=subprocess.PIPE) as arch:
+        subprocess.run(["tar", "-x", "-C", str(dest)], stdin=arch.stdout, check=True)
+        arch.stdout.close()
+        if arch.wait() != 0:
+            raise RuntimeError(f"git archive {rev} consolidate failed")
+    if not (dest / "consolidate" / "__init__.py").exists():
+        raise RuntimeError(f"{rev} has no consolidate package")
+    return short
+
+
+def pass_child(step: str, spec: dict[str, Any], pkg: Path | None,
+               timeout_s: float) -> dict[str, Any]:
+    """Run ``pass_bench.py STEP SPEC`` in a fresh process (with the package under ``pkg``
+    first on its path, else the repository's) and return its JSON line."""
+    env = dict(os.environ)
+    env.pop("PASS_BENCH_PKG", None)
+    if pkg is not None:
+        env["PASS_BENCH_PKG"] = str(pkg)
+        env["PYTHONPATH"] = os.pathsep.join([str(pkg), *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.run([sys.executable, str(PASS_SCRIPT), step, json.dumps(spec)],
+                          stdout=subprocess.PIPE, text=True, env=env, timeout=timeout_s,
+                          cwd=REPO)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"{step}: no result (exit {proc.returncode})")
+    res = json.loads(lines[-1])
+    if not res.get("ok"):
+        raise RuntimeError(f"{step}: {res.get('error')}")
+    return res
 
 
 def write_report(df: pd.DataFrame, meta: dict[str, Any], out: Path) -> list[str]:
     df.to_parquet(out / "results.parquet", index=False)
     (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     tables = []
-    for case, g in df.groupby("case", sort=False):
+    sim_df = df[df.kind != "pass"] if "kind" in df.columns else df
+    for case, g in sim_df.groupby("case", sort=False):
         ok = g[g.status == "ok"]
         show = ok[["method", "device", "dtype", "time_s", "runs", "cpu_s", "load1", "pairs",
                    "pairs_per_s", "queries_per_s", "tflops", "share_of_peak", "peak_rss_mb",
@@ -1092,19 +1433,36 @@ def write_report(df: pd.DataFrame, meta: dict[str, Any], out: Path) -> list[str]
         tables += [f"* {r.method}: {r.status}: {r.note}" for r in g.itertuples()
                    if isinstance(r.note, str) and r.note]
         tables.append("")
-    ratios = ratio_lines(df)
+    ratios = ratio_lines(df) + pass_ratio_lines(df)
     targets = target_lines(df)
     peaks = "; ".join(f"{k}: {v:.3g} TFLOP/s" for k, v in meta["matmul_peak_tflops"].items())
-    text = [
-        "# Similarity join / top-k benchmark", "",
-        *([] if meta.get("complete", True) else
-          ["**Partial**: written after a case; the run had not finished (or was cut short).",
-           ""]),
-        f"`{meta['command']}` on {meta['device']} ({meta['cpu_count']} cpus), torch "
-        f"{meta['torch']}, {meta['date']}; {meta['wall_s']:.0f} s in all. Load average at "
-        f"start {meta['loadavg_start']}, at end {meta['loadavg_end']} (other processes on a "
-        "shared machine add noise: see load1 and cpu_s per row); git "
-        f"{meta['git']}.", "",
+    peaks = peaks or "not measured (no similarity case in this run)"
+    passes = pass_table(df)
+    if passes:
+        passes = [
+            "## Whole pass (load, run_pass, commit; separate processes)", "",
+            "* Each case: a synthetic store (d = 384 float32 unit vectors; 2% exact "
+            "duplicates; near-duplicate clusters of 2-5 paraphrases at cosine ~0.93-0.99; "
+            "the rest random) written by one process as a real store, then, per package "
+            "(ours; the baseline revision exported with `git archive` when "
+            "`--pass-baseline` is given), a fresh process on a copy of it: `Store.load`, an "
+            "untimed warm-up pass on 2,000 rows, `run_pass` (threshold 0.9, cap none, "
+            "max_drop_fraction 1, extractive merger), `store.commit` under `store.lock()`.",
+            "* pass s: wall time of `run_pass` (no I/O). similarity s: its "
+            "`stats['time_s']['similarity']`; non-sim s = pass s - similarity s (includes "
+            "untimed s, the time inside run_pass outside every timed stage). planted out: "
+            "live records left if the pass finds exactly the planted duplicates and "
+            "clusters.",
+            "* peak RSS: `VmHWM` of the measuring process after the pass (it includes "
+            "loading the store: the load's own peak and the pass-only sampled peak are in "
+            "the line under the table); RSS / data = peak / (vector bytes + UTF-8 text "
+            "bytes).",
+            "* pass cpu s: cpu seconds of the measuring process (all threads) during the pass; "
+            "load1: the 1-minute load average after it (other processes on a shared machine "
+            "slow the pass down: pass s grows, pass cpu s much less).", "",
+            *passes,
+        ]
+    sim_notes = [
         f"Matmul peak measured in this run (square matmul, best of the start and the end of the "
         f"run): {peaks}.", "",
         "* time: best of `runs` calls after two warm-up calls (one if it took over 1 s) on "
@@ -1136,12 +1494,26 @@ def write_report(df: pd.DataFrame, meta: dict[str, Any], out: Path) -> list[str]
         "* peak_rss_mb: the process's resident memory, sampled every 10 ms during the "
         "method (includes the store and earlier allocations); peak_dev_mb: "
         "torch.cuda.max_memory_allocated.", "",
+    ] if len(sim_df) else []
+    title = " and ".join(x for x, on in (("Similarity join / top-k", len(sim_df)),
+                                        ("whole pass", passes)) if on)
+    text = [
+        f"# {title or 'Similarity join / top-k'} benchmark", "",
+        *([] if meta.get("complete", True) else
+          ["**Partial**: written after a case; the run had not finished (or was cut short).",
+           ""]),
+        f"`{meta['command']}` on {meta['device']} ({meta['cpu_count']} cpus), torch "
+        f"{meta['torch']}, {meta['date']}; {meta['wall_s']:.0f} s in all. Load average at "
+        f"start {meta['loadavg_start']}, at end {meta['loadavg_end']} (other processes on a "
+        "shared machine add noise: see load1 and cpu_s per row); git "
+        f"{meta['git']}.", "",
+        *sim_notes,
         "## Targets of the issue (same run)", "",
         *([f"* {r}" for r in targets] or ["* no case of this run has a target"]), "",
         "## Ratios (same run)", "",
         *[f"* {r}" for r in ratios], "",
-        "## Results", "",
-        *tables,
+        *passes,
+        *(["## Results", "", *tables] if tables else []),
     ]
     (out / "report.md").write_text("\n".join(text))
     plot(df, out / "benchmark.png")
@@ -1224,7 +1596,7 @@ def report(runner: Runner, meta: dict[str, Any], out: Path, final: bool) -> list
             again = runner.peak(where, dtype)
             runner.peaks[key] = max(val, again) if again == again else val
     df = runner.frame()
-    ok = df.status == "ok"
+    ok = (df.status == "ok") & df.tflops.notna()
     if ok.any():
         best = df.loc[ok].apply(lambda r: runner.peaks[f"{r['device']} {r['dtype']}"], axis=1)
         df.loc[ok, "peak_tflops"] = best
@@ -1233,6 +1605,9 @@ def report(runner: Runner, meta: dict[str, Any], out: Path, final: bool) -> list
     meta["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     meta["matmul_peak_tflops"] = dict(runner.peaks)
     meta["complete"] = final
+    if runner.pass_raw:
+        (out / "pass_results.json").write_text(json.dumps(runner.pass_raw, indent=1,
+                                                          default=str) + "\n")
     return write_report(df, meta, out)
 
 
@@ -1263,8 +1638,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ref-sample", type=int, default=2000)
     ap.add_argument("--cpu-peak-size", type=int, default=3072)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", choices=["all", "sim", "pass"], default="all",
+                    help="run only the similarity cases (sim) or only the whole-pass cases "
+                    "(pass)")
+    ap.add_argument("--pass-sizes", default=None,
+                    help="comma-separated n of the whole-pass cases to run (default all of "
+                    "the preset), e.g. 100000")
+    ap.add_argument("--pass-cases", default=None,
+                    help="comma-separated numbers of the preset's whole-pass cases to run "
+                    "(cpu: 0 = 10^5 in 100-row namespaces, 1 = 10^5 in 10^4-row namespaces, "
+                    "2 = one 10^5 namespace with 10^4 clusters, 3 = 10^6 in 100-row namespaces)")
+    ap.add_argument("--pass-baseline", default=None, metavar="REV",
+                    help="also run the pass of this git revision's consolidate/ package "
+                    "(git archive) on the same stores, e.g. 5244916 (before the rewrite)")
+    ap.add_argument("--pass-baseline-max-n", type=int, default=10**9,
+                    help="run the baseline pass only up to this n (the old pass takes ~220 s "
+                    "and ~10 GB at n=10^6)")
+    ap.add_argument("--pass-device", default=None,
+                    help="similarity device of the pass (default: auto for the gpu preset, "
+                    "else cpu)")
+    ap.add_argument("--pass-dtype", default="fp32", help="similarity tile dtype of the pass")
+    ap.add_argument("--pass-warm-rows", type=int, default=2000,
+                    help="rows of the untimed warm-up pass before the timed one (0 = none)")
+    ap.add_argument("--pass-timeout-s", type=float, default=3600.0,
+                    help="time limit of each whole-pass child process")
+    ap.add_argument("--pass-tmp", default=None,
+                    help="folder for the temporary stores (default: the system's temp)")
     args = ap.parse_args(argv)
     cases, defaults = preset_cases(args.preset)
+    pass_cases = preset_pass_cases(args.preset)
+    if args.pass_cases:
+        pass_cases = [pass_cases[int(x)] for x in args.pass_cases.split(",")]
+    if args.pass_sizes:
+        sizes = {int(float(x)) for x in args.pass_sizes.split(",")}
+        pass_cases = [c for c in pass_cases if c.n in sizes]
+    if args.pass_device is None:
+        args.pass_device = "auto" if args.preset == "gpu" else "cpu"
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -1277,6 +1686,10 @@ def main(argv: list[str] | None = None) -> int:
         cases = [cases[i] for i in pick]
     if args.locomo_conv == 0:
         cases = [c for c in cases if c.source != "locomo"]
+    if args.only == "pass":
+        cases = []
+    elif args.only == "sim":
+        pass_cases = []
     dev = resolve_device(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -1286,21 +1699,21 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "device": device_name(dev), "torch": torch.__version__, "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(), "versions": versions(),
-        "engine_kw": ENGINE_KW, "args": vars(args), "preset": args.preset,
+        "args": vars(args), "preset": args.preset,
         "loadavg_start": [round(x, 2) for x in load0], "git": git_state(),
     }
-    print(f"device {meta['device']}, torch {torch.__version__}, engines via "
-          f"{'similarity.engine' if ENGINE_KW else 'direct calls (no engine= keyword)'}",
-          flush=True)
+    print(f"device {meta['device']}, torch {torch.__version__}", flush=True)
     runner = Runner(args, dev)
     t = time.perf_counter()
-    first = {c.dtype for c in cases} | {"fp32"}
-    for d in sorted(first):
-        runner.peak(dev.type, d)
-    if dev.type == "cuda":
-        runner.peak("cpu", "fp32")
-    print("matmul peak: " + ", ".join(f"{k} {v:.3g} TFLOP/s" for k, v in runner.peaks.items())
-          + f" ({time.perf_counter() - t:.1f} s)", flush=True)
+    if cases:
+        first = {c.dtype for c in cases} | {"fp32"}
+        for d in sorted(first):
+            runner.peak(dev.type, d)
+        if dev.type == "cuda":
+            runner.peak("cpu", "fp32")
+        print("matmul peak: " + ", ".join(f"{k} {v:.3g} TFLOP/s"
+                                          for k, v in runner.peaks.items())
+              + f" ({time.perf_counter() - t:.1f} s)", flush=True)
     for case in cases:
         if runner.left() <= 0:
             runner.rows.append({"case": case.name, "kind": case.kind, "method": "(case)",
@@ -1309,6 +1722,17 @@ def main(argv: list[str] | None = None) -> int:
             continue
         runner.run_case(case)
         report(runner, meta, out, final=False)  # a run cut short keeps its report
+    if pass_cases:
+        with tempfile.TemporaryDirectory(prefix="pass-baseline-") as tmp:
+            baseline = None
+            if args.pass_baseline:
+                rev = export_revision(args.pass_baseline, Path(tmp))
+                baseline = (rev, Path(tmp))
+                meta["pass_baseline"] = rev
+                print(f"baseline pass: consolidate/ of {rev} in {tmp}", flush=True)
+            for pc in pass_cases:  # not under --budget-s: each child has --pass-timeout-s
+                runner.run_pass_case(pc, baseline)
+                report(runner, meta, out, final=False)
     ratios = report(runner, meta, out, final=True)
     print(f"\nwrote {out}/results.parquet, report.md, benchmark.png, meta.json "
           f"({meta['wall_s']:.0f} s)\n")
