@@ -151,3 +151,14 @@ def test_locomo_main_pass_gives_the_same_snapshot():
         (2541, 42, 29, 29, 61)
     assert (s.dropped_floor, s.dropped_cap, s.records_out) == (464, 0, 2045)
     assert snapshot_digest(res.records.meta) == LOCOMO_SNAPSHOT
+
+
+def test_ranks_of_appended_ids_equal_a_full_sort():
+    from consolidate.pipeline.state import _merge_ranks
+
+    g = np.random.default_rng(2)
+    old = np.array([f"r{k:04d}" for k in g.permutation(300)], dtype=object)
+    new = np.array([f"m-{k:x}" for k in g.integers(0, 1 << 40, 25)] + ["r0100x", "a"],
+                   dtype=object)
+    ids = np.r_[old, new]
+    assert _merge_ranks(id_ranks(old), ids, len(old)).tolist() == id_ranks(ids).tolist()

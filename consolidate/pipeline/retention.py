@@ -11,7 +11,7 @@ import torch
 
 from ..config import PassConfig
 from ..scoring import retention_score, select_survivors
-from .state import PassState, id_ranks
+from .state import PassState
 
 __all__ = ["retention_stage", "MassDropError"]
 
@@ -43,7 +43,7 @@ def retention_stage(st: PassState, cfg: PassConfig, version: int) -> PassState:
     else:
         score, floor = imp, -math.inf
     sel = select_survivors(score, st.col("pinned").astype(bool)[li], st.ns[li],
-                           id_ranks(st.meta["id"].to_numpy(object)[li]), floor, cfg.cap)
+                           st.id_rank[li], floor, cfg.cap)
     drop = li[~sel.keep]
     if len(li) and len(drop) / len(li) > cfg.max_drop_fraction:
         worst = {str(st.ns_names[k]): int(v) for k, v in

@@ -49,6 +49,21 @@ def id_ranks(ids: np.ndarray | pd.Series) -> np.ndarray:
                    sort_keys="ascending", tiebreaker="first").to_numpy().astype(np.int64) - 1
 
 
+def _merge_ranks(rank: np.ndarray, ids: np.ndarray, n_old: int) -> np.ndarray:
+    """Ranks of all ``ids`` given the ranks ``rank`` of the first ``n_old`` (unique ids): the
+    new ids are placed by binary search among the old ones, so only the new rows are
+    sorted."""
+    old_sorted = np.empty(n_old, dtype=object)
+    old_sorted[rank] = ids[:n_old]
+    new = ids[n_old:]
+    order = np.argsort(id_ranks(new))
+    pos = np.searchsorted(old_sorted, new[order])  # old ids below each new id (sorted)
+    out = np.empty(len(ids), np.int64)
+    out[:n_old] = rank + np.searchsorted(pos, rank, side="right")
+    out[n_old + order] = pos + np.arange(len(new))
+    return out
+
+
 def segment_centroids(vec: torch.Tensor, rows: np.ndarray, seg: np.ndarray, n_seg: int,
                       weight: np.ndarray, chunk: int = 1 << 16) -> torch.Tensor:
     """Strength-weighted mean of unit vectors per segment, renormalised, computed in float64 on
@@ -321,7 +336,8 @@ class PassState:
         self.ns = np.r_[self.ns, np.searchsorted(self.ns_names,
                                                  meta["namespace"].to_numpy(object))]
         self.gone = np.r_[self.gone, np.zeros(len(meta), bool)]
-        self.id_rank = id_ranks(self.meta["id"].to_numpy(object))
+        self.id_rank = _merge_ranks(self.id_rank, self.meta["id"].to_numpy(object),
+                                    len(self.meta) - len(meta))
 
     def records(self) -> Records:
         """The next snapshot: surviving rows in their order (snapshot rows, then the rows the
