@@ -105,6 +105,7 @@ def run_pass(
     st = timed("cluster", lambda: cluster_stage(st, cfg, bool(getattr(
         merger, "handles_conflicts", False))))
     st = timed("merge", lambda: merge_stage(st, cfg, merger, version))
+    st.units = st.pairs = None  # unit vectors (as large as the store's) are not needed now
     t = time.perf_counter()
     if cfg.reflect:
         st.now = refresh_now(st)
