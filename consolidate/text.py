@@ -12,7 +12,12 @@ import hashlib
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 __all__ = [
     "normalise",
@@ -21,6 +26,8 @@ __all__ = [
     "conflict_signature",
     "conflict_between",
     "ConflictSignature",
+    "EMPTY_SIGNATURE",
+    "maybe_conflicting",
     "split_facts",
     "content_tokens",
 ]
@@ -141,6 +148,32 @@ def conflict_signature(text: str) -> ConflictSignature:
         tuple(sorted(_numbers(toks, norm).items())),
         tuple(sorted(_date_terms(toks).items())),
     )
+
+
+#: the signature of a text with no negation, number or date term
+EMPTY_SIGNATURE = ConflictSignature((), (), ())
+
+
+def _prefilter_pattern() -> str:
+    words = sorted((_NEGATIONS | set(_NUMBER_WORDS) | _MONTHS | _WEEKDAYS | _RELATIVE_TIME)
+                   - {"n't"})
+    return (r"[0-9]|[^\x00-\x7f]|n't|(^|[^a-z0-9])(" + "|".join(words) + r")([^a-z0-9]|$)")
+
+
+_PREFILTER = _prefilter_pattern()
+
+
+def maybe_conflicting(texts: Sequence[str]) -> np.ndarray:
+    """``bool [n]``: texts whose :func:`conflict_signature` may be non-empty, found by one
+    vectorised regular-expression pass (Arrow's RE2). ``False`` guarantees
+    :data:`EMPTY_SIGNATURE`: the text is ASCII and has no digit, no ``n't`` and no
+    negation, number, month, weekday or relative-time word between non-alphanumeric
+    characters (a superset of the tokens :func:`conflict_signature` reads)."""
+    if not len(texts):
+        return np.zeros(0, bool)
+    arr = pa.array(list(texts), pa.string())
+    return pc.match_substring_regex(arr, _PREFILTER, ignore_case=True).to_numpy(
+        zero_copy_only=False).astype(bool)
 
 
 def conflict_between(a: ConflictSignature, b: ConflictSignature) -> str | None:

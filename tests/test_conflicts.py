@@ -207,3 +207,23 @@ def test_supersede_names_every_newer_partner_and_is_not_repeated():
                      version=2, wall_h=201.0)
     assert first.stats["superseded"] == 1 and again.stats["superseded"] == 0
     assert not [e for e in again.events if e["op"] == "supersede"]
+
+
+def test_prefilter_never_hides_a_conflict_signature():
+    import random
+
+    from consolidate.text import EMPTY_SIGNATURE, conflict_signature, maybe_conflicting
+
+    rnd = random.Random(3)
+    vocab = ["Gina", "likes", "tea", "not", "no", "know", "note", "snot", "one", "someone",
+             "may", "May", "8", "2023", "twice", "mon", "monday", "Monday's", "ago", "chicago",
+             "don't", "dont", "won\u2019t", "caf\u00e9", "\uff11", "last", "blast", "nor",
+             "north", "x_no", "no_x", "quit", "quite", "n't", "N'T", "--", "-5", "ten.",
+             "(ten)", "it's", "oct", "octopus", "sept", "september", "\u2160", "nothing."]
+    texts = [" ".join(rnd.choice(vocab) for _ in range(rnd.randint(0, 6))) for _ in range(3000)]
+    texts += ["Likes tea", "Has TWO cats", "hello world", "", "   "]
+    flagged = maybe_conflicting(texts)
+    for t, f in zip(texts, flagged, strict=True):
+        if not f:
+            assert conflict_signature(t) == EMPTY_SIGNATURE, t
+    assert not flagged[-5:][[0, 2]].any() and flagged[-4]  # a plain text passes, "two" not

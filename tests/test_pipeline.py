@@ -162,3 +162,23 @@ def test_ranks_of_appended_ids_equal_a_full_sort():
                    dtype=object)
     ids = np.r_[old, new]
     assert _merge_ranks(id_ranks(old), ids, len(old)).tolist() == id_ranks(ids).tolist()
+
+
+def test_group_sums_add_in_numpys_order():
+    from consolidate.pipeline.state import group_sums
+
+    g = np.random.default_rng(7)
+    sizes = g.integers(1, 40, 300)
+    v = g.uniform(1, 30, int(sizes.sum())).round(1)  # non-integer strengths
+    starts = np.r_[0, np.cumsum(sizes)[:-1]]
+    ref = [v[s:s + k].sum() for s, k in zip(starts, sizes, strict=True)]
+    assert group_sums(v, sizes).tolist() == ref  # bit for bit, not approximately
+
+
+def test_invalid_utf8_ids_are_a_clear_error():
+    rows = [{"id": "a", "namespace": "u", "text": "x", "vector": [1.0, 0.0]},
+            {"id": "b", "namespace": "u", "text": "y", "vector": [0.0, 1.0]}]
+    recs = make_records(rows)
+    recs.meta.loc[1, "id"] = "b\ud800"
+    with pytest.raises(ValueError, match="valid UTF-8"):
+        run_pass(recs, cfg=PassConfig(), sim_cfg=SimilarityConfig(device="cpu"))

@@ -8,7 +8,7 @@ import pandas as pd
 import torch
 
 from ..config import PassConfig
-from .state import PassState, Units, list_lengths, segment_centroids
+from .state import PassState, Units, group_sums, list_lengths, segment_centroids
 
 __all__ = ["exact_stage", "open_facts"]
 
@@ -60,7 +60,7 @@ def exact_stage(st: PassState, cfg: PassConfig) -> PassState:
     ustart = np.r_[0, np.cumsum(size)].astype(np.int64)
     seg = np.repeat(np.arange(len(size)), size)
     strength = st.col("strength")
-    weight = np.add.reduceat(strength[rows], ustart[:-1]) if len(size) else np.zeros(0)
+    weight = group_sums(strength[rows], size)
     vec = _unit_vectors(st, rows, ustart, seg, size, strength)
     st.units = Units(rows=rows, start=ustart, ns=st.ns[rows[ustart[:-1]]], vec=vec,
                      weight=weight)

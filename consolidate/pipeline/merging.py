@@ -14,12 +14,11 @@ from ..merge import (
     Merger,
     MergeRequest,
     MergeResponse,
-    canonical_order,
     fact_time,
     newer_fact_times,
 )
 from .rows import new_records
-from .state import PassState, merged_id
+from .state import PassState, list_lengths, merged_id
 
 __all__ = ["merge_stage", "members", "latency_stats", "PAIRWISE_SIMILARITIES_MAX"]
 
@@ -49,6 +48,19 @@ def members(st: PassState, groups: list[np.ndarray]) -> list[tuple[MergeMember, 
     return out
 
 
+def _canonical_texts(st: PassState, groups: list[np.ndarray]) -> list[str]:
+    """The text of each group's first member in :func:`~consolidate.merge.canonical_order`
+    (importance desc, last_used desc, strength desc, id asc), chosen with one sort."""
+    if not groups:
+        return []
+    rows = np.concatenate(groups)
+    gid = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
+    order = np.lexsort((st.id_rank[rows], -st.col("strength")[rows],
+                        -st.col("last_used")[rows], -st.col("importance")[rows], gid))
+    first = order[np.r_[0, np.flatnonzero(np.diff(gid[order])) + 1]]
+    return [str(t) for t in st.meta["text"].to_numpy(object)[rows[first]]]
+
+
 def latency_stats(responses: list[MergeResponse]) -> tuple[float, float] | None:
     """``(p50, p95)`` of the responses' ``latency_s`` (seconds), or ``None``."""
     lat = [r.extra["latency_s"] for r in responses if "latency_s" in r.extra]
@@ -73,11 +85,17 @@ def _requests(st: PassState, version: int) -> list[MergeRequest]:
             confl_of.setdefault(x, []).extend(
                 (str(ids[ra]), str(ids[rb]), r) for ra in u.members(a) for rb in u.members(b))
     pair_key = (p.i * len(u) + p.j) if p is not None else np.zeros(0, np.int64)
-
-    def pair_sim(a: int, b: int) -> float | None:
-        key = min(a, b) * len(u) + max(a, b)
-        k = int(np.searchsorted(pair_key, key))
-        return float(p.sim[k]) if k < len(pair_key) and pair_key[k] == key else None
+    # cosine of every member pair of the small clusters, looked up at once in the
+    # (i, j)-sorted pairs (no dict of every pair: millions in a dense namespace)
+    small = [c for c in st.clusters if len(c) <= PAIRWISE_SIMILARITIES_MAX]
+    combos = [(a, b) for c in small for y, a in enumerate(c) for b in c[y + 1:]]
+    ca = np.array([a for a, _ in combos], np.int64)
+    cb = np.array([b for _, b in combos], np.int64)
+    want = np.minimum(ca, cb) * len(u) + np.maximum(ca, cb)
+    at = np.clip(np.searchsorted(pair_key, want), 0, max(len(pair_key) - 1, 0))
+    found = pair_key[at] == want if len(pair_key) else np.zeros(len(want), bool)
+    sim_of = np.where(found, p.sim[at] if p is not None and len(pair_key) else 0.0, np.nan)
+    next_combo = 0
 
     out = []
     groups = []
@@ -87,9 +105,11 @@ def _requests(st: PassState, version: int) -> list[MergeRequest]:
     for x, (c, rows, mem) in enumerate(zip(st.clusters, groups, members(st, groups),
                                            strict=True)):
         if len(c) <= PAIRWISE_SIMILARITIES_MAX:
-            sims = tuple((keys[a], keys[b], round(sv, 6))
-                         for y, a in enumerate(c) for b in c[y + 1:]
-                         if (sv := pair_sim(a, b)) is not None)
+            k = len(c) * (len(c) - 1) // 2
+            sims = tuple((keys[a], keys[b], round(float(sv), 6)) for (a, b), sv in zip(
+                combos[next_combo:next_combo + k], sim_of[next_combo:next_combo + k].tolist(),
+                strict=True) if sv == sv)
+            next_combo += k
         else:
             uv = u.vec[c].cpu().numpy().astype(np.float64)
             cen = (u.weight[c, None] * uv).sum(0)
@@ -170,8 +190,8 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     exact = [g for k in np.flatnonzero(u.size > 1).tolist() if k not in in_cluster
              and len(g := np.array([r for r in u.members(k).tolist() if r not in superseded],
                                    np.int64)) > 1]
-    for g, mem in zip(exact, members(st, exact), strict=True):
-        merges.append((g, canonical_order(mem)[0].text, "exact_merge", {}))
+    merges += [(g, text, "exact_merge", {}) for g, text in zip(
+        exact, _canonical_texts(st, exact), strict=True)]
     st.meta["valid_to"] = valid_to
     st.stats.superseded = n_closed
     st.stats.model_calls = sum(r.calls for r in responses)
@@ -225,7 +245,7 @@ def _follow_merges(st: PassState) -> None:
     instead, so no link points to a tombstone that a later purge removes. Only rows with a
     ``derived_from`` are visited."""
     derived = st.meta["derived_from"].to_numpy(object)
-    refl = np.flatnonzero(np.fromiter(map(len, derived), np.int64, len(derived)) > 0)
+    refl = np.flatnonzero((list_lengths(derived) > 0) & ~st.gone)
     if not len(refl):
         return
     merged = (st.meta["deleted_reason"].to_numpy(object) == "merged") & \

@@ -19,7 +19,13 @@ from ..cluster import ClusterResult, centroid_clusters
 from ..config import PassConfig, SimilarityConfig
 from ..device import resolve_device
 from ..similarity import Pairs, threshold_pairs
-from ..text import ConflictSignature, conflict_between, conflict_signature
+from ..text import (
+    EMPTY_SIGNATURE,
+    ConflictSignature,
+    conflict_between,
+    conflict_signature,
+    maybe_conflicting,
+)
 from .state import PassState, list_lengths
 
 __all__ = ["similar_pairs", "similarity_stage", "cluster_stage", "compact_clusters"]
@@ -106,20 +112,30 @@ def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> Pa
     named = {x for r in u.rows[has_apart].tolist() for x in apart_col[r]}
 
     def conflicts(items: np.ndarray) -> dict[str, Any]:
-        texts = st.meta["text"].to_numpy(object)[first[items]]
+        texts = st.meta["text"].to_numpy(object)[first[items]].tolist()
+        flagged = maybe_conflicting(texts)
         memo: dict[str, ConflictSignature] = {}
-        sig = [memo[t] if t in memo else memo.setdefault(t, conflict_signature(t))
-               for t in texts.tolist()]
-        members = [set(ids[u.members(k)].tolist()) for k in items.tolist()]
-        apart = [{x for r in u.members(k).tolist() for x in apart_col[r]}
-                 for k in items.tolist()]
-        cls: list[Hashable] = [(sig[x], x if (apart[x] or members[x] & named) else -1)
-                               for x in range(len(items))]
+        sig = [(memo[t] if t in memo else memo.setdefault(t, conflict_signature(t)))
+               if f else EMPTY_SIGNATURE for t, f in zip(texts, flagged.tolist(), strict=True)]
+        # undo constraints: only units holding a keep_apart, or holding a named id, need sets
+        apart: dict[int, set[str]] = {}
+        members: dict[int, set[str]] = {}
+        if named:
+            for x, k in enumerate(items.tolist()):
+                rows = u.members(k).tolist()
+                a = {y for r in rows for y in apart_col[r]}
+                m = set(ids[rows].tolist())
+                if a:
+                    apart[x] = a
+                if a or m & named:
+                    members[x] = m
+        cls: list[Hashable] = [(sig[x], x if x in members else -1) for x in range(len(items))]
+        empty: set[str] = set()
 
         def conflict(a: int, b: int) -> str | None:
             return conflict_between(sig[a], sig[b]) or (
-                "undone merge" if (apart[a] & members[b]) or (apart[b] & members[a])
-                else None)
+                "undone merge" if (apart.get(a, empty) & members.get(b, empty))
+                or (apart.get(b, empty) & members.get(a, empty)) else None)
 
         return {"conflict": conflict, "conflict_class": cls,
                 "allow_conflicts": handles_conflicts,

@@ -41,7 +41,7 @@ def reflect_stage(st: PassState, cfg: PassConfig, sim_cfg: SimilarityConfig, ref
         return st
     ids = st.meta["id"].to_numpy(object)
     derived = st.meta["derived_from"].to_numpy(object)
-    refl = np.flatnonzero(list_lengths(derived) > 0)
+    refl = np.flatnonzero((list_lengths(derived) > 0) & ~st.gone)  # purged rows count for nothing
     reason = st.meta["deleted_reason"].to_numpy(object)[refl]
     covered = [set(derived[r]) for r, why in zip(refl.tolist(), reason.tolist(), strict=True)
                if not isinstance(why, str) or why in ("floor", "cap")]

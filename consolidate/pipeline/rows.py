@@ -11,7 +11,7 @@ import torch
 
 from ..store.schema import COLUMNS
 from ..text import text_hash
-from .state import PassState, nan_reduce, segment_centroids
+from .state import PassState, group_sums, nan_reduce, segment_centroids
 
 __all__ = ["new_records"]
 
@@ -65,7 +65,7 @@ def new_records(st: PassState, groups: Sequence[np.ndarray], texts: Sequence[str
     src = st.meta["source_ids"].to_numpy(object)
     merge = kind == "merge"
     if merge:
-        w_sum = np.add.reduceat(strength, starts)
+        w_sum = group_sums(strength, sizes)
         w_max = np.maximum.reduceat(strength, starts)
         vf = st.col("valid_from")[rows]
         vt = st.col("valid_to")[rows]

@@ -24,7 +24,7 @@ from ..similarity import Pairs
 from ..store.schema import COLUMNS, Records
 
 __all__ = ["PassResult", "PassStats", "PassState", "Units", "merged_id", "list_lengths",
-           "id_ranks", "segment_centroids"]
+           "id_ranks", "group_sums", "segment_centroids"]
 
 
 def merged_id(version: int, member_ids: Sequence[str]) -> str:
@@ -40,12 +40,39 @@ def list_lengths(col: pd.Series | np.ndarray) -> np.ndarray:
     return np.fromiter(map(len, col), np.int64, len(col))
 
 
+def _utf8(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def group_sums(values: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """``float64 [g]``: the sum of each run of ``sizes[k]`` consecutive ``values``, added in
+    the order ``np.sum`` adds them (left to right below 8 terms, pairwise above), so a merged
+    record's strength is the same number as ``values[group].sum()``."""
+    sizes = np.asarray(sizes, np.int64)
+    gid = np.repeat(np.arange(len(sizes)), sizes)
+    out = np.bincount(gid, weights=values, minlength=len(sizes)).astype(np.float64)
+    starts = np.r_[0, np.cumsum(sizes)[:-1]].astype(np.int64)
+    for k in np.flatnonzero(sizes >= 8).tolist():
+        out[k] = values[starts[k]:starts[k] + sizes[k]].sum()
+    return out
+
+
 def id_ranks(ids: np.ndarray | pd.Series) -> np.ndarray:
     """``int64 [n]``: rank of each id in ascending code-point order (UTF-8 byte order equals
     code-point order), computed by Arrow's sort. Ids are unique, so ranks are too."""
     if not len(ids):
         return np.zeros(0, np.int64)
-    return pc.rank(pa.array(np.asarray(ids, dtype=object), pa.string()),
+    try:
+        arr = pa.array(np.asarray(ids, dtype=object), pa.string())
+    except (UnicodeEncodeError, pa.ArrowException) as e:
+        bad = [repr(x) for x in ids if not isinstance(x, str) or not _utf8(x)][:5]
+        raise ValueError(f"record ids must be strings of valid UTF-8; these are not: "
+                         f"{', '.join(bad)}") from e
+    return pc.rank(arr,
                    sort_keys="ascending", tiebreaker="first").to_numpy().astype(np.int64) - 1
 
 
