@@ -88,34 +88,30 @@ def run_pass(
     _check_settings(cfg)
     times: dict[str, float] = {}
 
-    def timed(name: str, stage: Callable[[], PassState]) -> PassState:
+    def timed(name: str, stage: Callable[[], Any]) -> Any:
         t = time.perf_counter()
         out = stage()
         times[name] = times.get(name, 0.0) + time.perf_counter() - t
         return out
 
-    t0 = time.perf_counter()
-    st = _start(records, sim_cfg, wall_h, merger.name, version)
     refresh_now = _now_fn(cfg, wall_h, now_by_namespace)
-    st.now = refresh_now(st)
-    times["purge"] = time.perf_counter() - t0
-    st = timed("purge", lambda: purge_stage(st, cfg))
+
+    def with_now(st: PassState) -> PassState:
+        st.now = refresh_now(st)  # "latest" depends on the live rows: after every change
+        return st
+
+    st = timed("purge", lambda: purge_stage(
+        with_now(_start(records, sim_cfg, wall_h, merger.name, version)), cfg))
     st = timed("exact", lambda: exact_stage(st, cfg))
     st = timed("similarity", lambda: similarity_stage(st, cfg, sim_cfg))
     st = timed("cluster", lambda: cluster_stage(st, cfg, bool(getattr(
         merger, "handles_conflicts", False))))
     st = timed("merge", lambda: merge_stage(st, cfg, merger, version))
     st.units = st.pairs = None  # unit vectors (as large as the store's) are not needed now
-    t = time.perf_counter()
-    if cfg.reflect:
-        st.now = refresh_now(st)
-        st = reflect_stage(st, cfg, sim_cfg, reflector, version)
-    times["reflect"] = time.perf_counter() - t
-    t = time.perf_counter()
-    st.now = refresh_now(st)
-    st = retention_stage(st, cfg, version)
-    out = st.records()
-    times["score"] = time.perf_counter() - t
+    st = timed("reflect", lambda: reflect_stage(with_now(st), cfg, sim_cfg, reflector, version)
+               if cfg.reflect else st)
+    st = timed("score", lambda: retention_stage(with_now(st), cfg, version))
+    out = timed("score", st.records)
     st.stats.time_s = {k: round(v, 4) for k, v in times.items()}
     return PassResult(out, st.events, st.stats)
 

@@ -1,9 +1,10 @@
 """The pass's typed state: row columns, one vector tensor on the pass device, stats.
 
 A :class:`PassState` is what flows from stage to stage (:mod:`consolidate.pipeline`). Rows
-keep their snapshot positions for the whole pass: purged rows are only masked, and new rows
-(merges, reflections) are collected apart and appended once when the pass ends, so the
-snapshot's vectors are never copied on the way (one copy at the end builds the output).
+keep their snapshot positions for the whole pass: purged rows are only masked, and rows the
+pass writes (merges, reflections) are appended to the table while their vectors are kept
+apart, so the snapshot's vectors are never copied on the way (one copy at the end builds
+the output).
 """
 
 from __future__ import annotations
@@ -108,30 +109,16 @@ def segment_centroids(vec: torch.Tensor, rows: np.ndarray, seg: np.ndarray, n_se
         chunk: rows per float64 block (bounds the float64 temporaries to ``chunk x d``).
 
     Returns:
-        ``float32 [n_seg, d]`` unit vectors on ``vec``'s device. A one-row segment gets its
-        row renormalised in float64 (the same numbers as the weighted sum of one row).
+        ``float32 [n_seg, d]`` unit vectors on ``vec``'s device.
     """
     dev, d = vec.device, vec.shape[1]
     out = torch.empty((n_seg, d), dtype=torch.float32, device=dev)
     if not n_seg:
         return out
     rows, seg = np.asarray(rows, np.int64), np.asarray(seg, np.int64)
+    w = np.asarray(weight, np.float64)
     starts = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])
-    size = np.diff(np.r_[starts, len(seg)])
-    single = np.flatnonzero(size == 1)
-    for a in range(0, len(single), chunk):
-        x = vec.index_select(0, torch.from_numpy(rows[starts[single[a:a + chunk]]]).to(dev))
-        x = x.double()
-        x /= torch.linalg.vector_norm(x, dim=1, keepdim=True).clamp_min(1e-300)
-        out[torch.from_numpy(single[a:a + chunk]).to(dev)] = x.float()
-    multi = np.flatnonzero(size > 1)
-    if not len(multi):
-        return out
-    keep = np.repeat(size > 1, size)
-    rows, w = rows[keep], np.asarray(weight, np.float64)[keep]
-    seg = np.repeat(np.arange(len(multi)), size[multi])
-    starts = np.r_[0, np.cumsum(size[multi])[:-1]]
-    w = w / np.repeat(np.maximum.reduceat(w, starts), size[multi])
+    w = w / np.repeat(np.maximum.reduceat(w, starts), np.diff(np.r_[starts, len(seg)]))
     # whole segments per block of about `chunk` entries
     cut = np.unique(np.r_[starts[np.searchsorted(starts, np.arange(0, len(seg), chunk),
                                                  side="right") - 1], len(seg)])
@@ -142,7 +129,7 @@ def segment_centroids(vec: torch.Tensor, rows: np.ndarray, seg: np.ndarray, n_se
         acc = torch.zeros((s_hi - s_lo, d), dtype=torch.float64, device=dev)
         acc.index_add_(0, torch.from_numpy(seg[a:b] - s_lo).to(dev), x)
         acc /= torch.linalg.vector_norm(acc, dim=1, keepdim=True).clamp_min(1e-300)
-        out[torch.from_numpy(multi[s_lo:s_hi]).to(dev)] = acc.float()
+        out[s_lo:s_hi] = acc.float()
     return out
 
 
@@ -213,19 +200,22 @@ class PassStats:
                 if getattr(self, f.name) is not None or f.name in self._ALWAYS}
 
     def __getitem__(self, key: str) -> Any:
-        d = self.as_dict()
-        if key not in d:
+        if key not in self:
             raise KeyError(key)
         return getattr(self, key)
 
     def __contains__(self, key: object) -> bool:
-        return key in self.as_dict()
+        return key in _STAT_FIELDS and (getattr(self, key) is not None
+                                        or key in self._ALWAYS)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.as_dict().get(key, default)
 
     def items(self):  # noqa: ANN201 - dict view
         return self.as_dict().items()
+
+
+_STAT_FIELDS = frozenset(f.name for f in fields(PassStats))
 
 
 @dataclass
@@ -255,7 +245,8 @@ class Units:
         rows: ``int64 [m]`` row positions, grouped by unit; each unit's rows in id order.
         start: ``int64 [U + 1]`` offsets of each unit in ``rows``.
         ns: ``int64 [U]`` namespace code of each unit.
-        vec: ``float32 [U, d]`` strength-weighted centroid of each unit (on the pass device).
+        vec: ``float32 [U, d]`` on the pass device: a one-record unit's stored vector, a
+            group's strength-weighted centroid.
         weight: ``float64 [U]`` summed strength of each unit.
     """
 
