@@ -143,6 +143,10 @@ class StoreConfig:
         keep_snapshots: snapshots kept after each commit.
         quarantine: move invalid rows to ``quarantine/`` instead of failing.
         lock_timeout_s: seconds to wait for another pass to finish.
+        vector_dtype: how the store keeps vectors: ``fp32`` (default), ``fp16``, ``bf16``
+            or ``int8`` with one scale per vector (4x smaller; see
+            :mod:`consolidate.store.vectors`); ``null`` keeps an existing store's. Applies
+            to the next snapshot written (a lossy, one-way conversion for an existing store).
         importance: the LOCOMO importance heuristic.
     """
 
@@ -154,6 +158,7 @@ class StoreConfig:
     keep_snapshots: int = 5
     quarantine: bool = False
     lock_timeout_s: float = 0.0
+    vector_dtype: str | None = None
     importance: ImportanceConfig = field(default_factory=ImportanceConfig)
 
 

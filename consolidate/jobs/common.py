@@ -52,7 +52,8 @@ def open_store(cfg: DictConfig, *, build: bool = True) -> tuple[Store, dict[str,
         StoreNotFoundError: no store and ``init_from`` is null (or ``build=False``).
     """
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
-    store = Store(scfg.dir, keep_snapshots=scfg.keep_snapshots, quarantine=scfg.quarantine)
+    store = Store(scfg.dir, keep_snapshots=scfg.keep_snapshots, quarantine=scfg.quarantine,
+                  vector_dtype=scfg.vector_dtype)
     if store.exists() or not build or scfg.init_from is None:
         if not store.exists():
             store.head()  # raises StoreNotFoundError with the path

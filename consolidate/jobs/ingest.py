@@ -33,7 +33,8 @@ def run_ingest(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
     icfg = IngestConfig(**{k: cfg.ingest[k] for k in ("top_s", "add_below", "allow_untrusted",
                                                        "extract_max_tokens",
                                                        "decide_max_tokens")})
-    out = ingest(Store(scfg.dir, keep_snapshots=scfg.keep_snapshots), turns, backend, emb,
+    out = ingest(Store(scfg.dir, keep_snapshots=scfg.keep_snapshots,
+                       vector_dtype=scfg.vector_dtype), turns, backend, emb,
                  icfg, device=sim_cfg(cfg).device)
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ..text import text_hash
+from .vectors import SCALE_COLUMN, decode_vectors, encode_vectors
 
 __all__ = [
     "COLUMNS",
@@ -327,15 +328,17 @@ def _coerce(meta: pd.DataFrame) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- arrow I/O
-def arrow_schema(dim: int) -> pa.Schema:
-    """Parquet/Arrow schema of a snapshot with ``dim``-dimensional vectors."""
+def arrow_schema(dim: int, vector_dtype: str = "fp32") -> pa.Schema:
+    """Parquet/Arrow schema of a snapshot with ``dim``-dimensional vectors stored in
+    ``vector_dtype`` (see :mod:`consolidate.store.vectors`; int8 adds ``vector_scale``)."""
     ts = pa.timestamp("us", tz="UTC")
+    vec = encode_vectors(np.zeros((0, dim), np.float32), vector_dtype)
     return pa.schema(
         [
             ("id", pa.string()),
             ("namespace", pa.string()),
             ("text", pa.string()),
-            ("vector", pa.list_(pa.float32(), dim)),
+            *[(name, col.type) for name, col in sorted(vec.items())],
             ("importance", pa.float64()),
             ("created_at", ts),
             ("last_used", ts),
@@ -365,16 +368,20 @@ def _opt_str(s: pd.Series) -> list[str | None]:
     return [x if isinstance(x, str) else None for x in s]
 
 
-def records_to_arrow(recs: Records) -> pa.Table:
-    """Convert to an Arrow table with :func:`arrow_schema` (times as UTC timestamps)."""
+def records_to_arrow(recs: Records, vector_dtype: str = "fp32") -> pa.Table:
+    """Convert to an Arrow table with :func:`arrow_schema` (times as UTC timestamps), the
+    vectors stored in ``vector_dtype``.
+
+    Raises:
+        ValueError: an unknown ``vector_dtype``, or NaN/inf in a vector stored as int8.
+    """
     m = recs.meta
     dim = recs.dim
-    flat = pa.array(recs.vectors.reshape(-1).astype(np.float32), type=pa.float32())
     arrays = {
         "id": pa.array(_opt_str(m["id"]), pa.string()),
         "namespace": pa.array(_opt_str(m["namespace"]), pa.string()),
         "text": pa.array(_opt_str(m["text"]), pa.string()),
-        "vector": pa.FixedSizeListArray.from_arrays(flat, dim),
+        **encode_vectors(recs.vectors.reshape(len(recs), dim), vector_dtype),
         "importance": pa.array(m["importance"].to_numpy(np.float64)),
         "strength": pa.array(m["strength"].to_numpy(np.float64)),
         "pinned": pa.array(m["pinned"].to_numpy(bool)),
@@ -391,7 +398,7 @@ def records_to_arrow(recs: Records) -> pa.Table:
     lp = m["last_pass"].to_numpy(np.float64)
     lp_mask = np.isnan(lp)
     arrays["last_pass"] = pa.array(np.where(lp_mask, 0, lp).astype(np.int64), mask=lp_mask)
-    schema = arrow_schema(dim)
+    schema = arrow_schema(dim, vector_dtype)
     return pa.table([arrays[f.name] for f in schema], schema=schema)
 
 
@@ -421,7 +428,8 @@ def _decode_texts(col: pa.ChunkedArray) -> tuple[list[str | None], list[int]]:
 def records_from_arrow(table: pa.Table, dim: int | None = None) -> Records:
     """Inverse of :func:`records_to_arrow`. Rows with invalid UTF-8 text get text ``None``
     and are listed in ``Records.bad_utf8`` for :func:`validate`; vectors of the wrong length
-    (variable-length list columns) in ``Records.bad_dim``.
+    (variable-length list columns) in ``Records.bad_dim``. A fixed-size vector column in any
+    stored dtype is decoded to float32 (:func:`~consolidate.store.vectors.decode_vectors`).
 
     Args:
         table: snapshot or delta table.
@@ -430,6 +438,8 @@ def records_from_arrow(table: pa.Table, dim: int | None = None) -> Records:
 
     Raises:
         KeyError: a required column (id, namespace, text, vector) is missing.
+        ValueError: a fixed-size vector column of a type no storage dtype uses, or int8
+            vectors without their ``vector_scale`` column.
     """
     names = set(table.column_names)
     for req in ("id", "namespace", "text", "vector"):
@@ -440,8 +450,8 @@ def records_from_arrow(table: pa.Table, dim: int | None = None) -> Records:
     n = table.num_rows
     if pa.types.is_fixed_size_list(vcol.type) and dim in (None, vcol.type.list_size):
         dim = vcol.type.list_size
-        vals = vcol.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
-        vecs = vals.reshape(n, dim) if n else np.zeros((0, dim), np.float32)
+        vecs = decode_vectors(vcol, table.column(SCALE_COLUMN) if SCALE_COLUMN in names
+                              else None)
         bad_dim: list[int] = []
     else:
         lists = vcol.to_pylist()

@@ -3,7 +3,8 @@
 Layout of a store directory::
 
     CURRENT                      pointer (JSON): version, snapshot and changelog file names,
-                                 dim, deltas already folded into this snapshot
+                                 dim, vector storage dtype (fp32|fp16|bf16|int8, see
+                                 :mod:`consolidate.store.vectors`), deltas already folded
     LOCK                         flock()ed by the one pass (or undo) allowed at a time
     snapshots/snapshot-000007.parquet
     changelogs/changelog-000007.jsonl
@@ -59,6 +60,7 @@ from .schema import (
     records_to_arrow,
     validate,
 )
+from .vectors import check_vector_dtype
 
 __all__ = ["Store", "Snapshot", "StoreNotFoundError", "CorruptStoreError",
            "ConcurrentCommitError", "LockTimeoutError"]
@@ -155,6 +157,7 @@ class Pointer:
     folded: tuple[str, ...] = ()
     created_at: float = 0.0
     last_pass_at: float | None = None
+    vector_dtype: str = "fp32"
 
     def to_json(self) -> str:
         d = self.__dict__.copy()
@@ -216,6 +219,14 @@ class Store:
             to ``quarantine/`` and the rest goes on; if ``False`` (default), they raise
             :class:`InvalidRecordsError` and nothing is written.
         future_tolerance_h: allowed clock skew for ``last_used`` in the future, hours.
+        vector_dtype: how snapshots written through this handle store vectors (``fp32``,
+            ``fp16``, ``bf16``, ``int8``; see :mod:`consolidate.store.vectors`); ``None``
+            keeps the store's own (``fp32`` for a new store). Deltas written by
+            :meth:`append` use the dtype of the current snapshot. Converting to a smaller
+            dtype is lossy and one-way.
+
+    Raises:
+        ValueError: ``keep_snapshots < 1`` or an unknown ``vector_dtype``.
     """
 
     def __init__(
@@ -225,9 +236,11 @@ class Store:
         keep_snapshots: int = 5,
         quarantine: bool = False,
         future_tolerance_h: float = 5 / 60,
+        vector_dtype: str | None = None,
     ) -> None:
         if keep_snapshots < 1:
             raise ValueError("keep_snapshots must be >= 1")
+        self.vector_dtype = None if vector_dtype is None else check_vector_dtype(vector_dtype)
         self.root = Path(root)
         self.keep_snapshots = keep_snapshots
         self.quarantine = quarantine
@@ -260,6 +273,7 @@ class Store:
             if not (isinstance(ptr.version, int) and isinstance(ptr.dim, int)
                     and isinstance(ptr.snapshot, str) and ptr.version >= 1 and ptr.dim >= 1):
                 raise ValueError("version, dim or snapshot has the wrong type")
+            check_vector_dtype(ptr.vector_dtype)
             return ptr
         except (ValueError, TypeError, AttributeError, KeyError) as e:
             raise CorruptStoreError(f"{self.pointer_path} is not a valid pointer ({e}); the "
@@ -283,7 +297,8 @@ class Store:
         self._dirs()
         with self.lock():
             ev = [{"op": "create", "source": source, "records": len(records)}]
-            self._write_version(1, records, events=ev, folded=(), last_pass_at=None)
+            self._write_version(1, records, events=ev, folded=(), last_pass_at=None,
+                                vector_dtype=self.vector_dtype or "fp32")
         return self.load()
 
     # ------------------------------------------------------------ read
@@ -388,7 +403,8 @@ class Store:
             normalise_vectors(records)
             name = self._delta_name("parquet")
             _write_atomic(self.root / "deltas" / name,
-                          lambda p: pq.write_table(records_to_arrow(records), p))
+                          lambda p: pq.write_table(
+                              records_to_arrow(records, ptr.vector_dtype), p))
         return list(records.meta["id"])
 
     @contextlib.contextmanager
@@ -602,25 +618,27 @@ class Store:
         leftover = tuple(n for n in ptr.folded if (self.root / "deltas" / n).exists())
         folded = leftover + tuple(base.deltas) + tuple(late)
         snap, log = self._write_version(version, records, events, folded,
-                                        pass_time_h if pass_time_h is not None else hours_now())
+                                        pass_time_h if pass_time_h is not None else hours_now(),
+                                        self.vector_dtype or ptr.vector_dtype)
         self._cleanup(folded)
         return {"version": version, "snapshot": snap, "changelog": log,
                 "carried_records": len(carried_ids), "carried_touches": n_touch}
 
     def _write_version(
         self, version: int, records: Records, events: list[dict[str, Any]],
-        folded: tuple[str, ...], last_pass_at: float | None,
+        folded: tuple[str, ...], last_pass_at: float | None, vector_dtype: str,
     ) -> tuple[str, str]:
         snap = f"snapshot-{version:06d}.parquet"
         log = f"changelog-{version:06d}.jsonl"
-        table = records_to_arrow(records)
+        table = records_to_arrow(records, vector_dtype)
         _write_atomic(self.root / "snapshots" / snap, lambda p: pq.write_table(table, p),
                       crash_tag="snapshot")
         _crashpoint("after_snapshot")
         _write_atomic(self.root / "changelogs" / log, lambda p: _write_jsonl(p, events),
                       crash_tag="changelog")
         _crashpoint("after_changelog")
-        ptr = Pointer(version, snap, log, records.dim, folded, hours_now(), last_pass_at)
+        ptr = Pointer(version, snap, log, records.dim, folded, hours_now(), last_pass_at,
+                      vector_dtype)
         _write_atomic(self.pointer_path, lambda p: p.write_text(ptr.to_json()),
                       crash_tag="pointer")
         _crashpoint("after_pointer")
