@@ -46,16 +46,28 @@ def test_evaluate_longmemeval_fixture(tmp_path):
         [{k: v for k, v in r.items() if k not in drop} for r in res2.tables["ablation"]]
 
 
+def test_evaluate_unknown_vector_dtype_names_the_variant(tmp_path):
+    cfg = _cfg("evaluate", ["task=longmemeval-fixture", "embedder.show_progress=false",
+                            "variants=[{name: tiny, consolidate: false, vectors: int4}]"])
+    with pytest.raises(ValueError, match="variant 'tiny': vectors: .*one of fp32"):
+        run_evaluate(cfg, tmp_path)
+
+
 @pytest.mark.skipif(not LOCOMO.exists(), reason="LOCOMO data not present")
 def test_evaluate_locomo_two_conversations(tmp_path):
     cfg = _cfg("evaluate", ["store.conversations=2", "embedder.show_progress=false",
                             "latency_sample=5",
                             "variants=[{name: append-all, consolidate: false},"
-                            "{name: p90, pass: {threshold: 0.9, decay: false}}]"])
+                            "{name: p90, pass: {threshold: 0.9, decay: false}},"
+                            "{name: int8, consolidate: false, vectors: int8}]"])
     res = run_evaluate(cfg, tmp_path)
     abl = {r["variant"]: r for r in res.tables["ablation"]}
     assert res.task.counts["groups"] == 2 and res.task.counts["questions"] == 304
     assert abl["p90"]["store_size"] < abl["append-all"]["store_size"]
+    # int8 storage keeps every memory; its rankings move only where scores nearly tie
+    assert abl["int8"]["vectors"] == "int8" and abl["append-all"]["vectors"] == "fp32"
+    assert abl["int8"]["store_size"] == abl["append-all"]["store_size"]
+    assert abs(abl["int8"]["recall@10"] - abl["append-all"]["recall@10"]) < 0.02
     for r in abl.values():
         assert 0 < r["recall@1"] <= r["recall@5"] <= r["recall@10"] <= r["recall@20"] <= 1
     cats = {m.category_label for m in res.metrics if m.category is not None}

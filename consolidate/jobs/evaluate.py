@@ -30,7 +30,8 @@ from ..evaluation.results import Metric, Results, TaskInfo, environment, now_iso
 from ..evaluation.retrieval import latency_ms, retrieval_table, summarise
 from ..evaluation.tasks import TASKS, MemoryTask, locomo_task, longmemeval_task
 from ..pipeline import run_pass
-from ..store.schema import InvalidRecordsError, records_from_rows, validate
+from ..store.schema import InvalidRecordsError, Records, records_from_rows, validate
+from ..store.vectors import check_vector_dtype, stored_vectors
 from .common import CONFIG_DIR, make_embedder, sim_cfg, typed, user_errors
 
 log = logging.getLogger("consolidate")
@@ -116,6 +117,12 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
     for v in cfg.variants:
         name = v["name"]
         t = time.perf_counter()
+        vdt = v.get("vectors", "fp32")
+        try:
+            base = (recs if vdt == "fp32" else
+                    Records(recs.meta, stored_vectors(recs.vectors, check_vector_dtype(vdt))))
+        except ValueError as e:
+            raise ValueError(f"variant {name!r}: vectors: {e}") from None
         if v.get("store"):
             # evaluate an existing store as it is (e.g. the one `consolidate` maintains)
             from ..store import Store
@@ -126,12 +133,12 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
                      "model_calls": 0}
         elif v.get("consolidate", True):
             pc = _variant_pass(base_pass, OmegaConf.to_container(v.get("pass", {})), name)
-            res = run_pass(recs, cfg=pc, sim_cfg=sc, merger=merger, version=2,
+            res = run_pass(base, cfg=pc, sim_cfg=sc, merger=merger, version=2,
                            wall_h=max(now_group.values()), now_by_namespace=now_ns)
             live = res.records.mask(res.records.live_mask())
             stats = res.stats
         else:
-            live, stats = recs, {"merges": 0, "exact_merges": 0, "dropped_floor": 0,
+            live, stats = base, {"merges": 0, "exact_merges": 0, "dropped_floor": 0,
                                  "dropped_cap": 0, "model_calls": 0}
         t_pass = time.perf_counter() - t
         tok = emb.count_tokens(live.meta["text"].tolist())
@@ -141,7 +148,8 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
         lat = latency_ms(live, qa, q_vecs, max(ks), sample=cfg.latency_sample, seed=cfg.seed,
                          device=sc.device, memory_group=task.memory_group)
         summ = summarise(table, metric_cols, label)
-        row = {"variant": name, "store_size": len(live),
+        row = {"variant": name, "vectors": "store" if v.get("store") else vdt,
+               "store_size": len(live),
                "merges": stats["merges"] + stats["exact_merges"],
                "dropped": stats["dropped_floor"] + stats["dropped_cap"],
                "model_calls": stats["model_calls"], "pass_s": round(t_pass, 3),
@@ -228,7 +236,8 @@ def _answer(backend: Any, acfg: Any, sample: pd.DataFrame, table: pd.DataFrame, 
 
 
 def _report(res: Results, abl: pd.DataFrame, per_cat: pd.DataFrame, cols: list[str]) -> str:
-    show = ["variant", "store_size", "merges", "dropped"] + cols + ["p50_ms", "p95_ms"]
+    show = ["variant", "vectors", "store_size", "merges", "dropped"] + cols + ["p50_ms",
+                                                                               "p95_ms"]
     ans_cols = [c for c in ("locomo_f1", "mem0_f1", "bleu1", "judge", "judge_ci_low",
                             "judge_ci_high", "judge_wrong_answer_acceptance",
                             "judge_invalid_rate", "model_calls") if c in abl]
