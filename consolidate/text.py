@@ -21,7 +21,9 @@ import pyarrow.compute as pc
 
 __all__ = [
     "normalise",
+    "normalise_many",
     "text_hash",
+    "text_hashes",
     "conflict_reason",
     "conflict_signature",
     "conflict_between",
@@ -67,6 +69,60 @@ def text_hash(text: str) -> str:
         UnicodeEncodeError: if ``text`` holds lone surrogates (not valid UTF-8).
     """
     return hashlib.sha256(normalise(text).encode("utf-8")).hexdigest()
+
+
+# the same steps as :func:`normalise` for ASCII texts, in RE2 on whole columns. Python's
+# ``\s`` and ``str.strip`` treat \x1c-\x1f as whitespace, RE2's ``\s`` does not (nor \v)
+_WS_ASCII = r"[\t\n\x0b\x0c\r \x1c-\x1f]+"
+_EDGE_ASCII = "^[ \"'`]+|[ .!?,;:\"'`]+$"
+
+
+def normalise_many(texts: Sequence[str]) -> list[str]:
+    """:func:`normalise` of every text, as column operations (Arrow compute, RE2) for the
+    ASCII texts and one :func:`normalise` call per non-ASCII text.
+
+    Args:
+        texts: ``str`` values.
+
+    Returns:
+        ``list[str]``, equal to ``[normalise(t) for t in texts]``.
+
+    Raises:
+        TypeError: an element is not a ``str``.
+        UnicodeEncodeError: a text holds lone surrogates (not valid UTF-8).
+    """
+    arr = pa.array(list(texts), pa.string())
+    if arr.null_count:
+        raise TypeError(f"normalise_many() takes str values; position "
+                        f"{int(np.flatnonzero(np.asarray(arr.is_null()))[0])} is None")
+    ascii_ = np.asarray(pc.string_is_ascii(arr), dtype=bool)
+    t = pc.utf8_lower(arr.filter(pa.array(ascii_)))
+    t = pc.utf8_trim(pc.replace_substring_regex(t, _WS_ASCII, " "), " ")
+    core = pc.replace_substring_regex(t, _EDGE_ASCII, "")
+    t = pc.if_else(pc.equal(core, ""), t, core)
+    out = np.empty(len(arr), dtype=object)
+    out[ascii_] = t.to_numpy(zero_copy_only=False)
+    rest = np.flatnonzero(~ascii_)
+    if len(rest):
+        out[rest] = [normalise(x) for x in arr.take(pa.array(rest)).to_pylist()]
+    return out.tolist()
+
+
+def text_hashes(texts: Sequence[object]) -> list[str]:
+    """:func:`text_hash` of every text, ``""`` for a value that is not a ``str`` or is not
+    valid UTF-8 (validation reports those records); normalisation as in
+    :func:`normalise_many`, then one SHA-256 per text."""
+    ok = [isinstance(t, str) and _encodable(t) for t in texts]
+    norm = iter(normalise_many([t for t, k in zip(texts, ok, strict=True) if k]))
+    return [hashlib.sha256(next(norm).encode("utf-8")).hexdigest() if k else "" for k in ok]
+
+
+def _encodable(t: str) -> bool:
+    try:
+        t.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def content_tokens(text: str) -> list[str]:

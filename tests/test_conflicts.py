@@ -3,6 +3,8 @@ one's validity interval is closed (kept as history, never blended or tombstoned)
 
 import math
 
+import pytest
+
 from consolidate.config import PassConfig
 from consolidate.llm.merger import LLMMerger
 from consolidate.merge import ExtractiveMerger, MergeMember, MergeRequest, newer_fact_times
@@ -227,3 +229,25 @@ def test_prefilter_never_hides_a_conflict_signature():
         if not f:
             assert conflict_signature(t) == EMPTY_SIGNATURE, t
     assert not flagged[-5:][[0, 2]].any() and flagged[-4]  # a plain text passes, "two" not
+
+
+def test_normalise_many_equals_normalise():
+    import random
+
+    from consolidate.text import normalise, normalise_many, text_hash, text_hashes
+
+    cases = ["", " ", "...", "  Uses  VIM. ", "\x1cabc\x1d", "a\vb", '"quoted"', "'x'!",
+             "a..b..", "Has 2 cats.", ":)", ":(", "-5 degrees", "`tick`", "Hello,   World;:",
+             "\t\n", "ABC\x1f", "x\u00e9", "Stra\u00dfe", "\u201cHi\u201d", ". a .", "?!",
+             "a\r\nb\r\n"]
+    assert normalise_many(cases) == [normalise(c) for c in cases]
+    # ASCII control characters, quotes and punctuation mixed with a few non-ASCII ones
+    rng = random.Random(0)
+    alpha = [chr(i) for i in range(128)] + ["\u00e9", "\u2019", "\u00a0", "\u3000"]
+    texts = ["".join(rng.choice(alpha) for _ in range(rng.randint(0, 12)))
+             for _ in range(5000)]
+    assert normalise_many(texts) == [normalise(t) for t in texts]
+    assert text_hashes(cases) == [text_hash(c) for c in cases]
+    assert text_hashes([None, "\ud800", "a"]) == ["", "", text_hash("a")]
+    with pytest.raises(TypeError, match="position 1"):
+        normalise_many(["a", None])

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from ..text import text_hash
+from ..text import text_hashes
 from .vectors import SCALE_COLUMN, decode_vectors, encode_vectors
 
 __all__ = [
@@ -300,31 +301,56 @@ def records_from_rows(rows: Iterable[Mapping[str, Any]], dim: int | None = None)
             vecs[k] = a
     meta = pd.DataFrame({c: pd.Series([r.get(c) for r in parsed], dtype=object)
                          for c in COLUMNS if c != "text_hash"})
-    meta["text_hash"] = [_safe_hash(t) for t in meta["text"]]
+    meta["text_hash"] = text_hashes(meta["text"].tolist())
     meta = _coerce(meta)
     return Records(meta, vecs, bad_dim=bad_dim, input_problems=parser.problems)
 
 
-def _safe_hash(t: Any) -> str:
-    try:
-        return text_hash(t) if isinstance(t, str) else ""
-    except UnicodeEncodeError:
-        return ""
-
-
 def _coerce(meta: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(index=pd.RangeIndex(len(meta)))
-    for c, t in COLUMNS.items():
+    for c in COLUMNS:
         s = meta[c] if c in meta else pd.Series([None] * len(meta))
-        if t == "float64":
-            out[c] = pd.to_numeric(s, errors="coerce").astype("float64").to_numpy()
-        elif t == "bool":
-            out[c] = s.fillna(False).astype(bool).to_numpy()
-        elif c in ("source_ids", "keep_apart", "derived_from"):
-            out[c] = pd.Series([list(x) if x is not None else [] for x in s], dtype=object)
-        else:
-            out[c] = pd.Series(list(s), dtype=object)
+        out[c] = _coerce_column(c, s)
     return out
+
+
+def _coerce_column(c: str, s: pd.Series) -> Any:
+    """Column ``c`` of any values in its in-memory dtype (:data:`COLUMNS`): numbers that do
+    not parse become NaN, a missing list ``[]``, a missing flag ``False``."""
+    t = COLUMNS[c]
+    if t == "float64":
+        return pd.to_numeric(s, errors="coerce").astype("float64").to_numpy()
+    if t == "bool":
+        return s.fillna(False).astype(bool).to_numpy()
+    if c in _LIST_COLUMNS:
+        return pd.Series([list(x) if x is not None else [] for x in s], dtype=object)
+    return pd.Series(list(s), dtype=object)
+
+
+_LIST_COLUMNS = ("source_ids", "keep_apart", "derived_from")
+
+
+def _arrow_column(c: str, arr: pa.ChunkedArray) -> Any:
+    """Column ``c`` of a snapshot table in its in-memory dtype, with array operations when
+    ``arr`` has the snapshot schema's type (any other type goes through
+    :func:`_coerce_column`; a time column that does not cast to a timestamp raises
+    ``pyarrow.ArrowInvalid``)."""
+    t = COLUMNS[c]
+    typ = arr.type
+    if c in TIME_COLUMNS:
+        us = arr.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
+        v = us.to_numpy(zero_copy_only=False).astype(np.float64) / _US_PER_HOUR
+        v[np.asarray(us.is_null())] = np.nan
+        return v
+    if t == "float64" and (pa.types.is_floating(typ) or pa.types.is_integer(typ)):
+        return arr.cast(pa.float64()).to_numpy(zero_copy_only=False)  # null -> NaN
+    if t == "bool" and pa.types.is_boolean(typ):
+        return pc.fill_null(arr, False).to_numpy(zero_copy_only=False).astype(bool)
+    if c in _LIST_COLUMNS and pa.types.is_list(typ) and pa.types.is_string(typ.value_type):
+        return pd.Series(pc.fill_null(arr, pa.scalar([], typ)).to_pylist(), dtype=object)
+    if t == "object" and pa.types.is_string(typ):
+        return pd.Series(arr.to_numpy(zero_copy_only=False), dtype=object)
+    return _coerce_column(c, pd.Series(arr.to_pylist(), dtype=object))
 
 
 # ---------------------------------------------------------------- arrow I/O
@@ -465,25 +491,16 @@ def records_from_arrow(table: pa.Table, dim: int | None = None) -> Records:
                 bad_dim.append(k)
             else:
                 vecs[k] = v
-    cols: dict[str, Any] = {}
+    meta = pd.DataFrame(index=pd.RangeIndex(n))
     for c in COLUMNS:
-        if c == "text_hash" or c not in names:
-            continue
-        arr = table.column(c)
         if c == "text":
-            cols[c] = texts
-        elif c in TIME_COLUMNS:
-            us = arr.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
-            v = us.to_numpy(zero_copy_only=False).astype(np.float64) / _US_PER_HOUR
-            v[np.asarray(us.is_null())] = np.nan
-            cols[c] = v
-        elif c == "last_pass":
-            cols[c] = arr.cast(pa.float64()).to_numpy(zero_copy_only=False)
+            meta[c] = pd.Series(texts, dtype=object)
+        elif c == "text_hash":
+            meta[c] = pd.Series(text_hashes(texts), dtype=object)
+        elif c in names:
+            meta[c] = _arrow_column(c, table.column(c))
         else:
-            cols[c] = arr.to_pylist()
-    meta = pd.DataFrame(cols)
-    meta["text_hash"] = [_safe_hash(t) for t in meta["text"]]
-    meta = _coerce(meta)
+            meta[c] = _coerce_column(c, pd.Series([None] * n, dtype=object))
     return Records(meta, vecs, bad_dim=bad_dim, bad_utf8=bad_utf8)
 
 
@@ -525,14 +542,14 @@ def validate(
 
     for kind, rows in recs.input_problems.items():
         add(kind, rows)
-    add("id is missing or empty",
-        [k for k, x in enumerate(m["id"]) if not isinstance(x, str) or not x.strip()])
-    add("namespace is missing or empty",
-        [k for k, x in enumerate(m["namespace"]) if not isinstance(x, str) or not x.strip()])
-    add("id, namespace or source_ids not valid UTF-8",
-        [k for k, (i, n, src) in enumerate(zip(m["id"], m["namespace"], m["source_ids"],
-                                               strict=True))
-         if not all(_utf8_ok(x) for x in [i, n, *src] if isinstance(x, str))])
+    id_arr, ns_arr = _str_column(m["id"]), _str_column(m["namespace"])
+    add("id is missing or empty", _blank_or_missing(m["id"], id_arr))
+    add("namespace is missing or empty", _blank_or_missing(m["namespace"], ns_arr))
+    if id_arr is None or ns_arr is None or not _all_utf8_lists(m["source_ids"]):
+        add("id, namespace or source_ids not valid UTF-8",
+            [k for k, (i, n, src) in enumerate(zip(m["id"], m["namespace"], m["source_ids"],
+                                                   strict=True))
+             if not all(_utf8_ok(x) for x in [i, n, *src] if isinstance(x, str))])
     v = recs.vectors
     bad_dim = set(recs.bad_dim)
     if dim is not None and v.ndim == 2 and v.shape[1] != dim:
@@ -541,19 +558,18 @@ def validate(
     if v.size:
         finite = np.isfinite(v).all(axis=1)
         add("NaN or inf in vector", [k for k in np.flatnonzero(~finite) if k not in bad_dim])
-        norms = np.linalg.norm(np.where(np.isfinite(v), v, 0), axis=1)
-        add("zero vector", np.flatnonzero(finite & (norms < 1e-12)))
+        with np.errstate(invalid="ignore", over="ignore"):
+            sq = np.einsum("ij,ij->i", v, v, dtype=np.float64)
+        add("zero vector", np.flatnonzero(finite & (sq < 1e-24)))
     bad_utf8 = set(recs.bad_utf8)
-    for k, t in enumerate(m["text"]):
-        if isinstance(t, str):
-            try:
-                t.encode("utf-8")
-            except UnicodeEncodeError:
+    text_arr = _str_column(m["text"])
+    if text_arr is None:
+        for k, t in enumerate(m["text"]):
+            if isinstance(t, str) and not _utf8_ok(t):
                 bad_utf8.add(k)
     add("text is not valid UTF-8", bad_utf8)
     add("empty or whitespace-only text",
-        [k for k, t in enumerate(m["text"])
-         if k not in bad_utf8 and (not isinstance(t, str) or not t.strip())])
+        [k for k in _blank_or_missing(m["text"], text_arr) if k not in bad_utf8])
     imp = m["importance"].to_numpy(np.float64)
     add("importance outside [0, 1]", np.flatnonzero(~((imp >= 0) & (imp <= 1))))
     st = m["strength"].to_numpy(np.float64)
@@ -567,14 +583,53 @@ def validate(
         t = m[c].to_numpy(np.float64)
         add(f"{c} out of range (|hours since epoch| > {MAX_ABS_HOURS:g})",
             np.flatnonzero(~np.isnan(t) & ~(np.abs(t) <= MAX_ABS_HOURS)))
-    seen: dict[str, int] = {}
-    dups = []
-    for k, i in enumerate(ids):
-        if i in seen or (existing_ids is not None and i in existing_ids):
-            dups.append(k)
-        seen.setdefault(i, k)
-    add("duplicate id", dups)
+    id_index = pd.Index(ids, dtype=object)
+    dup = id_index.duplicated(keep="first")
+    if existing_ids:
+        dup |= id_index.isin(existing_ids)
+    add("duplicate id", np.flatnonzero(dup))
     return [Problem(kind, rows, [ids[r] for r in rows]) for kind, rows in found.items()]
+
+
+# every character for which str.isspace() holds (Python 3.11, Unicode 14)
+_SPACE_SUPERSET = ("^[\\x{9}-\\x{d}\\x{1c}-\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}"
+                   "\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}]*$")
+
+
+def _str_column(s: pd.Series) -> pa.Array | None:
+    """``s`` as an Arrow string array (null for None/NaN) when every other value is a
+    ``str`` encodable as UTF-8; ``None`` otherwise (the caller checks value by value)."""
+    vals = s.to_numpy(object)
+    if len(vals) and pd.api.types.infer_dtype(vals, skipna=True) not in ("string", "empty"):
+        return None
+    try:
+        return pa.array(vals, pa.string(), from_pandas=True)
+    except (UnicodeEncodeError, pa.ArrowException):
+        return None
+
+
+def _blank_or_missing(s: pd.Series, arr: pa.Array | None) -> np.ndarray:
+    """Rows of ``s`` that are not a ``str`` or hold only whitespace (``str.strip`` empties
+    them): candidates by one RE2 match over ``arr`` (see :func:`_str_column`), each
+    confirmed in Python."""
+    vals = s.to_numpy(object)
+    if arr is None:
+        cand = np.arange(len(vals))
+    else:
+        blank = pc.match_substring_regex(arr, _SPACE_SUPERSET)
+        cand = np.flatnonzero(np.asarray(pc.fill_null(blank, True), dtype=bool))
+    return np.asarray([k for k in cand.tolist()
+                       if not isinstance(vals[k], str) or not vals[k].strip()], np.int64)
+
+
+def _all_utf8_lists(s: pd.Series) -> bool:
+    """Whether every element of the list column ``s`` is a list of UTF-8-encodable strings
+    (one Arrow conversion; ``False`` sends the caller to the value-by-value check)."""
+    try:
+        pa.array(s.to_numpy(object), pa.list_(pa.string()), from_pandas=True)
+    except (UnicodeEncodeError, pa.ArrowException):
+        return False
+    return True
 
 
 def _utf8_ok(t: str) -> bool:

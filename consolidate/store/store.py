@@ -319,6 +319,7 @@ class Store:
             raise CorruptStoreError(f"cannot read snapshot {path} named by {self.pointer_path}: "
                                     f"{e}") from e
         recs = records_from_arrow(table, dim=ptr.dim)
+        del table  # its columns are decoded: do not hold both through validation
         if validate_records:
             recs = self._checked(recs, dim=ptr.dim, source=str(path), existing=None,
                                  check_future=False)
