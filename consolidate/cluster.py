@@ -221,7 +221,7 @@ def _label_and_check(labels: np.ndarray, clusters: list[list[int]], vectors: np.
     sizes = np.fromiter((len(m) for m in clusters), np.int64, len(clusters))
     starts = np.cumsum(sizes) - sizes
     labels[flat] = np.repeat(np.minimum.reduceat(flat, starts), sizes)
-    v64 = np.asarray(vectors, dtype=np.float64)[flat]
+    v64 = np.asarray(vectors)[flat].astype(np.float64)  # only the clustered rows
     w = np.asarray(weights, dtype=np.float64)[flat]
     w = w / np.repeat(np.maximum.reduceat(w, starts), sizes)
     s = np.add.reduceat(w[:, None] * v64, starts)
