@@ -39,6 +39,12 @@ class PassConfig:
         strength_cap: strength never exceeds this through merges or recalls.
         now: ``"latest"`` (per namespace, its latest activity), ``"wall"``, or ISO datetime.
         exact_dedup, near_dedup, decay: switch stages on or off.
+        minhash_min_chars: memories (exact-duplicate groups) whose text has at least this
+            many characters also get near-exact candidates from MinHash of their word
+            3-grams (``None`` = off); the conflict guard and the centroid check still decide
+            (see :mod:`consolidate.pipeline.long_texts`).
+        minhash_threshold: estimated Jaccard resemblance at which two long texts are a
+            MinHash candidate (in (0, 1]).
         tombstone_retention_hours: tombstones older than this are purged (``None`` = never).
         trigger_importance: the nightly entry runs only when the summed importance of memories
             no pass has seen reaches this (or ``force``).
@@ -65,6 +71,8 @@ class PassConfig:
     now: str = "latest"
     exact_dedup: bool = True
     near_dedup: bool = True
+    minhash_min_chars: int | None = 500
+    minhash_threshold: float = 0.8
     decay: bool = True
     tombstone_retention_hours: float | None = 2160.0
     trigger_importance: float = 5.0

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 __all__ = [
     "normalise",
     "normalise_many",
+    "normalise_arrow",
     "text_hash",
     "text_hashes",
     "conflict_reason",
@@ -77,9 +78,37 @@ _WS_ASCII = r"[\t\n\x0b\x0c\r \x1c-\x1f]+"
 _EDGE_ASCII = "^[ \"'`]+|[ .!?,;:\"'`]+$"
 
 
+def normalise_arrow(texts: pa.Array) -> pa.Array:
+    """:func:`normalise` of every text of an Arrow string array, as column operations
+    (Arrow compute, RE2) for the ASCII texts and one :func:`normalise` call per non-ASCII
+    text.
+
+    Args:
+        texts: ``pa.string()`` or ``pa.large_string()`` array without nulls.
+
+    Returns:
+        An array of the same type, element ``k`` equal to ``normalise(texts[k])``.
+
+    Raises:
+        TypeError: ``texts`` holds a null (the message names its position).
+    """
+    if texts.null_count:
+        raise TypeError(f"normalise_arrow() takes str values; position "
+                        f"{int(np.flatnonzero(np.asarray(texts.is_null()))[0])} is null")
+    ascii_ = pc.string_is_ascii(texts)
+    t = pc.utf8_lower(texts)
+    t = pc.utf8_trim(pc.replace_substring_regex(t, _WS_ASCII, " "), " ")
+    core = pc.replace_substring_regex(t, _EDGE_ASCII, "")
+    t = pc.if_else(pc.equal(core, ""), t, core)
+    if not pc.all(ascii_).as_py():
+        slow = pc.invert(ascii_)
+        fixed = [normalise(x) for x in texts.filter(slow).to_pylist()]
+        t = pc.replace_with_mask(t, slow, pa.array(fixed, t.type))
+    return t
+
+
 def normalise_many(texts: Sequence[str]) -> list[str]:
-    """:func:`normalise` of every text, as column operations (Arrow compute, RE2) for the
-    ASCII texts and one :func:`normalise` call per non-ASCII text.
+    """:func:`normalise` of every text (see :func:`normalise_arrow`).
 
     Args:
         texts: ``str`` values.
@@ -95,17 +124,7 @@ def normalise_many(texts: Sequence[str]) -> list[str]:
     if arr.null_count:
         raise TypeError(f"normalise_many() takes str values; position "
                         f"{int(np.flatnonzero(np.asarray(arr.is_null()))[0])} is None")
-    ascii_ = np.asarray(pc.string_is_ascii(arr), dtype=bool)
-    t = pc.utf8_lower(arr.filter(pa.array(ascii_)))
-    t = pc.utf8_trim(pc.replace_substring_regex(t, _WS_ASCII, " "), " ")
-    core = pc.replace_substring_regex(t, _EDGE_ASCII, "")
-    t = pc.if_else(pc.equal(core, ""), t, core)
-    out = np.empty(len(arr), dtype=object)
-    out[ascii_] = t.to_numpy(zero_copy_only=False)
-    rest = np.flatnonzero(~ascii_)
-    if len(rest):
-        out[rest] = [normalise(x) for x in arr.take(pa.array(rest)).to_pylist()]
-    return out.tolist()
+    return normalise_arrow(arr).to_pylist()
 
 
 def text_hashes(texts: Sequence[object]) -> list[str]:

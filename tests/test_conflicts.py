@@ -47,8 +47,8 @@ def test_newer_wins_closes_the_older_fact():
     assert [(e["id"], e["by"], e["valid_to"]) for e in sup] == [("a", ["b"], 20.0)]
     assert res.stats["superseded"] == 1 and res.stats["merges"] == 0
     assert len(m) == 2  # nothing created, nothing lost
-    assert set(res.stats["time_s"]) == {"purge", "exact", "similarity", "cluster", "merge",
-                                        "reflect", "score"}
+    assert set(res.stats["time_s"]) == {"purge", "exact", "similarity", "minhash", "cluster",
+                                        "merge", "reflect", "score"}
 
 
 def test_newer_wins_merges_the_rest_and_uses_valid_from():

@@ -7,7 +7,8 @@ typed, columnar :class:`~consolidate.pipeline.state.PassState` to the next:
 2. :mod:`~consolidate.pipeline.exact`: exact duplicates by normalised-text hash
    (a vectorised group-by; no model call).
 3. :mod:`~consolidate.pipeline.near`: the similarity join (one engine call for all
-   namespaces), then centroid-checked clusters with the conflict guard on paired texts only.
+   namespaces); :mod:`~consolidate.pipeline.long_texts`: MinHash candidates for long texts;
+   then centroid-checked clusters with the conflict guard on paired texts only.
 4. :mod:`~consolidate.pipeline.merging`: one merge request per cluster (one batch call),
    supersedes, merged records (vectors as segment reductions on the device).
 5. :mod:`~consolidate.pipeline.reflect`: optional reflections.

@@ -22,6 +22,7 @@ from ..merge import ExtractiveMerger, Merger
 from ..store.schema import Records
 from .clock import resolve_now
 from .exact import exact_stage
+from .long_texts import long_text_stage
 from .merging import merge_stage
 from .near import cluster_stage, similarity_stage
 from .purge import purge_stage
@@ -47,8 +48,10 @@ def run_pass(
 
     Stages, in order (each timed in ``stats.time_s``): ``purge``
     (:func:`~consolidate.pipeline.purge.purge_stage`), ``exact``
-    (:func:`~consolidate.pipeline.exact.exact_stage`), ``similarity`` and ``cluster``
-    (:mod:`consolidate.pipeline.near`), ``merge``
+    (:func:`~consolidate.pipeline.exact.exact_stage`), ``similarity``
+    (:func:`~consolidate.pipeline.near.similarity_stage`), ``minhash`` (near-exact long
+    texts, :func:`~consolidate.pipeline.long_texts.long_text_stage`), ``cluster``
+    (:func:`~consolidate.pipeline.near.cluster_stage`), ``merge``
     (:func:`~consolidate.pipeline.merging.merge_stage`), ``reflect``
     (:func:`~consolidate.pipeline.reflect.reflect_stage`, when ``cfg.reflect``) and
     ``score`` (:func:`~consolidate.pipeline.retention.retention_stage`). The vectors are
@@ -104,6 +107,7 @@ def run_pass(
         with_now(_start(records, sim_cfg, wall_h, merger.name, version)), cfg))
     st = timed("exact", lambda: exact_stage(st, cfg))
     st = timed("similarity", lambda: similarity_stage(st, cfg, sim_cfg))
+    st = timed("minhash", lambda: long_text_stage(st, cfg))
     st = timed("cluster", lambda: cluster_stage(st, cfg, bool(getattr(
         merger, "handles_conflicts", False))))
     st = timed("merge", lambda: merge_stage(st, cfg, merger, version))
@@ -173,6 +177,12 @@ def _check_settings(cfg: PassConfig) -> None:
     if not (real(cfg.reflect_threshold) and -1.0 <= cfg.reflect_threshold <= 1.0):
         raise ValueError(f"pass.reflect_threshold must be in [-1, 1], got "
                          f"{cfg.reflect_threshold!r}")
+    mc = cfg.minhash_min_chars
+    if mc is not None and not (isinstance(mc, int) and not isinstance(mc, bool) and mc >= 1):
+        raise ValueError(f"pass.minhash_min_chars must be an integer >= 1 or null, got {mc!r}")
+    if not (real(cfg.minhash_threshold) and 0.0 < cfg.minhash_threshold <= 1.0):
+        raise ValueError(f"pass.minhash_threshold must be in (0, 1], got "
+                         f"{cfg.minhash_threshold!r}")
     for key in ("reflect_min_size", "reflect_max_per_namespace"):
         v = getattr(cfg, key)
         if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):

@@ -147,13 +147,17 @@ class PassStats:
         exact_groups, exact_duplicates: exact-duplicate groups and their extra rows.
         pairs: near-duplicate pairs at or above the threshold. device, engine: where the
             similarity ran.
+        minhash_units, minhash_pairs, minhash_added: units with long texts, their MinHash
+            candidates, and the pairs those added to the similarity join's (``None`` when
+            ``pass.minhash_min_chars`` is off).
         clusters: clusters found. review_pairs: conflicting pairs kept apart or flagged.
         superseded: older facts whose ``valid_to`` this pass closed.
         model_calls, prompt_tokens, completion_tokens: merge-stage model accounting.
         merges, exact_merges, merged_members: merged records written and their members.
         dropped_floor, dropped_cap: rows dropped by the floor and the cap.
         records_out: live rows written. score_min: lowest retention score kept.
-        time_s: seconds per stage (``purge``, ``exact``, ``similarity``, ``cluster``,
+        time_s: seconds per stage (``purge``, ``exact``, ``similarity``, ``minhash``,
+            ``cluster``,
             ``merge``, ``reflect``, ``score``; the job adds ``load`` and ``commit``).
     """
 
@@ -168,6 +172,9 @@ class PassStats:
     pairs: int = 0
     device: str = "cpu"
     engine: str = "auto"
+    minhash_units: int | None = None
+    minhash_pairs: int | None = None
+    minhash_added: int | None = None
     clusters: int = 0
     review_pairs: int = 0
     superseded: int = 0
