@@ -224,3 +224,109 @@ def test_locomo_invalid_json_names_the_file(tmp_path):
     p.write_bytes(b"\xff\xfe not json")
     with pytest.raises(ValueError, match="x.json"):
         read_locomo_observations(p)
+
+
+# ---------------------------------------------------------------- store attacks (issue 11)
+@pytest.mark.parametrize("field,value", [
+    ("snapshot", "../../outside.parquet"), ("snapshot", "/etc/passwd"),
+    ("changelog", "../x.jsonl"), ("folded", ["../../victim.parquet"]),
+    ("folded", ["sub/dir.parquet"]), ("folded", [".."]), ("folded", "abc"),
+])
+def test_pointer_names_never_leave_the_store(store, tmp_path, field, value):
+    victim = tmp_path / "victim.parquet"
+    victim.write_text("keep me")
+    ptr = json.loads(store.pointer_path.read_text())
+    store.pointer_path.write_text(json.dumps({**ptr, field: value}))
+    with pytest.raises(CorruptStoreError, match=field):
+        store.load()
+    with pytest.raises(CorruptStoreError, match=field):
+        store.append([{**GOOD, "id": "new"}])
+    assert victim.read_text() == "keep me"
+
+
+def test_create_refuses_a_folder_that_lost_its_pointer(store):
+    before = tree_digest(store.root)
+    store.pointer_path.unlink()
+    with pytest.raises(FileExistsError, match="not empty and holds no store"):
+        Store(store.root).create(make_records([{**GOOD, "id": "z"}]))
+    after = tree_digest(store.root)
+    assert {k: v for k, v in before.items() if k != "CURRENT"} == after
+
+
+def test_create_refuses_a_file(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(FileExistsError):
+        Store(tmp_path / "f").create(make_records([{**GOOD, "id": "z"}]))
+    assert (tmp_path / "f").read_text() == "x"
+
+
+@pytest.mark.parametrize("col", ["created_at", "last_used", "deleted_at"])
+def test_future_times_are_refused_at_write_and_at_load(tmp_path, col):
+    from consolidate.store.schema import hours_from_datetime
+
+    year_2100 = hours_from_datetime("2100-01-01T00:00:00Z")
+    row = {**GOOD, "id": "late", "text": "from the future", col: year_2100}
+    s = Store(tmp_path / "s")
+    with pytest.raises(InvalidRecordsError, match=f"{col} in the future.*'late'"):
+        s.create(make_records([{**GOOD, "id": "a"}, row]))
+    s.create(make_records([{**GOOD, "id": "a"}]))
+    with pytest.raises(InvalidRecordsError, match=f"{col} in the future.*'late'"):
+        s.append([row])
+    # written behind the store's back (another tool, a restored backup): refused at load
+    snap = s.load()
+    bad = make_records([row])
+    with s.lock():
+        forged = Records.concat([snap.records, bad], 3)
+        s.future_tolerance_h = math.inf  # let the forged version through the commit check
+        s.commit(forged, [], base=snap)
+    with pytest.raises(InvalidRecordsError, match=f"{col} in the future.*'late'"):
+        Store(tmp_path / "s").load()
+
+
+def test_a_flipped_bit_in_a_snapshot_is_caught(store):
+    path = store.root / "snapshots" / store.head().snapshot
+    data = bytearray(path.read_bytes())
+    # flip one bit in every 64th byte of the data pages (the footer is at the end)
+    for k in range(8, len(data) // 2, 64):
+        data[k] ^= 0x10
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptStoreError, match="cannot read snapshot"):
+        store.load()
+
+
+def test_a_failed_commit_leaves_no_orphan(store, monkeypatch):
+    import consolidate.store.store as st_mod
+
+    snap = store.load()
+    before = tree_digest(store.root)
+
+    def full_disk(path, events):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(st_mod, "_write_jsonl", full_disk)
+    with store.lock(), pytest.raises(OSError, match="No space left"):
+        store.commit(snap.records, [], base=snap)
+    assert tree_digest(store.root) == before  # no snapshot-000002, no temp file
+    assert store.load().version == 1
+
+
+def _job(tmp_path, *args):
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "consolidate.jobs.consolidate",
+                           f"hydra.run.dir={tmp_path}/run", *args], cwd=tmp_path,
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_store_name_cannot_leave_the_store_root(tmp_path):
+    r = _job(tmp_path, "store.name=../../elsewhere")
+    assert r.returncode == 2 and "store.name must be a plain folder name" in r.stderr
+    assert not (tmp_path.parent / "elsewhere").exists()
+
+
+def test_job_on_a_folder_without_pointer_does_not_reimport(tmp_path, store):
+    store.pointer_path.unlink()
+    before = tree_digest(store.root)
+    r = _job(tmp_path, f"store.dir={store.root}")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("error: ") and "holds no store" in r.stderr
+    assert tree_digest(store.root) == before

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -50,14 +51,27 @@ def open_store(cfg: DictConfig, *, build: bool = True) -> tuple[Store, dict[str,
 
     Raises:
         StoreNotFoundError: no store and ``init_from`` is null (or ``build=False``).
+        FileExistsError: no store, but ``store.dir`` is a file or a non-empty folder.
+        ValueError: ``store.name`` is not a plain folder name.
     """
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
+    name = scfg.name
+    if not (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name
+            and "\\" not in name and "\0" not in name):
+        raise ValueError(f"store.name must be a plain folder name (no '/', not '..'), got "
+                         f"{name!r}; use store.dir=PATH for a store elsewhere")
     store = Store(scfg.dir, keep_snapshots=scfg.keep_snapshots, quarantine=scfg.quarantine,
                   vector_dtype=scfg.vector_dtype)
     if store.exists() or not build or scfg.init_from is None:
         if not store.exists():
             store.head()  # raises StoreNotFoundError with the path
         return store, None
+    root = Path(scfg.dir)
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise FileExistsError(  # before any model is loaded (Store.create checks it again)
+            f"{root} is not empty and holds no store (CURRENT is missing): a store is built "
+            f"only in a new or empty directory; if it held a store, restore its CURRENT or "
+            f"move the folder aside")
     if scfg.init_from != "locomo":
         raise ValueError(f"store.init_from must be 'locomo' or null, got {scfg.init_from!r}")
     from ..store.locomo import locomo_records
@@ -124,4 +138,12 @@ def user_errors() -> Iterator[None]:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"error: {msg}\n(set CONSOLIDATE_DEBUG=1 for the traceback)", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:
+        # a full disk, a read-only or forbidden folder, a folder that is in the way
+        if os.environ.get("CONSOLIDATE_DEBUG") or not (
+                isinstance(e, (FileExistsError, PermissionError))
+                or e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)):
+            raise
+        print(f"error: {e}\n(set CONSOLIDATE_DEBUG=1 for the traceback)", file=sys.stderr)
         sys.exit(2)

@@ -517,14 +517,16 @@ def validate(
 
     Checks: NaN/inf in a vector, zero vector, wrong dimension, empty or whitespace-only text,
     text that is not valid UTF-8, duplicate id (within ``recs`` and against ``existing_ids``),
-    importance outside [0, 1] (or NaN), strength < 1 (or NaN), last_used later than
-    ``now_h + future_tolerance_h``, and a missing id or namespace.
+    importance outside [0, 1] (or NaN), strength < 1 (or NaN), ``created_at``,
+    ``last_used`` or ``deleted_at`` later than ``now_h + future_tolerance_h``, and a missing
+    id or namespace.
 
     Args:
         recs: the records.
         dim: expected vector dimension (``None`` = take ``recs.dim``).
         now_h: wall clock in hours since the epoch (default: now).
-        future_tolerance_h: allowed clock skew for ``last_used``, hours (default 5 min).
+        future_tolerance_h: allowed clock skew for times in the future, hours (default
+            5 min).
         existing_ids: ids already in the store (for duplicate detection at write time).
 
     Returns:
@@ -575,8 +577,11 @@ def validate(
     st = m["strength"].to_numpy(np.float64)
     add("strength < 1", np.flatnonzero(~(st >= 1)))
     add(f"strength above {MAX_STRENGTH:g}", np.flatnonzero(st > MAX_STRENGTH))
-    lu = m["last_used"].to_numpy(np.float64)
-    add("last_used in the future", np.flatnonzero(lu > now_h + future_tolerance_h))
+    # transaction times cannot lie ahead of the clock (valid_from/valid_to are valid time:
+    # when a fact holds in the world, which may be ahead of today)
+    for c in ("created_at", "last_used", "deleted_at"):
+        t = m[c].to_numpy(np.float64)
+        add(f"{c} in the future", np.flatnonzero(t > now_h + future_tolerance_h))
     for c in ("created_at", "last_used"):
         add(f"{c} missing", np.flatnonzero(np.isnan(m[c].to_numpy(np.float64))))
     for c in TIME_COLUMNS:

@@ -69,6 +69,35 @@ POINTER = "CURRENT"
 _SNAP = re.compile(r"snapshot-(\d{6,})\.parquet$")
 
 
+_CHANGELOG = re.compile(r"changelog-(\d{6,})\.jsonl$")
+_DELTA_EXT = (".parquet", ".touch.json", ".patch.json")
+
+
+def _plain_name(name: object) -> bool:
+    """A file name that stays in its folder: a non-empty ``str`` with no path separator,
+    not ``.`` or ``..``, no NUL."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name
+            and "\\" not in name and "\0" not in name)
+
+
+def _check_pointer_names(ptr: Pointer) -> None:
+    """Every file name in a pointer names a file of this store: ``snapshot`` and
+    ``changelog`` by their patterns, ``folded`` entries as plain delta file names.
+
+    Raises:
+        ValueError: naming the field and the value (a crafted ``CURRENT`` must not make a
+            load read, or a commit delete, a file outside the store).
+    """
+    if not (_plain_name(ptr.snapshot) and _SNAP.fullmatch(ptr.snapshot)):
+        raise ValueError(f"snapshot {ptr.snapshot!r} is not a snapshot file name")
+    if ptr.changelog is not None and not (_plain_name(ptr.changelog)
+                                          and _CHANGELOG.fullmatch(ptr.changelog)):
+        raise ValueError(f"changelog {ptr.changelog!r} is not a changelog file name")
+    for name in ptr.folded:
+        if not (_plain_name(name) and name.endswith(_DELTA_EXT)):
+            raise ValueError(f"folded entry {name!r} is not a delta file name")
+
+
 class StoreNotFoundError(FileNotFoundError):
     """The directory holds no store (no ``CURRENT`` pointer)."""
 
@@ -218,7 +247,8 @@ class Store:
         quarantine: if ``True``, invalid rows met by :meth:`append` or :meth:`load` are moved
             to ``quarantine/`` and the rest goes on; if ``False`` (default), they raise
             :class:`InvalidRecordsError` and nothing is written.
-        future_tolerance_h: allowed clock skew for ``last_used`` in the future, hours.
+        future_tolerance_h: allowed clock skew, hours: a ``created_at``, ``last_used`` or
+            ``deleted_at`` later than now by more is refused at write and at load.
         vector_dtype: how snapshots written through this handle store vectors (``fp32``,
             ``fp16``, ``bf16``, ``int8``; see :mod:`consolidate.store.vectors`); ``None``
             keeps the store's own (``fp32`` for a new store). Deltas written by
@@ -274,6 +304,7 @@ class Store:
                     and isinstance(ptr.snapshot, str) and ptr.version >= 1 and ptr.dim >= 1):
                 raise ValueError("version, dim or snapshot has the wrong type")
             check_vector_dtype(ptr.vector_dtype)
+            _check_pointer_names(ptr)
             return ptr
         except (ValueError, TypeError, AttributeError, KeyError) as e:
             raise CorruptStoreError(f"{self.pointer_path} is not a valid pointer ({e}); the "
@@ -286,11 +317,17 @@ class Store:
         """Write snapshot 1 from ``records`` into an empty directory.
 
         Raises:
-            FileExistsError: a store already exists at ``root``.
+            FileExistsError: a store already exists at ``root``, or ``root`` is a file or a
+                non-empty directory without a store (e.g. one whose ``CURRENT`` was lost).
             InvalidRecordsError: a record is invalid (not in quarantine mode); nothing written.
         """
         if self.exists():
             raise FileExistsError(f"a store already exists at {self.root}")
+        if self.root.exists() and (not self.root.is_dir() or any(self.root.iterdir())):
+            raise FileExistsError(
+                f"{self.root} is not empty and holds no store ({POINTER} is missing): a "
+                f"store is created only in a new or empty directory; if it held a store, "
+                f"restore its {POINTER} or move the folder aside")
         if not len(records) or records.dim < 1:
             raise ValueError(f"create(): no records (or no vector dimension) for {self.root}")
         records = self._checked(records, dim=records.dim, source=source, existing=None)
@@ -314,15 +351,14 @@ class Store:
         ptr = self.head()
         path = self.root / "snapshots" / ptr.snapshot
         try:
-            table = pq.read_table(path)
+            table = _read_parquet(path)
         except (OSError, pa.ArrowInvalid) as e:
             raise CorruptStoreError(f"cannot read snapshot {path} named by {self.pointer_path}: "
                                     f"{e}") from e
         recs = records_from_arrow(table, dim=ptr.dim)
         del table  # its columns are decoded: do not hold both through validation
         if validate_records:
-            recs = self._checked(recs, dim=ptr.dim, source=str(path), existing=None,
-                                 check_future=False)
+            recs = self._checked(recs, dim=ptr.dim, source=str(path), existing=None)
         applied, new_ids = [], []
         for name in self._pending(ptr):
             recs, added = self._apply_delta(recs, name, ptr.dim, validate_records)
@@ -353,14 +389,14 @@ class Store:
                 return apply_touch(recs, d["ids"], float(d["now"]), d.get("strength_cap")), []
             if name.endswith(".patch.json"):
                 return apply_patch(recs, json.loads(path.read_text())["patches"]), []
-            table = pq.read_table(path)
+            table = _read_parquet(path)
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid) as e:
             raise CorruptStoreError(f"cannot read delta {path}: {e}; move it out of "
                                     f"{path.parent} to go on without it") from e
         new = records_from_arrow(table, dim=dim)
         if validate_records:
             new = self._checked(new, dim=dim, source=str(path),
-                                existing=set(recs.meta["id"]), check_future=False)
+                                existing=set(recs.meta["id"]))
         return Records.concat([recs, new], dim), list(new.meta["id"])
 
     # ------------------------------------------------------------ write (no lock)
@@ -404,7 +440,7 @@ class Store:
             normalise_vectors(records)
             name = self._delta_name("parquet")
             _write_atomic(self.root / "deltas" / name,
-                          lambda p: pq.write_table(
+                          lambda p: _write_parquet(
                               records_to_arrow(records, ptr.vector_dtype), p))
         return list(records.meta["id"])
 
@@ -500,12 +536,9 @@ class Store:
     # ------------------------------------------------------------ validation
     def _checked(
         self, recs: Records, *, dim: int, source: str, existing: set[str] | None,
-        check_future: bool = True,
     ) -> Records:
-        problems = validate(
-            recs, dim=dim, existing_ids=existing,
-            future_tolerance_h=self.future_tolerance_h if check_future else math.inf,
-        )
+        problems = validate(recs, dim=dim, existing_ids=existing,
+                            future_tolerance_h=self.future_tolerance_h)
         if not problems:
             return recs
         if not self.quarantine:
@@ -537,7 +570,7 @@ class Store:
         key = hashlib.sha256((source + "\n" + "\n".join(map(str, bad.meta["id"]))).encode())
         path = qdir / f"{key.hexdigest()[:16]}.parquet"
         if not path.exists():
-            _write_atomic(path, lambda p: pq.write_table(table, p))
+            _write_atomic(path, lambda p: _write_parquet(table, p))
 
     # ------------------------------------------------------------ commit (under lock)
     @contextlib.contextmanager
@@ -595,7 +628,7 @@ class Store:
                 f"{self.root}: pointer is at version {ptr.version}, the pass read "
                 f"{base.version}; rerun the pass"
             )
-        problems = validate(records, dim=ptr.dim, future_tolerance_h=math.inf)
+        problems = validate(records, dim=ptr.dim, future_tolerance_h=self.future_tolerance_h)
         if problems:
             raise InvalidRecordsError(f"the new snapshot for {self.root} (nothing written)",
                                       problems)
@@ -632,16 +665,24 @@ class Store:
         snap = f"snapshot-{version:06d}.parquet"
         log = f"changelog-{version:06d}.jsonl"
         table = records_to_arrow(records, vector_dtype)
-        _write_atomic(self.root / "snapshots" / snap, lambda p: pq.write_table(table, p),
-                      crash_tag="snapshot")
-        _crashpoint("after_snapshot")
-        _write_atomic(self.root / "changelogs" / log, lambda p: _write_jsonl(p, events),
-                      crash_tag="changelog")
-        _crashpoint("after_changelog")
-        ptr = Pointer(version, snap, log, records.dim, folded, hours_now(), last_pass_at,
-                      vector_dtype)
-        _write_atomic(self.pointer_path, lambda p: p.write_text(ptr.to_json()),
-                      crash_tag="pointer")
+        try:
+            _write_atomic(self.root / "snapshots" / snap,
+                          lambda p: _write_parquet(table, p), crash_tag="snapshot")
+            _crashpoint("after_snapshot")
+            _write_atomic(self.root / "changelogs" / log, lambda p: _write_jsonl(p, events),
+                          crash_tag="changelog")
+            _crashpoint("after_changelog")
+            ptr = Pointer(version, snap, log, records.dim, folded, hours_now(), last_pass_at,
+                          vector_dtype)
+            _write_atomic(self.pointer_path, lambda p: p.write_text(ptr.to_json()),
+                          crash_tag="pointer")
+        except Exception:
+            # e.g. a full disk: leave no snapshot or changelog that CURRENT does not name
+            with contextlib.suppress(Exception):
+                if not self.exists() or self.head().snapshot != snap:
+                    for f in (self.root / "snapshots" / snap, self.root / "changelogs" / log):
+                        f.unlink(missing_ok=True)
+            raise
         _crashpoint("after_pointer")
         return snap, log
 
@@ -665,6 +706,17 @@ class Store:
         """Versions of the snapshot files present (retained history), ascending."""
         d = self.root / "snapshots"
         return sorted(int(m.group(1)) for p in d.iterdir() if (m := _SNAP.match(p.name)))
+
+
+def _write_parquet(table: pa.Table, path: Path) -> None:
+    """Write a snapshot or delta with a CRC32 checksum per data page (checked on read)."""
+    pq.write_table(table, path, write_page_checksum=True)
+
+
+def _read_parquet(path: Path) -> pa.Table:
+    """Read a snapshot or delta, verifying the page checksums written by
+    :func:`_write_parquet` (a flipped bit raises instead of loading silently)."""
+    return pq.read_table(path, page_checksum_verification=True)
 
 
 def _write_jsonl(path: Path, events: list[dict[str, Any]]) -> None:
