@@ -330,3 +330,19 @@ def test_job_on_a_folder_without_pointer_does_not_reimport(tmp_path, store):
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("error: ") and "holds no store" in r.stderr
     assert tree_digest(store.root) == before
+
+
+def test_quarantine_keeps_the_vector_as_given(tmp_path):
+    import pyarrow.parquet as pq
+
+    s = Store(tmp_path / "q", quarantine=True)
+    s.create(make_records([{**GOOD, "id": "a"}]))
+    s.append([{**GOOD, "id": "nan", "vector": [math.nan, 0.5, math.inf]},
+              {**GOOD, "id": "fine"}])
+    (q,) = (s.root / "quarantine").glob("*.parquet")
+    t = pq.read_table(q)
+    assert t.column("id").to_pylist() == ["nan"]
+    v = t.column("vector").to_pylist()[0]
+    assert math.isnan(v[0]) and v[1] == 0.5 and v[2] == math.inf
+    assert "NaN or inf in vector" in t.column("quarantine_reason").to_pylist()[0]
+    assert sorted(s.load().records.meta["id"]) == ["a", "fine"]

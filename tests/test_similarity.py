@@ -389,3 +389,26 @@ def test_tensors_that_require_grad_are_accepted():
     got = threshold_pairs(v2, 0.99, device="cpu")
     assert list(zip(got.i.tolist(), got.j.tolist(), strict=True)) == [(0, 3)]
     assert topk_neighbours(v2, v2, 1, device="cpu").indices[:, 0].tolist() == [0, 1, 2, 0]
+
+
+def test_vectors_that_are_not_unit_are_refused_by_row():
+    g = np.random.default_rng(5)
+    v = g.normal(size=(6, 8))
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    v[1] *= 3.0
+    v[4] *= 0.99  # 1e-2 off: never normalised, not rounding
+    with pytest.raises(ValueError, match=r"vectors: 2 row\(s\) are not unit vectors .* "
+                                         r"rows \[1, 4\] with norms \[3\.0, 0\.99\]"):
+        threshold_pairs(torch.from_numpy(v).float(), 0.5, device="cpu")
+    with pytest.raises(ValueError, match=r"keys: 2 row\(s\) are not unit vectors"):
+        topk_neighbours(torch.from_numpy(v[:1]).float(), torch.from_numpy(v).float(), 2,
+                        device="cpu")
+    # the rounding of vectors stored as bf16 is accepted (and the pairs stay exact)
+    from consolidate.store.vectors import stored_vectors
+
+    u = g.normal(size=(300, 384))
+    u = (u / np.linalg.norm(u, axis=1, keepdims=True)).astype(np.float32)
+    b = stored_vectors(u, "bf16")
+    assert np.abs(np.linalg.norm(b.astype(np.float64), axis=1) - 1).max() > 1e-4
+    p = threshold_pairs(torch.from_numpy(b), 0.1, device="cpu")
+    assert set(zip(p.i.tolist(), p.j.tolist(), strict=True)) == reference(b, np.zeros(300), 0.1)

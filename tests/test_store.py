@@ -259,3 +259,33 @@ def test_patch_of_a_record_merged_meanwhile_follows_merged_into(tmp_path):
     porto, tea = m.loc["A", "merged_into"], m.loc["C", "merged_into"]
     assert m.loc[porto, "valid_to"] == 18.0  # the merged record holds A's fact: closed
     assert m.loc[tea, "deleted_reason"] == "deleted" and m.loc[tea, "deleted_at"] == 19.0
+
+
+def test_create_stores_unit_vectors_like_append(tmp_path):
+    rows = [{"id": f"n{k}", "namespace": "u", "text": f"fact {w}", "vector": v,
+             "importance": 0.5, "created_at": 1.0, "last_used": 1.0}
+            for k, (w, v) in enumerate([("a", [3.0, 0.0, 0.0]), ("b", [0.0, 0.99, 0.0]),
+                                        ("c", [0.0, 0.0, 0.1])])]
+    from consolidate.store.schema import records_from_rows
+
+    s = Store(tmp_path / "s")
+    snap = s.create(records_from_rows(rows))  # not normalised by the caller
+    np.testing.assert_allclose(snap.records.vectors, np.eye(3), atol=1e-7)
+    s.append([{**rows[0], "id": "n9", "vector": [0.0, 2.0, 0.0]}])
+    np.testing.assert_allclose(s.load().records.vectors[-1], [0.0, 1.0, 0.0], atol=1e-7)
+
+
+def test_mark_used_caps_strength_like_the_pass_by_default(tmp_path):
+    from consolidate.config import PassConfig
+    from consolidate.store.schema import DEFAULT_STRENGTH_CAP
+
+    assert PassConfig().strength_cap == DEFAULT_STRENGTH_CAP == 20.0
+    s = Store(tmp_path / "s")
+    s.create(make_records([{**base_rows()[0], "strength": 19.5},
+                           {**base_rows()[2], "strength": 3.0}]))
+    s.mark_used(["a", "c"], now=200.0)
+    s.mark_used(["a"], now=201.0)
+    m = s.load().records.meta.set_index("id")
+    assert m.loc["a", "strength"] == 20.0 and m.loc["c", "strength"] == 4.0
+    s.mark_used(["a"], now=202.0, strength_cap=None)  # an explicit opt-out
+    assert s.load().records.meta.set_index("id").loc["a", "strength"] == 21.0

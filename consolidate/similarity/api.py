@@ -114,22 +114,33 @@ def _codes(x: torch.Tensor | np.ndarray, what: str) -> torch.Tensor:
     return t.to(torch.int64).cpu()
 
 
-def _check_finite(x: torch.Tensor, what: str) -> None:
-    """Raise ``ValueError`` naming the first rows of ``x`` (``[n, d]``) with NaN or inf: their
-    scores compare false against every threshold and would silently hide pairs.
+#: largest accepted | ||v|| - 1 | of an input row: above the rounding of vectors stored as
+#: bf16 (at most 2**-9 relative per component), far below a vector that was never
+#: normalised (norms 0.99, 3 or 0.1 rank by magnitude instead of by cosine)
+UNIT_TOLERANCE = 4e-3
 
-    One matrix-vector product finds them (a row with NaN or inf has a non-finite sum, since
-    inf - inf is NaN); the rows it flags are checked element by element, so a finite row
-    whose sum overflows is not refused."""
+
+def _check_unit(x: torch.Tensor, what: str) -> None:
+    """Raise ``ValueError`` naming the first rows of ``x`` (``[n, d]``) that hold NaN or inf
+    (their scores compare false against every threshold and would silently hide pairs) or
+    are not unit vectors within :data:`UNIT_TOLERANCE` (a dot product is a cosine only for
+    unit vectors). One norm reduction over the rows finds both."""
     if not x.numel() or not (x.is_floating_point() or x.is_complex()):
         return
-    sums = x @ torch.ones(x.shape[1], dtype=x.dtype, device=x.device)
-    rows = (~torch.isfinite(sums)).nonzero()[:, 0]
-    if rows.numel():
-        rows = rows[~torch.isfinite(x.index_select(0, rows)).all(dim=1)]
-    if rows.numel():
-        raise ValueError(f"{what}: {rows.numel()} row(s) contain NaN or inf, e.g. rows "
-                         f"{rows[:10].tolist()}")
+    norm = torch.linalg.vector_norm(
+        x, dim=1, dtype=None if x.dtype in (torch.float64, torch.float32) else torch.float32)
+    bad = ~(torch.abs(norm - 1) <= UNIT_TOLERANCE)  # NaN compares false
+    if not bool(bad.any()):
+        return
+    rows = bad.nonzero()[:, 0]
+    nonfinite = rows[~torch.isfinite(x.index_select(0, rows)).all(dim=1)]
+    if nonfinite.numel():
+        raise ValueError(f"{what}: {nonfinite.numel()} row(s) contain NaN or inf, e.g. rows "
+                         f"{nonfinite[:10].tolist()}")
+    raise ValueError(
+        f"{what}: {rows.numel()} row(s) are not unit vectors (|norm - 1| > "
+        f"{UNIT_TOLERANCE:g}), e.g. rows {rows[:10].tolist()} with norms "
+        f"{[round(float(v), 6) for v in norm[rows[:10]].tolist()]}; normalise them first")
 
 
 def _grouped(seg: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -186,7 +197,8 @@ def threshold_pairs(
         :class:`Pairs` with positions into the input rows, sorted by ``(i, j)``.
 
     Raises:
-        ValueError: ``vectors`` not ``[n, d]`` or with NaN/inf rows, a non-finite
+        ValueError: ``vectors`` not ``[n, d]``, with NaN/inf rows or rows that are not
+            unit vectors (within :data:`UNIT_TOLERANCE`), a non-finite
             ``threshold``, unknown dtype, tile sizes that are not integers >= 1, ``segments``
             of the wrong length or not integer codes, unknown engine or device, a cuda
             device without CUDA, ``engine="triton"`` on cpu without ``TRITON_INTERPRET=1``,
@@ -203,7 +215,7 @@ def threshold_pairs(
     v = torch.as_tensor(vectors).detach()
     if v.ndim != 2:
         raise ValueError(f"vectors must be [n, d], got shape {tuple(v.shape)}")
-    _check_finite(v, "vectors")
+    _check_unit(v, "vectors")
     n = v.shape[0]
     seg = torch.zeros(n, dtype=torch.int64) if segments is None else _codes(segments, "segments")
     if seg.shape != (n,):
@@ -300,7 +312,8 @@ def topk_neighbours(
         :class:`TopK` in the original query order with original key positions.
 
     Raises:
-        ValueError: ``queries``/``keys`` not ``[q, d]``/``[n, d]`` or with NaN/inf rows,
+        ValueError: ``queries``/``keys`` not ``[q, d]``/``[n, d]``, with NaN/inf rows or rows
+            that are not unit vectors (within :data:`UNIT_TOLERANCE`),
             ``k`` not an integer >= 1, tile sizes that are not integers >= 1, only one of
             the segment arrays given, segments of the wrong length or not integer codes,
             unknown dtype, engine or device, a cuda device without CUDA,
@@ -322,8 +335,8 @@ def topk_neighbours(
     if q.ndim != 2 or key.ndim != 2 or q.shape[1] != key.shape[1]:
         raise ValueError(f"queries {tuple(q.shape)} and keys {tuple(key.shape)} must be "
                          f"[q, d] and [n, d]")
-    _check_finite(q, "queries")
-    _check_finite(key, "keys")
+    _check_unit(q, "queries")
+    _check_unit(key, "keys")
     nq, n = q.shape[0], key.shape[0]
     if query_segments is None:
         qs = torch.zeros(nq, dtype=torch.int64)

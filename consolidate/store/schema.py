@@ -165,6 +165,10 @@ _REAL = (int, float, np.integer, np.floating)
 #: times outside +-2e6 hours of the epoch (about years 1742..2198) are refused
 MAX_ABS_HOURS = 2e6
 MAX_STRENGTH = 1e6
+#: strength never exceeds this through recalls or merges unless a caller sets another cap
+#: (the pass's ``strength_cap`` default and :meth:`Store.mark_used`'s): without a cap, early
+#: memories recalled often would outlive everything (the rich-get-richer pitfall)
+DEFAULT_STRENGTH_CAP = 20.0
 
 
 def _is_real(v: Any) -> bool:

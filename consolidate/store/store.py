@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .schema import (
+    DEFAULT_STRENGTH_CAP,
     MAX_ABS_HOURS,
     InvalidRecordsError,
     Problem,
@@ -314,7 +315,8 @@ class Store:
 
     # ------------------------------------------------------------ create
     def create(self, records: Records, *, source: str = "records") -> Snapshot:
-        """Write snapshot 1 from ``records`` into an empty directory.
+        """Write snapshot 1 from ``records`` into an empty directory. Vectors are rescaled
+        to unit length, as by :meth:`append`.
 
         Raises:
             FileExistsError: a store already exists at ``root``, or ``root`` is a file or a
@@ -331,6 +333,7 @@ class Store:
         if not len(records) or records.dim < 1:
             raise ValueError(f"create(): no records (or no vector dimension) for {self.root}")
         records = self._checked(records, dim=records.dim, source=source, existing=None)
+        normalise_vectors(records)  # the same rule as append(): stored vectors are unit
         self._dirs()
         with self.lock():
             ev = [{"op": "create", "source": source, "records": len(records)}]
@@ -452,7 +455,8 @@ class Store:
             yield
 
     def mark_used(
-        self, ids: Sequence[str], *, now: float | None = None, strength_cap: float | None = None
+        self, ids: Sequence[str], *, now: float | None = None,
+        strength_cap: float | None = DEFAULT_STRENGTH_CAP,
     ) -> None:
         """Recall bookkeeping: each id's ``last_used = now`` and ``strength += 1`` (capped).
 
@@ -462,7 +466,9 @@ class Store:
         Args:
             ids: memory ids that were retrieved and used.
             now: hours since the epoch (default: wall clock).
-            strength_cap: strength never exceeds this (``None`` = no cap).
+            strength_cap: strength never exceeds this (default
+                :data:`~consolidate.store.schema.DEFAULT_STRENGTH_CAP`, 20, the pass's
+                default; ``None`` = no cap).
 
         Raises:
             KeyError: an id is not in the store (names the first few); nothing is written.
@@ -561,8 +567,8 @@ class Store:
         table = records_to_arrow(
             Records(bad.meta.assign(text=[t if isinstance(t, str) and _utf8_ok(t) else None
                                           for t in bad.meta["text"]]),
-                    np.nan_to_num(bad.vectors))
-        )
+                    bad.vectors),  # as given: NaN and inf stay (fp32 keeps them)
+            "fp32")
         table = table.append_column("quarantine_reason",
                                     pa.array(["; ".join(reasons[r]) for r in rows]))
         table = table.append_column("quarantine_source", pa.array([source] * len(rows)))
