@@ -23,6 +23,7 @@ New records are written with :meth:`Store.append` before the tombstones
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -190,7 +191,9 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
             key = next(i for i, (_, idx, _) in enumerate(asks) if n in idx)
             ev["raw"] = raw_of[key]
         events.append(ev)
-        vf = _valid_from_hours(f.valid_from, t.time_h)
+        vf, why = _valid_from_hours(f.valid_from, t.time_h)
+        if why:
+            ev["valid_from_refused"] = why
         row = {"id": _fact_id(t.id, k), "namespace": t.namespace, "text": f.text,
                "vector": vecs[n], "importance": f.importance / 10.0, "created_at": t.time_h,
                "last_used": t.time_h, "source_ids": [t.id], "valid_from": vf}
@@ -249,20 +252,61 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
     }
 
 
-def _valid_from_hours(text: str | None, turn_h: float) -> float:
-    """A fact's stated start (``"2023-05"``, ``"2023-05-08"``...) in hours since the epoch;
-    NaN when absent, not year-first, unparseable, outside the years 1900-2200 or after the
-    turn that states it (a bad date never fails the batch: the fact just has no start)."""
-    if not text or not _ISO_START.match(text.strip()):
-        return float("nan")  # only year-first dates: "05/08/2023" is ambiguous
+def _valid_from_hours(text: str | None, turn_h: float) -> tuple[float, str | None]:
+    """A fact's stated start in hours since the epoch, and why it was not used.
+
+    Understood: year-first dates and times (``"2023-05"``, ``"2023-05-08"``,
+    ``"2023-05-08T10:00"``, with seconds, fractions and a ``Z`` or ``+01:00`` offset; a time
+    without an offset is UTC), and dates relative to the turn that states them (``"today"``,
+    ``"yesterday"``, ``"N days/weeks/months/years ago"``, ``"last week/month/year"``,
+    resolved against ``turn_h``). Returns ``(NaN, reason)`` when the text is absent
+    (reason ``None``), not understood (``"05/08/2023"`` is ambiguous), outside the years
+    1900-2200, or after the turn that states it: a bad date never fails the batch, the fact
+    just has no start, and the caller records the reason in the event.
+    """
+    if not text or not text.strip():
+        return float("nan"), None
+    t = text.strip()
+    rel = _relative_hours(t.lower(), turn_h)
+    if rel is not None:
+        return rel, None
+    if not _ISO_START.match(t):
+        return float("nan"), f"valid_from {text!r} not understood (year-first dates only)"
     try:
-        ts = pd.Timestamp(text.strip())
+        ts = pd.Timestamp(t)
     except (ValueError, TypeError, OverflowError):
-        return float("nan")
+        return float("nan"), f"valid_from {text!r} not understood"
     if pd.isna(ts) or not 1900 <= ts.year <= 2200:
-        return float("nan")
+        return float("nan"), f"valid_from {text!r} outside the years 1900-2200"
     h = hours_from_datetime(ts)
-    return h if np.isfinite(h) and h <= turn_h else float("nan")
+    if not (np.isfinite(h) and h <= turn_h):
+        return float("nan"), f"valid_from {text!r} is after the turn that states it"
+    return h, None
 
 
-_ISO_START = re.compile(r"^\d{4}(-\d{1,2}(-\d{1,2})?)?([T ]\d{1,2}:\d{2}(:\d{2})?)?$")
+_ISO_START = re.compile(r"^\d{4}(-\d{1,2}(-\d{1,2})?)?"
+                        r"([T ]\d{1,2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?)?$")
+_UNIT_H = {"day": 24.0, "week": 168.0, "month": 730.5, "year": 8766.0}
+_AGO = re.compile(r"^(\d{1,4}|a|an|one|two|three|four|five|six|seven|eight|nine|ten) "
+                  r"(day|week|month|year)s? ago$")
+_WORD_N = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
+           "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+
+
+def _relative_hours(t: str, turn_h: float) -> float | None:
+    """``t`` (lower case) as a time relative to the turn (hours since the epoch), or
+    ``None`` when it is not one of the relative forms :func:`_valid_from_hours` names. A day
+    resolves to the start of its UTC day; months and years are their mean lengths."""
+    day0 = math.floor(turn_h / 24.0) * 24.0
+    if t == "today":
+        return day0
+    if t == "yesterday":
+        return day0 - 24.0
+    m = re.match(r"^last (week|month|year)$", t)
+    if m:
+        return day0 - _UNIT_H[m.group(1)]
+    m = _AGO.match(t)
+    if m:
+        n = _WORD_N.get(m.group(1))
+        return day0 - (int(m.group(1)) if n is None else n) * _UNIT_H[m.group(2)]
+    return None

@@ -112,16 +112,30 @@ def test_contradicted_temporal_fact_is_closed_not_deleted(tmp_path):
         "m0", None]
 
 
-@pytest.mark.parametrize("text,hours", [
-    ("2023-05", 1682899200 / 3600), ("2023-05-08", 1683504000 / 3600), ("NaN", None), ("nat", None),
-    ("1700-01-01", None), ("05/08/2023", None), ("2999-01-01", None), ("", None)])
-def test_model_dates_never_fail_the_batch(text, hours):
+# 2023-05-08T00:00Z is 1683504000 s after the epoch; the turn is 2023-05-10T15:00Z
+_MAY8 = 1683504000 / 3600
+_TURN = _MAY8 + 2 * 24 + 15
+
+
+@pytest.mark.parametrize("text,hours,why", [
+    ("2023-05", 1682899200 / 3600, None), ("2023-05-08", _MAY8, None),
+    ("2023-05-08T10:00:00+01:00", _MAY8 + 9, None), ("2023-05-08T09:00Z", _MAY8 + 9, None),
+    ("2023-05-08 09:30:00.5-0100", _MAY8 + 10.5 + 0.5 / 3600, None),
+    ("today", _MAY8 + 48, None), ("Yesterday", _MAY8 + 24, None),
+    ("2 days ago", _MAY8, None), ("a week ago", _MAY8 + 48 - 168, None),
+    ("last year", _MAY8 + 48 - 8766, None),
+    ("NaN", None, "not understood"), ("nat", None, "not understood"),
+    ("1700-01-01", None, "outside the years"), ("05/08/2023", None, "year-first"),
+    ("2999-01-01", None, "outside the years"), ("2023-05-11", None, "after the turn"),
+    ("next week", None, "not understood"), ("", None, None), (None, None, None)])
+def test_model_dates_never_fail_the_batch(text, hours, why):
     from consolidate.write_path import _valid_from_hours
-    got = _valid_from_hours(text, 500_000.0)
+    got, reason = _valid_from_hours(text, _TURN)
     if hours is None:
         assert np.isnan(got)
-    else:  # UTC midnight in hours since the epoch
-        assert got == hours
+    else:  # hours since the epoch (UTC)
+        assert got == pytest.approx(hours, abs=1e-9)
+    assert (reason is None) if why is None else (why in reason and repr(text) in reason)
 
 
 def test_a_fact_true_again_after_closed_history_is_not_a_duplicate(tmp_path):
