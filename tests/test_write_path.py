@@ -174,7 +174,7 @@ def test_unparseable_decisions_twice_add_everything(store):
 def test_new_store_is_created_from_the_first_adds(tmp_path):
     s = Store(tmp_path / "new")
     be = Scripted([facts("Jon opened a dance studio")])
-    out = ingest(s, [Turn("D1:1", "jon", "Jon", "I opened a studio", 5.0)], be,
+    out = ingest(s, [Turn("D1:1", "jon", "Jon", "I opened a studio", 5.0, "user")], be,
                  WordEmbedder())
     assert out["records_written"] == 1 and s.load().records.meta["source_ids"][0] == ["D1:1"]
 

@@ -52,7 +52,7 @@ def main(out_path: str) -> None:
             + [decide_request(["Gina has two cats", "Gina moved to Rome"], nbs, 96),
                decide_request(["Jon likes jazz"], [], 64)]
             + [extract_request(Turn("t1", "u", "Gina", "I adopted two kittens last week!",
-                                    466000.0), "8 May 2023", 96)])
+                                    466000.0, "user"), "8 May 2023", 96)])
     t = time.perf_counter()
     resp = be.chat(reqs)
     batch_s = time.perf_counter() - t

@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
 
-__all__ = ["ChatRequest", "ChatResponse", "LLMBackend", "BACKENDS", "make_backend",
+__all__ = ["ChatRequest", "ChatResponse", "LLMBackend", "BACKENDS", "make_backend", "quote",
            "parse_json_model", "json_request"]
 
 
@@ -108,6 +108,13 @@ def json_request(system: str, user: str, schema: type[BaseModel], max_tokens: in
 
 _JSON = re.compile(r"\{.*\}", re.DOTALL)
 M = TypeVar("M", bound=BaseModel)
+
+
+def quote(text: str) -> str:
+    """``text`` as a JSON string literal (newlines, quotes and control characters escaped),
+    for every stored or user-written text placed in a prompt: a memory that holds a newline
+    and ``[2] ...`` must not be able to forge a line of the prompt's structure."""
+    return json.dumps(text, ensure_ascii=False)
 
 
 def parse_json_model(raw: str, model: type[M]) -> M | None:

@@ -13,27 +13,40 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
-from .base import ChatRequest, parse_json_model
+from .base import ChatRequest, parse_json_model, quote
 
 __all__ = ["EXTRACT_PROMPT_VERSION", "Turn", "ExtractedFact", "ExtractOut", "trusted",
            "extract_request", "parse_facts"]
 
-EXTRACT_PROMPT_VERSION = "extract-v1"
+EXTRACT_PROMPT_VERSION = "extract-v2"
 #: turn sources whose content is the user's or the assistant's own words
 TRUSTED_SOURCES = ("user", "assistant")
+#: every turn source; each write names one (there is no default to trust by accident)
+SOURCES = ("user", "assistant", "tool", "web")
 
 
 @dataclass(frozen=True)
 class Turn:
-    """One turn: ``source`` is ``user``, ``assistant``, ``tool`` or ``web``; ``time_h`` in
-    hours since the epoch."""
+    """One turn: ``source`` is ``user``, ``assistant``, ``tool`` or ``web`` (required: only
+    user and assistant text becomes memories unless ``allow_untrusted``); ``time_h`` in hours
+    since the epoch.
+
+    Raises:
+        ValueError: ``source`` is not one of :data:`SOURCES`.
+    """
 
     id: str
     namespace: str
     speaker: str
     text: str
     time_h: float
-    source: str = "user"
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"turn {self.id!r}: source must be one of {', '.join(SOURCES)} "
+                             f"(who wrote the text decides whether it may become a memory), "
+                             f"got {self.source!r}")
 
 
 class ExtractedFact(BaseModel):
@@ -63,7 +76,7 @@ _SYSTEM = ("Extract short, self-contained facts about the speaker from one messa
 def extract_request(turn: Turn, when: str, max_tokens: int = 192,
                     retry: bool = False) -> ChatRequest:
     """The chat request for one turn (``when``: the turn's date, for relative times)."""
-    user = f"Date: {when}\n{turn.speaker}: {turn.text}\n\nJSON:"
+    user = f"Date: {when}\nSpeaker: {quote(turn.speaker)}\nMessage: {quote(turn.text)}\n\nJSON:"
     if retry:
         user += "\n(Your previous answer was not valid JSON in the required form.)"
     return ChatRequest(({"role": "system", "content": _SYSTEM}, *_EXAMPLE,
@@ -74,8 +87,8 @@ def extract_request(turn: Turn, when: str, max_tokens: int = 192,
 
 #: one worked example (helps small models keep to the format)
 _EXAMPLE = (
-    {"role": "user", "content": "Date: 3 March 2023\nAnna: I just got back from Kyoto! "
-                                "My sister Mia lives there now.\n\nJSON:"},
+    {"role": "user", "content": 'Date: 3 March 2023\nSpeaker: "Anna"\nMessage: "I just got '
+                                'back from Kyoto! My sister Mia lives there now."\n\nJSON:'},
     {"role": "assistant", "content": '{"facts": [{"text": "Anna visited Kyoto", '
                                      '"importance": 5, "valid_from": "2023-03"}, {"text": '
                                      '"Anna\'s sister Mia lives in Kyoto", "importance": 7, '

@@ -36,15 +36,15 @@ from ..merge import (
     unordered_pair,
 )
 from ..text import _date_terms, _negation_count, _numbers, content_tokens
-from .base import ChatRequest, json_request, parse_json_model
+from .base import ChatRequest, json_request, parse_json_model, quote
 from .cache import backend_from
 
 __all__ = ["MERGE_PROMPT_VERSION", "CONFLICT_PROMPT_VERSION", "MergeOut", "ConflictOut",
            "merge_chat_request", "conflict_chat_request", "parse_merge", "missing_facts",
            "LLMMerger"]
 
-MERGE_PROMPT_VERSION = "merge-v1"
-CONFLICT_PROMPT_VERSION = "merge-conflict-v1"
+MERGE_PROMPT_VERSION = "merge-v2"
+CONFLICT_PROMPT_VERSION = "merge-conflict-v2"
 _SYSTEM = ("You merge notes about one person into a single note. Keep every number, date, "
            "name and negation exactly. Do not add facts. Reply with JSON only: "
            '{"text": "<the merged note>"}')
@@ -89,7 +89,7 @@ def conflict_chat_request(req: MergeRequest, max_tokens: int, retry_note: str = 
     """The chat request for one cluster with flagged pairs (notes dated, oldest first)."""
     order = conflict_order(req)
     num = {m.id: k + 1 for k, m in enumerate(order)}
-    notes = "\n".join(f"[{num[m.id]}] ({_date(fact_time(m))}) {m.text}" for m in order)
+    notes = "\n".join(f"[{num[m.id]}] ({_date(fact_time(m))}) {quote(m.text)}" for m in order)
     flagged = sorted({(min(num[a], num[b]), max(num[a], num[b]), why)
                       for a, b, why in req.conflicts if a in num and b in num})
     pairs = "\n".join(f"- [{a}] and [{b}] may contradict ({why})" for a, b, why in flagged)
@@ -100,7 +100,7 @@ def conflict_chat_request(req: MergeRequest, max_tokens: int, retry_note: str = 
 def merge_chat_request(req: MergeRequest, max_tokens: int, retry_note: str = "",
                        seed: int = 0) -> ChatRequest:
     """The chat request for one cluster (members most important first)."""
-    notes = "\n".join(f"- {m.text}" for m in canonical_order(req.members))
+    notes = "\n".join(f"- {quote(m.text)}" for m in canonical_order(req.members))
     return json_request(_SYSTEM, f"Notes:\n{notes}\n\nMerged note as JSON:", MergeOut,
                         max_tokens, retry_note, seed)
 

@@ -25,14 +25,14 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..merge import MergeRequest, MergeResponse, canonical_order
-from .base import ChatRequest, json_request, parse_json_model
+from .base import ChatRequest, json_request, parse_json_model, quote
 from .cache import backend_from
 from .merger import invented
 
 __all__ = ["REFLECT_PROMPT_VERSION", "ReflectOut", "reflect_request", "invented",
            "LLMReflector"]
 
-REFLECT_PROMPT_VERSION = "reflect-v1"
+REFLECT_PROMPT_VERSION = "reflect-v2"
 _SYSTEM = ("You read notes about one person and write ONE short, general insight that the "
            "notes support together (a trait, habit, goal or relationship), not a summary of "
            "each note. Use only names and numbers that appear in the notes. Reply with JSON "
@@ -48,7 +48,7 @@ class ReflectOut(BaseModel):
 def reflect_request(req: MergeRequest, max_tokens: int = 64, retry_note: str = "",
                     seed: int = 0) -> ChatRequest:
     """The chat request for one group (notes most important first)."""
-    notes = "\n".join(f"- {m.text}" for m in canonical_order(req.members))
+    notes = "\n".join(f"- {quote(m.text)}" for m in canonical_order(req.members))
     return json_request(_SYSTEM, f"Notes:\n{notes}\n\nInsight as JSON:", ReflectOut,
                         max_tokens, retry_note, seed)
 

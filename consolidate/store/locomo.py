@@ -249,7 +249,8 @@ def read_locomo_turns(path: str | Path, conversations: int | None = None,
                 raise ValueError(f"{path}: {sid} session {num}: {e}") from e
             for turn in c[f"session_{num}"]:
                 out.append(Turn(f"{sid}/{turn['dia_id']}", f"{sid}/{turn['speaker']}",
-                                turn["speaker"], str(turn.get("text", "")), t_h))
+                                turn["speaker"], str(turn.get("text", "")), t_h,
+                                source="user"))  # both LOCOMO speakers are people
                 if max_turns is not None and len(out) >= max_turns:
                     return out
     return out
