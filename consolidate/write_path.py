@@ -11,7 +11,11 @@
 5. Decisions are applied in turn order, then fact order. When two facts touch the same stored
    memory in one batch, the first wins and the later one is ADDed instead (deterministic).
    ADD appends a record; UPDATE appends the new text and tombstones the old record with
-   ``merged_into`` pointing at it; DELETE tombstones. A temporal fact (one with a
+   ``merged_into`` pointing at it; DELETE is a contradiction: the new fact is appended and
+   the old record becomes a tombstone ``deleted_reason="superseded"`` whose ``merged_into``
+   points at it (the new fact is never lost). A model NOOP is accepted only if the fact does
+   not conflict (negation, number, date) with its nearest stored memory; otherwise it is
+   ADDed. A temporal fact (one with a
    ``valid_from``) is history rather than an error once contradicted: UPDATE or DELETE of it
    closes its validity interval (``valid_to`` = when the new fact became true, else the turn's
    time) and keeps it live. Nothing is ever removed.
@@ -39,7 +43,7 @@ from .llm.extract import Turn, extract_request, parse_facts, trusted
 from .similarity import topk_neighbours
 from .store import Records, Store, datetime_from_hours, hours_from_datetime, records_from_rows
 from .store.schema import normalise_vectors
-from .text import text_hash
+from .text import conflict_reason, text_hash
 
 __all__ = ["IngestConfig", "ingest"]
 
@@ -185,6 +189,15 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
         if d.op in ("UPDATE", "DELETE") and d.target_id in touched:
             d = Decision(n, "ADD", source="fallback",
                          note=f"{d.op} of {d.target_id} already changed in this batch")
+        if d.op == "NOOP" and d.source == "model":
+            # "already known" must not swallow a fact that negates or changes a number or
+            # date of the memory it resembles most: that one is stored (the nightly pass's
+            # conflict guard then lists the pair for review)
+            j = int(top.indices[n][0])
+            why = conflict_reason(f.text, lm["text"].iat[j]) if j >= 0 else None
+            if why:
+                d = Decision(n, "ADD", source="fallback",
+                             note=f"NOOP rejected: {why} against {lm['id'].iat[j]}")
         ev = {"op": d.op, "turn": t.id, "fact": f.text, "by": d.source, "note": d.note,
               "target": d.target_id}
         if d.source == "model" or d.note == "unparseable twice":
@@ -217,9 +230,12 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
             upd_texts.append(len(new_rows))
             new_rows.append(row)
             patches.append({"id": d.target_id, "op": "delete", "into": row["id"]})
-        elif d.op == "DELETE":
+        elif d.op == "DELETE":  # a contradiction: the new fact supersedes the old one
             touched.add(d.target_id)
-            patches.append({"id": d.target_id, "op": "delete"})
+            new_rows.append(row)
+            patches.append({"id": d.target_id, "op": "delete", "into": row["id"],
+                            "reason": "superseded"})
+            ev["superseded"] = d.target_id
     if upd_texts:  # an UPDATE's vector is the embedding of its new text
         v = embedder.encode([new_rows[i]["text"] for i in upd_texts])
         for i, vec in zip(upd_texts, v, strict=True):

@@ -106,10 +106,59 @@ def test_contradicted_temporal_fact_is_closed_not_deleted(tmp_path):
     assert porto["valid_to"] == 18.0 and np.isnan(porto["deleted_at"])  # history, live
     lisbon = m[m["text"] == "Gina lives in Lisbon"].iloc[0]
     assert lisbon["valid_from"] == 18.0 and np.isnan(lisbon["valid_to"])
-    # tea had no start: a plain DELETE tombstone
-    assert m.loc["m1", "deleted_reason"] == "deleted"
-    assert [e.get("closed") for e in out["events"] if e["op"] in ("UPDATE", "DELETE")] == [
-        "m0", None]
+    # tea had no start: the contradicting fact is stored and supersedes it (never lost)
+    coffee = m.index[m["text"] == "Gina likes coffee"]
+    assert len(coffee) == 1 and np.isnan(m.loc[coffee[0], "deleted_at"])
+    assert m.loc["m1", "deleted_reason"] == "superseded"
+    assert m.loc["m1", "merged_into"] == coffee[0]
+    assert [(e.get("closed"), e.get("superseded")) for e in out["events"]
+            if e["op"] in ("UPDATE", "DELETE")] == [("m0", None), (None, "m1")]
+
+
+def _one_memory_store(tmp_path, text):
+    emb = WordEmbedder()
+    s = Store(tmp_path / "s")
+    s.create(make_records([{"id": "m0", "namespace": "gina", "text": text,
+                            "vector": emb.encode([text])[0], "last_used": 10.0}]))
+    return s, emb
+
+
+def test_a_negating_fact_is_never_swallowed_by_noop(tmp_path):
+    s, emb = _one_memory_store(tmp_path, "Dogs are allowed in the flat")
+    be = Scripted([facts("Dogs are not allowed in the flat", "Dogs are allowed in the flat!"),
+                   json.dumps({"decisions": [{"fact": 1, "op": "NOOP"}]})])
+    out = ingest(s, [turn(1, "no dogs any more")], be, emb, IngestConfig(add_below=-1.0))
+    m = s.load().records.meta
+    assert sorted(m["text"]) == ["Dogs are allowed in the flat", "Dogs are not allowed in the flat"]
+    ev = [e for e in out["events"] if e.get("fact") == "Dogs are not allowed in the flat"][0]
+    assert ev["op"] == "ADD" and ev["note"] == "NOOP rejected: negation against m0"
+    # the second fact is an exact duplicate (filter NOOP), the model's NOOP stands for none
+    assert out["decisions"] == {"ADD": 1, "NOOP": 1}
+
+
+def test_delete_then_add_for_one_fact_and_malformed_actions(tmp_path):
+    s, emb = _one_memory_store(tmp_path, "Gina likes spicy noodle soup")
+    be = Scripted([
+        facts("Gina can't stand spicy noodle soup any more", "Gina bought a bike",
+              "Gina likes tea"),
+        json.dumps({"decisions": [
+            {"fact": 1, "op": "DELETE", "target": 1}, {"fact": 1, "op": "ADD"},
+            {"fact": 2, "op": "REMOVE", "target": 1},  # malformed: no such op
+            {"fact": "three", "op": "ADD"}, {"fact": 3, "op": "NOOP"}]})])
+    out = ingest(s, [turn(1, "I hate spicy noodle soup now")], be, emb,
+                 IngestConfig(add_below=-1.0))
+    m = s.load().records.meta.set_index("id")
+    new = m.index[m["text"] == "Gina can't stand spicy noodle soup any more"]
+    assert len(new) == 1 and np.isnan(m.loc[new[0], "deleted_at"])  # stored once
+    assert m.loc["m0", "deleted_reason"] == "superseded" and m.loc["m0", "merged_into"] == new[0]
+    ev = {e["fact"]: e for e in out["events"] if "fact" in e}
+    assert ev["Gina bought a bike"]["op"] == "ADD"
+    assert ev["Gina bought a bike"]["note"].startswith("malformed action rejected: ")
+    assert '"REMOVE"' in ev["Gina bought a bike"]["note"]
+    # the valid NOOP of the same answer still applies (no conflict with its neighbour)
+    assert ev["Gina likes tea"]["op"] == "NOOP"
+    assert sorted(m.loc[m["deleted_at"].isna(), "text"]) == [
+        "Gina bought a bike", "Gina can't stand spicy noodle soup any more"]
 
 
 # 2023-05-08T00:00Z is 1683504000 s after the epoch; the turn is 2023-05-10T15:00Z

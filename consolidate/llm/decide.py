@@ -14,11 +14,12 @@ ADDed instead; nothing is ever deleted on doubt.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from .base import ChatRequest, parse_json_model, quote
 
@@ -49,6 +50,12 @@ class DecideOut(BaseModel):
     """The decide answer's schema (also usable as a JSON schema for constrained decoding)."""
 
     decisions: list[_Op]
+
+
+class _DecideLoose(BaseModel):
+    """An answer read action by action: one malformed action must not void the others."""
+
+    decisions: list[Any]
 
 
 @dataclass(frozen=True)
@@ -110,16 +117,27 @@ def parse_decisions(raw: str, n_facts: int, neighbours: Sequence[Neighbour]
     """Decisions for facts ``0..n_facts-1`` from a model answer, or ``None`` if the answer
     is not valid JSON of :class:`DecideOut` (the caller retries, then ADDs everything).
 
-    Rules: the first decision per fact counts; a fact without one is ADD; UPDATE/DELETE need
-    a ``target`` alias that was shown (else rejected -> ADD); a pinned target is never
-    updated or deleted (rejected -> ADD); UPDATE needs a non-empty text (else ADD).
+    Rules: the first valid decision per fact counts; a fact without one is ADD; a malformed
+    action (unknown op, a fact number that is not an integer) is skipped and named in the
+    note of the fact it names, when it names one, while the valid actions of the same answer
+    apply; UPDATE/DELETE need a ``target`` alias that was shown (else rejected -> ADD); a
+    pinned target is never updated or deleted (rejected -> ADD); UPDATE needs a non-empty
+    text (else ADD).
     """
-    out = parse_json_model(raw, DecideOut)
+    out = parse_json_model(raw, _DecideLoose)
     if out is None:
         return None
     by_alias = {n.alias: n for n in neighbours}
     got: dict[int, Decision] = {}
-    for d in out.decisions:
+    bad: dict[int, str] = {}
+    for item in out.decisions:
+        try:
+            d = _Op.model_validate(item)
+        except ValidationError:
+            fact = item.get("fact") if isinstance(item, dict) else None
+            if isinstance(fact, int) and not isinstance(fact, bool) and 1 <= fact <= n_facts:
+                bad.setdefault(fact - 1, f"malformed action rejected: {json.dumps(item)[:200]}")
+            continue
         k = d.fact - 1
         if k >= n_facts or k in got:
             continue
@@ -137,5 +155,6 @@ def parse_decisions(raw: str, n_facts: int, neighbours: Sequence[Neighbour]
             got[k] = Decision(k, "ADD", source="fallback", note="UPDATE without text")
         else:
             got[k] = Decision(k, d.op, tgt.id, d.text.strip() if d.text else None)
-    return [got.get(k, Decision(k, "ADD", source="fallback", note="no decision given"))
+    return [got.get(k, Decision(k, "ADD", source="fallback",
+                                note=bad.get(k, "no decision given")))
             for k in range(n_facts)]

@@ -500,9 +500,10 @@ class Store:
         """Write-path changes to stored records, as one delta (safe while a pass runs).
 
         Each patch is ``{"id": ..., "op": "delete" | "close", "into": id | None,
-        "valid_to": hours | None}``: ``delete`` makes the record a tombstone
-        (``deleted_reason`` = ``"deleted"``, or ``"updated"`` with ``merged_into`` = ``into``
-        when a newer record replaces it); ``close`` ends its validity at ``valid_to`` (a
+        "reason": str | None, "valid_to": hours | None}``: ``delete`` makes the record a
+        tombstone (``deleted_reason`` = ``reason``, default ``"deleted"``, or ``"updated"``
+        when ``into`` names the newer record that replaces it, ``merged_into`` = ``into``;
+        ``"superseded"`` for a contradicted fact); ``close`` ends its validity at ``valid_to`` (a
         contradicted temporal fact). Nothing is removed: an update or delete can be undone
         from the tombstone.
 
@@ -522,7 +523,12 @@ class Store:
             if op == "delete":
                 if bool(m.loc[i, "pinned"]):
                     raise ValueError(f"patch: {i!r} is pinned and is never deleted")
-                out.append({"id": i, "op": op, "into": p.get("into"), "at": now})
+                why = p.get("reason")
+                if why not in (None, "deleted", "updated", "superseded"):
+                    raise ValueError(f"patch: reason for {i!r} must be deleted, updated or "
+                                     f"superseded, got {why!r}")
+                out.append({"id": i, "op": op, "into": p.get("into"), "at": now,
+                            **({"reason": why} if why else {})})
             elif op == "close":
                 vt = p.get("valid_to", now)
                 if not (isinstance(vt, (int, float)) and math.isfinite(vt)
@@ -765,7 +771,7 @@ def apply_patch(recs: Records, patches: Sequence[Mapping[str, Any]]) -> Records:
             continue
         if p["op"] == "delete" and np.isnan(deleted[k]):
             deleted[k] = p["at"]
-            reason[k] = "updated" if p.get("into") else "deleted"
+            reason[k] = p.get("reason") or ("updated" if p.get("into") else "deleted")
             into[k] = p.get("into")
         elif p["op"] == "close":
             vto[k] = p["valid_to"] if np.isnan(vto[k]) else min(vto[k], p["valid_to"])
