@@ -434,14 +434,22 @@ def _band_keys(sig: np.ndarray, live: np.ndarray, bands: int, rows: int) -> np.n
 
 
 def _group_pairs(order: np.ndarray, new_group: np.ndarray, seg_sorted: np.ndarray,
-                 band: int, max_bucket: int | None) -> tuple[np.ndarray, np.ndarray]:
+                 band: int, max_bucket: int | None, skipped: dict[str, int] | None
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """All pairs ``(order[x], order[y])``, ``x < y``, of sorted positions in one group.
 
-    ``new_group``: bool [m], True where a group starts in the sorted order."""
+    ``new_group``: bool [m], True where a group starts in the sorted order. Groups larger
+    than ``max_bucket`` raise, or with ``skipped`` (a dict) are left out and counted in it
+    (``buckets``, ``rows``)."""
     gstart = np.flatnonzero(new_group)
     sizes = np.diff(np.append(gstart, len(order)))
     big = sizes >= 2
     gstart, sizes = gstart[big], sizes[big]
+    if skipped is not None and max_bucket is not None:
+        over = sizes > max_bucket
+        skipped["buckets"] = skipped.get("buckets", 0) + int(over.sum())
+        skipped["rows"] = skipped.get("rows", 0) + int(sizes[over].sum())
+        gstart, sizes = gstart[~over], sizes[~over]
     if max_bucket is not None and len(sizes) and sizes.max() > max_bucket:
         g = int(np.argmax(sizes))
         raise ValueError(
@@ -459,7 +467,7 @@ def _group_pairs(order: np.ndarray, new_group: np.ndarray, seg_sorted: np.ndarra
 
 def signature_pairs(signatures: np.ndarray, segments: np.ndarray, *, threshold: float = 0.8,
                     bands: int | None = None, fn_weight: float = 0.5,
-                    max_bucket: int | None = MAX_BUCKET
+                    max_bucket: int | None = MAX_BUCKET, skipped: dict[str, int] | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Near-exact pairs from MinHash signatures by LSH banding (Leskovec, Rajaraman, Ullman,
     "Mining of Massive Datasets", ch. 3.4), within segments.
@@ -481,6 +489,9 @@ def signature_pairs(signatures: np.ndarray, segments: np.ndarray, *, threshold: 
         fn_weight: see :func:`choose_bands` (used only when ``bands`` is ``None``).
         max_bucket: the largest group of rows of one segment sharing one band's bucket;
             ``None`` for no limit. A group of ``g`` rows yields ``g (g - 1) / 2`` pairs.
+        skipped: ``None`` (a larger group raises) or a dict: larger groups are left out of
+            that band's candidates and counted in it (``skipped["buckets"]``,
+            ``skipped["rows"]``, summed over bands).
 
     Returns:
         ``(i, j, jaccard)``: int64, int64, float64 ``[m]``; ``i < j`` row positions, each pair
@@ -489,8 +500,8 @@ def signature_pairs(signatures: np.ndarray, segments: np.ndarray, *, threshold: 
     Raises:
         ValueError: bad shapes or dtypes, ``threshold`` outside ``(0, 1]``, ``bands`` outside
             ``[1, num_perm]``, ``fn_weight`` outside ``[0, 1]``, ``max_bucket`` not ``None``
-            or an integer ``>= 2``, or a group larger than ``max_bucket`` (the message names
-            the segment code and band).
+            or an integer ``>= 2``, or (``skipped`` is ``None``) a group larger than
+            ``max_bucket`` (the message names the segment code and band).
     """
     sig = np.asarray(signatures)
     if sig.ndim != 2 or sig.dtype != _U64 or sig.shape[1] < 1:
@@ -528,7 +539,7 @@ def signature_pairs(signatures: np.ndarray, segments: np.ndarray, *, threshold: 
         new_group[1:] |= ss[1:] != ss[:-1]
         if new_group.all():
             continue
-        a, b = _group_pairs(order, new_group, ss, band, max_bucket)
+        a, b = _group_pairs(order, new_group, ss, band, max_bucket, skipped)
         pair_keys = np.union1d(pair_keys, a * m + b)  # a < b: order is ascending in groups
     if not len(pair_keys):
         return empty
@@ -545,7 +556,8 @@ def signature_pairs(signatures: np.ndarray, segments: np.ndarray, *, threshold: 
 
 def minhash_pairs(texts: Sequence[str], segments: np.ndarray, *, threshold: float = 0.8,
                   num_perm: int = 128, k: int = 3, bands: int | None = None, seed: int = 1,
-                  fn_weight: float = 0.5, max_bucket: int | None = MAX_BUCKET
+                  fn_weight: float = 0.5, max_bucket: int | None = MAX_BUCKET,
+                  skipped: dict[str, int] | None = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Candidate near-exact pairs of texts within segments: :func:`minhash_signatures`
     (Broder 1997) then :func:`signature_pairs` (LSH banding, Leskovec, Rajaraman, Ullman,
@@ -564,6 +576,8 @@ def minhash_pairs(texts: Sequence[str], segments: np.ndarray, *, threshold: floa
             is ``None``): see :func:`choose_bands`.
         max_bucket: largest group of texts of one segment sharing one band's bucket, or
             ``None``; see :func:`signature_pairs`.
+        skipped: ``None`` (a larger bucket raises) or a dict in which larger buckets are
+            counted instead of searched; see :func:`signature_pairs`.
 
     Returns:
         ``(i, j, jaccard)``: int64 ``i < j`` positions into ``texts``, float64 estimated
@@ -572,8 +586,9 @@ def minhash_pairs(texts: Sequence[str], segments: np.ndarray, *, threshold: floa
 
     Raises:
         ValueError: a bad argument (``segments`` length or dtype, ``threshold``,
-            ``num_perm``, ``k``, ``bands``, ``seed``, ``fn_weight``, ``max_bucket``) or a
-            bucket larger than ``max_bucket`` (the message names the segment code).
+            ``num_perm``, ``k``, ``bands``, ``seed``, ``fn_weight``, ``max_bucket``) or,
+            without ``skipped``, a bucket larger than ``max_bucket`` (the message names the
+            segment code).
         TypeError: an entry of ``texts`` is not a ``str`` (the message names its position).
         UnicodeEncodeError: a text holds lone surrogates (not valid UTF-8).
     """
@@ -588,5 +603,5 @@ def minhash_pairs(texts: Sequence[str], segments: np.ndarray, *, threshold: floa
         _check_int("max_bucket", max_bucket, 2)
     sig = minhash_signatures(texts, num_perm=num_perm, k=k, seed=seed)
     return signature_pairs(sig, segments, threshold=threshold, bands=bands,
-                           fn_weight=fn_weight, max_bucket=max_bucket)
+                           fn_weight=fn_weight, max_bucket=max_bucket, skipped=skipped)
 

@@ -215,7 +215,8 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
         if np.isfinite(old_vf):  # a temporal fact: close it, keep it as history
             touched.add(d.target_id)
             ends = vf if np.isfinite(vf) and vf > old_vf else t.time_h
-            patches.append({"id": d.target_id, "op": "close", "valid_to": max(ends, old_vf)})
+            patches.append({"id": d.target_id, "op": "close", "valid_to": max(ends, old_vf),
+                            "at": t.time_h})
             ev["closed"] = d.target_id
             if d.op == "UPDATE":
                 row.update(text=d.text)
@@ -229,12 +230,13 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
                        source_ids=sorted(set(old["source_ids"]) | {t.id}))
             upd_texts.append(len(new_rows))
             new_rows.append(row)
-            patches.append({"id": d.target_id, "op": "delete", "into": row["id"]})
+            patches.append({"id": d.target_id, "op": "delete", "into": row["id"],
+                            "at": t.time_h})
         elif d.op == "DELETE":  # a contradiction: the new fact supersedes the old one
             touched.add(d.target_id)
             new_rows.append(row)
             patches.append({"id": d.target_id, "op": "delete", "into": row["id"],
-                            "reason": "superseded"})
+                            "reason": "superseded", "at": t.time_h})
             ev["superseded"] = d.target_id
     if upd_texts:  # an UPDATE's vector is the embedding of its new text
         v = embedder.encode([new_rows[i]["text"] for i in upd_texts])
@@ -248,7 +250,7 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
     else:
         written = store.append(new_rows) if new_rows else []
     if patches:
-        store.patch(patches, now=max(t.time_h for t in ok_turns))
+        store.patch(patches)  # each patch carries the time of its own turn
     ops = Counter(e["op"] for e in events if e["op"] in ("ADD", "UPDATE", "DELETE", "NOOP"))
     by = Counter(e["by"] for e in events if "by" in e)
 

@@ -137,3 +137,24 @@ def test_bad_minhash_settings(bad):
         _run(recs, minhash_min_chars=bad)
     with pytest.raises(ValueError, match="minhash_threshold"):
         _run(recs, minhash_threshold=0.0)
+
+
+def test_an_oversized_bucket_is_skipped_and_counted(monkeypatch):
+    import consolidate.pipeline.long_texts as lt
+
+    rng = np.random.default_rng(3)
+    t = _text(rng)
+    d = 64
+    v = rng.normal(size=(6, d))
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    rows = [{"id": f"x{k}", "namespace": "u", "text": t, "vector": v[k], "importance": 0.5,
+             "created_at": 10.0, "last_used": 10.0} for k in range(5)]
+    rows.append({"id": "y", "namespace": "u", "text": _edit(t, rng), "vector": v[5],
+                 "importance": 0.5, "created_at": 10.0, "last_used": 10.0})
+    recs = make_records(rows)
+    monkeypatch.setattr(lt, "MINHASH_MAX_BUCKET", 3)
+    res = _run(recs, exact_dedup=False)  # six near-identical texts share most buckets
+    assert res.stats.minhash_skipped_buckets > 0
+    # what the smaller buckets still propose is all that is proposed; nothing raised
+    full = _run(recs, exact_dedup=False, minhash_min_chars=None)
+    assert res.stats.minhash_pairs < 15 and full.stats.minhash_pairs is None

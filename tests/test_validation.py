@@ -8,7 +8,7 @@ import pytest
 
 from consolidate.store import InvalidRecordsError, Store
 from consolidate.store.schema import hours_now, records_to_arrow
-from tests.conftest import make_records, tree_digest
+from tests.conftest import make_records, rewrite_snapshot, tree_digest
 
 GOOD = {"id": "ok", "namespace": "u", "text": "fine", "vector": [1.0, 0.0, 0.0],
         "importance": 0.5, "last_used": 10.0}
@@ -77,7 +77,7 @@ def corrupt_snapshot(store, **fields):
         else:
             recs.meta.loc[0, k] = v
     path = store.root / "snapshots" / "snapshot-000001.parquet"
-    pq.write_table(records_to_arrow(recs), path)
+    rewrite_snapshot(store, records_to_arrow(recs))
     return path
 
 
@@ -106,7 +106,7 @@ def test_load_rejects_invalid_utf8_and_wrong_dim_in_file(store):
     vec = pa.array([[1.0, 0.0, 0.0], [1.0, 0.0]], pa.list_(pa.float32()))
     t = t.set_column(t.schema.get_field_index("text"), "text", texts)
     t = t.set_column(t.schema.get_field_index("vector"), "vector", vec)
-    pq.write_table(t, path)
+    rewrite_snapshot(store, t)
     before = tree_digest(store.root)
     with pytest.raises(InvalidRecordsError) as ei:
         store.load()

@@ -188,7 +188,37 @@ def test_pass_pairs_equal_float64_brute_force_over_stored_vectors(tmp_path, dtyp
         p.sim, [stored[i].astype(np.float64) @ stored[j] for i, j in zip(p.i, p.j,
                                                                         strict=True)],
         rtol=0, atol=1e-12)
+    # the pass works on cosines of the stored vectors (bf16 rows are rescaled in its copy)
+    unit = stored.astype(np.float64) / np.linalg.norm(stored.astype(np.float64), axis=1,
+                                                      keepdims=True)
+    cos_ref = pair_reference(unit.astype(np.float32), seg, t)
+    assert (cos_ref == ref) == (dtype == "int8")  # int8 decodes to unit length already
     res = run_pass(snap.records, cfg=PassConfig(threshold=t, decay=False, cap=None,
-                                                exact_dedup=False),
+                                                exact_dedup=False, minhash_min_chars=None),
                    sim_cfg=SimilarityConfig(device="cpu"), wall_h=2.0)
-    assert res.stats.pairs == len(ref)
+    assert res.stats.pairs == len(cos_ref)
+
+
+def test_bf16_rows_off_unit_length_cluster_without_breaking_the_centroid_check(tmp_path):
+    # bf16-representable 2-d vectors with norms 0.998 and 1.002: at threshold 0.999 the
+    # cluster bound holds only for unit vectors, so the pass rescales its copy of them
+    v = [[-0.3203125, 0.9453125], [-0.33203125, 0.9453125]]
+    rows = [{"id": k, "namespace": "n", "text": t, "vector": x, "strength": s,
+             "created_at": 1.0, "last_used": 1.0}
+            for k, t, x, s in (("a", "likes green tea", v[0], 1.0),
+                               ("b", "enjoys green tea", v[1], 2.0))]
+    from consolidate.store.schema import records_from_rows
+
+    s = Store(tmp_path / "s", vector_dtype="bf16")
+    recs = records_from_rows(rows)
+    recs.vectors = np.asarray(v, np.float32)  # as stored: create would rescale them
+    snap = s.create(recs)
+    norms = np.linalg.norm(snap.records.vectors.astype(np.float64), axis=1)
+    assert abs(norms[0] - 1) > 1e-3 or abs(norms[1] - 1) > 1e-3
+    res = run_pass(snap.records, cfg=PassConfig(threshold=0.999, cap=None, decay=False),
+                   sim_cfg=SimilarityConfig(device="cpu"), wall_h=2.0)
+    assert res.stats.merges == 1
+    # the store's bits are untouched: an unchanged re-write gives the same vector column
+    with s.lock():
+        s.commit(snap.records, [], base=snap)
+    assert np.array_equal(s.load().records.vectors, snap.records.vectors)

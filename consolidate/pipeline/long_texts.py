@@ -29,25 +29,31 @@ from ..minhash import minhash_pairs
 from ..similarity import Pairs
 from .state import PassState
 
-__all__ = ["long_text_stage", "MINHASH_PERM", "MINHASH_FN_WEIGHT"]
+__all__ = ["long_text_stage", "MINHASH_PERM", "MINHASH_FN_WEIGHT", "MINHASH_MAX_BUCKET"]
 
 #: signature slots (standard error of the Jaccard estimate about 0.035 at J = 0.8)
 MINHASH_PERM = 128
 #: LSH band choice weighs a missed pair 0.8 against 0.2 for a spurious candidate (every
 #: candidate is then checked against its full-signature estimate)
 MINHASH_FN_WEIGHT = 0.8
+#: a band bucket shared by more long texts of one namespace than this (templated texts:
+#: the same boilerplate) is not searched for that band (its pairs would grow
+#: quadratically); counted in ``stats.minhash_skipped_buckets``, the pass goes on
+MINHASH_MAX_BUCKET = 256
 
 
 def long_text_stage(st: PassState, cfg: PassConfig) -> PassState:
     """Add the admitted MinHash candidates of long-text units to ``st.pairs`` (see the
     module docstring); sets ``stats.minhash_units`` (units long enough),
     ``stats.minhash_pairs`` (candidates) and ``stats.minhash_added`` (pairs added that the
-    similarity join did not have). Nothing happens when ``cfg.minhash_min_chars`` is
-    ``None``."""
+    similarity join did not have) and ``stats.minhash_skipped_buckets`` (band buckets
+    larger than :data:`MINHASH_MAX_BUCKET`, left unsearched). Nothing happens when
+    ``cfg.minhash_min_chars`` is ``None``."""
     if cfg.minhash_min_chars is None:
         return st
     stats = st.stats
     stats.minhash_units = stats.minhash_pairs = stats.minhash_added = 0
+    stats.minhash_skipped_buckets = 0
     u = st.units
     if u is None or len(u) < 2:
         return st
@@ -57,10 +63,13 @@ def long_text_stage(st: PassState, cfg: PassConfig) -> PassState:
     stats.minhash_units = len(long_)
     if len(long_) < 2:
         return st
+    skipped: dict[str, int] = {}
     i, j, _ = minhash_pairs(texts.take(pa.array(long_)), u.ns[long_],
                             threshold=cfg.minhash_threshold, num_perm=MINHASH_PERM,
-                            fn_weight=MINHASH_FN_WEIGHT)
+                            fn_weight=MINHASH_FN_WEIGHT, max_bucket=MINHASH_MAX_BUCKET,
+                            skipped=skipped)
     stats.minhash_pairs = len(i)
+    stats.minhash_skipped_buckets = skipped.get("buckets", 0)
     if not len(i):
         return st
     ci, cj = long_[i], long_[j]  # unit positions, ci < cj (long_ is sorted)

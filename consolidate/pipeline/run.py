@@ -123,10 +123,11 @@ def run_pass(
 def _start(records: Records, sim_cfg: SimilarityConfig, wall_h: float, merger: str,
            version: int) -> PassState:
     """The initial state: a copy of the row table, the vectors on the pass device (one
-    transfer; no copy on cpu), namespace codes and id ranks."""
+    transfer; no copy on cpu unless rows need rescaling, see :func:`_unit_rows`), namespace
+    codes and id ranks."""
     meta = records.meta.copy()
     dev = resolve_device(sim_cfg.device)
-    vec = torch.from_numpy(np.ascontiguousarray(records.vectors, dtype=np.float32))
+    vec = torch.from_numpy(_unit_rows(records.vectors))
     if dev.type != "cpu":
         vec = vec.to(dev)
     ns, names = pd.factorize(meta["namespace"].to_numpy(object), sort=True)
@@ -136,6 +137,31 @@ def _start(records: Records, sim_cfg: SimilarityConfig, wall_h: float, merger: s
                      id_rank=id_ranks(meta["id"].to_numpy(object)), wall_h=wall_h,
                      now=np.zeros(n), gone=np.zeros(n, bool),
                      stats=PassStats(merger=merger, version=version))
+
+
+#: rows further than this from unit length are rescaled by the pass (not in the store)
+UNIT_SLACK = 1e-6
+
+
+def _unit_rows(v: np.ndarray) -> np.ndarray:
+    """``float32 [n, d]``: ``v`` itself when every row is a unit vector to within
+    :data:`UNIT_SLACK` (no copy), else a copy whose off rows are rescaled in float64.
+
+    Vectors stored as fp16 or bf16 are off unit length by their rounding (up to ~2e-3);
+    the clustering's centroid guarantee needs unit vectors, and rescaling them in the store
+    would change their stored bits at every nightly re-write, so the pass rescales its own
+    copy: its similarities are the cosines of the stored vectors."""
+    v = np.ascontiguousarray(v, dtype=np.float32)
+    if not v.size:
+        return v
+    with np.errstate(invalid="ignore", over="ignore"):
+        sq = np.einsum("ij,ij->i", v, v, dtype=np.float64)
+    off = np.flatnonzero(np.isfinite(sq) & (sq > 0) & (np.abs(np.sqrt(sq) - 1) > UNIT_SLACK))
+    if not len(off):
+        return v
+    out = v.copy()
+    out[off] = (v[off].astype(np.float64) / np.sqrt(sq[off])[:, None]).astype(np.float32)
+    return out
 
 
 def _now_fn(cfg: PassConfig, wall_h: float, now_by_namespace: dict[str, float] | None

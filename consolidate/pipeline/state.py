@@ -149,7 +149,8 @@ class PassStats:
             similarity ran.
         minhash_units, minhash_pairs, minhash_added: units with long texts, their MinHash
             candidates, and the pairs those added to the similarity join's (``None`` when
-            ``pass.minhash_min_chars`` is off).
+            ``pass.minhash_min_chars`` is off); minhash_skipped_buckets: LSH band buckets
+            too large to search (templated texts), left out.
         clusters: clusters found. review_pairs: conflicting pairs kept apart or flagged.
         superseded: older facts whose ``valid_to`` this pass closed.
         model_calls, prompt_tokens, completion_tokens: merge-stage model accounting.
@@ -175,6 +176,7 @@ class PassStats:
     minhash_units: int | None = None
     minhash_pairs: int | None = None
     minhash_added: int | None = None
+    minhash_skipped_buckets: int | None = None
     clusters: int = 0
     review_pairs: int = 0
     superseded: int = 0

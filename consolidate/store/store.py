@@ -81,6 +81,37 @@ def _plain_name(name: object) -> bool:
             and "\\" not in name and "\0" not in name)
 
 
+def _check_pointer_values(ptr: Pointer) -> None:
+    """The pointer's non-name fields have their types: ``dim``/``version``/``rows`` integers
+    (not booleans), times finite hours or null, ``snapshot_sha256`` 64 hex characters.
+
+    Raises:
+        ValueError: naming the field and the value.
+    """
+    for key in ("version", "dim"):
+        if isinstance(getattr(ptr, key), bool):
+            raise ValueError(f"{key} {getattr(ptr, key)!r} is not an integer")
+    if ptr.rows is not None and not (isinstance(ptr.rows, int) and not isinstance(ptr.rows, bool)
+                                     and ptr.rows >= 0):
+        raise ValueError(f"rows {ptr.rows!r} is not a count")
+    for key in ("created_at", "last_pass_at"):
+        t = getattr(ptr, key)
+        if key == "last_pass_at" and t is None:
+            continue
+        if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+                and abs(t) <= MAX_ABS_HOURS):
+            raise ValueError(f"{key} {t!r} is not hours since the epoch")
+    sha = ptr.snapshot_sha256
+    if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
+        raise ValueError(f"snapshot_sha256 {sha!r} is not a sha256 hex digest")
+
+
+def _file_sha256(path: Path) -> str:
+    """sha256 hex digest of a file (read in 8 MiB blocks)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def _check_pointer_names(ptr: Pointer) -> None:
     """Every file name in a pointer names a file of this store: ``snapshot`` and
     ``changelog`` by their patterns, ``folded`` entries as plain delta file names.
@@ -188,6 +219,8 @@ class Pointer:
     created_at: float = 0.0
     last_pass_at: float | None = None
     vector_dtype: str = "fp32"
+    snapshot_sha256: str | None = None
+    rows: int | None = None
 
     def to_json(self) -> str:
         d = self.__dict__.copy()
@@ -299,6 +332,12 @@ class Store:
             raise StoreNotFoundError(f"no store at {self.root} (missing {POINTER})") from None
         except NotADirectoryError:
             raise StoreNotFoundError(f"{self.root} is not a directory") from None
+        except IsADirectoryError:
+            raise CorruptStoreError(
+                f"{self.pointer_path} is a folder, not a pointer file") from None
+        except UnicodeDecodeError as e:
+            raise CorruptStoreError(f"{self.pointer_path} is not a valid pointer (not UTF-8: "
+                                    f"{e})") from None
         try:
             ptr = Pointer.from_json(text)
             if not (isinstance(ptr.version, int) and isinstance(ptr.dim, int)
@@ -306,8 +345,9 @@ class Store:
                 raise ValueError("version, dim or snapshot has the wrong type")
             check_vector_dtype(ptr.vector_dtype)
             _check_pointer_names(ptr)
+            _check_pointer_values(ptr)
             return ptr
-        except (ValueError, TypeError, AttributeError, KeyError) as e:
+        except (ValueError, TypeError, AttributeError, KeyError) as e:  # incl. not UTF-8
             raise CorruptStoreError(f"{self.pointer_path} is not a valid pointer ({e}); the "
                                     f"snapshots in {self.root / 'snapshots'} are untouched"
                                     ) from e
@@ -354,11 +394,22 @@ class Store:
         ptr = self.head()
         path = self.root / "snapshots" / ptr.snapshot
         try:
+            if validate_records and ptr.snapshot_sha256 is not None:
+                got = _file_sha256(path)
+                if got != ptr.snapshot_sha256:
+                    raise CorruptStoreError(
+                        f"snapshot {path} does not match the sha256 recorded in "
+                        f"{self.pointer_path} (the file changed after it was written: a "
+                        f"flipped bit, a partial copy); restore it from a backup or point "
+                        f"CURRENT at an older snapshot")
             table = _read_parquet(path)
-        except (OSError, pa.ArrowInvalid) as e:
+            if ptr.rows is not None and table.num_rows != ptr.rows:
+                raise CorruptStoreError(f"snapshot {path} has {table.num_rows} rows, "
+                                        f"{self.pointer_path} records {ptr.rows}")
+            recs = records_from_arrow(table, dim=ptr.dim)
+        except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
             raise CorruptStoreError(f"cannot read snapshot {path} named by {self.pointer_path}: "
                                     f"{e}") from e
-        recs = records_from_arrow(table, dim=ptr.dim)
         del table  # its columns are decoded: do not hold both through validation
         if validate_records:
             recs = self._checked(recs, dim=ptr.dim, source=str(path), existing=None)
@@ -393,10 +444,10 @@ class Store:
             if name.endswith(".patch.json"):
                 return apply_patch(recs, json.loads(path.read_text())["patches"]), []
             table = _read_parquet(path)
-        except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid) as e:
+            new = records_from_arrow(table, dim=dim)
+        except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
             raise CorruptStoreError(f"cannot read delta {path}: {e}; move it out of "
                                     f"{path.parent} to go on without it") from e
-        new = records_from_arrow(table, dim=dim)
         if validate_records:
             new = self._checked(new, dim=dim, source=str(path),
                                 existing=set(recs.meta["id"]))
@@ -500,7 +551,8 @@ class Store:
         """Write-path changes to stored records, as one delta (safe while a pass runs).
 
         Each patch is ``{"id": ..., "op": "delete" | "close", "into": id | None,
-        "reason": str | None, "valid_to": hours | None}``: ``delete`` makes the record a
+        "reason": str | None, "at": hours | None, "valid_to": hours | None}`` (``at``: when
+        the change happened, default ``now``): ``delete`` makes the record a
         tombstone (``deleted_reason`` = ``reason``, default ``"deleted"``, or ``"updated"``
         when ``into`` names the newer record that replaces it, ``merged_into`` = ``into``;
         ``"superseded"`` for a contradicted fact); ``close`` ends its validity at ``valid_to`` (a
@@ -509,10 +561,13 @@ class Store:
 
         Raises:
             KeyError: an unknown id (nothing written).
-            ValueError: a pinned record would be deleted, an unknown op, or a bad time.
+            ValueError: a pinned record would be deleted, an unknown op or reason, or a
+                bad time (``now``/``at`` not finite hours since the epoch, or in the future
+                beyond the clock-skew allowance); nothing is written.
         """
         wall = hours_now()
-        now = wall if now is None else float(now)
+        now = wall if now is None else now
+        self._check_time("patch: now", now, wall)
         view = self.load(validate_records=False)
         m = view.records.meta.set_index("id")
         out = []
@@ -520,6 +575,8 @@ class Store:
             i, op = p.get("id"), p.get("op")
             if i not in m.index:
                 raise KeyError(f"patch: unknown id {i!r} in {self.root}")
+            at = p.get("at", now)
+            self._check_time(f"patch: at for {i!r}", at, wall)
             if op == "delete":
                 if bool(m.loc[i, "pinned"]):
                     raise ValueError(f"patch: {i!r} is pinned and is never deleted")
@@ -527,7 +584,7 @@ class Store:
                 if why not in (None, "deleted", "updated", "superseded"):
                     raise ValueError(f"patch: reason for {i!r} must be deleted, updated or "
                                      f"superseded, got {why!r}")
-                out.append({"id": i, "op": op, "into": p.get("into"), "at": now,
+                out.append({"id": i, "op": op, "into": p.get("into"), "at": float(at),
                             **({"reason": why} if why else {})})
             elif op == "close":
                 vt = p.get("valid_to", now)
@@ -541,6 +598,16 @@ class Store:
         payload = json.dumps({"patches": out})
         _write_atomic(self.root / "deltas" / self._delta_name("patch.json"),
                       lambda p: p.write_text(payload))
+
+    def _check_time(self, what: str, t: object, wall: float) -> None:
+        """Refuse a write time that is not finite hours since the epoch or lies in the
+        future beyond ``future_tolerance_h`` (it would stamp a tombstone that every later
+        commit refuses)."""
+        if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+                and abs(t) <= MAX_ABS_HOURS and t <= wall + self.future_tolerance_h):
+            raise ValueError(f"{what}={t!r} must be hours since the epoch, finite and not in "
+                             f"the future (wall clock {wall:.1f} h); seconds divided by 3600 "
+                             f"give hours")
 
     def _delta_name(self, ext: str) -> str:
         return f"{time.time_ns():020d}-{os.getpid()}-{uuid.uuid4().hex[:8]}.{ext}"
@@ -677,15 +744,20 @@ class Store:
         snap = f"snapshot-{version:06d}.parquet"
         log = f"changelog-{version:06d}.jsonl"
         table = records_to_arrow(records, vector_dtype)
+        digest: dict[str, str] = {}
+
+        def write_snapshot(p: Path) -> None:
+            _write_parquet(table, p)
+            digest["sha256"] = _file_sha256(p)  # of the bytes written, checked at load
+
         try:
-            _write_atomic(self.root / "snapshots" / snap,
-                          lambda p: _write_parquet(table, p), crash_tag="snapshot")
+            _write_atomic(self.root / "snapshots" / snap, write_snapshot, crash_tag="snapshot")
             _crashpoint("after_snapshot")
             _write_atomic(self.root / "changelogs" / log, lambda p: _write_jsonl(p, events),
                           crash_tag="changelog")
             _crashpoint("after_changelog")
             ptr = Pointer(version, snap, log, records.dim, folded, hours_now(), last_pass_at,
-                          vector_dtype)
+                          vector_dtype, digest["sha256"], table.num_rows)
             _write_atomic(self.pointer_path, lambda p: p.write_text(ptr.to_json()),
                           crash_tag="pointer")
         except Exception:

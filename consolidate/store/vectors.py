@@ -1,9 +1,11 @@
 """How vectors are stored: fp32, fp16, bf16 or int8 with one scale per vector.
 
 In memory the pass always works on ``float32 [n, d]`` vectors; this module turns them into the
-Arrow columns a snapshot stores and back. The stored form decides what the pass sees: every
-similarity is the dot product of the *decoded* (stored) vectors, re-scored in float64, so the
-pass's pair set equals a float64 brute force over the vectors as stored.
+Arrow columns a snapshot stores and back. The stored form decides what the pass sees: its
+similarities are the cosines of the *decoded* (stored) vectors, re-scored in float64, so the
+pass's pair set equals a float64 brute force over the vectors as stored. (fp16 and bf16
+rows are off unit length by their rounding; the pass rescales its own copy of such rows,
+never the store's, whose bits would otherwise change at every re-write.)
 
 ========  ==========================================  =====================  ===============
 dtype     Arrow columns                               bytes per vector       decoded
