@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -120,11 +121,12 @@ def normalise_many(texts: Sequence[str]) -> list[str]:
         TypeError: an element is not a ``str``.
         UnicodeEncodeError: a text holds lone surrogates (not valid UTF-8).
     """
-    arr = pa.array(list(texts), pa.string())
-    if arr.null_count:
-        raise TypeError(f"normalise_many() takes str values; position "
-                        f"{int(np.flatnonzero(np.asarray(arr.is_null()))[0])} is None")
-    return normalise_arrow(arr).to_pylist()
+    vals = list(texts)
+    if vals and pd.api.types.infer_dtype(vals, skipna=False) != "string":
+        k = next(k for k, t in enumerate(vals) if not isinstance(t, str))
+        raise TypeError(f"normalise_many() takes str values; position {k} is "
+                        f"{type(vals[k]).__name__}")
+    return normalise_arrow(pa.array(vals, pa.string())).to_pylist()
 
 
 def text_hashes(texts: Sequence[object]) -> list[str]:

@@ -249,5 +249,7 @@ def test_normalise_many_equals_normalise():
     assert normalise_many(texts) == [normalise(t) for t in texts]
     assert text_hashes(cases) == [text_hash(c) for c in cases]
     assert text_hashes([None, "\ud800", "a"]) == ["", "", text_hash("a")]
-    with pytest.raises(TypeError, match="position 1"):
+    with pytest.raises(TypeError, match="position 1 is NoneType"):
         normalise_many(["a", None])
+    with pytest.raises(TypeError, match="position 0 is bytes"):
+        normalise_many([b"a"])

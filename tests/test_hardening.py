@@ -377,3 +377,56 @@ def test_quarantine_keeps_the_vector_as_given(tmp_path):
     assert math.isnan(v[0]) and v[1] == 0.5 and v[2] == math.inf
     assert "NaN or inf in vector" in t.column("quarantine_reason").to_pylist()[0]
     assert sorted(s.load().records.meta["id"]) == ["a", "fine"]
+
+
+def test_list_columns_must_hold_strings_and_a_failed_create_leaves_nothing(tmp_path):
+    from consolidate.store.schema import records_from_rows, validate
+
+    recs = records_from_rows([{**GOOD, "id": f"r{k}", "text": f"t {k}"} for k in range(4)])
+    recs.meta.at[0, "source_ids"] = [1, None]
+    recs.meta.at[1, "keep_apart"] = [2.5]
+    recs.meta.at[2, "derived_from"] = "D1:3"  # a bare string, not a list
+    (p,) = validate(recs, dim=3)
+    assert p.kind == "source_ids, keep_apart or derived_from is not a list of strings"
+    assert p.ids == ["r0", "r1", "r2"]
+    root = tmp_path / "new"
+    with pytest.raises(InvalidRecordsError, match="not a list of strings"):
+        Store(root).create(recs)
+    assert not root.exists()
+
+
+def test_a_create_that_fails_while_writing_can_be_retried(tmp_path, monkeypatch):
+    import consolidate.store.store as st_mod
+
+    real = st_mod._write_parquet
+
+    def full_disk(table, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(st_mod, "_write_parquet", full_disk)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for root in (tmp_path / "new", empty):
+        with pytest.raises(OSError, match="No space left"):
+            Store(root).create(make_records([{**GOOD, "id": "a"}]))
+    assert not (tmp_path / "new").exists() and list(empty.iterdir()) == []
+    monkeypatch.setattr(st_mod, "_write_parquet", real)
+    assert len(Store(empty).create(make_records([{**GOOD, "id": "a"}])).records) == 1
+
+
+def test_two_skewed_clocks_do_not_lose_a_memory(tmp_path, monkeypatch):
+    import consolidate.store.schema as schema
+
+    s = Store(tmp_path / "s", quarantine=True)
+    s.create(make_records([{**GOOD, "id": "a"}]))
+    fast = schema.hours_now() + 4 / 60  # the writer's clock runs 4 minutes ahead: accepted
+    s.append([{**GOOD, "id": "fresh", "created_at": fast, "last_used": fast}])
+    # read by a host whose clock is 3 minutes behind: 7 minutes "in the future", within 2x
+    real = schema.hours_now
+    monkeypatch.setattr(schema, "hours_now", lambda: real() - 3 / 60)
+    assert sorted(s.load().records.meta["id"]) == ["a", "fresh"]
+    assert not (s.root / "quarantine").exists()
+    # 11 minutes behind: beyond both allowances, refused (here: quarantined) by name
+    monkeypatch.setattr(schema, "hours_now", lambda: real() - 11 / 60)
+    assert sorted(s.load().records.meta["id"]) == ["a"]
+    assert len(list((s.root / "quarantine").glob("*.parquet"))) == 1

@@ -222,3 +222,22 @@ def test_bf16_rows_off_unit_length_cluster_without_breaking_the_centroid_check(t
     with s.lock():
         s.commit(snap.records, [], base=snap)
     assert np.array_equal(s.load().records.vectors, snap.records.vectors)
+
+
+def test_decoding_refuses_what_it_cannot_read_as_stored():
+    recs = make_records(random_rows(3, 4))
+    for dtype in ("int8", "bf16"):
+        t = records_to_arrow(recs, dtype)
+        col = t.column("vector").combine_chunks()
+        # a round trip through pandas turns the fixed-size list into a plain list
+        plain = pa.array(col.to_pylist(), pa.list_(col.type.value_type))
+        t2 = t.set_column(t.schema.get_field_index("vector"), "vector", plain)
+        with pytest.raises(ValueError, match="not a stored vector column"):
+            records_from_arrow(t2)
+    # a null element of a bf16 vector is not 0.0, and a negative int8 scale is no scale
+    bits = pa.array([[16256, None], [16256, 0]], pa.list_(pa.uint16(), 2))
+    out = decode_vectors(bits)
+    assert np.isnan(out[0]).all() and out[1].tolist() == [1.0, 0.0]
+    q = pa.array([[127, 0], [127, 0]], pa.list_(pa.int8(), 2))
+    out = decode_vectors(q, pa.array([1 / 127, -1 / 127], pa.float32()))
+    assert out[0].tolist() == pytest.approx([1.0, 0.0]) and np.isnan(out[1]).all()

@@ -120,9 +120,10 @@ def parse_decisions(raw: str, n_facts: int, neighbours: Sequence[Neighbour]
     Rules: the first valid decision per fact counts; a fact without one is ADD; a malformed
     action (unknown op, a fact number that is not an integer) is skipped and named in the
     note of the fact it names, when it names one, while the valid actions of the same answer
-    apply; UPDATE/DELETE need a ``target`` alias that was shown (else rejected -> ADD); a
-    pinned target is never updated or deleted (rejected -> ADD); UPDATE needs a non-empty
-    text (else ADD).
+    apply (an answer of malformed actions only is ``None``, like invalid JSON);
+    UPDATE/DELETE need a ``target`` alias that was shown (else rejected -> ADD); a pinned
+    target is never updated or deleted (rejected -> ADD); UPDATE needs a non-empty text
+    (else ADD).
     """
     out = parse_json_model(raw, _DecideLoose)
     if out is None:
@@ -130,10 +131,12 @@ def parse_decisions(raw: str, n_facts: int, neighbours: Sequence[Neighbour]
     by_alias = {n.alias: n for n in neighbours}
     got: dict[int, Decision] = {}
     bad: dict[int, str] = {}
+    malformed = 0
     for item in out.decisions:
         try:
             d = _Op.model_validate(item)
         except ValidationError:
+            malformed += 1
             fact = item.get("fact") if isinstance(item, dict) else None
             if isinstance(fact, int) and not isinstance(fact, bool) and 1 <= fact <= n_facts:
                 bad.setdefault(fact - 1, f"malformed action rejected: {json.dumps(item)[:200]}")
@@ -155,6 +158,8 @@ def parse_decisions(raw: str, n_facts: int, neighbours: Sequence[Neighbour]
             got[k] = Decision(k, "ADD", source="fallback", note="UPDATE without text")
         else:
             got[k] = Decision(k, d.op, tgt.id, d.text.strip() if d.text else None)
+    if malformed and malformed == len(out.decisions):
+        return None  # nothing usable: the caller retries like for invalid JSON
     return [got.get(k, Decision(k, "ADD", source="fallback",
                                 note=bad.get(k, "no decision given")))
             for k in range(n_facts)]

@@ -326,8 +326,9 @@ def _coerce_column(c: str, s: pd.Series) -> Any:
         return pd.to_numeric(s, errors="coerce").astype("float64").to_numpy()
     if t == "bool":
         return s.fillna(False).astype(bool).to_numpy()
-    if c in _LIST_COLUMNS:
-        return pd.Series([list(x) if x is not None else [] for x in s], dtype=object)
+    if c in _LIST_COLUMNS:  # anything that is not a list stays as it is: validation names it
+        return pd.Series([list(x) if isinstance(x, (list, tuple, np.ndarray))
+                          else [] if x is None or x is pd.NA else x for x in s], dtype=object)
     return pd.Series(list(s), dtype=object)
 
 
@@ -484,6 +485,15 @@ def records_from_arrow(table: pa.Table, dim: int | None = None) -> Records:
                               else None)
         bad_dim: list[int] = []
     else:
+        vt = getattr(vcol.type, "value_type", None)
+        if vt is None or not pa.types.is_floating(vt) or vt == pa.float16() \
+                or SCALE_COLUMN in names:
+            # int8 codes or bf16 bits in a variable-length list (a round trip through
+            # pandas) would decode as raw integers: refuse rather than guess
+            raise ValueError(
+                f"vector column of type {vcol.type} is not a stored vector column: vectors "
+                f"are fixed-size lists, or variable-length lists of float32/float64 (int8 and "
+                f"bf16 need their fixed-size type and int8 its {SCALE_COLUMN!r})")
         lists = vcol.to_pylist()
         lens = [len(v) if v is not None else -1 for v in lists]
         if dim is None:
@@ -548,6 +558,8 @@ def validate(
 
     for kind, rows in recs.input_problems.items():
         add(kind, rows)
+    add("source_ids, keep_apart or derived_from is not a list of strings",
+        np.unique(np.concatenate([_not_str_lists(m[c]) for c in _LIST_COLUMNS])))
     id_arr, ns_arr = _str_column(m["id"]), _str_column(m["namespace"])
     add("id is missing or empty", _blank_or_missing(m["id"], id_arr))
     add("namespace is missing or empty", _blank_or_missing(m["namespace"], ns_arr))
@@ -629,6 +641,27 @@ def _blank_or_missing(s: pd.Series, arr: pa.Array | None) -> np.ndarray:
         cand = np.flatnonzero(np.asarray(pc.fill_null(blank, True), dtype=bool))
     return np.asarray([k for k in cand.tolist()
                        if not isinstance(vals[k], str) or not vals[k].strip()], np.int64)
+
+
+def _not_str_lists(s: pd.Series) -> np.ndarray:
+    """Rows of a list column whose value is not a ``list`` of ``str`` (an int or a None
+    inside, a bare string): one type map over the rows and one Arrow conversion, with a
+    value-by-value pass only when that conversion fails."""
+    vals = s.to_numpy(object)
+    types = np.fromiter(map(type, vals), object, len(vals))  # C-level map, no bytecode
+    not_list = ~np.equal(types, np.array(list, dtype=object)).astype(bool)
+    ok = np.flatnonzero(~not_list)
+    try:
+        arr = pa.array(vals[ok], pa.list_(pa.string()))
+        flat = pc.list_flatten(arr)
+        null_rows = ok[np.unique(pc.list_parent_indices(arr).filter(flat.is_null()))] \
+            if flat.null_count else np.zeros(0, np.int64)
+        bad = np.union1d(np.flatnonzero(not_list), null_rows)
+    except (pa.ArrowException, TypeError, ValueError, UnicodeEncodeError):
+        bad = np.flatnonzero(not_list | np.fromiter(
+            (not all(isinstance(x, str) for x in v) if isinstance(v, list) else True
+             for v in vals), bool, len(vals)))
+    return bad.astype(np.int64)
 
 
 def _all_utf8_lists(s: pd.Series) -> bool:

@@ -70,6 +70,8 @@ POINTER = "CURRENT"
 _SNAP = re.compile(r"snapshot-(\d{6,})\.parquet$")
 
 
+#: reads (load, commit) allow this many times the write-time clock skew
+READ_SKEW = 2.0
 _CHANGELOG = re.compile(r"changelog-(\d{6,})\.jsonl$")
 _DELTA_EXT = (".parquet", ".touch.json", ".patch.json")
 
@@ -282,7 +284,9 @@ class Store:
             to ``quarantine/`` and the rest goes on; if ``False`` (default), they raise
             :class:`InvalidRecordsError` and nothing is written.
         future_tolerance_h: allowed clock skew, hours: a ``created_at``, ``last_used`` or
-            ``deleted_at`` later than now by more is refused at write and at load.
+            ``deleted_at`` later than now by more is refused at write, and by more than
+            :data:`READ_SKEW` times it at load and commit (writer and reader clocks may each
+            be off).
         vector_dtype: how snapshots written through this handle store vectors (``fp32``,
             ``fp16``, ``bf16``, ``int8``; see :mod:`consolidate.store.vectors`); ``None``
             keeps the store's own (``fp32`` for a new store). Deltas written by
@@ -374,12 +378,33 @@ class Store:
             raise ValueError(f"create(): no records (or no vector dimension) for {self.root}")
         records = self._checked(records, dim=records.dim, source=source, existing=None)
         normalise_vectors(records)  # the same rule as append(): stored vectors are unit
-        self._dirs()
-        with self.lock():
-            ev = [{"op": "create", "source": source, "records": len(records)}]
-            self._write_version(1, records, events=ev, folded=(), last_pass_at=None,
-                                vector_dtype=self.vector_dtype or "fp32")
+        made_root = not self.root.exists()
+        try:
+            self._dirs()
+            with self.lock():
+                ev = [{"op": "create", "source": source, "records": len(records)}]
+                self._write_version(1, records, events=ev, folded=(), last_pass_at=None,
+                                    vector_dtype=self.vector_dtype or "fp32")
+        except BaseException:
+            # a failed create (a full disk, a record Arrow refuses) leaves no half store that
+            # would block the next try as "a non-empty folder"
+            if not self.exists():
+                self._remove_skeleton(made_root)
+            raise
         return self.load()
+
+    def _remove_skeleton(self, made_root: bool) -> None:
+        """Remove what :meth:`create` made before it failed: the layout's folders (with the
+        temp files in them) and lock files, and the root itself if create made it."""
+        import shutil
+
+        for d in ("snapshots", "changelogs", "deltas"):
+            shutil.rmtree(self.root / d, ignore_errors=True)
+        for f in ("LOCK", "WRITERS.LOCK"):
+            (self.root / f).unlink(missing_ok=True)
+        if made_root:
+            with contextlib.suppress(OSError):
+                self.root.rmdir()
 
     # ------------------------------------------------------------ read
     def load(self, *, validate_records: bool = True) -> Snapshot:
@@ -412,7 +437,8 @@ class Store:
                                     f"{e}") from e
         del table  # its columns are decoded: do not hold both through validation
         if validate_records:
-            recs = self._checked(recs, dim=ptr.dim, source=str(path), existing=None)
+            recs = self._checked(recs, dim=ptr.dim, source=str(path), existing=None,
+                                 reading=True)
         applied, new_ids = [], []
         for name in self._pending(ptr):
             recs, added = self._apply_delta(recs, name, ptr.dim, validate_records)
@@ -449,7 +475,7 @@ class Store:
             raise CorruptStoreError(f"cannot read delta {path}: {e}; move it out of "
                                     f"{path.parent} to go on without it") from e
         if validate_records:
-            new = self._checked(new, dim=dim, source=str(path),
+            new = self._checked(new, dim=dim, source=str(path), reading=True,
                                 existing=set(recs.meta["id"]))
         return Records.concat([recs, new], dim), list(new.meta["id"])
 
@@ -615,9 +641,12 @@ class Store:
     # ------------------------------------------------------------ validation
     def _checked(
         self, recs: Records, *, dim: int, source: str, existing: set[str] | None,
+        reading: bool = False,
     ) -> Records:
-        problems = validate(recs, dim=dim, existing_ids=existing,
-                            future_tolerance_h=self.future_tolerance_h)
+        # what was written under one clock is read under another: both may be off by the
+        # allowance, so reading allows twice the skew writing does
+        skew = self.future_tolerance_h * (READ_SKEW if reading else 1.0)
+        problems = validate(recs, dim=dim, existing_ids=existing, future_tolerance_h=skew)
         if not problems:
             return recs
         if not self.quarantine:
@@ -707,7 +736,8 @@ class Store:
                 f"{self.root}: pointer is at version {ptr.version}, the pass read "
                 f"{base.version}; rerun the pass"
             )
-        problems = validate(records, dim=ptr.dim, future_tolerance_h=self.future_tolerance_h)
+        problems = validate(records, dim=ptr.dim,
+                            future_tolerance_h=READ_SKEW * self.future_tolerance_h)
         if problems:
             raise InvalidRecordsError(f"the new snapshot for {self.root} (nothing written)",
                                       problems)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 __all__ = ["VECTOR_DTYPES", "check_vector_dtype", "encode_vectors", "decode_vectors",
            "vector_dtype_of", "stored_vectors", "bytes_per_vector"]
@@ -141,8 +142,9 @@ def decode_vectors(column: pa.Array | pa.ChunkedArray, scale: pa.Array | pa.Chun
         scale: the ``vector_scale`` column (``float32 [n]``), required for int8.
 
     Returns:
-        A new, writable ``float32`` array (a null list or a null scale decodes to NaN, which
-        validation reports as "NaN or inf in vector").
+        A new, writable ``float32`` array (a null list, a null element, or a null or
+        negative scale decodes to NaN, which validation reports as "NaN or inf in
+        vector").
 
     Raises:
         ValueError: a column that is not a fixed-size list, a value type no dtype uses, or an
@@ -158,7 +160,9 @@ def decode_vectors(column: pa.Array | pa.ChunkedArray, scale: pa.Array | pa.Chun
     n, d = len(col), col.type.list_size
     # .values ignores the parent's nulls and offset: slice to this array's rows
     vals = col.values.slice(col.offset * d, n * d)
-    raw = vals.to_numpy(zero_copy_only=False).reshape(n, d)
+    # null elements are read as 0 here and their rows set to NaN below
+    raw = (pc.fill_null(vals, 0) if vals.null_count else vals).to_numpy(
+        zero_copy_only=False).reshape(n, d)
     if dtype in ("fp32", "fp16"):
         out = raw.astype(np.float32)
     elif dtype == "bf16":
@@ -170,10 +174,14 @@ def decode_vectors(column: pa.Array | pa.ChunkedArray, scale: pa.Array | pa.Chun
         if len(sc) != n:
             raise ValueError(f"{SCALE_COLUMN!r} has {len(sc)} rows, the vectors {n}")
         s = sc.cast(pa.float32()).to_numpy(zero_copy_only=False).astype(np.float32)
-        s[np.asarray(sc.is_null())] = np.nan
+        # a scale is 1 / ||q|| > 0 (0 only for a zero vector): any other is not a stored one
+        s[np.asarray(sc.is_null()) | ~(s >= 0)] = np.nan
         out = raw.astype(np.float32) * s[:, None]
     if col.null_count:
         out[np.asarray(col.is_null())] = np.nan
+    if vals.null_count:  # a null element: the row is not a vector (bf16 bits would read 0)
+        bad = np.asarray(vals.is_null()).reshape(n, d).any(axis=1)
+        out[bad] = np.nan
     return out
 
 
