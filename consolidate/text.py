@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 __all__ = [
     "normalise",
     "normalise_many",
+    "utf8_ok",
     "normalise_arrow",
     "text_hash",
     "text_hashes",
@@ -133,12 +134,13 @@ def text_hashes(texts: Sequence[object]) -> list[str]:
     """:func:`text_hash` of every text, ``""`` for a value that is not a ``str`` or is not
     valid UTF-8 (validation reports those records); normalisation as in
     :func:`normalise_many`, then one SHA-256 per text."""
-    ok = [isinstance(t, str) and _encodable(t) for t in texts]
+    ok = [isinstance(t, str) and utf8_ok(t) for t in texts]
     norm = iter(normalise_many([t for t, k in zip(texts, ok, strict=True) if k]))
     return [hashlib.sha256(next(norm).encode("utf-8")).hexdigest() if k else "" for k in ok]
 
 
-def _encodable(t: str) -> bool:
+def utf8_ok(t: str) -> bool:
+    """Whether ``t`` encodes as UTF-8 (``False`` for lone surrogates)."""
     try:
         t.encode("utf-8")
         return True

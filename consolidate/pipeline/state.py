@@ -23,6 +23,7 @@ import torch
 
 from ..similarity import Pairs
 from ..store.schema import COLUMNS, Records
+from ..text import utf8_ok
 
 __all__ = ["PassResult", "PassStats", "PassState", "Units", "merged_id", "list_lengths",
            "id_ranks", "group_sums", "segment_centroids"]
@@ -39,14 +40,6 @@ def list_lengths(col: pd.Series | np.ndarray) -> np.ndarray:
     """``int64 [n]``: the length of each list in an object column of lists (one C-level pass,
     no Python bytecode per row)."""
     return np.fromiter(map(len, col), np.int64, len(col))
-
-
-def _utf8(s: str) -> bool:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def group_sums(values: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -70,7 +63,7 @@ def id_ranks(ids: np.ndarray | pd.Series) -> np.ndarray:
     try:
         arr = pa.array(np.asarray(ids, dtype=object), pa.string())
     except (UnicodeEncodeError, pa.ArrowException) as e:
-        bad = [repr(x) for x in ids if not isinstance(x, str) or not _utf8(x)][:5]
+        bad = [repr(x) for x in ids if not isinstance(x, str) or not utf8_ok(x)][:5]
         raise ValueError(f"record ids must be strings of valid UTF-8; these are not: "
                          f"{', '.join(bad)}") from e
     return pc.rank(arr,

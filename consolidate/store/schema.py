@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..text import text_hashes
+from ..text import text_hashes, utf8_ok
 from .vectors import SCALE_COLUMN, decode_vectors, encode_vectors
 
 __all__ = [
@@ -567,7 +567,7 @@ def validate(
         add("id, namespace or source_ids not valid UTF-8",
             [k for k, (i, n, src) in enumerate(zip(m["id"], m["namespace"], m["source_ids"],
                                                    strict=True))
-             if not all(_utf8_ok(x) for x in [i, n, *src] if isinstance(x, str))])
+             if not all(utf8_ok(x) for x in [i, n, *src] if isinstance(x, str))])
     v = recs.vectors
     bad_dim = set(recs.bad_dim)
     if dim is not None and v.ndim == 2 and v.shape[1] != dim:
@@ -583,7 +583,7 @@ def validate(
     text_arr = _str_column(m["text"])
     if text_arr is None:
         for k, t in enumerate(m["text"]):
-            if isinstance(t, str) and not _utf8_ok(t):
+            if isinstance(t, str) and not utf8_ok(t):
                 bad_utf8.add(k)
     add("text is not valid UTF-8", bad_utf8)
     add("empty or whitespace-only text",
@@ -672,14 +672,6 @@ def _all_utf8_lists(s: pd.Series) -> bool:
     except (UnicodeEncodeError, pa.ArrowException):
         return False
     return True
-
-
-def _utf8_ok(t: str) -> bool:
-    try:
-        t.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
 
 
 def normalise_vectors(recs: Records) -> None:

@@ -46,13 +46,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..text import utf8_ok
 from .schema import (
     DEFAULT_STRENGTH_CAP,
     MAX_ABS_HOURS,
     InvalidRecordsError,
     Problem,
     Records,
-    _utf8_ok,
     datetime_from_hours,
     hours_now,
     normalise_vectors,
@@ -667,7 +667,7 @@ class Store:
             for r in p.rows:
                 reasons.setdefault(r, []).append(p.kind)
         table = records_to_arrow(
-            Records(bad.meta.assign(text=[t if isinstance(t, str) and _utf8_ok(t) else None
+            Records(bad.meta.assign(text=[t if isinstance(t, str) and utf8_ok(t) else None
                                           for t in bad.meta["text"]]),
                     bad.vectors),  # as given: NaN and inf stay (fp32 keeps them)
             "fp32")
