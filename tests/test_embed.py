@@ -34,16 +34,31 @@ def test_missing_model_path():
 
 def test_packed_pipeline_equals_plain_encode(emb):
     assert emb.pipeline == "packed"
-    plain = Embedder(device="cpu", show_progress=False, pipeline="st")
+    plain = Embedder(device="cpu", show_progress=False, pipeline="st", long_text="truncate")
     g = np.random.default_rng(0)
     words = ["Gina", "adopted", "two", "cats", "in", "May", "and", "Jon", "dances", "daily"]
-    # lengths from empty to past the 256-token limit (truncated), shuffled
-    texts = [" ".join(g.choice(words, n)) for n in g.integers(0, 300, 60)] + ["", "x"]
+    # lengths from one word to past the 256-token limit (truncated), shuffled
+    texts = [" ".join(g.choice(words, n)) for n in g.integers(1, 300, 60)] + ["x"]
     g.shuffle(texts)
     a = plain.encode(texts)
-    b = Embedder(device="cpu", show_progress=False, batch_tokens=512).encode(texts)
-    assert b.shape == a.shape == (62, 384) and b.dtype == np.float32
+    packed = Embedder(device="cpu", show_progress=False, batch_tokens=512, long_text="truncate")
+    b = packed.encode(texts)
+    assert b.shape == a.shape == (61, 384) and b.dtype == np.float32
     np.testing.assert_allclose(b, a, atol=2e-5)  # same order, same vectors
+    # every word is one token here: texts of more than 254 words are cut (CLS and SEP)
+    assert packed.truncated == plain.truncated == sum(len(t.split()) > 254 for t in texts) > 0
+
+
+def test_inputs_the_model_cannot_embed_are_refused_by_position(emb):
+    with pytest.raises(ValueError, match=r"texts\[1\] is empty or whitespace only"):
+        emb.encode(["fine", " \t\n"])
+    with pytest.raises(TypeError, match=r"texts\[2\] is NoneType, not str"):
+        emb.encode(["a", "b", None])
+    with pytest.raises(ValueError, match=r"texts\[0\] has 402 tokens, the model reads at "
+                                         r"most 256 .* embedder.long_text=truncate"):
+        emb.encode(["word " * 400, "fine"])
+    with pytest.raises(ValueError, match="long_text"):
+        Embedder(device="cpu", show_progress=False, long_text="drop")
 
 
 def test_unknown_pipeline():

@@ -29,7 +29,7 @@ def test_evaluate_longmemeval_fixture(tmp_path):
                             "latency_sample=3"])
     res = run_evaluate(cfg, tmp_path / "a")
     assert res.task.name == "longmemeval-fixture" and res.task.hash_verified
-    assert res.task.counts == {"memories": 10, "questions": 3, "groups": 3}
+    assert res.task.counts == {"memories": 10, "questions": 3, "groups": 3, "truncated_texts": 0}
     abl = {r["variant"]: r for r in res.tables["ablation"]}
     # every group holds <= 4 memories, so the top 10 hold all evidence
     assert abl["append-all"]["recall@10"] == 1.0 and abl["append-all"]["store_size"] == 10

@@ -322,7 +322,8 @@ def test_parse_facts():
     assert f[1].valid_from == "2023-05-01" and f[0].importance == 7
     assert parse_facts('{"facts": []}') == []
     for bad in ("", "none", '{"facts": [{"text": "x", "importance": 11}]}',
-                '{"facts": [{"text": "", "importance": 3}]}', '{"facts": "x"}'):
+                '{"facts": [{"text": "", "importance": 3}]}', '{"facts": "x"}',
+                '{"facts": [{"text": " \\n ", "importance": 3}]}'):
         assert parse_facts(bad) is None, bad
 
 

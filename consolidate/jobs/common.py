@@ -91,7 +91,7 @@ def make_embedder(ecfg: EmbedderConfig) -> Any:
     from ..embed import Embedder
 
     return Embedder(ecfg.model_path, ecfg.device, ecfg.batch_size, ecfg.show_progress,
-                    ecfg.dtype, ecfg.pipeline, ecfg.batch_tokens)
+                    ecfg.dtype, ecfg.pipeline, ecfg.batch_tokens, ecfg.long_text)
 
 
 def write_summary(out_dir: str | Path, summary: dict[str, Any]) -> Path:

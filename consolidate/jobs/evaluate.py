@@ -199,7 +199,9 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
                       hash_verified=not cfg.allow_hash_mismatch or all(
                           v in spec.files.values() for v in task.shas.values()),
                       counts={"memories": len(recs), "questions": len(qa),
-                              "groups": len(convs)}, main_score=spec.main_score),
+                              "groups": len(convs),
+                              "truncated_texts": int(getattr(emb, "truncated", 0))},
+                      main_score=spec.main_score),
         config=OmegaConf.to_container(cfg, resolve=False),
         **environment(str(resolve_device(sc.device))),
         timings_s={k: round(x, 3) for k, x in timings.items()},

@@ -50,7 +50,7 @@ class Turn:
 
 
 class ExtractedFact(BaseModel):
-    text: str = Field(min_length=1)
+    text: str = Field(min_length=1, pattern=r"\S")  # not whitespace only
     importance: int = Field(ge=1, le=10)
     valid_from: str | None = None
 

@@ -165,6 +165,8 @@ _REAL = (int, float, np.integer, np.floating)
 #: times outside +-2e6 hours of the epoch (about years 1742..2198) are refused
 MAX_ABS_HOURS = 2e6
 MAX_STRENGTH = 1e6
+#: a memory is a fact, not a document: longer texts are refused at write and at load
+MAX_TEXT_CHARS = 100_000
 #: strength never exceeds this through recalls or merges unless a caller sets another cap
 #: (the pass's ``strength_cap`` default and :meth:`Store.mark_used`'s): without a cap, early
 #: memories recalled often would outlive everything (the rich-get-richer pitfall)
@@ -530,10 +532,11 @@ def validate(
     """Check every record; return the problems found (empty list = valid).
 
     Checks: NaN/inf in a vector, zero vector, wrong dimension, empty or whitespace-only text,
-    text that is not valid UTF-8, duplicate id (within ``recs`` and against ``existing_ids``),
-    importance outside [0, 1] (or NaN), strength < 1 (or NaN), ``created_at``,
-    ``last_used`` or ``deleted_at`` later than ``now_h + future_tolerance_h``, and a missing
-    id or namespace.
+    text longer than :data:`MAX_TEXT_CHARS` characters, text that is not valid UTF-8,
+    duplicate id (within ``recs`` and against ``existing_ids``), importance outside [0, 1]
+    (or NaN), strength < 1 (or NaN), ``created_at``, ``last_used`` or ``deleted_at`` later
+    than ``now_h + future_tolerance_h``, list columns that are not lists of strings, and a
+    missing id or namespace.
 
     Args:
         recs: the records.
@@ -588,6 +591,13 @@ def validate(
     add("text is not valid UTF-8", bad_utf8)
     add("empty or whitespace-only text",
         [k for k in _blank_or_missing(m["text"], text_arr) if k not in bad_utf8])
+    if text_arr is not None:
+        long_ = np.flatnonzero(np.asarray(pc.fill_null(pc.greater(
+            pc.utf8_length(text_arr), MAX_TEXT_CHARS), False), dtype=bool))
+    else:
+        long_ = [k for k, t in enumerate(m["text"])
+                 if isinstance(t, str) and len(t) > MAX_TEXT_CHARS]
+    add(f"text longer than {MAX_TEXT_CHARS:,} characters", long_)
     imp = m["importance"].to_numpy(np.float64)
     add("importance outside [0, 1]", np.flatnonzero(~((imp >= 0) & (imp <= 1))))
     st = m["strength"].to_numpy(np.float64)
