@@ -55,6 +55,10 @@ class PassConfig:
         max_drop_fraction: safety stop: a pass that would drop (floor or cap) more than this
             share of a store's live memories fails instead (set 1.0 to allow). A wall-clock
             ``now`` on a historical store, or a wrong tau, is the usual cause.
+        max_namespace_drop_fraction: the same stop per namespace: the floor may drop at
+            most this share of any namespace holding at least ``namespace_stop_min_live``
+            live memories (1.0 = off; cap drops do not count).
+        namespace_stop_min_live: namespaces smaller than this are not checked one by one.
         max_review_events: list at most this many review pairs in the changelog (the
             total is always counted).
         reflect: write reflections (needs a reflector, config group ``reflect``): groups of
@@ -80,6 +84,8 @@ class PassConfig:
     dry_run: bool = False
     calibration_file: str | None = None
     max_drop_fraction: float = 0.5
+    max_namespace_drop_fraction: float = 0.9
+    namespace_stop_min_live: int = 20
     max_review_events: int = 10000
     reflect: bool = False
     reflect_threshold: float = 0.75

@@ -359,7 +359,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         from consolidate.sleep import run_pass
     _check_modules(os.environ.get(PKG_ENV) or str(REPO))
     cfg = _filtered(PassConfig, {"threshold": spec.get("threshold", 0.9), "cap": None,
-                                 "max_drop_fraction": 1.0})
+                                 "max_drop_fraction": 1.0,
+                                 "max_namespace_drop_fraction": 1.0})
     sim_cfg = _filtered(SimilarityConfig, {"device": spec.get("device", "cpu"),
                                            "dtype": spec.get("dtype", "fp32")})
     out: dict[str, Any] = {"package": pkg, "run_pass": f"{run_pass.__module__}.run_pass",

@@ -430,3 +430,26 @@ def test_two_skewed_clocks_do_not_lose_a_memory(tmp_path, monkeypatch):
     monkeypatch.setattr(schema, "hours_now", lambda: real() - 11 / 60)
     assert sorted(s.load().records.meta["id"]) == ["a"]
     assert len(list((s.root / "quarantine").glob("*.parquet"))) == 1
+
+
+def test_namespace_safety_stop():
+    # 100 fresh memories in "big", 25 a year old in "victim" and 10 in "small": the floor
+    # would drop 35 of 135 (26%, under the store-wide 50%) but all of "victim"
+    rows = []
+    for ns, n, t in (("big", 100, 9000.0), ("victim", 25, 100.0), ("small", 10, 100.0)):
+        rows += [{**GOOD, "id": f"{ns}{k}", "namespace": ns, "text": f"{ns} fact {k}",
+                  "last_used": t, "created_at": t,
+                  "vector": np.random.default_rng(len(rows) + k).normal(size=3)}
+                 for k in range(n)]
+    recs = make_records(rows)
+    cfg = dict(now="9000", floor=0.01, near_dedup=False, cap=None)
+    with pytest.raises(MassDropError, match=r"more than 90% .* 1 namespace\(s\) \(victim: "
+                                            r"25 of 25\)"):
+        run_pass(recs, cfg=PassConfig(**cfg), wall_h=9000.0)
+    res = run_pass(recs, cfg=PassConfig(**cfg, max_namespace_drop_fraction=1.0),
+                   wall_h=9000.0)
+    assert res.stats.dropped_floor == 35  # "small" is under namespace_stop_min_live
+    res = run_pass(recs, cfg=PassConfig(**cfg, namespace_stop_min_live=26), wall_h=9000.0)
+    assert res.stats.dropped_floor == 35
+    with pytest.raises(ValueError, match="max_namespace_drop_fraction"):
+        run_pass(recs, cfg=PassConfig(**cfg, max_namespace_drop_fraction=1.5), wall_h=9000.0)

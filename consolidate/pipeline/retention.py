@@ -20,6 +20,29 @@ class MassDropError(RuntimeError):
     """The pass would drop more than ``pass.max_drop_fraction`` of the live memories."""
 
 
+def _namespace_stop(st: PassState, cfg: PassConfig, live: np.ndarray,
+                    floor_drop: np.ndarray) -> None:
+    """The per-namespace safety stop: a store-wide share can hide one namespace that the
+    floor would empty (a wrong clock or ``now`` for that namespace). Cap drops do not count:
+    a cap is a deliberate size."""
+    if cfg.max_namespace_drop_fraction >= 1.0 or not len(floor_drop):
+        return
+    n_ns = len(st.ns_names)
+    alive = np.bincount(st.ns[live], minlength=n_ns)
+    dropped = np.bincount(st.ns[floor_drop], minlength=n_ns)
+    bad = np.flatnonzero((alive >= cfg.namespace_stop_min_live)
+                         & (dropped > cfg.max_namespace_drop_fraction * alive))
+    if not len(bad):
+        return
+    worst = bad[np.argsort(-dropped[bad] / alive[bad], kind="stable")][:3]
+    which = ", ".join(f"{st.ns_names[k]!s}: {dropped[k]} of {alive[k]}" for k in worst)
+    raise MassDropError(
+        f"the floor would drop more than {cfg.max_namespace_drop_fraction:.0%} of the live "
+        f"memories of {len(bad)} namespace(s) ({which}). Check pass.now (now={cfg.now!r}) and "
+        f"the times of those namespaces, tau_hours ({cfg.tau_hours}) and floor "
+        f"({cfg.floor}), or set pass.max_namespace_drop_fraction=1.0")
+
+
 def retention_stage(st: PassState, cfg: PassConfig, version: int) -> PassState:
     """Score live rows with :func:`~consolidate.scoring.retention_score` (on the pass
     device; importance alone when ``cfg.decay`` is off), drop those below ``cfg.floor`` and
@@ -29,7 +52,9 @@ def retention_stage(st: PassState, cfg: PassConfig, version: int) -> PassState:
 
     Raises:
         MassDropError: more than ``cfg.max_drop_fraction`` of the live rows would be
-            dropped (nothing is changed).
+            dropped, or the floor would drop more than
+            ``cfg.max_namespace_drop_fraction`` of a namespace holding at least
+            ``cfg.namespace_stop_min_live`` live rows (nothing is changed).
     """
     li = np.flatnonzero(st.live())
     imp = st.col("importance")[li]
@@ -45,6 +70,7 @@ def retention_stage(st: PassState, cfg: PassConfig, version: int) -> PassState:
     sel = select_survivors(score, st.col("pinned").astype(bool)[li], st.ns[li],
                            st.id_rank[li], floor, cfg.cap)
     drop = li[~sel.keep]
+    _namespace_stop(st, cfg, li, li[sel.reason == "floor"])
     if len(li) and len(drop) / len(li) > cfg.max_drop_fraction:
         worst = {str(st.ns_names[k]): int(v) for k, v in
                  pd.Series(st.ns[drop]).value_counts().head(3).items()}

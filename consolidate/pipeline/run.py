@@ -197,6 +197,13 @@ def _check_settings(cfg: PassConfig) -> None:
         raise ValueError(f"pass.cap must be an integer >= 0 or null, got {cfg.cap!r}")
     if not (real(cfg.strength_cap) and cfg.strength_cap >= 1):
         raise ValueError(f"pass.strength_cap must be >= 1, got {cfg.strength_cap!r}")
+    if not (real(cfg.max_namespace_drop_fraction)
+            and 0.0 <= cfg.max_namespace_drop_fraction <= 1.0):
+        raise ValueError(f"pass.max_namespace_drop_fraction must be in [0, 1], got "
+                         f"{cfg.max_namespace_drop_fraction!r}")
+    m = cfg.namespace_stop_min_live
+    if not (isinstance(m, int) and not isinstance(m, bool) and m >= 1):
+        raise ValueError(f"pass.namespace_stop_min_live must be an integer >= 1, got {m!r}")
     if not (real(cfg.max_drop_fraction) and 0.0 <= cfg.max_drop_fraction <= 1.0):
         raise ValueError(f"pass.max_drop_fraction must be in [0, 1], got "
                          f"{cfg.max_drop_fraction!r}")
