@@ -5,7 +5,8 @@ ranked by cosine to the question; from that ranking:
 
 * ``recall@k``: evidence recall of the top k (k in ``ks``);
 * ``recall@<B>tok``: evidence recall of the longest prefix of the ranking whose memory texts
-  fit in B tokens, so that merging many facts into long memories cannot inflate recall@k;
+  fit in B tokens, so that merging many facts into long memories cannot inflate recall@k
+  (:func:`consolidate.recall.fit_token_cap`, the rule the product's ``recall`` applies);
 * ``tokens@k``: tokens of the top k memories, i.e. the context a reader would inject.
 
 Tokens are counted with the embedding model's tokenizer (WordPiece for MiniLM): an
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from ..recall import fit_token_cap
 from ..similarity import topk_neighbours
 from ..store.schema import Records
 from .metrics import category_label, evidence_recall
@@ -82,9 +84,8 @@ def retrieval_table(
         r = {"qid": q.qid, "category": int(q.category), "n_evidence": len(q.evidence)}
         for k in ks:
             r[f"recall@{k}"] = evidence_recall(q.evidence, [src[j] for j in ranked[:k]])
-        cum = np.cumsum(tok[ranked]) if ranked else np.zeros(0)
-        for b in budgets:
-            n_fit = int(np.searchsorted(cum, b, side="right"))
+        for b in budgets:  # the product's rule (consolidate.recall)
+            n_fit = fit_token_cap(tok[ranked], b)
             r[f"recall@{b}tok"] = evidence_recall(q.evidence, [src[j] for j in ranked[:n_fit]])
             r[f"memories@{b}tok"] = n_fit
         r[f"tokens@{tokens_at_k}"] = int(tok[ranked[:tokens_at_k]].sum()) if ranked else 0

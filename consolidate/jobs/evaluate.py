@@ -30,6 +30,7 @@ from ..evaluation.results import Metric, Results, TaskInfo, environment, now_iso
 from ..evaluation.retrieval import latency_ms, retrieval_table, summarise
 from ..evaluation.tasks import TASKS, MemoryTask, locomo_task, longmemeval_task
 from ..pipeline import run_pass
+from ..recall import fit_token_cap
 from ..store.schema import InvalidRecordsError, Records, records_from_rows, validate
 from ..store.vectors import check_vector_dtype, stored_vectors
 from .common import CONFIG_DIR, make_embedder, sim_cfg, typed, user_errors
@@ -230,8 +231,8 @@ def _answer(backend: Any, acfg: Any, sample: pd.DataFrame, table: pd.DataFrame, 
     contexts = []
     for qid in sample["qid"]:
         texts = [text_of[i] for i in top[qid]]
-        cum = np.cumsum(emb.count_tokens(texts)) if texts else np.zeros(0)
-        contexts.append(texts[: int(np.searchsorted(cum, acfg.budget_tokens, side="right"))])
+        tok = emb.count_tokens(texts) if texts else np.zeros(0, np.int64)
+        contexts.append(texts[: fit_token_cap(tok, acfg.budget_tokens)])
     return score_answers(backend, sample, contexts, qa, repeats=acfg.judge_repeats,
                          temperature=acfg.judge_temperature, max_tokens=acfg.max_tokens,
                          bootstrap=acfg.bootstrap, seed=seed)
