@@ -39,6 +39,12 @@ def test_evaluate_longmemeval_fixture(tmp_path):
     assert len(samples) == 3 * len(cfg.variants)
     assert (tmp_path / "a" / "ablation.png").stat().st_size > 1000
     assert read_results(tmp_path / "a" / "results.json").schema_version == 1
+    # identity: the prompts and models measured; every group holds <= 4 memories, so recall
+    # at k >= 4 is the whole context for every question, flagged and out of the headline
+    assert res.prompts["decide"] == "decide-v2" and "embedder" in res.models
+    abl0 = abl["append-all"]
+    assert abl0["full_context@1"] == 0.0 and abl0["full_context@10"] == 1.0
+    assert "Full context, not retrieval" in (tmp_path / "a" / "report.md").read_text()
     # reproducible: same numbers on a rerun (timings aside)
     res2 = run_evaluate(cfg, tmp_path / "b")
     drop = ("pass_s", "p50_ms", "p95_ms")
@@ -51,6 +57,31 @@ def test_evaluate_unknown_vector_dtype_names_the_variant(tmp_path):
                             "variants=[{name: tiny, consolidate: false, vectors: int4}]"])
     with pytest.raises(ValueError, match="variant 'tiny': vectors: .*one of fp32"):
         run_evaluate(cfg, tmp_path)
+
+
+def test_a_file_given_by_path_is_named_as_it_is_and_not_verified(tmp_path):
+    fixture = Path(CONFIG_DIR).parent / "eval/fixtures/longmemeval_tiny.json"
+    mine = tmp_path / "my_longmemeval.json"
+    mine.write_bytes(fixture.read_bytes())
+    cfg = _cfg("evaluate", ["task=longmemeval", f"longmemeval_file={mine}",
+                            "embedder.show_progress=false", "latency_sample=3",
+                            "variants=[{name: append-all, consolidate: false}]"])
+    res = run_evaluate(cfg, tmp_path / "p")
+    assert res.task.name == "longmemeval" and not res.task.hash_verified
+    assert list(res.task.files_sha256) == [str(mine)]
+    # the report tool refuses to put it in one table with the fixture's run ...
+    cfg2 = _cfg("evaluate", ["task=longmemeval-fixture", "embedder.show_progress=false",
+                             "latency_sample=3",
+                             "variants=[{name: append-all, consolidate: false}]"])
+    run_evaluate(cfg2, tmp_path / "f")
+    with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
+        rc = compose(config_name="report", overrides=[f"runs=[{tmp_path}/p,{tmp_path}/f]"])
+        ok = compose(config_name="report", overrides=[f"runs=[{tmp_path}/p,{tmp_path}/f]",
+                                                      "allow_mixed=true"])
+    with pytest.raises(ValueError, match="evaluate runs differ in task"):
+        run_report(rc, tmp_path / "r1")
+    # ... unless asked
+    assert run_report(ok, tmp_path / "r2")["parquet"].exists()
 
 
 @pytest.mark.skipif(not LOCOMO.exists(), reason="LOCOMO data not present")

@@ -36,6 +36,10 @@ class Metric(BaseModel):
 
 
 class TaskInfo(BaseModel):
+    """What was measured: the task's real name and version, every data file read (path ->
+    its sha256 as read), whether each hash equals a declared one (``hash_verified``; a
+    file given by path has none to compare with), counts and the headline metric."""
+
     name: str
     version: str
     files_sha256: dict[str, str]
@@ -57,6 +61,10 @@ class Results(BaseModel):
     timings_s: dict[str, float]
     metrics: list[Metric]
     tables: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
+    #: prompt name -> version of every prompt family the run could send
+    prompts: dict[str, str] = Field(default_factory=dict)
+    #: role (embedder, answer, judge, merger...) -> model id or path
+    models: dict[str, str] = Field(default_factory=dict)
 
 
 def _git_commit() -> str | None:
@@ -79,6 +87,28 @@ def environment(device: str) -> dict[str, Any]:
             continue
     return {"git_commit": _git_commit(), "packages": pk, "device": device,
             "python": platform.python_version()}
+
+
+def prompt_versions() -> dict[str, str]:
+    """The version of every prompt family in the package (recorded with each result, so
+    runs made with different prompts are never compared unknowingly)."""
+    from ..llm.decide import DECIDE_PROMPT_VERSION
+    from ..llm.extract import EXTRACT_PROMPT_VERSION
+    from ..llm.merger import CONFLICT_PROMPT_VERSION, MERGE_PROMPT_VERSION
+    from ..llm.reflect import REFLECT_PROMPT_VERSION
+    from .answer import PROMPT_VERSION as ANSWER_PROMPT_VERSION
+
+    return {"extract": EXTRACT_PROMPT_VERSION, "decide": DECIDE_PROMPT_VERSION,
+            "merge": MERGE_PROMPT_VERSION, "merge_conflict": CONFLICT_PROMPT_VERSION,
+            "reflect": REFLECT_PROMPT_VERSION, "answer_judge": ANSWER_PROMPT_VERSION}
+
+
+def hashes_verified(declared: dict[str, str], read: dict[str, str]) -> bool:
+    """Whether every file read has a declared sha256 and matches it (``declared`` keys are
+    compared by file name, since a data folder may live anywhere)."""
+    want = {Path(k).name: v for k, v in declared.items()}
+    return bool(read) and all(want.get(Path(k).name) and want[Path(k).name] == v
+                              for k, v in read.items())
 
 
 def now_iso() -> str:

@@ -68,7 +68,9 @@ def retrieval_table(
 
     Returns:
         ``DataFrame`` with one row per question: ``qid``, ``category``, ``recall@k`` ...,
-        ``recall@<B>tok`` ..., ``tokens@<k>``, ``n_evidence``, ``top_ids`` (first 10 ids).
+        ``recall@<B>tok`` ..., ``tokens@<k>``, ``n_evidence``, ``pool`` (memories the
+        question could retrieve: for ``k >= pool`` its recall@k is full context, not
+        retrieval), ``top_ids`` (first 10 ids).
     """
     depth = max(retrieve_k, max(ks))
     mem_conv = [memory_group(n) for n in live.meta["namespace"]]
@@ -78,10 +80,12 @@ def retrieval_table(
     src = live.meta["source_ids"].tolist()
     ids = live.meta["id"].tolist()
     tok = np.asarray(token_counts, dtype=np.int64)
+    pool = np.bincount(mseg, minlength=int(max(mseg.max(initial=-1), qseg.max(initial=-1))) + 1)
     rows = []
     for qi, q in enumerate(questions.itertuples(index=False)):
         ranked = [j for j in top.indices[qi] if j >= 0]
-        r = {"qid": q.qid, "category": int(q.category), "n_evidence": len(q.evidence)}
+        r = {"qid": q.qid, "category": int(q.category), "n_evidence": len(q.evidence),
+             "pool": int(pool[qseg[qi]])}
         for k in ks:
             r[f"recall@{k}"] = evidence_recall(q.evidence, [src[j] for j in ranked[:k]])
         for b in budgets:  # the product's rule (consolidate.recall)

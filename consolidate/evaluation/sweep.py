@@ -34,15 +34,19 @@ def _overrides(run: Path) -> str:
 def collect(run_dirs: Iterable[str | Path]) -> pd.DataFrame:
     """One row per (run, variant / calibration entry / pass) from the given run folders.
 
-    Columns: ``run`` (folder), ``overrides``, ``job``, ``variant`` and the run's metrics
-    (evaluate: its ablation table; calibrate: one row per dataset and dtype; consolidate:
-    the pass counts and wall time).
+    Columns: ``run`` (folder), ``overrides``, ``job``, ``variant``, for results files
+    ``task``, ``data_sha256`` (the data files' hashes) and ``prompts`` (prompt versions),
+    and the run's metrics (evaluate: its ablation table; calibrate: one row per dataset and
+    dtype; consolidate: the pass counts and wall time).
     """
     rows: list[dict[str, Any]] = []
     for d in sorted(Path(x) for x in run_dirs):
         head = {"run": str(d), "overrides": _overrides(d)}
         if (d / "results.json").exists():
             r = read_results(d / "results.json")
+            head = {**head, "task": r.task.name,
+                    "data_sha256": ",".join(sorted(r.task.files_sha256.values())),
+                    "prompts": ",".join(f"{k}={v}" for k, v in sorted(r.prompts.items()))}
             for t in r.tables.get("ablation", []):
                 rows.append({**head, "job": r.job, **t})
             for t in r.tables.get("calibration", []):
@@ -59,6 +63,26 @@ def collect(run_dirs: Iterable[str | Path]) -> pd.DataFrame:
                                                    "dropped_cap", "review_pairs")},
                          "wall_time_s": s.get("wall_time_s"), "ran": s.get("ran")})
     return pd.DataFrame(rows)
+
+
+def check_comparable(table: pd.DataFrame) -> None:
+    """Refuse one table of runs of a job that measured different data or prompts.
+
+    Raises:
+        ValueError: two runs of one job with different ``task``/``data_sha256`` or
+            ``prompts``; the message lists the runs of each kind.
+    """
+    if table.empty or "data_sha256" not in table:
+        return
+    for job, g in table[table["data_sha256"].notna()].groupby("job"):
+        for col in ("task", "data_sha256", "prompts"):
+            kinds = g.groupby(col)["run"].unique()
+            if len(kinds) > 1:
+                which = "; ".join(f"{k[:40] or '(none)'}: {', '.join(sorted(map(str, v)))}"
+                                  for k, v in kinds.items())
+                raise ValueError(f"{job} runs differ in {col} ({which}); they measured "
+                                 f"different things: report them apart, or set "
+                                 f"allow_mixed=true to put them in one table anyway")
 
 
 def write_report(table: pd.DataFrame, out_dir: str | Path, title: str) -> dict[str, Path]:

@@ -311,7 +311,10 @@ def longmemeval_task(path: str | Path, spec: TaskSpec | None = None,
         })
     import pandas as pd
 
-    return MemoryTask(spec or TASKS["longmemeval-fixture"], {str(path): got}, memories,
+    spec = spec or TaskSpec("longmemeval", "1.0", {str(path): ""},
+                            main_score=TASKS["longmemeval-fixture"].main_score,
+                            source=f"a file in LongMemEval's format: {path}")
+    return MemoryTask(spec, {str(path): got}, memories,
                       pd.DataFrame(questions), lambda ns: ns, {v: k for k, v in code.items()})
 
 

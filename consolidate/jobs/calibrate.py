@@ -24,7 +24,15 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import EmbedderConfig
 from ..evaluation.calibrate import pr_curve
 from ..evaluation.plots import plot_histograms, plot_pr
-from ..evaluation.results import Metric, Results, TaskInfo, environment, now_iso, write_results
+from ..evaluation.results import (
+    Metric,
+    Results,
+    TaskInfo,
+    environment,
+    hashes_verified,
+    now_iso,
+    write_results,
+)
 from ..evaluation.tasks import TASKS, load_sick, load_stsb, verify
 from .common import CONFIG_DIR, make_embedder, typed, user_errors
 
@@ -117,9 +125,9 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
     res = Results(
         job="calibrate", created_at=calib["created_at"],
         task=TaskInfo(name="+".join(d.name for d in cfg.datasets), version="1.0",
-                      files_sha256=shas, hash_verified=all(
-                          shas[f] == h for d in cfg.datasets
-                          for f, h in TASKS[d.name].files.items()),
+                      files_sha256=shas, hash_verified=hashes_verified(
+                          {f: h for d in cfg.datasets for f, h in TASKS[d.name].files.items()},
+                          shas),
                       main_score="average_precision"),
         config=OmegaConf.to_container(cfg, resolve=False),
         **environment(str(emb.device)), timings_s={"total": round(time.perf_counter() - t0, 3)},

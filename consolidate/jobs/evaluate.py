@@ -26,7 +26,16 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import EmbedderConfig, PassConfig, StoreConfig
 from ..device import resolve_device
 from ..evaluation.plots import plot_ablation
-from ..evaluation.results import Metric, Results, TaskInfo, environment, now_iso, write_results
+from ..evaluation.results import (
+    Metric,
+    Results,
+    TaskInfo,
+    environment,
+    hashes_verified,
+    now_iso,
+    prompt_versions,
+    write_results,
+)
 from ..evaluation.retrieval import latency_ms, retrieval_table, summarise
 from ..evaluation.tasks import TASKS, MemoryTask, locomo_task, longmemeval_task
 from ..pipeline import run_pass
@@ -155,7 +164,10 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
                "dropped": stats["dropped_floor"] + stats["dropped_cap"],
                "model_calls": stats["model_calls"], "pass_s": round(t_pass, 3),
                "mean_memory_tokens": float(tok.mean()) if len(tok) else 0.0,
-               **{c: summ.iloc[0][c] for c in metric_cols}, **lat}
+               **{c: summ.iloc[0][c] for c in metric_cols}, **lat,
+               # share of questions whose k reaches the whole pool: full context
+               **{f"full_context@{k}": round(float((table["pool"] <= k).mean()), 4)
+                  for k in ks}}
         ablation.append(row)
         for _, s in summ.iterrows():
             cat = None if s["category"] == "all" else int(s["category"])
@@ -197,8 +209,7 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
     results = Results(
         job="evaluate", created_at=now_iso(),
         task=TaskInfo(name=spec.name, version=spec.version, files_sha256=task.shas,
-                      hash_verified=not cfg.allow_hash_mismatch or all(
-                          v in spec.files.values() for v in task.shas.values()),
+                      hash_verified=hashes_verified(spec.files, task.shas),
                       counts={"memories": len(recs), "questions": len(qa),
                               "groups": len(convs),
                               "truncated_texts": int(getattr(emb, "truncated", 0))},
@@ -209,6 +220,10 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
         metrics=metrics,
         tables={"ablation": abl.round(4).to_dict("records"),
                 "per_category": per_cat.round(4).to_dict("records")},
+        prompts=prompt_versions(),
+        models={"embedder": str(getattr(emb, "path", ecfg.name)),
+                "merger": str(getattr(merger, "model", None) or getattr(merger, "name", "")),
+                **({"answer_and_judge": str(backend.model)} if backend is not None else {})},
     )
     report = _report(results, abl, per_cat, metric_cols)
     write_results(out, results, samples, report)
@@ -238,6 +253,25 @@ def _answer(backend: Any, acfg: Any, sample: pd.DataFrame, table: pd.DataFrame, 
                          bootstrap=acfg.bootstrap, seed=seed)
 
 
+def _full_context(abl: pd.DataFrame) -> dict[str, float]:
+    """``recall@k`` -> the largest share of questions (over the variants) whose pool of
+    memories is at most ``k``: for them recall@k measures the whole context, not retrieval."""
+    out = {}
+    for c in abl.columns:
+        if c.startswith("full_context@") and len(abl) and float(abl[c].max()) > 0:
+            out["recall@" + c.split("@", 1)[1]] = float(abl[c].max())
+    return out
+
+
+def _full_context_note(abl: pd.DataFrame) -> list[str]:
+    full = _full_context(abl)
+    if not full:
+        return []
+    parts = ", ".join(f"{c} for {v:.0%} of questions" for c, v in full.items())
+    return [f"Full context, not retrieval (k reaches every memory the question can see): "
+            f"{parts}. Such columns leave the console headline when it is over half.", ""]
+
+
 def _report(res: Results, abl: pd.DataFrame, per_cat: pd.DataFrame, cols: list[str]) -> str:
     show = ["variant", "vectors", "store_size", "merges", "dropped"] + cols + ["p50_ms",
                                                                                "p95_ms"]
@@ -254,6 +288,7 @@ def _report(res: Results, abl: pd.DataFrame, per_cat: pd.DataFrame, cols: list[s
         "of the retrieved memories; `@Ntok` = retrieval cut at N injected tokens "
         "(MiniLM tokenizer).", "",
         "## Ablation (all questions)", "", abl[show].round(4).to_markdown(index=False), "",
+        *_full_context_note(abl),
         "## Per category (for LOCOMO: code, LOCOMO name / Mem0 name)", "",
     ]
     if ans_cols:
@@ -277,9 +312,12 @@ def _main(cfg: DictConfig) -> None:
     with user_errors():
         res = run_evaluate(cfg)
     abl = pd.DataFrame(res.tables["ablation"])
+    full = {c for c, v in _full_context(abl).items() if v > 0.5}
     cols = ["variant", "store_size", "recall@1", "recall@10", "recall@500tok",
             f"tokens@{cfg.tokens_at_k}"]
-    print(abl[[c for c in cols if c in abl]].to_string(index=False))
+    print(abl[[c for c in cols if c in abl and c not in full]].to_string(index=False))
+    if full:
+        print(f"left out of this table, full context for most questions: {sorted(full)}")
     print(f"results in {HydraConfig.get().runtime.output_dir}")
 
 

@@ -9,7 +9,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from ..evaluation.sweep import collect, write_report
+from ..evaluation.sweep import check_comparable, collect, write_report
 from .common import CONFIG_DIR, user_errors
 
 
@@ -18,6 +18,8 @@ def run_report(cfg: DictConfig, out_dir: str | Path) -> dict[str, Path]:
 
     Raises:
         FileNotFoundError: no run folder with results was found.
+        ValueError: runs of one job measured different data or prompts (unless
+            ``allow_mixed``).
     """
     dirs = [Path(r) for r in cfg.runs or []]
     if cfg.root:
@@ -27,7 +29,10 @@ def run_report(cfg: DictConfig, out_dir: str | Path) -> dict[str, Path]:
     if not dirs:
         raise FileNotFoundError(f"no results.json or summary.json under runs={list(cfg.runs)} "
                                 f"root={cfg.root!r}")
-    return write_report(collect(dirs), out_dir, cfg.title)
+    table = collect(dirs)
+    if not cfg.get("allow_mixed", False):
+        check_comparable(table)
+    return write_report(table, out_dir, cfg.title)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="report")
