@@ -115,6 +115,20 @@ def test_calibrate_subset_and_use_in_consolidate(tmp_path):
         assert e["pairs"] == 300 and 0 < e["average_precision"] <= 1
         assert -1 <= e["best_f1_threshold"] <= 1
     assert calib["recommended"]["threshold"] == entries["sick-all"]["best_f1_threshold"]
+    # every pair is a sample, with its cosine; the guard's flag rates are reported
+    samples = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 3 * 300 and {s["dataset"] for s in samples} == set(entries)
+    sick = [s for s in samples if s["dataset"] == "sick-all"]
+    thr = entries["sick-all"]["best_f1_threshold"]
+    from consolidate.text import conflict_reason
+
+    above = [s for s in sick if s["score"] >= thr and s["contradiction"]]
+    assert entries["sick-all"]["contradictions_above"] == len(above)
+    if above:  # recomputed here from the samples: the same share
+        want = sum(conflict_reason(s["sentence1"], s["sentence2"]) is not None
+                   for s in above) / len(above)
+        assert entries["sick-all"]["guard_flags_contradictions"] == pytest.approx(want)
+    assert "guard_flags_contradictions" in (tmp_path / "report.md").read_text()
     for f in ("calibration.json", "results.json", "report.md", "pr_curves.png",
               "hist_sick-all_fp32.png"):
         assert (tmp_path / f).exists(), f

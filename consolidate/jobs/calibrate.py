@@ -50,6 +50,26 @@ def _pairs(name: str, split: str | None, root: str) -> pd.DataFrame:
     return df[["sentence1", "sentence2", "label", "contradiction"]]
 
 
+def _guard_rates(key: str, df: pd.DataFrame, cos: np.ndarray, threshold: float,
+                 memo: dict[tuple[str, int], bool]) -> dict[str, Any]:
+    """Flag rates of the conflict guard (:func:`consolidate.text.conflict_reason`) among the
+    pairs a pass at ``threshold`` would merge: contradiction pairs (should be flagged) and
+    duplicate pairs (should not). One guard call per pair above the threshold, shared
+    across dtypes through ``memo``."""
+    from ..text import conflict_reason
+
+    above = np.flatnonzero(cos >= threshold)
+    s1, s2 = df["sentence1"].astype(str).to_numpy(), df["sentence2"].astype(str).to_numpy()
+    flag = np.array([memo.setdefault((key, int(k)), conflict_reason(s1[k], s2[k]) is not None)
+                     for k in above], dtype=bool)
+    contra = df["contradiction"].to_numpy()[above] == 1
+    dup = df["label"].to_numpy()[above] == 1
+    return {"contradictions_above": int(contra.sum()),
+            "guard_flags_contradictions": float(flag[contra].mean()) if contra.any() else None,
+            "duplicates_above": int(dup.sum()),
+            "guard_flags_duplicates": float(flag[dup].mean()) if dup.any() else None}
+
+
 def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, Any]:
     """Calibrate on every ``cfg.datasets`` entry for every ``cfg.dtypes``; returns the
     ``calibration.json`` content (also written to ``out_dir``)."""
@@ -67,6 +87,8 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
     entries: list[dict[str, Any]] = []
     metrics: list[Metric] = []
     curves: dict[str, tuple] = {}
+    samples: list[dict[str, Any]] = []
+    guard: dict[tuple[str, int], bool] = {}  # (dataset, pair) -> conflict guard flags it
     for dtype in cfg.dtypes:
         emb = make_embedder(EmbedderConfig(**{**base.__dict__, "dtype": dtype}))
         for key, df in data.items():
@@ -87,7 +109,13 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
                 "contradiction_pairs": int(len(contra)),
                 "contradictions_above_best_f1_threshold": (
                     float((contra >= c.best_f1_threshold).mean()) if len(contra) else None),
+                **_guard_rates(key, df, cos, c.best_f1_threshold, guard),
             }
+            samples += [{"dataset": key, "dtype": dtype, "sentence1": s1, "sentence2": s2,
+                         "label": int(lab), "contradiction": int(con), "score": float(x)}
+                        for s1, s2, lab, con, x in zip(
+                            df["sentence1"].astype(str), df["sentence2"].astype(str),
+                            df["label"], df["contradiction"], cos, strict=True)]
             entries.append(e)
             label = f"{key} {dtype}"
             curves[label] = (c.recall, c.precision, c.average_precision)
@@ -141,12 +169,15 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
         f"- created {res.created_at}; git {res.git_commit}; device {res.device}",
         "- duplicate = STS-B score >= 4; SICK mutual entailment. `contradictions_above_best_"
         "f1_threshold`: share of SICK contradiction pairs a pass at that threshold would "
-        "merge without the conflict guard.",
+        "merge without the conflict guard. `guard_flags_contradictions` / `guard_flags_"
+        "duplicates`: of the contradiction / duplicate pairs at or above that threshold, the "
+        "share the conflict guard keeps apart (negation, number, date): the first should be "
+        "high, the second low.",
         f"- recommended threshold: {thr:.4f} ({cfg.recommend.rule} on {cfg.recommend.dataset},"
         f" {cfg.recommend.dtype})", "",
         table.round(4).to_markdown(index=False), "",
         "![PR curves](pr_curves.png)", ""])
-    write_results(out, res, [], report)
+    write_results(out, res, samples, report)
     return calib
 
 
