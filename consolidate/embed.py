@@ -128,9 +128,9 @@ class Embedder:
         """
         if not len(texts):
             return np.zeros((0, self.dim), np.float32)
-        self._check_inputs(texts)
+        ids = self._check_inputs(texts)
         if self.pipeline == "packed":
-            return self._encode_packed(list(texts))
+            return self._encode_packed(list(texts), ids)
         v = self.model.encode(
             list(texts), batch_size=self.batch_size, show_progress_bar=self.show_progress,
             convert_to_numpy=True, normalize_embeddings=True,
@@ -138,8 +138,11 @@ class Embedder:
         v = np.asarray(v, dtype=np.float32)
         return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
 
-    def _check_inputs(self, texts: Sequence[str]) -> None:
-        """Refuse what the model cannot embed faithfully (see :meth:`encode`)."""
+    def _check_inputs(self, texts: Sequence[str]) -> list[list[int]]:
+        """Refuse what the model cannot embed faithfully (see :meth:`encode`); return the
+        token ids of every text, special tokens included, cut to ``max_seq_length`` the way
+        the tokenizer's truncation cuts one sequence (its first tokens, then the closing
+        special token)."""
         import pandas as pd
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -154,8 +157,9 @@ class Embedder:
             raise ValueError(f"embed: texts[{k}] is empty or whitespace only: there is nothing "
                              f"to embed")
         limit = int(self.model.max_seq_length)
-        n_tok = np.array([len(x) for x in self.model.tokenizer(
-            vals, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]])
+        ids = self.model.tokenizer(vals, add_special_tokens=True, truncation=False,
+                                   verbose=False)["input_ids"]
+        n_tok = np.fromiter(map(len, ids), np.int64, len(ids))
         long_ = np.flatnonzero(n_tok > limit)
         if len(long_) and self.long_text == "error":
             k = int(long_[0])
@@ -164,14 +168,16 @@ class Embedder:
                 f"{limit} ({len(long_)} text(s) too long): split it, or set "
                 f"embedder.long_text=truncate to embed its first {limit} tokens")
         self.truncated += len(long_)
+        for k in long_.tolist():
+            ids[k] = ids[k][: limit - 1] + ids[k][-1:]
+        return ids
 
-    def _encode_packed(self, texts: list[str]) -> np.ndarray:
+    def _encode_packed(self, texts: list[str], enc: list[list[int]]) -> np.ndarray:
+        """Embed ``texts`` from their token ids ``enc`` (from :meth:`_check_inputs`)."""
         import torch
 
         tok = self.model.tokenizer
-        enc = tok(texts, truncation=True, max_length=self.model.max_seq_length,
-                  padding=False, return_attention_mask=False)["input_ids"]
-        lengths = np.array([len(x) for x in enc])
+        lengths = np.fromiter(map(len, enc), np.int64, len(enc))
         order = np.argsort(-lengths, kind="stable")
         bert = self.model[0].auto_model
         pin = self.device.type == "cuda"

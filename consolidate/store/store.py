@@ -32,6 +32,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import time
@@ -396,8 +397,6 @@ class Store:
     def _remove_skeleton(self, made_root: bool) -> None:
         """Remove what :meth:`create` made before it failed: the layout's folders (with the
         temp files in them) and lock files, and the root itself if create made it."""
-        import shutil
-
         for d in ("snapshots", "changelogs", "deltas"):
             shutil.rmtree(self.root / d, ignore_errors=True)
         for f in ("LOCK", "WRITERS.LOCK"):
@@ -552,12 +551,7 @@ class Store:
         """
         wall = hours_now()
         now = wall if now is None else now
-        if not (isinstance(now, (int, float)) and not isinstance(now, bool)
-                and math.isfinite(now) and abs(now) <= MAX_ABS_HOURS
-                and now <= wall + self.future_tolerance_h):
-            raise ValueError(f"mark_used: now={now!r} must be hours since the epoch, finite and "
-                             f"not in the future (wall clock {wall:.1f} h); seconds divided by "
-                             f"3600 give hours")
+        self._check_time("mark_used: now", now, wall)
         if strength_cap is not None and not strength_cap >= 1:
             raise ValueError(f"mark_used: strength_cap must be >= 1, got {strength_cap!r}")
         if isinstance(ids, str):
