@@ -48,7 +48,8 @@ def retention_stage(st: PassState, cfg: PassConfig, version: int) -> PassState:
     device; importance alone when ``cfg.decay`` is off), drop those below ``cfg.floor`` and
     those over ``cfg.cap`` per namespace (:func:`~consolidate.scoring.select_survivors`):
     they become tombstones with ``deleted_reason`` ``floor`` or ``cap`` and a ``drop``
-    event each. Kept rows get ``last_pass = version``.
+    event each. Kept rows that no pass had seen get ``last_pass = version`` (a row's
+    ``last_pass`` is set once, so a pass rewrites only the rows it changes).
 
     Raises:
         MassDropError: more than ``cfg.max_drop_fraction`` of the live rows would be
@@ -87,7 +88,7 @@ def retention_stage(st: PassState, cfg: PassConfig, version: int) -> PassState:
     reason[drop] = why
     kept = li[sel.keep]
     last_pass = st.col("last_pass").copy()
-    last_pass[kept] = float(version)
+    last_pass[kept[np.isnan(last_pass[kept])]] = float(version)
     st.meta["deleted_at"] = deleted_at
     st.meta["deleted_reason"] = pd.Series(reason, dtype=object)
     st.meta["last_pass"] = last_pass

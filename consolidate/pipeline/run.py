@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -127,7 +128,11 @@ def _start(records: Records, sim_cfg: SimilarityConfig, wall_h: float, merger: s
     codes and id ranks."""
     meta = records.meta.copy()
     dev = resolve_device(sim_cfg.device)
-    vec = torch.from_numpy(_unit_rows(records.vectors))
+    with warnings.catch_warnings():
+        # a store may hand over read-only vectors (the Lance store compares its commit
+        # against them); the pass never writes into this tensor
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        vec = torch.from_numpy(_unit_rows(records.vectors))
     if dev.type != "cpu":
         vec = vec.to(dev)
     ns, names = pd.factorize(meta["namespace"].to_numpy(object), sort=True)

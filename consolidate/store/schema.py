@@ -53,7 +53,7 @@ COLUMNS: dict[str, str] = {
     "deleted_reason": "object",
     "merged_into": "object",
     "text_hash": "object",
-    "last_pass": "float64",  # version of the snapshot written by the last pass that saw it
+    "last_pass": "float64",  # version written by the first pass that kept it (null: unseen)
     "keep_apart": "object",  # ids this record must never be merged with (set by an undo)
     "derived_from": "object",  # ids of the memories a reflection summarises ([] otherwise)
 }
@@ -397,13 +397,30 @@ def _hours_to_ts(col: np.ndarray) -> pa.Array:
     return pa.array(us, type=pa.int64(), mask=mask).cast(pa.timestamp("us", tz="UTC"))
 
 
-def _opt_str(s: pd.Series) -> list[str | None]:
-    return [x if isinstance(x, str) else None for x in s]
+def _opt_str(s: pd.Series) -> pa.Array:
+    """A string column: ``str`` values kept, anything else (None, NaN, a number) null.
+    Arrow converts a column of strings and missing values in one call; only a column that
+    holds something else is walked in Python."""
+    try:
+        return pa.array(s.to_numpy(object), pa.string(), from_pandas=True)
+    except (pa.ArrowException, TypeError, ValueError):
+        return pa.array([x if isinstance(x, str) else None for x in s], pa.string())
 
 
-def records_to_arrow(recs: Records, vector_dtype: str = "fp32") -> pa.Table:
+def _str_lists(s: pd.Series) -> pa.Array:
+    """A list-of-strings column (lists, tuples or arrays of ``str``) in one Arrow call, or
+    item by item where Arrow refuses the column as it is."""
+    t = pa.list_(pa.string())
+    try:
+        return pa.array(s.to_numpy(object), t, from_pandas=True)
+    except (pa.ArrowException, TypeError, ValueError):
+        return pa.array([list(x) for x in s], t)
+
+
+def records_to_arrow(recs: Records, vector_dtype: str = "fp32", *,
+                     with_vectors: bool = True) -> pa.Table:
     """Convert to an Arrow table with :func:`arrow_schema` (times as UTC timestamps), the
-    vectors stored in ``vector_dtype``.
+    vectors stored in ``vector_dtype`` (``with_vectors=False``: the other columns only).
 
     Raises:
         ValueError: an unknown ``vector_dtype``, or NaN/inf in a vector stored as int8.
@@ -411,20 +428,20 @@ def records_to_arrow(recs: Records, vector_dtype: str = "fp32") -> pa.Table:
     m = recs.meta
     dim = recs.dim
     arrays = {
-        "id": pa.array(_opt_str(m["id"]), pa.string()),
-        "namespace": pa.array(_opt_str(m["namespace"]), pa.string()),
-        "text": pa.array(_opt_str(m["text"]), pa.string()),
-        **encode_vectors(recs.vectors.reshape(len(recs), dim), vector_dtype),
+        "id": _opt_str(m["id"]),
+        "namespace": _opt_str(m["namespace"]),
+        "text": _opt_str(m["text"]),
+        **(encode_vectors(recs.vectors.reshape(len(recs), dim), vector_dtype)
+           if with_vectors else {}),
         "importance": pa.array(m["importance"].to_numpy(np.float64)),
         "strength": pa.array(m["strength"].to_numpy(np.float64)),
         "pinned": pa.array(m["pinned"].to_numpy(bool)),
-        "source_ids": pa.array([list(x) for x in m["source_ids"]], pa.list_(pa.string())),
-        "keep_apart": pa.array([list(x) for x in m["keep_apart"]], pa.list_(pa.string())),
-        "derived_from": pa.array([list(x) for x in m["derived_from"]],
-                                 pa.list_(pa.string())),
-        "deleted_reason": pa.array(_opt_str(m["deleted_reason"]), pa.string()),
-        "merged_into": pa.array(_opt_str(m["merged_into"]), pa.string()),
-        "text_hash": pa.array(m["text_hash"].tolist(), pa.string()),
+        "source_ids": _str_lists(m["source_ids"]),
+        "keep_apart": _str_lists(m["keep_apart"]),
+        "derived_from": _str_lists(m["derived_from"]),
+        "deleted_reason": _opt_str(m["deleted_reason"]),
+        "merged_into": _opt_str(m["merged_into"]),
+        "text_hash": _opt_str(m["text_hash"]),
     }
     for c in TIME_COLUMNS:
         arrays[c] = _hours_to_ts(m[c].to_numpy(np.float64))
@@ -432,6 +449,8 @@ def records_to_arrow(recs: Records, vector_dtype: str = "fp32") -> pa.Table:
     lp_mask = np.isnan(lp)
     arrays["last_pass"] = pa.array(np.where(lp_mask, 0, lp).astype(np.int64), mask=lp_mask)
     schema = arrow_schema(dim, vector_dtype)
+    if not with_vectors:
+        schema = pa.schema([f for f in schema if f.name in arrays])
     return pa.table([arrays[f.name] for f in schema], schema=schema)
 
 
@@ -458,8 +477,12 @@ def _decode_texts(col: pa.ChunkedArray) -> tuple[list[str | None], list[int]]:
     return out, bad
 
 
-def records_from_arrow(table: pa.Table, dim: int | None = None) -> Records:
-    """Inverse of :func:`records_to_arrow`. Rows with invalid UTF-8 text get text ``None``
+def records_from_arrow(table: pa.Table, dim: int | None = None, *,
+                       stored_hashes: bool = False) -> Records:
+    """Inverse of :func:`records_to_arrow`. ``text_hash`` is recomputed from the text,
+    unless ``stored_hashes`` (a table this package wrote, e.g. a Lance store's): then the
+    stored column is used and only its missing values are computed. Rows with invalid
+    UTF-8 text get text ``None``
     and are listed in ``Records.bad_utf8`` for :func:`validate`; vectors of the wrong length
     (variable-length list columns) in ``Records.bad_dim``. A fixed-size vector column in any
     stored dtype is decoded to float32 (:func:`~consolidate.store.vectors.decode_vectors`).
@@ -512,12 +535,26 @@ def records_from_arrow(table: pa.Table, dim: int | None = None) -> Records:
         if c == "text":
             meta[c] = pd.Series(texts, dtype=object)
         elif c == "text_hash":
-            meta[c] = pd.Series(text_hashes(texts), dtype=object)
+            meta[c] = pd.Series(_hashes(table, texts, stored_hashes), dtype=object)
         elif c in names:
             meta[c] = _arrow_column(c, table.column(c))
         else:
             meta[c] = _coerce_column(c, pd.Series([None] * n, dtype=object))
     return Records(meta, vecs, bad_dim=bad_dim, bad_utf8=bad_utf8)
+
+
+def _hashes(table: pa.Table, texts: list[str | None], stored: bool) -> list[str]:
+    """``text_hash`` per row: the stored column's values where ``stored`` and present,
+    computed from the text otherwise."""
+    if not stored or "text_hash" not in table.column_names:
+        return text_hashes(texts)
+    col = table.column("text_hash")
+    out = col.to_pylist()
+    missing = np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))
+    if len(missing):
+        for k, h in zip(missing, text_hashes([texts[k] for k in missing]), strict=True):
+            out[k] = h
+    return out
 
 
 # ---------------------------------------------------------------- validation

@@ -239,6 +239,9 @@ class Pointer:
         d = json.loads(text)
         if not isinstance(d, dict):
             raise ValueError(f"expected a JSON object, got {type(d).__name__}")
+        if d.get("format") == "lance":
+            raise ValueError("this is a Lance store: open it with "
+                             "consolidate.store.lance_store.open_store_dir or LanceStore")
         names = {f.name for f in dataclasses.fields(Pointer)}
         d = {k: v for k, v in d.items() if k in names}
         d["folded"] = tuple(d.get("folded", ()))
@@ -556,8 +559,7 @@ class Store:
             raise ValueError(f"mark_used: strength_cap must be >= 1, got {strength_cap!r}")
         if isinstance(ids, str):
             raise TypeError("mark_used() takes a list of ids, not one string")
-        view = self.load(validate_records=False)
-        known = set(view.records.meta["id"])
+        known = set(self._stored(ids)["id"])
         missing = [i for i in ids if i not in known]
         if missing:
             raise KeyError(f"mark_used: {len(missing)} unknown id(s) in {self.root}: "
@@ -588,8 +590,7 @@ class Store:
         wall = hours_now()
         now = wall if now is None else now
         self._check_time("patch: now", now, wall)
-        view = self.load(validate_records=False)
-        m = view.records.meta.set_index("id")
+        m = self._stored([p.get("id") for p in patches]).set_index("id")
         out = []
         for p in patches:
             i, op = p.get("id"), p.get("op")
@@ -618,6 +619,13 @@ class Store:
         payload = json.dumps({"patches": out})
         _write_atomic(self.root / "deltas" / self._delta_name("patch.json"),
                       lambda p: p.write_text(payload))
+
+    def _stored(self, ids: Sequence[Any]) -> pd.DataFrame:
+        """``id`` and ``pinned`` of the stored records among ``ids`` (pending deltas
+        included); one row per known id."""
+        meta = self.load(validate_records=False).records.meta
+        wanted = {i for i in ids if isinstance(i, str)}
+        return meta.loc[meta["id"].isin(wanted), ["id", "pinned"]]
 
     def _check_time(self, what: str, t: object, wall: float) -> None:
         """Refuse a write time that is not finite hours since the epoch or lies in the

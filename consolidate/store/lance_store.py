@@ -1,0 +1,1014 @@
+"""A memory store whose records live in one Lance dataset (versioned, appendable, columnar).
+
+Layout of a store directory::
+
+    CURRENT                  marker (JSON): {"format": "lance", "dataset": "memories.lance",
+                             "dim": d, "created_at": hours}; written once, at create
+    memories.lance/          the Lance dataset: one row per record (live and tombstones),
+                             schema :func:`consolidate.store.schema.arrow_schema`; every
+                             write is a Lance version (time travel, crash-safe commits)
+    changelogs/changelog-NNNNNN.jsonl   the changelog of version N (create, pass, undo),
+                             also named in that version's properties
+    deltas/<time_ns>-<pid>-<rand>.touch.json   recall bookkeeping not yet folded
+    deltas/<time_ns>-<pid>-<rand>.patch.json   write-path tombstones not yet folded
+    LOCK, WRITERS.LOCK, quarantine/            as in :class:`~consolidate.store.Store`
+
+Writes and what they cost (see ``eval/store_bench/``):
+
+* :meth:`LanceStore.append` checks the new ids against the stored ones with a filtered
+  read of the ``id`` column (a BTREE index), then commits the rows as a Lance ``Append``:
+  it never reads the whole store.
+* :meth:`~consolidate.store.Store.mark_used` and :meth:`~consolidate.store.Store.patch`
+  look their ids up the same way and write a small delta file, replayed by every load
+  (their semantics, e.g. a touch following ``merged_into``, stay in
+  :func:`~consolidate.store.store.apply_touch` / :func:`~consolidate.store.store.apply_patch`).
+* :meth:`LanceStore.commit` (a pass, an undo) compares the pass's records with the stored
+  rows, column by column as arrays, and commits only the difference as one Lance
+  ``merge_insert`` on ``id`` (changed and new rows upserted, purged rows deleted), with the
+  pending deltas folded into the rows they touch.
+
+Every version carries ``transaction_properties``: ``consolidate.op``, the delta files folded
+so far (``consolidate.folded``), the changelog's name, the last pass time. Appends copy them
+forward, so the newest version names them; a version written by Lance alone (compaction,
+an index) is skipped by looking one version back.
+
+The protocol for concurrent writers: every write to the dataset (append, a pass's commit)
+happens under ``WRITERS.LOCK`` (``fcntl.flock``), so Lance never sees two writers at once
+and no commit needs a conflict retry; a pass holds ``LOCK`` for its whole run and
+``WRITERS.LOCK`` only while it commits (writers wait that long). Rows appended while a pass
+ran are already in the dataset and stay untouched by its commit; deltas written while it ran
+are folded into its commit if they exist when it commits, or stay pending otherwise. A
+load lists the delta files before it opens the newest version, so a delta folded (and
+removed) in between is in the version it reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..text import text_hashes
+from .schema import (
+    Problem,
+    Records,
+    hours_now,
+    normalise_vectors,
+    records_from_arrow,
+    records_from_rows,
+    records_to_arrow,
+    validate,
+)
+from .store import (
+    POINTER,
+    READ_SKEW,
+    ConcurrentCommitError,
+    CorruptStoreError,
+    InvalidRecordsError,
+    Pointer,
+    Snapshot,
+    Store,
+    StoreNotFoundError,
+    _crashpoint,
+    _fsync_dir,
+    _write_atomic,
+    _write_jsonl,
+)
+
+__all__ = ["LanceStore", "DATASET", "store_format", "open_store_dir", "convert"]
+
+DATASET = "memories.lance"
+FORMAT = "lance"
+_P = "consolidate."
+#: rows per data file written by create and a full rewrite, and the size compaction aims
+#: at: a fragment this large is never rewritten by compaction (unless a tenth of its rows
+#: are deleted), so a nightly compaction costs what was written since, not the store
+ROWS_PER_FRAGMENT = 1 << 18
+#: a commit that changes more than this fraction of the rows rewrites the table instead
+#: (an ``Overwrite``: cheaper than an upsert of most rows, and history is kept)
+REWRITE_FRACTION = 0.25
+#: compaction runs when more fragments than this are smaller than ROWS_PER_FRAGMENT
+COMPACT_AFTER = 16
+#: the ops whose versions have a changelog
+_LOGGED = ("create", "pass", "undo", "rollback", "restore", "convert")
+#: versions looked back through for the newest one that carries consolidate's properties
+_MAX_LOOKBACK = 64
+
+
+def _lance() -> Any:
+    try:
+        import lance
+    except ImportError as e:  # pragma: no cover - pylance is a dependency
+        raise ImportError("the Lance store needs pylance (pip install pylance)") from e
+    return lance
+
+
+def store_format(root: str | os.PathLike) -> str | None:
+    """``"lance"`` or ``"parquet"`` for the store at ``root``; ``None`` if none is there.
+
+    Raises:
+        CorruptStoreError: ``CURRENT`` is not a JSON object.
+    """
+    p = Path(root) / POINTER
+    try:
+        d = json.loads(p.read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError) as e:
+        raise CorruptStoreError(f"{p} is not a valid pointer ({e})") from None
+    if not isinstance(d, dict):
+        raise CorruptStoreError(f"{p} is not a valid pointer (not a JSON object)")
+    return FORMAT if d.get("format") == FORMAT else "parquet"
+
+
+def open_store_dir(root: str | os.PathLike, *, format: str = "lance", **kwargs: Any) -> Store:
+    """The store at ``root`` in its own format, or a new (not yet created) one in ``format``.
+
+    Args:
+        root: the store directory.
+        format: ``"lance"`` or ``"parquet"``; used only when ``root`` holds no store.
+        **kwargs: passed to the store class (``keep_snapshots``, ``quarantine``, ...).
+
+    Raises:
+        ValueError: an unknown ``format``.
+        CorruptStoreError: ``CURRENT`` is unreadable.
+    """
+    if format not in (FORMAT, "parquet"):
+        raise ValueError(f"store.format must be 'lance' or 'parquet', got {format!r}")
+    found = store_format(root) or format
+    return LanceStore(root, **kwargs) if found == FORMAT else Store(root, **kwargs)
+
+
+def _sql_str(s: str) -> str:
+    """A SQL string literal for a Lance filter (``'`` doubled)."""
+    return "'" + s.replace("'", "''") + "'"
+
+
+class LanceStore(Store):
+    """A memory store backed by a Lance dataset (see the module docstring for the layout and
+    the writers' protocol). Same constructor and methods as :class:`Store`;
+    ``keep_snapshots`` is the number of versions kept by :meth:`cleanup` (at least; Lance
+    also keeps every version newer than ``retention_h``).
+
+    Args:
+        retention_h: :meth:`cleanup` removes versions older than this many hours.
+        **kwargs: see :class:`Store`.
+    """
+
+    def __init__(self, root: str | os.PathLike, *, retention_h: float = 7 * 24,
+                 **kwargs: Any) -> None:
+        super().__init__(root, **kwargs)
+        if not retention_h >= 0:
+            raise ValueError(f"retention_h must be >= 0, got {retention_h!r}")
+        self.retention_h = float(retention_h)
+
+    # ------------------------------------------------------------ marker and dataset
+    @property
+    def dataset_path(self) -> Path:
+        return self.root / DATASET
+
+    def _marker(self) -> dict[str, Any]:
+        try:
+            text = self.pointer_path.read_text()
+        except FileNotFoundError:
+            raise StoreNotFoundError(f"no store at {self.root} (missing {POINTER})") from None
+        except NotADirectoryError:
+            raise StoreNotFoundError(f"{self.root} is not a directory") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise CorruptStoreError(f"{self.pointer_path} cannot be read: {e}") from None
+        try:
+            d = json.loads(text)
+            if not isinstance(d, dict) or d.get("format") != FORMAT:
+                raise ValueError("not a Lance store marker")
+            if d.get("dataset") != DATASET:
+                raise ValueError(f"dataset {d.get('dataset')!r} is not {DATASET!r}")
+            dim = d.get("dim")
+            if not (isinstance(dim, int) and not isinstance(dim, bool) and dim >= 1):
+                raise ValueError(f"dim {dim!r} is not a positive integer")
+            return d
+        except ValueError as e:
+            raise CorruptStoreError(f"{self.pointer_path} is not a valid Lance store marker "
+                                    f"({e}); the dataset {self.dataset_path} is untouched"
+                                    ) from None
+
+    def _open(self, version: int | None = None) -> Any:
+        lance = _lance()
+        try:
+            ds = lance.dataset(str(self.dataset_path))
+            return ds if version is None else ds.checkout_version(int(version))
+        except (OSError, ValueError, RuntimeError) as e:
+            raise CorruptStoreError(f"cannot open the Lance dataset {self.dataset_path}"
+                                    f"{'' if version is None else f' at version {version}'}: "
+                                    f"{e}") from e
+
+    def _props(self, ds: Any) -> dict[str, str]:
+        """consolidate's properties of ``ds``'s version, or of the newest older version that
+        has them (Lance's own commits, such as compaction, carry none).
+
+        Raises:
+            CorruptStoreError: none within :data:`_MAX_LOOKBACK` versions.
+        """
+        v = ds.version
+        for _ in range(_MAX_LOOKBACK):
+            if v < 1:
+                break
+            try:
+                txn = ds.read_transaction(v)
+            except (OSError, ValueError, RuntimeError):
+                txn = None
+            props = dict(getattr(txn, "transaction_properties", None) or {})
+            if _P + "folded" in props:
+                return props
+            v -= 1
+        raise CorruptStoreError(
+            f"{self.dataset_path}: no version at or before {ds.version} carries consolidate's "
+            f"properties (within {_MAX_LOOKBACK} versions); the dataset was written by "
+            f"another tool")
+
+    @staticmethod
+    def _folded(props: Mapping[str, str]) -> tuple[str, ...]:
+        try:
+            names = json.loads(props.get(_P + "folded", "[]"))
+            if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+                raise ValueError
+        except ValueError:
+            raise CorruptStoreError("consolidate.folded is not a JSON list of names") from None
+        return tuple(names)
+
+    @staticmethod
+    def _vector_dtype(schema: pa.Schema) -> str:
+        t = schema.field("vector").type
+        if "vector_scale" in schema.names:
+            return "int8"
+        v = t.value_type
+        return {pa.float32(): "fp32", pa.float16(): "fp16", pa.uint16(): "bf16"}[v]
+
+    def head(self) -> Pointer:
+        """The newest version as a :class:`~consolidate.store.store.Pointer` (``snapshot`` is
+        the dataset's name, ``rows`` its row count)."""
+        d = self._marker()
+        ds = self._open()
+        props = self._props(ds)
+        lp = props.get(_P + "last_pass_at")
+        return Pointer(ds.version, DATASET, props.get(_P + "changelog"), d["dim"],
+                       self._folded(props), float(d.get("created_at", 0.0)),
+                       float(lp) if lp else None, self._vector_dtype(ds.schema), None,
+                       ds.count_rows())
+
+    def snapshots(self) -> list[int]:
+        """Lance versions present (retained history), ascending."""
+        return sorted(int(v["version"]) for v in self._open().versions())
+
+    def versions(self) -> list[dict[str, Any]]:
+        """Every retained version: ``version``, ``timestamp`` (UTC), ``op`` (create, append,
+        pass, undo, convert; ``None`` for Lance's own commits such as compaction), ``rows``
+        and ``changelog`` (the file under ``changelogs/`` for a pass or an undo)."""
+        ds = self._open()
+        out = []
+        for v in ds.versions():
+            txn = ds.read_transaction(v["version"])
+            props = dict(getattr(txn, "transaction_properties", None) or {})
+            out.append({"version": int(v["version"]), "timestamp": v["timestamp"],
+                        "op": props.get(_P + "op"),
+                        "rows": int(v.get("metadata", {}).get("total_rows", -1)),
+                        "changelog": props.get(_P + "changelog")
+                        if props.get(_P + "op") in _LOGGED else None,
+                        "summary": json.loads(props.get(_P + "summary") or "{}")
+                        if props.get(_P + "op") in _LOGGED else {}})
+        return out
+
+    # ------------------------------------------------------------ history
+    def read_version(self, version: int) -> Records:
+        """The records as stored at ``version`` (no pending deltas), validated.
+
+        Raises:
+            CorruptStoreError: the version is not retained or cannot be read.
+            InvalidRecordsError: a stored record is invalid.
+        """
+        marker = self._marker()
+        ds = self._open(version)
+        recs = records_from_arrow(ds.to_table(), dim=marker["dim"])
+        return self._checked(recs, dim=marker["dim"], source=f"{self.dataset_path} "
+                             f"(version {version})", existing=None, reading=True)
+
+    def diff(self, a: int, b: int | None = None) -> pd.DataFrame:
+        """What changed from version ``a`` to ``b`` (default: the newest), per namespace.
+
+        Returns:
+            One row per namespace (plus ``"(all)"``) and one count column per kind:
+            ``added`` (new ids: appended, merged or reflection rows), ``purged`` (ids
+            gone), ``merged``, ``dropped`` (floor or cap), ``deleted``, ``updated``,
+            ``superseded``, ``undone`` (live at ``a``, a tombstone with that reason at ``b``),
+            ``restored`` (a tombstone at ``a``, live at ``b``), ``closed`` (validity ended),
+            ``touched`` (only ``last_used``/``strength`` changed).
+
+        Raises:
+            CorruptStoreError: a version is not retained.
+        """
+        cols = ["id", "namespace", "deleted_at", "deleted_reason", "valid_to", "last_used",
+                "strength"]
+        ta = self._open(a).to_table(columns=cols).to_pandas()
+        tb = self._open(b).to_table(columns=cols).to_pandas()
+        j = ta.merge(tb, on="id", how="outer", suffixes=("_a", "_b"), indicator=True)
+        ns = j["namespace_b"].where(j["namespace_b"].notna(), j["namespace_a"])
+        live_a = j["deleted_at_a"].isna() & (j["_merge"] != "right_only")
+        live_b = j["deleted_at_b"].isna() & (j["_merge"] != "left_only")
+        both = j["_merge"] == "both"
+        kind = pd.Series(np.full(len(j), None, dtype=object), index=j.index)
+        kind[j["_merge"] == "right_only"] = "added"
+        kind[j["_merge"] == "left_only"] = "purged"
+        gone = both & live_a & ~live_b
+        for why in ("merged", "deleted", "updated", "superseded", "undone"):
+            kind[gone & (j["deleted_reason_b"] == why)] = why
+        kind[gone & j["deleted_reason_b"].isin(["floor", "cap"])] = "dropped"
+        kind[both & ~live_a & live_b] = "restored"
+        closed = both & j["valid_to_a"].isna() & j["valid_to_b"].notna()
+        kind[kind.isna() & closed] = "closed"
+        touched = both & ((j["last_used_a"] != j["last_used_b"])
+                          | (j["strength_a"] != j["strength_b"]))
+        kind[kind.isna() & touched] = "touched"
+        kinds = ["added", "purged", "merged", "dropped", "deleted", "updated", "superseded",
+                 "undone", "restored", "closed", "touched"]
+        t = pd.crosstab(ns[kind.notna()], kind[kind.notna()]).reindex(columns=kinds,
+                                                                       fill_value=0)
+        t.loc["(all)"] = t.sum()
+        t.index.name = "namespace"
+        return t.astype(int)
+
+    def _created_by_passes(self, after: int) -> set[str]:
+        """Ids of the rows that passes (merges, exact merges, reflections) committed in
+        versions newer than ``after``, read from their changelogs.
+
+        Raises:
+            CorruptStoreError: a pass version's changelog is missing.
+        """
+        made: set[str] = set()
+        for v in self.versions():
+            if v["version"] <= after or v["op"] not in ("pass", "undo", "rollback"):
+                continue
+            path = self.root / "changelogs" / (v["changelog"] or "")
+            if not v["changelog"] or not path.is_file():
+                raise CorruptStoreError(f"the changelog of version {v['version']} "
+                                        f"({path}) is missing: cannot tell its rows apart")
+            for line in path.read_text().splitlines():
+                e = json.loads(line)
+                if e.get("op") in ("merge", "exact_merge", "reflect") and \
+                        isinstance(e.get("id"), str):
+                    made.add(e["id"])
+        return made
+
+    def rollback(self, version: int, *, dry_run: bool = False,
+                 lock_timeout_s: float = 0.0) -> dict[str, Any]:
+        """Make version ``version``'s records current again, as a new version (history is
+        kept). Records appended since then are kept (revived if a later pass merged or
+        dropped them); rows that later passes made (merges, reflections) are left out;
+        pending deltas are applied again. Recall bookkeeping and write-path patches folded
+        after ``version`` into its rows are not replayed.
+
+        Returns:
+            the commit info (see :meth:`commit`) plus ``"diff"``: :meth:`diff` from the
+            newest version to the result, as ``{namespace: {kind: count}}`` (with
+            ``dry_run`` nothing is written).
+
+        Raises:
+            CorruptStoreError: ``version`` is not retained, or a later pass's changelog is
+                missing.
+            LockTimeoutError: another pass holds the store.
+        """
+        with self.lock(timeout_s=lock_timeout_s):
+            snap = self.load()
+            if not 1 <= int(version) <= snap.version:
+                raise ValueError(f"rollback: version {version} is not in 1..{snap.version}")
+            old = self.read_version(version)
+            made = self._created_by_passes(version)
+            cur = snap.records
+            old_ids = set(old.meta["id"])
+            keep = ~cur.meta["id"].isin(old_ids) & ~cur.meta["id"].isin(made)
+            app = cur.mask(keep.to_numpy())
+            m = app.meta.copy()
+            revive = m["deleted_reason"].isin(["merged", "floor", "cap"]).to_numpy()
+            m.loc[revive, "deleted_at"] = np.nan
+            m.loc[revive, "deleted_reason"] = None
+            m.loc[revive, "merged_into"] = None
+            out = Records.concat([old, Records(m, app.vectors)], snap.dim)
+            for name in snap.deltas:
+                out, _ = self._apply_delta(out, name, snap.dim)
+            events = [{"op": "rollback", "to_version": int(version),
+                       "kept_appended": m["id"].tolist(), "revived": m["id"][revive].tolist()}]
+            info = self.commit(out, events, base=snap, dry_run=dry_run, op="rollback")
+        if not dry_run:
+            info["diff"] = self.diff(snap.version, info["version"]).to_dict(orient="index")
+        return info
+
+    def restore(self, ids: Sequence[str], *, lock_timeout_s: float = 0.0) -> dict[str, Any]:
+        """Make tombstones live again, as a new version: each id's ``deleted_at``,
+        ``deleted_reason`` and ``merged_into`` are cleared. A restored member of a merge
+        stays apart from the merged record (``keep_apart``), which is kept.
+
+        Raises:
+            KeyError: an unknown id (nothing written).
+            ValueError: an id is live already (nothing written).
+        """
+        if isinstance(ids, str):
+            raise TypeError("restore() takes a list of ids, not one string")
+        with self.lock(timeout_s=lock_timeout_s):
+            snap = self.load()
+            m = snap.records.meta.copy()
+            pos = pd.Index(m["id"]).get_indexer(list(ids))
+            if (pos < 0).any():
+                raise KeyError(f"restore: unknown id(s) in {self.root}: "
+                               f"{[i for i, p in zip(ids, pos, strict=True) if p < 0][:5]}")
+            live = m["deleted_at"].isna().to_numpy()[pos]
+            if live.any():
+                raise ValueError(f"restore: {[ids[k] for k in np.flatnonzero(live)][:5]} "
+                                 f"are live already")
+            into = m["merged_into"].to_numpy(object)[pos]
+            ka = m["keep_apart"].copy()
+            for k, p in enumerate(pos):
+                if isinstance(into[k], str):
+                    ka.iat[p] = sorted(set(ka.iat[p]) | {into[k]})
+            m["keep_apart"] = ka
+            m.loc[pos, "deleted_at"] = np.nan
+            m.loc[pos, "deleted_reason"] = None
+            m.loc[pos, "merged_into"] = None
+            events = [{"op": "restore", "ids": list(ids),
+                       "were_merged_into": [x if isinstance(x, str) else None for x in into]}]
+            return self.commit(Records(m, snap.records.vectors), events, base=snap,
+                               op="restore")
+
+    def export(self, path: str | os.PathLike, version: int | None = None) -> dict[str, Any]:
+        """Write one version's records (default: the newest, pending deltas included) to
+        ``path``: ``.parquet`` (the store's Arrow schema, vectors in the stored dtype) or
+        ``.jsonl`` (one JSON object a line; times ISO 8601 UTC, vectors as float lists).
+        Written to a temporary file and renamed.
+
+        Raises:
+            ValueError: another suffix. CorruptStoreError: the version is not retained.
+        """
+        import pyarrow.parquet as pq
+
+        path = Path(path)
+        if path.suffix not in (".parquet", ".jsonl"):
+            raise ValueError(f"export: {path} must end in .parquet or .jsonl")
+        if version is None:
+            snap = self.load()
+            recs, version = snap.records, snap.version
+        else:
+            recs = self.read_version(version)
+        dtype = self._vector_dtype(self._open(version).schema)
+        if path.suffix == ".parquet":
+            table = records_to_arrow(recs, dtype)
+            _write_atomic(path, lambda p: pq.write_table(table, p))
+        else:
+            df = records_to_arrow(recs, dtype, with_vectors=False).to_pandas()
+            df.insert(3, "vector", list(recs.vectors.astype(np.float64)))
+            _write_atomic(path, lambda p: df.to_json(p, orient="records", lines=True,
+                                                     date_format="iso", date_unit="us"))
+        return {"path": str(path), "version": int(version), "records": len(recs)}
+
+    # ------------------------------------------------------------ create
+    def create(self, records: Records, *, source: str = "records") -> Snapshot:
+        """Write version 1 from ``records`` into an empty directory (vectors rescaled to
+        unit length), index ``id``, then write ``CURRENT``.
+
+        Raises:
+            FileExistsError: a store already exists at ``root``, or ``root`` is a file or a
+                non-empty directory without a store.
+            InvalidRecordsError: a record is invalid (not in quarantine mode); nothing written.
+        """
+        if self.exists():
+            raise FileExistsError(f"a store already exists at {self.root}")
+        if self.root.exists() and (not self.root.is_dir() or any(self.root.iterdir())):
+            raise FileExistsError(
+                f"{self.root} is not empty and holds no store ({POINTER} is missing): a "
+                f"store is created only in a new or empty directory; if it held a store, "
+                f"restore its {POINTER} or move the folder aside")
+        if not len(records) or records.dim < 1:
+            raise ValueError(f"create(): no records (or no vector dimension) for {self.root}")
+        records = self._checked(records, dim=records.dim, source=source, existing=None)
+        normalise_vectors(records)
+        records.meta["text_hash"] = text_hashes(records.meta["text"].tolist())
+        made_root = not self.root.exists()
+        try:
+            self._dirs()
+            with self.lock():
+                log = self._changelog([{"op": "create", "source": source,
+                                        "records": len(records)}], 1)
+                table = records_to_arrow(records, self.vector_dtype or "fp32")
+                ds = _lance().write_dataset(
+                    table, str(self.dataset_path), mode="create",
+                    max_rows_per_file=ROWS_PER_FRAGMENT,
+                    transaction_properties=self._new_props("create", (), log, None))
+                _crashpoint("lance:after_create")
+                ds.create_scalar_index("id", "BTREE")
+                marker = {"format": FORMAT, "dataset": DATASET, "dim": records.dim,
+                          "created_at": hours_now()}
+                _write_atomic(self.pointer_path, lambda p: p.write_text(json.dumps(marker)))
+        except BaseException:
+            if not self.exists():
+                shutil.rmtree(self.dataset_path, ignore_errors=True)
+                self._remove_skeleton(made_root)
+            raise
+        return self.load()
+
+    def _dirs(self) -> None:
+        super()._dirs()
+        with contextlib.suppress(OSError):
+            (self.root / "snapshots").rmdir()  # the Parquet layout's; unused here
+
+    def _remove_skeleton(self, made_root: bool) -> None:
+        shutil.rmtree(self.dataset_path, ignore_errors=True)
+        super()._remove_skeleton(made_root)
+
+    def _changelog(self, events: list[dict[str, Any]], version: int, dry_run: bool = False
+                   ) -> str:
+        """Write the changelog of the commit expected to become ``version`` (writes are
+        serialised, so it does; the version's properties name the file either way)."""
+        name = (f"dry-run-{version:06d}-{time.time_ns()}.jsonl" if dry_run
+                else f"changelog-{version:06d}.jsonl")
+        (self.root / "changelogs").mkdir(exist_ok=True)
+        _write_atomic(self.root / "changelogs" / name, lambda p: _write_jsonl(p, events),
+                      crash_tag="changelog")
+        return name
+
+    @staticmethod
+    def _new_props(op: str, folded: Iterable[str], changelog: str | None,
+                   last_pass_at: float | None) -> dict[str, str]:
+        return {_P + "op": op, _P + "folded": json.dumps(list(folded)),
+                _P + "changelog": changelog or "",
+                _P + "last_pass_at": "" if last_pass_at is None else repr(float(last_pass_at))}
+
+    # ------------------------------------------------------------ read
+    def load(self, *, validate_records: bool = True,
+             namespaces: Sequence[str] | None = None) -> Snapshot:
+        """Read the newest version and replay the pending deltas.
+
+        Args:
+            validate_records: validate the stored records and the deltas.
+            namespaces: read only these namespaces (a filtered scan; an incremental pass
+                reads what fired). A delta that names an id outside them is neither applied
+                nor folded by a commit of this snapshot: it stays pending for the next load.
+
+        Raises:
+            StoreNotFoundError: no store here.
+            CorruptStoreError: the dataset or its properties cannot be read.
+            InvalidRecordsError: a stored record or a delta is invalid (names the dataset
+                version or the delta file and the record ids); in quarantine mode the bad
+                rows are moved to ``quarantine/`` instead.
+        """
+        marker = self._marker()
+        listed = self._listed()  # before the version is opened: see the module docstring
+        ds = self._open()
+        props = self._props(ds)
+        source = f"{self.dataset_path} (version {ds.version})"
+        flt = None
+        if namespaces is not None:
+            namespaces = sorted({str(n) for n in namespaces})
+            flt = pc.field("namespace").isin(pa.array(namespaces, pa.string()))
+            source += f", namespaces {namespaces[:3]}{'...' if len(namespaces) > 3 else ''}"
+        try:
+            table = ds.to_table(filter=flt)
+            # text_hash as written by this store (create and append compute it from the
+            # text, nothing else writes the dataset): not recomputed at every load
+            recs = records_from_arrow(table, dim=marker["dim"], stored_hashes=True)
+        except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
+            raise CorruptStoreError(f"cannot read {source}: {e}") from e
+        # the stored rows' other columns (no copy: Arrow buffers), compared by commit
+        stored = table.drop_columns([c for c in ("vector", "vector_scale")
+                                     if c in table.column_names])
+        del table
+        if validate_records:
+            # rows moved to quarantine stay in ``stored``: the next commit deletes them
+            recs = self._checked(recs, dim=marker["dim"], source=source, existing=None,
+                                 reading=True)
+        recs.vectors.setflags(write=False)  # commit compares against these: never in place
+        folded = set(self._folded(props))
+        applied = []
+        known = None if namespaces is None else set(recs.meta["id"])
+        for name in listed:
+            if name in folded or not self._covers(known, name):
+                continue
+            recs, _ = self._apply_delta(recs, name, marker["dim"], validate_records)
+            applied.append(name)
+        lp = props.get(_P + "last_pass_at")
+        snap = Snapshot(ds.version, recs, marker["dim"], tuple(applied), [],
+                        self.dataset_path, float(lp) if lp else None)
+        # the rows as stored (before the deltas), for commit
+        snap.stored = (stored, recs.vectors)  # type: ignore[attr-defined]
+        snap.namespaces = namespaces  # type: ignore[attr-defined]
+        return snap
+
+    def _covers(self, known: set[str] | None, name: str) -> bool:
+        """Every id a delta names is in ``known`` (``None``: the whole store is loaded)."""
+        if known is None:
+            return True
+        try:
+            d = json.loads((self.root / "deltas" / name).read_text())
+            ids = d["ids"] if "ids" in d else [p["id"] for p in d["patches"]]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CorruptStoreError(f"cannot read delta {self.root / 'deltas' / name}: {e}; "
+                                    f"move it out of the folder to go on without it") from e
+        return all(i in known for i in ids)
+
+    def trigger(self, threshold: float) -> tuple[list[str], dict[str, float]]:
+        """Which namespaces should a nightly pass process? Reads four columns (never the
+        vectors or texts) and sums, per namespace, the importance of live records no pass
+        has kept yet (``last_pass`` null).
+
+        Returns:
+            ``(fired, new_importance)``: the namespaces whose sum reaches ``threshold``
+            (sorted), and every namespace's sum (namespaces with new records only).
+        """
+        t = self._open().to_table(columns=["namespace", "importance", "last_pass",
+                                           "deleted_at"],
+                                  filter=pc.field("last_pass").is_null()
+                                  & pc.field("deleted_at").is_null())
+        per = t.group_by("namespace").aggregate([("importance", "sum")]).to_pandas()
+        sums = dict(zip(per["namespace"], per["importance_sum"].astype(float), strict=True))
+        return sorted(n for n, v in sums.items() if v >= threshold), sums
+
+    def _listed(self) -> list[str]:
+        d = self.root / "deltas"
+        if not d.exists():
+            return []
+        return sorted(p.name for p in d.iterdir() if not p.name.startswith(".")
+                      and p.name.endswith((".touch.json", ".patch.json")))
+
+    def _stored(self, ids: Sequence[Any]) -> pd.DataFrame:
+        wanted = sorted({i for i in ids if isinstance(i, str)})
+        if not wanted:
+            return pd.DataFrame({"id": pd.Series([], dtype=object),
+                                 "pinned": pd.Series([], dtype=bool)})
+        t = self._open().to_table(columns=["id", "pinned"], filter=pc.field("id").isin(wanted))
+        return t.to_pandas()
+
+    # ------------------------------------------------------------ write
+    def append(self, records: Records | Iterable[Mapping[str, Any]]) -> list[str]:
+        """Add new records as one Lance ``Append`` commit; safe while a pass runs, never
+        reads the whole store (ids are checked with a filtered read of ``id``).
+
+        Returns:
+            The ids written (empty if every row went to quarantine).
+
+        Raises:
+            InvalidRecordsError: a record is invalid (also a duplicate of a stored id);
+                nothing is written (unless quarantine mode).
+        """
+        marker = self._marker()
+        dim = marker["dim"]
+        if isinstance(records, Mapping):
+            raise TypeError("append() takes a list of records, not one dict")
+        if not isinstance(records, Records):
+            records = records_from_rows(records, dim=dim)
+        m = records.meta
+        not_live = np.flatnonzero(~np.isnan(m["deleted_at"].to_numpy(np.float64))
+                                  | m["merged_into"].map(lambda x: isinstance(x, str)).to_numpy(
+                                      bool))
+        if len(not_live):
+            records.input_problems.setdefault(
+                "not a live record (append takes new memories; deleted_at/merged_into set)",
+                []).extend(not_live.tolist())
+        records.meta["last_pass"] = np.nan
+        with self._writers_lock():
+            ds = self._open()
+            clash = set(self._stored(list(m["id"]))["id"]) if len(m) else set()
+            records = self._checked(records, dim=dim, source=f"append() to {self.root}",
+                                    existing=clash)
+            if not len(records):
+                return []
+            normalise_vectors(records)
+            records.meta["text_hash"] = text_hashes(records.meta["text"].tolist())
+            props = self._props(ds)
+            props[_P + "op"] = "append"
+            table = records_to_arrow(records, self._vector_dtype(ds.schema))
+            _lance().write_dataset(table, ds, mode="append", transaction_properties=props)
+        return list(records.meta["id"])
+
+    # ------------------------------------------------------------ commit
+    def commit(
+        self,
+        records: Records,
+        events: list[dict[str, Any]],
+        *,
+        base: Snapshot,
+        dry_run: bool = False,
+        pass_time_h: float | None = None,
+        op: str = "pass",
+    ) -> dict[str, Any]:
+        """Commit a pass's records as one new version holding only what changed.
+
+        Must be called while holding :meth:`lock`. Rows appended since ``base`` was read stay
+        as they are (they are listed as ``carried``); pending deltas are folded into the rows
+        they touch. Changed rows (any column, vectors included, differs from the stored row)
+        and new rows are upserted and rows absent from ``records`` (purged) deleted, in one
+        Lance ``merge_insert`` on ``id``; if ``store.vector_dtype`` asks for another vector
+        dtype, or more than :data:`REWRITE_FRACTION` of the rows changed, the whole table
+        is rewritten instead (a Lance ``Overwrite``; history kept).
+
+        Args:
+            records: the full new record set, as the pass returned it.
+            events: changelog events (JSON-serialisable dicts).
+            base: the snapshot the pass read (from :meth:`load` of this store).
+            dry_run: write only the changelog (``changelogs/dry-run-<N>-<time>.jsonl``).
+            pass_time_h: wall time of the pass (hours since the epoch).
+            op: ``"pass"``, ``"undo"``, ``"rollback"`` or ``"restore"`` (recorded in the
+                version).
+
+        Returns:
+            ``{"version", "snapshot", "changelog", "carried_records", "carried_touches",
+            "rows_written", "rows_deleted", "rewrite"}`` (``rows_deleted``: purged ids).
+
+        Raises:
+            ConcurrentCommitError: another pass committed since ``base`` was read.
+            InvalidRecordsError: the new records are invalid (nothing written).
+        """
+        stored = getattr(base, "stored", None)
+        if stored is None:
+            raise ValueError("commit(): base must be a snapshot loaded from this Lance store")
+        marker = self._marker()
+        dim = marker["dim"]
+        stored_base, base_vecs = stored
+        part = getattr(base, "namespaces", None)
+        if part is not None and not records.meta["namespace"].isin(part).all():
+            raise ValueError("commit(): the records hold namespaces the snapshot did not read")
+        with self._writers_lock():
+            ds = self._open()
+            props = self._props(ds)
+            base_props = self._props(self._open(base.version))
+            if props.get(_P + "changelog") != base_props.get(_P + "changelog"):
+                raise ConcurrentCommitError(
+                    f"{self.root}: another pass or undo committed since version "
+                    f"{base.version} was read (now at {ds.version}); rerun the pass")
+            # rows appended since base: in the dataset (in the namespaces base read), not in
+            # the pass's records
+            scope = (None if part is None
+                     else pc.field("namespace").isin(pa.array(part, pa.string())))
+            ids_now = ds.to_table(columns=["id"], filter=scope).column("id")
+            appended = pc.filter(ids_now, pc.invert(pc.is_in(
+                ids_now, value_set=stored_base.column("id"))))
+            late_rows = Records.empty(dim)
+            stored_late = stored_base.schema.empty_table()
+            if len(appended):
+                late_table = ds.to_table(filter=pc.field("id").isin(appended))
+                late_rows = records_from_arrow(late_table, dim=dim)
+                stored_late = late_table.select(stored_base.schema.names).cast(
+                    stored_base.schema)
+            final = Records.concat([records, late_rows], dim) if len(late_rows) else records
+            already = set(self._folded(props))
+            known = None if part is None else set(final.meta["id"])
+            late = [n for n in self._listed() if n not in already
+                    and n not in set(base.deltas) and self._covers(known, n)]
+            n_touch = 0
+            for name in late:
+                final, _ = self._apply_delta(final, name, dim)
+                n_touch += 1
+            if late or len(late_rows):
+                events = events + [{"op": "carried", "deltas": late,
+                                    "record_ids": late_rows.meta["id"].tolist()}]
+            if dry_run:
+                log = self._changelog(events, ds.version + 1, dry_run=True)
+                return {"version": ds.version, "snapshot": None, "changelog": log,
+                        "carried_records": len(late_rows), "carried_touches": n_touch}
+            leftover = tuple(n for n in already if (self.root / "deltas" / n).exists())
+            folded = leftover + tuple(base.deltas) + tuple(late)
+            log = self._changelog(events, ds.version + 1)
+            _crashpoint("lance:after_changelog")
+            last = pass_time_h if pass_time_h is not None else hours_now()
+            new_props = self._new_props(op, folded, log, last)
+            counts: dict[str, int] = {}
+            for e in events:
+                counts[str(e.get("op"))] = counts.get(str(e.get("op")), 0) + 1
+            new_props[_P + "summary"] = json.dumps(counts, sort_keys=True)
+            dtype = self.vector_dtype or self._vector_dtype(ds.schema)
+            lance = _lance()
+            upsert = removed = None
+            if dtype == self._vector_dtype(ds.schema):
+                upsert, removed = _changes(
+                    records_to_arrow(final, dtype, with_vectors=False),
+                    final.vectors.reshape(len(final), dim),
+                    pa.concat_tables([stored_base, stored_late]),
+                    [base_vecs.reshape(-1, dim), late_rows.vectors.reshape(-1, dim)])
+            # rows equal to a stored row were validated when they were read: validate the
+            # rest, and the ids of all
+            check = final if upsert is None else final.take(upsert)
+            problems = validate(check, dim=dim,
+                                future_tolerance_h=READ_SKEW * self.future_tolerance_h)
+            dup = final.meta["id"][final.meta["id"].duplicated()].tolist()
+            if dup:
+                problems.append(Problem("duplicate id", [], dup[:20]))
+            if problems:
+                raise InvalidRecordsError(f"the new version of {self.root} (nothing written)",
+                                          problems)
+            if upsert is None and part is not None:
+                raise ValueError("a vector dtype conversion rewrites the whole store: run it "
+                                 "over every namespace (pass.force=true)")
+            rewrite = upsert is None or (part is None and len(upsert) + len(removed)
+                                         > REWRITE_FRACTION * max(len(final), 1))
+            _crashpoint("lance:before_commit")
+            if rewrite:
+                table = records_to_arrow(final, dtype)
+                written, deleted = len(final), len(removed or [])
+                new = lance.write_dataset(table, ds, mode="overwrite",
+                                          max_rows_per_file=ROWS_PER_FRAGMENT,
+                                          transaction_properties=new_props)
+                new.create_scalar_index("id", "BTREE")
+            else:
+                table = records_to_arrow(final.take(upsert), dtype)
+                b = ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
+                if removed:
+                    b = b.when_not_matched_by_source_delete(
+                        "id IN (" + ", ".join(_sql_str(i) for i in removed) + ")")
+                txn, _stats = b.execute_uncommitted(table)
+                txn.transaction_properties = new_props
+                new = lance.LanceDataset.commit(str(self.dataset_path), txn,
+                                                read_version=ds.version)
+                written, deleted = len(upsert), len(removed)
+            _crashpoint("lance:after_commit")
+        self._cleanup_deltas(folded)
+        return {"version": new.version, "snapshot": f"{DATASET}@{new.version}",
+                "changelog": log, "carried_records": len(late_rows),
+                "carried_touches": n_touch, "rows_written": written, "rows_deleted": deleted,
+                "rewrite": rewrite}
+
+    def _cleanup_deltas(self, folded: Iterable[str]) -> None:
+        d = self.root / "deltas"
+        for name in folded:
+            with contextlib.suppress(FileNotFoundError):
+                (d / name).unlink()
+        for p in d.iterdir():
+            if p.name.startswith(".") and ".tmp-" in p.name:
+                p.unlink(missing_ok=True)
+        _fsync_dir(d)
+
+    def cleanup(self, *, compact: bool = True) -> dict[str, Any]:
+        """Compact small fragments (when more than :data:`COMPACT_AFTER` are below
+        :data:`ROWS_PER_FRAGMENT` rows) and remove versions older than ``retention_h`` that are
+        not among the newest ``keep_snapshots`` (Lance's ``compact_files`` and
+        ``cleanup_old_versions``). Hold :meth:`lock` while calling it.
+
+        Returns:
+            ``{"compacted_fragments", "removed_versions", "bytes_removed"}``.
+        """
+        import datetime as dt
+
+        out = {"compacted_fragments": 0, "removed_versions": 0, "bytes_removed": 0}
+        with self._writers_lock():
+            ds = self._open()
+            small = sum(f.count_rows() < ROWS_PER_FRAGMENT for f in ds.get_fragments())
+            if compact and small > COMPACT_AFTER:
+                props = self._props(ds)
+                m = ds.optimize.compact_files(target_rows_per_fragment=ROWS_PER_FRAGMENT)
+                out["compacted_fragments"] = int(getattr(m, "fragments_removed", 0))
+                ds = self._open()
+                if ds.version > 0 and _P + "folded" not in dict(
+                        getattr(ds.read_transaction(ds.version), "transaction_properties",
+                                None) or {}):
+                    # re-state consolidate's properties on top (an empty merge_insert), so the
+                    # newest version names them even after old versions are removed
+                    b = ds.merge_insert("id").when_matched_update_all()
+                    txn, _ = b.execute_uncommitted(ds.to_table(limit=0))
+                    txn.transaction_properties = {**props, _P + "op": "compact"}
+                    ds = _lance().LanceDataset.commit(str(self.dataset_path), txn,
+                                                      read_version=ds.version)
+                with contextlib.suppress(Exception):
+                    ds.optimize.optimize_indices()
+                    ds = self._open()
+                    props2 = dict(getattr(ds.read_transaction(ds.version),
+                                          "transaction_properties", None) or {})
+                    if _P + "folded" not in props2:
+                        b = ds.merge_insert("id").when_matched_update_all()
+                        txn, _ = b.execute_uncommitted(ds.to_table(limit=0))
+                        txn.transaction_properties = {**props, _P + "op": "compact"}
+                        ds = _lance().LanceDataset.commit(str(self.dataset_path), txn,
+                                                          read_version=ds.version)
+            keep_from = ds.version - self.keep_snapshots + 1
+            old = [v["version"] for v in ds.versions() if v["version"] < keep_from]
+            if old:
+                age = dt.timedelta(hours=self.retention_h)
+                stats = ds.cleanup_old_versions(older_than=age, retain_versions=
+                                                self.keep_snapshots)
+                out["removed_versions"] = int(getattr(stats, "old_versions", 0))
+                out["bytes_removed"] = int(getattr(stats, "bytes_removed", 0))
+        return out
+
+
+def _same(a: pa.Array, b: pa.Array) -> pa.Array:
+    """Row-wise equality of two Arrow columns of one type; two nulls (or two NaN) are equal;
+    list columns compare by length and by their items joined."""
+    if pa.types.is_list(a.type):
+        la, lb = pc.list_value_length(a), pc.list_value_length(b)
+        same_len = pc.fill_null(pc.equal(la, lb), False)
+        ja = pc.binary_join(a, "\x1f")
+        jb = pc.binary_join(b, "\x1f")
+        return pc.and_(pc.or_(same_len, pc.and_(pc.is_null(a), pc.is_null(b))),
+                       _same(ja, jb))
+    eq = pc.fill_null(pc.equal(a, b), False)
+    both = pc.and_(pc.is_null(a), pc.is_null(b))
+    if pa.types.is_floating(a.type):
+        both = pc.or_(both, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
+    return pc.or_(eq, both)
+
+
+def _changes(final_meta: pa.Table, final_vecs: np.ndarray, stored_meta: pa.Table,
+             stored_vecs: Sequence[np.ndarray], chunk: int = 65536
+             ) -> tuple[np.ndarray, list[str]]:
+    """Which rows of the new records differ from the stored rows, and which stored ids are
+    gone; every comparison is an array operation (Arrow kernels, NumPy blocks).
+
+    Args:
+        final_meta: the new records' non-vector columns, ``n`` rows
+            (:func:`~consolidate.store.schema.records_to_arrow` with ``with_vectors=False``).
+        final_vecs: ``(n, d)`` float32, their vectors.
+        stored_meta: the stored rows' non-vector columns (``m`` rows, unique ids), same
+            schema.
+        stored_vecs: the stored rows' decoded ``(m_i, d)`` float32 vectors in parts whose
+            lengths sum to ``m``, in the order of ``stored_meta``.
+        chunk: rows compared per block of vectors.
+
+    Returns:
+        ``(rows, removed)``: ascending positions in the new records to upsert (a new id, or
+        any column or vector component different), and the stored ids absent from them.
+    """
+    m = stored_meta.num_rows
+    f_id, s_id = final_meta.column("id"), stored_meta.column("id")
+    if final_meta.num_rows >= m and f_id.slice(0, m).equals(s_id):
+        # the usual case: the stored rows first, in stored order, then new rows (no join)
+        have = sp = np.arange(m)
+        pos = np.concatenate([sp, np.full(final_meta.num_rows - m, -1)])
+        aligned = True
+    else:
+        sid = s_id.to_numpy(zero_copy_only=False)
+        pos = pd.Index(sid).get_indexer(f_id.to_numpy(zero_copy_only=False))
+        have = np.flatnonzero(pos >= 0)
+        sp = pos[have]
+        aligned = False
+    same = pa.array(np.ones(len(have), bool))
+    if final_meta.schema.names != stored_meta.schema.names:
+        same = pa.array(np.zeros(len(have), bool))
+    else:
+        fa, sa = pa.array(have), pa.array(sp)
+        for c in final_meta.schema.names:
+            if aligned:
+                a, b = final_meta.column(c).slice(0, m), stored_meta.column(c)
+            else:
+                a = final_meta.column(c).take(fa)
+                b = stored_meta.column(c).take(sa)
+            if a.type != b.type:
+                b = b.cast(a.type)
+            same = pc.and_(same, _same(a.combine_chunks(), b.combine_chunks()))
+    diff = ~same.to_numpy(zero_copy_only=False)
+    bounds = np.cumsum([0] + [len(v) for v in stored_vecs])
+    for s in range(0, len(have), chunk):
+        rows, at = have[s:s + chunk], sp[s:s + chunk]
+        r0, a0, k = int(rows[0]), int(at[0]), len(rows)
+        j = int(np.searchsorted(bounds, a0, side="right")) - 1
+        if (a0 + k <= bounds[j + 1] and np.all(np.diff(rows) == 1)
+                and np.all(np.diff(at) == 1)):
+            # the usual case: a run of rows in stored order within one part (no gather)
+            v = stored_vecs[j][a0 - bounds[j]:a0 - bounds[j] + k]
+            diff[s:s + k] |= np.any(final_vecs[r0:r0 + k] != v, axis=1)
+            continue
+        part = np.searchsorted(bounds, at, side="right") - 1
+        for k, vecs in enumerate(stored_vecs):
+            sel = np.flatnonzero(part == k)
+            if len(sel):
+                diff[s + sel] |= np.any(final_vecs[rows[sel]] != vecs[at[sel] - bounds[k]],
+                                        axis=1)
+    upsert = np.sort(np.concatenate([np.flatnonzero(pos < 0), have[diff]]))
+    if aligned:
+        return upsert, []
+    gone = np.ones(m, dtype=bool)
+    gone[sp] = False
+    return upsert, sid[gone].tolist()
+
+
+def convert(src: Store, dst: LanceStore) -> dict[str, Any]:
+    """Copy the store ``src`` (its newest snapshot with pending deltas applied) into a new
+    Lance store ``dst`` (an empty or new directory). ``src`` is not changed.
+
+    Returns:
+        ``{"records", "version", "source_version"}``.
+
+    Raises:
+        FileExistsError: ``dst`` is not empty. See also :meth:`Store.load`.
+    """
+    with src.lock():
+        snap = src.load()
+        if not len(snap.records):
+            raise ValueError(f"{src.root} holds no records to convert")
+        dst.vector_dtype = dst.vector_dtype or src.head().vector_dtype
+        out = dst.create(snap.records, source=f"convert from {src.root} (version "
+                                                f"{snap.version})")
+    return {"records": len(out.records), "version": out.version,
+            "source_version": snap.version}
+

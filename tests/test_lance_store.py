@@ -1,0 +1,491 @@
+"""The Lance store: the Store interface on a Lance dataset, commits of only what changed,
+writers during a pass, crashes at each commit step, concurrent writer processes, convert."""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from consolidate.config import PassConfig
+from consolidate.pipeline import run_pass, trigger, undo_merge
+from consolidate.store import ConcurrentCommitError, InvalidRecordsError, Store
+from consolidate.store.lance_store import (
+    LanceStore,
+    _changes,
+    convert,
+    open_store_dir,
+    store_format,
+)
+from consolidate.store.schema import records_to_arrow
+from tests.conftest import REPO, make_records, random_rows
+from tests.test_store import base_rows, commit_pass
+
+pytest.importorskip("lance")
+
+
+@pytest.fixture(autouse=True)
+def upsert_always(monkeypatch):
+    """These stores are tiny: commit changes as upserts, never as a rewrite (the rewrite
+    path has its own test)."""
+    import consolidate.store.lance_store as ls
+
+    monkeypatch.setattr(ls, "REWRITE_FRACTION", 1.01)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = LanceStore(tmp_path / "store", keep_snapshots=2)
+    s.create(make_records(base_rows()))
+    return s
+
+
+def live_ids(snap):
+    return set(snap.records.meta["id"][snap.records.live_mask()])
+
+
+def test_roundtrip_matches_the_parquet_store(tmp_path, store):
+    p = Store(tmp_path / "pq")
+    p.create(make_records(base_rows()))
+    a, b = store.load(), p.load()
+    assert a.records.meta.drop(columns=[]).equals(b.records.meta)
+    np.testing.assert_array_equal(a.records.vectors, b.records.vectors)
+    assert store_format(store.root) == "lance" and store_format(p.root) == "parquet"
+    assert store_format(tmp_path / "none") is None
+    assert isinstance(open_store_dir(store.root), LanceStore)
+    assert type(open_store_dir(p.root)) is Store
+    assert isinstance(open_store_dir(tmp_path / "new"), LanceStore)
+    assert type(open_store_dir(tmp_path / "new", format="parquet")) is Store
+    with pytest.raises(ValueError, match="lance' or 'parquet"):
+        open_store_dir(tmp_path / "new", format="csv")
+
+
+def test_pass_commit_writes_only_changed_rows(store):
+    _, res, info = commit_pass(store)
+    # first pass: the 4 unseen rows get last_pass, a+b merge (2 tombstones) + 1 new row
+    assert info["rows_written"] == 5 and info["rows_deleted"] == 0
+    after = store.load()
+    assert sorted(i[:2] for i in live_ids(after)) == ["c", "d", "m-"]
+    log = (store.root / "changelogs" / info["changelog"]).read_text().splitlines()
+    assert json.loads(log[0])["op"] == "exact_merge"
+    # a second pass over unchanged records rewrites nothing
+    _, _, info2 = commit_pass(store, force=True)
+    assert info2["rows_written"] == 0 and info2["rows_deleted"] == 0
+    assert store.load().records.meta.equals(after.records.meta)
+    v = store.versions()
+    assert [x["op"] for x in v][-2:] == ["pass", "pass"]
+    assert v[-1]["changelog"] == info2["changelog"]
+    # time travel: the version before the first pass still reads as it was
+    old = store._open(info["version"] - 1).to_table()
+    assert old.num_rows == 4
+
+
+def test_a_commit_that_changes_most_rows_rewrites(store, monkeypatch):
+    import consolidate.store.lance_store as ls
+
+    monkeypatch.setattr(ls, "REWRITE_FRACTION", 0.25)
+    before = store.load()
+    _, _, info = commit_pass(store)  # 5 of 5 rows changed or new
+    assert info["rewrite"] and info["rows_written"] == 5 and info["rows_deleted"] == 0
+    _, _, info = commit_pass(store, force=True)  # nothing changed: an empty upsert
+    assert not info["rewrite"] and info["rows_written"] == 0
+    assert set(before.records.meta["id"]) < set(store.load().records.meta["id"])
+
+
+def test_changes_compares_every_column_and_vector():
+    recs = make_records(base_rows())
+    stored = records_to_arrow(recs, with_vectors=False)
+    vecs = recs.vectors.copy()
+    meta = recs.meta.copy()
+    meta.loc[1, "strength"] = 7.0                  # a number
+    meta.at[2, "source_ids"] = ["D9:9"]             # a list
+    meta.loc[3, "deleted_reason"] = None            # None vs None: unchanged
+    new_vecs = vecs.copy()
+    new_vecs[0, 2] = np.nextafter(new_vecs[0, 2], 1)  # one ulp of one component
+    from consolidate.store.schema import Records
+    final = Records(meta, new_vecs)
+    rows, gone = _changes(records_to_arrow(final, with_vectors=False), new_vecs, stored,
+                          [vecs[:2], vecs[2:]])
+    assert rows.tolist() == [0, 1, 2] and gone == []
+    rows, gone = _changes(records_to_arrow(recs.take([0, 2]), with_vectors=False),
+                          vecs[[0, 2]], stored, [vecs])
+    assert rows.tolist() == [] and gone == ["b", "d"]
+
+
+def test_dry_run_commits_nothing(store):
+    v = store.head().version
+    with store.lock():
+        snap = store.load()
+        res = run_pass(snap.records, cfg=PassConfig(threshold=0.95, now="200"), version=2)
+        info = store.commit(res.records, res.events, base=snap, dry_run=True)
+    assert info["snapshot"] is None and info["changelog"].startswith("dry-run-")
+    assert store.head().version == v
+
+
+def test_trigger_and_append(store):
+    commit_pass(store)
+    assert trigger(store.load().records, 0.1) == (False, 0.0)
+    store.append([{"id": "e", "namespace": "u", "text": "new fact", "vector": [0, 0, 2.0],
+                   "importance": 0.7, "last_used": 150.0}])
+    fire, imp = trigger(store.load().records, 0.5)
+    assert fire and imp == pytest.approx(0.7)
+    np.testing.assert_allclose(store.load().records.vectors[-1], [0, 0, 1.0])
+    with pytest.raises(InvalidRecordsError, match="e"):
+        store.append([{"id": "e", "namespace": "u", "text": "again", "vector": [1, 0, 0]}])
+    with pytest.raises(InvalidRecordsError):
+        store.append([{"id": "m'q", "namespace": "u", "text": "x", "vector": [1, 0, 0]},
+                      {"id": "m'q", "namespace": "u", "text": "y", "vector": [1, 0, 0]}])
+    assert store.append([{"id": "it's", "namespace": "u", "text": "a quote in an id",
+                          "vector": [0, 1, 0]}]) == ["it's"]
+    store.mark_used(["it's"], now=160.0)
+    assert store.load().records.meta.set_index("id").loc["it's", "strength"] == 2.0
+
+
+def test_writes_during_a_pass_are_carried(store):
+    store.append([{"id": "early", "namespace": "u", "text": "early fact",
+                   "vector": [0, 0, 1.0], "importance": 0.3, "last_used": 130.0}])
+    with store.lock():
+        snap = store.load()
+        res = run_pass(snap.records, cfg=PassConfig(threshold=0.95, now="200", floor=0),
+                       version=snap.version + 1, wall_h=300.0)
+        late = [{"id": f"late{k}", "namespace": "u", "text": f"late fact {'xyz'[k]}",
+                 "vector": [0.1 * k, 1.0, 1.0], "importance": 0.5, "last_used": 140.0}
+                for k in range(3)]
+        store.append(late)
+        store.mark_used(["a", "late1"], now=250.0)  # a is being merged by this pass
+        info = store.commit(res.records, res.events, base=snap)
+    assert info["carried_records"] == 3 and info["carried_touches"] == 1
+    after = store.load()
+    assert after.deltas == ()
+    m = after.records.meta.set_index("id")
+    for k in range(3):
+        assert math.isnan(m.loc[f"late{k}", "deleted_at"])
+        assert math.isnan(m.loc[f"late{k}", "last_pass"])
+    assert m.loc["late1", "strength"] == 2.0 and m.loc["late1", "last_used"] == 250.0
+    merged_id = m.loc["a", "merged_into"]
+    assert m.loc[merged_id, "last_used"] == 250.0 and m.loc[merged_id, "strength"] == 3.0
+    assert not any((store.root / "deltas").iterdir())
+    assert len(after.records) == 9  # 5 + 3 late + 1 merged; nothing duplicated
+    assert after.records.meta["id"].is_unique
+
+
+def test_compare_and_swap(store):
+    snap = store.load()
+    commit_pass(store)
+    store.append([{"id": "z", "namespace": "u", "text": "z", "vector": [0, 0, 1.0]}])
+    with store.lock(), pytest.raises(ConcurrentCommitError, match="another pass"):
+        store.commit(snap.records, [], base=snap)
+    # appends alone do not conflict
+    with store.lock():
+        snap = store.load()
+        store.append([{"id": "y", "namespace": "u", "text": "y", "vector": [0, 1.0, 1.0]}])
+        store.commit(snap.records, [], base=snap)
+    assert {"y", "z"} <= live_ids(store.load())
+
+
+def test_undo_and_patch(store):
+    _, res, _ = commit_pass(store)
+    mid = next(e["id"] for e in res.events if e["op"] == "exact_merge")
+    with store.lock():
+        snap = store.load()
+        info = store.commit(undo_merge(snap.records, mid, wall_h=400.0),
+                            [{"op": "undo", "id": mid}], base=snap, op="undo")
+    assert info["rows_written"] == 3  # a, b restored; the merged row tombstoned
+    m = store.load().records.meta.set_index("id")
+    assert math.isnan(m.loc["a", "deleted_at"]) and m.loc[mid, "deleted_reason"] == "undone"
+    store.patch([{"id": "c", "op": "close", "valid_to": 150.0},
+                 {"id": "b", "op": "delete"}], now=160.0)
+    with pytest.raises(ValueError, match="pinned"):
+        store.patch([{"id": "d", "op": "delete"}])
+    with pytest.raises(KeyError, match="zz"):
+        store.patch([{"id": "zz", "op": "delete"}])
+    commit_pass(store, force=True)
+    m = store.load().records.meta.set_index("id")
+    assert m.loc["b", "deleted_reason"] == "deleted" and m.loc["c", "valid_to"] == 150.0
+    assert not any((store.root / "deltas").iterdir())
+
+
+def test_vector_dtype_change_rewrites_and_keeps_history(store):
+    commit_pass(store)
+    v = store.head().version
+    s8 = LanceStore(store.root, vector_dtype="int8")
+    with s8.lock():
+        snap = s8.load()
+        info = s8.commit(snap.records, [], base=snap)
+    assert s8.head().vector_dtype == "int8" and info["rows_written"] == 5
+    np.testing.assert_allclose(np.linalg.norm(s8.load().records.vectors, axis=1), 1,
+                               atol=1e-6)
+    assert s8._open(v).schema.field("vector").type.value_type.bit_width == 32
+
+
+def test_cleanup_keeps_the_newest_versions(store, monkeypatch):
+    import consolidate.store.lance_store as ls
+
+    monkeypatch.setattr(ls, "COMPACT_AFTER", 3)
+    for k in range(4):
+        store.append([{"id": f"n{k}", "namespace": "u", "text": f"n {k}",
+                       "vector": [0, 1.0, 0.1 * k]}])
+    store.retention_h = 0.0
+    with store.lock():
+        out = store.cleanup()
+    assert out["compacted_fragments"] >= 4 and len(store._open().get_fragments()) == 2
+    vs = store.snapshots()
+    assert len(vs) == 2 and vs[-1] == store.head().version  # keep_snapshots=2
+    assert {"n0", "n3", "a"} <= live_ids(store.load())
+    assert store.versions()[-1]["op"] == "compact"
+
+
+def test_convert_from_parquet(tmp_path):
+    p = Store(tmp_path / "pq")
+    p.create(make_records(base_rows()))
+    p.mark_used(["a"], now=300.0)
+    out = convert(p, LanceStore(tmp_path / "lance"))
+    assert out == {"records": 4, "version": 2, "source_version": 1}
+    a, b = LanceStore(tmp_path / "lance").load().records, p.load().records
+    assert a.meta.equals(b.meta)
+    with pytest.raises(FileExistsError):
+        convert(p, LanceStore(tmp_path / "lance"))
+
+
+CHILD = """
+import sys
+from consolidate.config import PassConfig
+from consolidate.pipeline import run_pass
+from consolidate.store.lance_store import LanceStore
+import consolidate.store.lance_store as ls
+ls.REWRITE_FRACTION = float(sys.argv[2])
+s = LanceStore(sys.argv[1])
+with s.lock():
+    snap = s.load()
+    res = run_pass(snap.records, cfg=PassConfig(threshold=0.8, now="1000", floor=0.3),
+                   version=snap.version + 1, wall_h=2000.0)
+    s.commit(res.records, res.events, base=snap)
+print("committed", flush=True)
+"""
+
+POINTS = ["changelog:before_rename", "lance:after_changelog", "lance:before_commit",
+          "lance:after_commit"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fraction", [0.0, 1.01], ids=["rewrite", "upsert"])
+@pytest.mark.parametrize("point", POINTS)
+def test_sigkill_during_commit(tmp_path, point, fraction):
+    root = tmp_path / "s"
+    store = LanceStore(root)
+    store.create(make_records(random_rows(300, 16, seed=2, namespaces=2, dup_frac=0.4)))
+    store.append([{"id": "pending", "namespace": "ns0", "text": "written before the pass",
+                   "vector": [1.0] + [0.0] * 15, "last_used": 999.0}])
+    store.mark_used(["pending"], now=999.5)
+    before = store.load()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "CONSOLIDATE_CRASH_AT": point}
+    p = subprocess.run([sys.executable, "-c", CHILD, str(root), str(fraction)], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == -9, p.stderr
+    after = store.load()
+    if point == "lance:after_commit":  # committed; the folded delta is not applied twice
+        assert after.version > before.version
+        m = after.records.meta.set_index("id")
+        assert m.loc["pending", "strength"] == 2.0
+    else:
+        assert after.version == before.version
+        assert after.records.meta.equals(before.records.meta)
+        assert after.deltas == before.deltas
+    assert set(before.records.meta["id"]) <= set(after.records.meta["id"])
+    env.pop("CONSOLIDATE_CRASH_AT")
+    p = subprocess.run([sys.executable, "-c", CHILD, str(root), str(fraction)], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "committed" in p.stdout, p.stderr
+    final = store.load()
+    assert final.records.meta.set_index("id").loc["pending", "strength"] == 2.0
+    assert final.records.meta["id"].is_unique and final.deltas == ()
+
+
+WRITER = """
+import sys
+from consolidate.store.lance_store import LanceStore
+s = LanceStore(sys.argv[1])
+w, n = sys.argv[2], int(sys.argv[3])
+for k in range(n):
+    i = f"{w}-{k}"
+    s.append([{"id": i, "namespace": f"ns{k % 2}", "text": f"writer {w} fact {k}",
+               "vector": [1.0, float(k), 0.5] + [0.0] * 13, "last_used": 999.0}])
+    s.mark_used([i], now=999.5)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_writer_processes_during_passes_lose_and_duplicate_nothing(tmp_path):
+    root = tmp_path / "s"
+    store = LanceStore(root)
+    store.create(make_records(random_rows(200, 16, seed=3, namespaces=2, dup_frac=0.3)))
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    n = 15
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(root), w, str(n)],
+                                cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+               for w in ("w1", "w2")]
+    passes = 0
+    while any(w.poll() is None for w in writers) or passes < 2:
+        with store.lock(timeout_s=60):
+            snap = store.load()
+            res = run_pass(snap.records, cfg=PassConfig(threshold=0.9, now="1000",
+                                                        floor=0.0, max_drop_fraction=1.0),
+                           version=snap.version + 1, wall_h=2000.0)
+            store.commit(res.records, res.events, base=snap)
+        passes += 1
+    for w in writers:
+        assert w.wait(timeout=120) == 0 and "done" in w.stdout.read()
+    final = store.load()
+    m = final.records.meta
+    assert m["id"].is_unique
+    for w in ("w1", "w2"):
+        for k in range(n):
+            i = f"{w}-{k}"
+            assert i in set(m["id"]), i
+    # every touch counted once: strength 2 on the row or on the row it was merged into
+    s = m.set_index("id")
+    for w in ("w1", "w2"):
+        for k in range(n):
+            i = f"{w}-{k}"
+            tgt = i
+            while isinstance(s.loc[tgt, "merged_into"], str):
+                tgt = s.loc[tgt, "merged_into"]
+            assert s.loc[tgt, "strength"] >= 2.0
+    total_touch = sum(1 for w in ("w1", "w2") for k in range(n))
+    live_new = s[s.index.str.match(r"w\d-")]
+    assert len(live_new) == total_touch
+
+
+def test_convert_job(tmp_path):
+    from omegaconf import OmegaConf
+
+    from consolidate.jobs.convert import run_convert
+    from consolidate.store import StoreNotFoundError
+
+    p = Store(tmp_path / "pq")
+    p.create(make_records(base_rows()))
+    cfg = OmegaConf.create({"src": str(p.root), "dst": str(tmp_path / "l"),
+                            "vector_dtype": "int8"})
+    out = run_convert(cfg)
+    assert out["records"] == 4 and LanceStore(tmp_path / "l").head().vector_dtype == "int8"
+    cfg.src = str(tmp_path / "missing")
+    with pytest.raises(StoreNotFoundError):
+        run_convert(cfg)
+
+
+def test_diff_rollback_restore_and_export(tmp_path, store):
+    v1 = store.head().version
+    _, res, info = commit_pass(store)   # a+b merged into m-..., nothing dropped
+    mid = next(e["id"] for e in res.events if e["op"] == "exact_merge")
+    store.append([{"id": "new1", "namespace": "v", "text": "appended after the pass",
+                   "vector": [0, 0, 1.0], "importance": 0.5, "last_used": 150.0}])
+    d = store.diff(v1)
+    assert d.loc["u", "merged"] == 2 and d.loc["u", "added"] == 1
+    assert d.loc["v", "added"] == 1 and d.loc["(all)", "added"] == 2
+    assert d.loc["(all)"].sum() == 4
+    vs = store.versions()
+    assert vs[-2]["op"] == "pass" and vs[-2]["summary"]["exact_merge"] == 1
+    assert vs[-1]["op"] == "append"
+    # restore one member of the merge: live again, kept apart from the merged record
+    store.restore(["a"])
+    m = store.load().records.meta.set_index("id")
+    assert math.isnan(m.loc["a", "deleted_at"]) and m.loc["a", "merged_into"] is None
+    assert m.loc["a", "keep_apart"] == [mid] and m.loc["b", "merged_into"] == mid
+    with pytest.raises(ValueError, match="live already"):
+        store.restore(["a"])
+    with pytest.raises(KeyError, match="nope"):
+        store.restore(["nope"])
+    # roll back to before the pass: a, b live, the merged row gone, new1 kept
+    info = store.rollback(v1)
+    after = store.load()
+    assert live_ids(after) == {"a", "b", "c", "d", "new1"}
+    assert mid not in set(after.records.meta["id"])
+    assert info["diff"]["(all)"]["purged"] == 1 and info["diff"]["u"]["restored"] == 1
+    assert store.versions()[-1]["op"] == "rollback"
+    # history is kept: the pass's version still reads as it was
+    assert mid in set(store.read_version(info["version"] - 1).meta["id"])
+    # export any version, Parquet and JSONL, and read them back
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    out = store.export(tmp_path / "v.parquet", version=v1)
+    assert out["records"] == 4 and pq.read_table(tmp_path / "v.parquet").num_rows == 4
+    store.export(tmp_path / "now.jsonl")
+    j = pd.read_json(tmp_path / "now.jsonl", lines=True)
+    assert len(j) == 5 and len(j.loc[0, "vector"]) == 3
+    assert set(j["id"]) == {"a", "b", "c", "d", "new1"}
+    with pytest.raises(ValueError, match="parquet or .jsonl"):
+        store.export(tmp_path / "x.csv")
+
+
+def test_versions_job(tmp_path, store):
+    from omegaconf import OmegaConf
+
+    from consolidate.jobs.versions import run_versions
+
+    commit_pass(store)
+    base = {"store": {"name": "x", "dir": str(store.root), "init_from": None},
+            "version": None, "other": None, "ids": [], "out": None, "dry_run": False}
+    cfg = OmegaConf.create({**base, "action": "list"})
+    assert [v["op"] for v in run_versions(cfg)["versions"]][-1] == "pass"
+    cfg = OmegaConf.create({**base, "action": "diff", "version": 1})
+    assert run_versions(cfg)["diff"].loc["(all)", "merged"] == 2
+    cfg = OmegaConf.create({**base, "action": "export", "out": str(tmp_path / "o.jsonl")})
+    assert run_versions(cfg)["records"] == 5
+    for bad in ({"action": "diff"}, {"action": "restore"}, {"action": "zap"}):
+        with pytest.raises(ValueError):
+            run_versions(OmegaConf.create({**base, **bad}))
+
+
+def test_incremental_pass_reads_only_the_namespaces_that_fired(tmp_path):
+    rows = [{"id": f"{ns}-{k}", "namespace": ns, "text": f"{ns} fact {k}",
+             "vector": [1.0, float(k), float(j)], "importance": 0.5, "last_used": 100.0}
+            for j, ns in enumerate(["n1", "n2", "n3"]) for k in range(4)]
+    s = LanceStore(tmp_path / "s")
+    s.create(make_records(rows))
+    commit_pass(s, force=True)                  # every row seen once
+    assert s.trigger(0.1) == ([], {})
+    s.append([{"id": "n2-new", "namespace": "n2", "text": "n2 fact 0!",
+               "vector": [1.0, 0.0, 1.0], "importance": 0.9, "last_used": 150.0},
+              {"id": "n3-new", "namespace": "n3", "text": "something else",
+               "vector": [0.0, 0.0, 1.0], "importance": 0.2, "last_used": 150.0}])
+    fired, per = s.trigger(0.5)
+    assert fired == ["n2"] and per == pytest.approx({"n2": 0.9, "n3": 0.2})
+    s.mark_used(["n1-0"], now=160.0)            # outside the namespaces read
+    s.mark_used(["n2-1"], now=160.0)            # inside
+    before = s.load().records.meta.set_index("id")
+    with s.lock():
+        snap = s.load(namespaces=fired)
+        assert set(snap.records.meta["namespace"]) == {"n2"} and len(snap.records) == 5
+        assert len(snap.deltas) == 1            # only the touch of n2-1
+        res = run_pass(snap.records, cfg=PassConfig(threshold=0.95, now="200", floor=0),
+                       version=snap.version + 1, wall_h=300.0)
+        info = s.commit(res.records, res.events, base=snap)
+        bad = make_records([{**rows[0], "id": "zz"}])
+        with pytest.raises(ValueError, match="namespaces the snapshot did not read"):
+            s.commit(bad, [], base=snap)
+    assert info["carried_touches"] == 0
+    after = s.load()
+    m = after.records.meta.set_index("id")
+    # n2-new is an exact duplicate of n2-0 (normalised text): merged
+    assert m.loc["n2-new", "deleted_reason"] == "merged"
+    assert m.loc["n2-1", "strength"] == 2.0 and m.loc["n1-0", "strength"] == 2.0
+    assert after.deltas != ()                   # n1's touch still pending, applied once
+    def others(t):
+        return t[t.index.str.startswith(("n1", "n3"))].drop(columns=["strength", "last_used"])
+
+    assert others(m).equals(others(before))
+    commit_pass(s, force=True)                  # a full pass folds the rest
+    m = s.load().records.meta.set_index("id")
+    assert m.loc["n1-0", "strength"] == 2.0 and s.load().deltas == ()
+
+
+def test_the_parquet_class_refuses_a_lance_store_clearly(store):
+    from consolidate.store import CorruptStoreError
+
+    with pytest.raises(CorruptStoreError, match="this is a Lance store"):
+        Store(store.root).load()
+    assert store.load(namespaces=[]).records.meta.empty
