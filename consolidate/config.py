@@ -48,7 +48,11 @@ class PassConfig:
         tombstone_retention_hours: tombstones older than this are purged (``None`` = never).
         trigger_importance: the nightly entry runs only when the summed importance of memories
             no pass has seen reaches this (or ``force``).
-        force: run even if the trigger does not fire.
+        force: run even if the trigger does not fire (over the whole store).
+        incremental: on a Lance store, the trigger is per namespace (its new memories'
+            summed importance against ``trigger_importance``) and the pass reads and
+            processes only the namespaces that fired; ``False`` (or a Parquet store) sums
+            over the store and processes all of it.
         dry_run: write only the changelog, not a new snapshot.
         calibration_file: a ``calibration.json`` from ``consolidate-calibrate``; its
             recommended threshold replaces ``threshold``.
@@ -81,6 +85,7 @@ class PassConfig:
     tombstone_retention_hours: float | None = 2160.0
     trigger_importance: float = 5.0
     force: bool = False
+    incremental: bool = True
     dry_run: bool = False
     calibration_file: str | None = None
     max_drop_fraction: float = 0.5
@@ -163,6 +168,11 @@ class StoreConfig:
             or ``int8`` with one scale per vector (4x smaller; see
             :mod:`consolidate.store.vectors`); ``null`` keeps an existing store's. Applies
             to the next snapshot written (a lossy, one-way conversion for an existing store).
+        format: ``lance`` (default: one Lance dataset, every write a version; see
+            :mod:`consolidate.store.lance_store`) or ``parquet`` (snapshot files and a
+            pointer); used when the store is built, an existing store keeps its own.
+        retention_h: a Lance store removes versions older than this (hours) after a pass,
+            keeping at least ``keep_snapshots`` versions; small fragments are compacted.
         importance: the LOCOMO importance heuristic.
     """
 
@@ -175,6 +185,8 @@ class StoreConfig:
     quarantine: bool = False
     lock_timeout_s: float = 0.0
     vector_dtype: str | None = None
+    format: str = "lance"
+    retention_h: float = 168.0
     importance: ImportanceConfig = field(default_factory=ImportanceConfig)
 
 

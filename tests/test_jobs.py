@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from consolidate.store import Store
+from consolidate.store.lance_store import open_store_dir
 from tests.conftest import LOCOMO, REPO
 
 pytestmark = [pytest.mark.slow,
@@ -36,20 +36,23 @@ def test_consolidate_trigger_undo(tmp_path):
     # every record is accounted for: live + merged members + dropped
     assert st["records_out"] + st["merged_members"] - st["merges"] - st["exact_merges"] + \
         st["dropped_floor"] + st["dropped_cap"] == n_obs
-    assert st["model_calls"] == 0 and summary["commit"]["version"] == 2
-    snap = Store(store_dir).load()
+    v = summary["commit"]["version"]
+    assert st["model_calls"] == 0 and v == summary["base_version"] + 1
+    assert summary["commit"]["rows_written"] == st["records_out"] + st["merged_members"] + \
+        st["dropped_floor"] + st["dropped_cap"]  # the first pass stamps every kept row
+    snap = open_store_dir(store_dir).load()
     assert int(snap.records.live_mask().sum()) == st["records_out"]
     # nothing new: the trigger does not fire
     out = run("consolidate", tmp_path, "debug=default", f"store.dir={store_dir}", "pass.cap=5")
     assert "not fired" in out and "skipped" in out
-    assert Store(store_dir).head().version == 2
+    assert open_store_dir(store_dir).head().version == v
     # undo one merge from the changelog
-    log = store_dir / "changelogs" / "changelog-000002.jsonl"
+    log = store_dir / "changelogs" / summary["commit"]["changelog"]
     merge = next(json.loads(x) for x in log.read_text().splitlines() if '"op": "merge"' in x)
     out = run("consolidate-undo", tmp_path, "debug=default", f"store.dir={store_dir}",
               f"merge_id={merge['id']}")
     assert f"restored {len(merge['members'])} records" in out
-    m = Store(store_dir).load().records.meta.set_index("id")
+    m = open_store_dir(store_dir).load().records.meta.set_index("id")
     assert m.loc[merge["members"], "deleted_at"].isna().all()
     assert m.loc[merge["id"], "deleted_reason"] == "undone"
     # a second undo is a one-line error, exit status 2, nothing written
@@ -57,13 +60,14 @@ def test_consolidate_trigger_undo(tmp_path):
                         f"merge_id={merge['id']}", f"hydra.run.dir={tmp_path}/undo2"],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "error:" in p.stderr and "already undone" in p.stderr
-    assert "Traceback" not in p.stderr and Store(store_dir).head().version == 3
+    assert "Traceback" not in p.stderr and open_store_dir(store_dir).head().version == v + 1
 
 
 def test_dry_run_and_bad_override(tmp_path):
     store_dir = tmp_path / "store"
     run("consolidate", tmp_path, "debug=default", f"store.dir={store_dir}", "pass.dry_run=true")
-    assert Store(store_dir).head().version == 1
+    summary = json.loads(next(tmp_path.glob("run-*/summary.json")).read_text())
+    assert open_store_dir(store_dir).head().version == summary["base_version"]
     assert list((store_dir / "changelogs").glob("dry-run-*.jsonl"))
     p = subprocess.run([str(BIN / "consolidate"), "pass.treshold=0.5"], cwd=REPO,
                        capture_output=True, text=True, timeout=120)

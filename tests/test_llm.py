@@ -213,7 +213,7 @@ def test_consolidate_with_smollm2_as_the_merger(tmp_path):
 
     from consolidate.jobs.common import CONFIG_DIR
     from consolidate.jobs.consolidate import run_consolidate
-    from consolidate.store import Store
+    from consolidate.store.lance_store import open_store_dir
     from tests.conftest import DATA_DIR, LOCOMO, REPO
 
     if not LOCOMO.exists():
@@ -236,13 +236,13 @@ def test_consolidate_with_smollm2_as_the_merger(tmp_path):
     # reflections are new records on top)
     assert st["records_out"] - st["reflections"] + st["merged_members"] - st["merges"] - \
         st["exact_merges"] == st["records_in"]
-    snap = Store(tmp_path / "s").load()
+    snap = open_store_dir(tmp_path / "s").load()
     m = snap.records.meta.set_index("id")
     for mid in m.index[m.index.str.startswith("m-")]:
         members = m.index[m["merged_into"] == mid]
         union = sorted({x for i in members for x in m.loc[i, "source_ids"]})
         assert m.loc[mid, "source_ids"] == union  # provenance kept
-    log = (tmp_path / "s" / "changelogs" / "changelog-000002.jsonl").read_text().splitlines()
+    log = (tmp_path / "s" / "changelogs" / s["commit"]["changelog"]).read_text().splitlines()
     events = [json.loads(x) for x in log]
     decided = [e for e in events if e["op"] in ("merge", "merge_declined")]
     assert len(decided) == st["clusters"] and all(e.get("raw") for e in decided)

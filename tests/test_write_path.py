@@ -8,6 +8,7 @@ import pytest
 
 from consolidate.llm.extract import Turn
 from consolidate.store import Store
+from consolidate.store.lance_store import open_store_dir
 from consolidate.write_path import IngestConfig, ingest
 from tests.conftest import Scripted, make_records, require_smollm2
 
@@ -254,6 +255,6 @@ def test_ingest_locomo_turns_with_smollm2(tmp_path):
     handled = {e["turn"] for e in log}
     assert len(handled) == 4  # every turn led to facts or a logged failure
     if out["records_written"]:
-        m = Store(tmp_path / "s").load().records.meta
+        m = open_store_dir(tmp_path / "s").load().records.meta
         assert len(m) == out["records_written"]  # no record lost
         assert all(len(s) == 1 and s[0].startswith("conv-26/D1:") for s in m["source_ids"])

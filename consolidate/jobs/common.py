@@ -60,8 +60,7 @@ def open_store(cfg: DictConfig, *, build: bool = True) -> tuple[Store, dict[str,
             and "\\" not in name and "\0" not in name):
         raise ValueError(f"store.name must be a plain folder name (no '/', not '..'), got "
                          f"{name!r}; use store.dir=PATH for a store elsewhere")
-    store = Store(scfg.dir, keep_snapshots=scfg.keep_snapshots, quarantine=scfg.quarantine,
-                  vector_dtype=scfg.vector_dtype)
+    store = make_store(scfg)
     if store.exists() or not build or scfg.init_from is None:
         if not store.exists():
             store.head()  # raises StoreNotFoundError with the path
@@ -84,6 +83,22 @@ def open_store(cfg: DictConfig, *, build: bool = True) -> tuple[Store, dict[str,
     rep = {**report.__dict__, "embedder": ecfg.name, "embedder_device": str(emb.device)}
     (Path(scfg.dir) / "import_report.json").write_text(json.dumps(rep, indent=1))
     return store, rep
+
+
+def make_store(scfg: StoreConfig) -> Store:
+    """The store at ``scfg.dir`` in its own format (``scfg.format`` for a new one).
+
+    Raises:
+        ValueError: an unknown ``store.format``.
+    """
+    from ..store.lance_store import LanceStore, open_store_dir
+
+    kw: dict[str, Any] = {"keep_snapshots": scfg.keep_snapshots,
+                          "quarantine": scfg.quarantine, "vector_dtype": scfg.vector_dtype}
+    store = open_store_dir(scfg.dir, format=scfg.format, **kw)
+    if isinstance(store, LanceStore):
+        store.retention_h = float(scfg.retention_h)
+    return store
 
 
 def make_embedder(ecfg: EmbedderConfig) -> Any:

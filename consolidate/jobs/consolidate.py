@@ -22,6 +22,7 @@ from ..evaluation.calibrate import load_calibration
 from ..pipeline import run_pass, trigger
 from ..similarity import check_engine
 from ..store import hours_now
+from ..store.lance_store import LanceStore
 from .common import CONFIG_DIR, open_store, pass_cfg, sim_cfg, typed, user_errors, write_summary
 
 log = logging.getLogger("consolidate")
@@ -64,13 +65,22 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
         summary["import"]["time_s"] = round(t_build, 3)
     with store.lock(timeout_s=scfg.lock_timeout_s):
         t = time.perf_counter()
-        snap = store.load()
+        if isinstance(store, LanceStore) and pc.incremental and not pc.force:
+            # per namespace: read only the namespaces whose new memories fired
+            fired, per_ns = store.trigger(pc.trigger_importance)
+            new_imp, fire = float(sum(per_ns.values())), bool(fired)
+            snap = store.load(namespaces=fired)
+            scope = {"namespaces_fired": len(fired), "namespaces_with_new": len(per_ns)}
+        else:
+            snap = store.load()
+            fire, new_imp = trigger(snap.records, pc.trigger_importance)
+            scope = {}
         t_load = time.perf_counter() - t
-        fire, new_imp = trigger(snap.records, pc.trigger_importance)
         summary["trigger"] = {"new_importance": round(new_imp, 4),
                               "threshold": pc.trigger_importance, "fired": fire,
-                              "forced": pc.force}
+                              "forced": pc.force, **scope}
         summary["base_version"] = snap.version
+        summary["records_read"] = len(snap.records)
         if not (fire or pc.force):
             summary["ran"] = False
             log.info("trigger did not fire: new importance %.3f < %.3f (use pass.force=true)",
@@ -84,6 +94,10 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
                                   pass_time_h=wall)
             res.stats.time_s["load"] = round(t_load, 4)
             res.stats.time_s["commit"] = round(time.perf_counter() - t, 4)
+            if isinstance(store, LanceStore) and not pc.dry_run:
+                t = time.perf_counter()
+                commit["cleanup"] = store.cleanup()
+                res.stats.time_s["cleanup"] = round(time.perf_counter() - t, 4)
             summary.update(ran=True, dry_run=pc.dry_run, commit=commit,
                            stats=res.stats.as_dict())
     summary["wall_time_s"] = round(time.perf_counter() - t0, 3)
@@ -105,8 +119,11 @@ def format_summary(s: dict[str, Any]) -> str:
         if problems:
             lines.append(f"import problems  {problems} (listed in import_report.json)")
     tr = s["trigger"]
+    per_ns = (f" in {tr['namespaces_fired']} of {tr['namespaces_with_new']} namespaces with "
+              f"new memories" if "namespaces_fired" in tr else "")
     lines.append(f"trigger          new importance {tr['new_importance']} vs "
-                 f"{tr['threshold']}: {'fired' if tr['fired'] else 'not fired'}"
+                 f"{tr['threshold']}{' per namespace' if per_ns else ''}: "
+                 f"{'fired' if tr['fired'] else 'not fired'}{per_ns}"
                  f"{' (forced)' if tr['forced'] else ''}")
     if not s.get("ran"):
         lines.append("pass             skipped (nothing to do; pass.force=true to run anyway)")
@@ -137,8 +154,9 @@ def format_summary(s: dict[str, Any]) -> str:
                                                  "reflect_completion_tokens"), ""))
         lines.append(f"{'stage':<17}{'result':<44}time_s")
         lines += [f"{a:<17}{b!s:<44}{t}" for a, b, t in rows]
-        where = f"snapshot {c['version']}" if c["snapshot"] else "dry run, no snapshot"
-        lines.append(f"written          {where}, changelog {c['changelog']}, "
+        where = f"version {c['version']}" if c["snapshot"] else "dry run, nothing written"
+        rows_w = (f", {c['rows_written']} rows written" if "rows_written" in c else "")
+        lines.append(f"written          {where}, changelog {c['changelog']}{rows_w}, "
                      f"carried {c['carried_records']} late records")
         lines.append(f"device           {st['device']}, engine {st.get('engine', 'torch')} "
                      f"(merger: {st['merger']})")

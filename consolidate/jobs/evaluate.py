@@ -135,9 +135,9 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
             raise ValueError(f"variant {name!r}: vectors: {e}") from None
         if v.get("store"):
             # evaluate an existing store as it is (e.g. the one `consolidate` maintains)
-            from ..store import Store
+            from ..store.lance_store import open_store_dir
 
-            snap = Store(v["store"]).load()
+            snap = open_store_dir(v["store"]).load()
             live = snap.records.mask(snap.records.live_mask())
             stats = {"merges": 0, "exact_merges": 0, "dropped_floor": 0, "dropped_cap": 0,
                      "model_calls": 0}

@@ -15,10 +15,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import EmbedderConfig, StoreConfig
 from ..llm import make_backend
-from ..store import Store
 from ..store.locomo import read_locomo_turns
 from ..write_path import IngestConfig, ingest
-from .common import CONFIG_DIR, make_embedder, sim_cfg, typed, user_errors
+from .common import CONFIG_DIR, make_embedder, make_store, sim_cfg, typed, user_errors
 
 
 def run_ingest(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
@@ -33,8 +32,7 @@ def run_ingest(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
     icfg = IngestConfig(**{k: cfg.ingest[k] for k in ("top_s", "add_below", "allow_untrusted",
                                                        "extract_max_tokens",
                                                        "decide_max_tokens")})
-    out = ingest(Store(scfg.dir, keep_snapshots=scfg.keep_snapshots,
-                       vector_dtype=scfg.vector_dtype), turns, backend, emb,
+    out = ingest(make_store(scfg), turns, backend, emb,
                  icfg, device=sim_cfg(cfg).device)
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)

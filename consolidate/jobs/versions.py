@@ -1,0 +1,79 @@
+"""``consolidate-versions``: list, compare, roll back, restore and export a Lance store's
+versions (Hydra job; see ``configs/versions.yaml``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from ..config import StoreConfig
+from .common import CONFIG_DIR, open_store, typed, user_errors
+
+
+def run_versions(cfg: DictConfig) -> dict[str, Any]:
+    """Run ``cfg.action`` on ``cfg.store.dir``; returns what it printed as data.
+
+    Raises:
+        ValueError: an unknown action, a missing ``version``/``out``/``ids``, or a store
+            that is not a Lance store.
+        StoreNotFoundError / CorruptStoreError / LockTimeoutError: see the store.
+    """
+    from ..store.lance_store import LanceStore
+
+    scfg: StoreConfig = typed(cfg, "store", StoreConfig)
+    store, _ = open_store(cfg, build=False)
+    if not isinstance(store, LanceStore):
+        raise ValueError(f"{store.root} is a Parquet store: versions need a Lance store "
+                         f"(consolidate-convert src={store.root} dst=NEW)")
+    act = cfg.action
+    if act == "list":
+        return {"versions": store.versions()}
+    if act == "diff":
+        if cfg.version is None:
+            raise ValueError("action=diff needs version=A (and other=B, default newest)")
+        t = store.diff(int(cfg.version), None if cfg.other is None else int(cfg.other))
+        return {"diff": t}
+    if act == "rollback":
+        if cfg.version is None:
+            raise ValueError("action=rollback needs version=N")
+        return store.rollback(int(cfg.version), dry_run=bool(cfg.dry_run),
+                              lock_timeout_s=scfg.lock_timeout_s)
+    if act == "restore":
+        ids = OmegaConf.to_container(cfg.ids) if cfg.ids is not None else []
+        if not ids:
+            raise ValueError("action=restore needs ids=[id1,id2,...]")
+        return store.restore([str(i) for i in ids], lock_timeout_s=scfg.lock_timeout_s)
+    if act == "export":
+        if not cfg.out:
+            raise ValueError("action=export needs out=FILE.parquet or out=FILE.jsonl")
+        return store.export(cfg.out, None if cfg.version is None else int(cfg.version))
+    raise ValueError(f"action must be list, diff, rollback, restore or export, got {act!r}")
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="versions")
+def _main(cfg: DictConfig) -> None:
+    with user_errors():
+        out = run_versions(cfg)
+    if "versions" in out:
+        print(f"{'version':>7}  {'time (UTC)':<26} {'op':<9} {'rows':>9}  summary")
+        for v in out["versions"]:
+            summ = ", ".join(f"{k} {n}" for k, n in sorted(v["summary"].items()))
+            print(f"{v['version']:>7}  {str(v['timestamp']):<26} {v['op'] or '(lance)':<9} "
+                  f"{v['rows']:>9}  {summ}")
+    elif "diff" in out:
+        print(out["diff"].to_string())
+    elif cfg.action == "export":
+        print(f"wrote version {out['version']} ({out['records']} records) to {out['path']}")
+    else:
+        print(json.dumps(out, indent=1, default=str))
+
+
+def main() -> None:
+    _main()
+
+
+if __name__ == "__main__":
+    main()
