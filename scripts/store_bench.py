@@ -1,0 +1,230 @@
+"""Store benchmark: the Lance store against the Parquet store, measured in the same run.
+
+Usage::
+
+    python scripts/store_bench.py [--n 1000000] [--ns-size 100] [--out eval/store_bench]
+
+For each format it builds a synthetic store (``scripts/pass_bench.py``'s generator: d=384,
+``n / ns_size`` namespaces), then times each operation in a fresh process (so each peak
+RSS is that operation's own): ``load`` (into the pass's columns), ``append`` of 10
+records, ``mark_used`` of 10 ids, and a commit that changes 1% of the rows against one that
+changes all of them (a full rewrite), and a nightly run after 1% of the namespaces got a
+new memory (trigger plus load of what it reads). It writes ``results.json`` and
+``report.md`` with the ratios the store issue sets as targets (append and mark_used <= 0.5 s,
+load <= 10 s, peak RSS of load <= 2x vectors + texts, 1% commit <= 5% of a full rewrite,
+an incremental run reads <= 3% of the rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+
+def _hwm() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _open(fmt: str, root: str):
+    from consolidate.store import Store
+    from consolidate.store.lance_store import LanceStore
+
+    return LanceStore(root) if fmt == "lance" else Store(root)
+
+
+def step(name: str, fmt: str, root: str, n: int, ns_size: int) -> dict:
+    """One timed operation in this process; returns seconds and memory in bytes."""
+    import numpy as np
+    import pass_bench
+
+    from consolidate.store import Records
+
+    out: dict = {"step": name, "format": fmt}
+    if name == "create":
+        recs, info = pass_bench.make_pass_store(n, ns_size, seed=0)
+        out.update(vector_bytes=info["vector_bytes"], text_bytes=info["text_bytes"])
+        base = _rss()
+        t = time.perf_counter()
+        _open(fmt, root).create(recs, source="store-bench")
+        out["s"] = time.perf_counter() - t
+        out["rss_before"] = base
+        out["disk_bytes"] = sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
+    elif name == "load":
+        s = _open(fmt, root)
+        base = _rss()
+        t = time.perf_counter()
+        snap = s.load()
+        out["s"] = time.perf_counter() - t
+        out["rows"] = len(snap.records)
+        out["rss_before"], out["peak"] = base, _hwm()
+    elif name in ("append", "mark_used"):
+        s = _open(fmt, root)
+        rng = np.random.default_rng(1)
+        if name == "append":
+            v = rng.normal(size=(10, 384)).astype(np.float32)
+            rows = [{"id": f"bench-new-{time.time_ns()}-{k}", "namespace": "ns000000",
+                     "text": f"a new fact number {k}", "vector": v[k].tolist(),
+                     "importance": 0.5} for k in range(10)]
+            t = time.perf_counter()
+            s.append(rows)
+        else:
+            ids = [f"mem-{x:08x}" for x in rng.choice(n, 10, replace=False)]
+            t = time.perf_counter()
+            s.mark_used(ids)
+        out["s"] = time.perf_counter() - t
+    elif name in ("commit_1pct", "commit_all"):
+        s = _open(fmt, root)
+        with s.lock():
+            snap = s.load()
+            meta = snap.records.meta.copy()
+            rng = np.random.default_rng(2)
+            k = len(meta) // 100 if name == "commit_1pct" else len(meta)
+            rows = rng.choice(len(meta), k, replace=False)
+            st = meta["strength"].to_numpy(np.float64).copy()
+            st[rows] += 1.0
+            meta["strength"] = st
+            recs = Records(meta, snap.records.vectors)
+            t = time.perf_counter()
+            info = s.commit(recs, [{"op": "bench", "changed": int(k)}], base=snap)
+            out["s"] = time.perf_counter() - t
+            out["changed"] = int(k)
+            out["rows_written"] = info.get("rows_written", len(meta))
+    elif name == "incremental":
+        # a nightly run after 1% of the namespaces got one new memory each: every stored
+        # row seen by a pass (last_pass set), then 100 appends; time the per-namespace
+        # trigger plus the load of what fired
+        s = _open(fmt, root)
+        with s.lock():
+            snap = s.load()
+            meta = snap.records.meta.copy()
+            meta["last_pass"] = 1.0
+            s.commit(Records(meta, snap.records.vectors), [{"op": "bench"}], base=snap)
+        del snap, meta
+        n_ns = n // ns_size
+        fired_ns = [f"ns{k:06d}" for k in range(0, n_ns, 100)]
+        rng = np.random.default_rng(3)
+        v = rng.normal(size=(len(fired_ns), 384)).astype(np.float32)
+        s.append([{"id": f"bench-inc-{k}", "namespace": ns, "text": f"new fact for {ns}",
+                   "vector": v[k].tolist(), "importance": 1.0}
+                  for k, ns in enumerate(fired_ns)])
+        t = time.perf_counter()
+        if fmt == "lance":
+            fired, _ = s.trigger(0.5)
+            snap = s.load(namespaces=fired)
+        else:
+            from consolidate.pipeline import trigger
+
+            snap = s.load()
+            trigger(snap.records, 0.5)
+            fired = sorted(set(snap.records.meta["namespace"][
+                snap.records.meta["last_pass"].isna()]))
+        out["s"] = time.perf_counter() - t
+        out["namespaces_fired"] = len(fired)
+        out["rows_read"] = len(snap.records)
+        out["rows_total"] = (s._open().count_rows() if fmt == "lance"
+                             else len(snap.records))
+    else:
+        raise ValueError(name)
+    return out
+
+
+def run_step(name: str, fmt: str, root: str, n: int, ns_size: int) -> dict:
+    p = subprocess.run([sys.executable, __file__, "--step", name, "--format", fmt,
+                        "--root", root, "--n", str(n), "--ns-size", str(ns_size)],
+                       capture_output=True, text=True)
+    if p.returncode:
+        raise RuntimeError(f"step {name} ({fmt}) failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--ns-size", type=int, default=100)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--tmp", default=None, help="where the stores are built (deleted after)")
+    ap.add_argument("--step", default=None)
+    ap.add_argument("--format", default=None)
+    ap.add_argument("--root", default=None)
+    a = ap.parse_args(argv)
+    if a.step:
+        print(json.dumps(step(a.step, a.format, a.root, a.n, a.ns_size)))
+        return 0
+    tmp = Path(tempfile.mkdtemp(prefix="store-bench-", dir=a.tmp))
+    results: dict = {"n": a.n, "ns_size": a.ns_size, "d": 384, "cpus": os.cpu_count(),
+                     "formats": {}}
+    try:
+        for fmt in ("parquet", "lance"):
+            root = str(tmp / fmt)
+            r: dict = {}
+            for name in ("create", "load", "append", "mark_used", "commit_1pct",
+                         "commit_all", "incremental"):
+                r[name] = run_step(name, fmt, root, a.n, a.ns_size)
+                print(f"{fmt:8s} {name:12s} {r[name]['s']:8.3f} s", flush=True)
+            results["formats"][fmt] = r
+            shutil.rmtree(root, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    data = (results["formats"]["lance"]["create"]["vector_bytes"]
+            + results["formats"]["lance"]["create"]["text_bytes"])
+    results["data_bytes"] = data
+    lines = [f"# Store benchmark: n = {a.n:,}, d = 384, {a.n // a.ns_size:,} namespaces, "
+             f"{os.cpu_count()} CPUs", "",
+             "| operation | parquet | lance | target (lance) |", "| --- | ---: | ---: | --- |"]
+    f = results["formats"]
+    for name, target in (("create", ""), ("load", "<= 10 s"), ("append", "<= 0.5 s (10 rows)"),
+                         ("mark_used", "<= 0.5 s (10 ids)"), ("commit_1pct", ""),
+                         ("commit_all", ""), ("incremental", "trigger + load of 1% fired")):
+        lines.append(f"| {name} | {f['parquet'][name]['s']:.3f} s | "
+                     f"{f['lance'][name]['s']:.3f} s | {target} |")
+    for fmt in ("parquet", "lance"):
+        ld = f[fmt]["load"]
+        f[fmt]["load_peak_over_data"] = (ld["peak"] - ld["rss_before"]) / data
+        f[fmt]["commit_ratio"] = f[fmt]["commit_1pct"]["s"] / f[fmt]["commit_all"]["s"]
+    lines += ["",
+              f"- data (vectors fp32 + texts): {data / 1e9:.2f} GB",
+              *[f"- {fmt}: load peak RSS over the process before it = "
+                f"{f[fmt]['load_peak_over_data']:.2f}x data (target <= 2x); 1% commit / full "
+                f"rewrite = {f[fmt]['commit_ratio']:.3f} (target <= 0.05); on disk "
+                f"{f[fmt]['create']['disk_bytes'] / 1e9:.2f} GB"
+                for fmt in ("parquet", "lance")],
+              *[f"- {fmt}: a nightly run after 1% of the namespaces got a new memory read "
+                f"{f[fmt]['incremental']['rows_read']:,} of "
+                f"{f[fmt]['incremental']['rows_total']:,} rows "
+                f"({f[fmt]['incremental']['rows_read'] / f[fmt]['incremental']['rows_total']:.2%}"
+                f"; target <= 3%)" for fmt in ("parquet", "lance")]]
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+        (out / "report.md").write_text(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
