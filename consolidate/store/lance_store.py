@@ -65,7 +65,6 @@ from .schema import (
     hours_now,
     normalise_vectors,
     records_from_arrow,
-    records_from_rows,
     records_to_arrow,
     validate,
 )
@@ -486,17 +485,7 @@ class LanceStore(Store):
                 non-empty directory without a store.
             InvalidRecordsError: a record is invalid (not in quarantine mode); nothing written.
         """
-        if self.exists():
-            raise FileExistsError(f"a store already exists at {self.root}")
-        if self.root.exists() and (not self.root.is_dir() or any(self.root.iterdir())):
-            raise FileExistsError(
-                f"{self.root} is not empty and holds no store ({POINTER} is missing): a "
-                f"store is created only in a new or empty directory; if it held a store, "
-                f"restore its {POINTER} or move the folder aside")
-        if not len(records) or records.dim < 1:
-            raise ValueError(f"create(): no records (or no vector dimension) for {self.root}")
-        records = self._checked(records, dim=records.dim, source=source, existing=None)
-        normalise_vectors(records)
+        records = self._create_checked(records, source)
         records.meta["text_hash"] = text_hashes(records.meta["text"].tolist())
         made_root = not self.root.exists()
         try:
@@ -666,19 +655,8 @@ class LanceStore(Store):
         """
         marker = self._marker()
         dim = marker["dim"]
-        if isinstance(records, Mapping):
-            raise TypeError("append() takes a list of records, not one dict")
-        if not isinstance(records, Records):
-            records = records_from_rows(records, dim=dim)
+        records = self._new_rows(records, dim)
         m = records.meta
-        not_live = np.flatnonzero(~np.isnan(m["deleted_at"].to_numpy(np.float64))
-                                  | m["merged_into"].map(lambda x: isinstance(x, str)).to_numpy(
-                                      bool))
-        if len(not_live):
-            records.input_problems.setdefault(
-                "not a live record (append takes new memories; deleted_at/merged_into set)",
-                []).extend(not_live.tolist())
-        records.meta["last_pass"] = np.nan
         with self._writers_lock():
             ds = self._open()
             clash = set(self._stored(list(m["id"]))["id"]) if len(m) else set()

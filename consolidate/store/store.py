@@ -371,17 +371,7 @@ class Store:
                 non-empty directory without a store (e.g. one whose ``CURRENT`` was lost).
             InvalidRecordsError: a record is invalid (not in quarantine mode); nothing written.
         """
-        if self.exists():
-            raise FileExistsError(f"a store already exists at {self.root}")
-        if self.root.exists() and (not self.root.is_dir() or any(self.root.iterdir())):
-            raise FileExistsError(
-                f"{self.root} is not empty and holds no store ({POINTER} is missing): a "
-                f"store is created only in a new or empty directory; if it held a store, "
-                f"restore its {POINTER} or move the folder aside")
-        if not len(records) or records.dim < 1:
-            raise ValueError(f"create(): no records (or no vector dimension) for {self.root}")
-        records = self._checked(records, dim=records.dim, source=source, existing=None)
-        normalise_vectors(records)  # the same rule as append(): stored vectors are unit
+        records = self._create_checked(records, source)
         made_root = not self.root.exists()
         try:
             self._dirs()
@@ -396,6 +386,43 @@ class Store:
                 self._remove_skeleton(made_root)
             raise
         return self.load()
+
+    def _create_checked(self, records: Records, source: str) -> Records:
+        """The checks every :meth:`create` makes before it writes: no store and an empty
+        or new folder, at least one record, valid records (rescaled to unit length, the
+        same rule as :meth:`append`)."""
+        if self.exists():
+            raise FileExistsError(f"a store already exists at {self.root}")
+        if self.root.exists() and (not self.root.is_dir() or any(self.root.iterdir())):
+            raise FileExistsError(
+                f"{self.root} is not empty and holds no store ({POINTER} is missing): a "
+                f"store is created only in a new or empty directory; if it held a store, "
+                f"restore its {POINTER} or move the folder aside")
+        if not len(records) or records.dim < 1:
+            raise ValueError(f"create(): no records (or no vector dimension) for {self.root}")
+        records = self._checked(records, dim=records.dim, source=source, existing=None)
+        normalise_vectors(records)
+        return records
+
+    @staticmethod
+    def _new_rows(records: Records | Iterable[Mapping[str, Any]], dim: int) -> Records:
+        """What :meth:`append` was given, as :class:`Records` of new memories: rows that
+        are not live (``deleted_at`` or ``merged_into`` set) are flagged as input problems,
+        and ``last_pass`` is cleared (no pass has seen them)."""
+        if isinstance(records, Mapping):
+            raise TypeError("append() takes a list of records, not one dict")
+        if not isinstance(records, Records):
+            records = records_from_rows(records, dim=dim)
+        m = records.meta
+        not_live = np.flatnonzero(~np.isnan(m["deleted_at"].to_numpy(np.float64))
+                                  | m["merged_into"].map(lambda x: isinstance(x, str)).to_numpy(
+                                      bool))
+        if len(not_live):
+            records.input_problems.setdefault(
+                "not a live record (append takes new memories; deleted_at/merged_into set)",
+                []).extend(not_live.tolist())
+        records.meta["last_pass"] = np.nan
+        return records
 
     def _remove_skeleton(self, made_root: bool) -> None:
         """Remove what :meth:`create` made before it failed: the layout's folders (with the
@@ -498,19 +525,7 @@ class Store:
                 message names the record ids; nothing is written (unless quarantine mode).
         """
         ptr = self.head()
-        if isinstance(records, Mapping):
-            raise TypeError("append() takes a list of records, not one dict")
-        if not isinstance(records, Records):
-            records = records_from_rows(records, dim=ptr.dim)
-        m = records.meta
-        not_live = np.flatnonzero(~np.isnan(m["deleted_at"].to_numpy(np.float64))
-                                  | m["merged_into"].map(lambda x: isinstance(x, str)).to_numpy(
-                                      bool))
-        if len(not_live):
-            records.input_problems.setdefault(
-                "not a live record (append takes new memories; deleted_at/merged_into set)",
-                []).extend(not_live.tolist())
-        records.meta["last_pass"] = np.nan  # no pass has seen a new record
+        records = self._new_rows(records, ptr.dim)
         # the check against stored ids and the write happen under a writers' lock, so two
         # concurrent appends of one id cannot both pass (passes do not take this lock)
         with self._writers_lock():
