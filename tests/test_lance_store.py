@@ -266,7 +266,7 @@ print("committed", flush=True)
 """
 
 POINTS = ["changelog:before_rename", "lance:after_changelog", "lance:before_commit",
-          "lance:after_commit"]
+          "lance:after_commit", "lance:during_delta_cleanup"]
 
 
 @pytest.mark.slow
@@ -279,16 +279,18 @@ def test_sigkill_during_commit(tmp_path, point, fraction):
     store.append([{"id": "pending", "namespace": "ns0", "text": "written before the pass",
                    "vector": [1.0] + [0.0] * 15, "last_used": 999.0}])
     store.mark_used(["pending"], now=999.5)
+    store.mark_used(["pending"], now=999.6)  # two deltas: a cleanup can stop between them
     before = store.load()
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "CONSOLIDATE_CRASH_AT": point}
     p = subprocess.run([sys.executable, "-c", CHILD, str(root), str(fraction)], cwd=REPO,
                        env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == -9, p.stderr
     after = store.load()
-    if point == "lance:after_commit":  # committed; the folded delta is not applied twice
+    if point in ("lance:after_commit", "lance:during_delta_cleanup"):
+        # committed; the folded deltas are not applied twice
         assert after.version > before.version
         m = after.records.meta.set_index("id")
-        assert m.loc["pending", "strength"] == 2.0
+        assert m.loc["pending", "strength"] == 3.0
     else:
         assert after.version == before.version
         assert after.records.meta.equals(before.records.meta)
@@ -299,7 +301,7 @@ def test_sigkill_during_commit(tmp_path, point, fraction):
                        env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "committed" in p.stdout, p.stderr
     final = store.load()
-    assert final.records.meta.set_index("id").loc["pending", "strength"] == 2.0
+    assert final.records.meta.set_index("id").loc["pending", "strength"] == 3.0
     assert final.records.meta["id"].is_unique and final.deltas == ()
 
 
@@ -489,3 +491,82 @@ def test_the_parquet_class_refuses_a_lance_store_clearly(store):
     with pytest.raises(CorruptStoreError, match="this is a Lance store"):
         Store(store.root).load()
     assert store.load(namespaces=[]).records.meta.empty
+
+
+WRITE = """
+import sys
+import consolidate.store.lance_store as ls
+from tests.conftest import make_records, random_rows
+s = ls.LanceStore(sys.argv[1])
+op = sys.argv[2]
+if op == "create":
+    s.create(make_records(random_rows(50, 16, seed=5, namespaces=2)))
+elif op == "append":
+    s.append([{"id": "late", "namespace": "ns0", "text": "appended", "vector": [1.0] * 16}])
+elif op == "touch":
+    s.mark_used(["pending"], now=999.7)
+elif op == "patch":
+    s.patch([{"id": "pending", "op": "close", "valid_to": 999.8}], now=999.9)
+elif op == "compact":
+    ls.COMPACT_AFTER = 1
+    s.retention_h = 0.0
+    with s.lock():
+        s.cleanup()
+print("done", flush=True)
+"""
+
+WRITE_POINTS = [("create", "lance:after_create"), ("create", "lance:after_index"),
+                ("create", "marker:before_rename"), ("append", "lance:before_append"),
+                ("append", "lance:after_append"), ("touch", "touch:before_rename"),
+                ("patch", "patch:before_rename"), ("compact", "lance:after_compact"),
+                ("compact", "lance:after_restate"), ("compact", "lance:before_version_cleanup")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("op", "point"), WRITE_POINTS)
+def test_sigkill_during_writes(tmp_path, op, point):
+    """A writer killed at each step of create, append, mark_used, patch and compaction
+    leaves the store as it was before (or with the write complete), never half-written."""
+    root = tmp_path / "s"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "CONSOLIDATE_CRASH_AT": point}
+
+    def child(what, crash=True):
+        e = env if crash else {k: v for k, v in env.items() if k != "CONSOLIDATE_CRASH_AT"}
+        return subprocess.run([sys.executable, "-c", WRITE, str(root), what], cwd=REPO,
+                              env=e, capture_output=True, text=True, timeout=300)
+
+    if op == "create":
+        assert child("create").returncode == -9
+        store = LanceStore(root)
+        assert not store.exists()  # no marker: not a store, and never imported over
+        with pytest.raises(FileExistsError, match="not empty"):
+            store.create(make_records(random_rows(5, 16, seed=1)))
+        return
+    store = LanceStore(root)
+    store.create(make_records(random_rows(40, 16, seed=2, namespaces=2)))
+    for k in range(3):
+        store.append([{"id": f"small{k}", "namespace": "ns1", "text": f"small {k}",
+                       "vector": [0.0, 1.0] + [float(k)] * 14}])
+    store.append([{"id": "pending", "namespace": "ns0", "text": "written before",
+                   "vector": [0.5] * 16, "last_used": 999.0}])
+    before = store.load()
+    p = child(op)
+    assert p.returncode == -9, p.stderr
+    after = store.load()
+    m = after.records.meta.set_index("id")
+    if point == "lance:after_append":
+        assert "late" in m.index and len(after.records) == len(before.records) + 1
+    else:
+        assert after.records.meta.equals(before.records.meta), point
+    assert after.records.meta["id"].is_unique
+    p = child(op, crash=False)  # the retry succeeds (an append of the same id is refused)
+    if point == "lance:after_append":
+        assert p.returncode != 0 and "duplicate" in p.stderr.lower() + p.stdout.lower()
+    else:
+        assert p.returncode == 0 and "done" in p.stdout, p.stderr
+    final = store.load().records.meta.set_index("id")
+    assert set(before.records.meta["id"]) <= set(final.index)
+    if op == "touch":
+        assert final.loc["pending", "strength"] == 2.0
+    if op == "patch":
+        assert final.loc["pending", "valid_to"] == 999.8

@@ -221,11 +221,7 @@ class LanceStore(Store):
         for _ in range(_MAX_LOOKBACK):
             if v < 1:
                 break
-            try:
-                txn = ds.read_transaction(v)
-            except (OSError, ValueError, RuntimeError):
-                txn = None
-            props = dict(getattr(txn, "transaction_properties", None) or {})
+            props = _txn_props(ds, v)
             if _P + "folded" in props:
                 return props
             v -= 1
@@ -275,8 +271,7 @@ class LanceStore(Store):
         ds = self._open()
         out = []
         for v in ds.versions():
-            txn = ds.read_transaction(v["version"])
-            props = dict(getattr(txn, "transaction_properties", None) or {})
+            props = _txn_props(ds, v["version"])
             out.append({"version": int(v["version"]), "timestamp": v["timestamp"],
                         "op": props.get(_P + "op"),
                         "rows": int(v.get("metadata", {}).get("total_rows", -1)),
@@ -500,9 +495,11 @@ class LanceStore(Store):
                     transaction_properties=self._new_props("create", (), log, None))
                 _crashpoint("lance:after_create")
                 ds.create_scalar_index("id", "BTREE")
+                _crashpoint("lance:after_index")
                 marker = {"format": FORMAT, "dataset": DATASET, "dim": records.dim,
                           "created_at": hours_now()}
-                _write_atomic(self.pointer_path, lambda p: p.write_text(json.dumps(marker)))
+                _write_atomic(self.pointer_path, lambda p: p.write_text(json.dumps(marker)),
+                              crash_tag="marker")
         except BaseException:
             if not self.exists():
                 shutil.rmtree(self.dataset_path, ignore_errors=True)
@@ -669,7 +666,9 @@ class LanceStore(Store):
             props = self._props(ds)
             props[_P + "op"] = "append"
             table = records_to_arrow(records, self._vector_dtype(ds.schema))
+            _crashpoint("lance:before_append")
             _lance().write_dataset(table, ds, mode="append", transaction_properties=props)
+            _crashpoint("lance:after_append")
         return list(records.meta["id"])
 
     # ------------------------------------------------------------ commit
@@ -820,13 +819,27 @@ class LanceStore(Store):
 
     def _cleanup_deltas(self, folded: Iterable[str]) -> None:
         d = self.root / "deltas"
-        for name in folded:
+        for k, name in enumerate(folded):
             with contextlib.suppress(FileNotFoundError):
                 (d / name).unlink()
+            if k == 0:
+                _crashpoint("lance:during_delta_cleanup")
         for p in d.iterdir():
             if p.name.startswith(".") and ".tmp-" in p.name:
                 p.unlink(missing_ok=True)
         _fsync_dir(d)
+
+    def _restate(self, ds: Any, props: dict[str, str]) -> Any:
+        """If the newest version is Lance's own (compaction, an index), commit consolidate's
+        properties on top of it (an empty ``merge_insert``), so the newest version names
+        them even after older versions are removed. Hold ``WRITERS.LOCK``."""
+        if _P + "folded" in _txn_props(ds, ds.version):
+            return ds
+        b = ds.merge_insert("id").when_matched_update_all()
+        txn, _ = b.execute_uncommitted(ds.to_table(limit=0))
+        txn.transaction_properties = {**props, _P + "op": "compact"}
+        return _lance().LanceDataset.commit(str(self.dataset_path), txn,
+                                            read_version=ds.version)
 
     def cleanup(self, *, compact: bool = True) -> dict[str, Any]:
         """Compact small fragments (when more than :data:`COMPACT_AFTER` are below
@@ -847,28 +860,13 @@ class LanceStore(Store):
                 props = self._props(ds)
                 m = ds.optimize.compact_files(target_rows_per_fragment=ROWS_PER_FRAGMENT)
                 out["compacted_fragments"] = int(getattr(m, "fragments_removed", 0))
-                ds = self._open()
-                if ds.version > 0 and _P + "folded" not in dict(
-                        getattr(ds.read_transaction(ds.version), "transaction_properties",
-                                None) or {}):
-                    # re-state consolidate's properties on top (an empty merge_insert), so the
-                    # newest version names them even after old versions are removed
-                    b = ds.merge_insert("id").when_matched_update_all()
-                    txn, _ = b.execute_uncommitted(ds.to_table(limit=0))
-                    txn.transaction_properties = {**props, _P + "op": "compact"}
-                    ds = _lance().LanceDataset.commit(str(self.dataset_path), txn,
-                                                      read_version=ds.version)
-                with contextlib.suppress(Exception):
+                _crashpoint("lance:after_compact")
+                ds = self._restate(self._open(), props)
+                _crashpoint("lance:after_restate")
+                with contextlib.suppress(Exception):  # an index left as it was still works
                     ds.optimize.optimize_indices()
-                    ds = self._open()
-                    props2 = dict(getattr(ds.read_transaction(ds.version),
-                                          "transaction_properties", None) or {})
-                    if _P + "folded" not in props2:
-                        b = ds.merge_insert("id").when_matched_update_all()
-                        txn, _ = b.execute_uncommitted(ds.to_table(limit=0))
-                        txn.transaction_properties = {**props, _P + "op": "compact"}
-                        ds = _lance().LanceDataset.commit(str(self.dataset_path), txn,
-                                                          read_version=ds.version)
+                ds = self._restate(self._open(), props)
+            _crashpoint("lance:before_version_cleanup")
             keep_from = ds.version - self.keep_snapshots + 1
             old = [v["version"] for v in ds.versions() if v["version"] < keep_from]
             if old:
@@ -878,6 +876,16 @@ class LanceStore(Store):
                 out["removed_versions"] = int(getattr(stats, "old_versions", 0))
                 out["bytes_removed"] = int(getattr(stats, "bytes_removed", 0))
         return out
+
+
+def _txn_props(ds: Any, version: int) -> dict[str, str]:
+    """The transaction properties of one version; ``{}`` where there are none or Lance
+    cannot read that version's transaction (it raises on some of its own index commits)."""
+    try:
+        txn = ds.read_transaction(version)
+    except Exception:  # noqa: BLE001 - any failure means "no properties of ours"
+        return {}
+    return dict(getattr(txn, "transaction_properties", None) or {})
 
 
 def _same(a: pa.Array, b: pa.Array) -> pa.Array:

@@ -582,7 +582,7 @@ class Store:
         now = float(now)
         payload = json.dumps({"ids": list(ids), "now": now, "strength_cap": strength_cap})
         _write_atomic(self.root / "deltas" / self._delta_name("touch.json"),
-                      lambda p: p.write_text(payload))
+                      lambda p: p.write_text(payload), crash_tag="touch")
 
     def patch(self, patches: Sequence[Mapping[str, Any]], *, now: float | None = None) -> None:
         """Write-path changes to stored records, as one delta (safe while a pass runs).
@@ -633,7 +633,7 @@ class Store:
                 raise ValueError(f"patch: op must be 'delete' or 'close', got {op!r}")
         payload = json.dumps({"patches": out})
         _write_atomic(self.root / "deltas" / self._delta_name("patch.json"),
-                      lambda p: p.write_text(payload))
+                      lambda p: p.write_text(payload), crash_tag="patch")
 
     def _stored(self, ids: Sequence[Any]) -> pd.DataFrame:
         """``id`` and ``pinned`` of the stored records among ``ids`` (pending deltas
