@@ -570,3 +570,23 @@ def test_sigkill_during_writes(tmp_path, op, point):
         assert final.loc["pending", "strength"] == 2.0
     if op == "patch":
         assert final.loc["pending", "valid_to"] == 999.8
+
+
+def test_a_flipped_bit_in_a_data_file_is_an_error_naming_it(store):
+    from consolidate.store import CorruptStoreError
+
+    commit_pass(store)
+    out = store.verify()
+    assert out["files"] >= 1 and out["checked"] == out["files"]
+    data = sorted((store.dataset_path / "data").iterdir(), key=lambda p: p.stat().st_size)[-1]
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 3] ^= 0x10
+    data.write_bytes(bytes(raw))
+    with pytest.raises(CorruptStoreError, match=data.name):
+        store.load()
+    with pytest.raises(CorruptStoreError, match="CRC32"):
+        store.verify()
+    # a checksum file with a path out of the store is refused, not followed
+    (store.root / "CHECKSUMS.json").write_text(json.dumps({"../../etc/passwd": 1}))
+    with pytest.raises(CorruptStoreError, match="map of file names"):
+        store.load()

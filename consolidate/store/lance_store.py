@@ -48,7 +48,9 @@ import contextlib
 import json
 import os
 import shutil
+import threading
 import time
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -98,6 +100,9 @@ ROWS_PER_FRAGMENT = 1 << 18
 REWRITE_FRACTION = 0.25
 #: compaction runs when more fragments than this are smaller than ROWS_PER_FRAGMENT
 COMPACT_AFTER = 16
+#: ``{path under memories.lance: CRC32}`` of every data and deletion file written through
+#: this store; checked when a version is read
+CHECKSUMS = "CHECKSUMS.json"
 #: the ops whose versions have a changelog
 _LOGGED = ("create", "pass", "undo", "rollback", "restore", "convert")
 #: versions looked back through for the newest one that carries consolidate's properties
@@ -248,6 +253,91 @@ class LanceStore(Store):
         v = t.value_type
         return {pa.float32(): "fp32", pa.float16(): "fp16", pa.uint16(): "bf16"}[v]
 
+    # ------------------------------------------------------------ checksums
+    def _files(self, ds: Any) -> list[str]:
+        """Data and deletion files of ``ds``'s version, as paths under the dataset folder.
+
+        Raises:
+            CorruptStoreError: a path that leaves the dataset folder.
+        """
+        t = ds.tracked_files(min_version=ds.version).read_all().to_pandas()
+        t = t[(t["version"] == ds.version) & t["type"].astype(str).isin(
+            ["data file", "deletion file"])]
+        root = self.dataset_path.resolve()
+        out = []
+        for p in t["path"].astype(str):
+            full = (root / p).resolve()
+            if root not in full.parents:
+                raise CorruptStoreError(f"{self.dataset_path} (version {ds.version}) names "
+                                        f"a file outside its folder: {p!r}")
+            out.append(p)
+        return out
+
+    def _checksums(self) -> dict[str, int]:
+        path = self.root / CHECKSUMS
+        try:
+            d = json.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            raise CorruptStoreError(f"{path} cannot be read ({e}); move it aside to load "
+                                    f"without checking the data files") from None
+        if not (isinstance(d, dict) and all(
+                isinstance(k, str) and not k.startswith("/") and ".." not in k.split("/")
+                and isinstance(v, int) and not isinstance(v, bool) for k, v in d.items())):
+            raise CorruptStoreError(f"{path} is not a map of file names (under "
+                                    f"{DATASET}) to CRC32 values; move it aside to load "
+                                    f"without checking the data files")
+        return d
+
+    def _record_checksums(self, ds: Any) -> None:
+        """Checksum the files of ``ds``'s version not yet recorded, and forget files no
+        longer on disk. Hold ``WRITERS.LOCK`` (or the store is being created)."""
+        known = self._checksums()
+        files = self._files(ds)
+        new = {p: _crc32(self.dataset_path / p) for p in files if p not in known}
+        gone = [p for p in known if not (self.dataset_path / p).exists()]
+        if not new and not gone:
+            return
+        for p in gone:
+            del known[p]
+        known.update(new)
+        _write_atomic(self.root / CHECKSUMS, lambda f: f.write_text(json.dumps(known)),
+                      crash_tag="checksums")
+
+    def verify(self, version: int | None = None) -> dict[str, int]:
+        """Compare the CRC32 of every data and deletion file of a version (default: the
+        newest) with the one recorded when it was written.
+
+        Returns:
+            ``{"files", "checked", "unrecorded"}`` (files written by another tool, or by a
+            write that crashed before it recorded them, are not checked).
+
+        Raises:
+            CorruptStoreError: a file differs from its checksum (names it and the version)
+                or is missing.
+        """
+        ds = self._open(version)
+        known = self._checksums()
+        files = self._files(ds)
+        checked = 0
+        for p in files:
+            if p not in known:
+                continue
+            try:
+                got = _crc32(self.dataset_path / p)
+            except FileNotFoundError:
+                raise CorruptStoreError(f"{self.dataset_path / p} of version {ds.version} is "
+                                        f"missing") from None
+            if got != known[p]:
+                raise CorruptStoreError(
+                    f"{self.dataset_path / p} of version {ds.version} does not match the "
+                    f"CRC32 recorded when it was written (a flipped bit, a partial copy): "
+                    f"restore it from a backup, or roll back to a version without it")
+            checked += 1
+        return {"files": len(files), "checked": checked,
+                "unrecorded": len(files) - checked}
+
     def head(self) -> Pointer:
         """The newest version as a :class:`~consolidate.store.store.Pointer` (``snapshot`` is
         the dataset's name, ``rows`` its row count)."""
@@ -291,6 +381,7 @@ class LanceStore(Store):
         """
         marker = self._marker()
         ds = self._open(version)
+        self.verify(version)
         recs = records_from_arrow(ds.to_table(), dim=marker["dim"])
         return self._checked(recs, dim=marker["dim"], source=f"{self.dataset_path} "
                              f"(version {version})", existing=None, reading=True)
@@ -496,6 +587,7 @@ class LanceStore(Store):
                 _crashpoint("lance:after_create")
                 ds.create_scalar_index("id", "BTREE")
                 _crashpoint("lance:after_index")
+                self._record_checksums(self._open())
                 marker = {"format": FORMAT, "dataset": DATASET, "dim": records.dim,
                           "created_at": hours_now()}
                 _write_atomic(self.pointer_path, lambda p: p.write_text(json.dumps(marker)),
@@ -557,6 +649,19 @@ class LanceStore(Store):
         ds = self._open()
         props = self._props(ds)
         source = f"{self.dataset_path} (version {ds.version})"
+        # the data files' checksums are checked in a thread while Lance reads them
+        # (zlib's CRC32 and Lance's reader both release the GIL)
+        check: dict[str, Any] = {}
+
+        def verify() -> None:
+            try:
+                check["out"] = self.verify(ds.version)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                check["error"] = e
+
+        checker = threading.Thread(target=verify, daemon=True) if validate_records else None
+        if checker is not None:
+            checker.start()
         flt = None
         if namespaces is not None:
             namespaces = sorted({str(n) for n in namespaces})
@@ -568,11 +673,19 @@ class LanceStore(Store):
             # text, nothing else writes the dataset): not recomputed at every load
             recs = records_from_arrow(table, dim=marker["dim"], stored_hashes=True)
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
+            if checker is not None:  # a checksum that names the damaged file says more
+                checker.join()
+                if "error" in check:
+                    raise check["error"] from e
             raise CorruptStoreError(f"cannot read {source}: {e}") from e
         # the stored rows' other columns (no copy: Arrow buffers), compared by commit
         stored = table.drop_columns([c for c in ("vector", "vector_scale")
                                      if c in table.column_names])
         del table
+        if checker is not None:
+            checker.join()
+            if "error" in check:
+                raise check["error"]
         if validate_records:
             # rows moved to quarantine stay in ``stored``: the next commit deletes them
             recs = self._checked(recs, dim=marker["dim"], source=source, existing=None,
@@ -667,8 +780,10 @@ class LanceStore(Store):
             props[_P + "op"] = "append"
             table = records_to_arrow(records, self._vector_dtype(ds.schema))
             _crashpoint("lance:before_append")
-            _lance().write_dataset(table, ds, mode="append", transaction_properties=props)
+            new = _lance().write_dataset(table, ds, mode="append",
+                                         transaction_properties=props)
             _crashpoint("lance:after_append")
+            self._record_checksums(new)
         return list(records.meta["id"])
 
     # ------------------------------------------------------------ commit
@@ -811,6 +926,7 @@ class LanceStore(Store):
                                                 read_version=ds.version)
                 written, deleted = len(upsert), len(removed)
             _crashpoint("lance:after_commit")
+            self._record_checksums(self._open())
         self._cleanup_deltas(folded)
         return {"version": new.version, "snapshot": f"{DATASET}@{new.version}",
                 "changelog": log, "carried_records": len(late_rows),
@@ -866,6 +982,7 @@ class LanceStore(Store):
                 with contextlib.suppress(Exception):  # an index left as it was still works
                     ds.optimize.optimize_indices()
                 ds = self._restate(self._open(), props)
+            self._record_checksums(ds)
             _crashpoint("lance:before_version_cleanup")
             keep_from = ds.version - self.keep_snapshots + 1
             old = [v["version"] for v in ds.versions() if v["version"] < keep_from]
@@ -875,7 +992,17 @@ class LanceStore(Store):
                                                 self.keep_snapshots)
                 out["removed_versions"] = int(getattr(stats, "old_versions", 0))
                 out["bytes_removed"] = int(getattr(stats, "bytes_removed", 0))
+                self._record_checksums(ds)  # forgets the removed files
         return out
+
+
+def _crc32(path: Path, block: int = 8 << 20) -> int:
+    """CRC32 of a file, read in 8 MiB blocks."""
+    c = 0
+    with open(path, "rb") as f:
+        while b := f.read(block):
+            c = zlib.crc32(b, c)
+    return c
 
 
 def _txn_props(ds: Any, version: int) -> dict[str, str]:
