@@ -592,3 +592,23 @@ def test_a_flipped_bit_in_a_data_file_is_an_error_naming_it(store):
     (store.root / "CHECKSUMS.json").write_text(json.dumps({"../../etc/passwd": 1}))
     with pytest.raises(CorruptStoreError, match="map of file names"):
         store.load()
+
+
+def test_crafted_folded_names_are_refused(store, tmp_path):
+    import lance
+
+    from consolidate.store import CorruptStoreError
+
+    victim = tmp_path / "victim.touch.json"
+    victim.write_text("{}")
+    ds = lance.dataset(str(store.dataset_path))
+    b = ds.merge_insert("id").when_matched_update_all()
+    txn, _ = b.execute_uncommitted(ds.to_table(limit=0))
+    txn.transaction_properties = {"consolidate.op": "pass", "consolidate.changelog": "",
+                                  "consolidate.folded": json.dumps(["../../victim.touch.json"])}
+    lance.LanceDataset.commit(str(store.dataset_path), txn, read_version=ds.version)
+    with pytest.raises(CorruptStoreError, match="delta file names"):
+        store.load()
+    with pytest.raises(CorruptStoreError):
+        commit_pass(store)
+    assert victim.exists()

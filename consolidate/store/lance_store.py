@@ -82,6 +82,7 @@ from .store import (
     StoreNotFoundError,
     _crashpoint,
     _fsync_dir,
+    _plain_name,
     _write_atomic,
     _write_jsonl,
 )
@@ -239,10 +240,14 @@ class LanceStore(Store):
     def _folded(props: Mapping[str, str]) -> tuple[str, ...]:
         try:
             names = json.loads(props.get(_P + "folded", "[]"))
-            if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+            if not (isinstance(names, list) and all(
+                    _plain_name(n) and n.endswith((".touch.json", ".patch.json"))
+                    for n in names)):
                 raise ValueError
         except ValueError:
-            raise CorruptStoreError("consolidate.folded is not a JSON list of names") from None
+            # a crafted name must not make a commit delete a file outside deltas/
+            raise CorruptStoreError("consolidate.folded is not a JSON list of delta file "
+                                    "names") from None
         return tuple(names)
 
     @staticmethod
@@ -441,8 +446,12 @@ class LanceStore(Store):
         for v in self.versions():
             if v["version"] <= after or v["op"] not in ("pass", "undo", "rollback"):
                 continue
-            path = self.root / "changelogs" / (v["changelog"] or "")
-            if not v["changelog"] or not path.is_file():
+            name = v["changelog"]
+            if not _plain_name(name):
+                raise CorruptStoreError(f"version {v['version']} names the changelog "
+                                        f"{name!r}, not a file name in changelogs/")
+            path = self.root / "changelogs" / name
+            if not path.is_file():
                 raise CorruptStoreError(f"the changelog of version {v['version']} "
                                         f"({path}) is missing: cannot tell its rows apart")
             for line in path.read_text().splitlines():
