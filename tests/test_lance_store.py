@@ -612,3 +612,19 @@ def test_crafted_folded_names_are_refused(store, tmp_path):
     with pytest.raises(CorruptStoreError):
         commit_pass(store)
     assert victim.exists()
+
+
+def test_a_delta_removed_by_a_concurrent_pass_is_read_again(store, monkeypatch):
+    store.mark_used(["a"], now=300.0)
+    listed = store._listed()
+    calls = []
+
+    def racing():  # the first read lists a delta that a pass folds and removes meanwhile
+        calls.append(1)
+        return listed + (["99999999999999999999-1-gone.touch.json"] if len(calls) == 1
+                         else [])
+
+    monkeypatch.setattr(store, "_listed", racing)
+    snap = store.load()
+    assert len(calls) == 2 and snap.deltas == tuple(listed)
+    assert snap.records.meta.set_index("id").loc["a", "strength"] == 2.0

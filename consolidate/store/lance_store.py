@@ -652,7 +652,21 @@ class LanceStore(Store):
             InvalidRecordsError: a stored record or a delta is invalid (names the dataset
                 version or the delta file and the record ids); in quarantine mode the bad
                 rows are moved to ``quarantine/`` instead.
+
+        A read that lists a delta file which a pass then folds and removes is repeated (up
+        to 5 times).
         """
+        for attempt in range(5):
+            try:
+                return self._load(validate_records=validate_records, namespaces=namespaces)
+            except CorruptStoreError as e:
+                if not isinstance(e.__cause__, FileNotFoundError) or attempt == 4:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _load(self, *, validate_records: bool = True,
+              namespaces: Sequence[str] | None = None) -> Snapshot:
+        """The body of :meth:`load` (one attempt)."""
         marker = self._marker()
         listed = self._listed()  # before the version is opened: see the module docstring
         ds = self._open()
