@@ -628,3 +628,40 @@ def test_a_delta_removed_by_a_concurrent_pass_is_read_again(store, monkeypatch):
     snap = store.load()
     assert len(calls) == 2 and snap.deltas == tuple(listed)
     assert snap.records.meta.set_index("id").loc["a", "strength"] == 2.0
+
+
+def test_patch_into_must_name_another_stored_record(store):
+    with pytest.raises(KeyError, match="another stored record"):
+        store.patch([{"id": "a", "op": "delete", "into": "no-such-id"}])
+    with pytest.raises(KeyError, match="another stored record"):
+        store.patch([{"id": "a", "op": "delete", "into": "a"}])
+    with pytest.raises(TypeError, match="list of dicts"):
+        store.patch({"id": "a", "op": "delete"})
+    assert store.load().deltas == ()  # nothing written
+    store.patch([{"id": "a", "op": "delete", "into": "c"}], now=150.0)
+    store.mark_used(["a"], now=160.0)  # follows into: c is touched
+    m = store.load().records.meta.set_index("id")
+    assert m.loc["c", "strength"] == 2.0 and m.loc["a", "deleted_reason"] == "updated"
+
+
+def test_nothing_is_written_on_a_store_missing_a_data_file(store, tmp_path):
+    from consolidate.store import CorruptStoreError
+
+    commit_pass(store)
+    v = store.head().version
+    victim = store.dataset_path / next(p for p in store._files(store._open())
+                                       if p.startswith("data/"))
+    victim.rename(tmp_path / victim.name)
+    row = [{"id": "z", "namespace": "u", "text": "z", "vector": [0, 0, 1.0]}]
+    with pytest.raises(CorruptStoreError, match="missing"):
+        store.append(row)
+    assert store._open().version == v
+    (tmp_path / victim.name).rename(victim)
+    assert store.append(row) == ["z"]
+    assert store.verify()["unrecorded"] == 0  # the restored file kept its checksum
+    with store.lock():
+        store.retention_h = 0.0
+        store.keep_snapshots = 1
+        store.cleanup(compact=False)
+    with pytest.raises(CorruptStoreError, match="not retained"):
+        store.diff(1)

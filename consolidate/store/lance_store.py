@@ -212,6 +212,11 @@ class LanceStore(Store):
             ds = lance.dataset(str(self.dataset_path))
             return ds if version is None else ds.checkout_version(int(version))
         except (OSError, ValueError, RuntimeError) as e:
+            if version is not None and "not found" in str(e).lower():
+                raise CorruptStoreError(
+                    f"version {version} of {self.dataset_path} is not retained (removed by "
+                    f"cleanup after store.retention_h, or never written); "
+                    f"`consolidate-versions` lists the versions kept") from e
             raise CorruptStoreError(f"cannot open the Lance dataset {self.dataset_path}"
                                     f"{'' if version is None else f' at version {version}'}: "
                                     f"{e}") from e
@@ -295,13 +300,34 @@ class LanceStore(Store):
                                     f"without checking the data files")
         return d
 
-    def _record_checksums(self, ds: Any) -> None:
-        """Checksum the files of ``ds``'s version not yet recorded, and forget files no
-        longer on disk. Hold ``WRITERS.LOCK`` (or the store is being created)."""
-        known = self._checksums()
+    def _check_present(self, ds: Any) -> list[str]:
+        """The data and deletion files of ``ds``'s version, all present on disk.
+
+        Raises:
+            CorruptStoreError: one is missing (nothing is written on a damaged store).
+        """
         files = self._files(ds)
+        missing = [p for p in files if not (self.dataset_path / p).is_file()]
+        if missing:
+            raise CorruptStoreError(
+                f"{self.dataset_path} (version {ds.version}) is missing {missing[:3]}: "
+                f"nothing written; restore the files from a backup or roll back to a version "
+                f"without them")
+        return files
+
+    def _record_checksums(self, ds: Any) -> None:
+        """Checksum the files of ``ds``'s version not yet recorded, and forget files that
+        are neither in it nor on disk. Hold ``WRITERS.LOCK`` (or the store is being
+        created).
+
+        Raises:
+            CorruptStoreError: a file of the version is missing.
+        """
+        known = self._checksums()
+        files = self._check_present(ds)
         new = {p: _crc32(self.dataset_path / p) for p in files if p not in known}
-        gone = [p for p in known if not (self.dataset_path / p).exists()]
+        current = set(files)
+        gone = [p for p in known if p not in current and not (self.dataset_path / p).exists()]
         if not new and not gone:
             return
         for p in gone:
@@ -771,7 +797,13 @@ class LanceStore(Store):
         if not wanted:
             return pd.DataFrame({"id": pd.Series([], dtype=object),
                                  "pinned": pd.Series([], dtype=bool)})
-        t = self._open().to_table(columns=["id", "pinned"], filter=pc.field("id").isin(wanted))
+        ds = self._open()
+        try:
+            t = ds.to_table(columns=["id", "pinned"], filter=pc.field("id").isin(wanted))
+        except (OSError, pa.ArrowException) as e:
+            self._check_present(ds)  # names a missing file
+            raise CorruptStoreError(f"cannot read the ids of {self.dataset_path} (version "
+                                    f"{ds.version}): {e}") from e
         return t.to_pandas()
 
     # ------------------------------------------------------------ write
@@ -792,6 +824,7 @@ class LanceStore(Store):
         m = records.meta
         with self._writers_lock():
             ds = self._open()
+            self._check_present(ds)
             clash = set(self._stored(list(m["id"]))["id"]) if len(m) else set()
             records = self._checked(records, dim=dim, source=f"append() to {self.root}",
                                     existing=clash)
@@ -858,6 +891,7 @@ class LanceStore(Store):
             raise ValueError("commit(): the records hold namespaces the snapshot did not read")
         with self._writers_lock():
             ds = self._open()
+            self._check_present(ds)
             props = self._props(ds)
             base_props = self._props(self._open(base.version))
             if props.get(_P + "changelog") != base_props.get(_P + "changelog"):

@@ -597,7 +597,9 @@ class Store:
         from the tombstone.
 
         Raises:
-            KeyError: an unknown id (nothing written).
+            TypeError: ``patches`` is not a list of dicts.
+            KeyError: an unknown id, or an ``into`` that is not another stored record
+                (nothing written).
             ValueError: a pinned record would be deleted, an unknown op or reason, or a
                 bad time (``now``/``at`` not finite hours since the epoch, or in the future
                 beyond the clock-skew allowance); nothing is written.
@@ -605,12 +607,20 @@ class Store:
         wall = hours_now()
         now = wall if now is None else now
         self._check_time("patch: now", now, wall)
-        m = self._stored([p.get("id") for p in patches]).set_index("id")
+        if isinstance(patches, Mapping) or not all(isinstance(p, Mapping) for p in patches):
+            raise TypeError("patch() takes a list of dicts ({'id': ..., 'op': ...})")
+        m = self._stored([x for p in patches for x in (p.get("id"), p.get("into"))]
+                         ).set_index("id")
         out = []
         for p in patches:
             i, op = p.get("id"), p.get("op")
             if i not in m.index:
                 raise KeyError(f"patch: unknown id {i!r} in {self.root}")
+            into = p.get("into")
+            if into is not None and (into == i or into not in m.index):
+                # a touch of ``i`` follows ``into``: it must name another stored record
+                raise KeyError(f"patch: 'into' of {i!r} must name another stored record, "
+                               f"got {into!r}")
             at = p.get("at", now)
             self._check_time(f"patch: at for {i!r}", at, wall)
             if op == "delete":
