@@ -1,6 +1,8 @@
-"""Memory store: schema, validation, Parquet snapshots with atomic swap, importers."""
+"""Memory store: schema, validation, the Lance store (default) and the Parquet store,
+importers."""
 
 from .batch import MemoryBatch, resolve_device
+from .lance_store import LanceStore, open_store_dir
 from .schema import (
     InvalidRecordsError,
     Records,
@@ -37,4 +39,6 @@ __all__ = [
     "Store",
     "StoreNotFoundError",
     "apply_touch",
+    "LanceStore",
+    "open_store_dir",
 ]
