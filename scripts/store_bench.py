@@ -33,19 +33,17 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 
 def _hwm() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    """Peak RSS of this process in bytes (``VmHWM``)."""
+    import pass_bench
+
+    return pass_bench._proc_status("VmHWM")
 
 
 def _rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    """RSS of this process in bytes (``VmRSS``)."""
+    import pass_bench
+
+    return pass_bench._proc_status("VmRSS")
 
 
 def _open(fmt: str, root: str):

@@ -51,6 +51,7 @@ import shutil
 import threading
 import time
 import zlib
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -749,12 +750,9 @@ class LanceStore(Store):
             recs, _ = self._apply_delta(recs, name, marker["dim"], validate_records)
             applied.append(name)
         lp = props.get(_P + "last_pass_at")
-        snap = Snapshot(ds.version, recs, marker["dim"], tuple(applied), [],
-                        self.dataset_path, float(lp) if lp else None)
-        # the rows as stored (before the deltas), for commit
-        snap.stored = (stored, recs.vectors)  # type: ignore[attr-defined]
-        snap.namespaces = namespaces  # type: ignore[attr-defined]
-        return snap
+        return Snapshot(ds.version, recs, marker["dim"], tuple(applied), [],
+                        self.dataset_path, float(lp) if lp else None,
+                        stored=(stored, recs.vectors), namespaces=namespaces)
 
     def _covers(self, known: set[str] | None, name: str) -> bool:
         """Every id a delta names is in ``known`` (``None``: the whole store is loaded)."""
@@ -880,13 +878,13 @@ class LanceStore(Store):
             ConcurrentCommitError: another pass committed since ``base`` was read.
             InvalidRecordsError: the new records are invalid (nothing written).
         """
-        stored = getattr(base, "stored", None)
+        stored = base.stored
         if stored is None:
             raise ValueError("commit(): base must be a snapshot loaded from this Lance store")
         marker = self._marker()
         dim = marker["dim"]
         stored_base, base_vecs = stored
-        part = getattr(base, "namespaces", None)
+        part = base.namespaces
         if part is not None and not records.meta["namespace"].isin(part).all():
             raise ValueError("commit(): the records hold namespaces the snapshot did not read")
         with self._writers_lock():
@@ -915,8 +913,8 @@ class LanceStore(Store):
             final = Records.concat([records, late_rows], dim) if len(late_rows) else records
             already = set(self._folded(props))
             known = None if part is None else set(final.meta["id"])
-            late = [n for n in self._listed() if n not in already
-                    and n not in set(base.deltas) and self._covers(known, n)]
+            seen = already | set(base.deltas)
+            late = [n for n in self._listed() if n not in seen and self._covers(known, n)]
             n_touch = 0
             for name in late:
                 final, _ = self._apply_delta(final, name, dim)
@@ -928,16 +926,6 @@ class LanceStore(Store):
                 log = self._changelog(events, ds.version + 1, dry_run=True)
                 return {"version": ds.version, "snapshot": None, "changelog": log,
                         "carried_records": len(late_rows), "carried_touches": n_touch}
-            leftover = tuple(n for n in already if (self.root / "deltas" / n).exists())
-            folded = leftover + tuple(base.deltas) + tuple(late)
-            log = self._changelog(events, ds.version + 1)
-            _crashpoint("lance:after_changelog")
-            last = pass_time_h if pass_time_h is not None else hours_now()
-            new_props = self._new_props(op, folded, log, last)
-            counts: dict[str, int] = {}
-            for e in events:
-                counts[str(e.get("op"))] = counts.get(str(e.get("op")), 0) + 1
-            new_props[_P + "summary"] = json.dumps(counts, sort_keys=True)
             dtype = self.vector_dtype or self._vector_dtype(ds.schema)
             lance = _lance()
             upsert = removed = None
@@ -958,6 +946,14 @@ class LanceStore(Store):
             if problems:
                 raise InvalidRecordsError(f"the new version of {self.root} (nothing written)",
                                           problems)
+            leftover = tuple(n for n in already if (self.root / "deltas" / n).exists())
+            folded = leftover + tuple(base.deltas) + tuple(late)
+            log = self._changelog(events, ds.version + 1)
+            _crashpoint("lance:after_changelog")
+            last = pass_time_h if pass_time_h is not None else hours_now()
+            new_props = self._new_props(op, folded, log, last)
+            counts = Counter(str(e.get("op")) for e in events)
+            new_props[_P + "summary"] = json.dumps(dict(counts), sort_keys=True)
             if upsert is None and part is not None:
                 raise ValueError("a vector dtype conversion rewrites the whole store: run it "
                                  "over every namespace (pass.force=true)")

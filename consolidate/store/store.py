@@ -260,6 +260,10 @@ class Snapshot:
         new_ids: ids of records added by those deltas (written since the snapshot).
         path: the snapshot file.
         last_pass_at: wall time (hours since epoch) of the last pass, ``None`` if none yet.
+        stored: Lance store only: the rows as stored before the deltas, ``(Arrow table of
+            the non-vector columns, float32 [n, d] vectors)``, which its commit compares
+            against; ``None`` for the Parquet store.
+        namespaces: the namespaces read (sorted), ``None`` for the whole store.
     """
 
     version: int
@@ -269,6 +273,8 @@ class Snapshot:
     new_ids: list[str] = field(default_factory=list)
     path: Path | None = None
     last_pass_at: float | None = None
+    stored: tuple[Any, np.ndarray] | None = None
+    namespaces: list[str] | None = None
 
     def batch(self, device: str = "cpu", live_only: bool = True) -> Any:
         """Tensors on ``device`` plus a table view; see :class:`consolidate.store.MemoryBatch`."""
