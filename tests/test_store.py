@@ -275,6 +275,23 @@ def test_create_stores_unit_vectors_like_append(tmp_path):
     np.testing.assert_allclose(s.load().records.vectors[-1], [0.0, 1.0, 0.0], atol=1e-7)
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "lance"])
+def test_append_leaves_the_callers_records_as_they_were(tmp_path, fmt):
+    from consolidate.store import open_store_dir
+    from consolidate.store.schema import records_from_rows
+
+    s = open_store_dir(tmp_path / "s", format=fmt)
+    s.create(make_records(base_rows()))
+    new = records_from_rows([{"id": "n1", "namespace": "u", "text": "fact", "importance": 0.5,
+                              "vector": [0.0, 3.0, 4.0], "created_at": 1.0, "last_used": 1.0,
+                              "last_pass": 2.0}])
+    s.append(new)
+    # the same records appended to a second store give the same stored row
+    np.testing.assert_array_equal(new.vectors, [[0.0, 3.0, 4.0]])
+    assert new.meta["last_pass"].tolist() == [2.0]
+    np.testing.assert_allclose(s.load().records.vectors[-1], [0.0, 0.6, 0.8], atol=1e-7)
+
+
 def test_mark_used_caps_strength_like_the_pass_by_default(tmp_path):
     from consolidate.config import PassConfig
     from consolidate.store.schema import DEFAULT_STRENGTH_CAP

@@ -419,6 +419,10 @@ class Store:
             raise TypeError("append() takes a list of records, not one dict")
         if not isinstance(records, Records):
             records = records_from_rows(records, dim=dim)
+        else:  # the caller's records stay as they were (append rescales, stamps columns)
+            records = dataclasses.replace(
+                records, meta=records.meta.copy(),
+                input_problems={k: list(v) for k, v in records.input_problems.items()})
         m = records.meta
         not_live = np.flatnonzero(~np.isnan(m["deleted_at"].to_numpy(np.float64))
                                   | m["merged_into"].map(lambda x: isinstance(x, str)).to_numpy(
