@@ -261,17 +261,25 @@ with s.lock():
     snap = s.load()
     res = run_pass(snap.records, cfg=PassConfig(threshold=0.8, now="1000", floor=0.3),
                    version=snap.version + 1, wall_h=2000.0)
-    s.commit(res.records, res.events, base=snap)
+    if ls.REWRITE_FRACTION < 0:  # a fleet run's commit: the changes of one shard
+        upsert, removed = s.changes(res.records, snap)
+        s.commit_changes(upsert, removed, res.events, base_version=snap.version,
+                         folded=snap.deltas, namespaces=None, pass_time_h=2000.0)
+    else:
+        s.commit(res.records, res.events, base=snap)
 print("committed", flush=True)
 """
 
 POINTS = ["changelog:before_rename", "lance:after_changelog", "lance:before_commit",
-          "lance:after_commit", "lance:during_delta_cleanup"]
+          "lance:after_fragments", "lance:after_commit", "lance:during_delta_cleanup"]
+# (point, REWRITE_FRACTION): 0 rewrites the table, 1.01 upserts, -1 commits shard changes
+CASES = ([(p, 0.0) for p in POINTS if p != "lance:after_fragments"]
+         + [(p, f) for p in POINTS for f in (1.01, -1.0)])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fraction", [0.0, 1.01], ids=["rewrite", "upsert"])
-@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize(("point", "fraction"), CASES, ids=[
+    f"{p}-{ {0.0: 'rewrite', 1.01: 'upsert', -1.0: 'shards'}[f]}" for p, f in CASES])
 def test_sigkill_during_commit(tmp_path, point, fraction):
     root = tmp_path / "s"
     store = LanceStore(root)

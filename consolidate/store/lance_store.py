@@ -23,9 +23,10 @@ Writes and what they cost (see ``eval/store_bench/``):
   (their semantics, e.g. a touch following ``merged_into``, stay in
   :func:`~consolidate.store.store.apply_touch` / :func:`~consolidate.store.store.apply_patch`).
 * :meth:`LanceStore.commit` (a pass, an undo) compares the pass's records with the stored
-  rows, column by column as arrays, and commits only the difference as one Lance
-  ``merge_insert`` on ``id`` (changed and new rows upserted, purged rows deleted), with the
-  pending deltas folded into the rows they touch.
+  rows, column by column as arrays, and commits only the difference as one Lance ``Update``
+  transaction (the stored rows of changed and purged ids marked deleted in their
+  fragments, changed and new rows written as new fragments), with the pending deltas
+  folded into the rows they touch.
 
 Every version carries ``transaction_properties``: ``consolidate.op``, the delta files folded
 so far (``consolidate.folded``), the changelog's name, the last pass time. Appends copy them
@@ -718,10 +719,36 @@ class LanceStore(Store):
             flt = pc.field("namespace").isin(pa.array(namespaces, pa.string()))
             source += f", namespaces {namespaces[:3]}{'...' if len(namespaces) > 3 else ''}"
         try:
-            table = ds.to_table(filter=flt)
+            try:
+                table = ds.to_table(filter=flt)
+            except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
+                if checker is not None:  # a checksum that names the damaged file says more
+                    checker.join()
+                    if "error" in check:
+                        raise check["error"] from e
+                raise CorruptStoreError(f"cannot read {source}: {e}") from e
+            return self._rows_snapshot(table, version=ds.version, dim=marker["dim"],
+                                       props=props, deltas=listed,
+                                       validate_records=validate_records, source=source,
+                                       namespaces=namespaces, checker=checker, check=check)
+        finally:
+            if checker is not None:
+                checker.join()
+
+    def _rows_snapshot(self, table: pa.Table, *, version: int, dim: int,
+                       props: Mapping[str, str], deltas: Sequence[str],
+                       validate_records: bool, source: str,
+                       namespaces: Sequence[str] | None,
+                       checker: threading.Thread | None = None,
+                       check: dict[str, Any] | None = None) -> Snapshot:
+        """A :class:`Snapshot` of stored rows read from version ``version``: decoded,
+        validated, with those of ``deltas`` applied that are not folded as of that version
+        and whose ids are all among the rows read (``namespaces`` not ``None``)."""
+        check = {} if check is None else check
+        try:
             # text_hash as written by this store (create and append compute it from the
             # text, nothing else writes the dataset): not recomputed at every load
-            recs = records_from_arrow(table, dim=marker["dim"], stored_hashes=True)
+            recs = records_from_arrow(table, dim=dim, stored_hashes=True)
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
             if checker is not None:  # a checksum that names the damaged file says more
                 checker.join()
@@ -738,19 +765,18 @@ class LanceStore(Store):
                 raise check["error"]
         if validate_records:
             # rows moved to quarantine stay in ``stored``: the next commit deletes them
-            recs = self._checked(recs, dim=marker["dim"], source=source, existing=None,
-                                 reading=True)
+            recs = self._checked(recs, dim=dim, source=source, existing=None, reading=True)
         recs.vectors.setflags(write=False)  # commit compares against these: never in place
         folded = set(self._folded(props))
         applied = []
         known = None if namespaces is None else set(recs.meta["id"])
-        for name in listed:
+        for name in deltas:
             if name in folded or not self._covers(known, name):
                 continue
-            recs, _ = self._apply_delta(recs, name, marker["dim"], validate_records)
+            recs, _ = self._apply_delta(recs, name, dim, validate_records)
             applied.append(name)
         lp = props.get(_P + "last_pass_at")
-        return Snapshot(ds.version, recs, marker["dim"], tuple(applied), [],
+        return Snapshot(version, recs, dim, tuple(applied), [],
                         self.dataset_path, float(lp) if lp else None,
                         stored=(stored, recs.vectors), namespaces=namespaces)
 
@@ -758,13 +784,7 @@ class LanceStore(Store):
         """Every id a delta names is in ``known`` (``None``: the whole store is loaded)."""
         if known is None:
             return True
-        try:
-            d = json.loads((self.root / "deltas" / name).read_text())
-            ids = d["ids"] if "ids" in d else [p["id"] for p in d["patches"]]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise CorruptStoreError(f"cannot read delta {self.root / 'deltas' / name}: {e}; "
-                                    f"move it out of the folder to go on without it") from e
-        return all(i in known for i in ids)
+        return all(i in known for i in self.delta_ids(name))
 
     def trigger(self, threshold: float) -> tuple[list[str], dict[str, float]]:
         """Which namespaces should a nightly pass process? Reads four columns (never the
@@ -857,7 +877,7 @@ class LanceStore(Store):
         as they are (they are listed as ``carried``); pending deltas are folded into the rows
         they touch. Changed rows (any column, vectors included, differs from the stored row)
         and new rows are upserted and rows absent from ``records`` (purged) deleted, in one
-        Lance ``merge_insert`` on ``id``; if ``store.vector_dtype`` asks for another vector
+        Lance ``Update`` transaction on ``id`` (see :meth:`_upsert`); if ``store.vector_dtype`` asks for another vector
         dtype, or more than :data:`REWRITE_FRACTION` of the rows changed, the whole table
         is rewritten instead (a Lance ``Overwrite``; history kept).
 
@@ -968,15 +988,8 @@ class LanceStore(Store):
                                           transaction_properties=new_props)
                 new.create_scalar_index("id", "BTREE")
             else:
-                table = records_to_arrow(final.take(upsert), dtype)
-                b = ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
-                if removed:
-                    b = b.when_not_matched_by_source_delete(
-                        "id IN (" + ", ".join(_sql_str(i) for i in removed) + ")")
-                txn, _stats = b.execute_uncommitted(table)
-                txn.transaction_properties = new_props
-                new = lance.LanceDataset.commit(str(self.dataset_path), txn,
-                                                read_version=ds.version)
+                new = self._upsert(ds, records_to_arrow(final.take(upsert), dtype), removed,
+                                   new_props)
                 written, deleted = len(upsert), len(removed)
             _crashpoint("lance:after_commit")
             self._record_checksums(self._open())
@@ -985,6 +998,211 @@ class LanceStore(Store):
                 "changelog": log, "carried_records": len(late_rows),
                 "carried_touches": n_touch, "rows_written": written, "rows_deleted": deleted,
                 "rewrite": rewrite}
+
+    def _upsert(self, ds: Any, table: pa.Table, removed: Sequence[str],
+                props: dict[str, str]) -> Any:
+        """Commit ``table`` (rows upserted on ``id``) and the deletion of the ids
+        ``removed`` as one Lance version on top of ``ds`` carrying ``props``.
+
+        One ``Update`` transaction: the stored rows of those ids are marked deleted in the
+        fragments that hold them (deletion files, found through the ``id`` index) and the
+        new rows written as new fragments. Its cost follows the rows changed, not the
+        table, and it needs no join in memory (Lance's ``merge_insert`` builds a hash
+        table of its whole input, which exceeds Lance's memory pool at about 10^5 rows of
+        384-d vectors)."""
+        lance = _lance()
+        ids = table.column("id")
+        if removed:
+            ids = pa.concat_arrays([ids.combine_chunks() if isinstance(ids, pa.ChunkedArray)
+                                    else ids, pa.array(list(removed), pa.string())])
+        updated, gone = [], []
+        if len(ids):
+            hit = ds.to_table(columns=["id"], filter=pc.field("id").isin(ids),
+                              with_row_address=True)
+            frag_of = hit.column("_rowaddr").to_numpy() >> 32
+            hit_ids = hit.column("id")
+            frags, counts = np.unique(frag_of, return_counts=True)
+            # one step per fragment that holds a changed row (never per record); a fragment
+            # whose every live row changed is dropped whole
+            for f, c in zip(frags.tolist(), counts.tolist(), strict=True):
+                frag = ds.get_fragment(int(f))
+                if c == frag.count_rows():
+                    gone.append(int(f))
+                    continue
+                fids = hit_ids.filter(pa.array(frag_of == f)).to_pylist()
+                meta = frag.delete("id IN (" + ", ".join(_sql_str(i) for i in fids) + ")")
+                (gone.append(int(f)) if meta is None else updated.append(meta))
+        new = (lance.fragment.write_fragments(table, ds, max_rows_per_file=ROWS_PER_FRAGMENT)
+               if table.num_rows else [])
+        _crashpoint("lance:after_fragments")  # files written, not yet in any version
+        op = lance.LanceOperation.Update(removed_fragment_ids=gone, updated_fragments=updated,
+                                         new_fragments=new)
+        txn = lance.Transaction(read_version=ds.version, operation=op,
+                                transaction_properties=props)
+        return lance.LanceDataset.commit(str(self.dataset_path), txn, read_version=ds.version)
+
+    # ------------------------------------------------------------ shards (fleet runs)
+    def pending(self) -> tuple[int, list[str]]:
+        """The newest version and the delta files not folded into it (sorted).
+
+        The delta files are listed before the version is opened (see the module
+        docstring), so a delta a pass folds in between is not listed as pending."""
+        listed = self._listed()
+        ds = self._open()
+        folded = set(self._folded(self._props(ds)))
+        return ds.version, [n for n in listed if n not in folded]
+
+    def delta_ids(self, name: str) -> list[str]:
+        """The record ids a pending delta file names (a touch's ids, a patch's ids).
+
+        Raises:
+            CorruptStoreError: the file cannot be read or is malformed (names it)."""
+        path = self.root / "deltas" / name
+        if not (_plain_name(name) and name.endswith((".touch.json", ".patch.json"))):
+            raise CorruptStoreError(f"{name!r} is not a delta file name of {self.root}")
+        try:
+            d = json.loads(path.read_text())
+            ids = d["ids"] if "ids" in d else [p["id"] for p in d["patches"]]
+            if not all(isinstance(i, str) for i in ids):
+                raise TypeError("ids are not strings")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CorruptStoreError(f"cannot read delta {path}: {e}; move it out of the "
+                                    f"folder to go on without it") from e
+        return list(ids)
+
+    def read_rows(self, version: int, namespaces: Sequence[str] | None = None,
+                  columns: Sequence[str] | None = None) -> pa.Table:
+        """The stored rows of ``version`` (all columns unless ``columns``), of the
+        ``namespaces`` given or of all; pending deltas are not applied.
+
+        Raises:
+            CorruptStoreError: the version is not retained or a file cannot be read."""
+        ds = self._open(version)
+        flt = (None if namespaces is None
+               else pc.field("namespace").isin(pa.array(sorted(namespaces), pa.string())))
+        try:
+            return ds.to_table(columns=None if columns is None else list(columns), filter=flt)
+        except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
+            self._check_present(ds)
+            raise CorruptStoreError(f"cannot read {self.dataset_path} (version {version}): "
+                                    f"{e}") from e
+
+    def shard_snapshot(self, table: pa.Table, *, version: int, namespaces: Sequence[str],
+                       deltas: Sequence[str], validate_records: bool = True) -> Snapshot:
+        """A snapshot of one shard of namespaces from rows :meth:`read_rows` returned:
+        the rows decoded and validated, with the given pending deltas applied (a delta
+        naming an id outside the shard is skipped and stays pending).
+
+        Args:
+            table: every stored row of ``namespaces`` at ``version`` (all columns).
+            version: the version the rows were read from.
+            namespaces: the shard's namespaces.
+            deltas: pending delta files to apply (:meth:`pending`).
+
+        Returns:
+            A snapshot whose ``deltas`` lists the delta files applied; its records, run
+            through a pass, go to :meth:`changes`.
+        """
+        marker = self._marker()
+        props = self._props(self._open(version))
+        names = sorted({str(n) for n in namespaces})
+        source = (f"{self.dataset_path} (version {version}), namespaces "
+                  f"{names[:3]}{'...' if len(names) > 3 else ''}")
+        return self._rows_snapshot(table, version=version, dim=marker["dim"], props=props,
+                                   deltas=list(deltas), validate_records=validate_records,
+                                   source=source, namespaces=names)
+
+    def changes(self, records: Records, base: Snapshot) -> tuple[pa.Table, list[str]]:
+        """What a commit of ``records`` over ``base`` would write: the rows (all columns, in
+        the store's vector dtype) that are new or differ from the stored row in any column
+        or vector component, and the stored ids absent from ``records`` (purged).
+
+        Raises:
+            ValueError: ``base`` was not loaded from a Lance store."""
+        if base.stored is None:
+            raise ValueError("changes(): base must be a snapshot loaded from this Lance store")
+        dim = self._marker()["dim"]
+        stored_base, base_vecs = base.stored
+        dtype = self._vector_dtype(self._open(base.version).schema)
+        rows, removed = _changes(records_to_arrow(records, dtype, with_vectors=False),
+                                 records.vectors.reshape(len(records), dim), stored_base,
+                                 [base_vecs.reshape(-1, dim)])
+        return records_to_arrow(records.take(rows), dtype), removed
+
+    def commit_changes(self, upsert: pa.Table, removed: Sequence[str],
+                       events: list[dict[str, Any]], *, base_version: int,
+                       folded: Sequence[str], namespaces: Sequence[str] | None,
+                       pass_time_h: float | None = None, op: str = "pass") -> dict[str, Any]:
+        """Commit the changes of a pass run in shards (:meth:`changes` of each) as one new
+        version: ``upsert`` rows upserted on ``id`` and ``removed`` ids deleted, in one
+        Lance ``Update`` transaction (:meth:`_upsert`). Must be called while holding
+        :meth:`lock`.
+
+        Rows appended since ``base_version`` stay as they are, and deltas not in ``folded``
+        stay pending (the next load applies them).
+
+        Args:
+            upsert: the changed and new rows (the store's schema), ids unique.
+            removed: stored ids to delete (purged tombstones).
+            events: the changelog events.
+            base_version: the version the shards read.
+            folded: the delta files the shards applied.
+            namespaces: the namespaces the shards covered (``None``: all); every upserted
+                row must be in one of them.
+            pass_time_h: wall time of the pass (hours since the epoch).
+
+        Returns:
+            ``{"version", "snapshot", "changelog", "carried_records", "carried_touches",
+            "rows_written", "rows_deleted", "rewrite"}`` as :meth:`commit`.
+
+        Raises:
+            ConcurrentCommitError: another pass committed since ``base_version``.
+            InvalidRecordsError: an upserted row is invalid or ids repeat (nothing written).
+            ValueError: a row outside ``namespaces``.
+        """
+        dim = self._marker()["dim"]
+        for name in folded:
+            if not (_plain_name(name) and name.endswith((".touch.json", ".patch.json"))):
+                raise ValueError(f"commit_changes(): {name!r} is not a delta file name")
+        with self._writers_lock():
+            ds = self._open()
+            self._check_present(ds)
+            props = self._props(ds)
+            base_props = self._props(self._open(base_version))
+            if props.get(_P + "changelog") != base_props.get(_P + "changelog"):
+                raise ConcurrentCommitError(
+                    f"{self.root}: another pass or undo committed since version "
+                    f"{base_version} was read (now at {ds.version}); rerun the pass")
+            recs = records_from_arrow(upsert, dim=dim)
+            if namespaces is not None and not recs.meta["namespace"].isin(
+                    list(namespaces)).all():
+                raise ValueError("commit_changes(): rows outside the namespaces read")
+            problems = validate(recs, dim=dim,
+                                future_tolerance_h=READ_SKEW * self.future_tolerance_h)
+            dup = recs.meta["id"][recs.meta["id"].duplicated()].tolist()
+            if dup:
+                problems.append(Problem("duplicate id", [], dup[:20]))
+            if problems:
+                raise InvalidRecordsError(f"the new version of {self.root} (nothing written)",
+                                          problems)
+            already = set(self._folded(props))
+            leftover = tuple(n for n in already if (self.root / "deltas" / n).exists())
+            all_folded = leftover + tuple(folded)
+            log = self._changelog(events, ds.version + 1)
+            _crashpoint("lance:after_changelog")
+            last = pass_time_h if pass_time_h is not None else hours_now()
+            new_props = self._new_props(op, all_folded, log, last)
+            counts = Counter(str(e.get("op")) for e in events)
+            new_props[_P + "summary"] = json.dumps(dict(counts), sort_keys=True)
+            _crashpoint("lance:before_commit")
+            new = self._upsert(ds, records_to_arrow(recs, self._vector_dtype(ds.schema)),
+                               list(removed), new_props)
+            _crashpoint("lance:after_commit")
+            self._record_checksums(self._open())
+        self._cleanup_deltas(all_folded)
+        return {"version": new.version, "snapshot": f"{DATASET}@{new.version}",
+                "changelog": log, "carried_records": 0, "carried_touches": 0,
+                "rows_written": len(recs), "rows_deleted": len(removed), "rewrite": False}
 
     def _cleanup_deltas(self, folded: Iterable[str]) -> None:
         d = self.root / "deltas"
