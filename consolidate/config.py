@@ -21,6 +21,7 @@ __all__ = [
     "ImportanceConfig",
     "StoreConfig",
     "PathsConfig",
+    "RunnerConfig",
     "register_configs",
 ]
 
@@ -199,6 +200,33 @@ class PathsConfig:
     store_root: str = "stores"
 
 
+@dataclass
+class RunnerConfig:
+    """Where the pass runs (see :mod:`consolidate.fleet`).
+
+    Attributes:
+        kind: ``local`` (this process) or ``ray`` (shards of namespaces on Ray Data actors;
+            Lance stores only).
+        address: the Ray cluster to join (``ray.init(address=...)``, e.g. ``auto``);
+            ``None`` starts a local cluster for the run.
+        num_cpus: CPUs of the local cluster it starts (``None``: all of this machine).
+        actors: pass workers (Ray actors); each builds its merger once.
+        cpus_per_actor: CPUs reserved per actor (its torch threads).
+        gpus_per_actor: GPUs per actor (0: CPU workers; with GPUs the similarity runs on
+            the actor's GPU).
+        max_rows_per_shard: rows per shard (a Ray Data block) at most; namespaces are
+            packed into shards whole, so one larger than this gets a shard of its own.
+    """
+
+    kind: str = "local"
+    address: str | None = None
+    num_cpus: int | None = None
+    actors: int = 2
+    cpus_per_actor: float = 1.0
+    gpus_per_actor: float = 0.0
+    max_rows_per_shard: int = 100_000
+
+
 def register_configs() -> None:
     """Register every group schema as ``<group>/base`` in Hydra's ConfigStore."""
     cs = ConfigStore.instance()
@@ -207,6 +235,7 @@ def register_configs() -> None:
     cs.store(group="embedder", name="base", node=EmbedderConfig)
     cs.store(group="store", name="base", node=StoreConfig)
     cs.store(group="paths", name="base", node=PathsConfig)
+    cs.store(group="runner", name="base", node=RunnerConfig)
 
 
 register_configs()

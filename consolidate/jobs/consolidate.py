@@ -38,7 +38,7 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
     Returns:
         The run summary (also written to ``<out_dir>/summary.json``).
     """
-    from ..config import StoreConfig
+    from ..config import RunnerConfig, StoreConfig
 
     t0 = time.perf_counter()
     pc = pass_cfg(cfg)
@@ -48,8 +48,13 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
         pc.threshold = calibration["threshold"]
     sc = sim_cfg(cfg)
     check_engine(sc.engine, sc.device)  # settings errors before any store is built
-    merger = instantiate(cfg.merge)
-    reflector = instantiate(cfg.reflect) if pc.reflect else None
+    rc: RunnerConfig = typed(cfg, "runner", RunnerConfig) if "runner" in cfg else RunnerConfig()
+    if rc.kind not in ("local", "ray"):
+        raise ValueError(f"runner.kind must be 'local' or 'ray', got {rc.kind!r}")
+    fleet = rc.kind == "ray"
+    # a fleet run's actors build their own merger and reflector (from these configs)
+    merger = None if fleet else instantiate(cfg.merge)
+    reflector = instantiate(cfg.reflect) if pc.reflect and not fleet else None
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
     t = time.perf_counter()
     store, report = open_store(cfg)
@@ -63,7 +68,13 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
         for k in ("malformed_evidence", "malformed_items", "bad_times"):
             summary["import"][k] = len(report[k])
         summary["import"]["time_s"] = round(t_build, 3)
+    if fleet and not isinstance(store, LanceStore):
+        raise ValueError(f"runner=ray needs a Lance store; {store.root} is a Parquet store "
+                         f"(consolidate-convert src=... dst=... makes a Lance copy)")
     with store.lock(timeout_s=scfg.lock_timeout_s):
+        if fleet:
+            summary.update(_fleet_run(cfg, store, pc, sc, rc))
+            return _finish(summary, t0, out_dir)
         t = time.perf_counter()
         if isinstance(store, LanceStore) and pc.incremental and not pc.force:
             # per namespace: read only the namespaces whose new memories fired
@@ -100,11 +111,57 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
                 res.stats.time_s["cleanup"] = round(time.perf_counter() - t, 4)
             summary.update(ran=True, dry_run=pc.dry_run, commit=commit,
                            stats=res.stats.as_dict())
+    return _finish(summary, t0, out_dir)
+
+
+def _finish(summary: dict[str, Any], t0: float, out_dir: str | None) -> dict[str, Any]:
+    """Stamp the wall time and write ``summary.json``."""
     summary["wall_time_s"] = round(time.perf_counter() - t0, 3)
     if out_dir is None:
         out_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else "outputs"
     summary["summary_path"] = str(write_summary(out_dir, summary))
     return summary
+
+
+def _fleet_run(cfg: DictConfig, store: LanceStore, pc: Any, sc: Any, rc: Any
+               ) -> dict[str, Any]:
+    """The pass on Ray Data (:func:`consolidate.fleet.run_fleet_pass`), under the store's
+    lock: the trigger per namespace (``pass.incremental``) or over the store, then the
+    shards, then one commit and the cleanup. Returns the summary's fields."""
+    from ..fleet import run_fleet_pass
+
+    out: dict[str, Any] = {}
+    t = time.perf_counter()
+    fired, per_ns = store.trigger(pc.trigger_importance)
+    new_imp = float(sum(per_ns.values()))
+    if pc.incremental and not pc.force:
+        namespaces: list[str] | None = fired
+        fire = bool(fired)
+        scope = {"namespaces_fired": len(fired), "namespaces_with_new": len(per_ns)}
+    else:
+        namespaces, fire, scope = None, new_imp >= pc.trigger_importance, {}
+    out["trigger"] = {"new_importance": round(new_imp, 4), "threshold": pc.trigger_importance,
+                      "fired": fire, "forced": pc.force, **scope}
+    if not (fire or pc.force):
+        out.update(ran=False, base_version=store.head().version, records_read=0)
+        log.info("trigger did not fire: new importance %.3f < %.3f (use pass.force=true)",
+                 new_imp, pc.trigger_importance)
+        return out
+    t_trigger = time.perf_counter() - t
+    merge = OmegaConf.to_container(cfg.merge, resolve=True)
+    reflect = OmegaConf.to_container(cfg.reflect, resolve=True) if pc.reflect else None
+    res = run_fleet_pass(store, namespaces=namespaces, pass_cfg=pc, sim_cfg=sc, runner=rc,
+                         merge=merge, reflect=reflect, wall_h=hours_now(), dry_run=pc.dry_run)
+    stats, commit = res["stats"], res["commit"]
+    stats.time_s["trigger"] = round(t_trigger, 4)
+    if not pc.dry_run:
+        t = time.perf_counter()
+        commit["cleanup"] = store.cleanup()
+        stats.time_s["cleanup"] = round(time.perf_counter() - t, 4)
+    out.update(ran=True, dry_run=pc.dry_run, commit=commit, stats=stats.as_dict(),
+               base_version=res["base_version"], records_read=res["records_read"],
+               fleet=res["fleet"])
+    return out
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -160,6 +217,11 @@ def format_summary(s: dict[str, Any]) -> str:
                      f"carried {c['carried_records']} late records")
         lines.append(f"device           {st['device']}, engine {st.get('engine', 'torch')} "
                      f"(merger: {st['merger']})")
+        if "fleet" in s:
+            f = s["fleet"]
+            lines.append(f"runner           ray: {f['shards']} shards of whole namespaces on "
+                         f"{f['workers']} actors, {f['ray_s']} s on Ray (stage times are "
+                         f"summed over actors)")
     lines.append(f"wall time        {s['wall_time_s']} s; summary {s['summary_path']}")
     return "\n".join(lines)
 

@@ -1,0 +1,440 @@
+"""Fleet runs: the sleep pass over a Lance store's namespaces, in shards, on Ray Data.
+
+The pass (:func:`~consolidate.pipeline.run_pass`) is a pure function of one snapshot, and
+every stage works within a namespace, so whole namespaces can run anywhere. A fleet run:
+
+1. **plans** (driver): reads the ``namespace`` column of the pinned version (never the
+   vectors or texts), groups namespaces that share a pending delta file (so each delta is
+   applied by exactly one shard), and packs whole namespaces into shards of about
+   ``runner.max_rows_per_shard`` rows;
+2. **reads** (Ray Data): a datasource with one read task per shard, each a filtered Lance
+   scan of its namespaces at the pinned version, so every block holds whole namespaces and
+   no group-by shuffle is needed;
+3. **runs the pass** (Ray actors, ``runner.actors`` of them, CPUs or GPUs each): decodes and
+   validates the shard's rows, applies its pending deltas, runs the pass and returns only
+   what changed (:meth:`~consolidate.store.lance_store.LanceStore.changes`), its events and
+   its stats;
+4. **commits** (driver): the store-wide safety stop over all shards' drops, then one Lance
+   version holding every shard's changes
+   (:meth:`~consolidate.store.lance_store.LanceStore.commit_changes`).
+
+The driver never holds the store's rows, only the changed ones. The records a fleet run
+commits are those of a single-process pass over the same namespaces (tested). Deltas that
+name ids in namespaces outside the run stay pending, as with a single-process partial load.
+
+Ray is imported only when a fleet run starts (``pip install "ray[data]"``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import pickle
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .config import PassConfig, RunnerConfig, SimilarityConfig
+from .pipeline.retention import MassDropError
+from .pipeline.state import PassStats
+from .store.lance_store import LanceStore
+
+__all__ = ["FleetPlan", "plan_shards", "run_fleet_pass"]
+
+log = logging.getLogger("consolidate")
+
+#: PassStats fields that are not summed over shards
+_NOT_SUMMED = {"merger", "version", "device", "engine", "score_min", "time_s"}
+
+
+@dataclass
+class FleetPlan:
+    """The shards of one fleet run.
+
+    Attributes:
+        version: the Lance version every shard reads.
+        shards: namespaces per shard (sorted within a shard; shards ordered by their first
+            namespace).
+        rows: stored rows per shard (``int64 [n_shards]``).
+        deltas: pending delta files each shard applies.
+        left_pending: pending delta files no shard applies (they name ids outside the
+            run's namespaces, or ids not stored); they stay pending.
+    """
+
+    version: int
+    shards: list[list[str]]
+    rows: np.ndarray
+    deltas: list[list[str]]
+    left_pending: list[str]
+
+
+def plan_shards(store: LanceStore, *, version: int, pending: Sequence[str],
+                namespaces: Sequence[str] | None, max_rows: int) -> FleetPlan:
+    """Pack whole namespaces into shards for :func:`run_fleet_pass`.
+
+    Reads only the ``namespace`` column of ``version`` (and ``id``, ``namespace`` of the rows
+    the pending deltas name, through the ``id`` index).
+
+    Args:
+        store: the Lance store.
+        version: the version to read.
+        pending: the pending delta files (:meth:`LanceStore.pending`).
+        namespaces: the namespaces to run (``None``: every namespace).
+        max_rows: rows per shard at most (>= 1): namespaces (and the groups of them that
+            one delta binds) are packed in order while a shard stays within it; one larger
+            than ``max_rows`` gets a shard of its own.
+
+    Returns:
+        :class:`FleetPlan`.
+
+    Raises:
+        ValueError: ``max_rows`` < 1.
+        CorruptStoreError: the version or a delta file cannot be read.
+    """
+    if not (isinstance(max_rows, int) and max_rows >= 1):
+        raise ValueError(f"runner.max_rows_per_shard must be an integer >= 1, got {max_rows!r}")
+    ns_col = store.read_rows(version, namespaces, columns=["namespace"]).column("namespace")
+    counts = ns_col.value_counts()
+    names = np.asarray(counts.field("values").to_pylist(), dtype=object)
+    rows = counts.field("counts").to_numpy().astype(np.int64)
+    order = np.argsort(names.astype(str), kind="stable")
+    names, rows = names[order], rows[order]
+    n = len(names)
+    # namespaces that share a delta file go into one shard (a union-find over the deltas,
+    # whose number is that of the writes since the last pass, not of the records)
+    parent = np.arange(n)
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    ids_of = {name: store.delta_ids(name) for name in pending}
+    wanted = sorted({i for ids in ids_of.values() for i in ids})
+    where: dict[str, str] = {}
+    if wanted:
+        t = store._open(version).to_table(columns=["id", "namespace"],
+                                          filter=pc.field("id").isin(wanted))
+        where = dict(zip(t.column("id").to_pylist(), t.column("namespace").to_pylist(),
+                         strict=True))
+    pos = pd.Index(names)
+    applied: dict[str, list[int]] = {}
+    left = []
+    for name, ids in ids_of.items():
+        ns = {where.get(i) for i in ids}
+        at = pos.get_indexer(list(ns - {None})) if None not in ns else np.array([-1])
+        if not len(at) or (at < 0).any():
+            left.append(name)
+            continue
+        r0 = root(int(at[0]))
+        for a in at[1:]:
+            parent[root(int(a))] = r0
+        applied[name] = [int(a) for a in at]
+    comp = np.array([root(i) for i in range(n)], dtype=np.int64) if n else np.zeros(0, np.int64)
+    # components in the order of their first namespace; a shard starts at each component
+    # whose preceding rows cross a multiple of max_rows
+    first = pd.Series(np.arange(n)).groupby(comp).transform("min").to_numpy()
+    by = np.lexsort((np.arange(n), first))
+    comp_sorted = comp[by]
+    starts = np.r_[True, comp_sorted[1:] != comp_sorted[:-1]] if n else np.zeros(0, bool)
+    comp_rows = pd.Series(rows[by]).groupby(np.cumsum(starts)).transform("sum").to_numpy()
+    # greedy packing, one step per component (at most one per namespace, never per record)
+    c_idx = np.flatnonzero(starts)
+    c_rows = comp_rows[c_idx]
+    shard_of_comp = np.zeros(len(c_idx), np.int64)
+    acc, k = 0, 0
+    for j, r in enumerate(c_rows.tolist()):
+        if acc and acc + r > max_rows:
+            k, acc = k + 1, 0
+        shard_of_comp[j] = k
+        acc += r
+    shard_of = shard_of_comp[np.cumsum(starts) - 1] if n else np.zeros(0, np.int64)
+    n_shards = int(shard_of.max()) + 1 if n else 0
+    shards = [sorted(names[by][shard_of == s].astype(str).tolist()) for s in range(n_shards)]
+    shard_rows = np.bincount(shard_of, weights=rows[by], minlength=n_shards).astype(np.int64)
+    ns_shard = np.empty(n, np.int64)
+    ns_shard[by] = shard_of
+    deltas: list[list[str]] = [[] for _ in range(n_shards)]
+    for name, at in applied.items():
+        deltas[int(ns_shard[at[0]])].append(name)
+    return FleetPlan(version, shards, shard_rows, deltas, sorted(left))
+
+
+def _read_shard(root: str, version: int, k: int, namespaces: list[str]) -> list[pa.Table]:
+    """One Ray Data read task: the stored rows of one shard, with a ``_shard`` column."""
+    t = LanceStore(root).read_rows(version, namespaces)
+    return [t.append_column("_shard", pa.array(np.full(t.num_rows, k, np.int32)))]
+
+
+class _ShardPass:
+    """A Ray actor that runs the pass on the shards of the blocks it is given."""
+
+    def __init__(self, root: str, plan: FleetPlan, pass_cfg: PassConfig,
+                 sim_cfg: SimilarityConfig, merge: Any, reflect: Any, wall_h: float,
+                 threads: int) -> None:
+        import torch
+        from hydra.utils import instantiate
+
+        torch.set_num_threads(max(1, threads))
+        self.store = LanceStore(root)
+        self.plan = plan
+        # the store-wide safety stop is the driver's (over all shards); the per-namespace
+        # one stays in each shard
+        self.cfg = PassConfig(**{f.name: getattr(pass_cfg, f.name) for f in fields(pass_cfg)})
+        self.cfg.max_drop_fraction = 1.0
+        self.sim_cfg = sim_cfg
+        self.merger = instantiate(merge) if merge is not None else None
+        self.reflector = instantiate(reflect) if reflect is not None else None
+        self.wall_h = wall_h
+
+    def _run(self, k: int, t: pa.Table) -> dict[str, Any]:
+        """Shard ``k`` (its stored rows ``t``): snapshot, pass, changes."""
+        from .pipeline import run_pass
+
+        t0 = time.perf_counter()
+        snap = self.store.shard_snapshot(t, version=self.plan.version,
+                                         namespaces=self.plan.shards[k],
+                                         deltas=self.plan.deltas[k])
+        t_load = time.perf_counter() - t0
+        res = run_pass(snap.records, cfg=self.cfg, sim_cfg=self.sim_cfg, merger=self.merger,
+                       version=self.plan.version + 1, wall_h=self.wall_h,
+                       reflector=self.reflector)
+        t0 = time.perf_counter()
+        upsert, removed = self.store.changes(res.records, snap)
+        res.stats.time_s["load"] = round(t_load, 4)
+        res.stats.time_s["changes"] = round(time.perf_counter() - t0, 4)
+        return {"upsert": upsert, "removed": removed, "events": res.events,
+                "stats": res.stats.as_dict(), "deltas": list(snap.deltas), "pid": os.getpid()}
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        out = []
+        shard_col = batch.column("_shard")
+        for k in pc.unique(shard_col).to_pylist():  # one shard per block (see plan)
+            t = batch.filter(pc.equal(shard_col, k)).drop_columns(["_shard"])
+            try:
+                result = self._run(k, t)
+            except Exception as e:  # noqa: BLE001 - the driver raises it (Ray would wrap it)
+                try:
+                    blob = pickle.dumps({"error": e, "pid": os.getpid()})
+                except Exception:  # noqa: BLE001 - an error that does not pickle
+                    blob = pickle.dumps({"error": RuntimeError(f"{type(e).__name__}: {e}"),
+                                         "pid": os.getpid()})
+                out.append({"shard": int(k), "rows": t.num_rows, "result": blob})
+                continue
+            out.append({"shard": int(k), "rows": t.num_rows, "result": pickle.dumps(result)})
+        return pa.Table.from_pylist(out, schema=pa.schema(
+            [("shard", pa.int64()), ("rows", pa.int64()), ("result", pa.binary())]))
+
+
+def _datasource(root: str, plan: FleetPlan, row_bytes: int) -> Any:
+    """A Ray Data datasource with one read task per shard of ``plan``."""
+    import functools
+
+    from ray.data.block import BlockMetadata
+    from ray.data.datasource import Datasource, ReadTask
+
+    class LanceShards(Datasource):
+        def estimate_inmemory_data_size(self) -> int:
+            return int(plan.rows.sum()) * row_bytes
+
+        def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
+                           data_context: Any = None) -> list[ReadTask]:
+            return [ReadTask(functools.partial(_read_shard, root, plan.version, k, ns),
+                             BlockMetadata(num_rows=int(plan.rows[k]),
+                                           size_bytes=int(plan.rows[k]) * row_bytes,
+                                           input_files=None, exec_stats=None))
+                    for k, ns in enumerate(plan.shards)]
+
+    return LanceShards()
+
+
+def _merge_stats(parts: list[dict[str, Any]], merger: str, version: int) -> PassStats:
+    """One :class:`PassStats` for a run in shards: counts summed, ``score_min`` the lowest,
+    latency percentiles the highest shard's, ``time_s`` summed (worker seconds)."""
+    st = PassStats(merger=merger, version=version)
+    if not parts:
+        return st
+    st.device = parts[0].get("device", st.device)
+    st.engine = parts[0].get("engine", st.engine)
+    for f in fields(PassStats):
+        if f.name in _NOT_SUMMED:
+            continue
+        vals = [p[f.name] for p in parts if p.get(f.name) is not None]
+        if not vals:
+            continue
+        if f.name.endswith(("_p50_s", "_p95_s")):
+            setattr(st, f.name, max(vals))
+        else:
+            setattr(st, f.name, type(vals[0])(sum(vals)))
+    mins = [p["score_min"] for p in parts if p.get("score_min") is not None]
+    st.score_min = min(mins) if mins else None
+    times: dict[str, float] = {}
+    for p in parts:
+        for k, v in p.get("time_s", {}).items():
+            times[k] = times.get(k, 0.0) + v
+    st.time_s = {k: round(v, 4) for k, v in times.items()}
+    return st
+
+
+def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
+                   pass_cfg: PassConfig, sim_cfg: SimilarityConfig, runner: RunnerConfig,
+                   merge: Any = None, reflect: Any = None, wall_h: float | None = None,
+                   dry_run: bool = False) -> dict[str, Any]:
+    """Run the pass over ``namespaces`` of ``store`` on Ray Data and commit its changes.
+
+    Must be called while holding ``store.lock()``. Starts a local Ray cluster when none is
+    running and ``runner.address`` is ``None`` (and shuts it down after), joins
+    ``runner.address`` otherwise.
+
+    Args:
+        store: a Lance store.
+        namespaces: the namespaces to run (``None``: all).
+        pass_cfg, sim_cfg: as for :func:`~consolidate.pipeline.run_pass`.
+        runner: actors, CPUs/GPUs per actor, rows per shard, cluster address.
+        merge, reflect: Hydra configs (``_target_`` dicts) of the merger and the
+            reflector; each actor builds its own (``None``: extractive merger, no
+            reflector).
+        wall_h: the pass's wall time (hours since the epoch; default now), the same for
+            every shard.
+        dry_run: write only the changelog.
+
+    Returns:
+        ``{"commit": ..., "stats": PassStats, "fleet": {...}, "base_version": N,
+        "records_read": rows}``; ``fleet`` holds the shard count, the actors used (distinct
+        worker processes), the Ray wall time and the planning time.
+
+    Raises:
+        MassDropError: the drops of all shards together exceed
+            ``pass_cfg.max_drop_fraction`` of the live rows, or a namespace's floor drops
+            exceed ``max_namespace_drop_fraction`` (nothing is committed).
+        ValueError: bad runner settings.
+        ImportError: Ray Data is not installed.
+    """
+    try:
+        import ray
+    except ImportError as e:
+        raise ImportError('runner=ray needs Ray Data: pip install "ray[data]"') from e
+    if not (isinstance(runner.actors, int) and runner.actors >= 1):
+        raise ValueError(f"runner.actors must be an integer >= 1, got {runner.actors!r}")
+    if not (runner.cpus_per_actor >= 0 and runner.gpus_per_actor >= 0):
+        raise ValueError("runner.cpus_per_actor and runner.gpus_per_actor must be >= 0")
+    wall_h = time.time() / 3600 if wall_h is None else float(wall_h)
+    t0 = time.perf_counter()
+    version, pending = store.pending()
+    plan = plan_shards(store, version=version, pending=pending, namespaces=namespaces,
+                       max_rows=runner.max_rows_per_shard)
+    t_plan = time.perf_counter() - t0
+    fleet: dict[str, Any] = {"shards": len(plan.shards), "rows": int(plan.rows.sum()),
+                             "plan_s": round(t_plan, 4),
+                             "deltas_left_pending": len(plan.left_pending)}
+    check: dict[str, Any] = {}
+
+    def verify() -> None:
+        try:
+            store.verify(version)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            check["error"] = e
+
+    checker = threading.Thread(target=verify, daemon=True)
+    checker.start()
+    started = False
+    parts: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    try:
+        if plan.shards:
+            if not ray.is_initialized():
+                ray.init(address=runner.address, num_cpus=runner.num_cpus,
+                         include_dashboard=False, log_to_driver=False,
+                         configure_logging=False)
+                started = True
+            from ray.data import DataContext
+
+            ctx = DataContext.get_current()
+            ctx.target_max_block_size = None  # a shard is one block: never split
+            ctx.enable_progress_bars = False
+            logging.getLogger("ray.data").setLevel(logging.WARNING)
+            dim = int(store._marker()["dim"])
+            # a read is a Lance scan on Lance's own threads: it reserves no CPU, so actors
+            # that take every CPU of the cluster cannot starve it
+            ds = ray.data.read_datasource(_datasource(str(store.root), plan, dim * 4 + 256),
+                                          num_cpus=0,
+                                          # one block per read task: no split to reach
+                                          # Ray's minimum block count
+                                          override_num_blocks=len(plan.shards))
+            threads = max(1, math.floor(runner.cpus_per_actor))
+            out = ds.map_batches(
+                _ShardPass, batch_size=None, batch_format="pyarrow",
+                fn_constructor_kwargs={"root": str(store.root), "plan": plan,
+                                       "pass_cfg": pass_cfg, "sim_cfg": sim_cfg,
+                                       "merge": merge, "reflect": reflect,
+                                       "wall_h": wall_h, "threads": threads},
+                compute=ray.data.ActorPoolStrategy(size=min(runner.actors,
+                                                            len(plan.shards))),
+                num_cpus=runner.cpus_per_actor,
+                num_gpus=runner.gpus_per_actor or None)
+            got = {}
+            for b in out.iter_batches(batch_size=None, batch_format="pyarrow"):
+                for k, r, blob in zip(b.column("shard").to_pylist(), b.column("rows").to_pylist(),
+                                      b.column("result").to_pylist(), strict=True):
+                    if k in got or r != int(plan.rows[k]):
+                        raise RuntimeError(f"fleet run: shard {k} came back split or twice "
+                                           f"({r} of {int(plan.rows[k])} rows)")
+                    got[k] = pickle.loads(blob)
+            if sorted(got) != list(range(len(plan.shards))):
+                missing = sorted(set(range(len(plan.shards))) - set(got))
+                raise RuntimeError(f"fleet run: shards {missing[:10]} never came back")
+            parts = [got[k] for k in range(len(plan.shards))]
+            failed = [p for p in parts if "error" in p]
+            if failed:  # the first shard's error, as the actor raised it
+                raise failed[0]["error"]
+    finally:
+        checker.join()
+        if started:
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+    if "error" in check:
+        raise check["error"]
+    fleet["ray_s"] = round(time.perf_counter() - t0, 4)
+    fleet["workers"] = len({p["pid"] for p in parts})
+    merger_name = parts[0]["stats"]["merger"] if parts else ""
+    stats = _merge_stats([p["stats"] for p in parts], merger_name, version + 1)
+    live = stats.records_out + stats.dropped_floor + stats.dropped_cap
+    dropped = stats.dropped_floor + stats.dropped_cap
+    events = [e for p in parts for e in p["events"]]
+    if live and dropped / live > pass_cfg.max_drop_fraction:
+        worst = pd.Series([e["namespace"] for e in events if e.get("op") == "drop"]
+                          ).value_counts().head(3).to_dict()
+        raise MassDropError(
+            f"the pass would drop {dropped} of {live} live memories "
+            f"({dropped / live:.0%} > pass.max_drop_fraction={pass_cfg.max_drop_fraction}); "
+            f"most in {worst}. Check pass.now (now={pass_cfg.now!r}), tau_hours "
+            f"({pass_cfg.tau_hours}) and floor ({pass_cfg.floor}), or set "
+            f"pass.max_drop_fraction=1.0")
+    t0 = time.perf_counter()
+    folded = [d for p in parts for d in p["deltas"]]
+    if dry_run:
+        log_name = store._changelog(events, version + 1, dry_run=True)
+        commit = {"version": version, "snapshot": None, "changelog": log_name,
+                  "carried_records": 0, "carried_touches": 0}
+    else:
+        tables = [p["upsert"] for p in parts if p["upsert"].num_rows]
+        upsert = (pa.concat_tables(tables) if tables
+                  else parts[0]["upsert"] if parts
+                  else store.read_rows(version, [], columns=None))
+        commit = store.commit_changes(
+            upsert, [i for p in parts for i in p["removed"]], events, base_version=version,
+            folded=folded, namespaces=None if namespaces is None else list(namespaces),
+            pass_time_h=wall_h)
+    stats.time_s["commit"] = round(time.perf_counter() - t0, 4)
+    return {"commit": commit, "stats": stats, "fleet": fleet, "base_version": version,
+            "records_read": int(plan.rows.sum())}

@@ -1,0 +1,243 @@
+"""Fleet runs on Ray Data (a real local Ray cluster, 2 CPUs): the records committed equal a
+single-process pass's, shards hold whole namespaces, deltas are applied once, the safety
+stops hold across shards."""
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from consolidate.config import PassConfig, RunnerConfig, SimilarityConfig
+from consolidate.pipeline import run_pass
+from consolidate.pipeline.retention import MassDropError
+from consolidate.store.lance_store import LanceStore
+from tests.conftest import REPO
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("ray.data")
+
+from consolidate.fleet import plan_shards, run_fleet_pass  # noqa: E402
+
+WALL = 480_000.0  # hours since the epoch (Oct 2024), the same for both runs
+SIM = SimilarityConfig(device="cpu")
+
+
+def _pass_bench():
+    spec = importlib.util.spec_from_file_location("pass_bench_script",
+                                                  REPO / "scripts" / "pass_bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def fleet_records(n=3000, ns_size=100, seed=3, stale_every=9):
+    """``n / ns_size`` namespaces with planted exact and near duplicates; every
+    ``stale_every``-th row last used two years before ``WALL`` (the floor drops it)."""
+    recs, _ = _pass_bench().make_pass_store(n, ns_size, d=32, seed=seed, now_h=WALL - 1.0)
+    lu = recs.meta["last_used"].to_numpy().copy()
+    lu[::stale_every] = WALL - 2 * 365 * 24
+    recs.meta["last_used"] = lu
+    recs.meta["created_at"] = np.minimum(recs.meta["created_at"].to_numpy(), lu)
+    return recs
+
+
+@pytest.fixture(autouse=True)
+def upsert_always(monkeypatch):
+    """The single-process commit upserts too (a fleet commit never rewrites the table), so
+    both stores number their versions alike: merged ids mix in the version."""
+    import consolidate.store.lance_store as ls
+
+    monkeypatch.setattr(ls, "REWRITE_FRACTION", 1.01)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def twin_stores(tmp_path, recs):
+    a = LanceStore(tmp_path / "single")
+    a.create(recs)
+    ids = recs.meta["id"].tolist()
+    a.mark_used(ids[:4], now=WALL - 2.0)       # touches in several namespaces
+    a.mark_used([ids[7], ids[len(ids) // 2]], now=WALL - 3.0)
+    shutil.copytree(a.root, tmp_path / "fleet")
+    return a, LanceStore(tmp_path / "fleet")
+
+
+def single(store, pc, namespaces=None, wall=WALL):
+    with store.lock():
+        snap = store.load(namespaces=namespaces)
+        res = run_pass(snap.records, cfg=pc, sim_cfg=SIM, version=snap.version + 1,
+                       wall_h=wall)
+        info = store.commit(res.records, res.events, base=snap, pass_time_h=wall)
+    return res, info
+
+
+def fleet(store, pc, namespaces=None, wall=WALL, **runner):
+    rc = RunnerConfig(kind="ray", actors=2, max_rows_per_shard=700, **runner)
+    with store.lock():
+        return run_fleet_pass(store, namespaces=namespaces, pass_cfg=pc, sim_cfg=SIM,
+                              runner=rc, wall_h=wall)
+
+
+def same_store(a, b):
+    ra, rb = a.load().records, b.load().records
+    ia = np.argsort(ra.meta["id"].to_numpy(str))
+    ib = np.argsort(rb.meta["id"].to_numpy(str))
+    ma = ra.meta.iloc[ia].reset_index(drop=True)
+    mb = rb.meta.iloc[ib].reset_index(drop=True)
+    diff = [c for c in ma.columns if not ma[c].equals(mb[c])]
+    assert not diff, {c: ma[c][ma[c] != mb[c]].head(3).tolist() + mb[c][ma[c] != mb[c]].head(3)
+                      .tolist() for c in diff}
+    np.testing.assert_array_equal(ra.vectors[ia], rb.vectors[ib])
+    return ma
+
+
+def events(store, name):
+    """The changelog's events, sorted; an event listing ``ids`` (a purge: one per shard in a
+    fleet run) counts once per id."""
+    out = []
+    for line in (store.root / "changelogs" / name).read_text().splitlines():
+        e = json.loads(line)
+        for i in e.pop("ids") if "ids" in e else [None]:
+            out.append(json.dumps({**e, "id": i} if i else e, sort_keys=True))
+    return sorted(out)
+
+
+def test_fleet_run_commits_what_a_single_process_pass_commits(tmp_path, cluster):
+    recs = fleet_records()
+    a, b = twin_stores(tmp_path, recs)
+    pc = PassConfig(force=True, max_drop_fraction=0.5)
+    res, info = single(a, pc)
+    out = fleet(b, pc)
+    meta = same_store(a, b)
+    assert events(a, info["changelog"]) == events(b, out["commit"]["changelog"])
+    st, fs = res.stats.as_dict(), out["stats"].as_dict()
+    for k in ("records_in", "exact_duplicates", "pairs", "clusters", "merges",
+              "merged_members", "dropped_floor", "records_out"):
+        assert st[k] == fs[k], k
+    assert fs["merges"] > 0 and fs["exact_merges"] > 0 and fs["dropped_floor"] > 0
+    # 30 namespaces of 100 rows (plus touches), at most 700 rows a shard: 5 shards of 7
+    # namespaces and one of 2, except that the touch naming two namespaces' ids binds them
+    assert out["fleet"]["shards"] == 5 and out["fleet"]["workers"] == 2
+    assert out["fleet"]["rows"] == 3000 and out["records_read"] == 3000
+    assert not list((b.root / "deltas").glob("*.json"))  # every delta folded, once
+    # a second round: new rows, touches and a pass over tombstones (purge) in both
+    new = fleet_records(n=600, ns_size=100, seed=9)
+    new.meta["id"] = [f"new-{i}" for i in range(600)]
+    new.meta["namespace"] = meta["namespace"].drop_duplicates().iloc[:6].tolist() * 100
+    for s in (a, b):
+        s.append(new)
+        s.mark_used(["new-1", "new-2"], now=WALL - 1.5)
+    pc2 = PassConfig(force=True, tombstone_retention_hours=1.0)
+    res2, info2 = single(a, pc2, wall=WALL + 2)  # round 1's tombstones are 2 h old
+    out2 = fleet(b, pc2, wall=WALL + 2)
+    same_store(a, b)
+    assert events(a, info2["changelog"]) == events(b, out2["commit"]["changelog"])
+    assert out2["stats"].purged == res2.stats.purged > 0
+
+
+def test_incremental_fleet_run_equals_the_partial_single_process_pass(tmp_path, cluster):
+    recs = fleet_records(n=1200)
+    a, b = twin_stores(tmp_path, recs)
+    ns = sorted(set(recs.meta["namespace"]))
+    fired = ns[:3] + ns[7:9]
+    # touches naming a namespace outside the run stay pending in both runs
+    other = recs.meta["id"][recs.meta["namespace"] == ns[10]].iloc[0]
+    inside = recs.meta["id"][recs.meta["namespace"] == ns[0]].iloc[5]
+    for s in (a, b):
+        s.mark_used([inside, other], now=WALL - 4.0)
+    pc = PassConfig(force=True)
+    single(a, pc, namespaces=fired)
+    out = fleet(b, pc, namespaces=fired)
+    same_store(a, b)
+    assert out["records_read"] == 5 * 100
+    assert out["fleet"]["deltas_left_pending"] == 2
+    left = [sorted(s.delta_ids(p.name) for p in (s.root / "deltas").glob("*.json"))
+            for s in (a, b)]
+    assert left[0] == left[1] == sorted([[inside, other], recs.meta["id"].iloc[:4].tolist()])
+
+
+def test_plan_packs_whole_namespaces_and_keeps_a_delta_in_one_shard(tmp_path):
+    recs = fleet_records(n=1000)  # 10 namespaces of 100 rows
+    s = LanceStore(tmp_path / "s")
+    s.create(recs)
+    ns = sorted(set(recs.meta["namespace"]))
+    first = {n: recs.meta["id"][recs.meta["namespace"] == n].iloc[0] for n in ns}
+    s.mark_used([first[ns[0]], first[ns[9]]], now=WALL)   # binds ns0 and ns9
+    s.mark_used([first[ns[4]]], now=WALL)
+    version, pending = s.pending()
+    plan = plan_shards(s, version=version, pending=pending, namespaces=None, max_rows=250)
+    # components in order of their first namespace: {0, 9} (200 rows), then 1..8 (100
+    # each), packed while a shard stays within 250 rows
+    assert plan.shards == [[ns[0], ns[9]], ns[1:3], ns[3:5], ns[5:7], ns[7:9]]
+    assert plan.rows.tolist() == [200] * 5
+    assert [len(d) for d in plan.deltas] == [1, 0, 1, 0, 0] and plan.left_pending == []
+    big = plan_shards(s, version=version, pending=pending, namespaces=None, max_rows=150)
+    assert big.shards[0] == [ns[0], ns[9]] and len(big.shards) == 9  # one over 150 rows
+    part = plan_shards(s, version=version, pending=pending, namespaces=ns[:5], max_rows=10**6)
+    assert part.shards == [ns[:5]] and part.deltas == [[pending[1]]]
+    assert part.left_pending == [pending[0]]  # names ns9, outside the run
+    with pytest.raises(ValueError, match="max_rows_per_shard"):
+        plan_shards(s, version=version, pending=pending, namespaces=None, max_rows=0)
+
+
+def test_store_wide_safety_stop_over_all_shards_commits_nothing(tmp_path, cluster):
+    # every third row stale: a third of each namespace is dropped, under the per-namespace
+    # stop (90%) but over a store-wide limit of 25%, which no single shard decides alone
+    recs = fleet_records(n=1200, stale_every=3)
+    s = LanceStore(tmp_path / "s")
+    s.create(recs)
+    before = s.head().version
+    with pytest.raises(MassDropError, match="max_drop_fraction=0.25"):
+        fleet(s, PassConfig(force=True, max_drop_fraction=0.25))
+    assert s.head().version == before
+    assert [p.name for p in (s.root / "changelogs").iterdir()] == ["changelog-000001.jsonl"]
+    # the per-namespace stop fires inside a shard and reaches the caller as itself
+    lu = recs.meta["last_used"].to_numpy().copy()
+    ns = recs.meta["namespace"].to_numpy()
+    lu[np.flatnonzero(ns == ns[0])[3:]] = WALL - 5 * 365 * 24  # 97 of its 100 rows
+    recs.meta["last_used"] = lu
+    recs.meta["created_at"] = np.minimum(recs.meta["created_at"].to_numpy(), lu)
+    s2 = LanceStore(tmp_path / "s2")
+    s2.create(recs)
+    with pytest.raises(MassDropError, match="of 1 namespace"):
+        fleet(s2, PassConfig(force=True, max_drop_fraction=1.0))
+    assert s2.head().version == before
+
+
+def test_consolidate_job_with_the_ray_runner(tmp_path, cluster):
+    from hydra import compose, initialize_config_dir
+
+    from consolidate.jobs.common import CONFIG_DIR
+    from consolidate.jobs.consolidate import format_summary, run_consolidate
+
+    recs = fleet_records(n=1000)
+    a, b = twin_stores(tmp_path, recs)
+
+    def job(store, runner):
+        with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
+            cfg = compose(config_name="consolidate", overrides=[
+                f"store.dir={store.root}", "store.init_from=null", "similarity.device=cpu",
+                f"runner={runner}", "runner.max_rows_per_shard=400"])
+        return run_consolidate(cfg, out_dir=str(tmp_path / runner))
+
+    s1, s2 = job(a, "local"), job(b, "ray")
+    assert s2["fleet"]["shards"] == 3 and s2["ran"]
+    assert s2["trigger"] == s1["trigger"]
+    for k in ("records_in", "merges", "dropped_floor", "records_out"):
+        assert s1["stats"][k] == s2["stats"][k], k
+    assert "runner           ray: 3 shards" in format_summary(s2)
+    assert json.loads(Path(s2["summary_path"]).read_text())["fleet"]["shards"] == 3
+    # the clocks differ between the two jobs (wall time), so compare what does not depend
+    # on it: which records are live, and their texts
+    la, lb = a.load().records, b.load().records
+    live = lambda r: sorted(r.meta["text"][r.live_mask()])  # noqa: E731
+    assert live(la) == live(lb)
