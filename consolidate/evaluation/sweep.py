@@ -58,9 +58,10 @@ def collect(run_dirs: Iterable[str | Path]) -> pd.DataFrame:
             s = json.loads((d / "summary.json").read_text())
             st = s.get("stats", {})
             rows.append({**head, "job": "consolidate", "variant": "pass",
-                         **{k: st.get(k) for k in ("records_in", "records_out", "merges",
-                                                   "exact_merges", "dropped_floor",
-                                                   "dropped_cap", "review_pairs")},
+                         **{k: st.get(k) for k in ("records_in", "records_out", "pairs",
+                                                   "clusters", "merges", "exact_merges",
+                                                   "dropped_floor", "dropped_cap",
+                                                   "review_pairs")},
                          "wall_time_s": s.get("wall_time_s"), "ran": s.get("ran")})
     return pd.DataFrame(rows)
 
