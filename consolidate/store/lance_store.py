@@ -877,9 +877,10 @@ class LanceStore(Store):
         as they are (they are listed as ``carried``); pending deltas are folded into the rows
         they touch. Changed rows (any column, vectors included, differs from the stored row)
         and new rows are upserted and rows absent from ``records`` (purged) deleted, in one
-        Lance ``Update`` transaction on ``id`` (see :meth:`_upsert`); if ``store.vector_dtype`` asks for another vector
-        dtype, or more than :data:`REWRITE_FRACTION` of the rows changed, the whole table
-        is rewritten instead (a Lance ``Overwrite``; history kept).
+        Lance ``Update`` transaction on ``id`` (see :meth:`_upsert`); if
+        ``store.vector_dtype`` asks for another vector dtype, or more than
+        :data:`REWRITE_FRACTION` of the rows changed, the whole table is rewritten instead
+        (a Lance ``Overwrite``; history kept).
 
         Args:
             records: the full new record set, as the pass returned it.
