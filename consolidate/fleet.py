@@ -120,25 +120,49 @@ def plan_shards(store: LanceStore, *, version: int, pending: Sequence[str],
         return i
 
     ids_of = {name: store.delta_ids(name) for name in pending}
-    wanted = sorted({i for ids in ids_of.values() for i in ids})
-    where: dict[str, str] = {}
-    if wanted:
-        t = store._open(version).to_table(columns=["id", "namespace"],
-                                          filter=pc.field("id").isin(wanted))
-        where = dict(zip(t.column("id").to_pylist(), t.column("namespace").to_pylist(),
-                         strict=True))
+    # every record a delta's replay reads: the ids it names and where their merged_into
+    # chains lead (a touch of a merged record lands on the record it was merged into);
+    # one filtered read of the id index per link followed
+    where: dict[str, tuple[str | None, str | None]] = {}
+    frontier = sorted({i for ids in ids_of.values() for i in ids})
+    ds = store._open(version)
+    for _ in range(64):
+        frontier = [i for i in frontier if i not in where]
+        if not frontier:
+            break
+        t = ds.to_table(columns=["id", "namespace", "merged_into"],
+                        filter=pc.field("id").isin(frontier))
+        got = dict(zip(t.column("id").to_pylist(),
+                       zip(t.column("namespace").to_pylist(),
+                           t.column("merged_into").to_pylist(), strict=True), strict=True))
+        where.update({i: got.get(i, (None, None)) for i in frontier})
+        frontier = [m for _, m in got.values() if isinstance(m, str)]
     pos = pd.Index(names)
     applied: dict[str, list[int]] = {}
     left = []
     for name, ids in ids_of.items():
-        ns = {where.get(i) for i in ids}
-        at = pos.get_indexer(list(ns - {None})) if None not in ns else np.array([-1])
-        if not len(at) or (at < 0).any():
+        reach: set[str] = set()
+        unknown = False
+        for i in ids:
+            for _ in range(64):
+                ns, nxt = where.get(i, (None, None))
+                if ns is None:
+                    unknown = True
+                    break
+                reach.add(ns)
+                if not isinstance(nxt, str):
+                    break
+                i = nxt
+        at = pos.get_indexer(sorted(reach))
+        # ids not stored are ignored by a replay over the whole store, as by a load; a run
+        # over some namespaces leaves such a delta pending, as a partial load does
+        if (at < 0).any() or (unknown and namespaces is not None) or (not len(at) and not n):
             left.append(name)
             continue
-        r0 = root(int(at[0]))
-        for a in at[1:]:
-            parent[root(int(a))] = r0
+        if len(at):
+            r0 = root(int(at[0]))
+            for a in at[1:]:
+                parent[root(int(a))] = r0
         applied[name] = [int(a) for a in at]
     comp = np.array([root(i) for i in range(n)], dtype=np.int64) if n else np.zeros(0, np.int64)
     # components in the order of their first namespace; a shard starts at each component
@@ -165,8 +189,8 @@ def plan_shards(store: LanceStore, *, version: int, pending: Sequence[str],
     ns_shard = np.empty(n, np.int64)
     ns_shard[by] = shard_of
     deltas: list[list[str]] = [[] for _ in range(n_shards)]
-    for name, at in applied.items():
-        deltas[int(ns_shard[at[0]])].append(name)
+    for name, at in applied.items():  # a delta that reaches no stored row: the first shard
+        deltas[int(ns_shard[at[0]]) if at else 0].append(name)
     return FleetPlan(version, shards, shard_rows, deltas, sorted(left))
 
 
@@ -179,14 +203,14 @@ def _read_shard(root: str, version: int, k: int, namespaces: list[str]) -> list[
 class _ShardPass:
     """A Ray actor that runs the pass on the shards of the blocks it is given."""
 
-    def __init__(self, root: str, plan: FleetPlan, pass_cfg: PassConfig,
-                 sim_cfg: SimilarityConfig, merge: Any, reflect: Any, wall_h: float,
-                 threads: int) -> None:
+    def __init__(self, root: str, store_kw: dict[str, Any], plan: FleetPlan,
+                 pass_cfg: PassConfig, sim_cfg: SimilarityConfig, merge: Any, reflect: Any,
+                 wall_h: float, threads: int) -> None:
         import torch
         from hydra.utils import instantiate
 
         torch.set_num_threads(max(1, threads))
-        self.store = LanceStore(root)
+        self.store = LanceStore(root, **store_kw)
         self.plan = plan
         # the store-wide safety stop is the driver's (over all shards); the per-namespace
         # one stays in each shard
@@ -226,7 +250,8 @@ class _ShardPass:
             except Exception as e:  # noqa: BLE001 - the driver raises it (Ray would wrap it)
                 try:
                     blob = pickle.dumps({"error": e, "pid": os.getpid()})
-                except Exception:  # noqa: BLE001 - an error that does not pickle
+                    pickle.loads(blob)  # an error that pickles but does not unpickle
+                except Exception:  # noqa: BLE001 - sent as its message
                     blob = pickle.dumps({"error": RuntimeError(f"{type(e).__name__}: {e}"),
                                          "pid": os.getpid()})
                 out.append({"shard": int(k), "rows": t.num_rows, "result": blob})
@@ -320,14 +345,36 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
         ValueError: bad runner settings.
         ImportError: Ray Data is not installed.
     """
+    if not isinstance(store, LanceStore):
+        raise TypeError(f"a fleet run needs a Lance store; {store.root} is a Parquet store "
+                        f"(consolidate-convert makes a Lance copy)")
     try:
         import ray
     except ImportError as e:
         raise ImportError('runner=ray needs Ray Data: pip install "ray[data]"') from e
-    if not (isinstance(runner.actors, int) and runner.actors >= 1):
+
+    def count(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+    if not count(runner.actors):
         raise ValueError(f"runner.actors must be an integer >= 1, got {runner.actors!r}")
-    if not (runner.cpus_per_actor >= 0 and runner.gpus_per_actor >= 0):
-        raise ValueError("runner.cpus_per_actor and runner.gpus_per_actor must be >= 0")
+    if not count(runner.max_rows_per_shard):
+        raise ValueError(f"runner.max_rows_per_shard must be an integer >= 1, got "
+                         f"{runner.max_rows_per_shard!r}")
+    if not (isinstance(runner.cpus_per_actor, (int, float))
+            and not isinstance(runner.cpus_per_actor, bool)
+            and 0 <= runner.cpus_per_actor < math.inf):
+        raise ValueError(f"runner.cpus_per_actor must be a number >= 0, got "
+                         f"{runner.cpus_per_actor!r}")
+    if runner.gpus_per_actor:
+        # Ray Data needs a fixed batch size for GPU actors, and a batch of rows would cut a
+        # shard's namespaces apart
+        raise ValueError("runner.gpus_per_actor > 0 is not supported yet (Ray Data requires "
+                         "a fixed batch size for GPU actors, which would split shards); "
+                         "run GPU passes with runner=local")
+    if store.vector_dtype and store.vector_dtype != store._vector_dtype(store._open().schema):
+        raise ValueError("a vector dtype conversion rewrites the whole store: run it with "
+                         "runner=local")
     wall_h = time.time() / 3600 if wall_h is None else float(wall_h)
     t0 = time.perf_counter()
     version, pending = store.pending()
@@ -357,6 +404,11 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
                          include_dashboard=False, log_to_driver=False,
                          configure_logging=False)
                 started = True
+            have = float(ray.cluster_resources().get("CPU", 0.0))
+            if runner.cpus_per_actor > have:
+                # Ray would wait for the actor forever, with the store locked
+                raise ValueError(f"runner.cpus_per_actor={runner.cpus_per_actor} exceeds the "
+                                 f"cluster's {have:g} CPUs")
             from ray.data import DataContext
 
             ctx = DataContext.get_current()
@@ -374,7 +426,10 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
             threads = max(1, math.floor(runner.cpus_per_actor))
             out = ds.map_batches(
                 _ShardPass, batch_size=None, batch_format="pyarrow",
-                fn_constructor_kwargs={"root": str(store.root), "plan": plan,
+                fn_constructor_kwargs={"root": str(store.root), "store_kw": {
+                                           "quarantine": store.quarantine,
+                                           "future_tolerance_h": store.future_tolerance_h},
+                                       "plan": plan,
                                        "pass_cfg": pass_cfg, "sim_cfg": sim_cfg,
                                        "merge": merge, "reflect": reflect,
                                        "wall_h": wall_h, "threads": threads},
@@ -422,15 +477,16 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
             f"pass.max_drop_fraction=1.0")
     t0 = time.perf_counter()
     folded = [d for p in parts for d in p["deltas"]]
-    if dry_run:
+    if not parts:  # no namespace to run: no version
+        commit = {"version": version, "snapshot": None, "changelog": None,
+                  "carried_records": 0, "carried_touches": 0, "rows_written": 0}
+    elif dry_run:
         log_name = store._changelog(events, version + 1, dry_run=True)
         commit = {"version": version, "snapshot": None, "changelog": log_name,
                   "carried_records": 0, "carried_touches": 0}
     else:
         tables = [p["upsert"] for p in parts if p["upsert"].num_rows]
-        upsert = (pa.concat_tables(tables) if tables
-                  else parts[0]["upsert"] if parts
-                  else store.read_rows(version, [], columns=None))
+        upsert = pa.concat_tables(tables) if tables else parts[0]["upsert"]
         commit = store.commit_changes(
             upsert, [i for p in parts for i in p["removed"]], events, base_version=version,
             folded=folded, namespaces=None if namespaces is None else list(namespaces),

@@ -13,6 +13,7 @@ import pytest
 from consolidate.config import PassConfig, RunnerConfig, SimilarityConfig
 from consolidate.pipeline import run_pass
 from consolidate.pipeline.retention import MassDropError
+from consolidate.store import InvalidRecordsError
 from consolidate.store.lance_store import LanceStore
 from tests.conftest import REPO
 
@@ -81,7 +82,7 @@ def single(store, pc, namespaces=None, wall=WALL):
 
 
 def fleet(store, pc, namespaces=None, wall=WALL, **runner):
-    rc = RunnerConfig(kind="ray", actors=2, max_rows_per_shard=700, **runner)
+    rc = RunnerConfig(kind="ray", **{"actors": 2, "max_rows_per_shard": 700, **runner})
     with store.lock():
         return run_fleet_pass(store, namespaces=namespaces, pass_cfg=pc, sim_cfg=SIM,
                               runner=rc, wall_h=wall)
@@ -241,3 +242,76 @@ def test_consolidate_job_with_the_ray_runner(tmp_path, cluster):
     la, lb = a.load().records, b.load().records
     live = lambda r: sorted(r.meta["text"][r.live_mask()])  # noqa: E731
     assert live(la) == live(lb)
+
+
+def test_deltas_that_reach_other_namespaces_or_no_stored_row(tmp_path, cluster):
+    """A touch of a record merged (by a write-path update) into a record of another
+    namespace lands on that record in both runs; a touch naming a purged id is folded by a
+    fleet run over the whole store, as by a single-process pass."""
+    recs = fleet_records(n=1000)
+    a, b = twin_stores(tmp_path, recs)
+    ns = sorted(set(recs.meta["namespace"]))
+    x = recs.meta["id"][recs.meta["namespace"] == ns[0]].iloc[3]
+    y = recs.meta["id"][recs.meta["namespace"] == ns[9]].iloc[3]
+    for s in (a, b):
+        s.patch([{"id": x, "op": "delete", "into": y, "at": WALL - 5.0}])
+        s.mark_used([x], now=WALL - 1.0)
+        # a recall of a record a pass purged meanwhile (as mark_used during a pass writes)
+        (s.root / "deltas" / "0000000000000000001-1-abcd.touch.json").write_text(
+            json.dumps({"ids": ["purged-meanwhile"], "now": WALL - 1.0}))
+    pc = PassConfig(force=True)
+    single(a, pc)
+    out = fleet(b, pc, max_rows_per_shard=100)  # ns0 and ns9 would sit in other shards
+    meta = same_store(a, b).set_index("id")
+    assert meta.loc[y, "last_used"] == WALL - 1.0
+    assert out["fleet"]["deltas_left_pending"] == 0
+    assert not list((b.root / "deltas").glob("*.json"))
+
+
+def test_an_invalid_stored_row_names_itself_or_goes_to_quarantine(tmp_path, cluster):
+    import lance
+
+    from consolidate.store.schema import records_to_arrow
+    from tests.conftest import make_records
+
+    recs = fleet_records(n=600)
+    s = LanceStore(tmp_path / "s")
+    s.create(recs)
+    bad = make_records([{"id": "BAD-ROW", "namespace": recs.meta["namespace"].iloc[0],
+                         "text": "importance out of range", "vector": [1.0] + [0.0] * 31,
+                         "importance": 2.0, "created_at": WALL - 5, "last_used": WALL - 5}])
+    lance.write_dataset(records_to_arrow(bad, "fp32"), str(s.dataset_path), mode="append")
+    before = s.head().version
+    with pytest.raises(InvalidRecordsError, match="importance.*'BAD-ROW'"):
+        fleet(s, PassConfig(force=True))
+    assert s.head().version == before
+    q = LanceStore(s.root, quarantine=True)
+    shutil.copytree(s.root, tmp_path / "single")
+    single(LanceStore(tmp_path / "single", quarantine=True), PassConfig(force=True))
+    fleet(q, PassConfig(force=True))
+    assert len(list((q.root / "quarantine").glob("*.parquet"))) == 1
+    assert "BAD-ROW" not in set(q.load().records.meta["id"])
+    same_store(LanceStore(tmp_path / "single"), q)
+
+
+def test_bad_runner_settings_fail_fast(tmp_path, cluster):
+    s = LanceStore(tmp_path / "s")
+    s.create(fleet_records(n=300))
+    pc = PassConfig(force=True)
+    for kw, match in [({"gpus_per_actor": 1.0}, "not supported yet"),
+                      ({"cpus_per_actor": 3.0}, "exceeds the cluster's 2 CPUs"),
+                      ({"actors": True}, "runner.actors"),
+                      ({"max_rows_per_shard": 0}, "max_rows_per_shard")]:
+        rc = RunnerConfig(kind="ray", **{"actors": 1, **kw})
+        with s.lock(), pytest.raises(ValueError, match=match):
+            run_fleet_pass(s, namespaces=None, pass_cfg=pc, sim_cfg=SIM, runner=rc)
+    from consolidate.store import Store
+
+    p = Store(tmp_path / "pq")
+    p.create(fleet_records(n=300))
+    with pytest.raises(TypeError, match="Parquet store"):
+        run_fleet_pass(p, namespaces=None, pass_cfg=pc, sim_cfg=SIM,
+                       runner=RunnerConfig(kind="ray"))
+    v = s.head().version
+    out = fleet(s, pc, namespaces=[])
+    assert out["commit"]["snapshot"] is None and s.head().version == v

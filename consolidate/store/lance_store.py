@@ -110,6 +110,8 @@ CHECKSUMS = "CHECKSUMS.json"
 _LOGGED = ("create", "pass", "undo", "rollback", "restore", "convert")
 #: versions looked back through for the newest one that carries consolidate's properties
 _MAX_LOOKBACK = 64
+#: ``merged_into`` links followed from a record a delta names (a merge of merges)
+_MAX_CHAIN = 64
 
 
 def _lance() -> Any:
@@ -740,10 +742,12 @@ class LanceStore(Store):
                        validate_records: bool, source: str,
                        namespaces: Sequence[str] | None,
                        checker: threading.Thread | None = None,
-                       check: dict[str, Any] | None = None) -> Snapshot:
+                       check: dict[str, Any] | None = None,
+                       apply_all: bool = False) -> Snapshot:
         """A :class:`Snapshot` of stored rows read from version ``version``: decoded,
         validated, with those of ``deltas`` applied that are not folded as of that version
-        and whose ids are all among the rows read (``namespaces`` not ``None``)."""
+        and (``namespaces`` not ``None``, unless ``apply_all``) whose replay reads only rows
+        read (:meth:`_covers`)."""
         check = {} if check is None else check
         try:
             # text_hash as written by this store (create and append compute it from the
@@ -769,9 +773,9 @@ class LanceStore(Store):
         recs.vectors.setflags(write=False)  # commit compares against these: never in place
         folded = set(self._folded(props))
         applied = []
-        known = None if namespaces is None else set(recs.meta["id"])
+        known = None if namespaces is None or apply_all else set(recs.meta["id"])
         for name in deltas:
-            if name in folded or not self._covers(known, name):
+            if name in folded or not self._covers(known, name, recs):
                 continue
             recs, _ = self._apply_delta(recs, name, dim, validate_records)
             applied.append(name)
@@ -780,11 +784,26 @@ class LanceStore(Store):
                         self.dataset_path, float(lp) if lp else None,
                         stored=(stored, recs.vectors), namespaces=namespaces)
 
-    def _covers(self, known: set[str] | None, name: str) -> bool:
-        """Every id a delta names is in ``known`` (``None``: the whole store is loaded)."""
+    def _covers(self, known: set[str] | None, name: str, recs: Records | None = None) -> bool:
+        """Every record a delta's replay reads is in ``known`` (``None``: the whole store is
+        loaded): the ids it names and the records their ``merged_into`` chains in ``recs``
+        lead to (a touch of a merged record counts for the record it was merged into)."""
         if known is None:
             return True
-        return all(i in known for i in self.delta_ids(name))
+        into: dict[str, str] = {}
+        if recs is not None:
+            mi = recs.meta["merged_into"]
+            sel = mi.notna().to_numpy()
+            into = dict(zip(recs.meta["id"].to_numpy(object)[sel].tolist(),
+                            mi.to_numpy(object)[sel].tolist(), strict=True))
+        for i in self.delta_ids(name):
+            for _ in range(_MAX_CHAIN):
+                if i not in known:
+                    return False
+                i = into.get(i)
+                if not isinstance(i, str):
+                    break
+        return True
 
     def trigger(self, threshold: float) -> tuple[list[str], dict[str, float]]:
         """Which namespaces should a nightly pass process? Reads four columns (never the
@@ -911,12 +930,7 @@ class LanceStore(Store):
         with self._writers_lock():
             ds = self._open()
             self._check_present(ds)
-            props = self._props(ds)
-            base_props = self._props(self._open(base.version))
-            if props.get(_P + "changelog") != base_props.get(_P + "changelog"):
-                raise ConcurrentCommitError(
-                    f"{self.root}: another pass or undo committed since version "
-                    f"{base.version} was read (now at {ds.version}); rerun the pass")
+            props = self._unchanged_since(ds, base.version)
             # rows appended since base: in the dataset (in the namespaces base read), not in
             # the pass's records
             scope = (None if part is None
@@ -935,7 +949,8 @@ class LanceStore(Store):
             already = set(self._folded(props))
             known = None if part is None else set(final.meta["id"])
             seen = already | set(base.deltas)
-            late = [n for n in self._listed() if n not in seen and self._covers(known, n)]
+            late = [n for n in self._listed()
+                    if n not in seen and self._covers(known, n, final)]
             n_touch = 0
             for name in late:
                 final, _ = self._apply_delta(final, name, dim)
@@ -958,40 +973,31 @@ class LanceStore(Store):
                     [base_vecs.reshape(-1, dim), late_rows.vectors.reshape(-1, dim)])
             # rows equal to a stored row were validated when they were read: validate the
             # rest, and the ids of all
-            check = final if upsert is None else final.take(upsert)
-            problems = validate(check, dim=dim,
-                                future_tolerance_h=READ_SKEW * self.future_tolerance_h)
-            dup = final.meta["id"][final.meta["id"].duplicated()].tolist()
-            if dup:
-                problems.append(Problem("duplicate id", [], dup[:20]))
-            if problems:
-                raise InvalidRecordsError(f"the new version of {self.root} (nothing written)",
-                                          problems)
-            leftover = tuple(n for n in already if (self.root / "deltas" / n).exists())
-            folded = leftover + tuple(base.deltas) + tuple(late)
-            log = self._changelog(events, ds.version + 1)
-            _crashpoint("lance:after_changelog")
-            last = pass_time_h if pass_time_h is not None else hours_now()
-            new_props = self._new_props(op, folded, log, last)
-            counts = Counter(str(e.get("op")) for e in events)
-            new_props[_P + "summary"] = json.dumps(dict(counts), sort_keys=True)
+            self._check_new(final if upsert is None else final.take(upsert), final, dim)
+            folded, log, new_props = self._new_version(
+                ds, already, tuple(base.deltas) + tuple(late), events, op, pass_time_h)
             if upsert is None and part is not None:
                 raise ValueError("a vector dtype conversion rewrites the whole store: run it "
                                  "over every namespace (pass.force=true)")
             rewrite = upsert is None or (part is None and len(upsert) + len(removed)
                                          > REWRITE_FRACTION * max(len(final), 1))
             _crashpoint("lance:before_commit")
+            try:
+                if rewrite:
+                    table = records_to_arrow(final, dtype)
+                    written, deleted = len(final), len(removed or [])
+                    new = lance.write_dataset(table, ds, mode="overwrite",
+                                              max_rows_per_file=ROWS_PER_FRAGMENT,
+                                              transaction_properties=new_props)
+                else:
+                    new = self._upsert(ds, records_to_arrow(final.take(upsert), dtype),
+                                       removed, new_props)
+                    written, deleted = len(upsert), len(removed)
+            except BaseException:
+                self._drop_changelog(log, ds)
+                raise
             if rewrite:
-                table = records_to_arrow(final, dtype)
-                written, deleted = len(final), len(removed or [])
-                new = lance.write_dataset(table, ds, mode="overwrite",
-                                          max_rows_per_file=ROWS_PER_FRAGMENT,
-                                          transaction_properties=new_props)
                 new.create_scalar_index("id", "BTREE")
-            else:
-                new = self._upsert(ds, records_to_arrow(final.take(upsert), dtype), removed,
-                                   new_props)
-                written, deleted = len(upsert), len(removed)
             _crashpoint("lance:after_commit")
             self._record_checksums(self._open())
         self._cleanup_deltas(folded)
@@ -999,6 +1005,58 @@ class LanceStore(Store):
                 "changelog": log, "carried_records": len(late_rows),
                 "carried_touches": n_touch, "rows_written": written, "rows_deleted": deleted,
                 "rewrite": rewrite}
+
+    def _drop_changelog(self, log: str, ds: Any) -> None:
+        """A commit failed (a full disk, a read-only file system): remove the changelog it
+        wrote, unless the version landed after all."""
+        with contextlib.suppress(Exception):
+            if self._open().version == ds.version:
+                (self.root / "changelogs" / log).unlink(missing_ok=True)
+
+    def _unchanged_since(self, ds: Any, base_version: int) -> dict[str, str]:
+        """The properties of ``ds`` (the newest version), after checking that no pass,
+        undo, rollback or restore committed since ``base_version``.
+
+        Raises:
+            ConcurrentCommitError: one did."""
+        props = self._props(ds)
+        if props.get(_P + "changelog") != self._props(self._open(base_version)).get(
+                _P + "changelog"):
+            raise ConcurrentCommitError(
+                f"{self.root}: another pass or undo committed since version "
+                f"{base_version} was read (now at {ds.version}); rerun the pass")
+        return props
+
+    def _check_new(self, changed: Records, every: Records, dim: int) -> None:
+        """Validate the rows a commit writes (``changed``) and the uniqueness of the ids of
+        ``every`` row it leaves.
+
+        Raises:
+            InvalidRecordsError: nothing is written."""
+        problems = validate(changed, dim=dim,
+                            future_tolerance_h=READ_SKEW * self.future_tolerance_h)
+        dup = every.meta["id"][every.meta["id"].duplicated()].tolist()
+        if dup:
+            problems.append(Problem("duplicate id", [], dup[:20]))
+        if problems:
+            raise InvalidRecordsError(f"the new version of {self.root} (nothing written)",
+                                      problems)
+
+    def _new_version(self, ds: Any, already: set[str], folded: tuple[str, ...],
+                     events: list[dict[str, Any]], op: str, pass_time_h: float | None
+                     ) -> tuple[tuple[str, ...], str, dict[str, str]]:
+        """Write the changelog of the version after ``ds`` and return ``(folded, changelog
+        name, transaction properties)``; ``folded`` adds the deltas an earlier commit folded
+        whose removal did not finish (so they are never applied twice)."""
+        leftover = tuple(n for n in already if (self.root / "deltas" / n).exists())
+        folded = leftover + folded
+        log = self._changelog(events, ds.version + 1)
+        _crashpoint("lance:after_changelog")
+        last = pass_time_h if pass_time_h is not None else hours_now()
+        props = self._new_props(op, folded, log, last)
+        props[_P + "summary"] = json.dumps(dict(Counter(str(e.get("op")) for e in events)),
+                                           sort_keys=True)
+        return folded, log, props
 
     def _upsert(self, ds: Any, table: pa.Table, removed: Sequence[str],
                 props: dict[str, str]) -> Any:
@@ -1054,7 +1112,8 @@ class LanceStore(Store):
         return ds.version, [n for n in listed if n not in folded]
 
     def delta_ids(self, name: str) -> list[str]:
-        """The record ids a pending delta file names (a touch's ids, a patch's ids).
+        """The record ids a pending delta file names (a touch's ids; a patch's ids and the
+        ids its ``into`` fields name).
 
         Raises:
             CorruptStoreError: the file cannot be read or is malformed (names it)."""
@@ -1063,13 +1122,17 @@ class LanceStore(Store):
             raise CorruptStoreError(f"{name!r} is not a delta file name of {self.root}")
         try:
             d = json.loads(path.read_text())
-            ids = d["ids"] if "ids" in d else [p["id"] for p in d["patches"]]
+            if "ids" in d:
+                ids = list(d["ids"])
+            else:
+                ids = [p["id"] for p in d["patches"]]
+                ids += [p["into"] for p in d["patches"] if p.get("into") is not None]
             if not all(isinstance(i, str) for i in ids):
                 raise TypeError("ids are not strings")
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise CorruptStoreError(f"cannot read delta {path}: {e}; move it out of the "
                                     f"folder to go on without it") from e
-        return list(ids)
+        return ids
 
     def read_rows(self, version: int, namespaces: Sequence[str] | None = None,
                   columns: Sequence[str] | None = None) -> pa.Table:
@@ -1091,8 +1154,9 @@ class LanceStore(Store):
     def shard_snapshot(self, table: pa.Table, *, version: int, namespaces: Sequence[str],
                        deltas: Sequence[str], validate_records: bool = True) -> Snapshot:
         """A snapshot of one shard of namespaces from rows :meth:`read_rows` returned:
-        the rows decoded and validated, with the given pending deltas applied (a delta
-        naming an id outside the shard is skipped and stays pending).
+        the rows decoded and validated, with the given pending deltas applied (the plan
+        puts every namespace a delta's replay reads into its shard; ids it names that are
+        not stored are ignored, as by a load of the whole store).
 
         Args:
             table: every stored row of ``namespaces`` at ``version`` (all columns).
@@ -1111,7 +1175,7 @@ class LanceStore(Store):
                   f"{names[:3]}{'...' if len(names) > 3 else ''}")
         return self._rows_snapshot(table, version=version, dim=marker["dim"], props=props,
                                    deltas=list(deltas), validate_records=validate_records,
-                                   source=source, namespaces=names)
+                                   source=source, namespaces=names, apply_all=True)
 
     def changes(self, records: Records, base: Snapshot) -> tuple[pa.Table, list[str]]:
         """What a commit of ``records`` over ``base`` would write: the rows (all columns, in
@@ -1168,36 +1232,21 @@ class LanceStore(Store):
         with self._writers_lock():
             ds = self._open()
             self._check_present(ds)
-            props = self._props(ds)
-            base_props = self._props(self._open(base_version))
-            if props.get(_P + "changelog") != base_props.get(_P + "changelog"):
-                raise ConcurrentCommitError(
-                    f"{self.root}: another pass or undo committed since version "
-                    f"{base_version} was read (now at {ds.version}); rerun the pass")
+            props = self._unchanged_since(ds, base_version)
             recs = records_from_arrow(upsert, dim=dim)
             if namespaces is not None and not recs.meta["namespace"].isin(
                     list(namespaces)).all():
                 raise ValueError("commit_changes(): rows outside the namespaces read")
-            problems = validate(recs, dim=dim,
-                                future_tolerance_h=READ_SKEW * self.future_tolerance_h)
-            dup = recs.meta["id"][recs.meta["id"].duplicated()].tolist()
-            if dup:
-                problems.append(Problem("duplicate id", [], dup[:20]))
-            if problems:
-                raise InvalidRecordsError(f"the new version of {self.root} (nothing written)",
-                                          problems)
-            already = set(self._folded(props))
-            leftover = tuple(n for n in already if (self.root / "deltas" / n).exists())
-            all_folded = leftover + tuple(folded)
-            log = self._changelog(events, ds.version + 1)
-            _crashpoint("lance:after_changelog")
-            last = pass_time_h if pass_time_h is not None else hours_now()
-            new_props = self._new_props(op, all_folded, log, last)
-            counts = Counter(str(e.get("op")) for e in events)
-            new_props[_P + "summary"] = json.dumps(dict(counts), sort_keys=True)
+            self._check_new(recs, recs, dim)
+            all_folded, log, new_props = self._new_version(
+                ds, set(self._folded(props)), tuple(folded), events, op, pass_time_h)
             _crashpoint("lance:before_commit")
-            new = self._upsert(ds, records_to_arrow(recs, self._vector_dtype(ds.schema)),
-                               list(removed), new_props)
+            try:
+                new = self._upsert(ds, records_to_arrow(recs, self._vector_dtype(ds.schema)),
+                                   list(removed), new_props)
+            except BaseException:
+                self._drop_changelog(log, ds)
+                raise
             _crashpoint("lance:after_commit")
             self._record_checksums(self._open())
         self._cleanup_deltas(all_folded)

@@ -148,6 +148,10 @@ class InvalidRecordsError(ValueError):
         lines += [f"  - {p.describe()}" for p in problems]
         super().__init__("\n".join(lines))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled by its arguments (a fleet run sends it from a worker to the driver)
+        return (type(self), (self.source, self.problems))
+
 
 @dataclass
 class Problem:

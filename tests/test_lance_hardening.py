@@ -1,0 +1,119 @@
+"""The store issue's attacks, replayed against the Lance store (the default format): a lost
+marker, times in the future, a full disk during a commit, a job on a folder without a
+marker."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from consolidate.store import InvalidRecordsError, Records
+from consolidate.store.lance_store import LanceStore
+from tests.conftest import REPO, make_records, tree_digest
+
+pytest.importorskip("lance")
+
+GOOD = {"id": "ok", "namespace": "u", "text": "fine", "vector": [1.0, 0.0, 0.0],
+        "importance": 0.5, "last_used": 10.0}
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = LanceStore(tmp_path / "store")
+    s.create(make_records([{**GOOD, "id": "a"}, {**GOOD, "id": "b", "text": "other"}]))
+    return s
+
+
+def test_create_refuses_a_folder_that_lost_its_marker(store):
+    store.pointer_path.unlink()
+    before = tree_digest(store.root)
+    with pytest.raises(FileExistsError, match="not empty and holds no store"):
+        LanceStore(store.root).create(make_records([{**GOOD, "id": "z"}]))
+    assert tree_digest(store.root) == before
+
+
+def test_create_refuses_existing_versions(store):
+    """A marker that names another format, or none, never lets create write over the
+    dataset's versions."""
+    before = tree_digest(store.root)
+    with pytest.raises(FileExistsError):
+        LanceStore(store.root).create(make_records([{**GOOD, "id": "z"}]))
+    assert tree_digest(store.root) == before
+
+
+@pytest.mark.parametrize("col", ["created_at", "last_used", "deleted_at"])
+def test_future_times_are_refused_at_write_and_at_load(tmp_path, col):
+    from consolidate.store.schema import hours_from_datetime
+
+    year_2100 = hours_from_datetime("2100-01-01T00:00:00Z")
+    row = {**GOOD, "id": "late", "text": "from the future", col: year_2100}
+    s = LanceStore(tmp_path / "s")
+    with pytest.raises(InvalidRecordsError, match=f"{col} in the future.*'late'"):
+        s.create(make_records([{**GOOD, "id": "a"}, row]))
+    s.create(make_records([{**GOOD, "id": "a"}]))
+    with pytest.raises(InvalidRecordsError, match=f"{col} in the future.*'late'"):
+        s.append([row])
+    # written behind the store's back (another tool, a restored backup): refused at load
+    snap = s.load()
+    with s.lock():
+        s.future_tolerance_h = math.inf  # let the forged version through the commit check
+        s.commit(Records.concat([snap.records, make_records([row])], 3), [], base=snap)
+    with pytest.raises(InvalidRecordsError, match=f"{col} in the future.*'late'"):
+        LanceStore(tmp_path / "s").load()
+
+
+@pytest.mark.parametrize("where", ["changelog", "fragments"])
+@pytest.mark.parametrize("shards", [False, True], ids=["commit", "commit_changes"])
+def test_a_full_disk_during_a_commit_writes_nothing(store, monkeypatch, where, shards):
+    """ENOSPC while the changelog or the new fragments are written: no new version, no
+    orphan changelog, the deltas still pending, and the next commit works."""
+    import lance
+
+    import consolidate.store.lance_store as ls
+
+    store.mark_used(["a"], now=20.0)
+    snap = store.load()
+    records = snap.records.take(list(range(len(snap.records))))  # a copy
+    records.meta.loc[records.meta["id"] == "b", "importance"] = 0.9
+    before = tree_digest(store.root)
+
+    def full_disk(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    if where == "changelog":
+        monkeypatch.setattr(ls, "_write_jsonl", full_disk)
+    else:  # the new fragments of an upsert, or the table of a rewrite
+        monkeypatch.setattr(lance.fragment, "write_fragments", full_disk)
+        monkeypatch.setattr(lance, "write_dataset", full_disk)
+
+    def commit():
+        with store.lock():
+            if shards:
+                upsert, removed = store.changes(records, snap)
+                return store.commit_changes(upsert, removed, [], base_version=snap.version,
+                                            folded=snap.deltas, namespaces=None)
+            return store.commit(records, [], base=snap)
+
+    with pytest.raises(OSError, match="No space left"):
+        commit()
+    assert tree_digest(store.root) == before
+    assert store.head().version == snap.version
+    monkeypatch.undo()
+    info = commit()
+    after = store.load()
+    assert info["version"] == after.version > snap.version and after.deltas == ()
+    m = after.records.meta.set_index("id")
+    assert m.loc["b", "importance"] == 0.9 and m.loc["a", "strength"] == 2.0
+
+
+def test_job_on_a_lance_folder_without_marker_does_not_reimport(tmp_path, store):
+    store.pointer_path.unlink()
+    before = tree_digest(store.root)
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-m", "consolidate.jobs.consolidate",
+                        f"hydra.run.dir={tmp_path}/run", f"store.dir={store.root}"],
+                       cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("error: ") and "holds no store" in r.stderr
+    assert tree_digest(store.root) == before
