@@ -257,13 +257,15 @@ def test_create_refuses_a_file(tmp_path):
     assert (tmp_path / "f").read_text() == "x"
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "lance"])
 @pytest.mark.parametrize("col", ["created_at", "last_used", "deleted_at"])
-def test_future_times_are_refused_at_write_and_at_load(tmp_path, col):
+def test_future_times_are_refused_at_write_and_at_load(tmp_path, col, fmt):
+    from consolidate.store import open_store_dir
     from consolidate.store.schema import hours_from_datetime
 
     year_2100 = hours_from_datetime("2100-01-01T00:00:00Z")
     row = {**GOOD, "id": "late", "text": "from the future", col: year_2100}
-    s = Store(tmp_path / "s")
+    s = open_store_dir(tmp_path / "s", format=fmt)
     with pytest.raises(InvalidRecordsError, match=f"{col} in the future.*'late'"):
         s.create(make_records([{**GOOD, "id": "a"}, row]))
     s.create(make_records([{**GOOD, "id": "a"}]))
@@ -277,7 +279,7 @@ def test_future_times_are_refused_at_write_and_at_load(tmp_path, col):
         s.future_tolerance_h = math.inf  # let the forged version through the commit check
         s.commit(forged, [], base=snap)
     with pytest.raises(InvalidRecordsError, match=f"{col} in the future.*'late'"):
-        Store(tmp_path / "s").load()
+        open_store_dir(tmp_path / "s").load()
 
 
 def test_a_flipped_bit_in_a_snapshot_is_caught(store):

@@ -724,11 +724,7 @@ class LanceStore(Store):
             try:
                 table = ds.to_table(filter=flt)
             except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
-                if checker is not None:  # a checksum that names the damaged file says more
-                    checker.join()
-                    if "error" in check:
-                        raise check["error"] from e
-                raise CorruptStoreError(f"cannot read {source}: {e}") from e
+                raise _read_error(e, source, checker, check) from e
             return self._rows_snapshot(table, version=ds.version, dim=marker["dim"],
                                        props=props, deltas=listed,
                                        validate_records=validate_records, source=source,
@@ -754,11 +750,7 @@ class LanceStore(Store):
             # text, nothing else writes the dataset): not recomputed at every load
             recs = records_from_arrow(table, dim=dim, stored_hashes=True)
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
-            if checker is not None:  # a checksum that names the damaged file says more
-                checker.join()
-                if "error" in check:
-                    raise check["error"] from e
-            raise CorruptStoreError(f"cannot read {source}: {e}") from e
+            raise _read_error(e, source, checker, check) from e
         # the stored rows' other columns (no copy: Arrow buffers), compared by commit
         stored = table.drop_columns([c for c in ("vector", "vector_scale")
                                      if c in table.column_names])
@@ -1315,6 +1307,17 @@ class LanceStore(Store):
                 out["bytes_removed"] = int(getattr(stats, "bytes_removed", 0))
                 self._record_checksums(ds)  # forgets the removed files
         return out
+
+
+def _read_error(e: BaseException, source: str, checker: threading.Thread | None,
+                check: dict[str, Any]) -> BaseException:
+    """The error to raise when reading ``source`` failed with ``e``: the checksum thread's
+    error if it found one (it names the damaged file), else a :class:`CorruptStoreError`."""
+    if checker is not None:
+        checker.join()
+        if "error" in check:
+            return check["error"]
+    return CorruptStoreError(f"cannot read {source}: {e}")
 
 
 def _crc32(path: Path, block: int = 8 << 20) -> int:
