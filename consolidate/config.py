@@ -212,8 +212,9 @@ class RunnerConfig:
         num_cpus: CPUs of the local cluster it starts (``None``: all of this machine).
         actors: pass workers (Ray actors); each builds its merger once.
         cpus_per_actor: CPUs reserved per actor (its torch threads).
-        gpus_per_actor: GPUs per actor; only 0 for now (a value above 0 is refused: Ray
-            Data batches GPU actors by a fixed row count, which would cut shards apart).
+        gpus_per_actor: GPUs per actor (0: CPU actors; with a GPU the actor's similarity
+            runs on it, and each shard travels as one row holding its Arrow table, since
+            Ray Data batches GPU actors by a fixed row count).
         max_rows_per_shard: rows per shard (a Ray Data block) at most; namespaces are
             packed into shards whole, so one larger than this gets a shard of its own.
     """

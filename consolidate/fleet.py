@@ -194,10 +194,31 @@ def plan_shards(store: LanceStore, *, version: int, pending: Sequence[str],
     return FleetPlan(version, shards, shard_rows, deltas, sorted(left))
 
 
-def _read_shard(root: str, version: int, k: int, namespaces: list[str]) -> list[pa.Table]:
-    """One Ray Data read task: the stored rows of one shard, with a ``_shard`` column."""
+def _read_shard(root: str, version: int, k: int, namespaces: list[str],
+                packed: bool = False) -> list[pa.Table]:
+    """One Ray Data read task: the stored rows of one shard, with a ``_shard`` column; or,
+    ``packed``, one row holding the shard's rows as an Arrow IPC stream (``_shard``,
+    ``_rows``, ``_ipc``), so that batches of one row are whole shards (GPU actors must be
+    given a batch size)."""
     t = LanceStore(root).read_rows(version, namespaces)
-    return [t.append_column("_shard", pa.array(np.full(t.num_rows, k, np.int32)))]
+    if not packed:
+        return [t.append_column("_shard", pa.array(np.full(t.num_rows, k, np.int32)))]
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    return [pa.table({"_shard": pa.array([k], pa.int32()), "_rows": [t.num_rows],
+                      "_ipc": pa.array([sink.getvalue().to_pybytes()], pa.large_binary())})]
+
+
+def _shards_of(batch: pa.Table) -> list[tuple[int, pa.Table]]:
+    """``(shard, its stored rows)`` for each shard in a batch of either layout."""
+    if "_ipc" in batch.column_names:
+        return [(int(k), pa.ipc.open_stream(pa.py_buffer(b)).read_all())
+                for k, b in zip(batch.column("_shard").to_pylist(),
+                                batch.column("_ipc").to_pylist(), strict=True)]
+    col = batch.column("_shard")
+    return [(int(k), batch.filter(pc.equal(col, k)).drop_columns(["_shard"]))
+            for k in pc.unique(col).to_pylist()]
 
 
 class _ShardPass:
@@ -242,9 +263,7 @@ class _ShardPass:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         out = []
-        shard_col = batch.column("_shard")
-        for k in pc.unique(shard_col).to_pylist():  # one shard per block (see plan)
-            t = batch.filter(pc.equal(shard_col, k)).drop_columns(["_shard"])
+        for k, t in _shards_of(batch):  # one shard per block (see plan)
             try:
                 result = self._run(k, t)
             except Exception as e:  # noqa: BLE001 - the driver raises it (Ray would wrap it)
@@ -261,7 +280,7 @@ class _ShardPass:
             [("shard", pa.int64()), ("rows", pa.int64()), ("result", pa.binary())]))
 
 
-def _datasource(root: str, plan: FleetPlan, row_bytes: int) -> Any:
+def _datasource(root: str, plan: FleetPlan, row_bytes: int, packed: bool) -> Any:
     """A Ray Data datasource with one read task per shard of ``plan``."""
     import functools
 
@@ -274,7 +293,7 @@ def _datasource(root: str, plan: FleetPlan, row_bytes: int) -> Any:
 
         def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                            data_context: Any = None) -> list[ReadTask]:
-            return [ReadTask(functools.partial(_read_shard, root, plan.version, k, ns),
+            return [ReadTask(functools.partial(_read_shard, root, plan.version, k, ns, packed),
                              BlockMetadata(num_rows=int(plan.rows[k]),
                                            size_bytes=int(plan.rows[k]) * row_bytes,
                                            input_files=None, exec_stats=None))
@@ -366,12 +385,11 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
             and 0 <= runner.cpus_per_actor < math.inf):
         raise ValueError(f"runner.cpus_per_actor must be a number >= 0, got "
                          f"{runner.cpus_per_actor!r}")
-    if runner.gpus_per_actor:
-        # Ray Data needs a fixed batch size for GPU actors, and a batch of rows would cut a
-        # shard's namespaces apart
-        raise ValueError("runner.gpus_per_actor > 0 is not supported yet (Ray Data requires "
-                         "a fixed batch size for GPU actors, which would split shards); "
-                         "run GPU passes with runner=local")
+    g = runner.gpus_per_actor
+    if not (isinstance(g, (int, float)) and not isinstance(g, bool) and 0 <= g < math.inf):
+        raise ValueError(f"runner.gpus_per_actor must be a number >= 0, got {g!r}")
+    # GPU actors need a fixed batch size: each shard then travels as one row (packed)
+    packed = g > 0
     if store.vector_dtype and store.vector_dtype != store._vector_dtype(store._open().schema):
         raise ValueError("a vector dtype conversion rewrites the whole store: run it with "
                          "runner=local")
@@ -404,11 +422,13 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
                          include_dashboard=False, log_to_driver=False,
                          configure_logging=False)
                 started = True
-            have = float(ray.cluster_resources().get("CPU", 0.0))
-            if runner.cpus_per_actor > have:
-                # Ray would wait for the actor forever, with the store locked
-                raise ValueError(f"runner.cpus_per_actor={runner.cpus_per_actor} exceeds the "
-                                 f"cluster's {have:g} CPUs")
+            res = ray.cluster_resources()
+            for key, want in (("CPU", runner.cpus_per_actor), ("GPU", g)):
+                have = float(res.get(key, 0.0))
+                if want > have:
+                    # Ray would wait for the actor forever, with the store locked
+                    raise ValueError(f"runner.{key.lower()}s_per_actor={want} exceeds the "
+                                     f"cluster's {have:g} {key}s")
             from ray.data import DataContext
 
             ctx = DataContext.get_current()
@@ -418,14 +438,15 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
             dim = int(store._marker()["dim"])
             # a read is a Lance scan on Lance's own threads: it reserves no CPU, so actors
             # that take every CPU of the cluster cannot starve it
-            ds = ray.data.read_datasource(_datasource(str(store.root), plan, dim * 4 + 256),
+            ds = ray.data.read_datasource(_datasource(str(store.root), plan, dim * 4 + 256,
+                                                      packed),
                                           num_cpus=0,
                                           # one block per read task: no split to reach
                                           # Ray's minimum block count
                                           override_num_blocks=len(plan.shards))
             threads = max(1, math.floor(runner.cpus_per_actor))
             out = ds.map_batches(
-                _ShardPass, batch_size=None, batch_format="pyarrow",
+                _ShardPass, batch_size=1 if packed else None, batch_format="pyarrow",
                 fn_constructor_kwargs={"root": str(store.root), "store_kw": {
                                            "quarantine": store.quarantine,
                                            "future_tolerance_h": store.future_tolerance_h},
@@ -436,7 +457,7 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
                 compute=ray.data.ActorPoolStrategy(size=min(runner.actors,
                                                             len(plan.shards))),
                 num_cpus=runner.cpus_per_actor,
-                num_gpus=runner.gpus_per_actor or None)
+                num_gpus=g or None)
             got = {}
             for b in out.iter_batches(batch_size=None, batch_format="pyarrow"):
                 for k, r, blob in zip(b.column("shard").to_pylist(), b.column("rows").to_pylist(),

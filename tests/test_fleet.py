@@ -56,7 +56,9 @@ def upsert_always(monkeypatch):
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    # one logical GPU: Ray schedules GPU actors on it (torch finds no CUDA, so their
+    # similarity runs on the CPU), which runs the GPU actors' path here
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     yield
     ray.shutdown()
@@ -298,7 +300,7 @@ def test_bad_runner_settings_fail_fast(tmp_path, cluster):
     s = LanceStore(tmp_path / "s")
     s.create(fleet_records(n=300))
     pc = PassConfig(force=True)
-    for kw, match in [({"gpus_per_actor": 1.0}, "not supported yet"),
+    for kw, match in [({"gpus_per_actor": 2.0}, "exceeds the cluster's 1 GPUs"),
                       ({"cpus_per_actor": 3.0}, "exceeds the cluster's 2 CPUs"),
                       ({"actors": True}, "runner.actors"),
                       ({"max_rows_per_shard": 0}, "max_rows_per_shard")]:
@@ -315,3 +317,15 @@ def test_bad_runner_settings_fail_fast(tmp_path, cluster):
     v = s.head().version
     out = fleet(s, pc, namespaces=[])
     assert out["commit"]["snapshot"] is None and s.head().version == v
+
+
+def test_gpu_actors_get_whole_shards(tmp_path, cluster):
+    """With gpus_per_actor, each shard travels as one packed row (Ray Data batches GPU
+    actors by a fixed row count): the same records as the single-process pass."""
+    recs = fleet_records(n=1200)
+    a, b = twin_stores(tmp_path, recs)
+    pc = PassConfig(force=True)
+    single(a, pc)
+    out = fleet(b, pc, actors=1, gpus_per_actor=1.0, cpus_per_actor=1.0)
+    same_store(a, b)
+    assert out["fleet"]["shards"] == 2 and out["records_read"] == 1200
