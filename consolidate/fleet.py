@@ -32,10 +32,9 @@ import logging
 import math
 import os
 import pickle
-import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -44,9 +43,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .config import PassConfig, RunnerConfig, SimilarityConfig
-from .pipeline.retention import MassDropError
+from .pipeline.retention import mass_drop_error
 from .pipeline.state import PassStats
-from .store.lance_store import LanceStore
+from .store.lance_store import _MAX_CHAIN, LanceStore
 
 __all__ = ["FleetPlan", "plan_shards", "run_fleet_pass"]
 
@@ -126,7 +125,7 @@ def plan_shards(store: LanceStore, *, version: int, pending: Sequence[str],
     where: dict[str, tuple[str | None, str | None]] = {}
     frontier = sorted({i for ids in ids_of.values() for i in ids})
     ds = store._open(version)
-    for _ in range(64):
+    for _ in range(_MAX_CHAIN):
         frontier = [i for i in frontier if i not in where]
         if not frontier:
             break
@@ -144,7 +143,7 @@ def plan_shards(store: LanceStore, *, version: int, pending: Sequence[str],
         reach: set[str] = set()
         unknown = False
         for i in ids:
-            for _ in range(64):
+            for _ in range(_MAX_CHAIN):
                 ns, nxt = where.get(i, (None, None))
                 if ns is None:
                     unknown = True
@@ -184,7 +183,9 @@ def plan_shards(store: LanceStore, *, version: int, pending: Sequence[str],
         acc += r
     shard_of = shard_of_comp[np.cumsum(starts) - 1] if n else np.zeros(0, np.int64)
     n_shards = int(shard_of.max()) + 1 if n else 0
-    shards = [sorted(names[by][shard_of == s].astype(str).tolist()) for s in range(n_shards)]
+    # shard_of is non-decreasing along `by`: each shard is a run of names[by]
+    shards = [sorted(x.astype(str).tolist()) for x in
+              np.split(names[by], np.flatnonzero(np.diff(shard_of)) + 1)] if n else []
     shard_rows = np.bincount(shard_of, weights=rows[by], minlength=n_shards).astype(np.int64)
     ns_shard = np.empty(n, np.int64)
     ns_shard[by] = shard_of
@@ -235,8 +236,7 @@ class _ShardPass:
         self.plan = plan
         # the store-wide safety stop is the driver's (over all shards); the per-namespace
         # one stays in each shard
-        self.cfg = PassConfig(**{f.name: getattr(pass_cfg, f.name) for f in fields(pass_cfg)})
-        self.cfg.max_drop_fraction = 1.0
+        self.cfg = replace(pass_cfg, max_drop_fraction=1.0)
         self.sim_cfg = sim_cfg
         self.merger = instantiate(merge) if merge is not None else None
         self.reflector = instantiate(reflect) if reflect is not None else None
@@ -402,16 +402,7 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
     fleet: dict[str, Any] = {"shards": len(plan.shards), "rows": int(plan.rows.sum()),
                              "plan_s": round(t_plan, 4),
                              "deltas_left_pending": len(plan.left_pending)}
-    check: dict[str, Any] = {}
-
-    def verify() -> None:
-        try:
-            store.verify(version)
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            check["error"] = e
-
-    checker = threading.Thread(target=verify, daemon=True)
-    checker.start()
+    checker, check = store.verify_in_thread(version)
     started = False
     parts: list[dict[str, Any]] = []
     t0 = time.perf_counter()
@@ -488,14 +479,8 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
     dropped = stats.dropped_floor + stats.dropped_cap
     events = [e for p in parts for e in p["events"]]
     if live and dropped / live > pass_cfg.max_drop_fraction:
-        worst = pd.Series([e["namespace"] for e in events if e.get("op") == "drop"]
-                          ).value_counts().head(3).to_dict()
-        raise MassDropError(
-            f"the pass would drop {dropped} of {live} live memories "
-            f"({dropped / live:.0%} > pass.max_drop_fraction={pass_cfg.max_drop_fraction}); "
-            f"most in {worst}. Check pass.now (now={pass_cfg.now!r}), tau_hours "
-            f"({pass_cfg.tau_hours}) and floor ({pass_cfg.floor}), or set "
-            f"pass.max_drop_fraction=1.0")
+        raise mass_drop_error(dropped, live, [e["namespace"] for e in events
+                                              if e.get("op") == "drop"], pass_cfg)
     t0 = time.perf_counter()
     folded = [d for p in parts for d in p["deltas"]]
     if not parts:  # no namespace to run: no version

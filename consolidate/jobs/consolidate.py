@@ -87,15 +87,11 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
             fire, new_imp = trigger(snap.records, pc.trigger_importance)
             scope = {}
         t_load = time.perf_counter() - t
-        summary["trigger"] = {"new_importance": round(new_imp, 4),
-                              "threshold": pc.trigger_importance, "fired": fire,
-                              "forced": pc.force, **scope}
+        summary["trigger"] = _trigger_summary(pc, new_imp, fire, scope)
         summary["base_version"] = snap.version
         summary["records_read"] = len(snap.records)
         if not (fire or pc.force):
             summary["ran"] = False
-            log.info("trigger did not fire: new importance %.3f < %.3f (use pass.force=true)",
-                     new_imp, pc.trigger_importance)
         else:
             wall = hours_now()
             res = run_pass(snap.records, cfg=pc, sim_cfg=sc, merger=merger,
@@ -106,12 +102,27 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
             res.stats.time_s["load"] = round(t_load, 4)
             res.stats.time_s["commit"] = round(time.perf_counter() - t, 4)
             if isinstance(store, LanceStore) and not pc.dry_run:
-                t = time.perf_counter()
-                commit["cleanup"] = store.cleanup()
-                res.stats.time_s["cleanup"] = round(time.perf_counter() - t, 4)
+                _cleanup(store, commit, res.stats.time_s)
             summary.update(ran=True, dry_run=pc.dry_run, commit=commit,
                            stats=res.stats.as_dict())
     return _finish(summary, t0, out_dir)
+
+
+def _trigger_summary(pc: Any, new_imp: float, fire: bool, scope: dict[str, Any]
+                     ) -> dict[str, Any]:
+    """The summary's ``trigger`` block (and a log line when it did not fire)."""
+    if not (fire or pc.force):
+        log.info("trigger did not fire: new importance %.3f < %.3f (use pass.force=true)",
+                 new_imp, pc.trigger_importance)
+    return {"new_importance": round(new_imp, 4), "threshold": pc.trigger_importance,
+            "fired": fire, "forced": pc.force, **scope}
+
+
+def _cleanup(store: LanceStore, commit: dict[str, Any], times: dict[str, float]) -> None:
+    """Compaction and version cleanup after a commit (:meth:`LanceStore.cleanup`), timed."""
+    t = time.perf_counter()
+    commit["cleanup"] = store.cleanup()
+    times["cleanup"] = round(time.perf_counter() - t, 4)
 
 
 def _finish(summary: dict[str, Any], t0: float, out_dir: str | None) -> dict[str, Any]:
@@ -140,12 +151,9 @@ def _fleet_run(cfg: DictConfig, store: LanceStore, pc: Any, sc: Any, rc: Any
         scope = {"namespaces_fired": len(fired), "namespaces_with_new": len(per_ns)}
     else:
         namespaces, fire, scope = None, new_imp >= pc.trigger_importance, {}
-    out["trigger"] = {"new_importance": round(new_imp, 4), "threshold": pc.trigger_importance,
-                      "fired": fire, "forced": pc.force, **scope}
+    out["trigger"] = _trigger_summary(pc, new_imp, fire, scope)
     if not (fire or pc.force):
         out.update(ran=False, base_version=store.head().version, records_read=0)
-        log.info("trigger did not fire: new importance %.3f < %.3f (use pass.force=true)",
-                 new_imp, pc.trigger_importance)
         return out
     t_trigger = time.perf_counter() - t
     merge = OmegaConf.to_container(cfg.merge, resolve=True)
@@ -155,9 +163,7 @@ def _fleet_run(cfg: DictConfig, store: LanceStore, pc: Any, sc: Any, rc: Any
     stats, commit = res["stats"], res["commit"]
     stats.time_s["trigger"] = round(t_trigger, 4)
     if not pc.dry_run:
-        t = time.perf_counter()
-        commit["cleanup"] = store.cleanup()
-        stats.time_s["cleanup"] = round(time.perf_counter() - t, 4)
+        _cleanup(store, commit, stats.time_s)
     out.update(ran=True, dry_run=pc.dry_run, commit=commit, stats=stats.as_dict(),
                base_version=res["base_version"], records_read=res["records_read"],
                fleet=res["fleet"])

@@ -4,6 +4,8 @@ the per-namespace cap (pinned rows never dropped)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -13,7 +15,7 @@ from ..config import PassConfig
 from ..scoring import retention_score, select_survivors
 from .state import PassState
 
-__all__ = ["retention_stage", "MassDropError"]
+__all__ = ["retention_stage", "MassDropError", "mass_drop_error"]
 
 
 class MassDropError(RuntimeError):
@@ -41,6 +43,18 @@ def _namespace_stop(st: PassState, cfg: PassConfig, live: np.ndarray,
         f"memories of {len(bad)} namespace(s) ({which}). Check pass.now (now={cfg.now!r}) and "
         f"the times of those namespaces, tau_hours ({cfg.tau_hours}) and floor "
         f"({cfg.floor}), or set pass.max_namespace_drop_fraction=1.0")
+
+
+def mass_drop_error(dropped: int, live: int, namespaces: Sequence[Any],
+                    cfg: PassConfig) -> MassDropError:
+    """The store-wide safety stop's error: ``dropped`` of ``live`` rows would go,
+    ``namespaces`` holds the namespace of each dropped row (the three most named)."""
+    worst = {str(k): int(v) for k, v in pd.Series(namespaces).value_counts().head(3).items()}
+    return MassDropError(
+        f"the pass would drop {dropped} of {live} live memories "
+        f"({dropped / live:.0%} > pass.max_drop_fraction={cfg.max_drop_fraction}); "
+        f"most in {worst}. Check pass.now (now={cfg.now!r}), tau_hours "
+        f"({cfg.tau_hours}) and floor ({cfg.floor}), or set pass.max_drop_fraction=1.0")
 
 
 def retention_stage(st: PassState, cfg: PassConfig, version: int) -> PassState:
@@ -73,14 +87,7 @@ def retention_stage(st: PassState, cfg: PassConfig, version: int) -> PassState:
     drop = li[~sel.keep]
     _namespace_stop(st, cfg, li, li[sel.reason == "floor"])
     if len(li) and len(drop) / len(li) > cfg.max_drop_fraction:
-        worst = {str(st.ns_names[k]): int(v) for k, v in
-                 pd.Series(st.ns[drop]).value_counts().head(3).items()}
-        raise MassDropError(
-            f"the pass would drop {len(drop)} of {len(li)} live memories "
-            f"({len(drop) / len(li):.0%} > pass.max_drop_fraction={cfg.max_drop_fraction}); "
-            f"most in {worst}. Check pass.now (now={cfg.now!r}), tau_hours "
-            f"({cfg.tau_hours}) and floor ({cfg.floor}), or set pass.max_drop_fraction=1.0"
-        )
+        raise mass_drop_error(len(drop), len(li), st.ns_names[st.ns[drop]], cfg)
     why = sel.reason[~sel.keep]
     deleted_at = st.col("deleted_at").copy()
     deleted_at[drop] = st.wall_h

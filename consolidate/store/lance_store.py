@@ -373,6 +373,22 @@ class LanceStore(Store):
         return {"files": len(files), "checked": checked,
                 "unrecorded": len(files) - checked}
 
+    def verify_in_thread(self, version: int) -> tuple[threading.Thread, dict[str, Any]]:
+        """Start :meth:`verify` of ``version`` in a thread (CRC32 releases the GIL, so it
+        runs while Lance reads the same files). Returns ``(thread, result)``: after
+        ``thread.join()``, ``result["error"]`` holds the exception it raised, if any."""
+        check: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                check["out"] = self.verify(version)
+            except BaseException as e:  # noqa: BLE001 - the caller re-raises it
+                check["error"] = e
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread, check
+
     def head(self) -> Pointer:
         """The newest version as a :class:`~consolidate.store.store.Pointer` (``snapshot`` is
         the dataset's name, ``rows`` its row count)."""
@@ -704,17 +720,7 @@ class LanceStore(Store):
         source = f"{self.dataset_path} (version {ds.version})"
         # the data files' checksums are checked in a thread while Lance reads them
         # (zlib's CRC32 and Lance's reader both release the GIL)
-        check: dict[str, Any] = {}
-
-        def verify() -> None:
-            try:
-                check["out"] = self.verify(ds.version)
-            except BaseException as e:  # noqa: BLE001 - re-raised below
-                check["error"] = e
-
-        checker = threading.Thread(target=verify, daemon=True) if validate_records else None
-        if checker is not None:
-            checker.start()
+        checker, check = self.verify_in_thread(ds.version) if validate_records else (None, {})
         flt = None
         if namespaces is not None:
             namespaces = sorted({str(n) for n in namespaces})
@@ -766,8 +772,9 @@ class LanceStore(Store):
         folded = set(self._folded(props))
         applied = []
         known = None if namespaces is None or apply_all else set(recs.meta["id"])
+        into = self._into(recs) if known is not None else {}
         for name in deltas:
-            if name in folded or not self._covers(known, name, recs):
+            if name in folded or not self._covers(known, name, into):
                 continue
             recs, _ = self._apply_delta(recs, name, dim, validate_records)
             applied.append(name)
@@ -776,18 +783,21 @@ class LanceStore(Store):
                         self.dataset_path, float(lp) if lp else None,
                         stored=(stored, recs.vectors), namespaces=namespaces)
 
-    def _covers(self, known: set[str] | None, name: str, recs: Records | None = None) -> bool:
+    @staticmethod
+    def _into(recs: Records) -> dict[str, str]:
+        """``{id: merged_into}`` of the rows of ``recs`` merged into another."""
+        mi = recs.meta["merged_into"]
+        sel = mi.notna().to_numpy()
+        return dict(zip(recs.meta["id"].to_numpy(object)[sel].tolist(),
+                        mi.to_numpy(object)[sel].tolist(), strict=True))
+
+    def _covers(self, known: set[str] | None, name: str, into: Mapping[str, str]) -> bool:
         """Every record a delta's replay reads is in ``known`` (``None``: the whole store is
-        loaded): the ids it names and the records their ``merged_into`` chains in ``recs``
-        lead to (a touch of a merged record counts for the record it was merged into)."""
+        loaded): the ids it names and the records their ``merged_into`` chains (``into``,
+        from :meth:`_into`) lead to (a touch of a merged record counts for the record it
+        was merged into)."""
         if known is None:
             return True
-        into: dict[str, str] = {}
-        if recs is not None:
-            mi = recs.meta["merged_into"]
-            sel = mi.notna().to_numpy()
-            into = dict(zip(recs.meta["id"].to_numpy(object)[sel].tolist(),
-                            mi.to_numpy(object)[sel].tolist(), strict=True))
         for i in self.delta_ids(name):
             for _ in range(_MAX_CHAIN):
                 if i not in known:
@@ -941,8 +951,9 @@ class LanceStore(Store):
             already = set(self._folded(props))
             known = None if part is None else set(final.meta["id"])
             seen = already | set(base.deltas)
+            into = self._into(final) if known is not None else {}
             late = [n for n in self._listed()
-                    if n not in seen and self._covers(known, n, final)]
+                    if n not in seen and self._covers(known, n, into)]
             n_touch = 0
             for name in late:
                 final, _ = self._apply_delta(final, name, dim)
