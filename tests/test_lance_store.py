@@ -15,6 +15,7 @@ from consolidate.store import ConcurrentCommitError, InvalidRecordsError, Store
 from consolidate.store.lance_store import (
     LanceStore,
     _changes,
+    _diff,
     convert,
     open_store_dir,
     store_format,
@@ -106,12 +107,79 @@ def test_changes_compares_every_column_and_vector():
     new_vecs[0, 2] = np.nextafter(new_vecs[0, 2], 1)  # one ulp of one component
     from consolidate.store.schema import Records
     final = Records(meta, new_vecs)
-    rows, gone = _changes(records_to_arrow(final, with_vectors=False), new_vecs, stored,
-                          [vecs[:2], vecs[2:]])
-    assert rows.tolist() == [0, 1, 2] and gone == []
-    rows, gone = _changes(records_to_arrow(recs.take([0, 2]), with_vectors=False),
-                          vecs[[0, 2]], stored, [vecs])
-    assert rows.tolist() == [] and gone == ["b", "d"]
+    rows, gone, dead = _changes(records_to_arrow(final, with_vectors=False), new_vecs, stored,
+                                [vecs[:2], vecs[2:]])
+    assert rows.tolist() == [0, 1, 2] and gone == [] and dead.tolist() == [0, 1, 2]
+    rows, gone, dead = _changes(records_to_arrow(recs.take([0, 2]), with_vectors=False),
+                                vecs[[0, 2]], stored, [vecs])
+    assert rows.tolist() == [] and gone == ["b", "d"] and dead.tolist() == [1, 3]
+    # the in-memory comparison gives the same answers, with and without row origins
+    frame, ids = recs.meta.copy(deep=False), stored.column("id")
+    for origin in (None, np.arange(4)):
+        final.origin = origin
+        rows, dead, gone = _diff(final, [frame.iloc[:2], frame.iloc[2:]],
+                                 [vecs[:2], vecs[2:]], ids)
+        assert rows.tolist() == [0, 1, 2] and dead.tolist() == [0, 1, 2] and gone == []
+    kept = recs.take([0, 2])
+    assert _diff(kept, [frame], [vecs], ids) is None  # no origins, not in stored order
+    kept.origin = np.array([0, 2])
+    rows, dead, gone = _diff(kept, [frame], [vecs], ids)
+    assert rows.tolist() == [] and dead.tolist() == [1, 3] and gone == ["b", "d"]
+
+
+def test_diff_matches_the_arrow_comparison_on_random_passes():
+    """_diff (in memory, by origin) and _changes (Arrow, hash join on ids) agree on random
+    edits: purges, new rows, edited numbers, texts, lists, None/NaN, vectors, reordering;
+    a wrong origin or a stored id reused by a new row makes _diff decline."""
+    from consolidate.store.schema import Records
+
+    rng = np.random.default_rng(7)
+    n, d = 400, 8
+    v = rng.normal(size=(n, d)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    recs = make_records([{"id": f"r{k}", "namespace": f"u{k % 7}", "text": f"fact {k}",
+                          "vector": v[k].tolist(), "importance": 0.5,
+                          "source_ids": [f"D{k}"] if k % 3 else []} for k in range(n)])
+    stored = records_to_arrow(recs, with_vectors=False)
+    frame = recs.meta.copy(deep=False)
+    for trial in range(30):
+        keep = np.sort(rng.choice(n, n - int(rng.integers(0, 20)), replace=False))
+        if trial % 5 == 4:
+            keep = rng.permutation(keep)  # a reordering pass
+        out = recs.take(keep)
+        out.origin = keep.copy()
+        meta, vecs = out.meta.copy(), out.vectors.copy()
+        for r in rng.choice(len(out), 10, replace=False):
+            c = rng.integers(0, 5)
+            if c == 0:
+                meta.loc[r, "strength"] = float(meta.loc[r, "strength"]) + 1
+            elif c == 1:
+                meta.loc[r, "text"] = meta.loc[r, "text"] + " and more"
+            elif c == 2:
+                meta.at[r, "source_ids"] = ["X1", "X2"]
+            elif c == 3:
+                meta.loc[r, "merged_into"] = "r0"
+            else:
+                vecs[r, 0] = np.nextafter(vecs[r, 0], 2)
+        new = make_records([{"id": f"new{trial}-{k}", "namespace": "u1", "text": "merged",
+                             "vector": v[k].tolist()} for k in range(int(rng.integers(0, 4)))])
+        final = Records.concat([Records(meta, vecs, origin=out.origin), new], d)
+        want = _changes(records_to_arrow(final, with_vectors=False), final.vectors, stored,
+                        [recs.vectors])
+        got = _diff(final, [frame], [recs.vectors], stored.column("id"))
+        assert got is not None
+        assert got[0].tolist() == want[0].tolist()
+        assert got[1].tolist() == want[2].tolist()
+        assert sorted(got[2]) == sorted(want[1])
+    # an origin that points at the wrong row, or a new row that reuses a stored id
+    bad = recs.take([0, 1])
+    bad.origin = np.array([1, 0])
+    assert _diff(bad, [frame], [recs.vectors], stored.column("id")) is None
+    reuse = Records.concat([recs.take([1]), make_records([{"id": "r0", "namespace": "u0",
+                                                           "text": "again",
+                                                           "vector": v[0].tolist()}])], d)
+    reuse.origin = np.array([1, -1])
+    assert _diff(reuse, [frame], [recs.vectors], stored.column("id")) is None
 
 
 def test_dry_run_commits_nothing(store):

@@ -141,7 +141,7 @@ def _start(records: Records, sim_cfg: SimilarityConfig, wall_h: float, merger: s
                      ns_names=np.asarray(names, dtype=object),
                      id_rank=id_ranks(meta["id"].to_numpy(object)), wall_h=wall_h,
                      now=np.zeros(n), gone=np.zeros(n, bool),
-                     stats=PassStats(merger=merger, version=version))
+                     stats=PassStats(merger=merger, version=version), origin=records.origin)
 
 
 #: rows further than this from unit length are rescaled by the pass (not in the store)

@@ -299,6 +299,8 @@ class PassState:
         review: cluster-stage output: conflicting unit pairs ``(a, b, sim, reason)``.
         events: changelog events, in order.
         stats: :class:`PassStats`.
+        origin: ``int64 [n0]`` the input records' :attr:`~consolidate.store.Records.origin`
+            (``None`` when they had none), handed on to the output.
     """
 
     meta: pd.DataFrame
@@ -316,6 +318,7 @@ class PassState:
     review: list[tuple[int, int, float, str]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     stats: PassStats = field(default_factory=PassStats)
+    origin: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -367,8 +370,10 @@ class PassState:
             drop=True)
         base, n0 = self.vec, self.vec.shape[0]
         kb = keep[keep < n0]
+        origin = (None if self.origin is None else
+                  np.concatenate([self.origin[kb], np.full(len(keep) - len(kb), -1, np.int64)]))
         if base.device.type == "cpu" and len(kb) == n0 and not self.new_vec:
-            return Records(meta, base.numpy())  # nothing purged or written: no copy
+            return Records(meta, base.numpy(), origin=origin)  # nothing purged or written
         out = np.empty((len(meta), base.shape[1]), np.float32)
         if base.device.type == "cpu" and len(kb) == n0:
             out[:n0] = base.numpy()  # nothing purged: one contiguous copy
@@ -379,7 +384,7 @@ class PassState:
             ).numpy()
         if self.new_vec:
             out[len(kb):] = torch.cat(self.new_vec).cpu().numpy()[keep[keep >= n0] - n0]
-        return Records(meta, out)
+        return Records(meta, out, origin=origin)
 
 
 def nan_reduce(values: np.ndarray, starts: np.ndarray, how: str) -> np.ndarray:

@@ -60,4 +60,4 @@ def undo_merge(records: Records, merge_id: str, wall_h: float | None = None) -> 
     meta["keep_apart"] = pd.Series(apart, dtype=object)
     meta.loc[p, "deleted_at"] = wall_h
     meta.loc[p, "deleted_reason"] = "undone"
-    return Records(meta, records.vectors)
+    return Records(meta, records.vectors, origin=records.origin)

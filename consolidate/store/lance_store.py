@@ -51,9 +51,11 @@ import os
 import shutil
 import threading
 import time
+import warnings
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,7 @@ import pyarrow.compute as pc
 
 from ..text import text_hashes
 from .schema import (
+    COLUMNS,
     Problem,
     Records,
     hours_now,
@@ -88,6 +91,7 @@ from .store import (
     _write_atomic,
     _write_jsonl,
 )
+from .vectors import SCALE_COLUMN, decode_vectors
 
 __all__ = ["LanceStore", "DATASET", "store_format", "open_store_dir", "convert"]
 
@@ -112,6 +116,89 @@ _LOGGED = ("create", "pass", "undo", "rollback", "restore", "convert")
 _MAX_LOOKBACK = 64
 #: ``merged_into`` links followed from a record a delta names (a merge of merges)
 _MAX_CHAIN = 64
+#: rows per batch when a load streams the dataset (the vectors of one batch are the only
+#: copy a load holds besides its output: 64 Ki rows x 384 x 4 B = 96 MiB)
+SCAN_BATCH = 1 << 16
+
+
+@dataclass
+class _Stored:
+    """The rows of a snapshot as stored, before its pending deltas: what a commit of the
+    snapshot compares the pass's records against.
+
+    Attributes:
+        ids: the ``m`` stored ids as read (Arrow strings).
+        frame: the rows decoded (:func:`records_from_arrow`'s columns; a copy-on-write
+            view of the loaded records' table, so later changes to the records never show
+            here).
+        vectors: ``float32 [m, d]``, read-only.
+        rowaddr: ``uint64 [m]`` Lance row addresses (fragment id << 32 | offset) in the
+            version read, or ``None`` when unknown.
+    """
+
+    ids: pa.ChunkedArray
+    frame: pd.DataFrame
+    vectors: np.ndarray
+    rowaddr: np.ndarray | None = None
+
+    def arrow(self, dim: int) -> pa.Table:
+        """The rows' non-vector columns as Arrow (:func:`records_to_arrow`)."""
+        return records_to_arrow(Records(self.frame, self.vectors.reshape(-1, dim)),
+                                with_vectors=False)
+
+
+def _scan(ds: Any, flt: Any, dim: int) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    """Read the rows of the Lance dataset ``ds`` that match ``flt`` (all when ``None``):
+    first every column but the vectors, then the vectors batch by batch (:data:`SCAN_BATCH`
+    rows) decoded into one ``float32`` array allocated up front. Two scans, because the
+    other columns of a batch Lance returns share buffers with its vectors: kept, they
+    would keep every batch's vectors alive. Peak memory: the output plus one batch.
+
+    Returns:
+        ``(meta, vectors, rowaddr)``: the non-vector columns (Arrow, in scan order), the
+        ``float32 [n, dim]`` vectors and the ``uint64 [n]`` row addresses, row-aligned.
+
+    Raises:
+        ValueError: the vector column is not ``dim`` wide, or the two scans disagree on the
+            rows.
+        OSError, pyarrow.ArrowException: Lance could not read a file.
+    """
+    vcols = [c for c in ("vector", SCALE_COLUMN) if c in ds.schema.names]
+    vtype = ds.schema.field("vector").type
+    if not pa.types.is_fixed_size_list(vtype) or vtype.list_size != dim:
+        raise ValueError(f"the vector column is {vtype}, not {dim} wide")
+    meta = ds.to_table(columns=[c for c in ds.schema.names if c not in vcols], filter=flt,
+                       with_row_address=True)
+    addr = meta.column("_rowaddr").to_numpy()
+    meta = meta.drop_columns(["_rowaddr"])
+    n = len(addr)
+    vecs = np.empty((n, dim), np.float32)
+    order = None  # stored positions by address, built only if the scans' orders differ
+    at = 0
+    # Lance's default read-ahead holds about 1.3 GB of pages over a 10^6 x 384 fp32 scan;
+    # one fragment at a time with 32 MiB of I/O buffer holds about half that, as fast
+    for b in ds.to_batches(columns=vcols, filter=flt, with_row_address=True,
+                           batch_size=SCAN_BATCH, fragment_readahead=1,
+                           io_buffer_size=32 << 20):
+        k = b.num_rows
+        got = b.column("_rowaddr").to_numpy()
+        block = decode_vectors(b.column("vector"), b.column(SCALE_COLUMN)
+                               if SCALE_COLUMN in vcols else None)
+        if at + k <= n and np.array_equal(got, addr[at:at + k]):
+            vecs[at:at + k] = block
+        else:
+            if order is None:
+                order = np.argsort(addr, kind="stable")
+            j = np.searchsorted(addr, got, sorter=order)
+            if at + k > n or np.any(j >= n) or np.any(addr[order[np.minimum(j, n - 1)]]
+                                                      != got):
+                raise ValueError(f"the vector scan returned rows the first scan of {n} "
+                                 "rows did not")
+            vecs[order[j]] = block
+        at += k
+    if at != n:
+        raise ValueError(f"the vector scan returned {at} rows, the first {n}")
+    return meta, vecs, addr
 
 
 def _lance() -> Any:
@@ -156,11 +243,6 @@ def open_store_dir(root: str | os.PathLike, *, format: str = "lance", **kwargs: 
         raise ValueError(f"store.format must be 'lance' or 'parquet', got {format!r}")
     found = store_format(root) or format
     return LanceStore(root, **kwargs) if found == FORMAT else Store(root, **kwargs)
-
-
-def _sql_str(s: str) -> str:
-    """A SQL string literal for a Lance filter (``'`` doubled)."""
-    return "'" + s.replace("'", "''") + "'"
 
 
 class LanceStore(Store):
@@ -728,10 +810,10 @@ class LanceStore(Store):
             source += f", namespaces {namespaces[:3]}{'...' if len(namespaces) > 3 else ''}"
         try:
             try:
-                table = ds.to_table(filter=flt)
+                scanned = [_scan(ds, flt, marker["dim"])]
             except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
                 raise _read_error(e, source, checker, check) from e
-            return self._rows_snapshot(table, version=ds.version, dim=marker["dim"],
+            return self._rows_snapshot(scanned, version=ds.version, dim=marker["dim"],
                                        props=props, deltas=listed,
                                        validate_records=validate_records, source=source,
                                        namespaces=namespaces, checker=checker, check=check)
@@ -739,7 +821,9 @@ class LanceStore(Store):
             if checker is not None:
                 checker.join()
 
-    def _rows_snapshot(self, table: pa.Table, *, version: int, dim: int,
+    def _rows_snapshot(self, scanned: list[tuple[pa.Table, np.ndarray | None,
+                                                 np.ndarray | None]], *, version: int,
+                       dim: int,
                        props: Mapping[str, str], deltas: Sequence[str],
                        validate_records: bool, source: str,
                        namespaces: Sequence[str] | None,
@@ -749,17 +833,26 @@ class LanceStore(Store):
         """A :class:`Snapshot` of stored rows read from version ``version``: decoded,
         validated, with those of ``deltas`` applied that are not folded as of that version
         and (``namespaces`` not ``None``, unless ``apply_all``) whose replay reads only rows
-        read (:meth:`_covers`)."""
+        read (:meth:`_covers`).
+
+        ``scanned`` is a one-item list ``[(table, vectors, rowaddr)]``: the stored rows
+        (all columns; or, with ``vectors`` and ``rowaddr`` given, the other columns as
+        :func:`_scan` returns them); it is emptied, so the Arrow table is freed as soon as
+        it is decoded."""
         check = {} if check is None else check
+        table, vectors, rowaddr = scanned.pop()
         try:
             # text_hash as written by this store (create and append compute it from the
             # text, nothing else writes the dataset): not recomputed at every load
-            recs = records_from_arrow(table, dim=dim, stored_hashes=True)
+            recs = records_from_arrow(table, dim=dim, stored_hashes=True, vectors=vectors)
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
             raise _read_error(e, source, checker, check) from e
-        # the stored rows' other columns (no copy: Arrow buffers), compared by commit
-        stored = table.drop_columns([c for c in ("vector", "vector_scale")
-                                     if c in table.column_names])
+        # the stored rows as read, compared by commit: the ids (Arrow), the decoded table
+        # (a copy-on-write view), the vectors (read-only)
+        recs.vectors.setflags(write=False)
+        recs.origin = np.arange(len(recs), dtype=np.int64)
+        stored = _Stored(table.column("id"), recs.meta.copy(deep=False), recs.vectors,
+                         rowaddr)
         del table
         if checker is not None:
             checker.join()
@@ -768,7 +861,6 @@ class LanceStore(Store):
         if validate_records:
             # rows moved to quarantine stay in ``stored``: the next commit deletes them
             recs = self._checked(recs, dim=dim, source=source, existing=None, reading=True)
-        recs.vectors.setflags(write=False)  # commit compares against these: never in place
         folded = set(self._folded(props))
         applied = []
         known = None if namespaces is None or apply_all else set(recs.meta["id"])
@@ -781,7 +873,7 @@ class LanceStore(Store):
         lp = props.get(_P + "last_pass_at")
         return Snapshot(version, recs, dim, tuple(applied), [],
                         self.dataset_path, float(lp) if lp else None,
-                        stored=(stored, recs.vectors), namespaces=namespaces)
+                        stored=stored, namespaces=namespaces)
 
     @staticmethod
     def _into(recs: Records) -> dict[str, str]:
@@ -925,7 +1017,8 @@ class LanceStore(Store):
             raise ValueError("commit(): base must be a snapshot loaded from this Lance store")
         marker = self._marker()
         dim = marker["dim"]
-        stored_base, base_vecs = stored
+        if not isinstance(stored, _Stored):
+            raise ValueError("commit(): base must be a snapshot loaded from this Lance store")
         part = base.namespaces
         if part is not None and not records.meta["namespace"].isin(part).all():
             raise ValueError("commit(): the records hold namespaces the snapshot did not read")
@@ -933,20 +1026,13 @@ class LanceStore(Store):
             ds = self._open()
             self._check_present(ds)
             props = self._unchanged_since(ds, base.version)
-            # rows appended since base: in the dataset (in the namespaces base read), not in
-            # the pass's records
-            scope = (None if part is None
-                     else pc.field("namespace").isin(pa.array(part, pa.string())))
-            ids_now = ds.to_table(columns=["id"], filter=scope).column("id")
-            appended = pc.filter(ids_now, pc.invert(pc.is_in(
-                ids_now, value_set=stored_base.column("id"))))
+            late_table, late_vecs, late_addr = self._appended_since(ds, base.version,
+                                                                    stored, part, dim)
             late_rows = Records.empty(dim)
-            stored_late = stored_base.schema.empty_table()
-            if len(appended):
-                late_table = ds.to_table(filter=pc.field("id").isin(appended))
-                late_rows = records_from_arrow(late_table, dim=dim)
-                stored_late = late_table.select(stored_base.schema.names).cast(
-                    stored_base.schema)
+            if late_table.num_rows:
+                late_rows = records_from_arrow(late_table, dim=dim, vectors=late_vecs)
+                late_rows.origin = len(stored.frame) + np.arange(len(late_rows))
+            late_frame = late_rows.meta.copy(deep=False)
             final = Records.concat([records, late_rows], dim) if len(late_rows) else records
             already = set(self._folded(props))
             known = None if part is None else set(final.meta["id"])
@@ -967,16 +1053,27 @@ class LanceStore(Store):
                         "carried_records": len(late_rows), "carried_touches": n_touch}
             dtype = self.vector_dtype or self._vector_dtype(ds.schema)
             lance = _lance()
-            upsert = removed = None
+            upsert = removed = dead = None
+            unique = False
             if dtype == self._vector_dtype(ds.schema):
-                upsert, removed = _changes(
-                    records_to_arrow(final, dtype, with_vectors=False),
-                    final.vectors.reshape(len(final), dim),
-                    pa.concat_tables([stored_base, stored_late]),
-                    [base_vecs.reshape(-1, dim), late_rows.vectors.reshape(-1, dim)])
+                stored_ids = pa.chunked_array(
+                    [*stored.ids.chunks, *late_table.column("id").chunks], pa.string())
+                got = _diff(final, [stored.frame, late_frame],
+                            [stored.vectors, late_vecs], stored_ids)
+                if got is not None:
+                    (upsert, dead, removed), unique = got, True
+                else:
+                    upsert, removed, dead = _changes(
+                        records_to_arrow(final, dtype, with_vectors=False),
+                        final.vectors.reshape(len(final), dim),
+                        pa.concat_tables([stored.arrow(dim), records_to_arrow(
+                            late_rows, with_vectors=False)]) if len(late_rows)
+                        else stored.arrow(dim),
+                        [stored.vectors.reshape(-1, dim), late_vecs])
             # rows equal to a stored row were validated when they were read: validate the
-            # rest, and the ids of all
-            self._check_new(final if upsert is None else final.take(upsert), final, dim)
+            # rest, and the ids of all (unless the comparison proved them unique)
+            self._check_new(final if upsert is None else final.take(upsert), final, dim,
+                            ids_checked=unique)
             folded, log, new_props = self._new_version(
                 ds, already, tuple(base.deltas) + tuple(late), events, op, pass_time_h)
             if upsert is None and part is not None:
@@ -984,6 +1081,9 @@ class LanceStore(Store):
                                  "over every namespace (pass.force=true)")
             rewrite = upsert is None or (part is None and len(upsert) + len(removed)
                                          > REWRITE_FRACTION * max(len(final), 1))
+            addresses = None
+            if not rewrite and stored.rowaddr is not None:
+                addresses = np.concatenate([stored.rowaddr, late_addr])[dead]
             _crashpoint("lance:before_commit")
             try:
                 if rewrite:
@@ -994,7 +1094,7 @@ class LanceStore(Store):
                                               transaction_properties=new_props)
                 else:
                     new = self._upsert(ds, records_to_arrow(final.take(upsert), dtype),
-                                       removed, new_props)
+                                       removed, new_props, addresses=addresses)
                     written, deleted = len(upsert), len(removed)
             except BaseException:
                 self._drop_changelog(log, ds)
@@ -1030,15 +1130,46 @@ class LanceStore(Store):
                 f"{base_version} was read (now at {ds.version}); rerun the pass")
         return props
 
-    def _check_new(self, changed: Records, every: Records, dim: int) -> None:
+    def _appended_since(self, ds: Any, base_version: int, stored: _Stored,
+                        namespaces: Sequence[str] | None, dim: int
+                        ) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+        """The rows appended to ``ds`` (the newest version) since ``base_version`` was read
+        into ``stored``, in ``namespaces`` (all when ``None``), as :func:`_scan` returns
+        them. Only fragments that ``base_version`` does not hold are read (appends add
+        fragments; rows a compaction moved into new fragments are recognised by id)."""
+        empty = (records_to_arrow(Records.empty(dim), with_vectors=False),
+                 np.zeros((0, dim), np.float32),
+                 np.zeros(0, np.uint64))
+        try:
+            had = {f.fragment_id for f in self._open(base_version).get_fragments()}
+        except Exception:  # noqa: BLE001 - a version no longer kept: read every fragment
+            had = set()
+        newer = [f for f in ds.get_fragments() if f.fragment_id not in had]
+        if not newer:
+            return empty
+        scope = (None if namespaces is None
+                 else pc.field("namespace").isin(pa.array(namespaces, pa.string())))
+        ids = ds.scanner(columns=["id"], filter=scope, fragments=newer).to_table().column("id")
+        if not len(ids):
+            return empty
+        sid = stored.ids
+        moved = sid.filter(pc.is_in(sid, value_set=ids))  # probes m ids in a set of few
+        appended = ids.filter(pc.invert(pc.is_in(ids, value_set=moved)))
+        if not len(appended):
+            return empty
+        return _scan(ds, pc.field("id").isin(appended), dim)
+
+    def _check_new(self, changed: Records, every: Records, dim: int, *,
+                   ids_checked: bool = False) -> None:
         """Validate the rows a commit writes (``changed``) and the uniqueness of the ids of
-        ``every`` row it leaves.
+        ``every`` row it leaves (unless ``ids_checked``: the caller proved them unique).
 
         Raises:
             InvalidRecordsError: nothing is written."""
         problems = validate(changed, dim=dim,
                             future_tolerance_h=READ_SKEW * self.future_tolerance_h)
-        dup = every.meta["id"][every.meta["id"].duplicated()].tolist()
+        dup = ([] if ids_checked
+               else every.meta["id"][every.meta["id"].duplicated()].tolist())
         if dup:
             problems.append(Problem("duplicate id", [], dup[:20]))
         if problems:
@@ -1062,37 +1193,48 @@ class LanceStore(Store):
         return folded, log, props
 
     def _upsert(self, ds: Any, table: pa.Table, removed: Sequence[str],
-                props: dict[str, str]) -> Any:
+                props: dict[str, str], *, addresses: np.ndarray | None = None) -> Any:
         """Commit ``table`` (rows upserted on ``id``) and the deletion of the ids
         ``removed`` as one Lance version on top of ``ds`` carrying ``props``.
 
         One ``Update`` transaction: the stored rows of those ids are marked deleted in the
-        fragments that hold them (deletion files, found through the ``id`` index) and the
-        new rows written as new fragments. Its cost follows the rows changed, not the
-        table, and it needs no join in memory (Lance's ``merge_insert`` builds a hash
-        table of its whole input, which exceeds Lance's memory pool at about 10^5 rows of
-        384-d vectors)."""
+        fragments that hold them (deletion files) and the new rows written as new
+        fragments. Its cost follows the rows changed, not the table, and it needs no join
+        in memory (Lance's ``merge_insert`` builds a hash table of its whole input, which
+        exceeds Lance's memory pool at about 10^5 rows of 384-d vectors).
+
+        Args:
+            addresses: ``uint64``: the row addresses of exactly the stored rows to mark
+                deleted (those of ``table``'s stored ids and of ``removed``), as read at
+                load; used when every fragment they name is still in ``ds`` (fragment ids
+                are never reused), else the rows are found through the ``id`` index.
+        """
         lance = _lance()
-        ids = table.column("id")
-        if removed:
-            ids = pa.concat_arrays([ids.combine_chunks() if isinstance(ids, pa.ChunkedArray)
-                                    else ids, pa.array(list(removed), pa.string())])
+        if addresses is not None and len(addresses):
+            present = {f.fragment_id for f in ds.get_fragments()}
+            if not set(np.unique(addresses >> np.uint64(32)).tolist()) <= present:
+                addresses = None
+        if addresses is None:
+            ids = table.column("id")
+            if removed:
+                ids = pa.concat_arrays([ids.combine_chunks()
+                                        if isinstance(ids, pa.ChunkedArray) else ids,
+                                        pa.array(list(removed), pa.string())])
+            addresses = np.zeros(0, np.uint64)
+            if len(ids):
+                addresses = ds.to_table(columns=["id"], filter=pc.field("id").isin(ids),
+                                        with_row_address=True).column(
+                                            "_rowaddr").to_numpy()
         updated, gone = [], []
-        if len(ids):
-            hit = ds.to_table(columns=["id"], filter=pc.field("id").isin(ids),
-                              with_row_address=True)
-            frag_of = hit.column("_rowaddr").to_numpy() >> 32
-            hit_ids = hit.column("id")
-            frags, counts = np.unique(frag_of, return_counts=True)
-            # one step per fragment that holds a changed row (never per record); a fragment
-            # whose every live row changed is dropped whole
-            for f, c in zip(frags.tolist(), counts.tolist(), strict=True):
-                frag = ds.get_fragment(int(f))
-                if c == frag.count_rows():
-                    gone.append(int(f))
-                    continue
-                fids = hit_ids.filter(pa.array(frag_of == f)).to_pylist()
-                meta = frag.delete("id IN (" + ", ".join(_sql_str(i) for i in fids) + ")")
+        if len(addresses):
+            addresses = np.sort(addresses.astype(np.uint64))
+            frag_of = addresses >> np.uint64(32)
+            offsets = addresses & np.uint64(0xFFFFFFFF)
+            frags, starts = np.unique(frag_of, return_index=True)
+            ends = np.r_[starts[1:], len(addresses)]
+            # one step per fragment that holds a changed row (never per record)
+            for f, a, b in zip(frags.tolist(), starts.tolist(), ends.tolist(), strict=True):
+                meta = ds.get_fragment(int(f)).delete_rows(offsets[a:b].tolist())
                 (gone.append(int(f)) if meta is None else updated.append(meta))
         new = (lance.fragment.write_fragments(table, ds, max_rows_per_file=ROWS_PER_FRAGMENT)
                if table.num_rows else [])
@@ -1176,7 +1318,8 @@ class LanceStore(Store):
         names = sorted({str(n) for n in namespaces})
         source = (f"{self.dataset_path} (version {version}), namespaces "
                   f"{names[:3]}{'...' if len(names) > 3 else ''}")
-        return self._rows_snapshot(table, version=version, dim=marker["dim"], props=props,
+        return self._rows_snapshot([(table, None, None)], version=version,
+                                   dim=marker["dim"], props=props,
                                    deltas=list(deltas), validate_records=validate_records,
                                    source=source, namespaces=names, apply_all=True)
 
@@ -1187,14 +1330,18 @@ class LanceStore(Store):
 
         Raises:
             ValueError: ``base`` was not loaded from a Lance store."""
-        if base.stored is None:
+        stored = base.stored
+        if not isinstance(stored, _Stored):
             raise ValueError("changes(): base must be a snapshot loaded from this Lance store")
         dim = self._marker()["dim"]
-        stored_base, base_vecs = base.stored
         dtype = self._vector_dtype(self._open(base.version).schema)
-        rows, removed = _changes(records_to_arrow(records, dtype, with_vectors=False),
-                                 records.vectors.reshape(len(records), dim), stored_base,
-                                 [base_vecs.reshape(-1, dim)])
+        got = _diff(records, [stored.frame], [stored.vectors], stored.ids)
+        if got is not None:
+            rows, _, removed = got
+        else:
+            rows, removed, _ = _changes(records_to_arrow(records, dtype, with_vectors=False),
+                                        records.vectors.reshape(len(records), dim),
+                                        stored.arrow(dim), [stored.vectors.reshape(-1, dim)])
         return records_to_arrow(records.take(rows), dtype), removed
 
     def commit_changes(self, upsert: pa.Table, removed: Sequence[str],
@@ -1367,11 +1514,145 @@ def _same(a: pa.Array, b: pa.Array) -> pa.Array:
     return pc.or_(eq, both)
 
 
+def _vector_diff(final_vecs: np.ndarray, have: np.ndarray, sp: np.ndarray,
+                 parts: Sequence[np.ndarray], chunk: int = 65536) -> np.ndarray:
+    """``bool [len(have)]``: whether row ``have[i]`` of ``final_vecs`` differs in any
+    component from stored row ``sp[i]``, the stored vectors given in ``parts`` (``(m_k, d)``
+    float32 each, stored rows in order). Compared in blocks of ``chunk`` rows: a run of
+    consecutive rows within one part is compared as two slices (no gather)."""
+    diff = np.zeros(len(have), bool)
+    bounds = np.cumsum([0] + [len(v) for v in parts])
+    for s in range(0, len(have), chunk):
+        rows, at = have[s:s + chunk], sp[s:s + chunk]
+        r0, a0, k = int(rows[0]), int(at[0]), len(rows)
+        j = int(np.searchsorted(bounds, a0, side="right")) - 1
+        if (a0 + k <= bounds[j + 1] and int(rows[-1]) - r0 == k - 1
+                and int(at[-1]) - a0 == k - 1 and np.all(np.diff(rows) == 1)
+                and np.all(np.diff(at) == 1)):
+            v = parts[j][a0 - bounds[j]:a0 - bounds[j] + k]
+            f = final_vecs[r0:r0 + k]
+            if (f.__array_interface__["data"][0] != v.__array_interface__["data"][0]
+                    or f.strides != v.strides):  # the very same memory needs no compare
+                diff[s:s + k] = np.any(f != v, axis=1)
+            continue
+        part = np.searchsorted(bounds, at, side="right") - 1
+        for q, vecs in enumerate(parts):
+            sel = np.flatnonzero(part == q)
+            if len(sel):
+                diff[s + sel] = np.any(final_vecs[rows[sel]] != vecs[at[sel] - bounds[q]],
+                                       axis=1)
+    return diff
+
+
+def _column_equal(a: np.ndarray, b: np.ndarray, kind: str) -> np.ndarray:
+    """Row-wise equality of one decoded column (``kind``: its :data:`COLUMNS` dtype); two
+    missing values (None, NaN) are equal.
+
+    Raises:
+        TypeError, ValueError: the values do not compare as arrays (e.g. an item that is
+            itself an array)."""
+    if kind == "float64":
+        a, b = a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)
+        return (a == b) | (np.isnan(a) & np.isnan(b))
+    if kind == "bool" and a.dtype == bool and b.dtype == bool:
+        return a == b
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy warns, not raises, on some failed compares
+        eq = np.asarray(a == b)
+    if eq.dtype != bool or eq.shape != a.shape:
+        raise TypeError("values that do not compare one to one")
+    miss = np.flatnonzero(~eq)
+    if len(miss):  # None == None is True already; NaN != NaN
+        eq[miss] = pd.isna(a[miss]) & pd.isna(b[miss])
+    return eq
+
+
+def _diff(final: Records, frames: Sequence[pd.DataFrame], vectors: Sequence[np.ndarray],
+          stored_ids: pa.ChunkedArray
+          ) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
+    """Which rows of the new records differ from the stored rows, compared as decoded
+    (the columns the load produced, kept in ``frames``), with row matching taken from
+    ``final.origin`` (or, without it, from new records that begin with the stored rows in
+    order); ``None`` where that does not hold or a column does not compare as arrays (the
+    caller then compares as Arrow, :func:`_changes`).
+
+    Every match is checked: the matched ids are equal, the stored positions distinct, and
+    no id of an unmatched row is stored; then the result equals :func:`_changes`'s, without
+    a hash join over all ids (``O(n)`` array operations).
+
+    Args:
+        final: the new records (``n`` rows, ``origin`` indexing the stored rows).
+        frames: the stored rows' decoded columns in parts (``m_k`` rows each), in order.
+        vectors: the stored rows' ``float32 (m_k, d)`` vectors, the same parts.
+        stored_ids: the ``m`` stored ids (Arrow strings), in order.
+
+    Returns:
+        ``(upsert, dead, removed)``: ascending positions in ``final`` to write (new, or any
+        column or vector component different), ascending stored positions whose rows are
+        replaced or removed, and the removed (absent) stored ids.
+    """
+    m, n = sum(len(f) for f in frames), len(final)
+
+    def col(c: str) -> np.ndarray:
+        return (frames[0][c].to_numpy() if len(frames) == 1 or not len(frames[1])
+                else np.concatenate([f[c].to_numpy() for f in frames]))
+
+    f_ids, s_ids = final.meta["id"].to_numpy(object), col("id")
+    o = final.origin
+    if o is None:
+        if n < m or not (f_ids[:m] == s_ids).all():
+            return None
+        o = np.r_[np.arange(m), np.full(n - m, -1)]
+    ok = o >= 0
+    have = np.flatnonzero(ok)
+    sp = o[have]
+    if len(sp):
+        if sp.max() >= m:
+            return None
+        if not np.all(np.diff(sp) > 0) and np.bincount(sp, minlength=m).max() > 1:
+            return None
+        if not np.all(f_ids[have] == s_ids[sp]):
+            return None
+    new = np.flatnonzero(~ok)
+    if len(new):
+        new_ids = f_ids[new]
+        try:
+            nid = pa.array(new_ids, pa.string())
+        except (pa.ArrowException, TypeError, ValueError):
+            return None
+        if (nid.null_count or pd.Series(new_ids).duplicated().any()
+                or pc.any(pc.is_in(stored_ids, value_set=nid)).as_py()):
+            return None  # a repeated, missing or stored id: the Arrow path decides
+    k = len(have)
+    straight = k > 0 and int(have[-1]) == k - 1 and int(sp[-1]) == k - 1  # both 0..k-1
+    same = np.ones(k, bool)
+    try:
+        for c, kind in COLUMNS.items():
+            if c == "id":
+                continue
+            a, b = final.meta[c].to_numpy(), col(c)
+            same &= (_column_equal(a[:k], b[:k], kind) if straight
+                     else _column_equal(a[have], b[sp], kind))
+    except (TypeError, ValueError, KeyError, Warning):
+        return None
+    diff = ~same
+    d = final.dim
+    diff |= _vector_diff(final.vectors.reshape(n, d), have, sp,
+                         [v.reshape(len(v), d) for v in vectors])
+    kept = np.zeros(m, bool)
+    kept[sp] = True
+    gone = np.flatnonzero(~kept)
+    upsert = np.sort(np.concatenate([new, have[diff]]))
+    dead = np.sort(np.concatenate([sp[diff], gone]))
+    return upsert, dead, s_ids[gone].tolist()
+
+
 def _changes(final_meta: pa.Table, final_vecs: np.ndarray, stored_meta: pa.Table,
              stored_vecs: Sequence[np.ndarray], chunk: int = 65536
-             ) -> tuple[np.ndarray, list[str]]:
+             ) -> tuple[np.ndarray, list[str], np.ndarray]:
     """Which rows of the new records differ from the stored rows, and which stored ids are
-    gone; every comparison is an array operation (Arrow kernels, NumPy blocks).
+    gone, compared as Arrow columns (a hash join over the ids where the rows do not line
+    up); every comparison is an array operation (Arrow kernels, NumPy blocks).
 
     Args:
         final_meta: the new records' non-vector columns, ``n`` rows
@@ -1384,8 +1665,9 @@ def _changes(final_meta: pa.Table, final_vecs: np.ndarray, stored_meta: pa.Table
         chunk: rows compared per block of vectors.
 
     Returns:
-        ``(rows, removed)``: ascending positions in the new records to upsert (a new id, or
-        any column or vector component different), and the stored ids absent from them.
+        ``(rows, removed, dead)``: ascending positions in the new records to upsert (a new
+        id, or any column or vector component different), the stored ids absent from them,
+        and the ascending stored positions whose rows are replaced or removed.
     """
     m = stored_meta.num_rows
     f_id, s_id = final_meta.column("id"), stored_meta.column("id")
@@ -1396,7 +1678,7 @@ def _changes(final_meta: pa.Table, final_vecs: np.ndarray, stored_meta: pa.Table
         aligned = True
     else:
         sid = s_id.to_numpy(zero_copy_only=False)
-        pos = pd.Index(sid).get_indexer(f_id.to_numpy(zero_copy_only=False))
+        pos = pd.Index(sid, dtype=object).get_indexer(f_id.to_numpy(zero_copy_only=False))
         have = np.flatnonzero(pos >= 0)
         sp = pos[have]
         aligned = False
@@ -1415,29 +1697,15 @@ def _changes(final_meta: pa.Table, final_vecs: np.ndarray, stored_meta: pa.Table
                 b = b.cast(a.type)
             same = pc.and_(same, _same(a.combine_chunks(), b.combine_chunks()))
     diff = ~same.to_numpy(zero_copy_only=False)
-    bounds = np.cumsum([0] + [len(v) for v in stored_vecs])
-    for s in range(0, len(have), chunk):
-        rows, at = have[s:s + chunk], sp[s:s + chunk]
-        r0, a0, k = int(rows[0]), int(at[0]), len(rows)
-        j = int(np.searchsorted(bounds, a0, side="right")) - 1
-        if (a0 + k <= bounds[j + 1] and np.all(np.diff(rows) == 1)
-                and np.all(np.diff(at) == 1)):
-            # the usual case: a run of rows in stored order within one part (no gather)
-            v = stored_vecs[j][a0 - bounds[j]:a0 - bounds[j] + k]
-            diff[s:s + k] |= np.any(final_vecs[r0:r0 + k] != v, axis=1)
-            continue
-        part = np.searchsorted(bounds, at, side="right") - 1
-        for k, vecs in enumerate(stored_vecs):
-            sel = np.flatnonzero(part == k)
-            if len(sel):
-                diff[s + sel] |= np.any(final_vecs[rows[sel]] != vecs[at[sel] - bounds[k]],
-                                        axis=1)
+    if len(have):
+        diff |= _vector_diff(final_vecs, have, sp, stored_vecs, chunk)
     upsert = np.sort(np.concatenate([np.flatnonzero(pos < 0), have[diff]]))
     if aligned:
-        return upsert, []
+        return upsert, [], np.sort(sp[diff])
     gone = np.ones(m, dtype=bool)
     gone[sp] = False
-    return upsert, sid[gone].tolist()
+    return upsert, sid[gone].tolist(), np.sort(np.concatenate([sp[diff],
+                                                               np.flatnonzero(gone)]))
 
 
 def convert(src: Store, dst: LanceStore) -> dict[str, Any]:

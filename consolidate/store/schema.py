@@ -97,6 +97,12 @@ class Records:
     bad_utf8: list[int] = field(default_factory=list)
     #: other input problems found while parsing rows: kind -> row positions
     input_problems: dict[str, list[int]] = field(default_factory=dict)
+    #: ``int64 [n]`` or ``None``: per row, its position in the stored table it was read
+    #: from (``-1``: a row written since). A hint a store sets at load and :meth:`take`,
+    #: :meth:`concat` and the pass carry along, so a commit finds each row's stored row
+    #: without a hash join over the ids; the store checks every hint against the ids and
+    #: ignores wrong ones.
+    origin: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if len(self.meta) != len(self.vectors):
@@ -104,6 +110,10 @@ class Records:
         # positions and labels must agree (the pass mixes .iat and .loc)
         if not self.meta.index.equals(pd.RangeIndex(len(self.meta))):
             self.meta = self.meta.reset_index(drop=True)
+        if self.origin is not None:
+            o = np.asarray(self.origin)
+            self.origin = (o.astype(np.int64, copy=False)
+                           if o.shape == (len(self.meta),) and o.dtype.kind in "iu" else None)
 
     def __len__(self) -> int:
         return len(self.meta)
@@ -115,7 +125,8 @@ class Records:
     def take(self, idx: np.ndarray | list[int]) -> Records:
         """Rows ``idx`` (int positions) as new ``Records``."""
         idx = np.asarray(idx, dtype=np.int64)
-        return Records(self.meta.iloc[idx].reset_index(drop=True), self.vectors[idx])
+        return Records(self.meta.iloc[idx].reset_index(drop=True), self.vectors[idx],
+                       origin=None if self.origin is None else self.origin[idx])
 
     def mask(self, m: np.ndarray) -> Records:
         return self.take(np.flatnonzero(m))
@@ -126,7 +137,12 @@ class Records:
         if not parts:
             return Records.empty(dim)
         meta = pd.concat([p.meta for p in parts], ignore_index=True)
-        return Records(meta, np.concatenate([p.vectors for p in parts]).astype(np.float32))
+        origin = None
+        if any(p.origin is not None for p in parts):
+            origin = np.concatenate([p.origin if p.origin is not None
+                                     else np.full(len(p), -1, np.int64) for p in parts])
+        return Records(meta, np.concatenate([p.vectors for p in parts]).astype(np.float32),
+                       origin=origin)
 
     @staticmethod
     def empty(dim: int) -> Records:
@@ -359,6 +375,12 @@ def _arrow_column(c: str, arr: pa.ChunkedArray) -> Any:
         return pc.fill_null(arr, False).to_numpy(zero_copy_only=False).astype(bool)
     if c in _LIST_COLUMNS and pa.types.is_list(typ) and pa.types.is_string(typ.value_type):
         return pd.Series(pc.fill_null(arr, pa.scalar([], typ)).to_pylist(), dtype=object)
+    if c == "namespace" and pa.types.is_string(typ) and not arr.null_count:
+        # few distinct values: one Python string per namespace, shared by its rows
+        enc = (arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+               ).dictionary_encode()
+        names = np.asarray(enc.dictionary.to_pylist() + [None], dtype=object)[:-1]
+        return pd.Series(names[enc.indices.to_numpy(zero_copy_only=False)], dtype=object)
     if t == "object" and pa.types.is_string(typ):
         return pd.Series(arr.to_numpy(zero_copy_only=False), dtype=object)
     return _coerce_column(c, pd.Series(arr.to_pylist(), dtype=object))
@@ -482,7 +504,8 @@ def _decode_texts(col: pa.ChunkedArray) -> tuple[list[str | None], list[int]]:
 
 
 def records_from_arrow(table: pa.Table, dim: int | None = None, *,
-                       stored_hashes: bool = False) -> Records:
+                       stored_hashes: bool = False, vectors: np.ndarray | None = None
+                       ) -> Records:
     """Inverse of :func:`records_to_arrow`. ``text_hash`` is recomputed from the text,
     unless ``stored_hashes`` (a table this package wrote, e.g. a Lance store's): then the
     stored column is used and only its missing values are computed. Rows with invalid
@@ -495,45 +518,30 @@ def records_from_arrow(table: pa.Table, dim: int | None = None, *,
         table: snapshot or delta table.
         dim: expected vector dimension (default: the fixed list size, or the most common
             length of a variable-length vector column).
+        vectors: the rows' vectors already decoded, ``float32 [n, dim]`` (used as they
+            are, not copied); ``table`` then needs no vector column.
 
     Raises:
         KeyError: a required column (id, namespace, text, vector) is missing.
-        ValueError: a fixed-size vector column of a type no storage dtype uses, or int8
-            vectors without their ``vector_scale`` column.
+        ValueError: a fixed-size vector column of a type no storage dtype uses, int8
+            vectors without their ``vector_scale`` column, or ``vectors`` of another shape
+            or dtype.
     """
     names = set(table.column_names)
-    for req in ("id", "namespace", "text", "vector"):
+    for req in ("id", "namespace", "text", *(("vector",) if vectors is None else ())):
         if req not in names:
             raise KeyError(f"column {req!r} missing (columns: {sorted(names)})")
     texts, bad_utf8 = _decode_texts(table.column("text"))
-    vcol = table.column("vector").combine_chunks()
     n = table.num_rows
-    if pa.types.is_fixed_size_list(vcol.type) and dim in (None, vcol.type.list_size):
-        dim = vcol.type.list_size
-        vecs = decode_vectors(vcol, table.column(SCALE_COLUMN) if SCALE_COLUMN in names
-                              else None)
-        bad_dim: list[int] = []
+    bad_dim: list[int] = []
+    if vectors is not None:
+        if (vectors.dtype != np.float32 or vectors.ndim != 2 or vectors.shape[0] != n
+                or (dim is not None and vectors.shape[1] != dim)):
+            raise ValueError(f"vectors of shape {vectors.shape} and dtype {vectors.dtype} "
+                             f"for {n} rows of dimension {dim}: float32 [n, dim] expected")
+        vecs = vectors
     else:
-        vt = getattr(vcol.type, "value_type", None)
-        if vt is None or not pa.types.is_floating(vt) or vt == pa.float16() \
-                or SCALE_COLUMN in names:
-            # int8 codes or bf16 bits in a variable-length list (a round trip through
-            # pandas) would decode as raw integers: refuse rather than guess
-            raise ValueError(
-                f"vector column of type {vcol.type} is not a stored vector column: vectors "
-                f"are fixed-size lists, or variable-length lists of float32/float64 (int8 and "
-                f"bf16 need their fixed-size type and int8 its {SCALE_COLUMN!r})")
-        lists = vcol.to_pylist()
-        lens = [len(v) if v is not None else -1 for v in lists]
-        if dim is None:
-            dim = max(sorted(set(lens)), key=lens.count) if lens else 0
-        vecs = np.full((n, dim), np.nan, dtype=np.float32)
-        bad_dim = []
-        for k, v in enumerate(lists):
-            if v is None or len(v) != dim:
-                bad_dim.append(k)
-            else:
-                vecs[k] = v
+        vecs, bad_dim, dim = _vectors_of(table, names, n, dim)
     meta = pd.DataFrame(index=pd.RangeIndex(n))
     for c in COLUMNS:
         if c == "text":
@@ -545,6 +553,47 @@ def records_from_arrow(table: pa.Table, dim: int | None = None, *,
         else:
             meta[c] = _coerce_column(c, pd.Series([None] * n, dtype=object))
     return Records(meta, vecs, bad_dim=bad_dim, bad_utf8=bad_utf8)
+
+
+def _vectors_of(table: pa.Table, names: set[str], n: int, dim: int | None
+                ) -> tuple[np.ndarray, list[int], int]:
+    """``(float32 [n, dim] vectors, rows of the wrong length, dim)`` of a table's vector
+    column (see :func:`records_from_arrow`)."""
+    col = table.column("vector")
+    if pa.types.is_fixed_size_list(col.type) and dim in (None, col.type.list_size):
+        # decoded chunk by chunk into one array: peak memory is the output plus a chunk
+        dim = col.type.list_size
+        vecs = np.empty((n, dim), np.float32)
+        scale = table.column(SCALE_COLUMN) if SCALE_COLUMN in names else None
+        at = 0
+        for chunk in col.chunks:
+            k = len(chunk)
+            vecs[at:at + k] = decode_vectors(chunk, None if scale is None
+                                             else scale.slice(at, k))
+            at += k
+        return vecs, [], dim
+    vcol = col.combine_chunks()
+    vt = getattr(vcol.type, "value_type", None)
+    if vt is None or not pa.types.is_floating(vt) or vt == pa.float16() \
+            or SCALE_COLUMN in names:
+        # int8 codes or bf16 bits in a variable-length list (a round trip through
+        # pandas) would decode as raw integers: refuse rather than guess
+        raise ValueError(
+            f"vector column of type {vcol.type} is not a stored vector column: vectors "
+            f"are fixed-size lists, or variable-length lists of float32/float64 (int8 and "
+            f"bf16 need their fixed-size type and int8 its {SCALE_COLUMN!r})")
+    lists = vcol.to_pylist()
+    lens = [len(v) if v is not None else -1 for v in lists]
+    if dim is None:
+        dim = max(sorted(set(lens)), key=lens.count) if lens else 0
+    vecs = np.full((n, dim), np.nan, dtype=np.float32)
+    bad_dim = []
+    for k, v in enumerate(lists):
+        if v is None or len(v) != dim:
+            bad_dim.append(k)
+        else:
+            vecs[k] = v
+    return vecs, bad_dim, dim
 
 
 def _hashes(table: pa.Table, texts: list[str | None], stored: bool) -> list[str]:
@@ -618,10 +667,12 @@ def validate(
         bad_dim = set(range(len(recs)))
     add("wrong vector dimension" + (f" (expected {dim})" if dim else ""), bad_dim)
     if v.size:
-        finite = np.isfinite(v).all(axis=1)
-        add("NaN or inf in vector", [k for k in np.flatnonzero(~finite) if k not in bad_dim])
         with np.errstate(invalid="ignore", over="ignore"):
             sq = np.einsum("ij,ij->i", v, v, dtype=np.float64)
+        # a row's float64 sum of squares is finite exactly when every float32 component is
+        # (each square is below 1.2e77): no [n, d] temporary
+        finite = np.isfinite(sq)
+        add("NaN or inf in vector", [k for k in np.flatnonzero(~finite) if k not in bad_dim])
         add("zero vector", np.flatnonzero(finite & (sq < 1e-24)))
     bad_utf8 = set(recs.bad_utf8)
     text_arr = _str_column(m["text"])

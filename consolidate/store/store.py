@@ -260,9 +260,9 @@ class Snapshot:
         new_ids: ids of records added by those deltas (written since the snapshot).
         path: the snapshot file.
         last_pass_at: wall time (hours since epoch) of the last pass, ``None`` if none yet.
-        stored: Lance store only: the rows as stored before the deltas, ``(Arrow table of
-            the non-vector columns, float32 [n, d] vectors)``, which its commit compares
-            against; ``None`` for the Parquet store.
+        stored: Lance store only: the rows as stored before the deltas (the store's own
+            record of them), which its commit compares against; ``None`` for the Parquet
+            store.
         namespaces: the namespaces read (sorted), ``None`` for the whole store.
     """
 
@@ -273,7 +273,7 @@ class Snapshot:
     new_ids: list[str] = field(default_factory=list)
     path: Path | None = None
     last_pass_at: float | None = None
-    stored: tuple[Any, np.ndarray] | None = None
+    stored: Any = None
     namespaces: list[str] | None = None
 
     def batch(self, device: str = "cpu", live_only: bool = True) -> Any:
@@ -918,7 +918,7 @@ def apply_patch(recs: Records, patches: Sequence[Mapping[str, Any]]) -> Records:
     meta["deleted_reason"] = pd.Series(reason, dtype=object)
     meta["merged_into"] = pd.Series(into, dtype=object)
     meta["valid_to"] = vto
-    return Records(meta, recs.vectors)
+    return Records(meta, recs.vectors, origin=recs.origin)
 
 
 def apply_touch(
@@ -958,4 +958,4 @@ def apply_touch(
     meta["strength"] = st
     meta["deleted_at"] = deleted
     meta["deleted_reason"] = pd.Series(reason, dtype=object)
-    return Records(meta, recs.vectors)
+    return Records(meta, recs.vectors, origin=recs.origin)

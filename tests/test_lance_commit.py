@@ -1,0 +1,200 @@
+"""The Lance store's commit path: the in-memory comparison against the rows as loaded
+(row origins carried through the pass), deletions by the row addresses read at load, the
+two-scan load, and the fallbacks each of them has (Arrow comparison, lookup by id)."""
+
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import consolidate.store.lance_store as ls
+from consolidate.config import PassConfig
+from consolidate.pipeline import run_pass
+from consolidate.store.lance_store import LanceStore, _scan
+from consolidate.store.schema import Records
+from tests.conftest import make_records, random_rows
+
+D = 16
+
+
+def _store(root, n=120, seed=3):
+    s = LanceStore(root, keep_snapshots=3)
+    s.create(make_records(random_rows(n, D, seed=seed, namespaces=4, dup_frac=0.3)))
+    return s
+
+
+def _pass(store, wall_h, late=None, **kw):
+    """One pass under the lock; ``late(store)`` runs between the load and the commit."""
+    cfg = PassConfig(threshold=0.9, now=str(wall_h), tau_hours=1000.0, floor=0.25,
+                     max_drop_fraction=1.0, max_namespace_drop_fraction=1.0, **kw)
+    with store.lock():
+        snap = store.load()
+        res = run_pass(snap.records, cfg=cfg, version=snap.version + 1, wall_h=wall_h)
+        if late is not None:
+            late(store)
+        return res, store.commit(res.records, res.events, base=snap)
+
+
+def _rows(store):
+    r = store.load().records
+    meta = r.meta.sort_values("id")
+    return meta.reset_index(drop=True), r.vectors[meta.index.to_numpy()]
+
+
+def _same(a, b):
+    pd.testing.assert_frame_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+
+
+def _late(store):
+    store.append([{"id": f"late{k}", "namespace": "ns1", "text": f"late fact {'xyz'[k]}",
+                   "vector": np.eye(D)[k].tolist(), "importance": 0.5, "last_used": 990.0}
+                  for k in range(3)])
+    store.mark_used(["r00001", "late2"], now=995.0)
+
+
+@pytest.mark.parametrize("late", [None, _late])
+def test_passes_commit_through_the_in_memory_comparison(tmp_path, monkeypatch, late):
+    """Three passes (merges and drops, then purges of the tombstones) with rows appended and
+    touched during them: committed through _diff (the Arrow comparison is made to fail) they
+    give row for row what the Arrow comparison gives, and write exactly the changed rows."""
+    fast, slow = _store(tmp_path / "fast"), _store(tmp_path / "slow")
+    infos = {}
+    for name, store in (("fast", fast), ("slow", slow)):
+        with monkeypatch.context() as m:
+            if name == "fast":
+                m.setattr(ls, "_changes", lambda *a, **k: pytest.fail("Arrow path taken"))
+            else:
+                m.setattr(ls, "_diff", lambda *a, **k: None)
+            out = []
+            for k, wall in enumerate((1000.0, 1200.0, 1500.0)):
+                res, info = _pass(store, wall, late if k == 1 else None,
+                                  tombstone_retention_hours=100.0)
+                out.append(info)
+            infos[name] = out
+    _same(_rows(fast), _rows(slow))
+    for a, b in zip(infos["fast"], infos["slow"], strict=True):
+        assert (a["rows_written"], a["rows_deleted"]) == (b["rows_written"], b["rows_deleted"])
+    # the third pass purged tombstones, so its records did not line up with the stored rows
+    assert infos["fast"][2]["rows_deleted"] > 0
+    # a pass over unchanged records writes nothing
+    _, info = _pass(fast, 1500.0, tombstone_retention_hours=100.0)
+    assert info["rows_written"] == 0 and info["rows_deleted"] == 0
+
+
+def test_records_without_origins_or_reordered_take_the_arrow_path(tmp_path, monkeypatch):
+    """Records that lost their origins (built anew) and are reordered: _diff declines and
+    the Arrow comparison commits the same result."""
+    a, b = _store(tmp_path / "a"), _store(tmp_path / "b")
+    for store, scramble in ((a, False), (b, True)):
+        with store.lock():
+            snap = store.load()
+            res = run_pass(snap.records, cfg=PassConfig(threshold=0.9, now="1000"),
+                           version=2, wall_h=1000.0)
+            recs = res.records
+            if scramble:
+                order = np.random.default_rng(0).permutation(len(recs))
+                recs = recs.take(order)
+                recs = Records(recs.meta.copy(), recs.vectors.copy())
+                assert recs.origin is None and ls._diff(
+                    recs, [snap.stored.frame], [snap.stored.vectors], snap.stored.ids) is None
+            store.commit(recs, res.events, base=snap)
+    _same(_rows(a), _rows(b))
+
+
+def test_origins_survive_take_concat_and_the_pass(tmp_path):
+    store = _store(tmp_path / "s")
+    snap = store.load()
+    recs = snap.records
+    assert recs.origin.tolist() == list(range(len(recs)))
+    part = recs.take([5, 2, 9])
+    assert part.origin.tolist() == [5, 2, 9]
+    new = make_records([{"id": "n", "namespace": "ns0", "text": "t", "vector": [1.0] * D}])
+    assert Records.concat([part, new], D).origin.tolist() == [5, 2, 9, -1]
+    assert Records.concat([new, new], D).origin is None
+    res = run_pass(recs, cfg=PassConfig(threshold=0.9, now="1000"),
+                   version=2, wall_h=1000.0)
+    o = res.records.origin
+    ids = res.records.meta["id"].to_numpy(object)
+    stored = snap.stored.frame["id"].to_numpy(object)
+    assert (o >= 0).sum() == len(recs) and (o < 0).sum() == res.stats.merges > 0
+    assert (ids[o >= 0] == stored[o[o >= 0]]).all()
+
+
+def test_a_compaction_between_load_and_commit_falls_back_to_ids(tmp_path, monkeypatch):
+    """Row addresses read at load name fragments a compaction removed: the commit finds the
+    rows by id instead, and the result equals that of a store that was not compacted."""
+    monkeypatch.setattr(ls, "COMPACT_AFTER", 0)
+    a, b = _store(tmp_path / "a", n=40), _store(tmp_path / "b", n=40)
+    for k in range(4):  # small fragments for the compaction to merge
+        rows = random_rows(10, D, seed=10 + k, namespaces=4)
+        for r in rows:
+            r["id"] = f"x{k}-{r['id']}"
+        a.append(rows)
+        b.append(rows)
+
+    def compact(store):
+        out = store.cleanup()
+        assert out["compacted_fragments"] > 0
+
+    _pass(a, 1000.0, compact)
+    _pass(b, 1000.0)
+    _same(_rows(a), _rows(b))
+
+
+class _Reversed:
+    """A Lance dataset whose batches come back in reverse order (a scan order the reader
+    must not rely on)."""
+
+    def __init__(self, ds):
+        self._ds = ds
+
+    def __getattr__(self, name):
+        return getattr(self._ds, name)
+
+    def to_batches(self, **kw):
+        return reversed(list(self._ds.to_batches(**kw)))
+
+
+def test_scan_aligns_vectors_by_row_address(tmp_path):
+    store = _store(tmp_path / "s", n=50)
+    ds = store._open()
+    want = ds.to_table()
+    for d in (ds, _Reversed(ds)):
+        meta, vecs, addr = _scan(d, None, D)
+        assert meta.column("id").to_pylist() == want.column("id").to_pylist()
+        np.testing.assert_array_equal(
+            vecs, np.stack(want.column("vector").to_numpy(zero_copy_only=False)))
+        assert len(set(addr.tolist())) == 50
+    flt = ls.pc.field("namespace").isin(ls.pa.array(["ns1"]))
+    meta, vecs, _ = _scan(_Reversed(ds), flt, D)
+    sel = want.filter(flt)
+    assert meta.column("id").to_pylist() == sel.column("id").to_pylist()
+    np.testing.assert_array_equal(
+        vecs, np.stack(sel.column("vector").to_numpy(zero_copy_only=False)))
+    with pytest.raises(ValueError, match="not 8 wide"):
+        _scan(ds, None, 8)
+
+
+def test_quarantined_rows_are_deleted_by_the_next_commit(tmp_path):
+    """A stored row that fails validation at load (quarantine mode) is left out of the
+    snapshot; the next commit deletes it from the dataset, by its row address."""
+    store = _store(tmp_path / "s", n=30)
+    shutil.rmtree(tmp_path / "s" / "quarantine", ignore_errors=True)
+    ds = store._open()
+    # a stored row with a vector that is not finite, written the way a bug would
+    bad = ds.to_table(filter=ls.pc.field("id") == "r00003")
+    v = np.full((1, D), np.nan, np.float32)
+    bad = bad.set_column(bad.schema.get_field_index("vector"), "vector",
+                         ls.pa.FixedSizeListArray.from_arrays(ls.pa.array(v.ravel()), D))
+    ds.delete("id = 'r00003'")
+    ls._lance().write_dataset(bad, ds, mode="append")
+    store._record_checksums(store._open())
+    q = LanceStore(tmp_path / "s", quarantine=True, keep_snapshots=3)
+    with q.lock():
+        snap = q.load()
+        assert "r00003" not in set(snap.records.meta["id"])
+        info = q.commit(snap.records, [], base=snap)
+    assert info["rows_deleted"] == 1 and info["rows_written"] == 0
+    assert q._open().count_rows(filter="id = 'r00003'") == 0
