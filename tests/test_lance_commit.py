@@ -2,6 +2,7 @@
 (row origins carried through the pass), deletions by the row addresses read at load, the
 two-scan load, and the fallbacks each of them has (Arrow comparison, lookup by id)."""
 
+import json
 import shutil
 
 import numpy as np
@@ -198,3 +199,78 @@ def test_quarantined_rows_are_deleted_by_the_next_commit(tmp_path):
         info = q.commit(snap.records, [], base=snap)
     assert info["rows_deleted"] == 1 and info["rows_written"] == 0
     assert q._open().count_rows(filter="id = 'r00003'") == 0
+
+
+def _checksums(store):
+    return json.loads((store.root / "CHECKSUMS.json").read_text())
+
+
+def test_every_version_written_records_its_content_digest(tmp_path):
+    """create (and its index), append and a pass each record the digest of the version
+    they leave; a load checks it; a version Lance wrote alone is not assigned one."""
+    store = _store(tmp_path / "s", n=30)
+    v1 = store._open().version
+    store.append([{"id": "n1", "namespace": "ns0", "text": "new", "vector": [1.0] * D}])
+    _pass(store, 1000.0)
+    d = _checksums(store)
+    head = store._open()
+    assert set(d) == {"files", "versions"}
+    assert set(d["versions"]) == {str(v1), str(v1 + 1), str(head.version)}
+    files = store._files(head)
+    assert d["versions"][str(head.version)] == ls._digest(files, d["files"])
+    out = store.verify()
+    assert out["digest"] and out["checked"] == len(files) == out["files"]
+
+
+def test_a_version_that_lost_a_file_or_its_newest_versions_does_not_load(tmp_path):
+    store = _store(tmp_path / "s", n=30)
+    store.append([{"id": "n1", "namespace": "ns0", "text": "new", "vector": [1.0] * D}])
+    d = _checksums(store)
+    head = store._open()
+    # the version as recorded held one more data file than its manifest now lists
+    d["versions"][str(head.version)] = ls._digest(
+        [*store._files(head), "data/lost.lance"], d["files"])
+    (store.root / "CHECKSUMS.json").write_text(json.dumps(d))
+    with pytest.raises(ls.CorruptStoreError, match="does not hold the files"):
+        store.load()
+    # an older copy of the dataset put in place: the newest version it recorded is gone
+    d["versions"][str(head.version + 5)] = d["versions"].pop(str(head.version))
+    (store.root / "CHECKSUMS.json").write_text(json.dumps(d))
+    with pytest.raises(ls.CorruptStoreError, match=f"version {head.version + 5} was written"):
+        store.load()
+
+
+def test_a_store_of_the_first_checksum_layout_still_loads(tmp_path):
+    """A CHECKSUMS.json that maps files only (no digests) is read; the next write adds
+    the digest."""
+    store = _store(tmp_path / "s", n=30)
+    d = _checksums(store)
+    (store.root / "CHECKSUMS.json").write_text(json.dumps(d["files"]))
+    assert len(store.load().records) == 30
+    out = store.verify()
+    assert not out["digest"] and out["checked"] == out["files"]
+    store.append([{"id": "n1", "namespace": "ns0", "text": "new", "vector": [1.0] * D}])
+    assert store.verify()["digest"]
+
+
+def test_a_partial_load_reads_back_only_the_fragments_it_reads(tmp_path):
+    """A load of some namespaces checks the CRC32 of the fragments holding their rows
+    (and the digest of the whole version); a flipped bit in another fragment is found by
+    a whole load."""
+    store = _store(tmp_path / "s", n=40)
+    store.append([{"id": f"n{k}", "namespace": "solo", "text": f"new fact {'abc'[k]}",
+                   "vector": np.eye(D)[k].tolist()} for k in range(3)])
+    ds = store._open()
+    solo = [f.fragment_id for f in ds.get_fragments()
+            if f.count_rows(filter="namespace = 'solo'")]
+    assert len(solo) == 1 and len(ds.get_fragments()) == 2
+    out = store.verify(fragments=solo)
+    assert out["digest"] and out["files"] == 1 == out["checked"]
+    other = [f for f in ds.get_fragments() if f.fragment_id not in solo][0]
+    path = store.dataset_path / "data" / other.data_files()[0].path
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 3] ^= 0x01
+    path.write_bytes(bytes(raw))
+    assert len(store.load(namespaces=["solo"]).records) == 3
+    with pytest.raises(ls.CorruptStoreError, match="CRC32"):
+        store.load()

@@ -46,6 +46,7 @@ removed) in between is in the version it reads.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -147,12 +148,17 @@ class _Stored:
                                 with_vectors=False)
 
 
-def _scan(ds: Any, flt: Any, dim: int) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+def _scan(ds: Any, flt: Any, dim: int, found: Any = None
+          ) -> tuple[pa.Table, np.ndarray, np.ndarray]:
     """Read the rows of the Lance dataset ``ds`` that match ``flt`` (all when ``None``):
     first every column but the vectors, then the vectors batch by batch (:data:`SCAN_BATCH`
     rows) decoded into one ``float32`` array allocated up front. Two scans, because the
     other columns of a batch Lance returns share buffers with its vectors: kept, they
     would keep every batch's vectors alive. Peak memory: the output plus one batch.
+
+    Args:
+        found: called with the ``uint64`` row addresses once the first scan has them
+            (before the vectors are read), or ``None``.
 
     Returns:
         ``(meta, vectors, rowaddr)``: the non-vector columns (Arrow, in scan order), the
@@ -172,6 +178,8 @@ def _scan(ds: Any, flt: Any, dim: int) -> tuple[pa.Table, np.ndarray, np.ndarray
     addr = meta.column("_rowaddr").to_numpy()
     meta = meta.drop_columns(["_rowaddr"])
     n = len(addr)
+    if found is not None:
+        found(addr)
     vecs = np.empty((n, dim), np.float32)
     order = None  # stored positions by address, built only if the scans' orders differ
     at = 0
@@ -361,7 +369,7 @@ class LanceStore(Store):
             ["data file", "deletion file"])]
         root = self.dataset_path.resolve()
         out = []
-        for p in t["path"].astype(str):
+        for p in sorted(set(t["path"].astype(str))):
             full = (root / p).resolve()
             if root not in full.parents:
                 raise CorruptStoreError(f"{self.dataset_path} (version {ds.version}) names "
@@ -369,22 +377,36 @@ class LanceStore(Store):
             out.append(p)
         return out
 
-    def _checksums(self) -> dict[str, int]:
+    def _checksums(self) -> tuple[dict[str, int], dict[str, str]]:
+        """``(files, versions)`` from :data:`CHECKSUMS`: the CRC32 of each data and
+        deletion file (path under the dataset folder) and the content digest of each
+        version (:func:`_digest`). A file of the first layout (a map of files only) reads
+        with no digests.
+
+        Raises:
+            CorruptStoreError: the file cannot be read or is not of that form."""
         path = self.root / CHECKSUMS
         try:
             d = json.loads(path.read_text())
         except FileNotFoundError:
-            return {}
+            return {}, {}
         except (OSError, ValueError) as e:
             raise CorruptStoreError(f"{path} cannot be read ({e}); move it aside to load "
                                     f"without checking the data files") from None
-        if not (isinstance(d, dict) and all(
+        files, versions = d, {}
+        if isinstance(d, dict) and set(d) == {"files", "versions"}:
+            files, versions = d["files"], d["versions"]
+        if not (isinstance(files, dict) and all(
                 isinstance(k, str) and not k.startswith("/") and ".." not in k.split("/")
-                and isinstance(v, int) and not isinstance(v, bool) for k, v in d.items())):
+                and isinstance(v, int) and not isinstance(v, bool) for k, v in files.items())
+                and isinstance(versions, dict) and all(
+                    isinstance(k, str) and k.isdigit() and isinstance(v, str)
+                    for k, v in versions.items())):
             raise CorruptStoreError(f"{path} is not a map of file names (under "
-                                    f"{DATASET}) to CRC32 values; move it aside to load "
-                                    f"without checking the data files")
-        return d
+                                    f"{DATASET}) to CRC32 values and of versions to "
+                                    f"digests; move it aside to load without checking the "
+                                    f"data files")
+        return files, versions
 
     def _check_present(self, ds: Any) -> list[str]:
         """The data and deletion files of ``ds``'s version, all present on disk.
@@ -402,43 +424,78 @@ class LanceStore(Store):
         return files
 
     def _record_checksums(self, ds: Any) -> None:
-        """Checksum the files of ``ds``'s version not yet recorded, and forget files that
-        are neither in it nor on disk. Hold ``WRITERS.LOCK`` (or the store is being
-        created).
+        """Checksum the files of ``ds``'s version not yet recorded, record the version's
+        content digest, and forget files that are neither in it nor on disk and digests of
+        versions no longer kept. Hold ``WRITERS.LOCK`` (or the store is being created).
 
         Raises:
             CorruptStoreError: a file of the version is missing.
         """
-        known = self._checksums()
+        known, versions = self._checksums()
         files = self._check_present(ds)
-        new = {p: _crc32(self.dataset_path / p) for p in files if p not in known}
+        known.update({p: _crc32(self.dataset_path / p) for p in files if p not in known})
         current = set(files)
-        gone = [p for p in known if p not in current and not (self.dataset_path / p).exists()]
-        if not new and not gone:
-            return
-        for p in gone:
+        for p in [p for p in known if p not in current
+                  and not (self.dataset_path / p).exists()]:
             del known[p]
-        known.update(new)
-        _write_atomic(self.root / CHECKSUMS, lambda f: f.write_text(json.dumps(known)),
+        versions[str(ds.version)] = _digest(files, known)
+        kept = {str(v["version"]) for v in ds.versions()}
+        versions = {k: v for k, v in versions.items() if k in kept}
+        _write_atomic(self.root / CHECKSUMS,
+                      lambda f: f.write_text(json.dumps({"files": known,
+                                                         "versions": versions})),
                       crash_tag="checksums")
 
-    def verify(self, version: int | None = None) -> dict[str, int]:
-        """Compare the CRC32 of every data and deletion file of a version (default: the
-        newest) with the one recorded when it was written.
+    def verify(self, version: int | None = None, *,
+               fragments: Iterable[int] | None = None) -> dict[str, Any]:
+        """Check a version (default: the newest) against what was recorded when it was
+        written: its list of data and deletion files and their CRC32s against the
+        version's content digest (so a fragment dropped from or added to the version is
+        found), then the CRC32 of each file read back.
+
+        Args:
+            fragments: read back only the files of these fragment ids (a load of some
+                namespaces checks the fragments that hold its rows); the digest still
+                covers every file of the version.
 
         Returns:
-            ``{"files", "checked", "unrecorded"}`` (files written by another tool, or by a
-            write that crashed before it recorded them, are not checked).
+            ``{"files", "checked", "unrecorded", "digest"}``: files read back and matched,
+            files with no recorded checksum (written by another tool, or by a write that
+            crashed before it recorded them: not checked), and whether the version's
+            digest was recorded and matched (``False``: none recorded).
 
         Raises:
-            CorruptStoreError: a file differs from its checksum (names it and the version)
-                or is missing.
+            CorruptStoreError: the files differ from the digest, or a file from its
+                checksum, or is missing (names the file and the version).
         """
         ds = self._open(version)
-        known = self._checksums()
+        known, versions = self._checksums()
         files = self._files(ds)
+        newest = max((int(v) for v in versions), default=0)
+        if newest > self._open().version:  # digests are recorded after their commit
+            raise CorruptStoreError(
+                f"{self.dataset_path}: version {newest} was written, but the dataset's newest "
+                f"version is {self._open().version} (its newest versions were lost or an "
+                f"older copy of the dataset was put in place): restore the dataset folder "
+                f"from the same backup as {CHECKSUMS}")
+        want = versions.get(str(ds.version))
+        if want is not None and _digest(files, known) != want:
+            raise CorruptStoreError(
+                f"{self.dataset_path} (version {ds.version}) does not hold the files it held "
+                f"when it was written (a data or deletion file added, dropped or replaced): "
+                f"roll back to an earlier version, or restore the dataset from a backup")
+        read = files
+        if fragments is not None:
+            sel = set(fragments)
+            mine: set[str] = set()
+            for f in ds.get_fragments():  # one step per fragment
+                if f.fragment_id in sel:
+                    mine.update("data/" + d.path for d in f.data_files())
+                    if f.deletion_file():
+                        mine.add(f.deletion_file())
+            read = [p for p in files if p in mine]
         checked = 0
-        for p in files:
+        for p in read:
             if p not in known:
                 continue
             try:
@@ -452,18 +509,21 @@ class LanceStore(Store):
                     f"CRC32 recorded when it was written (a flipped bit, a partial copy): "
                     f"restore it from a backup, or roll back to a version without it")
             checked += 1
-        return {"files": len(files), "checked": checked,
-                "unrecorded": len(files) - checked}
+        return {"files": len(read), "checked": checked,
+                "unrecorded": sum(p not in known for p in read), "digest": want is not None}
 
-    def verify_in_thread(self, version: int) -> tuple[threading.Thread, dict[str, Any]]:
-        """Start :meth:`verify` of ``version`` in a thread (CRC32 releases the GIL, so it
-        runs while Lance reads the same files). Returns ``(thread, result)``: after
-        ``thread.join()``, ``result["error"]`` holds the exception it raised, if any."""
+    def verify_in_thread(self, version: int, fragments: Iterable[int] | None = None
+                         ) -> tuple[threading.Thread, dict[str, Any]]:
+        """Start :meth:`verify` of ``version`` (of ``fragments``) in a thread (CRC32
+        releases the GIL, so it runs while Lance reads the same files). Returns ``(thread,
+        result)``: after ``thread.join()``, ``result["error"]`` holds the exception it
+        raised, if any."""
         check: dict[str, Any] = {}
+        fragments = None if fragments is None else list(fragments)
 
         def run() -> None:
             try:
-                check["out"] = self.verify(version)
+                check["out"] = self.verify(version, fragments=fragments)
             except BaseException as e:  # noqa: BLE001 - the caller re-raises it
                 check["error"] = e
 
@@ -801,8 +861,18 @@ class LanceStore(Store):
         props = self._props(ds)
         source = f"{self.dataset_path} (version {ds.version})"
         # the data files' checksums are checked in a thread while Lance reads them
-        # (zlib's CRC32 and Lance's reader both release the GIL)
-        checker, check = self.verify_in_thread(ds.version) if validate_records else (None, {})
+        # (zlib's CRC32 and Lance's reader both release the GIL): all files for a whole
+        # load, from the start; for some namespaces, the files of the fragments that hold
+        # their rows, once the first scan found them
+        checker, check = (self.verify_in_thread(ds.version)
+                          if validate_records and namespaces is None else (None, {}))
+        started: dict[str, Any] = {}
+
+        def found(addr: np.ndarray) -> None:
+            if validate_records and namespaces is not None:
+                started["checker"] = self.verify_in_thread(
+                    ds.version, np.unique(addr >> np.uint64(32)).tolist())
+
         flt = None
         if namespaces is not None:
             namespaces = sorted({str(n) for n in namespaces})
@@ -810,9 +880,11 @@ class LanceStore(Store):
             source += f", namespaces {namespaces[:3]}{'...' if len(namespaces) > 3 else ''}"
         try:
             try:
-                scanned = [_scan(ds, flt, marker["dim"])]
+                scanned = [_scan(ds, flt, marker["dim"], found)]
             except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
+                checker, check = started.get("checker", (checker, check))
                 raise _read_error(e, source, checker, check) from e
+            checker, check = started.get("checker", (checker, check))
             return self._rows_snapshot(scanned, version=ds.version, dim=marker["dim"],
                                        props=props, deltas=listed,
                                        validate_records=validate_records, source=source,
@@ -1476,6 +1548,18 @@ def _read_error(e: BaseException, source: str, checker: threading.Thread | None,
         if "error" in check:
             return check["error"]
     return CorruptStoreError(f"cannot read {source}: {e}")
+
+
+def _digest(files: Sequence[str], crc: Mapping[str, int]) -> str:
+    """The content digest of a version: SHA-256 over its data and deletion files' paths and
+    CRC32s, sorted (``"-"`` where a file has no recorded CRC32). Data files are immutable
+    and every version lists its files, so the digest changes exactly when the version's
+    rows could: a fragment or deletion file added, dropped or rewritten. CRC32 detects
+    accidental damage, not a forgery."""
+    h = hashlib.sha256()
+    for p in sorted(files):
+        h.update(f"{p}\t{crc.get(p, '-')}\n".encode())
+    return h.hexdigest()
 
 
 def _crc32(path: Path, block: int = 8 << 20) -> int:
