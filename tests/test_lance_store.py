@@ -310,7 +310,7 @@ def test_convert_from_parquet(tmp_path):
     p.create(make_records(base_rows()))
     p.mark_used(["a"], now=300.0)
     out = convert(p, LanceStore(tmp_path / "lance"))
-    assert out == {"records": 4, "version": 2, "source_version": 1}
+    assert out == {"records": 4, "version": 3, "source_version": 1}  # create, 2 indexes
     a, b = LanceStore(tmp_path / "lance").load().records, p.load().records
     assert a.meta.equals(b.meta)
     with pytest.raises(FileExistsError):

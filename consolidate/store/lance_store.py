@@ -22,11 +22,20 @@ Writes and what they cost (see ``eval/store_bench/``):
   look their ids up the same way and write a small delta file, replayed by every load
   (their semantics, e.g. a touch following ``merged_into``, stay in
   :func:`~consolidate.store.store.apply_touch` / :func:`~consolidate.store.store.apply_patch`).
+* :meth:`LanceStore.load` of some namespaces reads their rows through a BTREE index on
+  ``namespace`` (an incremental nightly run reads what fired, not the store).
 * :meth:`LanceStore.commit` (a pass, an undo) compares the pass's records with the stored
-  rows, column by column as arrays, and commits only the difference as one Lance ``Update``
-  transaction (the stored rows of changed and purged ids marked deleted in their
-  fragments, changed and new rows written as new fragments), with the pending deltas
-  folded into the rows they touch.
+  rows as the load decoded them, column by column as arrays, each row matched to its
+  stored row by :attr:`~consolidate.store.Records.origin` (checked against the ids), and
+  commits only the difference as one Lance ``Update`` transaction (the stored rows of
+  changed and purged ids marked deleted in their fragments by the row addresses read at
+  load, changed and new rows written as new fragments), with the pending deltas folded
+  into the rows they touch.
+
+Integrity: ``CHECKSUMS.json`` holds the CRC32 of every data and deletion file written
+through this store and the content digest of every version (SHA-256 over its files and
+their CRC32s), both recorded right after each write; a load checks the digest of the
+version it reads and reads back the files of the fragments it reads.
 
 Every version carries ``transaction_properties``: ``consolidate.op``, the delta files folded
 so far (``consolidate.folded``), the changelog's name, the last pass time. Appends copy them
@@ -782,7 +791,7 @@ class LanceStore(Store):
                     max_rows_per_file=ROWS_PER_FRAGMENT,
                     transaction_properties=self._new_props("create", (), log, None))
                 _crashpoint("lance:after_create")
-                ds.create_scalar_index("id", "BTREE")
+                _index(ds)
                 _crashpoint("lance:after_index")
                 self._record_checksums(self._open())
                 marker = {"format": FORMAT, "dataset": DATASET, "dim": records.dim,
@@ -1172,7 +1181,7 @@ class LanceStore(Store):
                 self._drop_changelog(log, ds)
                 raise
             if rewrite:
-                new.create_scalar_index("id", "BTREE")
+                _index(new)
             _crashpoint("lance:after_commit")
             self._record_checksums(self._open())
         self._cleanup_deltas(folded)
@@ -1548,6 +1557,16 @@ def _read_error(e: BaseException, source: str, checker: threading.Thread | None,
         if "error" in check:
             return check["error"]
     return CorruptStoreError(f"cannot read {source}: {e}")
+
+
+def _index(ds: Any) -> None:
+    """Build the scalar indexes of a dataset just written whole (each one a Lance version):
+    a BTREE on ``id`` (appends, touches and patches look their ids up) and one on
+    ``namespace`` (a load of some namespaces reads only their rows; BTREE, not BITMAP, as a
+    fleet may hold millions of namespaces). Rows appended later are scanned until
+    :meth:`LanceStore.cleanup` folds them into the indexes."""
+    ds.create_scalar_index("id", "BTREE")
+    ds.create_scalar_index("namespace", "BTREE")
 
 
 def _digest(files: Sequence[str], crc: Mapping[str, int]) -> str:
