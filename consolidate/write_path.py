@@ -39,7 +39,7 @@ import pandas as pd
 
 from .llm.base import LLMBackend
 from .llm.decide import Decision, Neighbour, decide_request, parse_decisions, prefilter
-from .llm.extract import Turn, extract_request, parse_facts, trusted
+from .llm.extract import Turn, extract_request, parse_facts, trusted, ungrounded
 from .similarity import topk_neighbours
 from .store import Records, Store, datetime_from_hours, hours_from_datetime, records_from_rows
 from .store.schema import normalise_vectors
@@ -57,12 +57,16 @@ class IngestConfig:
         add_below: a fact whose nearest neighbour's cosine is below this is ADDed without a
             model call.
         allow_untrusted: also extract from ``tool``/``web`` turns.
+        require_grounding: refuse an extracted fact that states a number or a name its turn
+            does not contain (:func:`~consolidate.llm.extract.ungrounded`; logged as
+            ``ungrounded_fact`` with what it added, never stored).
         extract_max_tokens, decide_max_tokens: generation limits.
     """
 
     top_s: int = 5
     add_below: float = 0.5
     allow_untrusted: bool = False
+    require_grounding: bool = True
     extract_max_tokens: int = 192
     decide_max_tokens: int = 256
 
@@ -122,8 +126,15 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
             if facts[k] is None:
                 events.append({"op": "extract_failed", "turn": ok_turns[k].id,
                                "raw": [raw[k].text, r.text]})
-    items = [(t, k, f) for t, fs in zip(ok_turns, facts, strict=True) if fs
-             for k, f in enumerate(fs)]
+    items = []
+    for t, w, fs in zip(ok_turns, when, facts, strict=True):
+        for k, f in enumerate(fs or []):  # one step per extracted fact
+            why = ungrounded(f.text, t, w) if cfg.require_grounding else []
+            if why:
+                events.append({"op": "ungrounded_fact", "turn": t.id, "fact": f.text,
+                               "added": why})
+            else:
+                items.append((t, k, f))
     # ---- embed and find neighbours
     if store.exists():
         snap = store.load()
@@ -261,6 +272,7 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
         "turns": len(turns), "trusted_turns": len(ok_turns),
         "skipped_untrusted": len(turns) - len(ok_turns),
         "extract_failed": sum(e["op"] == "extract_failed" for e in events),
+        "ungrounded_facts": sum(e["op"] == "ungrounded_fact" for e in events),
         "facts": len(items), "decisions": dict(ops), "decided_by": dict(by),
         "records_written": len(written), "tombstoned": len(patches),
         "model_calls": dict(calls), "prompt_tokens": tokens["prompt"],

@@ -258,3 +258,42 @@ def test_ingest_locomo_turns_with_smollm2(tmp_path):
         m = open_store_dir(tmp_path / "s").load().records.meta
         assert len(m) == out["records_written"]  # no record lost
         assert all(len(s) == 1 and s[0].startswith("conv-26/D1:") for s in m["source_ids"])
+
+
+def test_ungrounded_names_and_numbers_against_the_turn():
+    from consolidate.llm.extract import ungrounded
+
+    t = Turn("D1:1", "anna", "Anna", "Back from Kyoto! My sister Mia's flat there has two "
+             "rooms and 3 windows.", 20.0, "user")
+    when = "03 March 2023"
+    assert ungrounded("Anna visited Kyoto in March 2023", t, when) == []
+    assert ungrounded("Anna's sister Mia has a flat with 2 rooms", t, when) == []
+    assert ungrounded("Mia's flat has three windows", t, when) == []
+    assert ungrounded("Tom visited Anna", t, when) == ["name Tom"]  # sentence-initial too
+    assert ungrounded("Anna visited Osaka 4 times", t, when) == ["name Osaka", "number 4"]
+    assert ungrounded("She visited Kyoto on Monday", t, when) == []
+    assert ungrounded("Anna visited Kyoto in 2022", t, when) == ["number 2022"]
+
+
+def test_facts_the_turn_does_not_ground_are_refused_and_logged(tmp_path):
+    """An extracted fact naming a person, a place or a number its turn does not hold is
+    never stored; the event names the fact and what it added. Off, every fact goes on."""
+    t = Turn("D1:1", "anna", "Anna", "My sister Mia lives in Kyoto now, she has 2 kids.",
+             20.0, "user")
+    said = facts("Anna's sister Mia lives in Kyoto", "Mia has 3 kids",
+                 "Anna met Tom in Osaka", "Mia has two kids")
+    for grounding in (True, False):
+        s = Store(tmp_path / f"s{grounding}")
+        out = ingest(s, [t], Scripted([said]), WordEmbedder(),
+                     IngestConfig(add_below=2.0, require_grounding=grounding))
+        if grounding:
+            assert out["ungrounded_facts"] == 2 and out["facts"] == 2
+            got = [(e["fact"], e["added"]) for e in out["events"]
+                   if e["op"] == "ungrounded_fact"]
+            assert got == [("Mia has 3 kids", ["number 3"]),
+                           ("Anna met Tom in Osaka", ["name Osaka", "name Tom"])]
+            assert sorted(s.load().records.meta["text"]) == [
+                "Anna's sister Mia lives in Kyoto", "Mia has two kids"]
+        else:
+            assert out["ungrounded_facts"] == 0 and out["facts"] == 4
+            assert len(s.load().records) == 4

@@ -30,6 +30,7 @@ def run_ingest(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
                            **OmegaConf.to_container(cfg.ingest.backend_kwargs))
     emb = make_embedder(typed(cfg, "embedder", EmbedderConfig))
     icfg = IngestConfig(**{k: cfg.ingest[k] for k in ("top_s", "add_below", "allow_untrusted",
+                                                       "require_grounding",
                                                        "extract_max_tokens",
                                                        "decide_max_tokens")})
     out = ingest(make_store(scfg), turns, backend, emb,

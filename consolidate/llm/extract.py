@@ -9,14 +9,16 @@ is skipped and logged, never guessed.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
+from ..text import _MONTHS, _WEEKDAYS, _numbers, content_tokens
 from .base import ChatRequest, parse_json_model, quote
 
 __all__ = ["EXTRACT_PROMPT_VERSION", "Turn", "ExtractedFact", "ExtractOut", "trusted",
-           "extract_request", "parse_facts"]
+           "extract_request", "parse_facts", "ungrounded"]
 
 EXTRACT_PROMPT_VERSION = "extract-v2"
 #: turn sources whose content is the user's or the assistant's own words
@@ -112,3 +114,39 @@ def parse_facts(raw: str) -> list[ExtractedFact] | None:
             seen.add(t.lower())
             facts.append(f.model_copy(update={"text": t}))
     return facts
+
+
+_CAPITALISED = re.compile(r"\b([A-Z][a-z]+)\b")
+#: capitalised words that open or join a fact without naming anyone or anything
+_PLAIN_WORDS = {
+    "i", "we", "you", "she", "he", "they", "it", "this", "that", "these", "those", "there",
+    "the", "a", "an", "my", "our", "your", "his", "her", "their", "its", "and", "but", "or",
+    "in", "on", "at", "after", "before", "since", "during", "when", "while", "for", "with",
+    "last", "next", "every", "each", "some", "many", "most", "both", "all", "no", "not",
+    "speaker", "user", "assistant",
+}
+
+
+def ungrounded(fact: str, turn: Turn, when: str = "") -> list[str]:
+    """What an extracted fact states that its turn does not: each number (digits or number
+    words) and each capitalised word (a name, a place: sentence-initial ones included,
+    unless a pronoun, article or date word) found neither in the turn's text, nor in its
+    speaker's name, nor in ``when`` (the turn's date as the extract prompt showed it).
+    Words compare case-insensitively, possessives stripped ("Mia's" grounds "Mia").
+
+    Returns:
+        ``["number 3", "name Mia", ...]``, sorted; empty when every specific is grounded.
+    """
+    have: set[str] = set()
+    nums: set[str] = set()
+    for src in (turn.text, turn.speaker, when):
+        toks = content_tokens(src)
+        have |= set(toks) | {t.split("'")[0] for t in toks}
+        nums |= set(_numbers(toks, src))
+    out = [f"number {n}" for n in _numbers(content_tokens(fact), fact) if n not in nums]
+    for w in _CAPITALISED.findall(fact):
+        lw = w.lower()
+        if lw not in have and lw not in _PLAIN_WORDS and lw not in _MONTHS \
+                and lw not in _WEEKDAYS:
+            out.append(f"name {w}")
+    return sorted(set(out))

@@ -1621,26 +1621,36 @@ def _vector_diff(final_vecs: np.ndarray, have: np.ndarray, sp: np.ndarray,
                  parts: Sequence[np.ndarray], chunk: int = 65536) -> np.ndarray:
     """``bool [len(have)]``: whether row ``have[i]`` of ``final_vecs`` differs in any
     component from stored row ``sp[i]``, the stored vectors given in ``parts`` (``(m_k, d)``
-    float32 each, stored rows in order). Compared in blocks of ``chunk`` rows: a run of
-    consecutive rows within one part is compared as two slices (no gather)."""
+    float32 each, stored rows in order).
+
+    Rows that line up in runs (consecutive in both, within one part: what a pass that
+    keeps its rows in order and purges some leaves) are compared as two slices per run of at
+    most ``chunk`` rows, with no gather, and a run whose two slices are the same memory is
+    not compared at all; the loop is per run, and where runs average fewer than 64 rows the
+    rows are gathered in blocks of ``chunk`` instead."""
     diff = np.zeros(len(have), bool)
+    if not len(have):
+        return diff
     bounds = np.cumsum([0] + [len(v) for v in parts])
+    part = np.searchsorted(bounds, sp, side="right") - 1
+    brk = np.flatnonzero((np.diff(have) != 1) | (np.diff(sp) != 1) | (np.diff(part) != 0)) + 1
+    starts = np.r_[0, brk]
+    ends = np.r_[brk, len(have)]
+    if len(starts) <= max(1, len(have) // 64):
+        for s0, e0 in zip(starts.tolist(), ends.tolist(), strict=True):
+            q = int(part[s0])
+            for s in range(s0, e0, chunk):
+                k = min(chunk, e0 - s)
+                r0, a0 = int(have[s]), int(sp[s]) - int(bounds[q])
+                f, v = final_vecs[r0:r0 + k], parts[q][a0:a0 + k]
+                if (f.__array_interface__["data"][0] != v.__array_interface__["data"][0]
+                        or f.strides != v.strides):  # the very same memory needs no compare
+                    diff[s:s + k] = np.any(f != v, axis=1)
+        return diff
     for s in range(0, len(have), chunk):
-        rows, at = have[s:s + chunk], sp[s:s + chunk]
-        r0, a0, k = int(rows[0]), int(at[0]), len(rows)
-        j = int(np.searchsorted(bounds, a0, side="right")) - 1
-        if (a0 + k <= bounds[j + 1] and int(rows[-1]) - r0 == k - 1
-                and int(at[-1]) - a0 == k - 1 and np.all(np.diff(rows) == 1)
-                and np.all(np.diff(at) == 1)):
-            v = parts[j][a0 - bounds[j]:a0 - bounds[j] + k]
-            f = final_vecs[r0:r0 + k]
-            if (f.__array_interface__["data"][0] != v.__array_interface__["data"][0]
-                    or f.strides != v.strides):  # the very same memory needs no compare
-                diff[s:s + k] = np.any(f != v, axis=1)
-            continue
-        part = np.searchsorted(bounds, at, side="right") - 1
+        rows, at, pt = have[s:s + chunk], sp[s:s + chunk], part[s:s + chunk]
         for q, vecs in enumerate(parts):
-            sel = np.flatnonzero(part == q)
+            sel = np.flatnonzero(pt == q)
             if len(sel):
                 diff[s + sel] = np.any(final_vecs[rows[sel]] != vecs[at[sel] - bounds[q]],
                                        axis=1)
