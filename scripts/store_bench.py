@@ -9,11 +9,11 @@ For each format it builds a synthetic store (``scripts/pass_bench.py``'s generat
 RSS is that operation's own): ``load`` (into the pass's columns), ``append`` of 10
 records, ``mark_used`` of 10 ids, and a commit that changes 1% of the rows against one that
 changes all of them (a full rewrite), a 1% commit as a pass hands it over (0.25% of the
-rows purged, 0.5% changed, 0.25% new, the vectors a fresh copy), and a nightly run after 1% of the namespaces got a
-new memory (trigger plus load of what it reads). It writes ``results.json`` and
-``report.md`` with the ratios the store issue sets as targets (append and mark_used <= 0.5 s,
-load <= 10 s, peak RSS of load <= 2x vectors + texts, 1% commit <= 5% of a full rewrite,
-an incremental run reads <= 3% of the rows).
+rows purged, 0.5% changed, 0.25% new, the vectors a fresh copy), and a nightly run after
+1% of the namespaces got a new memory (trigger plus load of what it reads). It writes
+``results.json`` and ``report.md`` with the ratios the store issue sets as targets (append
+and mark_used <= 0.5 s, load <= 10 s, peak RSS of load <= 2x vectors + texts, 1% commit
+<= 5% of a full rewrite, an incremental run reads <= 3% of the rows).
 """
 
 from __future__ import annotations

@@ -274,3 +274,85 @@ def test_a_partial_load_reads_back_only_the_fragments_it_reads(tmp_path):
     assert len(store.load(namespaces=["solo"]).records) == 3
     with pytest.raises(ls.CorruptStoreError, match="CRC32"):
         store.load()
+
+
+def test_permuted_origins_compare_each_row_with_its_own_stored_row(tmp_path):
+    """Rows handed over in another order (origins 1, 0, 2, ...), one of them changed to
+    equal another stored row in every column but the id: it is written."""
+    store = _store(tmp_path / "s", n=6)
+    with store.lock():
+        snap = store.load()
+        out = snap.records.take([1, 0, 2, 3, 4, 5])
+        meta = out.meta.copy()
+        for c in meta.columns:
+            if c != "id":
+                meta[c] = meta[c].astype(object) if meta[c].dtype == object else meta[c]
+                meta.at[0, c] = snap.records.meta.at[0, c]  # r00001 now says what r00000 says
+        recs = Records(meta, out.vectors, origin=out.origin)
+        info = store.commit(recs, [], base=snap)
+    assert info["rows_written"] == 1
+    got = store.load().records.meta.set_index("id")
+    want = meta.set_index("id")
+    for c in ("namespace", "text", "importance", "created_at", "last_used", "source_ids"):
+        assert got.loc["r00001", c] == want.loc["r00001", c], c
+
+
+def test_a_duplicated_id_moved_by_a_compaction_refuses_the_commit(tmp_path, monkeypatch):
+    """An id stored twice (one copy quarantined at load) whose rows a compaction moved
+    before the commit: found by id, the copies cannot be told apart, so the commit refuses
+    and writes nothing (without the compaction, the row addresses tell them apart)."""
+    from consolidate.store import ConcurrentCommitError
+
+    for compact in (False, True):
+        store = _store(tmp_path / f"s{compact}", n=10)
+        ds = store._open()
+        row = ds.to_table(filter=ls.pc.field("id") == "r00003")
+        row = row.set_column(row.schema.get_field_index("strength"), "strength",
+                             ls.pa.array([0.5]))  # invalid: strength < 1
+        ls._lance().write_dataset(row, ds, mode="append",
+                                  transaction_properties=ls._txn_props(ds, ds.version))
+        store._record_checksums(store._open())
+        q = LanceStore(store.root, quarantine=True, keep_snapshots=3)
+        with q.lock():
+            snap = q.load()
+            meta = snap.records.meta.copy()
+            meta.loc[0, "last_used"] = 999.5
+            recs = Records(meta, snap.records.vectors, origin=snap.records.origin)
+            if not compact:
+                info = q.commit(recs, [], base=snap)
+                # the quarantined copy is deleted by its row address, the other one kept
+                assert info["rows_deleted"] == 1 and info["rows_written"] == 1
+                rows = q._open().to_table(filter=ls.pc.field("id") == "r00003")
+                assert rows.num_rows == 1 and rows.column("strength")[0].as_py() >= 1
+                continue
+            monkeypatch.setattr(ls, "COMPACT_AFTER", 0)
+            q.append([{"id": f"pad{k}", "namespace": "ns0", "text": f"pad {'abc'[k]}",
+                       "vector": np.eye(D)[k].tolist()} for k in range(3)])
+            assert q.cleanup()["compacted_fragments"] > 0
+            before = q._open().version
+            with pytest.raises(ConcurrentCommitError, match="stored more than once"):
+                q.commit(recs, [], base=snap)
+            assert q._open().version == before
+            assert q._open().count_rows(filter="id = 'r00003'") == 2
+
+
+def test_loaded_list_cells_refuse_changes_in_place(tmp_path):
+    """A list cell read from the store is shared with the snapshot its commit compares
+    against: changing it in place raises instead of going unseen; a new list is written."""
+    from consolidate.store.schema import FrozenList
+
+    store = _store(tmp_path / "s", n=5)
+    with store.lock():
+        snap = store.load()
+        cell = snap.records.meta["source_ids"].iat[0]
+        assert isinstance(cell, FrozenList) and cell == ["D0"]
+        for change in (lambda c: c.append("X"), lambda c: c.__setitem__(0, "X"),
+                       lambda c: c.extend(["X"]), lambda c: c.pop()):
+            with pytest.raises(TypeError, match="assign a new list"):
+                change(cell)
+        meta = snap.records.meta.copy()
+        meta.at[0, "source_ids"] = [*cell, "X"]
+        info = store.commit(Records(meta, snap.records.vectors, origin=snap.records.origin),
+                            [], base=snap)
+    assert info["rows_written"] == 1
+    assert store.load().records.meta.set_index("id").loc["r00000", "source_ids"] == ["D0", "X"]

@@ -273,6 +273,13 @@ def test_ungrounded_names_and_numbers_against_the_turn():
     assert ungrounded("Anna visited Osaka 4 times", t, when) == ["name Osaka", "number 4"]
     assert ungrounded("She visited Kyoto on Monday", t, when) == []
     assert ungrounded("Anna visited Kyoto in 2022", t, when) == ["number 2022"]
+    assert ungrounded("Anna visited Kyoto on 3 March", t, when) == []  # "03" in the date
+    u = Turn("D1:2", "sean", "Sean O'Brien", "Back from Málaga with José and Zoë! We stayed "
+             "2019 to 2021, 2,000 km of driving.", 20.0, "user")
+    assert ungrounded("Sean O'Brien visited Malaga with Jose", u, when) == []
+    assert ungrounded("Zoe stayed 2019-2021 and drove 2000 km", u, when) == []
+    assert ungrounded("Zoë met Renée and McKenzie", u, when) == ["name McKenzie",
+                                                                 "name Renée"]
 
 
 def test_facts_the_turn_does_not_ground_are_refused_and_logged(tmp_path):

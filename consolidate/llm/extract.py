@@ -10,6 +10,7 @@ is skipped and logged, never guessed.
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
@@ -116,7 +117,7 @@ def parse_facts(raw: str) -> list[ExtractedFact] | None:
     return facts
 
 
-_CAPITALISED = re.compile(r"\b([A-Z][a-z]+)\b")
+_WORD = re.compile(r"[^\W_]+")  # runs of letters or digits (apostrophes, hyphens split)
 #: capitalised words that open or join a fact without naming anyone or anything
 _PLAIN_WORDS = {
     "i", "we", "you", "she", "he", "they", "it", "this", "that", "these", "those", "there",
@@ -127,12 +128,30 @@ _PLAIN_WORDS = {
 }
 
 
+def _fold(word: str) -> str:
+    """Case-folded, accents removed ("José" -> "jose")."""
+    return "".join(c for c in unicodedata.normalize("NFKD", word.casefold())
+                   if not unicodedata.combining(c))
+
+
+def _number_forms(n: str) -> set[str]:
+    """A number as :func:`~consolidate.text._numbers` gives it, without leading zeros, and
+    its parts ("03" -> {"3"}; "2019-2021" -> {"2019-2021", "2019", "2021"})."""
+    def norm(x: str) -> str:
+        return x.lstrip("0") or "0" if x.isdigit() else x
+    body = n.lstrip("+-\u2212")
+    return {norm(body)} | {norm(p) for p in re.split(r"[.,:/-]", body) if p}
+
+
 def ungrounded(fact: str, turn: Turn, when: str = "") -> list[str]:
     """What an extracted fact states that its turn does not: each number (digits or number
     words) and each capitalised word (a name, a place: sentence-initial ones included,
     unless a pronoun, article or date word) found neither in the turn's text, nor in its
     speaker's name, nor in ``when`` (the turn's date as the extract prompt showed it).
-    Words compare case-insensitively, possessives stripped ("Mia's" grounds "Mia").
+    Words compare case- and accent-insensitively, split at apostrophes and hyphens
+    ("Mia's" is grounded by "Mia", "Jose" by "José", "Brien" by "O'Brien"); numbers
+    compare without leading zeros, and a range or time by its parts ("2019-2021" by
+    "2019 to 2021").
 
     Returns:
         ``["number 3", "name Mia", ...]``, sorted; empty when every specific is grounded.
@@ -140,13 +159,23 @@ def ungrounded(fact: str, turn: Turn, when: str = "") -> list[str]:
     have: set[str] = set()
     nums: set[str] = set()
     for src in (turn.text, turn.speaker, when):
-        toks = content_tokens(src)
-        have |= set(toks) | {t.split("'")[0] for t in toks}
-        nums |= set(_numbers(toks, src))
-    out = [f"number {n}" for n in _numbers(content_tokens(fact), fact) if n not in nums]
-    for w in _CAPITALISED.findall(fact):
-        lw = w.lower()
-        if lw not in have and lw not in _PLAIN_WORDS and lw not in _MONTHS \
-                and lw not in _WEEKDAYS:
-            out.append(f"name {w}")
+        for w in _WORD.findall(src):
+            have |= {w.casefold(), _fold(w)}
+        for n in _numbers(content_tokens(src), src):
+            nums |= _number_forms(n)
+    out = []
+    for n in _numbers(content_tokens(fact), fact):
+        forms = _number_forms(n)
+        body = n.lstrip("+-\u2212")
+        whole = body.lstrip("0") or "0" if body.isdigit() else body
+        if whole not in nums and not (len(forms) > 1 and forms - {whole} <= nums):
+            out.append(f"number {n}")
+    for w in _WORD.findall(fact):
+        if not w[0].isupper():
+            continue
+        lw = w.casefold()
+        if lw in have or _fold(w) in have or lw in _PLAIN_WORDS or lw in _MONTHS \
+                or lw in _WEEKDAYS:
+            continue
+        out.append(f"name {w}")
     return sorted(set(out))

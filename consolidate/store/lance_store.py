@@ -1155,11 +1155,11 @@ class LanceStore(Store):
             # rest, and the ids of all (unless the comparison proved them unique)
             self._check_new(final if upsert is None else final.take(upsert), final, dim,
                             ids_checked=unique)
-            folded, log, new_props = self._new_version(
-                ds, already, tuple(base.deltas) + tuple(late), events, op, pass_time_h)
             if upsert is None and part is not None:
                 raise ValueError("a vector dtype conversion rewrites the whole store: run it "
                                  "over every namespace (pass.force=true)")
+            folded, log, new_props = self._new_version(
+                ds, already, tuple(base.deltas) + tuple(late), events, op, pass_time_h)
             rewrite = upsert is None or (part is None and len(upsert) + len(removed)
                                          > REWRITE_FRACTION * max(len(final), 1))
             addresses = None
@@ -1289,8 +1289,13 @@ class LanceStore(Store):
                 deleted (those of ``table``'s stored ids and of ``removed``), as read at
                 load; used when every fragment they name is still in ``ds`` (fragment ids
                 are never reused), else the rows are found through the ``id`` index.
+
+        Raises:
+            ConcurrentCommitError: found by id, the rows are not one per id (an id stored
+                twice) or not as many as ``addresses`` named; nothing is written.
         """
         lance = _lance()
+        expected = None if addresses is None else len(addresses)
         if addresses is not None and len(addresses):
             present = {f.fragment_id for f in ds.get_fragments()}
             if not set(np.unique(addresses >> np.uint64(32)).tolist()) <= present:
@@ -1303,9 +1308,17 @@ class LanceStore(Store):
                                         pa.array(list(removed), pa.string())])
             addresses = np.zeros(0, np.uint64)
             if len(ids):
-                addresses = ds.to_table(columns=["id"], filter=pc.field("id").isin(ids),
-                                        with_row_address=True).column(
-                                            "_rowaddr").to_numpy()
+                hit = ds.to_table(columns=["id"], filter=pc.field("id").isin(ids),
+                                  with_row_address=True)
+                if hit.num_rows != pc.count_distinct(hit.column("id")).as_py() or (
+                        expected is not None and hit.num_rows != expected):
+                    # an id stored twice (a copy quarantined at load): by id alone the
+                    # commit cannot tell the copy it keeps from the one it drops
+                    raise ConcurrentCommitError(
+                        f"{self.root}: the rows this commit replaces were moved since they "
+                        f"were read (a compaction) and an id among them is stored more than "
+                        f"once; nothing written: rerun the pass")
+                addresses = hit.column("_rowaddr").to_numpy()
         updated, gone = [], []
         if len(addresses):
             addresses = np.sort(addresses.astype(np.uint64))
@@ -1719,10 +1732,11 @@ def _diff(final: Records, frames: Sequence[pd.DataFrame], vectors: Sequence[np.n
     ok = o >= 0
     have = np.flatnonzero(ok)
     sp = o[have]
+    increasing = bool(np.all(np.diff(sp) > 0))
     if len(sp):
-        if sp.max() >= m:
+        if sp.min() < 0 or sp.max() >= m:
             return None
-        if not np.all(np.diff(sp) > 0) and np.bincount(sp, minlength=m).max() > 1:
+        if not increasing and np.bincount(sp, minlength=m).max() > 1:
             return None
         if not np.all(f_ids[have] == s_ids[sp]):
             return None
@@ -1737,7 +1751,9 @@ def _diff(final: Records, frames: Sequence[pd.DataFrame], vectors: Sequence[np.n
                 or pc.any(pc.is_in(stored_ids, value_set=nid)).as_py()):
             return None  # a repeated, missing or stored id: the Arrow path decides
     k = len(have)
-    straight = k > 0 and int(have[-1]) == k - 1 and int(sp[-1]) == k - 1  # both 0..k-1
+    # both exactly 0..k-1 (have is increasing by construction; sp must be too)
+    straight = (k > 0 and increasing and int(have[-1]) == k - 1 and int(sp[0]) == 0
+                and int(sp[-1]) == k - 1)
     same = np.ones(k, bool)
     try:
         for c, kind in COLUMNS.items():

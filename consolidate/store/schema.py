@@ -374,7 +374,7 @@ def _arrow_column(c: str, arr: pa.ChunkedArray) -> Any:
     if t == "bool" and pa.types.is_boolean(typ):
         return pc.fill_null(arr, False).to_numpy(zero_copy_only=False).astype(bool)
     if c in _LIST_COLUMNS and pa.types.is_list(typ) and pa.types.is_string(typ.value_type):
-        return pd.Series(pc.fill_null(arr, pa.scalar([], typ)).to_pylist(), dtype=object)
+        return pd.Series(_frozen_lists(arr), dtype=object)
     if c == "namespace" and pa.types.is_string(typ) and not arr.null_count:
         # few distinct values: one Python string per namespace, shared by its rows
         enc = (arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
@@ -384,6 +384,49 @@ def _arrow_column(c: str, arr: pa.ChunkedArray) -> Any:
     if t == "object" and pa.types.is_string(typ):
         return pd.Series(arr.to_numpy(zero_copy_only=False), dtype=object)
     return _coerce_column(c, pd.Series(arr.to_pylist(), dtype=object))
+
+
+class FrozenList(list):
+    """A list-of-strings cell of records read from a store (``source_ids``, ``keep_apart``,
+    ``derived_from``): equal to, and used like, the ``list`` it holds, but it refuses
+    in-place changes. Pandas copies a table's columns on write, not the lists inside its
+    cells, so a list changed in place would change every table that shares it, among them
+    the snapshot a store compares its commit with: assign a new list instead.
+
+    Raises:
+        TypeError: on ``append``, ``extend``, item assignment and every other in-place
+            change.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a record's list cell cannot be changed in place (it is shared "
+                        "with the snapshot it was read from): assign a new list instead")
+
+    append = extend = insert = remove = pop = clear = sort = reverse = _refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenList, (list(self),))
+
+
+#: the empty cell, shared by every row whose list is empty (it cannot change)
+_EMPTY = FrozenList()
+
+
+def _frozen_lists(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """``object [n]`` of :class:`FrozenList` from a list-of-strings column (null = empty):
+    one shared empty cell, a new cell only for the rows that hold items."""
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    out = np.empty(len(arr), dtype=object)
+    out.fill(_EMPTY)
+    full = np.flatnonzero(np.asarray(pc.fill_null(pc.list_value_length(arr), 0)) > 0)
+    if len(full):
+        vals = arr.take(pa.array(full)).to_pylist()
+        out[full] = np.fromiter((FrozenList(v) for v in vals), dtype=object,
+                                count=len(vals))
+    return out
 
 
 # ---------------------------------------------------------------- arrow I/O
@@ -751,7 +794,8 @@ def _not_str_lists(s: pd.Series) -> np.ndarray:
     value-by-value pass only when that conversion fails."""
     vals = s.to_numpy(object)
     types = np.fromiter(map(type, vals), object, len(vals))  # C-level map, no bytecode
-    not_list = ~np.equal(types, np.array(list, dtype=object)).astype(bool)
+    not_list = ~(np.equal(types, np.array(list, dtype=object)).astype(bool)
+                 | np.equal(types, np.array(FrozenList, dtype=object)).astype(bool))
     ok = np.flatnonzero(~not_list)
     try:
         arr = pa.array(vals[ok], pa.list_(pa.string()))
@@ -762,7 +806,7 @@ def _not_str_lists(s: pd.Series) -> np.ndarray:
     except (pa.ArrowException, TypeError, ValueError, UnicodeEncodeError):
         bad = np.flatnonzero(not_list | np.fromiter(
             (not all(isinstance(x, str) for x in v) if isinstance(v, list) else True
-             for v in vals), bool, len(vals)))
+             for v in vals), bool, len(vals)))  # FrozenList is a list
     return bad.astype(np.int64)
 
 
