@@ -356,3 +356,22 @@ def test_loaded_list_cells_refuse_changes_in_place(tmp_path):
                             [], base=snap)
     assert info["rows_written"] == 1
     assert store.load().records.meta.set_index("id").loc["r00000", "source_ids"] == ["D0", "X"]
+
+
+def test_cleanup_forgets_the_digests_of_removed_versions(tmp_path):
+    """Every write adds its version's digest; only the version cleanup, which removes
+    versions, drops theirs (an append does not list the versions)."""
+    store = LanceStore(tmp_path / "s", keep_snapshots=1, retention_h=0)
+    store.create(make_records(random_rows(20, D, seed=5)))
+    for k in range(2):
+        store.append([{"id": f"n{k}", "namespace": "ns0", "text": f"new {'ab'[k]}",
+                       "vector": np.eye(D)[k].tolist()}])
+    before = set(_checksums(store)["versions"])
+    assert len(before) == 3  # the create's index versions (last one), then two appends
+    with store.lock():
+        out = store.cleanup(compact=False)
+    assert out["removed_versions"] > 0
+    after = set(_checksums(store)["versions"])
+    head = str(store._open().version)
+    assert after == {head} and head in before
+    assert store.verify()["digest"]

@@ -9,11 +9,9 @@ import pytest
 
 from consolidate.store.lance_store import LanceStore
 from tests.conftest import REPO, make_records, tree_digest
+from tests.test_hardening import GOOD
 
 pytest.importorskip("lance")
-
-GOOD = {"id": "ok", "namespace": "u", "text": "fine", "vector": [1.0, 0.0, 0.0],
-        "importance": 0.5, "last_used": 10.0}
 
 
 @pytest.fixture

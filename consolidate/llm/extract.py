@@ -134,13 +134,18 @@ def _fold(word: str) -> str:
                    if not unicodedata.combining(c))
 
 
-def _number_forms(n: str) -> set[str]:
-    """A number as :func:`~consolidate.text._numbers` gives it, without leading zeros, and
-    its parts ("03" -> {"3"}; "2019-2021" -> {"2019-2021", "2019", "2021"})."""
-    def norm(x: str) -> str:
-        return x.lstrip("0") or "0" if x.isdigit() else x
+def _plain_number(n: str) -> str:
+    """A number as :func:`~consolidate.text._numbers` gives it, without its sign and, when
+    all digits, without leading zeros ("03" -> "3", "-5" -> "5", "3:00" -> "3:00")."""
     body = n.lstrip("+-\u2212")
-    return {norm(body)} | {norm(p) for p in re.split(r"[.,:/-]", body) if p}
+    return body.lstrip("0") or "0" if body.isdigit() else body
+
+
+def _number_forms(n: str) -> set[str]:
+    """:func:`_plain_number` of ``n`` and of its parts ("2019-2021" -> {"2019-2021",
+    "2019", "2021"}; "3:00" -> {"3:00", "3", "0"})."""
+    body = _plain_number(n)
+    return {body} | {_plain_number(p) for p in re.split(r"[.,:/-]", body) if p}
 
 
 def ungrounded(fact: str, turn: Turn, when: str = "") -> list[str]:
@@ -165,9 +170,7 @@ def ungrounded(fact: str, turn: Turn, when: str = "") -> list[str]:
             nums |= _number_forms(n)
     out = []
     for n in _numbers(content_tokens(fact), fact):
-        forms = _number_forms(n)
-        body = n.lstrip("+-\u2212")
-        whole = body.lstrip("0") or "0" if body.isdigit() else body
+        whole, forms = _plain_number(n), _number_forms(n)
         if whole not in nums and not (len(forms) > 1 and forms - {whole} <= nums):
             out.append(f"number {n}")
     for w in _WORD.findall(fact):

@@ -64,7 +64,7 @@ import time
 import warnings
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,7 +101,7 @@ from .store import (
     _write_atomic,
     _write_jsonl,
 )
-from .vectors import SCALE_COLUMN, decode_vectors
+from .vectors import SCALE_COLUMN, decode_vectors, empty_vectors
 
 __all__ = ["LanceStore", "DATASET", "store_format", "open_store_dir", "convert"]
 
@@ -151,13 +151,12 @@ class _Stored:
     vectors: np.ndarray
     rowaddr: np.ndarray | None = None
 
-    def arrow(self, dim: int) -> pa.Table:
+    def arrow(self) -> pa.Table:
         """The rows' non-vector columns as Arrow (:func:`records_to_arrow`)."""
-        return records_to_arrow(Records(self.frame, self.vectors.reshape(-1, dim)),
-                                with_vectors=False)
+        return records_to_arrow(Records(self.frame, self.vectors), with_vectors=False)
 
 
-def _scan(ds: Any, flt: Any, dim: int, found: Any = None
+def _scan(ds: Any, flt: Any, dim: int, found: Callable[[np.ndarray], None] | None = None
           ) -> tuple[pa.Table, np.ndarray, np.ndarray]:
     """Read the rows of the Lance dataset ``ds`` that match ``flt`` (all when ``None``):
     first every column but the vectors, then the vectors batch by batch (:data:`SCAN_BATCH`
@@ -189,7 +188,7 @@ def _scan(ds: Any, flt: Any, dim: int, found: Any = None
     n = len(addr)
     if found is not None:
         found(addr)
-    vecs = np.empty((n, dim), np.float32)
+    vecs = empty_vectors(n, dim)
     order = None  # stored positions by address, built only if the scans' orders differ
     at = 0
     # Lance's default read-ahead holds about 1.3 GB of pages over a 10^6 x 384 fp32 scan;
@@ -432,10 +431,12 @@ class LanceStore(Store):
                 f"without them")
         return files
 
-    def _record_checksums(self, ds: Any) -> None:
+    def _record_checksums(self, ds: Any, *, prune: bool = False) -> None:
         """Checksum the files of ``ds``'s version not yet recorded, record the version's
-        content digest, and forget files that are neither in it nor on disk and digests of
-        versions no longer kept. Hold ``WRITERS.LOCK`` (or the store is being created).
+        content digest, and forget files that are neither in it nor on disk; with
+        ``prune`` (after versions were removed), also the digests of versions no longer
+        kept (listing the versions reads every manifest: not at every append). Hold
+        ``WRITERS.LOCK`` (or the store is being created).
 
         Raises:
             CorruptStoreError: a file of the version is missing.
@@ -448,8 +449,9 @@ class LanceStore(Store):
                   and not (self.dataset_path / p).exists()]:
             del known[p]
         versions[str(ds.version)] = _digest(files, known)
-        kept = {str(v["version"]) for v in ds.versions()}
-        versions = {k: v for k, v in versions.items() if k in kept}
+        if prune:
+            kept = {str(v["version"]) for v in ds.versions()}
+            versions = {k: v for k, v in versions.items() if k in kept}
         _write_atomic(self.root / CHECKSUMS,
                       lambda f: f.write_text(json.dumps({"files": known,
                                                          "versions": versions})),
@@ -1147,9 +1149,9 @@ class LanceStore(Store):
                     upsert, removed, dead = _changes(
                         records_to_arrow(final, dtype, with_vectors=False),
                         final.vectors.reshape(len(final), dim),
-                        pa.concat_tables([stored.arrow(dim), records_to_arrow(
+                        pa.concat_tables([stored.arrow(), records_to_arrow(
                             late_rows, with_vectors=False)]) if len(late_rows)
-                        else stored.arrow(dim),
+                        else stored.arrow(),
                         [stored.vectors.reshape(-1, dim), late_vecs])
             # rows equal to a stored row were validated when they were read: validate the
             # rest, and the ids of all (unless the comparison proved them unique)
@@ -1435,7 +1437,7 @@ class LanceStore(Store):
         else:
             rows, removed, _ = _changes(records_to_arrow(records, dtype, with_vectors=False),
                                         records.vectors.reshape(len(records), dim),
-                                        stored.arrow(dim), [stored.vectors.reshape(-1, dim)])
+                                        stored.arrow(), [stored.vectors.reshape(-1, dim)])
         return records_to_arrow(records.take(rows), dtype), removed
 
     def commit_changes(self, upsert: pa.Table, removed: Sequence[str],
@@ -1557,7 +1559,7 @@ class LanceStore(Store):
                                                 self.keep_snapshots)
                 out["removed_versions"] = int(getattr(stats, "old_versions", 0))
                 out["bytes_removed"] = int(getattr(stats, "bytes_removed", 0))
-                self._record_checksums(ds)  # forgets the removed files
+                self._record_checksums(ds, prune=True)  # forgets the removed files
         return out
 
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..text import text_hashes, utf8_ok
-from .vectors import SCALE_COLUMN, decode_vectors, encode_vectors
+from .vectors import SCALE_COLUMN, decode_vectors, empty_vectors, encode_vectors
 
 __all__ = [
     "COLUMNS",
@@ -606,7 +606,7 @@ def _vectors_of(table: pa.Table, names: set[str], n: int, dim: int | None
     if pa.types.is_fixed_size_list(col.type) and dim in (None, col.type.list_size):
         # decoded chunk by chunk into one array: peak memory is the output plus a chunk
         dim = col.type.list_size
-        vecs = np.empty((n, dim), np.float32)
+        vecs = empty_vectors(n, dim)
         scale = table.column(SCALE_COLUMN) if SCALE_COLUMN in names else None
         at = 0
         for chunk in col.chunks:
