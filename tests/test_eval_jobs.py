@@ -129,6 +129,15 @@ def test_calibrate_subset_and_use_in_consolidate(tmp_path):
                    for s in above) / len(above)
         assert entries["sick-all"]["guard_flags_contradictions"] == pytest.approx(want)
     assert "guard_flags_contradictions" in (tmp_path / "report.md").read_text()
+    # the same rates at the other thresholds, with what flagged the contradictions
+    g = entries["sick-all"]
+    assert set(g["guard_at"]) == {"0.90", "0.85", "0.80"}
+    for t, r in g["guard_at"].items():
+        hit = [conflict_reason(s["sentence1"], s["sentence2"]) for s in sick
+               if s["score"] >= float(t) and s["contradiction"]]
+        assert r["contradictions_above"] == len(hit)
+        assert r["guard_reasons"] == {w: hit.count(w) for w in set(hit) - {None}}
+    assert "Conflict guard at other thresholds" in (tmp_path / "report.md").read_text()
     for f in ("calibration.json", "results.json", "report.md", "pr_curves.png",
               "hist_sick-all_fp32.png"):
         assert (tmp_path / f).exists(), f

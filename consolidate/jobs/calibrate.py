@@ -51,23 +51,28 @@ def _pairs(name: str, split: str | None, root: str) -> pd.DataFrame:
 
 
 def _guard_rates(key: str, df: pd.DataFrame, cos: np.ndarray, threshold: float,
-                 memo: dict[tuple[str, int], bool]) -> dict[str, Any]:
+                 memo: dict[tuple[str, int], str | None]) -> dict[str, Any]:
     """Flag rates of the conflict guard (:func:`consolidate.text.conflict_reason`) among the
     pairs a pass at ``threshold`` would merge: contradiction pairs (should be flagged) and
-    duplicate pairs (should not). One guard call per pair above the threshold, shared
-    across dtypes through ``memo``."""
+    duplicate pairs (should not), with the count of each reason among the flagged
+    contradictions. One guard call per pair, shared across dtypes and thresholds through
+    ``memo`` (``(dataset, pair) -> reason``)."""
     from ..text import conflict_reason
 
     above = np.flatnonzero(cos >= threshold)
     s1, s2 = df["sentence1"].astype(str).to_numpy(), df["sentence2"].astype(str).to_numpy()
-    flag = np.array([memo.setdefault((key, int(k)), conflict_reason(s1[k], s2[k]) is not None)
-                     for k in above], dtype=bool)
+    why = [memo[(key, k)] if (key, k) in memo else memo.setdefault(
+        (key, k), conflict_reason(s1[k], s2[k])) for k in above.tolist()]
+    flag = np.array([w is not None for w in why], dtype=bool)
     contra = df["contradiction"].to_numpy()[above] == 1
     dup = df["label"].to_numpy()[above] == 1
+    reasons = pd.Series([w for w, c in zip(why, contra.tolist(), strict=True)
+                         if c and w is not None], dtype=object).value_counts()
     return {"contradictions_above": int(contra.sum()),
             "guard_flags_contradictions": float(flag[contra].mean()) if contra.any() else None,
             "duplicates_above": int(dup.sum()),
-            "guard_flags_duplicates": float(flag[dup].mean()) if dup.any() else None}
+            "guard_flags_duplicates": float(flag[dup].mean()) if dup.any() else None,
+            "guard_reasons": {str(k): int(v) for k, v in reasons.items()}}
 
 
 def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, Any]:
@@ -88,7 +93,7 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
     metrics: list[Metric] = []
     curves: dict[str, tuple] = {}
     samples: list[dict[str, Any]] = []
-    guard: dict[tuple[str, int], bool] = {}  # (dataset, pair) -> conflict guard flags it
+    guard: dict[tuple[str, int], str | None] = {}  # (dataset, pair) -> the guard's reason
     for dtype in cfg.dtypes:
         emb = make_embedder(EmbedderConfig(**{**base.__dict__, "dtype": dtype}))
         for key, df in data.items():
@@ -110,6 +115,8 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
                 "contradictions_above_best_f1_threshold": (
                     float((contra >= c.best_f1_threshold).mean()) if len(contra) else None),
                 **_guard_rates(key, df, cos, c.best_f1_threshold, guard),
+                "guard_at": {f"{t:.2f}": _guard_rates(key, df, cos, float(t), guard)
+                             for t in cfg.guard_thresholds},
             }
             samples += [{"dataset": key, "dtype": dtype, "sentence1": s1, "sentence2": s2,
                          "label": int(lab), "contradiction": int(con), "score": float(x)}
@@ -161,7 +168,8 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
         **environment(str(emb.device)), timings_s={"total": round(time.perf_counter() - t0, 3)},
         metrics=metrics, tables={"calibration": entries},
     )
-    table = pd.DataFrame([{k: v for k, v in e.items() if k != "threshold_at_precision"}
+    table = pd.DataFrame([{k: v for k, v in e.items() if k not in (
+        "threshold_at_precision", "guard_at", "guard_reasons")}
                           | {f"t@P{p}": e["threshold_at_precision"][p]
                              for p in e["threshold_at_precision"]} for e in entries])
     report = "\n".join([
@@ -171,14 +179,37 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
         "f1_threshold`: share of SICK contradiction pairs a pass at that threshold would "
         "merge without the conflict guard. `guard_flags_contradictions` / `guard_flags_"
         "duplicates`: of the contradiction / duplicate pairs at or above that threshold, the "
-        "share the conflict guard keeps apart (negation, number, date): the first should be "
-        "high, the second low.",
+        "share the conflict guard keeps apart (negation, number, date, opposite, value, "
+        "roles; see `consolidate.text.conflict_reason`): the first should be high (target "
+        ">= 0.9), the second low (target <= 0.1).",
         f"- recommended threshold: {thr:.4f} ({cfg.recommend.rule} on {cfg.recommend.dataset},"
         f" {cfg.recommend.dtype})", "",
         table.round(4).to_markdown(index=False), "",
+        "## Conflict guard at other thresholds", "",
+        "Pairs at or above each threshold; `reasons`: what flagged the contradiction pairs.",
+        "", _guard_table(entries).to_markdown(index=False), "",
         "![PR curves](pr_curves.png)", ""])
     write_results(out, res, samples, report)
     return calib
+
+
+def _guard_table(entries: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per dataset with contradiction pairs, dtype and threshold (the best-F1 one,
+    then ``guard_thresholds``)."""
+    rows = []
+    for e in entries:
+        if not e["contradiction_pairs"]:
+            continue
+        at = {f"best F1 {e['best_f1_threshold']:.4f}": e} | e["guard_at"]
+        for t, g in at.items():
+            rows.append({"dataset": e["dataset"], "dtype": e["dtype"], "threshold": t,
+                         "contradictions": g["contradictions_above"],
+                         "flagged": g["guard_flags_contradictions"],
+                         "duplicates": g["duplicates_above"],
+                         "flagged ": g["guard_flags_duplicates"],
+                         "reasons": ", ".join(f"{k} {v}" for k, v in sorted(
+                             g["guard_reasons"].items()))})
+    return pd.DataFrame(rows).round(4)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="calibrate")
@@ -188,6 +219,11 @@ def _main(cfg: DictConfig) -> None:
     for e in calib["entries"]:
         print(f"{e['dataset']:<12} {e['dtype']:<5} AP {e['average_precision']:.4f}  best F1 "
               f"{e['best_f1']:.4f} at {e['best_f1_threshold']:.4f}")
+        if e["guard_flags_contradictions"] is not None:
+            print(f"{'':<18} conflict guard at {e['best_f1_threshold']:.4f}: flags "
+                  f"{e['guard_flags_contradictions']:.1%} of {e['contradictions_above']} "
+                  f"contradiction pairs, {e['guard_flags_duplicates']:.1%} of "
+                  f"{e['duplicates_above']} duplicate pairs")
     r = calib["recommended"]
     out = HydraConfig.get().runtime.output_dir
     print(f"recommended threshold {r['threshold']:.4f}; use it with: consolidate "

@@ -19,13 +19,7 @@ from ..cluster import ClusterResult, centroid_clusters
 from ..config import PassConfig, SimilarityConfig
 from ..device import resolve_device
 from ..similarity import Pairs, threshold_pairs
-from ..text import (
-    EMPTY_SIGNATURE,
-    ConflictSignature,
-    conflict_between,
-    conflict_signature,
-    maybe_conflicting,
-)
+from ..text import ConflictSignature, conflict_between, conflict_signature
 from .state import PassState, list_lengths
 
 __all__ = ["similar_pairs", "similarity_stage", "cluster_stage", "compact_clusters"]
@@ -113,10 +107,9 @@ def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> Pa
 
     def conflicts(items: np.ndarray) -> dict[str, Any]:
         texts = st.meta["text"].to_numpy(object)[first[items]].tolist()
-        flagged = maybe_conflicting(texts)
         memo: dict[str, ConflictSignature] = {}
-        sig = [(memo[t] if t in memo else memo.setdefault(t, conflict_signature(t)))
-               if f else EMPTY_SIGNATURE for t, f in zip(texts, flagged.tolist(), strict=True)]
+        sig = [memo[t] if t in memo else memo.setdefault(t, conflict_signature(t))
+               for t in texts]
         # undo constraints: only units holding a keep_apart, or holding a named id, need sets
         apart: dict[int, set[str]] = {}
         members: dict[int, set[str]] = {}

@@ -1,0 +1,68 @@
+"""The conflict guard's rules (consolidate.text.conflict_reason), each on small pairs of
+statements that an embedding scores as near-duplicates, with a paraphrase of each that must
+stay mergeable."""
+
+import pytest
+
+from consolidate.text import conflict_reason, conflict_signature
+
+
+@pytest.mark.parametrize("a,b,why", [
+    # exclusive values: a rare word, a name, an identifier, one character of an id
+    ("Uses vim as main editor", "Uses emacs as main editor", "value"),
+    ("Prefers PostgreSQL for work", "Prefers MySQL for work", "value"),
+    ("Moved to Lisbon last year", "Moved to Porto last year", "value"),
+    ("Backup plan is Plan B", "Backup plan is Plan C", "value"),
+    ("Order x7f3k2 was shipped", "Order x7f3k9 was shipped", "value"),
+    ("The door code is 4711A", "The door code is 4711B", "value"),
+    ("Her key starts with sk-abc", "Her key starts with sk-abd", "value"),
+    ("Keeps a cat at home", "Keeps a car at home", "value"),
+    # polarity: opposite pairs and negative prefixes
+    ("Dark mode is enabled", "Dark mode is disabled", "opposite"),
+    ("Pets are allowed in the flat", "Pets are forbidden in the flat", "opposite"),
+    ("Lives near the station", "Lives far from the station", "opposite"),
+    ("Likes spicy noodle soup", "Hates spicy noodle soup", "opposite"),
+    ("Is happy with the new job", "Is unhappy with the new job", "opposite"),
+    ("Likes jazz concerts", "Dislikes jazz concerts", "opposite"),
+    ("The bakery is open on Sundays", "The bakery is closed on Sundays", "opposite"),
+    # roles: the same words, two of them swapped around a third
+    ("Jon thanks Gina for the gift", "Gina thanks Jon for the gift", "roles"),
+    ("The dog chases the cat in the garden", "The cat chases the dog in the garden", "roles"),
+    # the older rules still come first
+    ("Has 2 cats", "Has 3 cats", "number"),
+    ("Lives in Berlin", "Does not live in Berlin", "negation"),
+    ("Moved on 3 March", "Moved on 3 June", "date"),
+])
+def test_flagged(a, b, why):
+    assert conflict_reason(a, b) == why
+    assert conflict_reason(b, a) == why
+
+
+@pytest.mark.parametrize("a,b", [
+    ("Uses vim as main editor", "Uses vim as the main editor"),
+    ("Prefers PostgreSQL for work", "For work she prefers PostgreSQL"),
+    ("Gina lost her job at Door Dash", "Gina lost her job at Door Dash last month"),
+    ("A man is slicing a potato", "A man is cutting a potato"),
+    ("The kids play in the park", "The children play in the park"),
+    ("Jon is grateful for Gina's support", "Jon appreciates Gina's support"),
+    # a passive on one side only reverses the order without swapping the roles
+    ("The dog chases the cat in the garden", "The cat is chased by the dog in the garden"),
+    # a compound reordered ("slices of bread" / "bread slices") is no role swap
+    ("A man puts garlic on slices of bread", "A man puts garlic on bread slices"),
+    # a word on one side only is extra detail, not an opposite value
+    ("Lives in a big house", "Lives in a house"),
+])
+def test_not_flagged(a, b):
+    assert conflict_reason(a, b) is None
+    assert conflict_reason(b, a) is None
+
+
+def test_signature_fields():
+    s = conflict_signature("Jon uses vim with GPU v2 in Berlin. Nice dogs")
+    values = {w for w, v in s.words if v}
+    # identifiers, a name inside the sentence, a word outside the embedder's vocabulary; a
+    # capitalised word that starts a sentence is not a value by its capital alone
+    assert values == {"vim", "gpu", "v2", "berlin"}
+    assert s.roles == ("jon", "use", "vim", "gpu", "v2", "in", "berlin", "nice", "dog")
+    assert s.poles  # "in" is a pole of the in/out group
+    assert conflict_signature("unhappy and disabled").negated_stems == {"happy", "abled"}
