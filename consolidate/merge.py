@@ -20,14 +20,16 @@ OpenAI-compatible servers, transformers) implement the same protocol and are cho
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from .text import content_tokens, split_facts
+from .text import _date_terms, _negation_count, _numbers, content_tokens, split_facts
 
 __all__ = ["MergeMember", "MergeRequest", "MergeResponse", "Merger", "ExtractiveMerger",
-           "fact_time", "newer_fact_times", "unordered_pair"]
+           "fact_time", "newer_fact_times", "unordered_pair", "lost_facts", "Facts",
+           "facts_of"]
 
 
 @dataclass(frozen=True)
@@ -140,13 +142,92 @@ def unordered_pair(req: MergeRequest, older: dict[str, float] | None = None) -> 
     return any(a not in older and b not in older for a, b, _ in req.conflicts)
 
 
-class ExtractiveMerger:
-    """No-model merger: keep the most important (then most recent) text and append the facts
-    of the other members that it does not already state.
+#: a capitalised word that does not start the text or a sentence: a name
+NAME = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][a-z]+)\b")
 
-    A fact (sentence of another member) is appended only if some of its word tokens are not
-    yet in the merged text; sentences are kept verbatim, never rewritten, so no number, date,
-    name or negation is changed.
+
+@dataclass(frozen=True)
+class Facts:
+    """The facts a merge must keep from one text: what sentence embeddings do not tell
+    apart (see :func:`~consolidate.text.conflict_reason`).
+
+    Attributes:
+        numbers: numbers as written in digits or as number words (``"2"``, ``"3.5"``).
+        dates: month, weekday and relative-time words.
+        names: capitalised words not at the start of the text or a sentence, as written.
+        negated: the text has a negation marker.
+        words: its lower-case word tokens, and those with an apostrophe also without what
+            follows it ("gina's" -> "gina").
+    """
+
+    numbers: frozenset
+    dates: frozenset
+    names: frozenset
+    negated: bool
+    words: frozenset
+
+    @property
+    def items(self) -> frozenset:
+        """``("number", x)``, ``("date", x)`` and ``("name", x)`` items."""
+        return frozenset({("number", x) for x in self.numbers} | {("date", x) for x in
+                         self.dates} | {("name", x.lower()) for x in self.names})
+
+
+def facts_of(text: str) -> Facts:
+    """The :class:`Facts` of ``text`` (``str``)."""
+    toks = content_tokens(text)
+    return Facts(frozenset(_numbers(toks, text)), frozenset(_date_terms(toks)),
+                 frozenset(NAME.findall(text.strip())),
+                 bool(_negation_count(toks)),
+                 frozenset(toks) | {t.split("'")[0] for t in toks if "'" in t})
+
+
+def lost_facts(text: str, members: Sequence[str]) -> list[str]:
+    """The facts of ``members`` that a merged ``text`` lacks: a number, a date term or a name
+    (:class:`Facts`) not in its words, or a negation when ``text`` has none. Empty list =
+    every member's facts are kept.
+
+    Args:
+        text: the merged text.
+        members: the members' texts.
+
+    Returns:
+        Sorted ``"number 2"``, ``"date may"``, ``"name Paris"``, ``"a negation"`` entries.
+    """
+    have = facts_of(text)
+    out: set[str] = set()
+    for m in members:
+        f = facts_of(m)
+        out |= {f"number {n}" for n in f.numbers - have.numbers}
+        out |= {f"date {d}" for d in f.dates - have.dates}
+        out |= {f"name {w}" for w in f.names if w.lower() not in have.words}
+        if f.negated and not have.negated:
+            out.add("a negation")
+    return sorted(out)
+
+
+def _sentence(x: str) -> str:
+    """``x`` ending in ``.``, ``!`` or ``?`` (a trailing ``;`` or ``,`` becomes ``.``)."""
+    x = x.rstrip()
+    return x if x[-1:] in (".", "!", "?") else x.rstrip(";,:") + "."
+
+
+class ExtractiveMerger:
+    """No-model merger that deduplicates sentences: it keeps one member's text whole and adds
+    only the sentences of the others that state a fact it does not yet hold.
+
+    The pass clusters members whose vectors are near-duplicates of their centroid, so what
+    their embeddings see is said twice; what embeddings do not see (numbers, date terms,
+    names, negations: :class:`Facts`) is checked word by word. The base is the member with
+    the most such facts (ties: :func:`canonical_order`, most important first). A sentence of
+    another member is added, verbatim, when it holds a number, date term or name the merged
+    text lacks, or a negation that no kept negated sentence shares half its words with.
+    Sentences are never rewritten, so no number, date, name or negation is changed, and a
+    merged member's text splits back into its source sentences when it is merged again.
+
+    Before answering, the merge is checked with :func:`lost_facts` against every member; a
+    merge that would lose a fact, or be longer than ``max_chars``, is declined (the members
+    stay unmerged, and the response's note says why): nothing is cut.
 
     By default it does not handle conflicts: the pass keeps conflicting pairs apart and lists
     them for review. With ``newer_wins=True`` it takes clusters with flagged pairs too and
@@ -159,11 +240,14 @@ class ExtractiveMerger:
     treated as one fact that changed; a model-backed merger can judge that instead.
 
     Args:
-        separator: joins the base text and the appended facts.
-        max_chars: stop appending facts past this length (``None`` = no limit).
+        separator: joins the kept sentences.
+        max_chars: decline merges whose text would be longer (``None`` = no limit).
         newer_wins: supersede the older member of each flagged pair (see above).
         supersede_on: conflict reasons the rule resolves (``number``, ``date``,
-            ``negation``).
+            ``negation``, ``opposite``, ``value``, ``roles``).
+
+    Raises:
+        ValueError: ``max_chars`` below 1.
     """
 
     name = "extractive"
@@ -172,6 +256,8 @@ class ExtractiveMerger:
     def __init__(self, separator: str = " ", max_chars: int | None = None,
                  newer_wins: bool = False,
                  supersede_on: Sequence[str] = ("number", "date")) -> None:
+        if max_chars is not None and max_chars < 1:
+            raise ValueError(f"max_chars must be >= 1 or None, got {max_chars}")
         self.separator = separator
         self.max_chars = max_chars
         self.supersede_on = tuple(supersede_on)
@@ -180,24 +266,42 @@ class ExtractiveMerger:
             self.name = "extractive:newer_wins"
 
     def merge_text(self, members: Sequence[MergeMember]) -> str:
+        """The deduplicated text of ``members`` (see the class docstring), unchecked."""
         ordered = canonical_order(members)
-        base = ordered[0].text.strip()
-        parts = [base]
-        seen = set(content_tokens(base))
-        for m in ordered[1:]:
-            for fact in split_facts(m.text):
-                toks = set(content_tokens(fact))
-                if not toks or toks <= seen:
-                    continue
-                if self.max_chars is not None and (
-                    sum(len(p) + 1 for p in parts) + len(fact) > self.max_chars
-                ):
-                    return self.separator.join(parts)
-                parts.append(fact if fact[-1] in ".!?" else fact + ".")
-                seen |= toks
-        if len(parts) > 1 and parts[0][-1] not in ".!?":
-            parts[0] += "."
+        sents = [[(x, facts_of(x)) for x in split_facts(m.text)] for m in ordered]
+        whole = [frozenset().union(*(f.items for _, f in ss)) for ss in sents]
+        negs = [sum(f.negated for _, f in ss) for ss in sents]
+        base = max(range(len(ordered)), key=lambda k: (len(whole[k]) + negs[k], -k))
+        kept = [f for _, f in sents[base]]
+        have = set(whole[base])
+        parts = [ordered[base].text.strip()]
+        for k, ss in enumerate(sents):
+            if k == base:
+                continue
+            for x, f in ss:
+                new = not f.items <= have
+                if f.negated and not new:
+                    need = len(f.words) / 2
+                    new = not any(g.negated and len(f.words & g.words) >= need for g in kept)
+                if new:
+                    kept.append(f)
+                    have |= f.items
+                    parts.append(_sentence(x))
+        if len(parts) > 1:
+            parts[0] = _sentence(parts[0])
         return self.separator.join(parts)
+
+    def checked_text(self, members: Sequence[MergeMember]) -> tuple[str | None, str]:
+        """``(text, "")``, or ``(None, why)`` when the merge would lose a fact of a member
+        (:func:`lost_facts`) or exceed ``max_chars``."""
+        text = self.merge_text(members)
+        lost = lost_facts(text, [m.text for m in members])
+        if lost:
+            return None, f"would lose {', '.join(lost)}: left unmerged"
+        if self.max_chars is not None and len(text) > self.max_chars:
+            return None, (f"merged text of {len(text)} characters > max_chars "
+                          f"{self.max_chars}: left unmerged")
+        return text, ""
 
     def merge_batch(self, requests: Sequence[MergeRequest]) -> list[MergeResponse]:
         out = []
@@ -214,7 +318,8 @@ class ExtractiveMerger:
                 out.append(MergeResponse(None, note="flagged pair with equal times: left "
                                          "for review"))
                 continue
-            out.append(MergeResponse(self.merge_text(rest) if len(rest) > 1 else None,
-                                     superseded=tuple(sorted(old)),
-                                     note=f"newer wins over {len(old)}" if old else ""))
+            text, why = self.checked_text(rest) if len(rest) > 1 else (None, "")
+            notes = [f"newer wins over {len(old)}"] if old else []
+            out.append(MergeResponse(text, superseded=tuple(sorted(old)),
+                                     note="; ".join(notes + ([why] if why else []))))
         return out

@@ -324,8 +324,12 @@ def _common(word: str, vocab: frozenset[str]) -> bool:
     """``word`` (lower case), or it without one inflection suffix, is in ``vocab``."""
     if not vocab or word in vocab:
         return True
-    return any(word.endswith(s) and len(word) - len(s) >= 3 and word[: -len(s)] + r in vocab
-               for s, r in _SUFFIXES)
+    for s, r in _SUFFIXES:
+        stem = word[: -len(s)]
+        if word.endswith(s) and len(stem) >= 3 and (
+                stem + r in vocab or (not r and stem[-1] == stem[-2] and stem[:-1] in vocab)):
+            return True  # "cats", "shredded" -> "shred", "chopping" -> "chop"
+    return False
 
 
 def _singular(w: str) -> str:
@@ -344,7 +348,8 @@ class ConflictSignature:
         stems: its words, and those with a positive prefix (``en``, ``em``) without it.
         words: ``(word, is_value)`` per word in order, lower case; ``is_value``: an
             identifier (letters with digits, an acronym, internal capitals), a capitalised
-            word inside a sentence, or a word outside the embedder's vocabulary.
+            word inside a sentence (unless the text is in title case), or a word outside the
+            embedder's vocabulary.
         roles: its content words in order (function words and numbers dropped, plurals made
             singular).
     """
@@ -384,21 +389,23 @@ def conflict_signature(text: str) -> ConflictSignature:
     norm = normalise(text)
     toks = _TOKEN.findall(norm.replace("n't", " n't"))  # content_tokens, normalised once
     orig = unicodedata.normalize("NFKC", text).translate(_QUOTES)
-    words: list[tuple[str, bool]] = []
+    info = [(_word(w), k > 0) for sent in _SENTENCE_END.split(orig)
+            for k, w in enumerate(_WORD.findall(sent))]
+    inside = [x[2] for x, later in info if later and x[0].isalpha() and len(x[0]) >= 4]
+    # a title-case text ("Jordan Opens First Tent Camp") capitalises words that are no names
+    titles = len(inside) >= 3 and sum(inside) >= 0.5 * len(inside)
+    words = [(x[0], x[1] or (x[2] and later and not titles)) for x, later in info]
     negated: set[str] = set()
     stems: set[str] = set()
     roles: list[str] = []
-    for sent in _SENTENCE_END.split(orig):
-        for k, w in enumerate(_WORD.findall(sent)):
-            low, value, inner, neg, pos, role = _word(w)
-            words.append((low, value or (inner and k > 0)))
-            stems.add(low)
-            if neg is not None:
-                negated.add(neg)
-            if pos is not None:
-                stems.add(pos)
-            if role is not None:
-                roles.append(role)
+    for (low, _, _, neg, pos, role), _ in info:
+        stems.add(low)
+        if neg is not None:
+            negated.add(neg)
+        if pos is not None:
+            stems.add(pos)
+        if role is not None:
+            roles.append(role)
     poles = sorted({gp for t in toks for gp in _POLES.get(t, ())})
     return ConflictSignature(
         tuple(sorted(_negation_count(toks).items())),
@@ -430,8 +437,9 @@ def _one_char_apart(x: str, y: str) -> bool:
 
 def _values_differ(a: ConflictSignature, b: ConflictSignature) -> bool:
     """In the word alignment of the two texts, a replaced span of at most 3 words on each
-    side holds, on each side, a value that the other text does not contain; or one word is
-    replaced by a word one character apart, each absent from the other text."""
+    side holds, on each side, a value that the other text does not contain and that is no
+    form of the other (:func:`_related`); or one word is replaced by a word one character
+    apart, each absent from the other text."""
     wa = [w for w, _ in a.words]
     wb = [w for w, _ in b.words]
     in_a, in_b = set(wa), set(wb)
@@ -447,10 +455,18 @@ def _values_differ(a: ConflictSignature, b: ConflictSignature) -> bool:
         if (i2 - i1 == 1 and j2 - j1 == 1 and wa[i1] in only_a and wb[j1] in only_b
                 and _one_char_apart(wa[i1], wb[j1])):
             return True  # "sk-abc" / "sk-abd", "has a cat" / "has a car"
-        if any(v and w not in in_b for w, v in a.words[i1:i2]) and any(
-                v and w not in in_a for w, v in b.words[j1:j2]):
+        va = [w for w, v in a.words[i1:i2] if v and w not in in_b]
+        vb = [w for w, v in b.words[j1:j2] if v and w not in in_a]
+        if any(not _related(x, y) for x in va for y in vb):
             return True
     return False
+
+
+def _related(x: str, y: str) -> bool:
+    """One word starts with the other, at least 3 characters ("syria" / "syrian", "tim" /
+    "timothy"): forms of one name, not two values."""
+    short, long_ = sorted((x, y), key=len)
+    return len(short) >= 3 and long_.startswith(short)
 
 
 def _roles_swapped(a: ConflictSignature, b: ConflictSignature) -> bool:
@@ -516,8 +532,10 @@ def conflict_reason(a: str, b: str) -> str | None:
     * ``"value"``: in the word-by-word alignment (``difflib``) of the two texts, a value is
       replaced by another value that the first text lacks. Values are identifiers (letters
       with digits such as ``v2``, acronyms such as ``GPU``, internal capitals such as
-      ``iPhone``), capitalised words inside a sentence (names), and words outside the
-      embedder's vocabulary (rare names such as ``vim`` / ``emacs``).
+      ``iPhone``), capitalised words inside a sentence (names; not in a title-case text,
+      where half the longer words are capitalised), and words outside the embedder's
+      vocabulary (rare names such as ``vim`` / ``emacs``). A value that starts with the
+      other ("Syria" / "Syrian") is a form of it, not another value.
     * ``"roles"``: the same content words (80% or more), two of them in opposite order with
       a third word between them on both sides ("Jon thanks Gina for the gift" / "Gina
       thanks Jon for the gift"); a passive with ``by`` on one side only is exempt.

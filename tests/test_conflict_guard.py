@@ -51,6 +51,11 @@ def test_flagged(a, b, why):
     ("A man puts garlic on slices of bread", "A man puts garlic on bread slices"),
     # a word on one side only is extra detail, not an opposite value
     ("Lives in a big house", "Lives in a house"),
+    # forms of one name; inflections of common words ("shredding" -> "shred")
+    ("Two blasts hit the Syria capital", "Two blasts hit the Syrian capital"),
+    ("Kim is shredding cabbage with a knife", "Kim is chopping cabbage with a knife"),
+    # in a title-case text capitals mark no names
+    ("Local Team Wins Final Match At Home", "Local Team Wins Last Match At Home"),
 ])
 def test_not_flagged(a, b):
     assert conflict_reason(a, b) is None
@@ -66,3 +71,7 @@ def test_signature_fields():
     assert s.roles == ("jon", "use", "vim", "gpu", "v2", "in", "berlin", "nice", "dog")
     assert s.poles  # "in" is a pole of the in/out group
     assert conflict_signature("unhappy and disabled").negated_stems == {"happy", "abled"}
+    # capitals inside a sentence make names, unless half the longer words are capitalised
+    assert [v for _, v in conflict_signature("Team Wins Final At Home").words] == [False] * 5
+    assert [v for _, v in conflict_signature("Gina met Jon at home").words] == [
+        False, False, True, False, False]

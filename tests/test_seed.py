@@ -52,5 +52,6 @@ def test_seed_example(device):
     assert drop[0]["id"] == "c"
     assert drop[0]["score"] == pytest.approx(0.1 * math.exp(-200 / 72))
     assert res.stats["score_min"] == pytest.approx(0.8 * math.exp(-(200 - 100) / (2 * 72)))
-    # the extractive merger keeps the most important text first and appends the other fact
-    assert row["text"] == "prefers vim keybindings. uses vim."
+    # the extractive merger keeps the most important text; "uses vim" states no number,
+    # date, name or negation it lacks, so it is not appended
+    assert row["text"] == "prefers vim keybindings"

@@ -201,6 +201,7 @@ def format_summary(s: dict[str, Any]) -> str:
             ("clusters", st["clusters"], st["time_s"]["cluster"]),
             ("merges", f"{st['merges']} clusters + {st['exact_merges']} exact "
                        f"({st['merged_members']} records)", st["time_s"]["merge"]),
+            ("merge texts", _merge_texts(st), ""),
             ("review pairs", st["review_pairs"], ""),
             ("superseded", f"{st['superseded']} older facts closed (valid_to)", ""),
             ("dropped", f"{st['dropped_floor']} below floor, {st['dropped_cap']} over cap",
@@ -230,6 +231,16 @@ def format_summary(s: dict[str, Any]) -> str:
                          f"summed over actors)")
     lines.append(f"wall time        {s['wall_time_s']} s; summary {s['summary_path']}")
     return "\n".join(lines)
+
+
+def _merge_texts(st: dict[str, Any]) -> str:
+    """One line on the merged texts: length against the longest member, facts lost."""
+    lost = st.get("merges_losing_facts", 0)
+    refused = f"{lost} merges refused for losing a fact" if lost else "no fact lost"
+    if "merge_text_ratio_mean" not in st:
+        return refused
+    return (f"{st['merge_text_ratio_mean']:.2f}x the longest member on average (max "
+            f"{st['merge_text_ratio_max']:.2f}x); {refused}")
 
 
 def _calls(st: dict[str, Any], stage: str, calls: int, pt: str, ct: str) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -28,14 +27,16 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..merge import (
+    NAME,
     MergeRequest,
     MergeResponse,
     canonical_order,
     fact_time,
+    lost_facts,
     newer_fact_times,
     unordered_pair,
 )
-from ..text import _date_terms, _negation_count, _numbers, content_tokens
+from ..text import _numbers, content_tokens
 from .base import ChatRequest, json_request, parse_json_model, quote
 from .cache import backend_from
 
@@ -117,7 +118,6 @@ def parse_merge(raw: str) -> str | None:
     return text or None
 
 
-_NAME = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][a-z]+)\b")
 
 
 _STOP = {"a", "an", "the", "and", "or", "but", "of", "to", "in", "on", "at", "for", "with",
@@ -137,32 +137,22 @@ def invented(text: str, members: Sequence[str]) -> list[str]:
         member_nums |= set(_numbers(mt, m))
     toks = content_tokens(text)
     out = [f"added number {n}" for n in _numbers(toks, text) if n not in member_nums]
-    out += [f"added name {w}" for w in _NAME.findall(text.strip())
+    out += [f"added name {w}" for w in NAME.findall(text.strip())
             if w.lower() not in member_toks]
     return sorted(set(out))
 
 
 def missing_facts(text: str, members: Sequence[str], max_novel: float = 0.25) -> list[str]:
     """What is wrong with a merged ``text`` given its ``members``: a dropped number, date
-    term, negation or capitalised name (not sentence-initial); an added number or name; or
-    more than ``max_novel`` of its content words found in no member (invented facts).
-    Empty list = acceptable."""
-    toks = content_tokens(text)
-    have_num = _numbers(toks, text)
-    have_dates = _date_terms(toks)
-    low = set(toks)
-    missing: list[str] = []
+    term, negation or capitalised name (:func:`~consolidate.merge.lost_facts`); an added
+    number or name (:func:`invented`); or more than ``max_novel`` of its content words found
+    in no member (invented facts). Empty list = acceptable."""
+    missing = lost_facts(text, members)
+    missing += invented(text, members)
     member_toks: set[str] = set()
     for m in members:
-        mt = content_tokens(m)
-        member_toks |= set(mt)
-        missing += [f"number {n}" for n in _numbers(mt, m) if n not in have_num]
-        missing += [f"date {d}" for d in _date_terms(mt) if d not in have_dates]
-        if _negation_count(mt) and not _negation_count(toks):
-            missing.append("a negation")
-        missing += [f"name {w}" for w in _NAME.findall(m.strip()) if w.lower() not in low]
-    missing += invented(text, members)
-    content = [t for t in toks if t not in _STOP]
+        member_toks |= set(content_tokens(m))
+    content = [t for t in content_tokens(text) if t not in _STOP]
     novel = [t for t in content if t not in member_toks]
     if content and len(novel) / len(content) > max_novel:
         missing.append(f"{len(novel)} of {len(content)} content words in no member")

@@ -15,6 +15,7 @@ from ..merge import (
     MergeRequest,
     MergeResponse,
     fact_time,
+    lost_facts,
     newer_fact_times,
 )
 from .rows import new_records
@@ -129,7 +130,9 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
 
     For each cluster: superseded members (only ids that :func:`newer_fact_times` allows) get
     their ``valid_to`` closed and stay live (``supersede`` events); the rest is merged if the
-    merger wrote a text and at least two remain, else a ``merge_declined`` event (unless
+    merger wrote a text that keeps every number, date term, name and negation of those
+    members (:func:`~consolidate.merge.lost_facts`, checked here whatever the merger) and at
+    least two remain, else a ``merge_declined`` event (unless
     something was superseded) and its exact groups fall back to exact-only merges. Every
     exact group not inside a merged cluster becomes an ``exact_merge`` with its canonical
     text (:func:`~consolidate.merge.canonical_order`). Merged rows become tombstones
@@ -153,6 +156,9 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     superseded: set[int] = set()
     n_closed = 0
     merges: list[tuple[np.ndarray, str, str, dict[str, Any]]] = []  # rows, text, op, extra
+    texts = st.meta["text"].to_numpy(object)
+    ratios: list[float] = []  # merged text length / longest member's
+    n_lost = 0
     for req, resp, c in zip(requests, responses, st.clusters, strict=True):
         allowed = newer_fact_times(req) if resp.superseded else {}
         bad = sorted(set(resp.superseded) - set(allowed))
@@ -174,14 +180,22 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
                 "reasons": sorted({w for a, b, w in req.conflicts if x in (a, b)}),
                 "merger": merger.name, "raw": resp.raw})
         rest = [r for k in c for r in u.members(k).tolist() if r not in superseded]
-        if not bad and resp.text is not None and resp.text.strip() and len(rest) > 1:
-            merges.append((np.array(rest, np.int64), resp.text.strip(), "merge",
+        text = resp.text.strip() if resp.text is not None else ""
+        lost: list[str] = []
+        if not bad and text and len(rest) > 1:
+            member_texts = [str(t) for t in texts[rest]]
+            lost = lost_facts(text, member_texts)
+        if not bad and text and len(rest) > 1 and not lost:
+            ratio = len(text) / max(max(len(t) for t in member_texts), 1)
+            ratios.append(ratio)
+            merges.append((np.array(rest, np.int64), text, "merge",
                            {"similarities": [list(s) for s in req.similarities],
-                            "raw": resp.raw, "note": resp.note,
+                            "raw": resp.raw, "note": resp.note, "length_ratio": round(ratio, 4),
                             **({"superseded": sup} if sup else {})}))
         else:
             note = (f"merger superseded {bad}, which no newer conflicting member contradicts"
-                    if bad else resp.note)
+                    if bad else f"merged text loses {', '.join(lost)}" if lost else resp.note)
+            n_lost += bool(lost)
             if not sup:
                 st.events.append({"op": "merge_declined", "cluster_id": req.cluster_id,
                                   "ids": [m.id for m in req.members], "note": note,
@@ -194,6 +208,10 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
         exact, _canonical_texts(st, exact), strict=True)]
     st.meta["valid_to"] = valid_to
     st.stats.superseded = n_closed
+    st.stats.merges_losing_facts = n_lost
+    if ratios:
+        st.stats.merge_text_ratio_mean = float(np.mean(ratios))
+        st.stats.merge_text_ratio_max = float(np.max(ratios))
     st.stats.model_calls = sum(r.calls for r in responses)
     st.stats.prompt_tokens = sum(r.prompt_tokens for r in responses)
     st.stats.completion_tokens = sum(r.completion_tokens for r in responses)

@@ -148,6 +148,10 @@ class PassStats:
         superseded: older facts whose ``valid_to`` this pass closed.
         model_calls, prompt_tokens, completion_tokens: merge-stage model accounting.
         merges, exact_merges, merged_members: merged records written and their members.
+        merge_text_ratio_mean, merge_text_ratio_max: length of a merge's text over its
+            longest member's, mean and max over the merges (``None`` without merges).
+        merges_losing_facts: merges refused because their text lost a number, date term,
+            name or negation of a member (:func:`~consolidate.merge.lost_facts`).
         dropped_floor, dropped_cap: rows dropped by the floor and the cap.
         records_out: live rows written. score_min: lowest retention score kept.
         time_s: seconds per stage (``purge``, ``exact``, ``similarity``, ``minhash``,
@@ -188,6 +192,9 @@ class PassStats:
     merges: int = 0
     exact_merges: int = 0
     merged_members: int = 0
+    merge_text_ratio_mean: float | None = None
+    merge_text_ratio_max: float | None = None
+    merges_losing_facts: int = 0
     dropped_floor: int = 0
     dropped_cap: int = 0
     records_out: int = 0

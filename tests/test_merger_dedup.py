@@ -1,0 +1,97 @@
+"""The extractive merger deduplicates sentences and checks its own text: every number, date
+term, name and negation of every member is kept, what is said twice is not repeated, and a
+merge that cannot keep them (or exceeds max_chars) is declined, never cut."""
+
+import math
+
+from consolidate.config import PassConfig
+from consolidate.merge import (
+    ExtractiveMerger,
+    MergeMember,
+    MergeRequest,
+    MergeResponse,
+    lost_facts,
+)
+from consolidate.pipeline import run_pass
+from tests.conftest import make_records
+
+
+def mm(i, text, importance=0.5):
+    return MergeMember(i, text, importance, 10.0, 1.0, 10.0)
+
+
+def test_lost_facts_hand_checked():
+    members = ["Gina adopted 2 cats in May 2023 in Paris", "Gina does not eat fish"]
+    assert lost_facts("Gina adopted cats", members) == [
+        "a negation", "date may", "name May", "name Paris", "number 2", "number 2023"]
+    assert lost_facts("In Paris Gina adopted two cats in May 2023; she does not eat fish",
+                      members) == []
+    # a possessive keeps the name ("Nate's" holds "Nate")
+    assert lost_facts("Joanna thanks Nate's family", ["Joanna thanks Nate"]) == []
+
+
+def test_paraphrases_are_not_repeated():
+    m = [mm("a", "Joanna appreciates Nate's support and expresses her gratitude for it.", 0.6),
+         mm("b", "Joanna is appreciative of Nate's support and kind words."),
+         mm("c", "Joanna is grateful for Nate's support and encouragement.")]
+    # one name each, no number, date or negation: the most important member's text alone
+    assert ExtractiveMerger().merge_text(m) == m[0].text
+
+
+def test_the_member_with_most_facts_is_the_base_and_missing_facts_are_appended():
+    m = [mm("a", "Gina adopted 2 cats.", 0.9), mm("b", "Gina adopted cats in May 2023.")]
+    # b states May (date and name) and 2023; a's 2 is missing from b, so a's sentence follows
+    assert ExtractiveMerger().merge_text(m) == "Gina adopted cats in May 2023. Gina adopted 2 " \
+                                               "cats."
+
+
+def test_a_negated_sentence_is_kept_unless_a_kept_one_says_it():
+    m = [mm("a", "Gina moved to Berlin in 2020.", 0.9), mm("b", "Gina does not like Berlin.")]
+    assert ExtractiveMerger().merge_text(m) == ("Gina moved to Berlin in 2020. Gina does not "
+                                                "like Berlin.")
+    m = [mm("a", "Gina does not eat meat, she said.", 0.9), mm("b", "Gina does not eat meat.")]
+    assert ExtractiveMerger().merge_text(m) == "Gina does not eat meat, she said."
+
+
+def test_merging_a_merged_text_again_does_not_grow_it():
+    merger = ExtractiveMerger()
+    first = merger.merge_text([mm("a", "Gina adopted 2 cats in 2021.", 0.9),
+                               mm("b", "Gina moved to Berlin.")])
+    assert first == "Gina adopted 2 cats in 2021. Gina moved to Berlin."
+    again = merger.merge_text([mm("m", first, 0.9), mm("c", "Gina adopted two cats in 2021."),
+                               mm("d", "Gina lives in Berlin now.")])
+    assert again == first
+
+
+def test_max_chars_declines_instead_of_cutting():
+    req = MergeRequest("c", "u", (mm("a", "Gina adopted 2 cats in 2021.", 0.9),
+                                  mm("b", "Gina moved to Berlin in 2019.")))
+    full = ExtractiveMerger().merge_batch([req])[0]
+    assert full.text == "Gina adopted 2 cats in 2021. Gina moved to Berlin in 2019."
+    short = ExtractiveMerger(max_chars=40).merge_batch([req])[0]
+    assert short.text is None and "58 characters > max_chars 40" in short.note
+
+
+class Lossy:
+    """A merger that drops the members' numbers (as a careless model might)."""
+
+    name = "lossy"
+    handles_conflicts = False
+
+    def merge_batch(self, requests):
+        return [MergeResponse("Gina has cats") for _ in requests]
+
+
+def test_the_pass_refuses_a_merge_that_loses_a_fact():
+    rows = [{"id": "a", "namespace": "u", "text": "Gina has 2 cats", "vector": [1.0, 0.0],
+             "created_at": 10.0, "last_used": 10.0, "importance": 0.6},
+            {"id": "b", "namespace": "u", "text": "Gina has two cats", "vector": [0.999, 0.03],
+             "created_at": 20.0, "last_used": 20.0, "importance": 0.5}]
+    res = run_pass(make_records(rows), cfg=PassConfig(threshold=0.9, now="100", decay=False),
+                   merger=Lossy(), wall_h=200.0)
+    assert res.stats["merges"] == 0 and res.stats["merges_losing_facts"] == 1
+    [ev] = [e for e in res.events if e["op"] == "merge_declined"]
+    assert ev["note"] == "merged text loses number 2" and ev["ids"] == ["a", "b"]
+    m = res.records.meta.set_index("id")
+    assert math.isnan(m.loc["a", "deleted_at"]) and math.isnan(m.loc["b", "deleted_at"])
+    assert "merge_text_ratio_mean" not in res.stats
