@@ -35,7 +35,13 @@ __all__ = ["MergeMember", "MergeRequest", "MergeResponse", "Merger", "Extractive
 @dataclass(frozen=True)
 class MergeMember:
     """One record of a cluster (times in hours since the epoch; ``valid_from`` NaN when the
-    fact has no stated start)."""
+    fact has no stated start).
+
+    ``sources``: for a record that an earlier pass merged, the texts of the original records
+    it was made from (the leaves of its ``merged_into`` tree that are still stored as
+    tombstones, in id order); empty otherwise. A merger that rewrites text merges these
+    again rather than the merged text, so wording does not drift across nightly passes.
+    """
 
     id: str
     text: str
@@ -45,6 +51,13 @@ class MergeMember:
     created_at: float
     source_ids: tuple[str, ...] = ()
     valid_from: float = math.nan
+    sources: tuple[str, ...] = ()
+
+    @property
+    def merge_texts(self) -> tuple[str, ...]:
+        """The texts a merge of this member starts from: ``sources`` if any, else
+        ``(text,)``."""
+        return self.sources or (self.text,)
 
 
 @dataclass(frozen=True)

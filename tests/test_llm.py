@@ -361,3 +361,31 @@ def test_stored_text_cannot_forge_prompt_lines():
                                                   11.0)))
     notes = merge_chat_request(req, 64).messages[-1]["content"].splitlines()
     assert sum(ln.startswith("- ") for ln in notes) == 2
+
+
+def test_a_merged_member_is_merged_again_from_its_sources():
+    """The second pass shows the model the texts the first merge was made from, not the
+    first merge's wording (no drift from paraphrases of paraphrases)."""
+    first_answer = '{"text": "In May Gina adopted 2 cats"}'
+    be = Scripted([first_answer])
+    cfg = PassConfig(threshold=0.9, now="6", decay=False)
+    res = run_pass(make_records(cluster_rows()), cfg=cfg,
+                   merger=LLMMerger(be, cache_path=None), wall_h=7.0)
+    [merged] = [e["id"] for e in res.events if e["op"] == "merge"]
+    more = make_records([{"id": "c", "namespace": "u", "text": "Gina has 2 cats since May",
+                          "vector": [0.998, 0.05], "last_used": 6.5, "importance": 0.4}])
+    from consolidate.store.schema import Records
+
+    again_be = Scripted(['{"text": "Gina adopted 2 cats in May and has had them since May"}'])
+    res2 = run_pass(Records.concat([res.records, more], 2), cfg=PassConfig(
+        threshold=0.9, now="7", decay=False), merger=LLMMerger(again_be, cache_path=None),
+        version=2, wall_h=8.0)
+    assert res2.stats["merges"] == 1
+    [req] = again_be.seen
+    user = req.messages[-1]["content"]
+    # a and b (the merged record's sources) and c, each quoted once; not the merged text
+    for t in ("Gina adopted 2 cats in May", "Gina adopted two cats in May",
+              "Gina has 2 cats since May"):
+        assert user.count(f'"{t}"') == 1, (t, user)
+    assert "In May Gina adopted 2 cats" not in user
+    assert merged in res2.events[[e["op"] for e in res2.events].index("merge")]["members"]

@@ -95,3 +95,43 @@ def test_the_pass_refuses_a_merge_that_loses_a_fact():
     m = res.records.meta.set_index("id")
     assert math.isnan(m.loc["a", "deleted_at"]) and math.isnan(m.loc["b", "deleted_at"])
     assert "merge_text_ratio_mean" not in res.stats
+
+
+class Recorder(ExtractiveMerger):
+    """The extractive merger, keeping every request it was sent."""
+
+    def __init__(self):
+        super().__init__()
+        self.requests = []
+
+    def merge_batch(self, requests):
+        self.requests += requests
+        return super().merge_batch(requests)
+
+
+def test_sources_follow_merges_of_merges_down_to_the_original_records():
+    from consolidate.store.schema import Records
+
+    def row(i, text, vec, t):
+        return {"id": i, "namespace": "u", "text": text, "vector": vec, "created_at": t,
+                "last_used": t, "importance": 0.5}
+
+    cfg = PassConfig(threshold=0.9, now="100", decay=False)
+    recs = make_records([row("a", "Gina adopted 2 cats.", [1.0, 0.0], 1.0),
+                         row("b", "Gina adopted two cats.", [0.999, 0.03], 2.0)])
+    r1 = run_pass(recs, cfg=cfg, wall_h=101.0)
+    recs = Records.concat([r1.records, make_records([row("c", "Gina has 2 cats.",
+                                                         [0.998, 0.05], 3.0)])], 2)
+    r2 = run_pass(recs, cfg=cfg, version=2, wall_h=102.0)
+    [m2] = [e["id"] for e in r2.events if e["op"] == "merge"]
+    recs = Records.concat([r2.records, make_records([row("d", "Gina keeps 2 cats.",
+                                                         [0.997, 0.06], 4.0)])], 2)
+    rec = Recorder()
+    run_pass(recs, cfg=cfg, merger=rec, version=3, wall_h=103.0)
+    [req] = rec.requests
+    by_id = {m.id: m for m in req.members}
+    # the second merge's record stands for a, b (through the first merge) and c
+    assert by_id[m2].sources == ("Gina adopted 2 cats.", "Gina adopted two cats.",
+                                 "Gina has 2 cats.")
+    assert by_id[m2].merge_texts == by_id[m2].sources
+    assert by_id["d"].sources == () and by_id["d"].merge_texts == ("Gina keeps 2 cats.",)

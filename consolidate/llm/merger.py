@@ -1,7 +1,9 @@
 """``LLMMerger``: the pass's :class:`~consolidate.merge.Merger` backed by any LLM backend.
 
 One request per cluster, all clusters in one batch call. The model writes one text from the
-members' own texts (each member is shown verbatim). A merge is accepted only if it keeps
+members' own texts (each member is shown verbatim; a member that an earlier pass merged is
+shown as the texts it was merged from, so a re-merge starts from the source facts and its
+wording does not drift from pass to pass). A merge is accepted only if it keeps
 every number, date term, negation and capitalised name of its members and adds no number,
 name or (beyond a quarter of its content words) vocabulary of its own; otherwise the request
 is retried once, and after that the cluster is left unmerged (the conservative choice). Every
@@ -44,7 +46,7 @@ __all__ = ["MERGE_PROMPT_VERSION", "CONFLICT_PROMPT_VERSION", "MergeOut", "Confl
            "merge_chat_request", "conflict_chat_request", "parse_merge", "missing_facts",
            "LLMMerger"]
 
-MERGE_PROMPT_VERSION = "merge-v2"
+MERGE_PROMPT_VERSION = "merge-v3"
 CONFLICT_PROMPT_VERSION = "merge-conflict-v2"
 _SYSTEM = ("You merge notes about one person into a single note. Keep every number, date, "
            "name and negation exactly. Do not add facts. Reply with JSON only: "
@@ -100,8 +102,10 @@ def conflict_chat_request(req: MergeRequest, max_tokens: int, retry_note: str = 
 
 def merge_chat_request(req: MergeRequest, max_tokens: int, retry_note: str = "",
                        seed: int = 0) -> ChatRequest:
-    """The chat request for one cluster (members most important first)."""
-    notes = "\n".join(f"- {quote(m.text)}" for m in canonical_order(req.members))
+    """The chat request for one cluster (members most important first; a member that an
+    earlier pass merged is shown as its source texts, :attr:`MergeMember.merge_texts`)."""
+    notes = "\n".join(f"- {quote(t)}" for m in canonical_order(req.members)
+                      for t in m.merge_texts)
     return json_request(_SYSTEM, f"Notes:\n{notes}\n\nMerged note as JSON:", MergeOut,
                         max_tokens, retry_note, seed)
 
@@ -193,7 +197,8 @@ class LLMMerger:
             text = parse_merge(raw)
             if text is None:
                 return None, (), "no JSON with a text"
-            return text, (), ", ".join(missing_facts(text, [m.text for m in req.members]))
+            return text, (), ", ".join(missing_facts(
+                text, [t for m in req.members for t in m.merge_texts]))
         out = parse_json_model(raw, ConflictOut)
         if out is None:
             return None, (), "no JSON with outdated and text"

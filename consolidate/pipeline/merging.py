@@ -28,9 +28,51 @@ __all__ = ["merge_stage", "members", "latency_stats", "PAIRWISE_SIMILARITIES_MAX
 PAIRWISE_SIMILARITIES_MAX = 16
 
 
+def source_texts(st: PassState, ids: list[str]) -> dict[str, tuple[str, ...]]:
+    """For each of ``ids`` that earlier merges produced: the texts of the tombstones it was
+    merged from, followed down ``merged_into`` to the records that are no merge themselves,
+    in id order. Ids without stored members are absent. One vectorised lookup per merge
+    generation."""
+    mi = st.meta["merged_into"].to_numpy(object)
+    has = (st.meta["deleted_reason"].to_numpy(object) == "merged") & pd.notna(mi) & ~st.gone
+    if not has.any() or not ids:
+        return {}
+    rows = np.flatnonzero(has)
+    parent = pd.Series(mi[rows], dtype=object)
+    ids_all = st.meta["id"].to_numpy(object)
+    texts = st.meta["text"].to_numpy(object)
+    out: dict[str, tuple[str, ...]] = {}
+    # frontier: the ids to expand next, per asked id; every row found, per asked id
+    frontier = {i: [i] for i in ids}
+    leaves: dict[str, list[int]] = {}
+    for _ in range(64):  # merge generations; a cycle would be a corrupt store
+        want = {x for xs in frontier.values() for x in xs}
+        hit = rows[parent.isin(want).to_numpy()]
+        if not len(hit):
+            break
+        kids: dict[str, list[int]] = {}
+        for r in hit.tolist():
+            kids.setdefault(mi[r], []).append(r)
+        nxt: dict[str, list[str]] = {}
+        for top, xs in frontier.items():
+            for x in xs:
+                for r in kids.get(x, ()):
+                    nxt.setdefault(top, []).append(ids_all[r])
+                    leaves.setdefault(top, []).append(r)
+        # a child that has children of its own is replaced by them in the next round
+        frontier = nxt
+    merged_ids = set(parent.tolist())
+    for top, rs in leaves.items():
+        keep = sorted((ids_all[r], texts[r]) for r in rs if ids_all[r] not in merged_ids)
+        if keep:
+            out[top] = tuple(str(t) for _, t in keep)
+    return out
+
+
 def members(st: PassState, groups: list[np.ndarray]) -> list[tuple[MergeMember, ...]]:
     """The :class:`~consolidate.merge.MergeMember` of each row of each group (rows in the
-    given order), with the columns read once for all groups' rows."""
+    given order), with the columns read once for all groups' rows; ``sources`` from
+    :func:`source_texts`."""
     if not groups:
         return []
     rows = np.concatenate(groups).astype(np.int64)
@@ -39,9 +81,11 @@ def members(st: PassState, groups: list[np.ndarray]) -> list[tuple[MergeMember, 
         m[c].to_numpy(np.float64).tolist() for c in ("importance", "last_used", "strength",
                                                       "created_at")] + [
         m["source_ids"].tolist(), m["valid_from"].to_numpy(np.float64).tolist()]
+    src = source_texts(st, [str(i) for i in cols[0]])
     flat = [MergeMember(id=str(i), text=str(t), importance=imp, last_used=lu, strength=s,
-                        created_at=c, source_ids=tuple(src), valid_from=vf)
-            for i, t, imp, lu, s, c, src, vf in zip(*cols, strict=True)]
+                        created_at=c, source_ids=tuple(src_ids), valid_from=vf,
+                        sources=src.get(str(i), ()))
+            for i, t, imp, lu, s, c, src_ids, vf in zip(*cols, strict=True)]
     out, k = [], 0
     for g in groups:
         out.append(tuple(flat[k:k + len(g)]))
