@@ -19,6 +19,7 @@ OpenAI-compatible servers, transformers) implement the same protocol and are cho
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -186,8 +187,10 @@ class Facts:
                          self.dates} | {("name", x.lower()) for x in self.names})
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def facts_of(text: str) -> Facts:
-    """The :class:`Facts` of ``text`` (``str``)."""
+    """The :class:`Facts` of ``text`` (``str``); cached, as a pass asks for each member's
+    twice (the merger, then the merge stage's check)."""
     toks = content_tokens(text)
     return Facts(frozenset(_numbers(toks, text)), frozenset(_date_terms(toks)),
                  frozenset(NAME.findall(text.strip())),

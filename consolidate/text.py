@@ -15,8 +15,8 @@ import itertools
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -362,6 +362,10 @@ class ConflictSignature:
     stems: frozenset = frozenset()
     words: tuple = ()
     roles: tuple = ()
+    # derived from ``words`` and ``roles`` once, for the pair rules (not compared)
+    word_set: frozenset = field(default=frozenset(), compare=False)
+    value_set: frozenset = field(default=frozenset(), compare=False)
+    role_pos: Mapping = field(default_factory=dict, compare=False)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -384,35 +388,60 @@ def _word(w: str) -> tuple[str, bool, bool, str | None, str | None, str | None]:
     return low, value, inner, neg, pos, None if function else _singular(low)
 
 
+_DATE_WORDS = frozenset(_MONTHS | _WEEKDAYS | _RELATIVE_TIME)
+_DIGIT = re.compile(r"\d")
+
+
 def conflict_signature(text: str) -> ConflictSignature:
     """The :class:`ConflictSignature` of ``text`` (``str``)."""
-    norm = normalise(text)
-    toks = _TOKEN.findall(norm.replace("n't", " n't"))  # content_tokens, normalised once
     orig = unicodedata.normalize("NFKC", text).translate(_QUOTES)
-    info = [(_word(w), k > 0) for sent in _SENTENCE_END.split(orig)
-            for k, w in enumerate(_WORD.findall(sent))]
-    inside = [x[2] for x, later in info if later and x[0].isalpha() and len(x[0]) >= 4]
-    # a title-case text ("Jordan Opens First Tent Camp") capitalises words that are no names
-    titles = len(inside) >= 3 and sum(inside) >= 0.5 * len(inside)
-    words = [(x[0], x[1] or (x[2] and later and not titles)) for x, later in info]
+    low = orig.casefold()
+    toks = _TOKEN.findall(low.replace("n't", " n't"))  # content_tokens of the text
+    tokset = set(toks)
+    lows: list[str] = []
+    plain: list[bool] = []  # a value wherever it stands
+    named: list[bool] = []  # a capitalised word inside a sentence
     negated: set[str] = set()
-    stems: set[str] = set()
+    pos_stems: set[str] = set()
     roles: list[str] = []
-    for (low, _, _, neg, pos, role), _ in info:
-        stems.add(low)
-        if neg is not None:
-            negated.add(neg)
-        if pos is not None:
-            stems.add(pos)
-        if role is not None:
-            roles.append(role)
-    poles = sorted({gp for t in toks for gp in _POLES.get(t, ())})
+    caps = longer = 0
+    for sent in _SENTENCE_END.split(orig):
+        for k, w in enumerate(_WORD.findall(sent)):
+            x = _word(w)
+            lows.append(x[0])
+            plain.append(x[1])
+            later = k > 0
+            named.append(x[2] and later)
+            if later and len(x[0]) >= 4 and x[0].isalpha():
+                longer += 1
+                caps += x[2]
+            if x[3] is not None:
+                negated.add(x[3])
+            if x[4] is not None:
+                pos_stems.add(x[4])
+            if x[5] is not None:
+                roles.append(x[5])
+    # a title-case text ("Jordan Opens First Tent Camp") capitalises words that are no names
+    if longer >= 3 and caps >= 0.5 * longer:
+        named = [False] * len(named)
+    words = tuple(zip(lows, [p or q for p, q in zip(plain, named, strict=True)], strict=True))
+    word_set = frozenset(lows)
+    stems = word_set | pos_stems if pos_stems else word_set
+    poles = sorted({gp for t in tokset for gp in _POLES.get(t, ())})
+    # the multisets, skipped where the text has none of their words (most texts)
+    negs = () if _NEGATIONS.isdisjoint(tokset) else tuple(sorted(
+        _negation_count(toks).items()))
+    nums = () if _DIGIT.search(low) is None and _NUMBER_WORDS.keys().isdisjoint(tokset) \
+        else tuple(sorted(_numbers(toks, low).items()))
+    dates = () if _DATE_WORDS.isdisjoint(tokset) else tuple(sorted(_date_terms(toks).items()))
+    role_t = tuple(roles)
+    seen: dict[str, int] = {}
+    for k, w in enumerate(role_t):
+        seen[w] = -1 if w in seen else k
     return ConflictSignature(
-        tuple(sorted(_negation_count(toks).items())),
-        tuple(sorted(_numbers(toks, norm).items())),
-        tuple(sorted(_date_terms(toks).items())),
-        tuple(poles), frozenset(negated), frozenset(stems), tuple(words), tuple(roles),
-    )
+        negs, nums, dates, tuple(poles), frozenset(negated), stems, words, role_t,
+        word_set=word_set, value_set=frozenset(w for w, v in words if v),
+        role_pos={w: k for w, k in seen.items() if k >= 0})
 
 
 #: the signature of a text without words
@@ -440,15 +469,15 @@ def _values_differ(a: ConflictSignature, b: ConflictSignature) -> bool:
     side holds, on each side, a value that the other text does not contain and that is no
     form of the other (:func:`_related`); or one word is replaced by a word one character
     apart, each absent from the other text."""
-    wa = [w for w, _ in a.words]
-    wb = [w for w, _ in b.words]
-    in_a, in_b = set(wa), set(wb)
+    in_a, in_b = a.word_set, b.word_set
     only_a, only_b = in_a - in_b, in_b - in_a
     if not only_a or not only_b:
         return False
-    vals = ({w for w, v in a.words if v} & only_a) and ({w for w, v in b.words if v} & only_b)
+    vals = (a.value_set & only_a) and (b.value_set & only_b)
     if not vals and not any(_one_char_apart(x, y) for x in only_a for y in only_b):
         return False  # no candidate: skip the alignment
+    wa = [w for w, _ in a.words]
+    wb = [w for w, _ in b.words]
     for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=wa, b=wb, autojunk=False).get_opcodes():
         if op != "replace" or i2 - i1 > 3 or j2 - j1 > 3:
             continue
@@ -477,8 +506,7 @@ def _roles_swapped(a: ConflictSignature, b: ConflictSignature) -> bool:
     ra, rb = a.roles, b.roles
     if ra == rb or ("by" in ra) != ("by" in rb):
         return False
-    pa = {w: k for k, w in enumerate(ra) if ra.count(w) == 1}
-    pb = {w: k for k, w in enumerate(rb) if rb.count(w) == 1}
+    pa, pb = a.role_pos, b.role_pos
     common = [w for w in pa if w in pb]
     if len(common) < 3 or len(common) < 0.8 * max(len(ra), len(rb)):
         return False  # not the same words reordered: a paraphrase that moves clauses
