@@ -57,6 +57,9 @@ class PassConfig:
         dry_run: write only the changelog, not a new snapshot.
         calibration_file: a ``calibration.json`` from ``consolidate-calibrate``; its
             recommended threshold replaces ``threshold``.
+        policy_file: a ``policy.json`` from ``consolidate-policy``; its recommended
+            settings (threshold, tau_hours, floor, cap) replace these (after
+            ``calibration_file``).
         max_drop_fraction: safety stop: a pass that would drop (floor or cap) more than this
             share of a store's live memories fails instead (set 1.0 to allow). A wall-clock
             ``now`` on a historical store, or a wrong tau, is the usual cause.
@@ -89,6 +92,7 @@ class PassConfig:
     incremental: bool = True
     dry_run: bool = False
     calibration_file: str | None = None
+    policy_file: str | None = None
     max_drop_fraction: float = 0.5
     max_namespace_drop_fraction: float = 0.9
     namespace_stop_min_live: int = 20

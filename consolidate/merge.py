@@ -108,7 +108,10 @@ class MergeResponse:
 
 @runtime_checkable
 class Merger(Protocol):
-    """Batch merge interface. ``handles_conflicts``: may the pass send conflicting pairs?"""
+    """Batch merge interface. ``handles_conflicts``: may the pass send conflicting pairs?
+    A merger with a true ``checks_facts`` attribute refuses, itself, every merge whose text
+    loses a number, date term, name or negation of a member (:func:`lost_facts`); the merge
+    stage checks the texts of mergers without it."""
 
     name: str
     handles_conflicts: bool
@@ -268,6 +271,7 @@ class ExtractiveMerger:
 
     name = "extractive"
     handles_conflicts = False
+    checks_facts = True
 
     def __init__(self, separator: str = " ", max_chars: int | None = None,
                  newer_wins: bool = False,
@@ -283,18 +287,24 @@ class ExtractiveMerger:
 
     def merge_text(self, members: Sequence[MergeMember]) -> str:
         """The deduplicated text of ``members`` (see the class docstring), unchecked."""
+        return self._merge(members)[0]
+
+    def _merge(self, members: Sequence[MergeMember]) -> tuple[str, list[str]]:
+        """``(text, lost)``: the merged text and :func:`lost_facts` of it against the
+        members, computed from the facts of their sentences (each text read once)."""
         ordered = canonical_order(members)
-        sents = [[(x, facts_of(x)) for x in split_facts(m.text)] for m in ordered]
-        whole = [frozenset().union(*(f.items for _, f in ss)) for ss in sents]
-        negs = [sum(f.negated for _, f in ss) for ss in sents]
+        texts = [split_facts(m.text) or [m.text] for m in ordered]
+        sents = [[facts_of(x) for x in xs] for xs in texts]
+        whole = [frozenset().union(*(f.items for f in ss)) for ss in sents]
+        negs = [sum(f.negated for f in ss) for ss in sents]
         base = max(range(len(ordered)), key=lambda k: (len(whole[k]) + negs[k], -k))
-        kept = [f for _, f in sents[base]]
+        kept = list(sents[base])
         have = set(whole[base])
         parts = [ordered[base].text.strip()]
         for k, ss in enumerate(sents):
             if k == base:
                 continue
-            for x, f in ss:
+            for x, f in zip(texts[k], ss, strict=True):
                 new = not f.items <= have
                 if f.negated and not new:
                     need = len(f.words) / 2
@@ -305,13 +315,25 @@ class ExtractiveMerger:
                     parts.append(_sentence(x))
         if len(parts) > 1:
             parts[0] = _sentence(parts[0])
-        return self.separator.join(parts)
+        # what the merged text holds: its sentences' facts (the base whole, the appended)
+        words = frozenset().union(*(f.words for f in kept))
+        numbers = frozenset().union(*(f.numbers for f in kept))
+        dates = frozenset().union(*(f.dates for f in kept))
+        negated = any(f.negated for f in kept)
+        lost: set[str] = set()
+        for ss in sents:
+            for f in ss:
+                lost |= {f"number {n}" for n in f.numbers - numbers}
+                lost |= {f"date {d}" for d in f.dates - dates}
+                lost |= {f"name {w}" for w in f.names if w.lower() not in words}
+                if f.negated and not negated:
+                    lost.add("a negation")
+        return self.separator.join(parts), sorted(lost)
 
     def checked_text(self, members: Sequence[MergeMember]) -> tuple[str | None, str]:
         """``(text, "")``, or ``(None, why)`` when the merge would lose a fact of a member
         (:func:`lost_facts`) or exceed ``max_chars``."""
-        text = self.merge_text(members)
-        lost = lost_facts(text, [m.text for m in members])
+        text, lost = self._merge(members)
         if lost:
             return None, f"would lose {', '.join(lost)}: left unmerged"
         if self.max_chars is not None and len(text) > self.max_chars:

@@ -363,6 +363,7 @@ class ConflictSignature:
     words: tuple = ()
     roles: tuple = ()
     # derived from ``words`` and ``roles`` once, for the pair rules (not compared)
+    word_list: tuple = field(default=(), compare=False)
     word_set: frozenset = field(default=frozenset(), compare=False)
     value_set: frozenset = field(default=frozenset(), compare=False)
     role_pos: Mapping = field(default_factory=dict, compare=False)
@@ -396,8 +397,6 @@ def conflict_signature(text: str) -> ConflictSignature:
     """The :class:`ConflictSignature` of ``text`` (``str``)."""
     orig = unicodedata.normalize("NFKC", text).translate(_QUOTES)
     low = orig.casefold()
-    toks = _TOKEN.findall(low.replace("n't", " n't"))  # content_tokens of the text
-    tokset = set(toks)
     lows: list[str] = []
     plain: list[bool] = []  # a value wherever it stands
     named: list[bool] = []  # a capitalised word inside a sentence
@@ -427,20 +426,29 @@ def conflict_signature(text: str) -> ConflictSignature:
     words = tuple(zip(lows, [p or q for p, q in zip(plain, named, strict=True)], strict=True))
     word_set = frozenset(lows)
     stems = word_set | pos_stems if pos_stems else word_set
-    poles = sorted({gp for t in tokset for gp in _POLES.get(t, ())})
-    # the multisets, skipped where the text has none of their words (most texts)
-    negs = () if _NEGATIONS.isdisjoint(tokset) else tuple(sorted(
-        _negation_count(toks).items()))
-    nums = () if _DIGIT.search(low) is None and _NUMBER_WORDS.keys().isdisjoint(tokset) \
-        else tuple(sorted(_numbers(toks, low).items()))
-    dates = () if _DATE_WORDS.isdisjoint(tokset) else tuple(sorted(_date_terms(toks).items()))
+    poles = sorted({gp for t in word_set for gp in _POLES.get(t, ())})
+    # the multisets, from content_tokens, skipped where the text has none of their words
+    # (most texts)
+    negs = nums = dates = ()
+    has_num = _DIGIT.search(low) is not None or not _NUMBER_WORDS.keys().isdisjoint(word_set)
+    has_neg = "n't" in low or not _NEGATIONS.isdisjoint(word_set)
+    has_date = not _DATE_WORDS.isdisjoint(word_set)
+    if has_num or has_neg or has_date:
+        toks = _TOKEN.findall(low.replace("n't", " n't"))
+        if has_neg:
+            negs = tuple(sorted(_negation_count(toks).items()))
+        if has_num:
+            nums = tuple(sorted(_numbers(toks, low).items()))
+        if has_date:
+            dates = tuple(sorted(_date_terms(toks).items()))
     role_t = tuple(roles)
     seen: dict[str, int] = {}
     for k, w in enumerate(role_t):
         seen[w] = -1 if w in seen else k
     return ConflictSignature(
         negs, nums, dates, tuple(poles), frozenset(negated), stems, words, role_t,
-        word_set=word_set, value_set=frozenset(w for w, v in words if v),
+        word_list=tuple(lows), word_set=word_set,
+        value_set=frozenset(w for w, v in words if v),
         role_pos={w: k for w, k in seen.items() if k >= 0})
 
 
@@ -476,10 +484,22 @@ def _values_differ(a: ConflictSignature, b: ConflictSignature) -> bool:
     vals = (a.value_set & only_a) and (b.value_set & only_b)
     if not vals and not any(_one_char_apart(x, y) for x in only_a for y in only_b):
         return False  # no candidate: skip the alignment
-    wa = [w for w, _ in a.words]
-    wb = [w for w, _ in b.words]
-    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=wa, b=wb, autojunk=False).get_opcodes():
-        if op != "replace" or i2 - i1 > 3 or j2 - j1 > 3:
+    wa, wb = a.word_list, b.word_list
+    # near-duplicates mostly differ in one place: the words between the common prefix and
+    # suffix are the one replaced span, no alignment needed
+    n = min(len(wa), len(wb))
+    i = 0
+    while i < n and wa[i] == wb[i]:
+        i += 1
+    j = 0
+    while j < n - i and wa[-1 - j] == wb[-1 - j]:
+        j += 1
+    if len(wa) - i - j <= 3 and len(wb) - i - j <= 3:
+        spans = [("replace", i, len(wa) - j, i, len(wb) - j)]
+    else:
+        spans = difflib.SequenceMatcher(a=wa, b=wb, autojunk=False).get_opcodes()
+    for op, i1, i2, j1, j2 in spans:
+        if op != "replace" or i2 - i1 > 3 or j2 - j1 > 3 or i1 == i2 or j1 == j2:
             continue
         if (i2 - i1 == 1 and j2 - j1 == 1 and wa[i1] in only_a and wb[j1] in only_b
                 and _one_char_apart(wa[i1], wb[j1])):

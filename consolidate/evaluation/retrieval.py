@@ -102,7 +102,9 @@ def latency_ms(live: Records, questions: pd.DataFrame, q_vectors: np.ndarray, k:
                sample: int = 200, seed: int = 0, device: str = "cpu",
                memory_group: Callable[[str], str] = conversation_of) -> dict[str, float]:
     """p50/p95 of one-question retrieval (top-k over its conversation), milliseconds, on a
-    fixed random sample of questions (``seed``)."""
+    fixed random sample of questions (``seed``); ``{}`` when ``sample`` is 0."""
+    if sample <= 0 or not len(questions):
+        return {}
     g = np.random.default_rng(seed)
     idx = g.choice(len(questions), size=min(sample, len(questions)), replace=False)
     mem_conv = np.array([memory_group(n) for n in live.meta["namespace"]], dtype=object)

@@ -46,6 +46,13 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
     if pc.calibration_file:
         calibration = load_calibration(pc.calibration_file)
         pc.threshold = calibration["threshold"]
+    policy = None
+    if pc.policy_file:
+        from .policy import load_policy
+
+        policy = load_policy(pc.policy_file)
+        for k, v in policy["pass"].items():
+            setattr(pc, k, v)
     sc = sim_cfg(cfg)
     check_engine(sc.engine, sc.device)  # settings errors before any store is built
     rc: RunnerConfig = typed(cfg, "runner", RunnerConfig) if "runner" in cfg else RunnerConfig()
@@ -63,6 +70,8 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
                                "config": OmegaConf.to_container(cfg, resolve=True)}
     if calibration is not None:
         summary["calibration"] = calibration
+    if policy is not None:
+        summary["policy"] = policy
     if report is not None:
         summary["import"] = {k: report[k] for k in ("observations", "conversations", "sha256")}
         for k in ("malformed_evidence", "malformed_items", "bad_times"):
@@ -188,6 +197,7 @@ def format_summary(s: dict[str, Any]) -> str:
                  f"{tr['threshold']}{' per namespace' if per_ns else ''}: "
                  f"{'fired' if tr['fired'] else 'not fired'}{per_ns}"
                  f"{' (forced)' if tr['forced'] else ''}")
+    lines.append(_policy_line(s))
     if not s.get("ran"):
         lines.append("pass             skipped (nothing to do; pass.force=true to run anyway)")
     else:
@@ -231,6 +241,27 @@ def format_summary(s: dict[str, Any]) -> str:
                          f"summed over actors)")
     lines.append(f"wall time        {s['wall_time_s']} s; summary {s['summary_path']}")
     return "\n".join(lines)
+
+
+def _policy_line(s: dict[str, Any]) -> str:
+    """The retention policy the pass applied, and its measured cost when a ``policy.json``
+    set it (else: uncalibrated)."""
+    p = dict(s["config"].get("pass", {}))
+    if "calibration" in s:
+        p["threshold"] = s["calibration"]["threshold"]
+    pol = s.get("policy")
+    if pol is not None:
+        p.update(pol["pass"])
+    cur = (f"threshold {p.get('threshold')}, tau {p.get('tau_hours')} h, floor "
+           f"{p.get('floor')}, cap {p.get('cap')}")
+    if pol is None:
+        return (f"policy           {cur}: uncalibrated (consolidate-policy measures what a "
+                f"policy costs in recall)")
+    keeps = ", ".join(f"{m} {v:.1%}" for m, v in pol["keeps"].items())
+    task = (pol.get("task") or {}).get("name", "?")
+    return (f"policy           {cur} from {pol['file']}: on {task} it kept {keeps} of the "
+            f"recall of keeping every memory, with {pol['tokens_vs_baseline']:.0%} of the "
+            f"stored tokens (target {pol['target']['share']:.0%})")
 
 
 def _merge_texts(st: dict[str, Any]) -> str:

@@ -164,6 +164,7 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
                "dropped": stats["dropped_floor"] + stats["dropped_cap"],
                "model_calls": stats["model_calls"], "pass_s": round(t_pass, 3),
                "mean_memory_tokens": float(tok.mean()) if len(tok) else 0.0,
+               "store_tokens": int(tok.sum()),
                **{c: summ.iloc[0][c] for c in metric_cols}, **lat,
                # share of questions whose k reaches the whole pool: full context
                **{f"full_context@{k}": round(float((table["pool"] <= k).mean()), 4)
@@ -177,7 +178,9 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
                     higher_is_better=not c.startswith(_LOWER_IS_BETTER), variant=name,
                     category=cat, category_label=None if cat is None else label(cat),
                     n=int(s["n"])))
-        for c in ("store_size", "p50_ms", "p95_ms"):
+        for c in ("store_size", "store_tokens", "p50_ms", "p95_ms"):
+            if c not in row:
+                continue  # no latency sample
             metrics.append(Metric(name=c, value=float(row[c]), higher_is_better=False,
                                   variant=name, n=len(qa)))
         if backend is not None and name in acfg.variants:
@@ -273,8 +276,8 @@ def _full_context_note(abl: pd.DataFrame) -> list[str]:
 
 
 def _report(res: Results, abl: pd.DataFrame, per_cat: pd.DataFrame, cols: list[str]) -> str:
-    show = ["variant", "vectors", "store_size", "merges", "dropped"] + cols + ["p50_ms",
-                                                                               "p95_ms"]
+    show = ["variant", "vectors", "store_size", "store_tokens", "merges", "dropped"] + cols + [
+        c for c in ("p50_ms", "p95_ms") if c in abl]
     ans_cols = [c for c in ("locomo_f1", "mem0_f1", "bleu1", "judge", "judge_ci_low",
                             "judge_ci_high", "judge_wrong_answer_acceptance",
                             "judge_invalid_rate", "model_calls") if c in abl]

@@ -175,6 +175,7 @@ class LLMMerger:
     """
 
     name = "llm"
+    checks_facts = True  # missing_facts before any merge is accepted
 
     def __init__(self, backend: str | Any = "transformers", backend_kwargs: dict | None = None,
                  cache_path: str | None = ".cache/llm_cache.sqlite",

@@ -175,8 +175,8 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     For each cluster: superseded members (only ids that :func:`newer_fact_times` allows) get
     their ``valid_to`` closed and stay live (``supersede`` events); the rest is merged if the
     merger wrote a text that keeps every number, date term, name and negation of those
-    members (:func:`~consolidate.merge.lost_facts`, checked here whatever the merger) and at
-    least two remain, else a ``merge_declined`` event (unless
+    members (:func:`~consolidate.merge.lost_facts`, checked here unless the merger checks it
+    itself, ``checks_facts``) and at least two remain, else a ``merge_declined`` event (unless
     something was superseded) and its exact groups fall back to exact-only merges. Every
     exact group not inside a merged cluster becomes an ``exact_merge`` with its canonical
     text (:func:`~consolidate.merge.canonical_order`). Merged rows become tombstones
@@ -202,6 +202,7 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     merges: list[tuple[np.ndarray, str, str, dict[str, Any]]] = []  # rows, text, op, extra
     texts = st.meta["text"].to_numpy(object)
     ratios: list[float] = []  # merged text length / longest member's
+    checks = bool(getattr(merger, "checks_facts", False))  # else: checked here
     n_lost = 0
     for req, resp, c in zip(requests, responses, st.clusters, strict=True):
         allowed = newer_fact_times(req) if resp.superseded else {}
@@ -228,7 +229,8 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
         lost: list[str] = []
         if not bad and text and len(rest) > 1:
             member_texts = [str(t) for t in texts[rest]]
-            lost = lost_facts(text, member_texts)
+            if not checks:
+                lost = lost_facts(text, member_texts)
         if not bad and text and len(rest) > 1 and not lost:
             ratio = len(text) / max(max(len(t) for t in member_texts), 1)
             ratios.append(ratio)

@@ -1,0 +1,112 @@
+"""Retention-policy calibration: which merge threshold, τ, floor and cap keep a recall target
+with the smallest store.
+
+A policy is a set of :class:`~consolidate.config.PassConfig` overrides. Each policy of a grid
+is run as an evaluation variant (:func:`consolidate.jobs.evaluate.run_evaluate`); its row of
+the ablation table gives the store's size in memories (``store_size``) and in stored tokens
+(``store_tokens``, the embedder's tokenizer) and its evidence recall. Memory count alone is
+not store size: merges that concatenate hold the same tokens in fewer rows, so the frontier
+and the recommendation are on tokens.
+
+Definitions:
+
+* baseline: the variant that keeps every memory (no pass); its recall is 100%.
+* a policy *keeps the target* when, for every metric in ``metrics``, its recall is at least
+  ``share`` x the baseline's (default 0.98 on ``recall@10`` and ``recall@500tok``).
+* frontier: the policies no other policy beats on tokens and on every metric at once (at
+  most as many tokens and at least the recall of each metric, one of them strictly).
+* recommendation: among policies that keep the target, the fewest stored tokens (ties: the
+  higher recall on the first metric, then the grid order).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["policy_grid", "policy_name", "frontier_mask", "recommend"]
+
+#: the PassConfig fields a policy may set
+POLICY_KEYS = ("threshold", "tau_hours", "floor", "cap", "decay", "near_dedup")
+
+
+def policy_name(policy: Mapping[str, Any]) -> str:
+    """A variant name for ``policy`` (``"policy t0.9 tau720 floor0.001 capNone"``)."""
+    short = {"threshold": "t", "tau_hours": "tau", "floor": "floor", "cap": "cap",
+             "decay": "decay", "near_dedup": "near"}
+    return "policy " + " ".join(f"{short[k]}{policy[k]}" for k in POLICY_KEYS if k in policy)
+
+
+def policy_grid(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Every combination of ``grid``'s values, in the order the keys and values are given.
+
+    Args:
+        grid: ``{PassConfig field: [values]}``; fields from :data:`POLICY_KEYS`.
+
+    Returns:
+        One ``dict`` per policy.
+
+    Raises:
+        ValueError: an unknown key, or a key with no values.
+    """
+    bad = sorted(set(grid) - set(POLICY_KEYS))
+    if bad:
+        raise ValueError(f"policy grid: unknown keys {bad} (use {', '.join(POLICY_KEYS)})")
+    empty = sorted(k for k, v in grid.items() if not len(v))
+    if empty:
+        raise ValueError(f"policy grid: no values for {empty}")
+    keys = list(grid)
+    return [dict(zip(keys, combo, strict=True))
+            for combo in itertools.product(*(list(grid[k]) for k in keys))]
+
+
+def frontier_mask(table: pd.DataFrame, cost: str, gains: Sequence[str]) -> np.ndarray:
+    """``bool [len(table)]``: rows no other row dominates (``cost`` at most theirs and every
+    ``gains`` column at least theirs, one of them strictly). O(n^2) over policies, which
+    number in the tens."""
+    c = table[cost].to_numpy(np.float64)
+    g = table[list(gains)].to_numpy(np.float64)
+    no_worse = (c[None, :] <= c[:, None]) & (g[None, :, :] >= g[:, None, :]).all(-1)
+    better = (c[None, :] < c[:, None]) | (g[None, :, :] > g[:, None, :]).any(-1)
+    dominated = (no_worse & better).any(1)  # [i]: some j dominates i
+    return ~dominated
+
+
+def recommend(table: pd.DataFrame, baseline: Mapping[str, float], metrics: Sequence[str],
+              share: float, cost: str = "store_tokens") -> dict[str, Any] | None:
+    """The policy row that keeps ``share`` of ``baseline``'s recall on every metric with the
+    fewest ``cost`` (see the module docstring), or ``None`` if none does.
+
+    Args:
+        table: one row per policy with ``cost`` and ``metrics`` columns.
+        baseline: the no-consolidation row's metrics.
+        metrics: recall columns the target applies to.
+        share: fraction of the baseline's recall to keep, in (0, 1].
+
+    Returns:
+        The chosen row as a ``dict`` with ``keeps`` (per metric: its share of the baseline).
+
+    Raises:
+        ValueError: ``share`` outside (0, 1], or a metric missing from the table.
+    """
+    if not 0 < share <= 1:
+        raise ValueError(f"share must be in (0, 1], got {share}")
+    missing = [m for m in metrics if m not in table.columns or m not in baseline]
+    if missing:
+        raise ValueError(f"policy recommendation: no column {missing}")
+    ok = np.ones(len(table), bool)
+    for m in metrics:
+        ok &= table[m].to_numpy(np.float64) >= share * float(baseline[m]) - 1e-12
+    if not ok.any():
+        return None
+    cand = table[ok].assign(_order=np.flatnonzero(ok))
+    best = cand.sort_values([cost, metrics[0], "_order"], ascending=[True, False, True],
+                            kind="stable").iloc[0]
+    row = {k: (v.item() if hasattr(v, "item") else v) for k, v in best.drop("_order").items()}
+    row["keeps"] = {m: round(float(best[m]) / float(baseline[m]), 4) if baseline[m] else None
+                    for m in metrics}
+    return row

@@ -1,0 +1,142 @@
+"""``consolidate-policy``: retention-policy calibration (Hydra job).
+
+Runs every policy of ``grid`` (merge threshold, τ, floor, cap) as a variant of the
+evaluation job on its task (LOCOMO by default), next to the baseline that keeps every
+memory, and writes the frontier of store size (memories and stored tokens) against evidence
+recall, and the recommended policy: the fewest stored tokens that keeps ``target.share`` of
+the baseline's recall on every ``target.metrics`` (see :mod:`consolidate.evaluation.policy`).
+Writes ``policy.json`` (accepted by ``consolidate pass.policy_file=...``), the evaluation's
+``results.json``, ``report.md`` and ``samples.jsonl``, and ``frontier.png``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import hydra
+import pandas as pd
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from ..evaluation.plots import plot_frontier
+from ..evaluation.policy import frontier_mask, policy_grid, policy_name, recommend
+from ..evaluation.results import now_iso
+from .common import CONFIG_DIR, user_errors
+from .evaluate import run_evaluate
+
+BASELINE = "keep-all"
+
+
+def run_policy(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, Any]:
+    """Evaluate every policy of ``cfg.grid`` and recommend one; returns the
+    ``policy.json`` content (also written to ``out_dir``).
+
+    Raises:
+        ValueError: a bad grid or target.
+    """
+    out = Path(out_dir or HydraConfig.get().runtime.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    grid = OmegaConf.to_container(cfg.grid, resolve=True)
+    policies = policy_grid(grid)
+    metrics = list(cfg.target.metrics)
+    share = float(cfg.target.share)
+    variants = [{"name": BASELINE, "consolidate": False}] + [
+        {"name": policy_name(p), "pass": p} for p in policies]
+    ecfg = cfg.copy()
+    with open_dict(ecfg):
+        ecfg.variants = variants
+    res = run_evaluate(ecfg, out)
+    abl = pd.DataFrame(res.tables["ablation"]).set_index("variant")
+    missing = [m for m in metrics if m not in abl.columns]
+    if missing:
+        raise ValueError(f"target.metrics {missing} are not measured (ks={list(cfg.ks)}, "
+                         f"budgets={list(cfg.budgets)})")
+    base = abl.loc[BASELINE]
+    rows = pd.DataFrame([{**p, "variant": policy_name(p),
+                          **abl.loc[policy_name(p), ["store_size", "store_tokens", "merges",
+                                                     "dropped", *metrics]].to_dict()}
+                         for p in policies])
+    rows["frontier"] = frontier_mask(rows, "store_tokens", metrics)
+    rec = recommend(rows, base, metrics, share)
+    doc = {
+        "schema_version": 1, "created_at": now_iso(), "git_commit": res.git_commit,
+        "task": {"name": res.task.name, "files_sha256": res.task.files_sha256,
+                 "hash_verified": res.task.hash_verified},
+        "target": {"share": share, "metrics": metrics},
+        "baseline": {"store_size": int(base["store_size"]),
+                     "store_tokens": int(base["store_tokens"]),
+                     **{m: float(base[m]) for m in metrics}},
+        "recommended": None if rec is None else {
+            "pass": {k: rec[k] for k in grid}, "store_size": int(rec["store_size"]),
+            "store_tokens": int(rec["store_tokens"]),
+            **{m: float(rec[m]) for m in metrics}, "keeps": rec["keeps"],
+            "tokens_vs_baseline": round(rec["store_tokens"] / max(base["store_tokens"], 1), 4)},
+        "policies": rows.round(6).to_dict("records"),
+    }
+    (out / "policy.json").write_text(json.dumps(doc, indent=1, default=str))
+    plot_frontier(rows, base, metrics, out / "frontier.png",
+                  None if rec is None else rec["variant"])
+    with open(out / "report.md", "a") as f:
+        f.write("\n".join(["", "## Policy calibration", "",
+                           _verdict(doc), "",
+                           rows.round(4).to_markdown(index=False), "",
+                           "![frontier](frontier.png)", ""]))
+    return doc
+
+
+def _verdict(doc: dict[str, Any]) -> str:
+    """One sentence: the recommended policy and what it costs, or that none keeps the
+    target."""
+    t, b, r = doc["target"], doc["baseline"], doc["recommended"]
+    want = " and ".join(t["metrics"])
+    if r is None:
+        return (f"No policy of the grid keeps {t['share']:.0%} of the baseline's {want}; "
+                f"widen the grid or lower target.share.")
+    keeps = ", ".join(f"{m} {r[m]:.4f} ({v:.1%} of {b[m]:.4f})" for m, v in r["keeps"].items())
+    return (f"Recommended: {r['pass']}: {r['store_size']} memories and {r['store_tokens']} "
+            f"stored tokens ({r['tokens_vs_baseline']:.1%} of keeping all {b['store_size']} "
+            f"memories, {b['store_tokens']} tokens), keeping {keeps}.")
+
+
+def load_policy(path: str | Path) -> dict[str, Any]:
+    """Read ``policy.json``'s recommendation: ``{"pass": {...}, "file", "target", "task",
+    "baseline", ...}``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file holds no recommendation (no policy kept the target) or a
+            setting that is not a policy key.
+    """
+    from ..evaluation.policy import POLICY_KEYS
+
+    d = json.loads(Path(path).read_text())
+    rec = d.get("recommended")
+    if not isinstance(rec, dict) or not isinstance(rec.get("pass"), dict):
+        raise ValueError(f"{path}: no recommended policy (no policy of its grid kept the "
+                         f"target)")
+    bad = sorted(set(rec["pass"]) - set(POLICY_KEYS))
+    if bad:
+        raise ValueError(f"{path}: recommended.pass sets {bad}, which are not policy keys")
+    return {**rec, "file": str(path), "target": d.get("target"), "task": d.get("task"),
+            "baseline": d.get("baseline")}
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="policy")
+def _main(cfg: DictConfig) -> None:
+    with user_errors():
+        doc = run_policy(cfg)
+    out = HydraConfig.get().runtime.output_dir
+    print(_verdict(doc))
+    if doc["recommended"] is not None:
+        print(f"use it with: consolidate pass.policy_file={out}/policy.json")
+    print(f"results in {out}")
+
+
+def main() -> None:
+    _main()
+
+
+if __name__ == "__main__":
+    main()
