@@ -34,7 +34,11 @@ class PassConfig:
         threshold: cosine at or above which two memories are near-duplicates. 0.9 is about the
             best-F1 threshold of all-MiniLM-L6-v2 on SICK (mutual entailment) and stricter
             than its STS-B optimum (~0.8), see ``../shared/DESIGN.md``.
-        tau_hours: retention time constant tau, hours (720 h = 30 days).
+        tau_hours: retention time constant tau, hours (2160 h = 90 days). With it and
+            ``floor`` 0.001 a memory of importance 0.4 used once is dropped after about 18
+            months unused; on LOCOMO the default pass then keeps all of the evidence recall
+            of keeping every memory, where 720 h dropped a fifth of the memories and 15% of
+            recall@10 (``eval/policy_locomo/``, ``consolidate-policy``).
         floor: non-pinned memories with retention score below this are dropped.
         cap: keep at most this many memories per namespace (``None`` = no cap).
         strength_cap: strength never exceeds this through merges or recalls.
@@ -76,7 +80,7 @@ class PassConfig:
     """
 
     threshold: float = 0.9
-    tau_hours: float = 720.0
+    tau_hours: float = 2160.0
     floor: float = 0.001
     cap: int | None = 1000
     strength_cap: float = 20.0

@@ -147,8 +147,9 @@ def test_locomo_main_pass_gives_the_same_snapshot():
     from consolidate.store.locomo import locomo_records
 
     recs, _ = locomo_records(LOCOMO, Embedder(show_progress=False), ImportanceConfig(), None)
-    res = run_pass(recs, cfg=PassConfig(), sim_cfg=SimilarityConfig(device="cpu"), version=7,
-                   wall_h=500000.0)
+    # the retention policy 5244916 had as its default (tau 30 days), for the comparison
+    res = run_pass(recs, cfg=PassConfig(tau_hours=720.0), sim_cfg=SimilarityConfig(
+        device="cpu"), version=7, wall_h=500000.0)
     s = res.stats
     assert (s.records_in, s.pairs, s.clusters, s.merges, s.merged_members) == \
         (2541, 42, 29, 29, 61)
