@@ -25,7 +25,7 @@ def test_primary_configs_compose(name):
 def test_defaults_are_typed():
     cfg = _compose("consolidate")
     pc = pass_cfg(cfg)
-    assert isinstance(pc, PassConfig) and pc.threshold == 0.9 and pc.tau_hours == 720
+    assert isinstance(pc, PassConfig) and pc.threshold == 0.9 and pc.tau_hours == 2160
     assert isinstance(sim_cfg(cfg), SimilarityConfig)
     st = typed(cfg, "store", StoreConfig)
     assert st.dir.endswith("stores/locomo") and st.locomo_file.endswith("locomo/locomo10.json")
