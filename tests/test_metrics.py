@@ -69,16 +69,3 @@ def test_evidence_recall_merged_memory_covers_two():
 def test_category_labels_give_both_conventions():
     assert category_label(1) == "1 multi-hop / single-hop"
     assert category_label(4) == "4 single-hop / open-domain"
-
-
-def test_verdict_parsing_and_bootstrap():
-    import numpy as np
-
-    from consolidate.evaluation.answer import bootstrap_ci, parse_verdict
-
-    assert parse_verdict("CORRECT.") == 1 and parse_verdict("it is wrong") == 0
-    assert parse_verdict("Incorrect") == 0 and parse_verdict("maybe") is None
-    lo, hi = bootstrap_ci([1.0] * 10)
-    assert lo == hi == 1.0
-    lo, hi = bootstrap_ci(np.r_[np.zeros(50), np.ones(50)], n=2000, seed=1)
-    assert 0.35 < lo < 0.5 < hi < 0.65

@@ -2,8 +2,15 @@
 
 Scores per answered question: LOCOMO's official F1 (category rules), Mem0-style F1 and
 BLEU-1 against the gold answer, and an LLM judge asked ``repeats`` times (sampled, seeds
-0..repeats-1) whether the answer matches the gold one; the judge score is the mean over
-questions of the share of CORRECT verdicts, with a bootstrap 95% interval over questions.
+0..repeats-1) whether the answer matches the gold one.
+
+The judge answers JSON from a closed set, ``{"verdict": "CORRECT"}`` or ``{"verdict":
+"WRONG"}`` (the request carries the schema, so backends that constrain decoding enforce it).
+Any other answer is an invalid verdict: never counted as correct, never as wrong. A
+question's judge score is the share of CORRECT among its valid verdicts; the judge score is
+the mean over the questions with at least one valid verdict, with a bootstrap 95% interval
+over those questions, and the invalid rate and the number of questions scored are reported
+beside it.
 
 Leniency control: for each answered question the judge also sees a deliberately wrong but
 on-topic answer (the gold answer of another question of the same conversation, preferring
@@ -13,27 +20,37 @@ accepts many wrong answers makes its own score meaningless.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import BaseModel
 
 from ..llm.base import ChatRequest, LLMBackend
 from .metrics import bleu1, locomo_f1, mem0_f1
 
-__all__ = ["PROMPT_VERSION", "answer_requests", "judge_requests", "parse_verdict",
+__all__ = ["PROMPT_VERSION", "Verdict", "answer_requests", "judge_requests", "parse_verdict",
            "bootstrap_ci", "wrong_answers", "AnswerScores", "score_answers"]
 
-PROMPT_VERSION = "answer-v1/judge-v1"
+PROMPT_VERSION = "answer-v1/judge-v2"
 ABSTAIN = "No information available."
 
 _ANSWER_SYSTEM = ("You answer questions about a user's past conversations using only the "
                   "memories given. Answer with a short phrase. If the memories do not contain "
                   f"the answer, reply exactly: {ABSTAIN}")
-_JUDGE_SYSTEM = ("You grade answers. Reply with one word: CORRECT if the answer means the same "
-                 "as the gold answer (wording may differ), otherwise WRONG.")
+_JUDGE_SYSTEM = ("You grade answers. Reply with JSON only: {\"verdict\": \"CORRECT\"} if the "
+                 "answer means the same as the gold answer (wording may differ), otherwise "
+                 "{\"verdict\": \"WRONG\"}.")
+
+
+class Verdict(BaseModel):
+    """The judge's answer: a label from a closed set."""
+
+    verdict: Literal["CORRECT", "WRONG"]
 
 
 def answer_requests(questions: Sequence[str], contexts: Sequence[Sequence[str]],
@@ -51,22 +68,41 @@ def answer_requests(questions: Sequence[str], contexts: Sequence[Sequence[str]],
 
 def judge_requests(question: str, gold: str, answer: str, repeats: int,
                    temperature: float) -> list[ChatRequest]:
-    """``repeats`` judge requests (seeds 0..repeats-1) for one answer."""
-    msg = f"Question: {question}\nGold answer: {gold}\nAnswer to grade: {answer}\nVerdict:"
+    """``repeats`` judge requests (seeds 0..repeats-1) for one answer, each carrying the
+    :class:`Verdict` JSON schema. The texts enter the prompt as JSON string literals."""
+    msg = (f"Question: {json.dumps(question, ensure_ascii=False)}\n"
+           f"Gold answer: {json.dumps(gold, ensure_ascii=False)}\n"
+           f"Answer to grade: {json.dumps(answer, ensure_ascii=False)}\nVerdict as JSON:")
     return [ChatRequest(({"role": "system", "content": _JUDGE_SYSTEM},
                          {"role": "user", "content": msg}),
-                        max_tokens=4, temperature=temperature, seed=s) for s in range(repeats)]
+                        max_tokens=16, temperature=temperature, seed=s,
+                        json_schema=Verdict.model_json_schema()) for s in range(repeats)]
 
 
-_VERDICT = re.compile(r"\b(CORRECT|WRONG|INCORRECT)\b", re.IGNORECASE)
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
 
-def parse_verdict(text: str) -> int | None:
-    """1 for CORRECT, 0 for WRONG/INCORRECT (the first such word), ``None`` if neither."""
-    m = _VERDICT.search(text or "")
-    if not m:
+def parse_verdict(text: str | None) -> int | None:
+    """1 for ``{"verdict": "CORRECT"}``, 0 for ``{"verdict": "WRONG"}``, ``None`` (invalid)
+    for anything else: the answer, stripped of surrounding whitespace and of one Markdown
+    code fence, must be exactly one JSON object with the one key ``verdict`` and a label of
+    the closed set (upper case). Bare words ("CORRECT", "not correct"), partial credit,
+    extra keys or text around the object are invalid.
+    """
+    t = (text or "").strip()
+    m = _FENCE.match(t)
+    if m:
+        t = m.group(1).strip()
+    if not (t.startswith("{") and t.endswith("}")):
         return None
-    return 1 if m.group(1).upper() == "CORRECT" else 0
+    try:
+        obj = json.loads(t)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or set(obj) != {"verdict"}:
+        return None
+    v = obj["verdict"]
+    return 1 if v == "CORRECT" else 0 if v == "WRONG" else None
 
 
 def bootstrap_ci(values: Sequence[float], n: int = 1000, seed: int = 0,
@@ -118,18 +154,33 @@ class AnswerScores:
     summary: dict[str, float]
 
 
+def _valid_mean(vs: list[int | None]) -> float:
+    """Mean of the valid verdicts (``None`` left out); NaN when none is valid."""
+    ok = [v for v in vs if v is not None]
+    return float(np.mean(ok)) if ok else float("nan")
+
+
 def score_answers(backend: LLMBackend, sample: pd.DataFrame, contexts: list[list[str]],
                   pool: pd.DataFrame, *, repeats: int = 3, temperature: float = 0.7,
-                  max_tokens: int = 32, bootstrap: int = 1000, seed: int = 0) -> AnswerScores:
-    """Answer every sampled question from its context, score, judge, and run the leniency
-    control. Returns the per-question table and the summary (means, CI, rates, tokens)."""
+                  max_tokens: int = 32, bootstrap: int = 1000, seed: int = 0,
+                  judge: LLMBackend | None = None) -> AnswerScores:
+    """Answer every sampled question from its context with ``backend``, score, judge with
+    ``judge`` (default: ``backend``), and run the leniency control.
+
+    Returns:
+        The per-question table (``judge`` NaN for a question without a valid verdict) and
+        the summary: means, ``judge`` over the questions with a valid verdict
+        (``judge_questions`` of them) with its bootstrap CI, ``judge_invalid_rate`` (share of
+        all verdicts), the leniency control, tokens and latency.
+    """
+    judge = backend if judge is None else judge
     ans = backend.chat(answer_requests(sample["question"].tolist(), contexts, max_tokens))
     wrong = wrong_answers(sample, pool, seed)
     reqs: list[ChatRequest] = []
     for (_, q), a, w in zip(sample.iterrows(), ans, wrong, strict=True):
         reqs += judge_requests(q["question"], gold_of(q), a.text, repeats, temperature)
         reqs += judge_requests(q["question"], gold_of(q), w, repeats, temperature)
-    verdicts = backend.chat(reqs)
+    verdicts = judge.chat(reqs)
     rows = []
     for n, ((_, q), a) in enumerate(zip(sample.iterrows(), ans, strict=True)):
         vs = verdicts[n * 2 * repeats : (n + 1) * 2 * repeats]
@@ -143,20 +194,24 @@ def score_answers(backend: LLMBackend, sample: pd.DataFrame, contexts: list[list
             "locomo_f1": locomo_f1(a.text, gold, cat),
             "mem0_f1": mem0_f1(a.text, gold) if cat != 5 else np.nan,
             "bleu1": bleu1(a.text, gold) if cat != 5 else np.nan,
-            "judge": np.mean([v or 0 for v in real]),
-            "judge_invalid": np.mean([v is None for v in real]),
+            "judge": _valid_mean(real),
+            "judge_invalid": int(sum(v is None for v in real)),
+            "judge_verdicts": [v.text for v in vs[:repeats]],
             "wrong_answer": wrong[n],
-            "judge_accepts_wrong": np.mean([v or 0 for v in ctrl]) if wrong[n] else np.nan,
+            "judge_accepts_wrong": _valid_mean(ctrl) if wrong[n] else np.nan,
+            "control_invalid": int(sum(v is None for v in ctrl)) if wrong[n] else 0,
             "prompt_tokens": a.prompt_tokens, "completion_tokens": a.completion_tokens,
         })
     t = pd.DataFrame(rows)
-    lo, hi = bootstrap_ci(t["judge"], bootstrap, seed)
+    scored = t["judge"].dropna()
+    lo, hi = bootstrap_ci(scored, bootstrap, seed)
     calls = len(ans) + len(verdicts)
     summary = {
         "locomo_f1": float(t["locomo_f1"].mean()), "mem0_f1": float(t["mem0_f1"].mean()),
-        "bleu1": float(t["bleu1"].mean()), "judge": float(t["judge"].mean()),
-        "judge_ci_low": lo, "judge_ci_high": hi,
-        "judge_invalid_rate": float(t["judge_invalid"].mean()),
+        "bleu1": float(t["bleu1"].mean()),
+        "judge": float(scored.mean()) if len(scored) else float("nan"),
+        "judge_ci_low": lo, "judge_ci_high": hi, "judge_questions": int(len(scored)),
+        "judge_invalid_rate": float(t["judge_invalid"].sum() / max(len(t) * repeats, 1)),
         "judge_wrong_answer_acceptance": float(t["judge_accepts_wrong"].mean()),
         "model_calls": calls,
         "prompt_tokens": int(sum(x.prompt_tokens for x in ans + verdicts)),

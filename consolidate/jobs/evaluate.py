@@ -109,11 +109,9 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
                    + [f"tokens@{cfg.tokens_at_k}"])
     ablation, samples, metrics = [], [], []
     acfg = cfg.answer
-    backend, answer_sample = None, None
+    backend, judge, answer_sample = None, None, None
     if acfg.backend:
-        from ..llm import make_backend
-
-        backend = make_backend(acfg.backend, **OmegaConf.to_container(acfg.backend_kwargs))
+        backend, judge = _backends(acfg)
         answer_sample = qa.sample(n=min(int(acfg.questions), len(qa)),
                                   random_state=cfg.seed).sort_index()
         # LOCOMO's per-category F1 rules apply to LOCOMO only; other tasks get plain token F1
@@ -185,19 +183,22 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
                                   variant=name, n=len(qa)))
         if backend is not None and name in acfg.variants:
             t = time.perf_counter()
-            scores = _answer(backend, acfg, answer_sample, table, live, emb, qa, cfg.seed)
+            scores = _answer(backend, judge, acfg, answer_sample, table, live, emb, qa,
+                             cfg.seed)
             timings[f"answer_{name}"] = time.perf_counter() - t
             row.update({**scores.summary, "answered": len(answer_sample),
-                        "answer_model": backend.model})
+                        "answer_model": backend.model, "judge_model": judge.model})
             for c, val in scores.summary.items():
                 metrics.append(Metric(name=c, value=val, variant=name,
                                       higher_is_better=c in _ANSWER_HIGHER,
                                       n=len(answer_sample)))
             for cat, g in scores.table.groupby("category"):
                 for c in ("locomo_f1", "mem0_f1", "bleu1", "judge"):
-                    metrics.append(Metric(name=c, value=float(g[c].mean()), variant=name,
+                    vals = g[c].dropna()  # judge: questions with a valid verdict only
+                    metrics.append(Metric(name=c, value=float(vals.mean()) if len(vals)
+                                          else None, variant=name,
                                           higher_is_better=True, category=int(cat),
-                                          category_label=label(int(cat)), n=len(g)))
+                                          category_label=label(int(cat)), n=len(vals)))
             for r in scores.table.to_dict("records"):
                 samples.append({"variant": name, "kind": "answer", **r})
         for r in table.to_dict("records"):
@@ -226,7 +227,8 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
         prompts=prompt_versions(),
         models={"embedder": str(getattr(emb, "path", ecfg.name)),
                 "merger": str(getattr(merger, "model", None) or getattr(merger, "name", "")),
-                **({"answer_and_judge": str(backend.model)} if backend is not None else {})},
+                **({"answer": str(backend.model), "judge": str(judge.model)}
+                   if backend is not None else {})},
     )
     report = _report(results, abl, per_cat, metric_cols)
     write_results(out, results, samples, report)
@@ -238,8 +240,33 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
 _ANSWER_HIGHER = ("locomo_f1", "mem0_f1", "bleu1", "judge", "judge_ci_low", "judge_ci_high")
 
 
-def _answer(backend: Any, acfg: Any, sample: pd.DataFrame, table: pd.DataFrame, live: Any,
-            emb: Any, qa: pd.DataFrame, seed: int) -> Any:
+def _backends(acfg: Any) -> tuple[Any, Any]:
+    """The answer backend and the judge backend (``answer.judge_backend``; the answer
+    model judges itself only with ``answer.allow_same_judge``).
+
+    Raises:
+        ValueError: no judge backend, or the same model, without ``allow_same_judge``.
+    """
+    from ..llm import make_backend
+
+    backend = make_backend(acfg.backend, **OmegaConf.to_container(acfg.backend_kwargs))
+    if not acfg.judge_backend:
+        if not acfg.allow_same_judge:
+            raise ValueError("answer.judge_backend is not set: the judge must be a model "
+                             "other than the answer model (answer.judge_backend=... with "
+                             "answer.judge_backend_kwargs, or answer.allow_same_judge=true)")
+        return backend, backend
+    judge = make_backend(acfg.judge_backend,
+                         **OmegaConf.to_container(acfg.judge_backend_kwargs))
+    if str(judge.model) == str(backend.model) and not acfg.allow_same_judge:
+        raise ValueError(f"answer.judge_backend runs the answer model ({backend.model}): a "
+                         f"model grading its own answers is lenient; choose another model "
+                         f"or set answer.allow_same_judge=true")
+    return backend, judge
+
+
+def _answer(backend: Any, judge: Any, acfg: Any, sample: pd.DataFrame, table: pd.DataFrame,
+            live: Any, emb: Any, qa: pd.DataFrame, seed: int) -> Any:
     """Answer ``sample`` from this variant's retrieval (top memories within the token
     budget), then score and judge (see :mod:`consolidate.evaluation.answer`)."""
     from ..evaluation.answer import score_answers
@@ -253,7 +280,7 @@ def _answer(backend: Any, acfg: Any, sample: pd.DataFrame, table: pd.DataFrame, 
         contexts.append(texts[: fit_token_cap(tok, acfg.budget_tokens)])
     return score_answers(backend, sample, contexts, qa, repeats=acfg.judge_repeats,
                          temperature=acfg.judge_temperature, max_tokens=acfg.max_tokens,
-                         bootstrap=acfg.bootstrap, seed=seed)
+                         bootstrap=acfg.bootstrap, seed=seed, judge=judge)
 
 
 def _full_context(abl: pd.DataFrame) -> dict[str, float]:
@@ -279,8 +306,8 @@ def _report(res: Results, abl: pd.DataFrame, per_cat: pd.DataFrame, cols: list[s
     show = ["variant", "vectors", "store_size", "store_tokens", "merges", "dropped"] + cols + [
         c for c in ("p50_ms", "p95_ms") if c in abl]
     ans_cols = [c for c in ("locomo_f1", "mem0_f1", "bleu1", "judge", "judge_ci_low",
-                            "judge_ci_high", "judge_wrong_answer_acceptance",
-                            "judge_invalid_rate", "model_calls") if c in abl]
+                            "judge_ci_high", "judge_questions", "judge_invalid_rate",
+                            "judge_wrong_answer_acceptance", "model_calls") if c in abl]
     if "answered" not in abl:
         ans_cols = []
     lines = [
@@ -298,10 +325,14 @@ def _report(res: Results, abl: pd.DataFrame, per_cat: pd.DataFrame, cols: list[s
         model = res.config.get("answer", {})
         lines[-2:-2] = [
             "## Answers (model backend)", "",
-            f"backend {model.get('backend')} ({abl['answer_model'].dropna().iloc[0]}), "
-            f"{int(abl['answered'].dropna().iloc[0])} sampled questions; the judge's "
-            "acceptance of deliberately wrong answers is the leniency control.", "",
-            abl[abl["judge"].notna()][["variant", *ans_cols]].round(4).to_markdown(
+            f"answers by {model.get('backend')} ({abl['answer_model'].dropna().iloc[0]}), "
+            f"judged by {abl['judge_model'].dropna().iloc[0]}; "
+            f"{int(abl['answered'].dropna().iloc[0])} sampled questions. `judge` is the "
+            "share of CORRECT among valid verdicts, over the `judge_questions` questions with "
+            "one; invalid verdicts (anything but the JSON label) count neither way and their "
+            "share is `judge_invalid_rate`; the judge's acceptance of deliberately wrong "
+            "answers is the leniency control.", "",
+            abl[abl["answered"].notna()][["variant", *ans_cols]].round(4).to_markdown(
                 index=False), ""]
     if len(per_cat):
         piv = per_cat.pivot_table(index=["variant", "category"], columns="metric",
@@ -319,6 +350,12 @@ def _main(cfg: DictConfig) -> None:
     cols = ["variant", "store_size", "recall@1", "recall@10", "recall@500tok",
             f"tokens@{cfg.tokens_at_k}"]
     print(abl[[c for c in cols if c in abl and c not in full]].to_string(index=False))
+    if "answered" in abl:
+        for r in abl[abl["answered"].notna()].to_dict("records"):
+            print(f"{r['variant']}: judge {r['judge']:.3f} over {r['judge_questions']} of "
+                  f"{int(r['answered'])} questions (invalid verdicts "
+                  f"{r['judge_invalid_rate']:.0%}, judge model {r['judge_model']}); LOCOMO "
+                  f"F1 {r['locomo_f1']:.3f}")
     if full:
         print(f"left out of this table, full context for most questions: {sorted(full)}")
     print(f"results in {HydraConfig.get().runtime.output_dir}")
