@@ -238,6 +238,9 @@ def test_consolidate_job_with_the_ray_runner(tmp_path, cluster):
     for k in ("records_in", "merges", "dropped_floor", "records_out"):
         assert s1["stats"][k] == s2["stats"][k], k
     assert "runner           ray: 3 shards" in format_summary(s2)
+    # no policy.json: the summary and the console say the policy is uncalibrated
+    assert s1["policy"] == s2["policy"] == {"calibrated": False}
+    assert "tau 2160 h, floor 0.001, cap 1000: uncalibrated" in format_summary(s1)
     assert json.loads(Path(s2["summary_path"]).read_text())["fleet"]["shards"] == 3
     # the clocks differ between the two jobs (wall time), so compare what does not depend
     # on it: which records are live, and their texts

@@ -96,6 +96,6 @@ def test_policy_job_on_two_locomo_conversations(tmp_path):
             f"store.dir={tmp_path / 'store'}", "embedder.show_progress=false",
             f"pass.policy_file={tmp_path / 'policy.json'}"])
     s = run_consolidate(ccfg, str(tmp_path / "out"))
-    assert s["policy"]["pass"] == rec["pass"]
+    assert s["policy"]["pass"] == rec["pass"] and s["policy"]["calibrated"] is True
     line = next(x for x in format_summary(s).splitlines() if x.startswith("policy"))
     assert f"threshold {rec['pass']['threshold']}" in line and "kept recall@10" in line

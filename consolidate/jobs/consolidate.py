@@ -70,8 +70,9 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
                                "config": OmegaConf.to_container(cfg, resolve=True)}
     if calibration is not None:
         summary["calibration"] = calibration
-    if policy is not None:
-        summary["policy"] = policy
+    # the retention policy: calibrated (from policy.json, with its measured cost) or not
+    summary["policy"] = ({**policy, "calibrated": True} if policy is not None
+                         else {"calibrated": False})
     if report is not None:
         summary["import"] = {k: report[k] for k in ("observations", "conversations", "sha256")}
         for k in ("malformed_evidence", "malformed_items", "bad_times"):
@@ -250,10 +251,15 @@ def _policy_line(s: dict[str, Any]) -> str:
     if "calibration" in s:
         p["threshold"] = s["calibration"]["threshold"]
     pol = s.get("policy")
+    if pol is not None and not pol.get("calibrated"):
+        pol = None
     if pol is not None:
         p.update(pol["pass"])
-    cur = (f"threshold {p.get('threshold')}, tau {p.get('tau_hours')} h, floor "
-           f"{p.get('floor')}, cap {p.get('cap')}")
+    def num(x: Any) -> str:
+        return f"{x:g}" if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
+
+    cur = (f"threshold {num(p.get('threshold'))}, tau {num(p.get('tau_hours'))} h, floor "
+           f"{num(p.get('floor'))}, cap {num(p.get('cap'))}")
     if pol is None:
         return (f"policy           {cur}: uncalibrated (consolidate-policy measures what a "
                 f"policy costs in recall)")
