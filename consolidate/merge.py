@@ -26,11 +26,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from .text import _date_terms, _negation_count, _numbers, content_tokens, split_facts
+from .text import (
+    _NEGATIONS as _NEGATION_WORDS,
+)
+from .text import (
+    _date_terms,
+    _negation_count,
+    _numbers,
+    content_tokens,
+    split_facts,
+    split_sentences,
+)
 
 __all__ = ["MergeMember", "MergeRequest", "MergeResponse", "Merger", "ExtractiveMerger",
            "fact_time", "newer_fact_times", "unordered_pair", "lost_facts", "Facts",
-           "facts_of"]
+           "facts_of", "names_in"]
 
 
 @dataclass(frozen=True)
@@ -159,8 +169,40 @@ def unordered_pair(req: MergeRequest, older: dict[str, float] | None = None) -> 
     return any(a not in older and b not in older for a, b, _ in req.conflicts)
 
 
-#: a capitalised word that does not start the text or a sentence: a name
-NAME = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][a-z]+)\b")
+_UWORD = re.compile(r"[^\W\d_]+(?:['\u2019][^\W\d_]+)*")
+
+
+def _name_key(name: str) -> str:
+    """A name as an item: lower case, without a possessive ("Maria's" -> "maria")."""
+    k = _key(name)
+    return k[:-2] if k.endswith("'s") else k
+
+
+def _key(word: str) -> str:
+    """How a written word is looked up among a text's lower-case words."""
+    return word.casefold().replace("\u2019", "'")
+
+
+def names_in(text: str) -> list[str]:
+    """Capitalised words (any script; acronyms included, "O'Brien" whole) that do not start
+    the text or a sentence (:func:`~consolidate.text.split_sentences`, so "Dr. Smith" keeps
+    Smith a name): the names a merge must keep, as written."""
+    out = []
+    for sent in split_sentences(text.strip()):
+        words = _UWORD.findall(sent)
+        out += [w for w in words[1:] if w[0].isupper()]
+    return out
+
+
+
+
+#: words that carry no fact of their own (for the negated-sentence and base rules)
+_STOP = frozenset({
+    "a", "an", "the", "and", "or", "but", "of", "to", "in", "on", "at", "for", "with", "is",
+    "was", "are", "were", "be", "been", "has", "had", "have", "her", "his", "she", "he",
+    "they", "their", "it", "its", "that", "this", "as", "by", "from", "also", "who", "which",
+    "about", "into", "very", "so", "i", "i'm", "my", "me", "we", "our", "you", "your", "do",
+    "does", "did", "not", "no", "n't", "never"})
 
 
 @dataclass(frozen=True)
@@ -173,6 +215,8 @@ class Facts:
         dates: month, weekday and relative-time words.
         names: capitalised words not at the start of the text or a sentence, as written.
         negated: the text has a negation marker.
+        negated_scope: the content words among the four words after its first negation
+            marker ("not vegan" -> vegan): what the negation denies.
         words: its lower-case word tokens, and those with an apostrophe also without what
             follows it ("gina's" -> "gina").
     """
@@ -182,12 +226,13 @@ class Facts:
     names: frozenset
     negated: bool
     words: frozenset
+    negated_scope: frozenset = frozenset()
 
     @property
     def items(self) -> frozenset:
         """``("number", x)``, ``("date", x)`` and ``("name", x)`` items."""
         return frozenset({("number", x) for x in self.numbers} | {("date", x) for x in
-                         self.dates} | {("name", x.lower()) for x in self.names})
+                         self.dates} | {("name", _name_key(x)) for x in self.names})
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -195,10 +240,16 @@ def facts_of(text: str) -> Facts:
     """The :class:`Facts` of ``text`` (``str``); cached, as a pass asks for each member's
     twice (the merger, then the merge stage's check)."""
     toks = content_tokens(text)
+    uwords = [w.casefold().replace("\u2019", "'") for w in _UWORD.findall(text)]
+    neg_at = next((k for k, t in enumerate(toks) if t in _NEGATION_WORDS), None)
+    scope = frozenset() if neg_at is None else frozenset(
+        t for t in toks[neg_at + 1:neg_at + 5] if t not in _STOP)
     return Facts(frozenset(_numbers(toks, text)), frozenset(_date_terms(toks)),
-                 frozenset(NAME.findall(text.strip())),
-                 bool(_negation_count(toks)),
-                 frozenset(toks) | {t.split("'")[0] for t in toks if "'" in t})
+                 frozenset(names_in(text)),
+                 neg_at is not None or bool(_negation_count(toks)),
+                 frozenset(toks) | frozenset(uwords)
+                 | {t.split("'")[0] for t in (*toks, *uwords) if "'" in t},
+                 scope)
 
 
 def lost_facts(text: str, members: Sequence[str]) -> list[str]:
@@ -219,15 +270,18 @@ def lost_facts(text: str, members: Sequence[str]) -> list[str]:
         f = facts_of(m)
         out |= {f"number {n}" for n in f.numbers - have.numbers}
         out |= {f"date {d}" for d in f.dates - have.dates}
-        out |= {f"name {w}" for w in f.names if w.lower() not in have.words}
+        out |= {f"name {w}" for w in f.names if _name_key(w) not in have.words}
         if f.negated and not have.negated:
             out.add("a negation")
     return sorted(out)
 
 
 def _sentence(x: str) -> str:
-    """``x`` ending in ``.``, ``!`` or ``?`` (a trailing ``;`` or ``,`` becomes ``.``)."""
-    x = x.rstrip()
+    """``x`` as a sentence: a lower-case first letter made upper case, ending in ``.``,
+    ``!`` or ``?`` (a trailing ``;``, ``,`` or ``:`` becomes ``.``)."""
+    x = x.strip()
+    if x[:1].islower():
+        x = x[0].upper() + x[1:]
     return x if x[-1:] in (".", "!", "?") else x.rstrip(";,:") + "."
 
 
@@ -238,11 +292,13 @@ class ExtractiveMerger:
     The pass clusters members whose vectors are near-duplicates of their centroid, so what
     their embeddings see is said twice; what embeddings do not see (numbers, date terms,
     names, negations: :class:`Facts`) is checked word by word. The base is the member with
-    the most such facts (ties: :func:`canonical_order`, most important first). A sentence of
-    another member is added, verbatim, when it holds a number, date term or name the merged
-    text lacks, or a negation that no kept negated sentence shares half its words with.
-    Sentences are never rewritten, so no number, date, name or negation is changed, and a
-    merged member's text splits back into its source sentences when it is merged again.
+    the most such facts (ties: the most distinct content words, then :func:`canonical_order`,
+    most important first). A sentence of another member is added, verbatim (a clause cut at
+    ``;`` gets a capital and a full stop), when it holds a number, date term or name the
+    merged text lacks, or a negation whose denied words (:attr:`Facts.negated_scope`) no
+    kept negated sentence holds. Sentences are never rewritten, so no number, date, name or
+    negation is changed, and a merged member's text splits back into its source sentences
+    when it is merged again.
 
     Before answering, the merge is checked with :func:`lost_facts` against every member; a
     merge that would lose a fact, or be longer than ``max_chars``, is declined (the members
@@ -297,7 +353,11 @@ class ExtractiveMerger:
         sents = [[facts_of(x) for x in xs] for xs in texts]
         whole = [frozenset().union(*(f.items for f in ss)) for ss in sents]
         negs = [sum(f.negated for f in ss) for ss in sents]
-        base = max(range(len(ordered)), key=lambda k: (len(whole[k]) + negs[k], -k))
+        content = [len(frozenset().union(*(f.words for f in ss)) - _STOP) for ss in sents]
+        # the most informative member: most facts, then most distinct content words, then
+        # the canonical order (most important first)
+        base = max(range(len(ordered)), key=lambda k: (len(whole[k]) + negs[k], content[k],
+                                                       -k))
         kept = list(sents[base])
         have = set(whole[base])
         parts = [ordered[base].text.strip()]
@@ -307,9 +367,10 @@ class ExtractiveMerger:
             for x, f in zip(texts[k], ss, strict=True):
                 new = not f.items <= have
                 if f.negated and not new:
-                    need = len(f.words) / 2
-                    new = not any(g.negated and len(f.words & g.words) >= need for g in kept)
-                if new:
+                    # a negated sentence is said already only by a kept negated sentence
+                    # holding what it denies
+                    new = not any(g.negated and f.negated_scope <= g.words for g in kept)
+                if new and x.strip(" \t\n.,;:!?"):
                     kept.append(f)
                     have |= f.items
                     parts.append(_sentence(x))
@@ -325,7 +386,7 @@ class ExtractiveMerger:
             for f in ss:
                 lost |= {f"number {n}" for n in f.numbers - numbers}
                 lost |= {f"date {d}" for d in f.dates - dates}
-                lost |= {f"name {w}" for w in f.names if w.lower() not in words}
+                lost |= {f"name {w}" for w in f.names if _name_key(w) not in words}
                 if f.negated and not negated:
                     lost.add("a negation")
         return self.separator.join(parts), sorted(lost)
@@ -334,6 +395,8 @@ class ExtractiveMerger:
         """``(text, "")``, or ``(None, why)`` when the merge would lose a fact of a member
         (:func:`lost_facts`) or exceed ``max_chars``."""
         text, lost = self._merge(members)
+        if not any(c.isalnum() for c in text):
+            return None, "no words to merge: left unmerged"
         if lost:
             return None, f"would lose {', '.join(lost)}: left unmerged"
         if self.max_chars is not None and len(text) > self.max_chars:

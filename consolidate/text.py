@@ -37,6 +37,7 @@ __all__ = [
     "ConflictSignature",
     "EMPTY_SIGNATURE",
     "split_facts",
+    "split_sentences",
     "content_tokens",
 ]
 
@@ -166,9 +167,12 @@ _NUMBER_WORDS = {
     "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
     "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13,
     "fourteen": 14, "fifteen": 15, "sixteen": 16, "seventeen": 17, "eighteen": 18,
-    "nineteen": 19, "twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "hundred": 100,
-    "thousand": 1000, "first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5,
-    "once": 1, "twice": 2, "dozen": 12,
+    "nineteen": 19, "twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60,
+    "seventy": 70, "eighty": 80, "ninety": 90, "hundred": 100, "thousand": 1000,
+    "million": 10**6, "billion": 10**9, "first": 1, "second": 2, "third": 3, "fourth": 4,
+    "fifth": 5, "sixth": 6, "seventh": 7, "eighth": 8, "ninth": 9, "tenth": 10,
+    "eleventh": 11, "twelfth": 12, "twentieth": 20, "hundredth": 100,
+    "once": 1, "twice": 2, "thrice": 3, "dozen": 12,
 }
 _MONTHS = {
     "january", "february", "march", "april", "may", "june", "july", "august", "september",
@@ -291,10 +295,40 @@ _FUNCTION = {
     "at", "as", "that", "this", "these", "those", "it", "he", "she", "they", "we", "i",
     "you", "him", "them", "who", "which", "has", "have", "had", "does", "do", "did", "s",
 }
+# prepositions that mark who does what to whom: kept among the role words, so that "from
+# Boston to Denver" / "from Denver to Boston" swap around "to"
+_ROLE_PIVOTS = frozenset({"to", "for", "from", "than"})
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 # identifiers: letters and digits together, acronyms, internal capitals
 _IDENT = re.compile(r"^(?=.*\d)(?=.*[^\W\d_])|^[A-Z]{2,}$|^[^\W\d_]+[A-Z]")
-_SENTENCE_END = re.compile(r"[.!?]")
+_SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")
+#: words whose full stop does not end a sentence ("Dr. Smith", "U.S. Army")
+_ABBREVIATIONS = frozenset({
+    "dr", "mr", "mrs", "ms", "st", "mt", "prof", "jr", "sr", "vs", "gen", "col", "lt",
+    "sgt", "capt", "rev", "fr", "no", "fig", "approx", "dept", "est", "inc", "ltd", "co",
+    "etc", "e.g", "i.e", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept",
+    "oct", "nov", "dec"})
+_LAST_WORD = re.compile(r"([^\W\d_]+(?:\.[^\W\d_]+)*)\.?$")
+
+
+def split_sentences(text: str) -> list[str]:
+    """``text`` split after ``.``, ``!`` or ``?`` followed by whitespace or the end, except
+    after an abbreviation ("Dr.", "e.g.") or a single letter (an initial, "U.S.")."""
+    out: list[str] = []
+    pos = 0
+    for m in _SENTENCE_END.finditer(text):
+        piece = text[pos:m.end()]
+        if m.group(0) == ".":
+            w = _LAST_WORD.search(piece[:-1].rstrip() + ".")
+            last = w.group(1).lower() if w else ""
+            if last in _ABBREVIATIONS or (len(last) == 1 and last.isalpha()) or (
+                    "." in last and all(len(x) == 1 for x in last.split("."))):
+                continue
+        out.append(piece)
+        pos = m.end()
+    if pos < len(text):
+        out.append(text[pos:])
+    return out
 
 
 @functools.cache
@@ -386,7 +420,8 @@ def _word(w: str) -> tuple[str, bool, bool, str | None, str | None, str | None]:
                 if low.startswith(p) and len(low) - len(p) >= 4), None)
     pos = next((low[len(p):] for p in _POS_PREFIXES
                 if low.startswith(p) and len(low) - len(p) >= 4), None)
-    return low, value, inner, neg, pos, None if function else _singular(low)
+    role = None if function and low not in _ROLE_PIVOTS else _singular(low)
+    return low, value, inner, neg, pos, role
 
 
 _DATE_WORDS = frozenset(_MONTHS | _WEEKDAYS | _RELATIVE_TIME)
@@ -404,7 +439,7 @@ def conflict_signature(text: str) -> ConflictSignature:
     pos_stems: set[str] = set()
     roles: list[str] = []
     caps = longer = 0
-    for sent in _SENTENCE_END.split(orig):
+    for sent in split_sentences(orig):
         for k, w in enumerate(_WORD.findall(sent)):
             x = _word(w)
             lows.append(x[0])
@@ -467,9 +502,21 @@ def _opposite(a: ConflictSignature, b: ConflictSignature) -> bool:
                 or ((b.negated_stems - a.negated_stems) & a.stems))
 
 
+#: British and American spellings of one word ("grey" / "gray", "organise" / "organize")
+_SPELLINGS = (("grey", "gray"), ("ise", "ize"), ("isa", "iza"), ("yse", "yze"),
+              ("our", "or"), ("tre", "ter"), ("ence", "ense"), ("ogue", "og"))
+
+
+def _variant(x: str, y: str) -> bool:
+    """One spelling of a word against the other (see :data:`_SPELLINGS`)."""
+    return x != y and any(x.replace(a, b) == y.replace(a, b) for a, b in _SPELLINGS)
+
+
 def _one_char_apart(x: str, y: str) -> bool:
-    """Equal length (at least 3) and exactly one differing character."""
-    return len(x) == len(y) >= 3 and sum(c != d for c, d in zip(x, y, strict=True)) == 1
+    """Equal length (at least 3), exactly one differing character, and not two spellings
+    of one word."""
+    return (len(x) == len(y) >= 3 and sum(c != d for c, d in zip(x, y, strict=True)) == 1
+            and not _variant(x, y))
 
 
 def _values_differ(a: ConflictSignature, b: ConflictSignature) -> bool:
@@ -496,6 +543,12 @@ def _values_differ(a: ConflictSignature, b: ConflictSignature) -> bool:
         j += 1
     if len(wa) - i - j <= 3 and len(wb) - i - j <= 3:
         spans = [("replace", i, len(wa) - j, i, len(wb) - j)]
+    elif (len(wa) - i - j) * (len(wb) - i - j) > _MAX_ALIGN:
+        # long texts that differ in many places: align only the differing middle's ends
+        # (difflib is quadratic); such pairs are no near-duplicate sentences anyway
+        spans = [("replace", i, min(i + 3, len(wa) - j), i, min(i + 3, len(wb) - j)),
+                 ("replace", max(i, len(wa) - j - 3), len(wa) - j,
+                  max(i, len(wb) - j - 3), len(wb) - j)]
     else:
         spans = difflib.SequenceMatcher(a=wa, b=wb, autojunk=False).get_opcodes()
     for op, i1, i2, j1, j2 in spans:
@@ -513,9 +566,14 @@ def _values_differ(a: ConflictSignature, b: ConflictSignature) -> bool:
 
 def _related(x: str, y: str) -> bool:
     """One word starts with the other, at least 3 characters ("syria" / "syrian", "tim" /
-    "timothy"): forms of one name, not two values."""
+    "timothy"), or two spellings of one word: forms of one value, not two values."""
     short, long_ = sorted((x, y), key=len)
-    return len(short) >= 3 and long_.startswith(short)
+    return (len(short) >= 3 and long_.startswith(short)) or _variant(x, y)
+
+
+#: the pair rules' budget: word-alignment cells, and content words compared for roles
+_MAX_ALIGN = 40_000
+_MAX_ROLES = 64
 
 
 def _roles_swapped(a: ConflictSignature, b: ConflictSignature) -> bool:
@@ -528,6 +586,8 @@ def _roles_swapped(a: ConflictSignature, b: ConflictSignature) -> bool:
         return False
     pa, pb = a.role_pos, b.role_pos
     common = [w for w in pa if w in pb]
+    if len(common) > _MAX_ROLES:
+        return False  # long texts: roles of single statements only
     if len(common) < 3 or len(common) < 0.8 * max(len(ra), len(rb)):
         return False  # not the same words reordered: a paraphrase that moves clauses
     for x, y in itertools.combinations(common, 2):

@@ -67,3 +67,13 @@ def test_score_over_valid_verdicts_only():
     assert all(r.json_schema["properties"]["verdict"]["enum"] == ["CORRECT", "WRONG"]
                for r in judge.seen)
     assert s.summary["judge_ci_low"] <= 0.5 <= s.summary["judge_ci_high"]
+
+
+@pytest.mark.parametrize("text", [
+    '{"verdict": "WRONG", "verdict": "CORRECT"}',      # a repeated key: not one verdict
+    '{"verdict": ' + "[" * 100000 + "]" * 100000 + "}",  # too deep / too long
+    "```json\n{" + " " * 16000 + "}",                   # an unclosed fence
+    b'{"verdict": "CORRECT"}', 1, ["CORRECT"],          # not text
+])
+def test_hostile_verdicts_are_invalid(text):
+    assert parse_verdict(text) is None

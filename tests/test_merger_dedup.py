@@ -4,6 +4,8 @@ merge that cannot keep them (or exceeds max_chars) is declined, never cut."""
 
 import math
 
+import pytest
+
 from consolidate.config import PassConfig
 from consolidate.merge import (
     ExtractiveMerger,
@@ -135,3 +137,44 @@ def test_sources_follow_merges_of_merges_down_to_the_original_records():
                                  "Gina has 2 cats.")
     assert by_id[m2].merge_texts == by_id[m2].sources
     assert by_id["d"].sources == () and by_id["d"].merge_texts == ("Gina keeps 2 cats.",)
+
+
+@pytest.mark.parametrize("texts,want", [
+    # a negated sentence stays unless a kept one denies the same thing
+    (("Caroline is not going to the gym in May.", "Caroline is not vegan."),
+     "Caroline is not going to the gym in May. Caroline is not vegan."),
+    (("I don't like cats", "I don't like dogs"), "I don't like cats. I don't like dogs."),
+    (("Gina encourages Jon not to give up.", "Gina tells Jon warmly not to give up."),
+     "Gina tells Jon warmly not to give up."),
+    # the member that says more is the base
+    (("I have 2 cats", "I have 2 cats and I'm allergic to peanuts"),
+     "I have 2 cats and I'm allergic to peanuts"),
+    # names in any script, acronyms, after an abbreviation, with an apostrophe
+    (("I met José today", "I met José and Zoë today"), "I met José and Zoë today"),
+    (("I met NASA engineers", "I met NASA and ESA engineers"), "I met NASA and ESA engineers"),
+    (("O'Brien came to the party", "O'Brien came to the party!"),
+     "O'Brien came to the party"),
+    # an appended clause becomes a sentence
+    (("Gina moved to Berlin in 2019 with Jon", "Gina moved in 2019; she works at Zalando"),
+     "Gina moved to Berlin in 2019 with Jon. She works at Zalando."),
+])
+def test_what_the_merger_keeps(texts, want):
+    members = [mm(str(k), t, 0.9 - 0.1 * k) for k, t in enumerate(texts)]
+    text, why = ExtractiveMerger().checked_text(members)
+    assert (text, why) == (want, "")
+    assert lost_facts(text, list(texts)) == []
+
+
+@pytest.mark.parametrize("texts", [("   ", "x"), (",", "."), ("...", "!")])
+def test_members_without_words_give_no_empty_merge(texts):
+    members = [mm(str(k), t) for k, t in enumerate(texts)]
+    text, why = ExtractiveMerger().checked_text(members)
+    assert text is None or any(c.isalnum() for c in text)
+    if text is None:
+        assert "no words" in why
+
+
+def test_lost_facts_names_in_any_script():
+    assert lost_facts("I met José", ["I met José and Zoë"]) == ["name Zoë"]
+    assert lost_facts("Jon thanks Maria", ["Jon thanks Maria's family"]) == []
+    assert lost_facts("I saw him", ["I saw Dr. Smith"]) == ["name Dr", "name Smith"]

@@ -21,6 +21,56 @@ def test_policy_grid_in_order_and_checked():
         policy_grid({"floor": []})
 
 
+def test_policy_grid_refuses_bad_values_before_anything_runs():
+    from consolidate.evaluation.policy import check_policy
+
+    with pytest.raises(ValueError, match="pass.threshold must be in \\[-1, 1\\]"):
+        policy_grid({"threshold": [0.9, 2.0]})
+    with pytest.raises(ValueError, match="must be lists"):
+        policy_grid({"threshold": 0.9})
+    with pytest.raises(ValueError, match="must be lists"):
+        policy_grid({"threshold": "abc"})
+    with pytest.raises(ValueError, match="the same policy twice"):
+        policy_grid({"threshold": [0.9, 0.9]})
+    with pytest.raises(ValueError, match="pass.cap"):
+        policy_grid({"cap": [float("nan")]})
+    with pytest.raises(ValueError, match="decay must be true or false"):
+        check_policy({"decay": "false"})
+    with pytest.raises(ValueError, match="unknown keys \\['now'\\]"):
+        check_policy({"now": "wall"})
+    # a whole number written as a float (as JSON tables do) is the integer it means
+    assert check_policy({"cap": 100.0, "threshold": 0.9}) == {"cap": 100, "threshold": 0.9}
+    assert policy_grid({"cap": [None, 5]}) == [{"cap": None}, {"cap": 5}]
+
+
+def test_load_policy_refuses_incomplete_or_hostile_files(tmp_path):
+    from consolidate.jobs.policy import load_policy
+
+    good = {"target": {"share": 0.98, "metrics": ["recall@10"]}, "task": {"name": "t"},
+            "recommended": {"pass": {"threshold": 0.9, "cap": 5.0}, "keeps": {"recall@10": 1.0},
+                            "tokens_vs_baseline": 0.9}}
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(good))
+    assert load_policy(f)["pass"] == {"threshold": 0.9, "cap": 5}
+    for bad, match in [
+        ({**good, "recommended": {"pass": {}}}, "incomplete policy.json"),
+        ([1, 2], "no recommended policy"),
+        (None, "no recommended policy"),
+        ({**good, "recommended": {**good["recommended"], "pass": {"tau_hours": 0}}},
+         "tau_hours must be > 0"),
+        ({**good, "recommended": {**good["recommended"], "pass": {"max_drop_fraction": 1}}},
+         "unknown keys"),
+    ]:
+        f.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=match):
+            load_policy(f)
+    with pytest.raises(ValueError, match="not a readable policy.json"):
+        load_policy(tmp_path)  # a folder
+    f.write_text("{not json")
+    with pytest.raises(ValueError, match="not a readable policy.json"):
+        load_policy(f)
+
+
 TABLE = pd.DataFrame({
     "variant": ["a", "b", "c", "d", "e"],
     "store_tokens": [100, 80, 80, 60, 90],
@@ -34,6 +84,11 @@ def test_frontier_by_hand():
     # recall@10 for recall@500tok at equal tokens; a has the most recall, d the fewest tokens
     mask = frontier_mask(TABLE, "store_tokens", ["recall@10", "recall@500tok"])
     assert mask.tolist() == [True, True, True, True, False]
+    # a row without a measure is on no frontier
+    t = TABLE.copy()
+    t.loc[3, "recall@10"] = float("nan")
+    assert frontier_mask(t, "store_tokens", ["recall@10"]).tolist() == [
+        True, True, False, False, False]
 
 
 def test_recommendation_by_hand():

@@ -21,10 +21,9 @@ accepts many wrong answers makes its own score meaningless.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -79,25 +78,34 @@ def judge_requests(question: str, gold: str, answer: str, repeats: int,
                         json_schema=Verdict.model_json_schema()) for s in range(repeats)]
 
 
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) < len(keys):
+        raise ValueError(f"duplicate keys {keys}")
+    return dict(pairs)
 
 
-def parse_verdict(text: str | None) -> int | None:
+def parse_verdict(text: Any) -> int | None:
     """1 for ``{"verdict": "CORRECT"}``, 0 for ``{"verdict": "WRONG"}``, ``None`` (invalid)
     for anything else: the answer, stripped of surrounding whitespace and of one Markdown
-    code fence, must be exactly one JSON object with the one key ``verdict`` and a label of
-    the closed set (upper case). Bare words ("CORRECT", "not correct"), partial credit,
-    extra keys or text around the object are invalid.
+    code fence (```` ``` ```` or ```` ```json ````), must be exactly one JSON object with the
+    one key ``verdict`` (not repeated) and a label of the closed set (upper case). Bare words
+    ("CORRECT", "not correct"), partial credit, extra or repeated keys, text around the
+    object, and anything that is not a ``str`` are invalid.
     """
-    t = (text or "").strip()
-    m = _FENCE.match(t)
-    if m:
-        t = m.group(1).strip()
-    if not (t.startswith("{") and t.endswith("}")):
+    if not isinstance(text, str):
+        return None
+    t = text.strip()
+    if t.startswith("```") and t.endswith("```") and len(t) >= 6:
+        t = t[3:-3]
+        if t.startswith("json"):
+            t = t[4:]
+        t = t.strip()
+    if not (t.startswith("{") and t.endswith("}")) or len(t) > 10_000:
         return None
     try:
-        obj = json.loads(t)
-    except ValueError:
+        obj = json.loads(t, object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict) or set(obj) != {"verdict"}:
         return None

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["policy_grid", "policy_name", "frontier_mask", "recommend"]
+__all__ = ["policy_grid", "policy_name", "check_policy", "frontier_mask", "recommend"]
 
 #: the PassConfig fields a policy may set
 POLICY_KEYS = ("threshold", "tau_hours", "floor", "cap", "decay", "near_dedup")
@@ -41,27 +41,72 @@ def policy_name(policy: Mapping[str, Any]) -> str:
     return "policy " + " ".join(f"{short[k]}{policy[k]}" for k in POLICY_KEYS if k in policy)
 
 
+def check_policy(policy: Mapping[str, Any], where: str = "policy") -> dict[str, Any]:
+    """``policy`` as a plain ``dict`` once its keys and values pass the pass's own settings
+    check (a whole number for ``cap`` written as ``100.0`` becomes ``100``).
+
+    Raises:
+        ValueError: not a mapping, an unknown key, or a value the pass refuses (the message
+            starts with ``where``).
+    """
+    from ..config import PassConfig
+    from ..pipeline.run import _check_settings
+
+    if not isinstance(policy, Mapping):
+        raise ValueError(f"{where}: a policy is a mapping of pass settings, got "
+                         f"{type(policy).__name__}")
+    bad = sorted(set(policy) - set(POLICY_KEYS))
+    if bad:
+        raise ValueError(f"{where}: unknown keys {bad} (a policy sets "
+                         f"{', '.join(POLICY_KEYS)})")
+    out = dict(policy)
+    cap = out.get("cap")
+    if isinstance(cap, float) and cap.is_integer():
+        out["cap"] = int(cap)
+    for k in ("decay", "near_dedup"):
+        if k in out and not isinstance(out[k], bool):
+            raise ValueError(f"{where}: {k} must be true or false, got {out[k]!r}")
+    try:
+        _check_settings(PassConfig(**out))
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    return out
+
+
 def policy_grid(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
-    """Every combination of ``grid``'s values, in the order the keys and values are given.
+    """Every combination of ``grid``'s values, in the order the keys and values are given,
+    each checked with :func:`check_policy`.
 
     Args:
         grid: ``{PassConfig field: [values]}``; fields from :data:`POLICY_KEYS`.
 
     Returns:
-        One ``dict`` per policy.
+        One ``dict`` per policy (distinct).
 
     Raises:
-        ValueError: an unknown key, or a key with no values.
+        ValueError: an unknown key, a key whose values are not a non-empty list, a value
+            the pass refuses, or the same policy twice.
     """
     bad = sorted(set(grid) - set(POLICY_KEYS))
     if bad:
         raise ValueError(f"policy grid: unknown keys {bad} (use {', '.join(POLICY_KEYS)})")
+    not_list = sorted(k for k, v in grid.items() if isinstance(v, (str, bytes))
+                      or not isinstance(v, Sequence))
+    if not_list:
+        raise ValueError(f"policy grid: {not_list} must be lists of values (e.g. "
+                         f"grid.threshold=[0.85,0.9])")
     empty = sorted(k for k, v in grid.items() if not len(v))
     if empty:
         raise ValueError(f"policy grid: no values for {empty}")
     keys = list(grid)
-    return [dict(zip(keys, combo, strict=True))
-            for combo in itertools.product(*(list(grid[k]) for k in keys))]
+    combos = [dict(zip(keys, c, strict=True))
+              for c in itertools.product(*(list(grid[k]) for k in keys))]
+    out = [check_policy(c, f"policy grid {c}") for c in combos]
+    names = [policy_name(p) for p in out]
+    if len(set(names)) < len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"policy grid: the same policy twice ({dup[0]})")
+    return out
 
 
 def frontier_mask(table: pd.DataFrame, cost: str, gains: Sequence[str]) -> np.ndarray:
@@ -70,10 +115,14 @@ def frontier_mask(table: pd.DataFrame, cost: str, gains: Sequence[str]) -> np.nd
     number in the tens."""
     c = table[cost].to_numpy(np.float64)
     g = table[list(gains)].to_numpy(np.float64)
+    # a row with no measure (NaN) is on no frontier
+    bad = np.isnan(c) | np.isnan(g).any(1)
+    c = np.where(bad, np.inf, c)
+    g = np.where(bad[:, None], -np.inf, g)
     no_worse = (c[None, :] <= c[:, None]) & (g[None, :, :] >= g[:, None, :]).all(-1)
     better = (c[None, :] < c[:, None]) | (g[None, :, :] > g[:, None, :]).any(-1)
     dominated = (no_worse & better).any(1)  # [i]: some j dominates i
-    return ~dominated
+    return ~dominated & ~bad
 
 
 def recommend(table: pd.DataFrame, baseline: Mapping[str, float], metrics: Sequence[str],
@@ -93,8 +142,10 @@ def recommend(table: pd.DataFrame, baseline: Mapping[str, float], metrics: Seque
     Raises:
         ValueError: ``share`` outside (0, 1], or a metric missing from the table.
     """
-    if not 0 < share <= 1:
-        raise ValueError(f"share must be in (0, 1], got {share}")
+    if not (isinstance(share, (int, float)) and 0 < share <= 1):
+        raise ValueError(f"share must be in (0, 1], got {share!r}")
+    if not len(metrics):
+        raise ValueError("policy recommendation: no metrics to keep")
     missing = [m for m in metrics if m not in table.columns or m not in baseline]
     if missing:
         raise ValueError(f"policy recommendation: no column {missing}")

@@ -39,9 +39,20 @@ def run_policy(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, 
     out = Path(out_dir or HydraConfig.get().runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     grid = OmegaConf.to_container(cfg.grid, resolve=True)
+    if not isinstance(grid, dict) or not grid:
+        raise ValueError("grid must map pass settings to lists of values")
     policies = policy_grid(grid)
     metrics = list(cfg.target.metrics)
-    share = float(cfg.target.share)
+    share = cfg.target.share
+    # the target is checked before any policy runs
+    measured = {f"recall@{k}" for k in cfg.ks} | {f"recall@{b}tok" for b in cfg.budgets}
+    if not metrics or set(metrics) - measured:
+        raise ValueError(f"target.metrics must be a non-empty list of measured recalls "
+                         f"({', '.join(sorted(measured))}), got {metrics}")
+    if not (isinstance(share, (int, float)) and not isinstance(share, bool)
+            and 0 < share <= 1):
+        raise ValueError(f"target.share must be in (0, 1], got {share!r}")
+    share = float(share)
     variants = [{"name": BASELINE, "consolidate": False}] + [
         {"name": policy_name(p), "pass": p} for p in policies]
     ecfg = cfg.copy()
@@ -49,10 +60,6 @@ def run_policy(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, 
         ecfg.variants = variants
     res = run_evaluate(ecfg, out)
     abl = pd.DataFrame(res.tables["ablation"]).set_index("variant")
-    missing = [m for m in metrics if m not in abl.columns]
-    if missing:
-        raise ValueError(f"target.metrics {missing} are not measured (ks={list(cfg.ks)}, "
-                         f"budgets={list(cfg.budgets)})")
     base = abl.loc[BASELINE]
     rows = pd.DataFrame([{**p, "variant": policy_name(p),
                           **abl.loc[policy_name(p), ["store_size", "store_tokens", "merges",
@@ -69,7 +76,9 @@ def run_policy(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, 
                      "store_tokens": int(base["store_tokens"]),
                      **{m: float(base[m]) for m in metrics}},
         "recommended": None if rec is None else {
-            "pass": {k: rec[k] for k in grid}, "store_size": int(rec["store_size"]),
+            # the policy as the grid gave it (the table's columns are floats, NaN for null)
+            "pass": next(p for p in policies if policy_name(p) == rec["variant"]),
+            "store_size": int(rec["store_size"]),
             "store_tokens": int(rec["store_tokens"]),
             **{m: float(rec[m]) for m in metrics}, "keeps": rec["keeps"],
             "tokens_vs_baseline": round(rec["store_tokens"] / max(base["store_tokens"], 1), 4)},
@@ -109,17 +118,33 @@ def load_policy(path: str | Path) -> dict[str, Any]:
         ValueError: the file holds no recommendation (no policy kept the target) or a
             setting that is not a policy key.
     """
-    from ..evaluation.policy import POLICY_KEYS
+    from ..evaluation.policy import check_policy
 
-    d = json.loads(Path(path).read_text())
-    rec = d.get("recommended")
+    try:
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable policy.json ({e})") from None
+    rec = d.get("recommended") if isinstance(d, dict) else None
     if not isinstance(rec, dict) or not isinstance(rec.get("pass"), dict):
         raise ValueError(f"{path}: no recommended policy (no policy of its grid kept the "
-                         f"target)")
-    bad = sorted(set(rec["pass"]) - set(POLICY_KEYS))
-    if bad:
-        raise ValueError(f"{path}: recommended.pass sets {bad}, which are not policy keys")
-    return {**rec, "file": str(path), "target": d.get("target"), "task": d.get("task"),
+                         f"target, or not a policy.json)")
+    pol = check_policy(rec["pass"], f"{path}: recommended.pass")
+    target, task = d.get("target"), d.get("task")
+    keeps, ratio = rec.get("keeps"), rec.get("tokens_vs_baseline")
+
+    def num(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
+
+    if not (isinstance(target, dict) and num(target.get("share"))
+            and isinstance(target.get("metrics"), list) and isinstance(keeps, dict)
+            and keeps and all(num(v) for v in keeps.values()) and num(ratio)
+            and isinstance(task, dict) and isinstance(task.get("name"), str)):
+        raise ValueError(f"{path}: incomplete policy.json (needs target.share, "
+                         f"target.metrics, task.name, recommended.keeps and "
+                         f"recommended.tokens_vs_baseline, as consolidate-policy writes)")
+    return {**rec, "pass": pol, "file": str(path), "target": target, "task": task,
             "baseline": d.get("baseline")}
 
 

@@ -29,12 +29,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..merge import (
-    NAME,
     MergeRequest,
     MergeResponse,
     canonical_order,
     fact_time,
+    facts_of,
     lost_facts,
+    names_in,
     newer_fact_times,
     unordered_pair,
 )
@@ -136,13 +137,13 @@ def invented(text: str, members: Sequence[str]) -> list[str]:
     member_toks: set[str] = set()
     member_nums: set[str] = set()
     for m in members:
-        mt = content_tokens(m)
-        member_toks |= set(mt)
-        member_nums |= set(_numbers(mt, m))
+        f = facts_of(m)
+        member_toks |= f.words
+        member_nums |= f.numbers
     toks = content_tokens(text)
     out = [f"added number {n}" for n in _numbers(toks, text) if n not in member_nums]
-    out += [f"added name {w}" for w in NAME.findall(text.strip())
-            if w.lower() not in member_toks]
+    out += [f"added name {w}" for w in names_in(text)
+            if w.casefold().replace("\u2019", "'") not in member_toks]
     return sorted(set(out))
 
 
