@@ -80,24 +80,27 @@ def plot_histograms(groups: dict[str, np.ndarray], path: str | Path, title: str,
 
 def plot_frontier(policies: pd.DataFrame, baseline: pd.Series, metrics: list[str],
                   path: str | Path, recommended: str | None) -> Path:
-    """One panel per recall metric: each policy's stored tokens (x) against its recall
-    (y); the frontier (``policies["frontier"]``) joined by a line, the baseline (keep every
-    memory) as a star and the recommended policy (variant name) circled."""
-    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4.5), squeeze=False)
-    for ax, m in zip(axes[0], metrics, strict=True):
-        ax.scatter(policies["store_tokens"], policies[m], s=14, color="0.6", label="policy")
-        f = policies[policies["frontier"]].sort_values("store_tokens")
-        ax.plot(f["store_tokens"], f[m], "-o", ms=4, label="frontier")
-        ax.scatter([baseline["store_tokens"]], [baseline[m]], marker="*", s=160,
-                   color="k", label="keep all")
-        if recommended is not None:
-            r = policies[policies["variant"] == recommended]
-            ax.scatter(r["store_tokens"], r[m], s=160, facecolors="none",
-                       edgecolors="r", linewidths=2, label="recommended")
-        ax.set_xlabel("stored tokens after the pass")
-        ax.set_ylabel(m)
-        ax.set_title(f"{m} vs store size")
-        ax.legend(fontsize=8)
+    """One column per recall metric, two rows: each policy's store size in stored tokens
+    (top) and in memories (bottom) against its recall; the frontier on tokens
+    (``policies["frontier"]``) joined by a line, the baseline (keep every memory) as a star
+    and the recommended policy (variant name) circled."""
+    fig, axes = plt.subplots(2, len(metrics), figsize=(6 * len(metrics), 9), squeeze=False)
+    for row, (size, label) in enumerate((("store_tokens", "stored tokens after the pass"),
+                                         ("store_size", "memories after the pass"))):
+        for ax, m in zip(axes[row], metrics, strict=True):
+            ax.scatter(policies[size], policies[m], s=14, color="0.6", label="policy")
+            f = policies[policies["frontier"]].sort_values(size)
+            ax.plot(f[size], f[m], "-o", ms=4, label="frontier (on tokens)")
+            ax.scatter([baseline[size]], [baseline[m]], marker="*", s=160, color="k",
+                       label="keep all")
+            if recommended is not None:
+                r = policies[policies["variant"] == recommended]
+                ax.scatter(r[size], r[m], s=160, facecolors="none", edgecolors="r",
+                           linewidths=2, label="recommended")
+            ax.set_xlabel(label)
+            ax.set_ylabel(m)
+            ax.set_title(f"{m} vs {label.split(' after')[0]}")
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
