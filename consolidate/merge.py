@@ -237,8 +237,9 @@ class Facts:
 
 @functools.lru_cache(maxsize=1 << 16)
 def facts_of(text: str) -> Facts:
-    """The :class:`Facts` of ``text`` (``str``); cached, as a pass asks for each member's
-    twice (the merger, then the merge stage's check)."""
+    """The :class:`Facts` of ``text`` (``str``); cached, as the sentences of a member that
+    several clusters or passes share repeat (and :func:`lost_facts` reads its members'
+    again)."""
     toks = content_tokens(text)
     uwords = [w.casefold().replace("\u2019", "'") for w in _UWORD.findall(text)]
     neg_at = next((k for k, t in enumerate(toks) if t in _NEGATION_WORDS), None)

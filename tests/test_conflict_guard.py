@@ -92,7 +92,9 @@ def test_long_texts_stay_linear_enough():
     words = [f"w{k}x" for k in range(3000)]
     a = "Gina met " + " ".join(words) + "."
     b = "Gina met " + " ".join(reversed(words)) + "."
-    assert conflict_reason(a, b) is None or conflict_reason(a, b) == conflict_reason(b, a)
+    # the same words reversed: more than _MAX_ROLES of them, so no roles check; no value
+    # replaced by one the other text lacks
+    assert conflict_reason(a, b) is None and conflict_reason(b, a) is None
     c = "Jon said " + " ".join(words)
     d = "Max said " + " ".join(words)
     assert conflict_reason(c, d) is None  # sentence-initial names are no values
