@@ -7,6 +7,7 @@ import sys
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from consolidate.config import PassConfig
@@ -290,6 +291,25 @@ def test_append_leaves_the_callers_records_as_they_were(tmp_path, fmt):
     np.testing.assert_array_equal(new.vectors, [[0.0, 3.0, 4.0]])
     assert new.meta["last_pass"].tolist() == [2.0]
     np.testing.assert_allclose(s.load().records.vectors[-1], [0.0, 0.6, 0.8], atol=1e-7)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "lance"])
+def test_create_leaves_the_callers_records_as_they_were(tmp_path, fmt):
+    from consolidate.store import open_store_dir
+    from consolidate.store.schema import records_from_rows
+
+    rows = [{"id": "a", "namespace": "u", "text": "fact", "importance": 0.5,
+             "vector": [0.0, 3.0, 4.0], "created_at": 1.0, "last_used": 1.0}]
+    recs = records_from_rows(rows)
+    before = recs.meta.copy()
+    open_store_dir(tmp_path / "s", format=fmt).create(recs)
+    # a second store created from the same records gets the same rows
+    np.testing.assert_array_equal(recs.vectors, [[0.0, 3.0, 4.0]])
+    pd.testing.assert_frame_equal(recs.meta, before)
+    b = open_store_dir(tmp_path / "b", format=fmt)
+    b.create(recs)
+    np.testing.assert_array_equal(b.load().records.vectors,
+                                  np.array([[0.0, 0.6, 0.8]], np.float32))
 
 
 def test_mark_used_caps_strength_like_the_pass_by_default(tmp_path):

@@ -406,6 +406,10 @@ class Store:
                 f"restore its {POINTER} or move the folder aside")
         if not len(records) or records.dim < 1:
             raise ValueError(f"create(): no records (or no vector dimension) for {self.root}")
+        # the caller's records stay as they were (create rescales, stamps columns)
+        records = dataclasses.replace(
+            records, meta=records.meta.copy(),
+            input_problems={k: list(v) for k, v in records.input_problems.items()})
         records = self._checked(records, dim=records.dim, source=source, existing=None)
         normalise_vectors(records)
         return records
