@@ -92,3 +92,43 @@ def test_job_on_a_lance_folder_without_marker_does_not_reimport(tmp_path, store)
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("error: ") and "holds no store" in r.stderr
     assert tree_digest(store.root) == before
+
+
+def test_a_damaged_index_file_slows_reads_but_loses_nothing_and_reindex_mends_it(
+        tmp_path, caplog):
+    """The scalar indexes are derived data: with their files garbled, reads that use them
+    go on without them and warn; `consolidate-versions action=reindex` rebuilds them."""
+    from omegaconf import OmegaConf
+
+    from consolidate.jobs.versions import run_versions
+
+    rows = [{**GOOD, "id": f"r{i}", "namespace": f"u{i % 3}", "text": f"fact {i}"}
+            for i in range(30)]
+    s = LanceStore(tmp_path / "s")
+    s.create(make_records(rows))
+    want = s.read_rows(s.head().version, ["u1"]).sort_by("id")
+    files = [p for p in (s.dataset_path / "_indices").rglob("*") if p.is_file()]
+    assert len(files) >= 2  # the id and the namespace index
+    for p in files:
+        b = bytearray(p.read_bytes())
+        b[: min(len(b), 64)] = b"\0" * min(len(b), 64)
+        p.write_bytes(bytes(b))
+    with caplog.at_level("WARNING", logger="consolidate"):
+        assert s.read_rows(s.head().version, ["u1"]).sort_by("id").equals(want)
+        assert sorted(s.load(namespaces=["u1"]).records.meta["id"]) == \
+            sorted(want.column("id").to_pylist())
+        s.mark_used(["r4"], now=20.0)
+        assert s.append(make_records([{**GOOD, "id": "new"}])) == ["new"]
+        with pytest.raises(Exception, match="duplicate"):  # the id check still works
+            s.append(make_records([{**GOOD, "id": "r5"}]))
+    assert "cannot be read" in caplog.text and "action=reindex" in caplog.text
+    cfg = OmegaConf.create({"store": {"name": "x", "dir": str(s.root), "init_from": None},
+                            "action": "reindex", "version": None, "other": None, "ids": [],
+                            "out": None, "dry_run": False})
+    assert run_versions(cfg)["indexes"] == ["id", "namespace"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="consolidate"):
+        recs = s.load().records
+    assert "cannot be read" not in caplog.text
+    assert len(recs) == 31 and recs.meta.set_index("id").loc["r4", "last_used"] == 20.0
+    assert s.verify()["digest"] is True  # the version reindex left is recorded

@@ -1,5 +1,5 @@
 """``consolidate-versions``: list, compare, roll back, restore and export a Lance store's
-versions (Hydra job; see ``configs/versions.yaml``)."""
+versions, and rebuild its indexes (Hydra job; see ``configs/versions.yaml``)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,11 @@ def run_versions(cfg: DictConfig) -> dict[str, Any]:
         if not cfg.out:
             raise ValueError("action=export needs out=FILE.parquet or out=FILE.jsonl")
         return store.export(cfg.out, None if cfg.version is None else int(cfg.version))
-    raise ValueError(f"action must be list, diff, rollback, restore or export, got {act!r}")
+    if act == "reindex":
+        with store.lock(timeout_s=scfg.lock_timeout_s):
+            return store.reindex()
+    raise ValueError(f"action must be list, diff, rollback, restore, export or reindex, got "
+                     f"{act!r}")
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="versions")

@@ -57,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import threading
@@ -104,6 +105,8 @@ from .store import (
 from .vectors import SCALE_COLUMN, decode_vectors, empty_vectors
 
 __all__ = ["LanceStore", "DATASET", "store_format", "open_store_dir", "convert"]
+
+log = logging.getLogger("consolidate")
 
 DATASET = "memories.lance"
 FORMAT = "lance"
@@ -156,6 +159,30 @@ class _Stored:
         return records_to_arrow(Records(self.frame, self.vectors), with_vectors=False)
 
 
+def _read_table(ds: Any, **kw: Any) -> tuple[pa.Table, bool]:
+    """``(ds.scanner(**kw).to_table(), whether the scalar indexes served it)``. A filtered read that
+    fails while one that ignores the indexes succeeds means an index file is damaged: the
+    indexes are derived data (the rows are intact), so the read goes on without them, with
+    a warning naming the way to rebuild them (:meth:`LanceStore.reindex`).
+
+    Raises:
+        the first read's error when the read without indexes fails too.
+    """
+    try:
+        return ds.scanner(**kw).to_table(), True
+    except Exception as e:
+        if kw.get("filter") is None:
+            raise
+        try:
+            out = ds.scanner(**kw, use_scalar_index=False).to_table()
+        except Exception:
+            raise e from None
+        log.warning("%s: a scalar index (under _indices) cannot be read (%s); reading "
+                    "without it, slower. The rows are intact; `consolidate-versions "
+                    "action=reindex` rebuilds the indexes", ds.uri, e)
+        return out, False
+
+
 def _scan(ds: Any, flt: Any, dim: int, found: Callable[[np.ndarray], None] | None = None
           ) -> tuple[pa.Table, np.ndarray, np.ndarray]:
     """Read the rows of the Lance dataset ``ds`` that match ``flt`` (all when ``None``):
@@ -181,8 +208,8 @@ def _scan(ds: Any, flt: Any, dim: int, found: Callable[[np.ndarray], None] | Non
     vtype = ds.schema.field("vector").type
     if not pa.types.is_fixed_size_list(vtype) or vtype.list_size != dim:
         raise ValueError(f"the vector column is {vtype}, not {dim} wide")
-    meta = ds.to_table(columns=[c for c in ds.schema.names if c not in vcols], filter=flt,
-                       with_row_address=True)
+    meta, indexed = _read_table(ds, columns=[c for c in ds.schema.names if c not in vcols],
+                                filter=flt, with_row_address=True)
     addr = meta.column("_rowaddr").to_numpy()
     meta = meta.drop_columns(["_rowaddr"])
     n = len(addr)
@@ -195,7 +222,7 @@ def _scan(ds: Any, flt: Any, dim: int, found: Callable[[np.ndarray], None] | Non
     # one fragment at a time with 32 MiB of I/O buffer holds about half that, as fast
     for b in ds.to_batches(columns=vcols, filter=flt, with_row_address=True,
                            batch_size=SCAN_BATCH, fragment_readahead=1,
-                           io_buffer_size=32 << 20):
+                           io_buffer_size=32 << 20, use_scalar_index=indexed):
         k = b.num_rows
         got = b.column("_rowaddr").to_numpy()
         block = decode_vectors(b.column("vector"), b.column(SCALE_COLUMN)
@@ -1013,7 +1040,8 @@ class LanceStore(Store):
                                  "pinned": pd.Series([], dtype=bool)})
         ds = self._open()
         try:
-            t = ds.to_table(columns=["id", "pinned"], filter=pc.field("id").isin(wanted))
+            t, _ = _read_table(ds, columns=["id", "pinned"],
+                               filter=pc.field("id").isin(wanted))
         except (OSError, pa.ArrowException) as e:
             self._check_present(ds)  # names a missing file
             raise CorruptStoreError(f"cannot read the ids of {self.dataset_path} (version "
@@ -1232,7 +1260,7 @@ class LanceStore(Store):
             return empty
         scope = (None if namespaces is None
                  else pc.field("namespace").isin(pa.array(namespaces, pa.string())))
-        ids = ds.scanner(columns=["id"], filter=scope, fragments=newer).to_table().column("id")
+        ids = _read_table(ds, columns=["id"], filter=scope, fragments=newer)[0].column("id")
         if not len(ids):
             return empty
         sid = stored.ids
@@ -1310,8 +1338,8 @@ class LanceStore(Store):
                                         pa.array(list(removed), pa.string())])
             addresses = np.zeros(0, np.uint64)
             if len(ids):
-                hit = ds.to_table(columns=["id"], filter=pc.field("id").isin(ids),
-                                  with_row_address=True)
+                hit, _ = _read_table(ds, columns=["id"], filter=pc.field("id").isin(ids),
+                                     with_row_address=True)
                 if hit.num_rows != pc.count_distinct(hit.column("id")).as_py() or (
                         expected is not None and hit.num_rows != expected):
                     # an id stored twice (a copy quarantined at load): by id alone the
@@ -1386,7 +1414,8 @@ class LanceStore(Store):
         flt = (None if namespaces is None
                else pc.field("namespace").isin(pa.array(sorted(namespaces), pa.string())))
         try:
-            return ds.to_table(columns=None if columns is None else list(columns), filter=flt)
+            return _read_table(ds, columns=None if columns is None else list(columns),
+                               filter=flt)[0]
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
             self._check_present(ds)
             raise CorruptStoreError(f"cannot read {self.dataset_path} (version {version}): "
@@ -1561,6 +1590,26 @@ class LanceStore(Store):
                 out["bytes_removed"] = int(getattr(stats, "bytes_removed", 0))
                 self._record_checksums(ds, prune=True)  # forgets the removed files
         return out
+
+
+    def reindex(self) -> dict[str, Any]:
+        """Rebuild the scalar indexes (``id`` and ``namespace``, :func:`_index`) over every
+        row, replacing the old ones: the way out when an index file under ``_indices`` is
+        damaged (reads then go on without it, slower, and warn). The rows are not touched;
+        each index is a Lance version of its own, with the store's properties restated on
+        top. Hold :meth:`lock` while calling it.
+
+        Returns:
+            ``{"version": the newest version after, "indexes": ["id", "namespace"]}``.
+        """
+        with self._writers_lock():
+            ds = self._open()
+            props = self._props(ds)
+            ds.create_scalar_index("id", "BTREE", replace=True)
+            ds.create_scalar_index("namespace", "BTREE", replace=True)
+            ds = self._restate(self._open(), props)
+            self._record_checksums(ds)
+        return {"version": ds.version, "indexes": ["id", "namespace"]}
 
 
 def _read_error(e: BaseException, source: str, checker: threading.Thread | None,
