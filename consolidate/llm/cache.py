@@ -11,13 +11,13 @@ import hashlib
 import json
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from .base import ChatRequest, ChatResponse, LLMBackend, make_backend
 
-__all__ = ["CachedBackend", "request_key", "backend_from"]
+__all__ = ["CachedBackend", "ResponseCache", "request_key", "backend_from"]
 
 
 def request_key(backend: str, model: str, prompt_version: str, r: ChatRequest) -> str:
@@ -29,6 +29,47 @@ def request_key(backend: str, model: str, prompt_version: str, r: ChatRequest) -
         fields["schema"] = r.json_schema
     payload = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
+
+
+class ResponseCache:
+    """The SQLite table of responses behind :class:`CachedBackend`, usable on its own (a
+    fleet run's driver looks answers up and stores them for its actors).
+
+    Args:
+        path: SQLite file (created with its folder).
+        backend, model, prompt_version: mixed into every key (:func:`request_key`).
+    """
+
+    def __init__(self, path: str | Path, backend: str, model: str,
+                 prompt_version: str) -> None:
+        self.backend, self.model, self.prompt_version = backend, model, prompt_version
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(path))
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, "
+                        "text TEXT, prompt_tokens INT, completion_tokens INT, created REAL)")
+
+    def key(self, r: ChatRequest) -> str:
+        """The key of one request."""
+        return request_key(self.backend, self.model, self.prompt_version, r)
+
+    def get(self, keys: Iterable[str]) -> dict[str, ChatResponse]:
+        """The stored responses of ``keys`` (those found; ``extra={"cached": True}``)."""
+        found: dict[str, ChatResponse] = {}
+        for k in set(keys):
+            row = self.db.execute("SELECT text, prompt_tokens, completion_tokens FROM "
+                                  "responses WHERE key = ?", (k,)).fetchone()
+            if row:
+                found[k] = ChatResponse(row[0], row[1], row[2], 0.0, {"cached": True})
+        return found
+
+    def put(self, items: Iterable[tuple[str, ChatResponse]]) -> None:
+        """Store ``(key, response)`` pairs in one transaction."""
+        with self.db:
+            for k, resp in items:
+                self.db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
+                                (k, resp.text, resp.prompt_tokens, resp.completion_tokens,
+                                 time.time()))
 
 
 class CachedBackend:
@@ -48,34 +89,22 @@ class CachedBackend:
         self.name = backend.name
         self.model = backend.model
         self.prompt_version = prompt_version
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(path))
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, "
-                        "text TEXT, prompt_tokens INT, completion_tokens INT, created REAL)")
+        self.cache = ResponseCache(path, self.name, self.model, prompt_version)
         self.hits = 0
         self.misses = 0
 
     def chat(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
-        keys = [request_key(self.name, self.model, self.prompt_version, r) for r in requests]
-        found: dict[str, ChatResponse] = {}
-        for k in set(keys):
-            row = self.db.execute("SELECT text, prompt_tokens, completion_tokens FROM "
-                                  "responses WHERE key = ?", (k,)).fetchone()
-            if row:
-                found[k] = ChatResponse(row[0], row[1], row[2], 0.0, {"cached": True})
-        todo = [n for n, k in enumerate(keys) if k not in found]
+        keys = [self.cache.key(r) for r in requests]
+        found = self.cache.get(keys)
         # one call per distinct missing key
         first: dict[str, int] = {}
-        for n in todo:
-            first.setdefault(keys[n], n)
+        for n, k in enumerate(keys):
+            if k not in found:
+                first.setdefault(k, n)
         fresh = self.inner.chat([requests[n] for n in first.values()]) if first else []
-        with self.db:
-            for (k, _), resp in zip(first.items(), fresh, strict=True):
-                self.db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
-                                (k, resp.text, resp.prompt_tokens, resp.completion_tokens,
-                                 time.time()))
-                found[k] = resp
+        pairs = list(zip(first, fresh, strict=True))
+        self.cache.put(pairs)
+        found.update(pairs)
         self.hits += len(requests) - len(first)
         self.misses += len(first)
         return [found[k] for k in keys]

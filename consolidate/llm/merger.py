@@ -44,8 +44,8 @@ from .base import ChatRequest, json_request, parse_json_model, quote
 from .cache import backend_from
 
 __all__ = ["MERGE_PROMPT_VERSION", "CONFLICT_PROMPT_VERSION", "MergeOut", "ConflictOut",
-           "merge_chat_request", "conflict_chat_request", "parse_merge", "missing_facts",
-           "LLMMerger"]
+           "merge_chat_request", "conflict_chat_request", "merge_prompt_version",
+           "parse_merge", "missing_facts", "LLMMerger"]
 
 MERGE_PROMPT_VERSION = "merge-v3"
 CONFLICT_PROMPT_VERSION = "merge-conflict-v2"
@@ -74,6 +74,11 @@ _CONFLICT_SYSTEM = (
     "notes. List the numbers of the outdated notes, then merge the notes that are still true "
     "into one note that keeps every number, date, name and negation exactly. Reply with JSON "
     'only: {"outdated": [<note numbers>], "text": "<merged note of the others>"}')
+
+
+def merge_prompt_version(handles_conflicts: bool) -> str:
+    """The prompt version mixed into the response cache's keys of an :class:`LLMMerger`."""
+    return MERGE_PROMPT_VERSION + ("+" + CONFLICT_PROMPT_VERSION if handles_conflicts else "")
 
 
 def _date(hours: float) -> str:
@@ -181,9 +186,9 @@ class LLMMerger:
     def __init__(self, backend: str | Any = "transformers", backend_kwargs: dict | None = None,
                  cache_path: str | None = ".cache/llm_cache.sqlite",
                  max_tokens: int = 96, handles_conflicts: bool = False) -> None:
-        version = MERGE_PROMPT_VERSION + ("+" + CONFLICT_PROMPT_VERSION
-                                          if handles_conflicts else "")
-        self.backend, be = backend_from(backend, backend_kwargs, cache_path, version)
+        self.prompt_version = merge_prompt_version(handles_conflicts)
+        self.backend, be = backend_from(backend, backend_kwargs, cache_path,
+                                        self.prompt_version)
         self.name = f"llm:{be.name}"
         self.max_tokens = max_tokens
         self.handles_conflicts = bool(handles_conflicts)
