@@ -58,6 +58,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import threading
@@ -768,9 +769,11 @@ class LanceStore(Store):
 
     def export(self, path: str | os.PathLike, version: int | None = None) -> dict[str, Any]:
         """Write one version's records (default: the newest, pending deltas included) to
-        ``path``: ``.parquet`` (the store's Arrow schema, vectors in the stored dtype) or
-        ``.jsonl`` (one JSON object a line; times ISO 8601 UTC, vectors as float lists).
-        Written to a temporary file and renamed.
+        ``path``: ``.parquet`` (the store's Arrow schema, vectors in the stored dtype),
+        ``.jsonl`` (one JSON object a line; times ISO 8601 UTC, vectors as float lists) or
+        ``.csv`` (as JSONL, with vectors and lists of ids as JSON arrays in their cells).
+        Written to a temporary file and renamed. ``consolidate-import file=PATH`` reads
+        each back as it was (:mod:`consolidate.sources.files`).
 
         Raises:
             ValueError: another suffix. CorruptStoreError: the version is not retained.
@@ -778,8 +781,8 @@ class LanceStore(Store):
         import pyarrow.parquet as pq
 
         path = Path(path)
-        if path.suffix not in (".parquet", ".jsonl"):
-            raise ValueError(f"export: {path} must end in .parquet or .jsonl")
+        if path.suffix not in (".parquet", ".jsonl", ".csv"):
+            raise ValueError(f"export: {path} must end in .parquet, .jsonl or .csv")
         if version is None:
             snap = self.load()
             recs, version = snap.records, snap.version
@@ -792,8 +795,18 @@ class LanceStore(Store):
         else:
             df = records_to_arrow(recs, dtype, with_vectors=False).to_pandas()
             df.insert(3, "vector", list(recs.vectors.astype(np.float64)))
-            _write_atomic(path, lambda p: df.to_json(p, orient="records", lines=True,
-                                                     date_format="iso", date_unit="us"))
+            for c in df.columns:  # times as ISO 8601 UTC (microseconds, as stored)
+                if str(df[c].dtype).startswith("datetime64"):
+                    df[c] = df[c].map(lambda t: None if pd.isna(t) else t.isoformat())
+            if path.suffix == ".jsonl":
+                # Python's json writes the shortest repr of each float: it reads back to
+                # the same float64 (pandas' to_json keeps 15 digits at most)
+                _write_atomic(path, lambda p: _write_table_jsonl(df, p))
+            else:
+                for c in ("vector", "source_ids", "keep_apart", "derived_from"):
+                    df[c] = [json.dumps([float(x) for x in v] if c == "vector" else list(v))
+                             for v in df[c]]
+                _write_atomic(path, lambda p: df.to_csv(p, index=False))
         return {"path": str(path), "version": int(version), "records": len(recs)}
 
     # ------------------------------------------------------------ create
@@ -1610,6 +1623,26 @@ class LanceStore(Store):
             ds = self._restate(self._open(), props)
             self._record_checksums(ds)
         return {"version": ds.version, "indexes": ["id", "namespace"]}
+
+
+def _write_table_jsonl(df: pd.DataFrame, path: Path) -> None:
+    """``df`` as JSON lines: NaN and None as null, arrays as lists, floats exact."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, np.ndarray):
+            return v.tolist()
+        if isinstance(v, (np.bool_, np.integer)):
+            return v.item()
+        if isinstance(v, float) and math.isnan(v):
+            return None
+        if isinstance(v, list):
+            return list(v)
+        return v
+
+    cols = list(df.columns)
+    with open(path, "w", encoding="utf-8") as f:
+        for row in df.itertuples(index=False, name=None):
+            f.write(json.dumps({c: plain(v) for c, v in zip(cols, row, strict=True)},
+                               ensure_ascii=False) + "\n")
 
 
 def _read_error(e: BaseException, source: str, checker: threading.Thread | None,

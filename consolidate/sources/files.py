@@ -1,0 +1,248 @@
+"""Memories from plain files: JSONL, Parquet and CSV, in the schema ``consolidate-export``
+writes (so an export imports back unchanged) or in a smaller one a user writes by hand.
+
+Schema (one memory a line in JSONL, a row in Parquet and CSV; default when absent after
+the colon):
+
+- ``text``: the memory (required);
+- ``id``: a unique string: generated (below);
+- ``namespace``: the user or agent it belongs to: the ``namespace`` argument;
+- ``vector``: the embedding, a list of numbers (CSV: a JSON array): every row embedded;
+- ``importance``: 0..1, rated at write time: 0.5;
+- ``strength``: >= 1 (+1 per recall or merge): 1;
+- ``created_at``, ``last_used``: ISO 8601 (naive = UTC) or hours since the Unix epoch:
+  each other, else now;
+- ``pinned``: a boolean (CSV: true/false/1/0): false;
+- ``source_ids``: provenance, a list of strings (CSV: a JSON array): none;
+- ``valid_from``, ``valid_to``: the validity interval, times as above: open;
+- ``deleted_at``, ``deleted_reason``, ``merged_into``: a tombstone (a merged or dropped
+  memory): live.
+
+``last_pass``, ``keep_apart``, ``derived_from`` and ``text_hash`` round-trip an export;
+other columns are ignored and listed in the report. Either every row has a vector (all of
+one length) or none has, and then the texts are embedded with the given embedder.
+
+A generated id is ``"imp-"`` and 20 hex digits of SHA-256 over the namespace, the text and
+the number of earlier rows with the same two, so importing the same file twice is refused
+as duplicate ids rather than stored twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..store.schema import (
+    COLUMNS,
+    InvalidRecordsError,
+    Problem,
+    Records,
+    normalise_vectors,
+    records_from_arrow,
+    records_from_rows,
+    records_to_arrow,
+    validate,
+)
+
+__all__ = ["FILE_SUFFIXES", "FileImport", "read_memories"]
+
+#: file suffixes :func:`read_memories` reads
+FILE_SUFFIXES = (".jsonl", ".parquet", ".csv")
+
+_KNOWN = set(COLUMNS) | {"vector"}
+_LISTS = ("source_ids", "keep_apart", "derived_from")
+_NUMBERS = ("importance", "strength", "last_pass", "created_at", "last_used", "valid_from",
+            "valid_to", "deleted_at")
+
+
+@dataclass
+class FileImport:
+    """What :func:`read_memories` read.
+
+    Attributes:
+        records: the memories (vectors ``float32 [n, d]``, as given or embedded).
+        path: the file.
+        generated_ids: rows that had no ``id``.
+        embedded: whether the texts were embedded (no row had a vector).
+        ignored_columns: columns outside the schema.
+    """
+
+    records: Records
+    path: str
+    generated_ids: int = 0
+    embedded: bool = False
+    ignored_columns: list[str] = field(default_factory=list)
+
+
+def _where(path: Path, row: int, header: bool) -> str:
+    return f"{path} line {row + 1 + header}"
+
+
+def _jsonl_rows(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        for k, line in enumerate(f):
+            if not line.strip():
+                raise ValueError(f"{path} line {k + 1}: an empty line (one JSON object a "
+                                 f"line, none empty)")
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} line {k + 1}: not JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path} line {k + 1}: a JSON {type(row).__name__}, not an "
+                                 f"object")
+            yield row
+
+
+def _csv_value(c: str, v: str, where: str) -> Any:
+    """One CSV cell as the schema's type (``""`` is absent)."""
+    if v == "":
+        return None
+    if c == "vector" or c in _LISTS:
+        try:
+            return json.loads(v)
+        except json.JSONDecodeError:
+            raise ValueError(f"{where}: {c} is not a JSON array: {v[:40]!r}") from None
+    if c == "pinned":
+        low = v.strip().lower()
+        if low in ("true", "1"):
+            return True
+        if low in ("false", "0"):
+            return False
+        raise ValueError(f"{where}: pinned is not true/false/1/0: {v[:40]!r}")
+    if c in _NUMBERS:
+        try:
+            return float(v)
+        except ValueError:
+            if c in ("importance", "strength", "last_pass"):
+                raise ValueError(f"{where}: {c} is not a number: {v[:40]!r}") from None
+            return v  # a time as ISO 8601
+    return v
+
+
+def _csv_rows(path: Path) -> Iterator[dict[str, Any]]:
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False)
+    except (ValueError, pd.errors.ParserError) as e:
+        raise ValueError(f"{path}: not a CSV file with a header row ({e})") from None
+    cols = list(df.columns)
+    for k, vals in enumerate(df.itertuples(index=False, name=None)):
+        where = _where(path, k, True)
+        yield {c: _csv_value(c, v, where) for c, v in zip(cols, vals, strict=True)}
+
+
+def _generated_ids(rows: list[dict[str, Any]], namespace: str) -> int:
+    """Give rows without an ``id`` a content id (see the module docstring); returns how many."""
+    seen: Counter[tuple[str, str]] = Counter()
+    n = 0
+    for r in rows:
+        if r.get("id") is not None:
+            continue
+        key = (str(r.get("namespace")), str(r.get("text")))
+        h = hashlib.sha256(f"{key[0]}\0{key[1]}\0{seen[key]}".encode()).hexdigest()
+        seen[key] += 1
+        r["id"] = f"imp-{h[:20]}"
+        n += 1
+    return n
+
+
+def read_memories(path: str | Path, *, namespace: str = "default", embedder: Any = None,
+                  now_h: float | None = None) -> FileImport:
+    """Read the memories in a JSONL, Parquet or CSV file (schema: the module docstring).
+
+    Args:
+        path: the file (``.jsonl``, ``.parquet`` or ``.csv``).
+        namespace: for rows without one.
+        embedder: an :class:`~consolidate.embed.Embedder` (anything with ``encode(texts) ->
+            float32 [n, d]``) for a file without vectors; ``None`` then is an error.
+        now_h: the clock for the checks of times in the future (hours since the epoch;
+            default now).
+
+    Returns:
+        :class:`FileImport`.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: another suffix, a line that is not a JSON object, a cell of the wrong
+            type, some rows with vectors and some without, no vectors and no embedder, or
+            an empty file; each names the file and the line.
+        InvalidRecordsError: records that break the store's rules (an importance outside
+            0..1, a time in the future, a duplicate id, ...), named by id and line.
+    """
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    if p.suffix not in FILE_SUFFIXES:
+        raise ValueError(f"{p}: a memory file must end in {', '.join(FILE_SUFFIXES)}")
+    if not p.is_file():
+        raise FileNotFoundError(f"memory file not found: {p}")
+    header = p.suffix == ".csv"
+    if p.suffix == ".parquet":
+        table = pq.read_table(p)
+        if set(COLUMNS) <= set(table.column_names) and "vector" in table.column_names:
+            # an export of a store: its own schema, vectors decoded from the stored dtype
+            recs = records_from_arrow(table)
+            _check(recs, p, header=False, now_h=now_h)
+            normalise_vectors(recs)
+            return FileImport(recs, str(p), ignored_columns=sorted(
+                set(table.column_names) - _KNOWN - {"vector_scale"}))
+        rows = table.to_pylist()
+    elif p.suffix == ".jsonl":
+        rows = list(_jsonl_rows(p))
+    else:
+        rows = list(_csv_rows(p))
+    if not rows:
+        raise ValueError(f"{p}: no memories in the file")
+    ignored = sorted({c for r in rows for c in r} - _KNOWN)
+    for k, r in enumerate(rows):
+        if not isinstance(r.get("text"), str):
+            raise ValueError(f"{_where(p, k, header)}: "
+                             f"{'no text' if r.get('text') is None else 'text is not a string'}")
+        if r.get("namespace") is None:
+            r["namespace"] = namespace
+        if isinstance(r.get("vector"), float) and math.isnan(r["vector"]):
+            r["vector"] = None
+    generated = _generated_ids(rows, namespace)
+    has = np.array([r.get("vector") is not None for r in rows])
+    embedded = not has.any()
+    if embedded:
+        if embedder is None:
+            raise ValueError(f"{p}: no row has a vector; give an embedder to embed the texts")
+        vecs = np.asarray(embedder.encode([r["text"] for r in rows]), dtype=np.float32)
+        for r, v in zip(rows, vecs, strict=True):
+            r["vector"] = v
+    elif not has.all():
+        k = int(np.flatnonzero(~has)[0])
+        raise ValueError(f"{_where(p, k, header)}: no vector, while {int(has.sum())} other "
+                         f"rows have one (either every row has a vector or none has)")
+    recs = records_from_rows(rows)
+    _check(recs, p, header=header, now_h=now_h)
+    # as the store will hold them: unit vectors, times in whole microseconds
+    normalise_vectors(recs)
+    recs = records_from_arrow(records_to_arrow(recs))
+    return FileImport(recs, str(p), generated_ids=generated, embedded=embedded,
+                      ignored_columns=ignored)
+
+
+def _check(recs: Records, path: Path, *, header: bool, now_h: float | None) -> None:
+    """:func:`~consolidate.store.schema.validate`, its problems named by id and line.
+
+    Raises:
+        InvalidRecordsError: any problem."""
+    problems = validate(recs, dim=recs.dim, now_h=now_h)
+    if not problems:
+        return
+    ids = recs.meta["id"].tolist()
+    raise InvalidRecordsError(str(path), [
+        Problem(pr.kind, pr.rows, [f"{ids[k]} (line {k + 1 + header})" for k in pr.rows])
+        for pr in problems])

@@ -1,0 +1,177 @@
+"""Memories from plain files (consolidate.sources.files, consolidate-import file=...): an
+export in each format reads back unchanged; hand-written files get defaults, generated ids
+and embeddings; bad files are refused naming the file and the line, with nothing written."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from consolidate.sources import read_memories
+from consolidate.store import InvalidRecordsError
+from consolidate.store.lance_store import LanceStore
+from consolidate.store.schema import COLUMNS
+from tests.conftest import make_records, random_rows, tree_digest
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A store whose rows use every column: a pinned row, provenance, a validity interval,
+    a merged member with its tombstone and the merged record, a dropped one."""
+    rows = random_rows(12, 8, namespaces=3)
+    rows[0].update(pinned=True, valid_from=10.0, valid_to=900.0)
+    rows[1].update(deleted_at=995.0, deleted_reason="merged", merged_into=rows[2]["id"],
+                   strength=2.0)
+    rows[2].update(strength=3.0, last_pass=2.0)
+    rows[3].update(deleted_at=996.0, deleted_reason="floor", text="line one\nline, two \"q\"")
+    s = LanceStore(tmp_path / "s")
+    s.create(make_records(rows))
+    return s
+
+
+def same_records(a, b):
+    ia = np.argsort(a.meta["id"].to_numpy(str))
+    ib = np.argsort(b.meta["id"].to_numpy(str))
+    ma = a.meta.iloc[ia].reset_index(drop=True)
+    mb = b.meta.iloc[ib].reset_index(drop=True)
+    for c in COLUMNS:
+        assert ma[c].tolist() == mb[c].tolist() or ma[c].equals(mb[c]), c
+    np.testing.assert_array_equal(a.vectors[ia], b.vectors[ib])
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_an_export_reads_back_unchanged(tmp_path, store, suffix):
+    path = tmp_path / f"out{suffix}"
+    store.export(path)
+    got = read_memories(path)
+    assert got.generated_ids == 0 and not got.embedded and got.ignored_columns == []
+    same_records(store.load().records, got.records)
+    # and into a new store through the job: the same rows again
+    out = run_import(tmp_path, path, "copy")
+    assert out["created"] and out["memories"] == 12
+    same_records(store.load().records, LanceStore(tmp_path / "copy").load().records)
+
+
+def run_import(tmp_path, path, name, **more):
+    from consolidate.jobs.import_store import run_import as job
+
+    cfg = OmegaConf.create({
+        "store": {"name": name, "dir": str(tmp_path / name), "init_from": None},
+        "embedder": {"name": "minilm", "device": "cpu", "show_progress": False},
+        "file": str(path), "namespace": "default", **more})
+    return job(cfg)
+
+
+def test_a_hand_written_file_gets_defaults_ids_and_embeddings(tmp_path):
+    lines = [{"text": "Anna moved to Berlin in 2021."},
+             {"text": "Anna moved to Berlin in 2021."},  # the same twice: two ids
+             {"text": "Anna likes jazz.", "namespace": "anna", "importance": 0.9,
+              "created_at": "2024-03-01T10:00:00", "note": "kept aside"}]
+    path = tmp_path / "mine.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    out = run_import(tmp_path, path, "s")
+    assert out["memories"] == 3 and out["generated_ids"] == 3 and out["embedded"]
+    assert out["ignored_columns"] == ["note"]
+    recs = LanceStore(tmp_path / "s").load().records
+    m = recs.meta.set_index("text", drop=False)
+    assert recs.dim == 384 and np.allclose(np.linalg.norm(recs.vectors, axis=1), 1, atol=1e-5)
+    assert sorted(recs.meta["namespace"]) == ["anna", "default", "default"]
+    assert recs.meta["id"].nunique() == 3 and all(i.startswith("imp-") for i in recs.meta["id"])
+    jazz = m.loc["Anna likes jazz."]
+    assert jazz["importance"] == 0.9 and jazz["strength"] == 1.0 and not jazz["pinned"]
+    # 2024-03-01T10:00 UTC in hours since the epoch; last_used defaults to created_at
+    want = pd.Timestamp("2024-03-01T10:00:00", tz="UTC").value / 3.6e12
+    assert jazz["created_at"] == jazz["last_used"] == pytest.approx(want, abs=1e-9)
+    assert set(m.loc["Anna moved to Berlin in 2021.", "importance"]) == {0.5}
+    # the two equal texts embed to the same vector
+    same = recs.vectors[(recs.meta["text"] == "Anna moved to Berlin in 2021.").to_numpy()]
+    np.testing.assert_array_equal(same[0], same[1])
+    # the same file again: refused as duplicate ids, the store unchanged
+    before = tree_digest(tmp_path / "s")
+    with pytest.raises(InvalidRecordsError, match="duplicate id"):
+        run_import(tmp_path, path, "s")
+    assert tree_digest(tmp_path / "s") == before
+
+
+def test_a_csv_with_vectors_appends_to_an_existing_store(tmp_path, store):
+    path = tmp_path / "new.csv"
+    path.write_text('id,namespace,text,vector,pinned,source_ids,last_used\n'
+                    'n1,ns0,"a new fact, with a comma","[0.0, 3.0, 4.0, 0, 0, 0, 0, 0]",'
+                    'true,"[""D9""]",2024-01-01T00:00:00Z\n')
+    out = run_import(tmp_path, path, "s", store={"name": "s", "dir": str(store.root),
+                                                "init_from": None})
+    assert not out["created"] and out["memories"] == 1
+    m = store.load().records
+    row = m.meta.set_index("id").loc["n1"]
+    assert row["text"] == "a new fact, with a comma" and row["pinned"]
+    assert list(row["source_ids"]) == ["D9"]
+    np.testing.assert_allclose(m.vectors[m.meta["id"].tolist().index("n1")],
+                               [0, 0.6, 0.8, 0, 0, 0, 0, 0], atol=1e-7)
+
+
+@pytest.mark.parametrize("name,text,match", [
+    ("a.jsonl", '{"text": "ok", "vector": [1, 0]}\n{"text": "bad"\n',
+     r"a.jsonl line 2: not JSON"),
+    ("b.jsonl", '{"text": "ok", "vector": [1, 0]}\n["a list"]\n', r"b.jsonl line 2: a JSON list"),
+    ("c.jsonl", '{"text": "ok", "vector": [1, 0]}\n{"vector": [0, 1]}\n',
+     r"c.jsonl line 2: no text"),
+    ("d.jsonl", '{"text": "ok", "vector": [1, 0]}\n{"text": "no vector"}\n',
+     r"d.jsonl line 2: no vector, while 1 other rows have one"),
+    ("e.csv", 'text,vector,pinned\nok,"[1, 0]",maybe\n', r"e.csv line 2: pinned is not"),
+    ("f.csv", 'text,vector\nok,"[1, 0"\n', r"f.csv line 2: vector is not a JSON array"),
+    ("g.txt", "hello\n", r"must end in .jsonl, .parquet, .csv"),
+    ("h.jsonl", "", r"h.jsonl: no memories"),
+    ("i.jsonl", '{"text": "no vectors at all"}\n', r"give an embedder"),
+])
+def test_bad_files_name_the_file_and_the_line(tmp_path, name, text, match):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        read_memories(path)
+
+
+def test_records_that_break_the_rules_are_named_by_id_and_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    rows = [{"id": "ok", "text": "fine", "vector": [1, 0]},
+            {"id": "hi", "text": "too important", "vector": [0, 1], "importance": 2},
+            {"id": "later", "text": "from the future", "vector": [0, 1],
+             "created_at": "2099-01-01T00:00:00"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(InvalidRecordsError) as e:
+        read_memories(path)
+    msg = str(e.value)
+    assert str(path) in msg
+    assert "importance outside [0, 1]: 1 record(s): 'hi (line 2)'" in msg
+    assert "created_at in the future: 1 record(s): 'later (line 3)'" in msg
+    # through the job: nothing written
+    with pytest.raises(InvalidRecordsError):
+        run_import(tmp_path, path, "s")
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.slow
+def test_the_readme_example_runs_as_written(tmp_path):
+    """The README's files example, from an empty folder: import, a pass (the two Berlin
+    notes merge), an export to CSV that imports back."""
+    import os
+    import re
+    import subprocess
+
+    from tests.conftest import REPO
+
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"<!-- example: files -->\n```bash\n(.*?)```", text, re.S).group(1)
+    script = block.replace(".venv/bin/", f"{REPO}/.venv/bin/")
+    env = {**os.environ, "CONSOLIDATE_ROOT": str(tmp_path)}
+    p = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "3 memories from my_memories.jsonl" in p.stdout
+    store = LanceStore(tmp_path / "stores" / "mine")
+    recs = store.load().records
+    live = recs.meta[recs.live_mask()]
+    assert sorted(recs.meta["deleted_reason"].dropna()) == ["merged", "merged"]
+    assert len(live) == 2 and "Anna likes jazz." in set(live["text"])
+    same_records(recs, read_memories(tmp_path / "mine.csv").records)
