@@ -39,7 +39,7 @@ import math
 import os
 import pickle
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -376,6 +376,9 @@ def llm_stage(merge: Any, runner: RunnerConfig, backend: Any = None) -> dict[str
     from .llm.cache import ResponseCache
     from .llm.merger import merge_prompt_version
 
+    if merge is not None and not isinstance(merge, Mapping):
+        raise ValueError(f"runner.llm=ray_data needs the merger's config (a mapping with "
+                         f"_target_, e.g. from merge=vllm), got {type(merge).__name__}")
     merge = dict(merge or {})
     if not str(merge.get("_target_", "")).endswith("LLMMerger"):
         raise ValueError(f"runner.llm=ray_data sends merge prompts to vLLM: it needs an LLM "
@@ -608,6 +611,9 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
                 ds = ray.data.read_datasource(
                     _datasource(str(store.root), plan, dim * 4 + 256, packed, shard_ids),
                     num_cpus=0,
+                    # reads reserve no CPU, so bound them: as many at a time as actors
+                    # (Ray would otherwise start a worker process per pending read)
+                    concurrency=max(1, min(runner.actors, len(shard_ids))),
                     # one block per read task: no split to reach Ray's minimum block count
                     override_num_blocks=len(shard_ids))
                 kw = dict(actor_kw)
@@ -659,7 +665,12 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
                 if rnd == _MAX_ROUNDS - 1 or llm is None:
                     raise RuntimeError(f"fleet run: shards {todo[:10]} still ask for model "
                                        f"answers after {_MAX_ROUNDS} rounds")
-                answers.update(_answer(llm, [r for k in todo for r in asked[k]]))
+                try:
+                    answers.update(_answer(llm, [r for k in todo for r in asked[k]]))
+                except BaseException:  # the stage failed: keep the shards done so far
+                    if per:
+                        commit_group(list(ready))
+                    raise
                 fleet["llm_rounds"] = fleet.get("llm_rounds", 0) + 1
             if per:
                 commit_group(list(ready))

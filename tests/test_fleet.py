@@ -445,3 +445,54 @@ def test_commits_per_group_of_shards_keep_the_work_done_before_a_failure(tmp_pat
         assert rows(got, name) == rows(want, name)
     assert c.read_rows(c.head().version, ns[-1:]).sort_by("id").equals(before)
     assert [v["op"] for v in c.versions()].count("pass") == 3
+
+
+class _Joiner:
+    """A stand-in LLM stage for the round protocol (no model): the merged text is the
+    members' texts joined (it keeps every fact); ``reject`` answers a third of the first
+    requests with no JSON (the merger asks again); ``fail_after`` raises on that call."""
+
+    name, model = "joiner", "join"
+
+    def __init__(self, reject=False, fail_after=None):
+        self.reject, self.fail_after, self.calls = reject, fail_after, 0
+
+    def chat(self, requests):
+        import zlib
+
+        from consolidate.llm.base import ChatResponse
+
+        self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            raise RuntimeError("the engine is down")
+        out = []
+        for r in requests:
+            user = r.messages[-1]["content"]
+            notes = [json.loads(x[2:]) for x in user.split("\n") if x.startswith("- ")]
+            bad = self.reject and self.calls == 1 and zlib.crc32(user.encode()) % 3 == 0
+            out.append(ChatResponse("no json" if bad else json.dumps({"text": " ".join(notes)}),
+                                    1, 1, 0.0))
+        return out
+
+
+def test_a_failed_llm_stage_keeps_the_shards_done_before_it(tmp_path, cluster):
+    """With commits per group, the shards done when the LLM stage fails are committed
+    (a group not yet full included); nothing is lost and the error is the stage's."""
+    s = LanceStore(tmp_path / "s")
+    recs = fleet_records(n=600)
+    s.create(recs)
+    v0 = s.head().version
+    merge = {"_target_": "consolidate.llm.merger.LLMMerger", "backend": "transformers",
+             "cache_path": None, "max_tokens": 48}
+    rc = RunnerConfig(kind="ray", actors=2, max_rows_per_shard=100, llm="ray_data",
+                      shards_per_commit=4)
+    with s.lock(), pytest.raises(RuntimeError, match="the engine is down"):
+        run_fleet_pass(s, namespaces=None, pass_cfg=PassConfig(force=True), sim_cfg=SIM,
+                       runner=rc, merge=merge, wall_h=WALL,
+                       llm_backend=_Joiner(reject=True, fail_after=1))
+    assert s.head().version == v0 + 1  # the shards done: one group, not yet full
+    ids = s.read_rows(s.head().version, columns=["id"]).column("id").to_pylist()
+    assert len(ids) == len(set(ids)) and set(recs.meta["id"]) <= set(ids)
+    with pytest.raises(ValueError, match="a mapping with _target_"), s.lock():
+        run_fleet_pass(s, namespaces=None, pass_cfg=PassConfig(force=True), sim_cfg=SIM,
+                       runner=rc, merge="vllm")
