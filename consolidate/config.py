@@ -10,6 +10,7 @@ users need no Hydra.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -251,6 +252,29 @@ class RunnerConfig:
     llm_gpus_per_engine: float = 0.0
 
 
+@dataclass
+class SourceConfig:
+    """Where the pass reads its records and writes its changes.
+
+    Attributes:
+        kind: ``store`` (the store of ``store.*``) or ``pgvector`` (a PostgreSQL + pgvector
+            table; see :mod:`consolidate.sources.pgvector`).
+        dsn: libpq connection string or URI (``pgvector``).
+        table: ``name`` or ``schema.name`` (``pgvector``).
+        namespaces: the namespaces to read (``None``: all).
+        apply: write the plan (``false``: a dry run that reports what it would change).
+        columns: :class:`~consolidate.sources.pgvector.PgColumns` fields to override
+            (table column names; ``null`` for a column the table lacks).
+    """
+
+    kind: str = "store"
+    dsn: str | None = None
+    table: str | None = None
+    namespaces: list[str] | None = None
+    apply: bool = False
+    columns: dict[str, Any] = field(default_factory=dict)
+
+
 def register_configs() -> None:
     """Register every group schema as ``<group>/base`` in Hydra's ConfigStore."""
     cs = ConfigStore.instance()
@@ -260,6 +284,7 @@ def register_configs() -> None:
     cs.store(group="store", name="base", node=StoreConfig)
     cs.store(group="paths", name="base", node=PathsConfig)
     cs.store(group="runner", name="base", node=RunnerConfig)
+    cs.store(group="source", name="base", node=SourceConfig)
 
 
 register_configs()

@@ -5,6 +5,7 @@ Examples::
     consolidate                                   # LOCOMO store, built on first run
     consolidate pass.force=true pass.threshold=0.85 similarity.device=cpu
     consolidate experiment=nightly store.dir=/data/stores/alice
+    consolidate source=pgvector source.dsn=postgresql://... source.table=memories
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from typing import Any
 
 import hydra
+import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -38,7 +40,7 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
     Returns:
         The run summary (also written to ``<out_dir>/summary.json``).
     """
-    from ..config import RunnerConfig, StoreConfig
+    from ..config import RunnerConfig, SourceConfig, StoreConfig
 
     t0 = time.perf_counter()
     pc = pass_cfg(cfg)
@@ -62,6 +64,17 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
     # a fleet run's actors build their own merger and reflector (from these configs)
     merger = None if fleet else instantiate(cfg.merge)
     reflector = instantiate(cfg.reflect) if pc.reflect and not fleet else None
+    src: SourceConfig = typed(cfg, "source", SourceConfig) if "source" in cfg else \
+        SourceConfig()
+    if src.kind == "pgvector":
+        if fleet:
+            raise ValueError("source=pgvector runs in this process: use runner=local")
+        summary = _pgvector_run(cfg, src, pc, sc, merger, reflector, out_dir)
+        summary["policy"] = ({**policy, "calibrated": True} if policy is not None
+                             else {"calibrated": False})
+        return _finish(summary, t0, out_dir)
+    if src.kind != "store":
+        raise ValueError(f"source must be store or pgvector, got {src.kind!r}")
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
     t = time.perf_counter()
     store, report = open_store(cfg)
@@ -116,6 +129,62 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
             summary.update(ran=True, dry_run=pc.dry_run, commit=commit,
                            stats=res.stats.as_dict())
     return _finish(summary, t0, out_dir)
+
+
+def _pgvector_run(cfg: DictConfig, src: Any, pc: Any, sc: Any, merger: Any, reflector: Any,
+                  out_dir: str | None) -> dict[str, Any]:
+    """The pass over a PostgreSQL + pgvector table (:mod:`consolidate.sources.pgvector`):
+    read a snapshot, run the pass with no transaction open, plan, apply (a dry run unless
+    ``source.apply``). The pass's events go to ``events.jsonl`` beside the summary (they
+    keep the members of every merge). Returns the summary's fields."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from ..sources.pgvector import PgColumns, PgVectorTable
+
+    if not src.dsn or not src.table:
+        raise ValueError("source=pgvector needs source.dsn=... and source.table=...")
+    known = {f.name for f in dataclasses.fields(PgColumns)}
+    extra = sorted(set(src.columns) - known)
+    if extra:
+        raise ValueError(f"unknown key(s) {extra} in 'source.columns' (allowed: "
+                         f"{sorted(known)})")
+    table = PgVectorTable(src.dsn, src.table, PgColumns(**dict(src.columns)))
+    t = time.perf_counter()
+    snap = table.read(src.namespaces)
+    t_load = time.perf_counter() - t
+    fire, new_imp = trigger(snap.records, pc.trigger_importance)
+    summary: dict[str, Any] = {
+        "store": f"pgvector table {src.table}",
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "trigger": _trigger_summary(pc, new_imp, fire, {}),
+        "records_read": len(snap.records)}
+    if not (fire or pc.force) or not len(snap.records):
+        summary["ran"] = False
+        return summary
+    wall = hours_now()
+    # merged ids mix in the version: the snapshot's clock in seconds, so each run's differ
+    version = int(pd.Timestamp(snap.read_at).timestamp())
+    res = run_pass(snap.records, cfg=pc, sim_cfg=sc, merger=merger, version=version,
+                   wall_h=wall, reflector=reflector)
+    plan = table.plan(snap, res.records)
+    t = time.perf_counter()
+    rep = table.apply(plan, dry_run=pc.dry_run or not src.apply)
+    res.stats.time_s["load"] = round(t_load, 4)
+    res.stats.time_s["commit"] = round(time.perf_counter() - t, 4)
+    if out_dir is None:
+        out_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() \
+            else "outputs"
+    events = Path(out_dir) / "events.jsonl"
+    events.parent.mkdir(parents=True, exist_ok=True)
+    events.write_text("".join(json.dumps(e, default=str) + "\n" for e in res.events))
+    summary.update(ran=True, dry_run=rep.dry_run, stats=res.stats.as_dict(),
+                   pg={"plan_id": plan.plan_id, "units": plan.counts(),
+                       "applied": rep.applied, "skipped": rep.skipped[:100],
+                       "n_skipped": len(rep.skipped), "namespaces": len(rep.namespaces),
+                       "events": str(events)})
+    return summary
 
 
 def _trigger_summary(pc: Any, new_imp: float, fire: bool, scope: dict[str, Any]
@@ -203,7 +272,6 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append("pass             skipped (nothing to do; pass.force=true to run anyway)")
     else:
         st = s["stats"]
-        c = s["commit"]
         rows = [
             ("records in", st["records_in"], st["time_s"]["load"]),
             ("exact duplicates", f"{st['exact_duplicates']} in {st['exact_groups']} groups",
@@ -229,10 +297,20 @@ def format_summary(s: dict[str, Any]) -> str:
                                                  "reflect_completion_tokens"), ""))
         lines.append(f"{'stage':<17}{'result':<44}time_s")
         lines += [f"{a:<17}{b!s:<44}{t}" for a, b, t in rows]
-        where = f"version {c['version']}" if c["snapshot"] else "dry run, nothing written"
-        rows_w = (f", {c['rows_written']} rows written" if "rows_written" in c else "")
-        lines.append(f"written          {where}, changelog {c['changelog']}{rows_w}, "
-                     f"carried {c['carried_records']} late records")
+        if "pg" in s:
+            g = s["pg"]
+            done = ", ".join(f"{n} {k}" for k, n in sorted(g["applied"].items())) or "nothing"
+            lines.append(f"{'would apply' if s['dry_run'] else 'applied':<17}{done} "
+                         f"(plan {g['plan_id'][:12]}; {g['n_skipped']} units skipped; "
+                         f"events {g['events']})"
+                         + ("; source.apply=true writes it" if s["dry_run"] else ""))
+        else:
+            c = s["commit"]
+            where = (f"version {c['version']}" if c["snapshot"]
+                     else "dry run, nothing written")
+            rows_w = (f", {c['rows_written']} rows written" if "rows_written" in c else "")
+            lines.append(f"written          {where}, changelog {c['changelog']}{rows_w}, "
+                         f"carried {c['carried_records']} late records")
         lines.append(f"device           {st['device']}, engine {st.get('engine', 'torch')} "
                      f"(merger: {st['merger']})")
         if "fleet" in s:

@@ -1,0 +1,503 @@
+"""A PostgreSQL + pgvector table as the pass's source and sink: a consistent snapshot in,
+a plan computed with no transaction open, then the plan applied in short transactions, one
+per namespace.
+
+The pass itself does not change (:func:`~consolidate.pipeline.run_pass` on the snapshot's
+records); this module translates. A nightly job against a live database must not hold a
+transaction open while models run, and must not undo what the agents wrote meanwhile, so:
+
+1. :meth:`PgVectorTable.read` reads the live rows (``deleted_at IS NULL``) of some or all
+   namespaces in one ``REPEATABLE READ``, read-only transaction, with each row's
+   ``updated_at`` (the version every writer bumps);
+2. the pass runs on the records, outside any transaction;
+3. :meth:`PgVectorTable.plan` turns its result into units: a merge (insert the merged row,
+   soft-delete its members: ``deleted_at`` set, ``merged_into`` where the table has it), a
+   drop (soft-delete one row), an update of a kept row's mapped columns. The plan id is a
+   hash of the snapshot and the units, so a plan is applied once;
+4. :meth:`PgVectorTable.apply` (a dry run unless ``dry_run=False``), per namespace in its
+   own transaction: first ``pg_try_advisory_xact_lock(hashtextextended(
+   'consolidate|<table>|<namespace>', 0))`` (held by another job: the namespace is skipped
+   and reported; an agent's writer may take the same lock to keep the pass out), then
+   ``SELECT ... FOR UPDATE`` of every row the namespace's units touch. A unit whose rows
+   changed since the snapshot (another ``updated_at``, deleted, gone) is skipped and
+   reported, never half-applied. Every row a unit changes is written, as it was, into
+   ``consolidate_history`` (JSONB), and the namespace into ``consolidate_applied`` (plan
+   id, namespace), so applying the same plan again changes nothing. Nothing is ever
+   hard-deleted.
+
+Columns are mapped by :class:`PgColumns`; columns the table lacks get the documented
+defaults on read (importance 0.5, strength 1, not pinned) and are not written back.
+Needs ``psycopg`` 3 and ``pgvector`` (``pip install "consolidate[pgvector]"``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..store.schema import (
+    InvalidRecordsError,
+    Records,
+    normalise_vectors,
+    records_from_arrow,
+    records_from_rows,
+    records_to_arrow,
+    validate,
+)
+
+__all__ = ["PgColumns", "PgSnapshot", "PgPlan", "PgApplyReport", "PgVectorTable", "timestamp"]
+
+#: our tables beside the user's: each changed row's previous state, and the (plan,
+#: namespace) pairs applied
+_HISTORY = "consolidate_history"
+_APPLIED = "consolidate_applied"
+
+
+@dataclass(frozen=True)
+class PgColumns:
+    """Column names of a user's table (``None``: the table has no such column).
+
+    Attributes:
+        id: primary key (text or uuid; compared as text).
+        namespace: the user or agent a row belongs to.
+        text, vector: the memory and its ``vector(d)`` embedding.
+        created_at, last_used: ``timestamptz`` (``last_used`` ``None``: ``created_at``).
+        updated_at: ``timestamptz`` every writer sets on change: the apply's check that a
+            row is as the snapshot read it (required).
+        deleted_at: nullable ``timestamptz``; set by the apply (soft delete; required).
+        importance, strength, pinned, merged_into: optional.
+    """
+
+    id: str = "id"
+    namespace: str = "namespace"
+    text: str = "text"
+    vector: str = "embedding"
+    created_at: str = "created_at"
+    last_used: str | None = "last_used"
+    updated_at: str = "updated_at"
+    deleted_at: str = "deleted_at"
+    importance: str | None = None
+    strength: str | None = None
+    pinned: str | None = None
+    merged_into: str | None = None
+
+
+@dataclass
+class PgSnapshot:
+    """What :meth:`PgVectorTable.read` read.
+
+    Attributes:
+        records: the live rows as the pass's records (``float32 [n, d]`` unit vectors).
+        versions: id -> ``updated_at`` (ISO string) as read.
+        read_at: the transaction's ``now()`` (ISO string).
+        namespaces: the namespaces asked for (``None``: all).
+        uuid_ids: the id column is a ``uuid`` (merged rows then get a UUID made from
+            their merged id's hash, e.g. Mem0's pgvector table).
+    """
+
+    records: Records
+    versions: dict[str, str]
+    read_at: str
+    namespaces: list[str] | None
+    uuid_ids: bool = False
+
+
+@dataclass
+class PgPlan:
+    """The changes of one pass, in units that are applied whole or not at all.
+
+    Attributes:
+        plan_id: SHA-256 over the table, the snapshot and the units.
+        units: ``{"kind": merge|drop|update, "namespace", "insert": row or None,
+            "retire": [{"id", "reason", "merged_into"}], "update": {id: {column: value}},
+            "ids": the stored rows it touches}`` each.
+        versions: id -> ``updated_at`` as the snapshot read it.
+    """
+
+    plan_id: str
+    units: list[dict[str, Any]]
+    versions: dict[str, str]
+
+    def counts(self) -> dict[str, int]:
+        """Units per kind."""
+        out: dict[str, int] = {}
+        for u in self.units:
+            out[u["kind"]] = out.get(u["kind"], 0) + 1
+        return out
+
+
+@dataclass
+class PgApplyReport:
+    """What :meth:`PgVectorTable.apply` did (or, in a dry run, would do).
+
+    Attributes:
+        dry_run: nothing was written.
+        applied: units applied, per kind.
+        skipped: ``{"unit", "namespace", "why"}`` for each unit not applied (rows changed
+            since the plan, another job holds the namespace, already applied).
+        namespaces: namespaces whose transaction committed.
+    """
+
+    dry_run: bool
+    applied: dict[str, int] = field(default_factory=dict)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    namespaces: list[str] = field(default_factory=list)
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+        from pgvector.psycopg import register_vector  # noqa: F401
+    except ImportError as e:
+        raise ImportError('the pgvector source needs psycopg 3 and pgvector: pip install '
+                          '"consolidate[pgvector]"') from e
+    return psycopg
+
+
+def _iso(ts: Any) -> str:
+    return pd.Timestamp(ts).isoformat()
+
+
+def timestamp(hours: float) -> datetime:
+    """Hours since the epoch as a UTC ``datetime``, rounded to the microsecond as the
+    store rounds its times (``timestamptz`` holds microseconds)."""
+    return pd.Timestamp(round(float(hours) * 3.6e9), unit="us", tz="UTC").to_pydatetime()
+
+
+class PgVectorTable:
+    """A pgvector table the pass reads from and applies its plan to.
+
+    Args:
+        dsn: a libpq connection string or URI.
+        table: ``name`` or ``schema.name``.
+        columns: :class:`PgColumns`.
+
+    Raises:
+        ImportError: psycopg or pgvector is missing.
+    """
+
+    def __init__(self, dsn: str, table: str, columns: PgColumns | None = None) -> None:
+        self.psycopg = _psycopg()
+        self.dsn = dsn
+        parts = table.split(".")
+        if not 1 <= len(parts) <= 2 or not all(parts):
+            raise ValueError(f"table must be name or schema.name, got {table!r}")
+        self.table = table
+        self.schema = parts[0] if len(parts) == 2 else None
+        self.cols = columns or PgColumns()
+
+    # ------------------------------------------------------------ SQL helpers
+    def _connect(self) -> Any:
+        from pgvector.psycopg import register_vector
+
+        conn = self.psycopg.connect(self.dsn)
+        register_vector(conn)
+        return conn
+
+    def _ident(self, *names: str) -> Any:
+        from psycopg import sql
+
+        return sql.Identifier(*names)
+
+    def _tab(self, name: str | None = None) -> Any:
+        """The user's table, or our ``name`` table beside it."""
+        from psycopg import sql
+
+        if name is None:
+            return sql.Identifier(*self.table.split("."))
+        return sql.Identifier(self.schema, name) if self.schema else sql.Identifier(name)
+
+    def _mapped(self) -> dict[str, str]:
+        """pass column -> table column, for the columns the table has."""
+        return {k: v for k, v in asdict(self.cols).items() if v is not None}
+
+    # ------------------------------------------------------------ read
+    def read(self, namespaces: Sequence[str] | None = None) -> PgSnapshot:
+        """The live rows of ``namespaces`` (all when ``None``), in one ``REPEATABLE READ``
+        read-only transaction.
+
+        Raises:
+            InvalidRecordsError: a row breaks the store's rules (names its id and the
+                table); nothing is planned.
+            psycopg.Error: the table or a mapped column does not exist.
+        """
+        from psycopg import IsolationLevel, sql
+
+        m = self._mapped()
+        want = ["id", "namespace", "text", "vector", "created_at", "updated_at"] + [
+            k for k in ("last_used", "importance", "strength", "pinned") if k in m]
+        cols = sql.SQL(", ").join(
+            sql.SQL("{}::text").format(self._ident(m[k])) if k == "id"
+            else self._ident(m[k]) for k in want)
+        q = sql.SQL("SELECT {}, now() FROM {} WHERE {} IS NULL").format(
+            cols, self._tab(), self._ident(m["deleted_at"]))
+        args: list[Any] = []
+        if namespaces is not None:
+            q += sql.SQL(" AND {} = ANY(%s)").format(self._ident(m["namespace"]))
+            args.append(list(namespaces))
+        q += sql.SQL(" ORDER BY {}, {}").format(self._ident(m["namespace"]),
+                                                 self._ident(m["id"]))
+        with self._connect() as conn:
+            conn.isolation_level = IsolationLevel.REPEATABLE_READ
+            conn.read_only = True
+            rows = conn.execute(q, args).fetchall()
+            read_at = conn.execute("SELECT now()").fetchone()[0]
+            id_type = conn.execute(sql.SQL("SELECT pg_typeof({}) FROM {} LIMIT 1").format(
+                self._ident(m["id"]), self._tab())).fetchone()
+        out, versions = [], {}
+        for r in rows:
+            d = dict(zip(want, r[:-1], strict=True))
+            versions[d["id"]] = _iso(d.pop("updated_at"))
+            v = d["vector"]
+            d["vector"] = None if v is None else np.asarray(
+                v.to_numpy() if hasattr(v, "to_numpy") else v, np.float32)
+            if "last_used" not in d or d["last_used"] is None:
+                d["last_used"] = d["created_at"]
+            for k, default in (("importance", 0.5), ("strength", 1.0)):
+                if d.get(k) is None:
+                    d[k] = default
+            d["pinned"] = bool(d.get("pinned") or False)
+            d["source_ids"] = []
+            out.append(d)
+        recs = records_from_rows(out) if out else Records.empty(0)
+        if len(recs):
+            problems = validate(recs, dim=recs.dim)
+            if problems:
+                raise InvalidRecordsError(f"table {self.table}", problems)
+            normalise_vectors(recs)
+            # times as the store holds them: whole microseconds
+            recs = records_from_arrow(records_to_arrow(recs))
+        return PgSnapshot(recs, versions, _iso(read_at),
+                          None if namespaces is None else sorted(namespaces),
+                          uuid_ids=bool(id_type) and str(id_type[0]) == "uuid")
+
+    # ------------------------------------------------------------ plan
+    def plan(self, snap: PgSnapshot, result: Records) -> PgPlan:
+        """Units of change from the snapshot to ``result`` (a pass's records over it).
+
+        Raises:
+            ValueError: ``result`` lacks a row the snapshot had (the pass never loses one).
+        """
+        m = self._mapped()
+        before = snap.records.meta.set_index("id")
+        res = result.meta.reset_index(drop=True)
+        ids = res["id"].to_numpy(object)
+        known = pd.Index(before.index)
+        missing = sorted(set(known) - set(ids))
+        if missing:
+            raise ValueError(f"the pass's records lack {len(missing)} snapshot rows, e.g. "
+                             f"{missing[:3]}")
+        stored = np.asarray(known.get_indexer(ids) >= 0)
+        live = res["deleted_at"].isna().to_numpy()
+        units: list[dict[str, Any]] = []
+        into = res["merged_into"].to_numpy(object)
+        retired_at = np.flatnonzero(stored & ~live)
+        members: dict[str, list[int]] = {}
+        for k in retired_at:
+            if isinstance(into[k], str) and res.at[k, "deleted_reason"] == "merged":
+                members.setdefault(into[k], []).append(int(k))
+
+        def new_id(i: str) -> str:  # a merged record's id as the table's id type
+            return str(uuid.UUID(hashlib.sha256(i.encode()).hexdigest()[:32])) \
+                if snap.uuid_ids else i
+
+        def retire(k: int) -> dict[str, Any]:
+            return {"id": ids[k], "reason": res.at[k, "deleted_reason"],
+                    "merged_into": new_id(into[k]) if isinstance(into[k], str) else None,
+                    "deleted_at": float(res.at[k, "deleted_at"])}
+
+        done: set[int] = set()
+        for k in np.flatnonzero(~stored & live):
+            new = res.iloc[int(k)]
+            mem = members.get(new["id"], [])
+            if not mem:
+                continue  # a reflection: not written back to a user's table
+            done.update(mem)
+            row = self._row(new, result.vectors[int(k)])
+            row["id"] = new_id(row["id"])
+            units.append({"kind": "merge", "namespace": new["namespace"], "insert": row,
+                          "retire": [retire(j) for j in mem], "update": {},
+                          "ids": sorted(ids[j] for j in mem)})
+        for k in retired_at:
+            if int(k) in done:
+                continue
+            units.append({"kind": "drop", "namespace": res.at[k, "namespace"], "insert": None,
+                          "retire": [retire(int(k))], "update": {}, "ids": [ids[k]]})
+        upd_cols = [c for c in ("strength", "last_used", "importance", "pinned") if c in m]
+        kept = np.flatnonzero(stored & live)
+        if upd_cols and len(kept):
+            b = before.loc[ids[kept]]
+            for c in upd_cols:
+                old = b[c].to_numpy()
+                new = res[c].to_numpy()[kept]
+                diff = ~((old == new) | (pd.isna(old) & pd.isna(new)))
+                for j in np.flatnonzero(diff):
+                    i = ids[kept[j]]
+                    u = next((x for x in units if x["kind"] == "update" and x["ids"] == [i]),
+                             None)
+                    if u is None:
+                        u = {"kind": "update", "namespace": res.at[kept[j], "namespace"],
+                             "insert": None, "retire": [], "update": {i: {}}, "ids": [i]}
+                        units.append(u)
+                    v = new[j]
+                    u["update"][i][c] = bool(v) if c == "pinned" else float(v)
+        units.sort(key=lambda u: (u["namespace"], u["kind"], u["ids"]))
+        blob = json.dumps({"table": self.table, "read_at": snap.read_at,
+                           "versions": {i: snap.versions[i] for u in units for i in u["ids"]},
+                           "units": units}, sort_keys=True, default=str)
+        return PgPlan(hashlib.sha256(blob.encode()).hexdigest()[:32], units,
+                      dict(snap.versions))
+
+    def _row(self, r: pd.Series, vec: np.ndarray) -> dict[str, Any]:
+        """A merged record as the table's columns (mapped ones only)."""
+        m = self._mapped()
+        out = {"id": r["id"], "namespace": r["namespace"], "text": r["text"],
+               "vector": np.asarray(vec, np.float32).tolist(),
+               "created_at": float(r["created_at"])}
+        for c in ("last_used", "importance", "strength", "pinned"):
+            if c in m:
+                out[c] = bool(r[c]) if c == "pinned" else float(r[c])
+        return out
+
+    # ------------------------------------------------------------ apply
+    def _ensure_tables(self, conn: Any) -> None:
+        from psycopg import sql
+
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (plan_id text, namespace text, applied_at "
+            "timestamptz DEFAULT now(), PRIMARY KEY (plan_id, namespace))").format(
+                self._tab(_APPLIED)))
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (plan_id text, unit_kind text, row_id text, "
+            "change text, before jsonb, at timestamptz DEFAULT now())").format(
+                self._tab(_HISTORY)))
+
+    def apply(self, plan: PgPlan, *, dry_run: bool = True) -> PgApplyReport:
+        """Apply ``plan`` namespace by namespace (see the module docstring); with
+        ``dry_run`` (the default) only check which units would apply, writing nothing.
+
+        Returns:
+            :class:`PgApplyReport`.
+
+        Raises:
+            psycopg.Error: a statement failed (that namespace's transaction is rolled
+                back; namespaces committed before it stay).
+        """
+        from psycopg import sql
+
+        m = self._mapped()
+        rep = PgApplyReport(dry_run=dry_run)
+        by_ns: dict[str, list[int]] = {}
+        for k, u in enumerate(plan.units):
+            by_ns.setdefault(u["namespace"], []).append(k)
+        with self._connect() as conn:
+            if not dry_run:
+                with conn.transaction():
+                    self._ensure_tables(conn)
+            for ns, ks in sorted(by_ns.items()):
+                with conn.transaction():
+                    self._apply_namespace(conn, plan, ns, ks, rep, dry_run, m, sql)
+        return rep
+
+    def _apply_namespace(self, conn: Any, plan: PgPlan, ns: str, ks: list[int],
+                         rep: PgApplyReport, dry_run: bool, m: dict[str, str],
+                         sql: Any) -> None:
+        """One namespace's units, in the caller's transaction."""
+        key = f"consolidate|{self.table}|{ns}"
+        got = conn.execute("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))",
+                           (key,)).fetchone()[0]
+        if not got:
+            rep.skipped += [{"unit": k, "namespace": ns, "why": "another job holds the "
+                             "namespace"} for k in ks]
+            return
+        if not dry_run:
+            done = conn.execute(sql.SQL("SELECT 1 FROM {} WHERE plan_id = %s AND namespace "
+                                        "= %s").format(self._tab(_APPLIED)),
+                                (plan.plan_id, ns)).fetchone()
+            if done:
+                rep.skipped += [{"unit": k, "namespace": ns, "why": "plan already applied"}
+                                for k in ks]
+                return
+        ids = sorted({i for k in ks for i in plan.units[k]["ids"]})
+        rows = conn.execute(sql.SQL(
+            "SELECT {}::text, {}, {} FROM {} WHERE {}::text = ANY(%s) FOR UPDATE").format(
+                self._ident(m["id"]), self._ident(m["updated_at"]),
+                self._ident(m["deleted_at"]), self._tab(), self._ident(m["id"])),
+            (ids,)).fetchall()
+        now_state = {r[0]: (_iso(r[1]), r[2]) for r in rows}
+        for k in ks:
+            u = plan.units[k]
+            changed = [i for i in u["ids"] if i not in now_state
+                       or now_state[i][0] != plan.versions.get(i)
+                       or now_state[i][1] is not None]
+            if changed:
+                rep.skipped.append({"unit": k, "namespace": ns, "kind": u["kind"],
+                                    "why": f"rows changed since the plan: {changed[:5]}"})
+                continue
+            if not dry_run:
+                self._write_unit(conn, plan.plan_id, u, m, sql)
+            rep.applied[u["kind"]] = rep.applied.get(u["kind"], 0) + 1
+        if not dry_run:
+            conn.execute(sql.SQL("INSERT INTO {} (plan_id, namespace) VALUES (%s, %s)").format(
+                self._tab(_APPLIED)), (plan.plan_id, ns))
+        rep.namespaces.append(ns)
+
+    def _write_unit(self, conn: Any, plan_id: str, u: dict[str, Any], m: dict[str, str],
+                    sql: Any) -> None:
+        """The statements of one unit, each changed row's previous state into history."""
+        tab, idc = self._tab(), self._ident(m["id"])
+
+        def history(row_id: str, change: str) -> None:
+            conn.execute(sql.SQL(
+                "INSERT INTO {} (plan_id, unit_kind, row_id, change, before) SELECT %s, %s, "
+                "%s, %s, to_jsonb(t) - {} FROM {} t WHERE {}::text = %s").format(
+                    self._tab(_HISTORY), sql.Literal(m["vector"]), tab, idc),
+                (plan_id, u["kind"], row_id, change, row_id))
+
+        if u["insert"] is not None:
+            r = u["insert"]
+            names = [k for k in ("id", "namespace", "text", "vector", "created_at",
+                                 "last_used", "importance", "strength", "pinned")
+                     if k in r and k in m]
+            vals = [self._value(k, r[k]) for k in names]
+            names.append("updated_at")
+            conn.execute(sql.SQL("INSERT INTO {} ({}) VALUES ({}, now())").format(
+                tab, sql.SQL(", ").join(self._ident(m[k]) for k in names),
+                sql.SQL(", ").join(sql.Placeholder() for _ in vals)), vals)
+            conn.execute(sql.SQL(
+                "INSERT INTO {} (plan_id, unit_kind, row_id, change) VALUES (%s, %s, %s, "
+                "'insert')").format(self._tab(_HISTORY)), (plan_id, u["kind"], r["id"]))
+        for x in u["retire"]:
+            history(x["id"], f"retire:{x['reason']}")
+            sets = [sql.SQL("{} = %s").format(self._ident(m["deleted_at"])),
+                    sql.SQL("{} = now()").format(self._ident(m["updated_at"]))]
+            vals: list[Any] = [timestamp(x["deleted_at"])]
+            if "merged_into" in m and x["merged_into"] is not None:
+                sets.append(sql.SQL("{} = %s").format(self._ident(m["merged_into"])))
+                vals.append(x["merged_into"])
+            conn.execute(sql.SQL("UPDATE {} SET {} WHERE {}::text = %s").format(
+                tab, sql.SQL(", ").join(sets), idc), [*vals, x["id"]])
+        for i, changes in u["update"].items():
+            history(i, "update:" + ",".join(sorted(changes)))
+            sets = [sql.SQL("{} = %s").format(self._ident(m[c])) for c in changes]
+            sets.append(sql.SQL("{} = now()").format(self._ident(m["updated_at"])))
+            conn.execute(sql.SQL("UPDATE {} SET {} WHERE {}::text = %s").format(
+                tab, sql.SQL(", ").join(sets), idc),
+                [*(self._value(c, v) for c, v in changes.items()), i])
+
+    @staticmethod
+    def _value(col: str, v: Any) -> Any:
+        """A pass value as the table's type (times: ``timestamptz``; vectors: pgvector)."""
+        if col in ("created_at", "last_used"):
+            return timestamp(v)
+        if col == "vector":
+            return np.asarray(v, np.float32)
+        return v

