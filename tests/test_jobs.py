@@ -79,6 +79,10 @@ def test_dry_run_and_bad_override(tmp_path):
     (["similarity.engine=triton", "similarity.device=cpu"], "TRITON_INTERPRET"),
     (["similarity.engine=nope"], "engine must be one of"),
     (["merge=vllm"], "setup_vllm.sh"),
+    (["source=mem0"], "source.mem0.vector_store.config.path has no value"),
+    (["source=pgvector"], "source=pgvector needs source.dsn=... and source.table=..."),
+    (["source=pgvector", "source.dsn='postgresql://nobody@127.0.0.1:1/x'", "source.table=m"],
+     "cannot connect to the database of table m"),
 ])
 def test_settings_errors_are_one_line_and_build_nothing(tmp_path, args, expect):
     if "merge=vllm" in args and __import__("importlib").util.find_spec("vllm"):

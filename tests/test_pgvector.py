@@ -4,6 +4,7 @@ the same merges and drops as the embedded store; dry run by default; a row chang
 plan and apply skips its unit and loses nothing; a plan applies once; a namespace another
 job holds is skipped; every changed row's previous state is kept."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -200,8 +201,14 @@ def test_bad_rows_are_named_and_nothing_is_planned(pg):
         t.read()
     with pytest.raises(ValueError, match="schema.name"):
         PgVectorTable(pg, "a.b.c", COLS)
-    with pytest.raises(psycopg.Error):
+    from consolidate.sources.pgvector import PgSourceError
+
+    with pytest.raises(PgSourceError, match="no_such_table"):
         PgVectorTable(pg, "no_such_table", COLS).read()
+    with pytest.raises(PgSourceError, match=r"table mem_d: column \"colour\" .*source.columns"):
+        PgVectorTable(pg, "mem_d", dataclasses.replace(COLS, text="colour")).read()
+    with pytest.raises(PgSourceError, match="cannot connect to the database of table m"):
+        PgVectorTable("postgresql://nobody@127.0.0.1:1/x?connect_timeout=2", "m").read()
     assert json.dumps(PgColumns().__dict__)  # a plain mapping (configs write it)
 
 

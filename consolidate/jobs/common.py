@@ -141,6 +141,8 @@ def user_errors() -> Iterator[None]:
     user = (InvalidRecordsError, MassDropError, LockTimeoutError, CorruptStoreError,
             StoreNotFoundError, ConcurrentCommitError, DatasetHashError, FileNotFoundError,
             KeyError, ValueError, ImportError)
+    from omegaconf.errors import MissingMandatoryValue
+
     try:
         try:
             yield
@@ -148,6 +150,10 @@ def user_errors() -> Iterator[None]:
             if isinstance(e.__cause__, user):
                 raise e.__cause__ from e
             raise
+        except MissingMandatoryValue as e:  # a `???` in the config the user did not set
+            key = getattr(e, "full_key", None) or str(e)
+            raise ValueError(f"{key} has no value: set it on the command line "
+                             f"({key}=...)") from e
     except user as e:
         if os.environ.get("CONSOLIDATE_DEBUG"):
             raise

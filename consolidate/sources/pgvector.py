@@ -53,12 +53,18 @@ from ..store.schema import (
     validate,
 )
 
-__all__ = ["PgColumns", "PgSnapshot", "PgPlan", "PgApplyReport", "PgVectorTable", "timestamp"]
+__all__ = ["PgColumns", "PgSnapshot", "PgPlan", "PgApplyReport", "PgVectorTable",
+           "PgSourceError", "timestamp"]
 
 #: our tables beside the user's: each changed row's previous state, and the (plan,
 #: namespace) pairs applied
 _HISTORY = "consolidate_history"
 _APPLIED = "consolidate_applied"
+
+
+class PgSourceError(ValueError):
+    """The database cannot be reached, or the table or a mapped column does not exist
+    (the message names the table and what PostgreSQL said)."""
 
 
 @dataclass(frozen=True)
@@ -196,10 +202,24 @@ class PgVectorTable:
 
     # ------------------------------------------------------------ SQL helpers
     def _connect(self) -> Any:
+        """A connection with the pgvector type registered.
+
+        Raises:
+            PgSourceError: the server cannot be reached or refuses the login, or the
+                database has no ``vector`` type."""
         from pgvector.psycopg import register_vector
 
-        conn = self.psycopg.connect(self.dsn)
-        register_vector(conn)
+        try:
+            conn = self.psycopg.connect(self.dsn)
+        except self.psycopg.OperationalError as e:
+            raise PgSourceError(f"cannot connect to the database of table {self.table}: "
+                                f"{str(e).strip().splitlines()[0]}") from None
+        try:
+            register_vector(conn)
+        except self.psycopg.ProgrammingError as e:
+            conn.close()
+            raise PgSourceError(f"the database of table {self.table} has no pgvector "
+                                f"extension ({e})") from None
         return conn
 
     def _ident(self, *names: str) -> Any:
@@ -227,7 +247,7 @@ class PgVectorTable:
         Raises:
             InvalidRecordsError: a row breaks the store's rules (names its id and the
                 table); nothing is planned.
-            psycopg.Error: the table or a mapped column does not exist.
+            PgSourceError: no connection, or the table or a mapped column does not exist.
         """
         from psycopg import IsolationLevel, sql
 
@@ -248,7 +268,12 @@ class PgVectorTable:
         with self._connect() as conn:
             conn.isolation_level = IsolationLevel.REPEATABLE_READ
             conn.read_only = True
-            rows = conn.execute(q, args).fetchall()
+            try:
+                rows = conn.execute(q, args).fetchall()
+            except (self.psycopg.errors.UndefinedTable,
+                    self.psycopg.errors.UndefinedColumn) as e:
+                raise PgSourceError(f"table {self.table}: {str(e).splitlines()[0]} (map "
+                                    f"the table's columns with source.columns.*)") from None
             read_at = conn.execute("SELECT now()").fetchone()[0]
             id_type = conn.execute(sql.SQL("SELECT pg_typeof({}) FROM {} LIMIT 1").format(
                 self._ident(m["id"]), self._tab())).fetchone()
