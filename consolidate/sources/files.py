@@ -40,17 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from ..store.schema import (
-    COLUMNS,
-    InvalidRecordsError,
-    Problem,
-    Records,
-    normalise_vectors,
-    records_from_arrow,
-    records_from_rows,
-    records_to_arrow,
-    validate,
-)
+from ..store.schema import COLUMNS, Records, records_from_arrow, records_from_rows
+from .common import as_stored
 
 __all__ = ["FILE_SUFFIXES", "FileImport", "read_memories"]
 
@@ -191,9 +182,7 @@ def read_memories(path: str | Path, *, namespace: str = "default", embedder: Any
         table = pq.read_table(p)
         if set(COLUMNS) <= set(table.column_names) and "vector" in table.column_names:
             # an export of a store: its own schema, vectors decoded from the stored dtype
-            recs = records_from_arrow(table)
-            _check(recs, p, header=False, now_h=now_h)
-            normalise_vectors(recs)
+            recs = as_stored(records_from_arrow(table), str(p), now_h=now_h)
             return FileImport(recs, str(p), ignored_columns=sorted(
                 set(table.column_names) - _KNOWN - {"vector_scale"}))
         rows = table.to_pylist()
@@ -225,24 +214,7 @@ def read_memories(path: str | Path, *, namespace: str = "default", embedder: Any
         k = int(np.flatnonzero(~has)[0])
         raise ValueError(f"{_where(p, k, header)}: no vector, while {int(has.sum())} other "
                          f"rows have one (either every row has a vector or none has)")
-    recs = records_from_rows(rows)
-    _check(recs, p, header=header, now_h=now_h)
-    # as the store will hold them: unit vectors, times in whole microseconds
-    normalise_vectors(recs)
-    recs = records_from_arrow(records_to_arrow(recs))
+    recs = as_stored(records_from_rows(rows), str(p), now_h=now_h,
+                     first_line=None if p.suffix == ".parquet" else 1 + header)
     return FileImport(recs, str(p), generated_ids=generated, embedded=embedded,
                       ignored_columns=ignored)
-
-
-def _check(recs: Records, path: Path, *, header: bool, now_h: float | None) -> None:
-    """:func:`~consolidate.store.schema.validate`, its problems named by id and line.
-
-    Raises:
-        InvalidRecordsError: any problem."""
-    problems = validate(recs, dim=recs.dim, now_h=now_h)
-    if not problems:
-        return
-    ids = recs.meta["id"].tolist()
-    raise InvalidRecordsError(str(path), [
-        Problem(pr.kind, pr.rows, [f"{ids[k]} (line {k + 1 + header})" for k in pr.rows])
-        for pr in problems])

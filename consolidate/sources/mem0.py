@@ -26,22 +26,15 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ..store.schema import (
-    InvalidRecordsError,
-    Records,
-    normalise_vectors,
-    records_from_arrow,
-    records_from_rows,
-    records_to_arrow,
-    validate,
-)
+from ..store.schema import Records, records_from_rows
+from .common import ApplyReport, Plan, as_stored
 
 __all__ = ["Mem0Source", "Mem0Snapshot", "Mem0Plan", "Mem0ApplyReport", "undo"]
 
@@ -64,35 +57,20 @@ class Mem0Snapshot:
 
 
 @dataclass
-class Mem0Plan:
-    """Units of change: ``{"kind": merge|drop, "namespace", "keep": id or None, "text":
-    merged text or None, "delete": [ids], "ids": every id the unit touches}``."""
-
-    plan_id: str
-    units: list[dict[str, Any]]
-
-    def counts(self) -> dict[str, int]:
-        """Units per kind."""
-        out: dict[str, int] = {}
-        for u in self.units:
-            out[u["kind"]] = out.get(u["kind"], 0) + 1
-        return out
+class Mem0Plan(Plan):
+    """A :class:`~consolidate.sources.common.Plan` of a Mem0 store. Units: ``{"kind":
+    merge|drop, "namespace", "keep": id or None, "text": merged text or None, "delete":
+    [ids], "ids": every id the unit touches}``."""
 
 
 @dataclass
-class Mem0ApplyReport:
-    """What :meth:`Mem0Source.apply` did (in a dry run: would do).
+class Mem0ApplyReport(ApplyReport):
+    """An :class:`~consolidate.sources.common.ApplyReport` of a Mem0 store.
 
     Attributes:
-        dry_run: nothing was written.
-        applied: units per kind.
-        skipped: ``{"unit", "namespace", "why"}`` per unit not applied.
         undo_file: the JSON lines of every member as it was (``None`` in a dry run).
     """
 
-    dry_run: bool
-    applied: dict[str, int] = field(default_factory=dict)
-    skipped: list[dict[str, Any]] = field(default_factory=list)
     undo_file: str | None = None
 
 
@@ -168,11 +146,7 @@ class Mem0Source:
             payloads[i], vectors[i] = p, v
         recs = records_from_rows(rows) if rows else Records.empty(0)
         if len(recs):
-            problems = validate(recs, dim=recs.dim)
-            if problems:
-                raise InvalidRecordsError("the Mem0 store", problems)
-            normalise_vectors(recs)
-            recs = records_from_arrow(records_to_arrow(recs))
+            recs = as_stored(recs, "the Mem0 store")
         return Mem0Snapshot(recs, payloads, vectors)
 
     # ------------------------------------------------------------ plan

@@ -43,15 +43,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..store.schema import (
-    InvalidRecordsError,
-    Records,
-    normalise_vectors,
-    records_from_arrow,
-    records_from_rows,
-    records_to_arrow,
-    validate,
-)
+from ..store.schema import Records, records_from_rows
+from .common import ApplyReport, Plan, as_stored
 
 __all__ = ["PgColumns", "PgSnapshot", "PgPlan", "PgApplyReport", "PgVectorTable",
            "PgSourceError", "timestamp"]
@@ -117,44 +110,27 @@ class PgSnapshot:
 
 
 @dataclass
-class PgPlan:
-    """The changes of one pass, in units that are applied whole or not at all.
+class PgPlan(Plan):
+    """A :class:`~consolidate.sources.common.Plan` of a table. Units: ``{"kind":
+    merge|drop|update, "namespace", "insert": row or None, "retire": [{"id", "reason",
+    "merged_into", "deleted_at"}], "update": {id: {column: value}}, "ids"}``.
 
     Attributes:
-        plan_id: SHA-256 over the table, the snapshot and the units.
-        units: ``{"kind": merge|drop|update, "namespace", "insert": row or None,
-            "retire": [{"id", "reason", "merged_into"}], "update": {id: {column: value}},
-            "ids": the stored rows it touches}`` each.
         versions: id -> ``updated_at`` as the snapshot read it.
     """
 
-    plan_id: str
-    units: list[dict[str, Any]]
-    versions: dict[str, str]
-
-    def counts(self) -> dict[str, int]:
-        """Units per kind."""
-        out: dict[str, int] = {}
-        for u in self.units:
-            out[u["kind"]] = out.get(u["kind"], 0) + 1
-        return out
+    versions: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
-class PgApplyReport:
-    """What :meth:`PgVectorTable.apply` did (or, in a dry run, would do).
+class PgApplyReport(ApplyReport):
+    """An :class:`~consolidate.sources.common.ApplyReport` (skipped units: rows changed
+    since the plan, another job holds the namespace, already applied).
 
     Attributes:
-        dry_run: nothing was written.
-        applied: units applied, per kind.
-        skipped: ``{"unit", "namespace", "why"}`` for each unit not applied (rows changed
-            since the plan, another job holds the namespace, already applied).
         namespaces: namespaces whose transaction committed.
     """
 
-    dry_run: bool
-    applied: dict[str, int] = field(default_factory=dict)
-    skipped: list[dict[str, Any]] = field(default_factory=list)
     namespaces: list[str] = field(default_factory=list)
 
 
@@ -294,12 +270,7 @@ class PgVectorTable:
             out.append(d)
         recs = records_from_rows(out) if out else Records.empty(0)
         if len(recs):
-            problems = validate(recs, dim=recs.dim)
-            if problems:
-                raise InvalidRecordsError(f"table {self.table}", problems)
-            normalise_vectors(recs)
-            # times as the store holds them: whole microseconds
-            recs = records_from_arrow(records_to_arrow(recs))
+            recs = as_stored(recs, f"table {self.table}")
         return PgSnapshot(recs, versions, _iso(read_at),
                           None if namespaces is None else sorted(namespaces),
                           uuid_ids=bool(id_type) and str(id_type[0]) == "uuid")
@@ -379,7 +350,7 @@ class PgVectorTable:
                            "versions": {i: snap.versions[i] for u in units for i in u["ids"]},
                            "units": units}, sort_keys=True, default=str)
         return PgPlan(hashlib.sha256(blob.encode()).hexdigest()[:32], units,
-                      dict(snap.versions))
+                      versions=dict(snap.versions))
 
     def _row(self, r: pd.Series, vec: np.ndarray) -> dict[str, Any]:
         """A merged record as the table's columns (mapped ones only)."""

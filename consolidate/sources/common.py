@@ -1,0 +1,82 @@
+"""What the external sources share: their plans and apply reports, and the step that turns
+what a source read into records as a store holds them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..store.schema import (
+    InvalidRecordsError,
+    Problem,
+    Records,
+    normalise_vectors,
+    records_from_arrow,
+    records_to_arrow,
+    validate,
+)
+
+__all__ = ["Plan", "ApplyReport", "as_stored"]
+
+
+@dataclass
+class Plan:
+    """The changes of one pass over an external source, in units applied whole or not at
+    all.
+
+    Attributes:
+        plan_id: a hash of what was read and the units (a plan applies once).
+        units: one dict per unit, with at least ``kind`` (``merge``, ``drop``, ``update``),
+            ``namespace`` and ``ids`` (the stored rows it touches).
+    """
+
+    plan_id: str
+    units: list[dict[str, Any]]
+
+    def counts(self) -> dict[str, int]:
+        """Units per kind."""
+        out: dict[str, int] = {}
+        for u in self.units:
+            out[u["kind"]] = out.get(u["kind"], 0) + 1
+        return out
+
+
+@dataclass
+class ApplyReport:
+    """What an apply did (in a dry run: would do).
+
+    Attributes:
+        dry_run: nothing was written.
+        applied: units applied, per kind.
+        skipped: ``{"unit", "namespace", "why"}`` for each unit not applied.
+    """
+
+    dry_run: bool
+    applied: dict[str, int] = field(default_factory=dict)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+
+
+def as_stored(recs: Records, source: str, *, now_h: float | None = None,
+              first_line: int | None = None) -> Records:
+    """``recs`` checked and shaped as a store holds them: validated
+    (:func:`~consolidate.store.schema.validate`), vectors at unit length, times in whole
+    microseconds (through the store's Arrow schema).
+
+    Args:
+        source: named in the error (a file, a table).
+        now_h: the clock for times in the future (hours since the epoch; default now).
+        first_line: the line number of the first record (its file's), to name records by
+            line as well as id; ``None``: by id only.
+
+    Raises:
+        InvalidRecordsError: any problem (nothing is returned).
+    """
+    problems = validate(recs, dim=recs.dim, now_h=now_h)
+    if problems:
+        if first_line is not None:
+            ids = recs.meta["id"].tolist()
+            problems = [Problem(p.kind, p.rows, [f"{ids[k]} (line {k + first_line})"
+                                                 for k in p.rows]) for p in problems]
+        raise InvalidRecordsError(source, problems)
+    normalise_vectors(recs)
+    return records_from_arrow(records_to_arrow(recs))
