@@ -175,3 +175,49 @@ def test_the_readme_example_runs_as_written(tmp_path):
     assert sorted(recs.meta["deleted_reason"].dropna()) == ["merged", "merged"]
     assert len(live) == 2 and "Anna likes jazz." in set(live["text"])
     same_records(recs, read_memories(tmp_path / "mine.csv").records)
+
+
+def test_more_bad_inputs_are_one_clear_error(tmp_path):
+    cases = {
+        "ka.jsonl": ('{"text": "a", "vector": [1, 0], "keep_apart": 5}\n',
+                     InvalidRecordsError, "keep_apart is not a list of strings"),
+        "big.jsonl": ('{"text": "a", "vector": [1' + "0" * 400 + ', 0]}\n',
+                      ValueError, "big.jsonl line 1: a number of 401 digits"),
+        "deep.jsonl": ('{"text": "a", "vector": [1, 0], "x": ' + "[" * 100000 +
+                       "]" * 100000 + "}\n", ValueError, "deep.jsonl line 1"),
+        "empty.jsonl": ('{"text": "a", "vector": []}\n', ValueError,
+                        "empty.jsonl line 1: an empty vector"),
+        "sur.jsonl": ('{"text": "a \\ud800", "vector": [1, 0]}\n', ValueError,
+                      "sur.jsonl line 1: the text holds a lone surrogate"),
+    }
+    for name, (text, err, match) in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(err, match=match):
+            read_memories(path)
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"text": "ok", "vector": [1, 0]}\n{"text": "caf\xe9", "vector": [1, 0]}\n')
+    with pytest.raises(ValueError, match="latin.jsonl: not UTF-8"):
+        read_memories(latin)
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b'\xef\xbb\xbf{"text": "ok", "vector": [1, 0]}\n')
+    assert len(read_memories(bom).records) == 1
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "int8"])
+def test_a_partial_export_of_an_encoded_store_decodes_its_vectors(tmp_path, dtype):
+    """A store's Parquet export with a column dropped reads as a hand-written file; its
+    vectors in the store's encoding (bf16 bits, fp16, int8 with a scale) are decoded."""
+    import pyarrow.parquet as pq
+
+    s = LanceStore(tmp_path / "s", vector_dtype=dtype)
+    s.create(make_records(random_rows(6, 8)))
+    s.export(tmp_path / "full.parquet")
+    t = pq.read_table(tmp_path / "full.parquet").drop_columns(["last_pass"])
+    pq.write_table(t, tmp_path / "part.parquet")
+    want = s.load().records
+    got = read_memories(tmp_path / "part.parquet").records
+    at = [list(want.meta["id"]).index(i) for i in got.meta["id"]]
+    w = want.vectors[at]
+    cos = (got.vectors * w).sum(1) / np.linalg.norm(w, axis=1)  # got: unit length
+    assert cos.min() > 0.9999, cos  # decoded (the store's values, rescaled to unit length)

@@ -120,9 +120,19 @@ def test_merges_through_mem0_as_a_mem0_user_sees_them(memory, tmp_path):
     # search finds the merged note
     hit = memory.search("Where did Alice move?", filters={"user_id": "alice"}, top_k=1)
     assert "Berlin" in hit["results"][0]["memory"]
-    # undo puts every member back, text and vector
-    assert undo(memory, tmp_path / "undo.jsonl", plan.plan_id) == sum(
-        len(u["ids"]) for u in plan.units)
+    # undo puts every member back, text and vector, except one an agent changed since
+    edited = plan.units[-1]["keep"]
+    memory.update(edited, text="Bob plays the viola now.")
+    got = undo(memory, tmp_path / "undo.jsonl", plan.plan_id)
+    assert got["restored"] == sum(len(u["ids"]) for u in plan.units) - 1
+    assert got["skipped"] == [{"id": edited, "why": "changed or deleted since the apply: "
+                                                    "left as it is"}]
+    assert memory.get(edited)["memory"] == "Bob plays the viola now."
+    memory.update(edited, text=plan.units[-1]["text"])  # back to the merged text: undo it
+    again = undo(memory, tmp_path / "undo.jsonl", plan.plan_id)  # run twice: nothing twice
+    assert again["restored"] == 1
+    assert {s["why"] for s in again["skipped"]} == {"exists already", "changed or deleted "
+                                                    "since the apply: left as it is"}
     back = src.read()
     assert sorted(back.records.meta["text"]) == sorted(snap.records.meta["text"])
     i = plan.units[0]["keep"]

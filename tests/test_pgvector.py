@@ -249,3 +249,41 @@ def test_the_consolidate_job_on_a_pgvector_table(pg, tmp_path):
     assert sum(json.loads(e)["op"] == "merge" for e in events) == s2["stats"]["merges"]
     with pytest.raises(ValueError, match="unknown key"):
         job("+source.columns.colour=x")
+
+
+def test_a_taken_merged_id_or_a_failing_namespace_skips_and_goes_on(pg):
+    """The merged row's id already in the table (members restored by hand, then the same
+    merge planned again) skips that unit; a mapped column the table lacks is refused at
+    read; a statement that fails rolls back its namespace only."""
+    fill(pg, "mem_f", rows())
+    t = PgVectorTable(pg, "mem_f", COLS)
+    _, _, plan = plan_for(t)
+    unit = next(u for u in plan.units if u["kind"] == "merge")
+    with psycopg.connect(pg, autocommit=True) as c:
+        c.execute("INSERT INTO mem_f (id, user_id, memory) VALUES (%s, %s, 'taken')",
+                  (unit["insert"]["id"], unit["namespace"]))
+    rep = t.apply(plan, dry_run=False)
+    taken = [s for s in rep.skipped if "is taken already" in s["why"]]
+    assert [s["unit"] for s in taken] == [plan.units.index(unit)]
+    assert sum(rep.applied.values()) == len(plan.units) - 1
+    # a column mapped but missing: refused before anything is planned
+    from consolidate.sources.pgvector import PgSourceError
+
+    with pytest.raises(PgSourceError, match="merged_to"):
+        PgVectorTable(pg, "mem_f", dataclasses.replace(COLS, merged_into="merged_to")).read()
+    # a NOT NULL column the merged rows do not fill: each namespace with a merge rolls
+    # back and is reported; the others apply
+    fill(pg, "mem_g", rows())
+    with psycopg.connect(pg, autocommit=True) as c:
+        c.execute("ALTER TABLE mem_g ADD COLUMN owner text NOT NULL DEFAULT 'x'")
+        c.execute("ALTER TABLE mem_g ALTER COLUMN owner DROP DEFAULT")
+    t = PgVectorTable(pg, "mem_g", COLS)
+    _, _, plan = plan_for(t)
+    before = table_rows(pg, "mem_g")
+    rep = t.apply(plan, dry_run=False)
+    rolled = {s["namespace"] for s in rep.skipped if s["why"].startswith("rolled back")}
+    merged_ns = {u["namespace"] for u in plan.units if u["kind"] == "merge"}
+    assert rolled == merged_ns and not set(rep.namespaces) & rolled
+    after = table_rows(pg, "mem_g")
+    touched = {i for u in plan.units if u["namespace"] in rolled for i in u["ids"]}
+    assert touched and all(after[i] == before[i] for i in touched)

@@ -77,20 +77,67 @@ def _where(path: Path, row: int, header: bool) -> str:
     return f"{path} line {row + 1 + header}"
 
 
+def _stored_vectors(table: Any, path: Path) -> np.ndarray | None:
+    """The ``vector`` column of a Parquet file decoded when it holds a store's encoding
+    (fp16, bf16 bits, int8 with ``vector_scale``), else ``None`` (numbers, read as given).
+
+    Raises:
+        ValueError: an encoding that cannot be decoded (int8 without its scale column)."""
+    import pyarrow as pa
+
+    from ..store.vectors import decode_vectors
+
+    if "vector" not in table.column_names:
+        return None
+    t = table.schema.field("vector").type
+    if not pa.types.is_fixed_size_list(t) or pa.types.is_floating(t.value_type) and \
+            not pa.types.is_float16(t.value_type):
+        return None
+    try:
+        return decode_vectors(table.column("vector"), table.column("vector_scale")
+                              if "vector_scale" in table.column_names else None)
+    except ValueError as e:
+        raise ValueError(f"{path}: the vector column cannot be decoded ({e})") from None
+
+
 def _jsonl_rows(path: Path) -> Iterator[dict[str, Any]]:
-    with path.open(encoding="utf-8") as f:
-        for k, line in enumerate(f):
+    with path.open(encoding="utf-8-sig") as f:  # a byte-order mark is skipped
+        for k, line in enumerate(_lines(f, path)):
             if not line.strip():
                 raise ValueError(f"{path} line {k + 1}: an empty line (one JSON object a "
                                  f"line, none empty)")
             try:
-                row = json.loads(line)
+                row = json.loads(line, parse_int=_int)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path} line {k + 1}: not JSON ({e.msg})") from None
+            except (RecursionError, ValueError) as e:
+                raise ValueError(f"{path} line {k + 1}: {str(e).splitlines()[0]}") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path} line {k + 1}: a JSON {type(row).__name__}, not an "
                                  f"object")
             yield row
+
+
+def _lines(f: Any, path: Path) -> Iterator[str]:
+    """The lines of a text file opened as UTF-8.
+
+    Raises:
+        ValueError: a byte that is not UTF-8 (names the last line read before it)."""
+    read = 0
+    try:
+        for line in f:
+            read += 1
+            yield line
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 after line {read} ({e.reason})") from None
+
+
+def _int(s: str) -> int | float:
+    """A JSON integer; one too long for a float64 is refused (it is no vector value,
+    importance or time)."""
+    if len(s.lstrip("-")) > 300:
+        raise ValueError(f"a number of {len(s)} digits")
+    return int(s)
 
 
 def _csv_value(c: str, v: str, where: str) -> Any:
@@ -185,7 +232,13 @@ def read_memories(path: str | Path, *, namespace: str = "default", embedder: Any
             recs = as_stored(records_from_arrow(table), str(p), now_h=now_h)
             return FileImport(recs, str(p), ignored_columns=sorted(
                 set(table.column_names) - _KNOWN - {"vector_scale"}))
-        rows = table.to_pylist()
+        decoded = _stored_vectors(table, p)
+        rows = table.drop_columns([c for c in ("vector", "vector_scale")
+                                   if decoded is not None and c in table.column_names]
+                                  ).to_pylist()
+        if decoded is not None:
+            for r, v in zip(rows, decoded, strict=True):
+                r["vector"] = v
     elif p.suffix == ".jsonl":
         rows = list(_jsonl_rows(p))
     else:
@@ -197,6 +250,14 @@ def read_memories(path: str | Path, *, namespace: str = "default", embedder: Any
         if not isinstance(r.get("text"), str):
             raise ValueError(f"{_where(p, k, header)}: "
                              f"{'no text' if r.get('text') is None else 'text is not a string'}")
+        try:
+            r["text"].encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{_where(p, k, header)}: the text holds a lone surrogate (not "
+                             f"encodable as UTF-8)") from None
+        v = r.get("vector")
+        if isinstance(v, (list, tuple)) and not len(v):
+            raise ValueError(f"{_where(p, k, header)}: an empty vector")
         if r.get("namespace") is None:
             r["namespace"] = namespace
         if isinstance(r.get("vector"), float) and math.isnan(r["vector"]):

@@ -222,6 +222,8 @@ class Mem0Source:
                     for i in u["ids"]:
                         f.write(json.dumps({"plan_id": plan.plan_id, "unit": n, "id": i,
                                             "kept": i == u["keep"],
+                                            "merged_text": u["text"] if i == u["keep"]
+                                            else None,
                                             "payload": snap.payloads[i],
                                             "vector": snap.vectors[i].tolist()},
                                            default=str) + "\n")
@@ -233,23 +235,43 @@ class Mem0Source:
         return rep
 
 
-def undo(memory: Any, undo_file: str | Path, plan_id: str) -> int:
-    """Put back every member ``plan_id`` changed, as the undo file holds them: the kept
-    member's text, payload and vector restored, the deleted ones inserted again with their
-    ids. Returns the memories restored.
+def undo(memory: Any, undo_file: str | Path, plan_id: str) -> dict[str, Any]:
+    """Put back the members ``plan_id`` changed, as the undo file holds them.
+
+    A kept member whose text is still the merged text gets its old text back through
+    ``Memory.update`` (an UPDATE in Mem0's history), then its old payload and vector
+    exactly; one changed since the apply (an agent's edit) is left alone and reported. A
+    deleted member is inserted again with its id, payload and vector (Mem0's API cannot
+    add with a given id, so its history shows no ADD; the undo file is the record); one
+    that exists already (an undo run twice) is skipped.
+
+    Returns:
+        ``{"restored": n, "skipped": [{"id", "why"}]}``.
 
     Raises:
         FileNotFoundError: no such undo file.
     """
     vs = memory.vector_store
-    n = 0
+    out: dict[str, Any] = {"restored": 0, "skipped": []}
     for line in Path(undo_file).read_text(encoding="utf-8").splitlines():
         r = json.loads(line)
         if r["plan_id"] != plan_id:
             continue
+        now = vs.get(vector_id=r["id"])
         if r["kept"]:
+            merged = r.get("merged_text")
+            cur = None if now is None else (now.payload or {}).get("hash")
+            if now is None or merged is None or \
+                    cur != hashlib.md5(merged.encode()).hexdigest():
+                out["skipped"].append({"id": r["id"], "why": "changed or deleted since the "
+                                       "apply: left as it is"})
+                continue
+            memory.update(r["id"], text=r["payload"].get("data"))
             vs.update(vector_id=r["id"], vector=r["vector"], payload=r["payload"])
+        elif now is not None:
+            out["skipped"].append({"id": r["id"], "why": "exists already"})
+            continue
         else:
             vs.insert(vectors=[r["vector"]], payloads=[r["payload"]], ids=[r["id"]])
-        n += 1
-    return n
+        out["restored"] += 1
+    return out

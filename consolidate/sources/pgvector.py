@@ -245,6 +245,9 @@ class PgVectorTable:
             conn.isolation_level = IsolationLevel.REPEATABLE_READ
             conn.read_only = True
             try:
+                # every mapped column, also those only the apply writes (merged_into)
+                conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(
+                    sql.SQL(", ").join(self._ident(c) for c in m.values()), self._tab()))
                 rows = conn.execute(q, args).fetchall()
             except (self.psycopg.errors.UndefinedTable,
                     self.psycopg.errors.UndefinedColumn) as e:
@@ -383,9 +386,12 @@ class PgVectorTable:
         Returns:
             :class:`PgApplyReport`.
 
+        A statement that fails (a constraint of the table, say) rolls its namespace's
+        transaction back: that namespace's units are reported skipped with the error, and
+        the other namespaces go on.
+
         Raises:
-            psycopg.Error: a statement failed (that namespace's transaction is rolled
-                back; namespaces committed before it stay).
+            PgSourceError: the database cannot be reached.
         """
         from psycopg import sql
 
@@ -399,8 +405,16 @@ class PgVectorTable:
                 with conn.transaction():
                     self._ensure_tables(conn)
             for ns, ks in sorted(by_ns.items()):
-                with conn.transaction():
-                    self._apply_namespace(conn, plan, ns, ks, rep, dry_run, m, sql)
+                done = (len(rep.skipped), dict(rep.applied), len(rep.namespaces))
+                try:
+                    with conn.transaction():
+                        self._apply_namespace(conn, plan, ns, ks, rep, dry_run, m, sql)
+                except self.psycopg.Error as e:
+                    # the namespace's transaction rolled back: none of its units applied
+                    del rep.skipped[done[0]:], rep.namespaces[done[2]:]
+                    rep.applied = done[1]
+                    why = f"rolled back: {str(e).strip().splitlines()[0]}"
+                    rep.skipped += [{"unit": k, "namespace": ns, "why": why} for k in ks]
         return rep
 
     def _apply_namespace(self, conn: Any, plan: PgPlan, ns: str, ks: list[int],
@@ -422,7 +436,8 @@ class PgVectorTable:
                 rep.skipped += [{"unit": k, "namespace": ns, "why": "plan already applied"}
                                 for k in ks]
                 return
-        ids = sorted({i for k in ks for i in plan.units[k]["ids"]})
+        new_ids = {plan.units[k]["insert"]["id"] for k in ks if plan.units[k]["insert"]}
+        ids = sorted({i for k in ks for i in plan.units[k]["ids"]} | new_ids)
         rows = conn.execute(sql.SQL(
             "SELECT {}::text, {}, {} FROM {} WHERE {}::text = ANY(%s) FOR UPDATE").format(
                 self._ident(m["id"]), self._ident(m["updated_at"]),
@@ -434,6 +449,11 @@ class PgVectorTable:
             changed = [i for i in u["ids"] if i not in now_state
                        or now_state[i][0] != plan.versions.get(i)
                        or now_state[i][1] is not None]
+            if u["insert"] and u["insert"]["id"] in now_state:
+                rep.skipped.append({"unit": k, "namespace": ns, "kind": u["kind"],
+                                    "why": f"the merged row's id {u['insert']['id']} is "
+                                           f"taken already"})
+                continue
             if changed:
                 rep.skipped.append({"unit": k, "namespace": ns, "kind": u["kind"],
                                     "why": f"rows changed since the plan: {changed[:5]}"})

@@ -271,16 +271,14 @@ class _RowParser:
                 self.bad(f"{c} is not a string", k)
         lp = row.get("last_pass")
         r["last_pass"] = float(lp) if _is_real(lp) else math.nan
-        ka = row.get("keep_apart") or []
-        if isinstance(ka, str) or not all(isinstance(x, str) for x in ka):
-            self.bad("keep_apart is not a list of strings", k)
-            ka = []
-        r["keep_apart"] = list(ka)
-        df = row.get("derived_from") or []
-        if isinstance(df, str) or not all(isinstance(x, str) for x in df):
-            self.bad("derived_from is not a list of strings", k)
-            df = []
-        r["derived_from"] = list(df)
+        for c in ("keep_apart", "derived_from"):
+            v = row.get(c)
+            v = [] if v is None else v
+            if not isinstance(v, (list, tuple, np.ndarray)) or \
+                    not all(isinstance(x, str) for x in v):
+                self.bad(f"{c} is not a list of strings", k)
+                v = []
+            r[c] = list(v)
         return r
 
 
