@@ -209,7 +209,8 @@ def test_bad_rows_are_named_and_nothing_is_planned(pg):
         PgVectorTable(pg, "mem_d", dataclasses.replace(COLS, text="colour")).read()
     with pytest.raises(PgSourceError, match="cannot connect to the database of table m"):
         PgVectorTable("postgresql://nobody@127.0.0.1:1/x?connect_timeout=2", "m").read()
-    assert json.dumps(PgColumns().__dict__)  # a plain mapping (configs write it)
+    # a plain mapping of the default names (configs/source/pgvector.yaml writes the same)
+    assert json.loads(json.dumps(PgColumns().__dict__))["vector"] == "embedding"
 
 
 def test_the_consolidate_job_on_a_pgvector_table(pg, tmp_path):

@@ -31,9 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
-from ..store.schema import Records, records_from_rows
+from ..store.schema import Records, hours_from_datetime, records_from_rows
 from .common import ApplyReport, Plan, as_stored
 
 __all__ = ["Mem0Source", "Mem0Snapshot", "Mem0Plan", "Mem0ApplyReport", "undo"]
@@ -75,12 +74,8 @@ class Mem0ApplyReport(ApplyReport):
 
 
 def _hours(ts: Any) -> float | None:
-    if ts is None or ts == "":
-        return None
-    t = pd.Timestamp(ts)
-    if t.tzinfo is None:
-        t = t.tz_localize("UTC")
-    return t.value / 3.6e12
+    """A Mem0 ISO time in hours since the epoch (``None`` when absent)."""
+    return None if ts is None or ts == "" else hours_from_datetime(ts)
 
 
 class Mem0Source:

@@ -334,17 +334,19 @@ class PgVectorTable:
         kept = np.flatnonzero(stored & live)
         if upd_cols and len(kept):
             b = before.loc[ids[kept]]
+            upd: dict[str, dict[str, Any]] = {}  # id -> its update unit
             for c in upd_cols:
                 old = b[c].to_numpy()
                 new = res[c].to_numpy()[kept]
                 diff = ~((old == new) | (pd.isna(old) & pd.isna(new)))
                 for j in np.flatnonzero(diff):
                     i = ids[kept[j]]
-                    u = next((x for x in units if x["kind"] == "update" and x["ids"] == [i]),
-                             None)
+                    u = upd.get(i)
                     if u is None:
-                        u = {"kind": "update", "namespace": res.at[kept[j], "namespace"],
-                             "insert": None, "retire": [], "update": {i: {}}, "ids": [i]}
+                        u = upd[i] = {"kind": "update",
+                                      "namespace": res.at[kept[j], "namespace"],
+                                      "insert": None, "retire": [], "update": {i: {}},
+                                      "ids": [i]}
                         units.append(u)
                     v = new[j]
                     u["update"][i][c] = bool(v) if c == "pinned" else float(v)
