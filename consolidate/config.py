@@ -258,14 +258,19 @@ class SourceConfig:
 
     Attributes:
         kind: ``store`` (the store of ``store.*``), ``pgvector`` (a PostgreSQL + pgvector
-            table; see :mod:`consolidate.sources.pgvector`) or ``mem0`` (a Mem0 store; see
-            :mod:`consolidate.sources.mem0`).
+            table; see :mod:`consolidate.sources.pgvector`), ``mem0`` (a Mem0 store; see
+            :mod:`consolidate.sources.mem0`), ``jsonl`` (a JSONL, Parquet or CSV file;
+            see :mod:`consolidate.sources.files`) or ``lance`` (a Lance dataset or LanceDB
+            table; see :mod:`consolidate.sources.lance_table`).
+        path: the file (``jsonl``) or dataset folder (``lance``).
+        namespace: the namespace of a file's rows that name none (``jsonl``).
         dsn: libpq connection string or URI (``pgvector``).
         table: ``name`` or ``schema.name`` (``pgvector``).
         namespaces: the namespaces to read (``None``: all).
         apply: write the plan (``false``: a dry run that reports what it would change).
-        columns: :class:`~consolidate.sources.pgvector.PgColumns` fields to override
-            (table column names; ``null`` for a column the table lacks).
+        columns: :class:`~consolidate.sources.pgvector.PgColumns` (``pgvector``) or
+            :class:`~consolidate.sources.lance_table.LanceColumns` (``lance``) fields:
+            column names (``null`` for a column the table lacks).
         mem0: the ``Memory.from_config`` config of a Mem0 store (``mem0``).
         namespace_key: the Mem0 payload key that names a namespace (``user_id``,
             ``agent_id`` or ``run_id``).
@@ -274,6 +279,8 @@ class SourceConfig:
     """
 
     kind: str = "store"
+    path: str | None = None
+    namespace: str = "default"
     dsn: str | None = None
     table: str | None = None
     namespaces: list[str] | None = None

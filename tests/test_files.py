@@ -3,6 +3,7 @@ export in each format reads back unchanged; hand-written files get defaults, gen
 and embeddings; bad files are refused naming the file and the line, with nothing written."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -221,3 +222,57 @@ def test_a_partial_export_of_an_encoded_store_decodes_its_vectors(tmp_path, dtyp
     w = want.vectors[at]
     cos = (got.vectors * w).sum(1) / np.linalg.norm(w, axis=1)  # got: unit length
     assert cos.min() > 0.9999, cos  # decoded (the store's values, rescaled to unit length)
+
+
+def _memory_file(tmp_path, suffix=".jsonl"):
+    """A store's export as a user's memory file: planted near-duplicates in 2 namespaces."""
+    s = LanceStore(tmp_path / "src")
+    rows = random_rows(60, 16, namespaces=2, dup_frac=0.3, noise=0.01, seed=7, t0=2000.0)
+    s.create(make_records(rows))
+    path = tmp_path / f"mem{suffix}"
+    s.export(path)
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet", ".csv"])
+def test_a_memory_file_as_source_dry_run_then_apply(tmp_path, suffix):
+    from consolidate.config import PassConfig, SimilarityConfig
+    from consolidate.pipeline import run_pass
+    from consolidate.sources import FileSource
+
+    path = _memory_file(tmp_path, suffix)
+    original = path.read_bytes()
+    src = FileSource(path)
+    snap = src.read(["ns0"])
+    assert snap.scope.sum() == 30 and len(snap.records) == 60
+    res = run_pass(src.records(snap), cfg=PassConfig(force=True), version=1,
+                   sim_cfg=SimilarityConfig(device="cpu"), wall_h=2001.0)
+    merged = {e["id"]: sorted(e["members"]) for e in res.events if e["op"] == "merge"}
+    assert merged
+    plan = src.plan(snap, res.records)
+    assert sorted(tuple(u["ids"]) for u in plan.units if u["kind"] == "merge") == \
+        sorted(tuple(m) for m in merged.values())
+    # a dry run writes the result elsewhere; the file is untouched
+    rep = src.apply(plan, out=tmp_path / f"result{suffix}")
+    assert rep.dry_run and path.read_bytes() == original
+    assert len(read_memories(rep.written).records) == len(res.records) + 30
+    # the apply: a copy of the file as it was, then the result over it
+    rep = src.apply(plan, dry_run=False)
+    assert Path(rep.backup).read_bytes() == original and rep.written == str(path)
+    back = read_memories(path).records.meta.set_index("id")
+    for into, members in merged.items():  # nothing lost: members are tombstones
+        assert back.loc[into, "text"] == res.records.meta.set_index("id").loc[into, "text"]
+        assert (back.loc[members, "merged_into"] == into).all()
+        assert back.loc[members, "deleted_at"].notna().all()
+    other = read_memories(rep.backup).records.meta.set_index("id")
+    ns1 = other.index[other["namespace"] == "ns1"]
+    assert back.loc[ns1, "text"].equals(other.loc[ns1, "text"])  # untouched namespace
+    assert back.loc[ns1, "deleted_at"].isna().all()
+    # a plan of a file that changed since the read writes nothing
+    snap2 = src.read()
+    plan2 = src.plan(snap2, snap2.records)
+    path.write_bytes(path.read_bytes() + b"\n")  # another writer (a Parquet file: broken)
+    changed = path.read_bytes()
+    with pytest.raises(ValueError, match="changed since it was read"):
+        src.apply(plan2, dry_run=False)
+    assert path.read_bytes() == changed

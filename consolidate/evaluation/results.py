@@ -38,7 +38,9 @@ class Metric(BaseModel):
 class TaskInfo(BaseModel):
     """What was measured: the task's real name and version, every data file read (path ->
     its sha256 as read), whether each hash equals a declared one (``hash_verified``; a
-    file given by path has none to compare with), counts and the headline metric."""
+    file given by path has none to compare with), counts, the headline metric, and where
+    the memories came from (``memories_from``: ``None`` when the task's own were embedded
+    in the run, else the external source they were read from, with their stored vectors)."""
 
     name: str
     version: str
@@ -46,6 +48,7 @@ class TaskInfo(BaseModel):
     hash_verified: bool
     counts: dict[str, int] = Field(default_factory=dict)
     main_score: str = ""
+    memories_from: str | None = None
 
 
 class Results(BaseModel):

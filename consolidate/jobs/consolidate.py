@@ -24,7 +24,16 @@ from ..pipeline import run_pass, trigger
 from ..similarity import check_engine
 from ..store import hours_now
 from ..store.lance_store import LanceStore
-from .common import CONFIG_DIR, open_store, pass_cfg, sim_cfg, typed, user_errors, write_summary
+from .common import (
+    CONFIG_DIR,
+    make_embedder,
+    open_store,
+    pass_cfg,
+    sim_cfg,
+    typed,
+    user_errors,
+    write_summary,
+)
 
 log = logging.getLogger("consolidate")
 
@@ -65,15 +74,13 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
     reflector = instantiate(cfg.reflect) if pc.reflect and not fleet else None
     src: SourceConfig = typed(cfg, "source", SourceConfig) if "source" in cfg else \
         SourceConfig()
-    if src.kind in ("pgvector", "mem0"):
+    if src.kind != "store":
         if fleet:
             raise ValueError(f"source={src.kind} runs in this process: use runner=local")
         summary = _external_run(cfg, src, pc, sc, merger, reflector, out_dir)
         summary["policy"] = ({**policy, "calibrated": True} if policy is not None
                              else {"calibrated": False})
         return _finish(summary, t0, out_dir)
-    if src.kind != "store":
-        raise ValueError(f"source must be store, pgvector or mem0, got {src.kind!r}")
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
     t = time.perf_counter()
     store, report = open_store(cfg)
@@ -130,62 +137,38 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
     return _finish(summary, t0, out_dir)
 
 
-def _open_source(src: Any) -> tuple[Any, str]:
-    """The external source of ``src`` and its name for the summary."""
-    import dataclasses
-
-    if src.kind == "mem0":
-        import os
-
-        os.environ.setdefault("MEM0_TELEMETRY", "False")
-        from ..sources.mem0 import Mem0Source
-
-        if not src.mem0:
-            raise ValueError("source=mem0 needs source.mem0 (Memory.from_config's config)")
-        try:
-            from mem0 import Memory
-        except ImportError as e:
-            raise ImportError('source=mem0 needs mem0ai: pip install "consolidate[mem0]"') \
-                from e
-        return Mem0Source(Memory.from_config(dict(src.mem0)), src.namespace_key), "mem0 store"
-    from ..sources.pgvector import PgColumns, PgVectorTable
-
-    if not src.dsn or not src.table:
-        raise ValueError("source=pgvector needs source.dsn=... and source.table=...")
-    known = {f.name for f in dataclasses.fields(PgColumns)}
-    extra = sorted(set(src.columns) - known)
-    if extra:
-        raise ValueError(f"unknown key(s) {extra} in 'source.columns' (allowed: "
-                         f"{sorted(known)})")
-    return (PgVectorTable(src.dsn, src.table, PgColumns(**dict(src.columns))),
-            f"pgvector table {src.table}")
-
-
 def _external_run(cfg: DictConfig, src: Any, pc: Any, sc: Any, merger: Any, reflector: Any,
                   out_dir: str | None) -> dict[str, Any]:
     """The pass over an external store (``source=pgvector``: :mod:`consolidate.sources.
-    pgvector`; ``source=mem0``: :mod:`consolidate.sources.mem0`): read a snapshot, run the
-    pass with nothing held open, plan, apply (a dry run unless ``source.apply``). The
+    pgvector`; ``source=mem0``: :mod:`consolidate.sources.mem0`; ``source=jsonl``:
+    :class:`consolidate.sources.files.FileSource`; ``source=lance``:
+    :mod:`consolidate.sources.lance_table`): read a snapshot, run the pass with
+    nothing held open, plan, apply (a dry run unless ``source.apply``). The
     pass's events go to ``events.jsonl`` beside the summary (they keep the members of every
     merge; a Mem0 apply also writes ``undo.jsonl``). Returns the summary's fields."""
     import json
     from pathlib import Path
 
-    source, name = _open_source(src)
+    from ..config import EmbedderConfig
+    from ..sources.open import open_source, source_records
+
+    source, name = open_source(src, lambda: make_embedder(typed(cfg, "embedder",
+                                                                EmbedderConfig)))
     t = time.perf_counter()
     snap = source.read(src.namespaces)
+    records = source_records(source, snap)
     t_load = time.perf_counter() - t
-    fire, new_imp = trigger(snap.records, pc.trigger_importance)
+    fire, new_imp = trigger(records, pc.trigger_importance)
     summary: dict[str, Any] = {
         "store": name, "config": OmegaConf.to_container(cfg, resolve=True),
         "trigger": _trigger_summary(pc, new_imp, fire, {}),
-        "records_read": len(snap.records)}
-    if not (fire or pc.force) or not len(snap.records):
+        "records_read": len(records)}
+    if not (fire or pc.force) or not len(records):
         summary["ran"] = False
         return summary
     wall = hours_now()
     # merged ids mix in the version: this run's clock in seconds, so each run's differ
-    res = run_pass(snap.records, cfg=pc, sim_cfg=sc, merger=merger, version=int(wall * 3600),
+    res = run_pass(records, cfg=pc, sim_cfg=sc, merger=merger, version=int(wall * 3600),
                    wall_h=wall, reflector=reflector)
     if out_dir is None:
         out_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() \
@@ -196,6 +179,10 @@ def _external_run(cfg: DictConfig, src: Any, pc: Any, sc: Any, merger: Any, refl
         plan = source.plan(snap, res.records, drops=src.drops)
         rep = source.apply(plan, snap, dry_run=dry,
                            undo_file=None if dry else Path(out_dir) / "undo.jsonl")
+    elif src.kind == "jsonl":
+        plan = source.plan(snap, res.records)
+        rep = source.apply(plan, dry_run=dry,
+                           out=Path(out_dir) / f"consolidated{Path(src.path).suffix}")
     else:
         plan = source.plan(snap, res.records)
         rep = source.apply(plan, dry_run=dry)
@@ -208,7 +195,11 @@ def _external_run(cfg: DictConfig, src: Any, pc: Any, sc: Any, merger: Any, refl
                    external={"plan_id": plan.plan_id, "units": plan.counts(),
                        "applied": rep.applied, "skipped": rep.skipped[:100],
                        "n_skipped": len(rep.skipped), "events": str(events),
-                       "undo": getattr(rep, "undo_file", None)})
+                       "undo": getattr(rep, "undo_file", None),
+                       "written": getattr(rep, "written", None),
+                       "version": getattr(rep, "version", None),
+                       "previous_version": getattr(rep, "previous", None),
+                       "backup": getattr(rep, "backup", None)})
     return summary
 
 
@@ -329,6 +320,13 @@ def format_summary(s: dict[str, Any]) -> str:
                          f"(plan {g['plan_id'][:12]}; {g['n_skipped']} units skipped; "
                          f"events {g['events']})"
                          + ("; source.apply=true writes it" if s["dry_run"] else ""))
+            if g.get("version") is not None:
+                lines.append(f"{'lance version':<17}{g['version']} written (the version "
+                             f"read, {g['previous_version']}, stays in the history)")
+            if g.get("written"):
+                lines.append(f"{'result file':<17}{g['written']}"
+                             + (f" (the file as it was: {g['backup']})" if g.get("backup")
+                                else ""))
         else:
             c = s["commit"]
             where = (f"version {c['version']}" if c["snapshot"]

@@ -23,7 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import EmbedderConfig, PassConfig, StoreConfig
+from ..config import EmbedderConfig, PassConfig, SourceConfig, StoreConfig
 from ..device import resolve_device
 from ..evaluation.plots import plot_ablation
 from ..evaluation.results import (
@@ -63,6 +63,48 @@ def build_task(cfg: DictConfig, scfg: StoreConfig) -> MemoryTask:
                      f"{cfg.task!r}")
 
 
+def read_source(src: SourceConfig, emb: Any, groups: set[str], memory_group: Any
+                ) -> tuple[Records, str]:
+    """The live memories of an external source (``source=pgvector|mem0|jsonl``; read
+    only, nothing is ever applied) as the evaluation's memories: their stored vectors and
+    provenance (``source_ids``, matched against the questions' evidence).
+
+    Args:
+        src: the source's config.
+        emb: the embedder of the questions (its dimension must be the vectors').
+        groups: the question groups of the task (LOCOMO: conversations).
+        memory_group: a memory's namespace -> the group that may see it.
+
+    Returns:
+        ``(records, the source's name)``.
+
+    Raises:
+        ValueError: no memory, vectors of another dimension than the embedder's, no
+            memory with provenance, or no namespace of the task's groups (each names the
+            source).
+    """
+    from ..sources.open import open_source, source_records
+
+    source, name = open_source(src, lambda: emb)
+    recs = source_records(source, source.read(src.namespaces))
+    recs = recs.mask(recs.live_mask())
+    if not len(recs):
+        raise ValueError(f"{name}: no live memory to evaluate")
+    if recs.dim != emb.dim:
+        raise ValueError(f"{name}: its vectors have d={recs.dim} but the embedder "
+                         f"({emb.path}) gives d={emb.dim}: evaluate with the model that "
+                         f"embedded them (embedder.model_path=...)")
+    if not recs.meta["source_ids"].map(len).any():
+        raise ValueError(f"{name}: no memory has provenance (source_ids), which recall is "
+                         f"measured against (pgvector: source.columns.source_ids=COLUMN; "
+                         f"Mem0: the metadata key source_ids)")
+    seen = {memory_group(n) for n in pd.unique(recs.meta["namespace"])}
+    if not seen & groups:
+        raise ValueError(f"{name}: none of its namespaces ({sorted(seen)[:5]}) belongs to "
+                         f"a question group of the task ({sorted(groups)[:5]})")
+    return recs, name
+
+
 def _variant_pass(base: PassConfig, overrides: dict[str, Any], name: str) -> PassConfig:
     try:
         return PassConfig(**{**base.__dict__, **overrides})
@@ -88,13 +130,19 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
     spec = task.spec
     ecfg: EmbedderConfig = typed(cfg, "embedder", EmbedderConfig)
     emb = make_embedder(ecfg)
-    vecs = emb.encode([m["text"] for m in task.memories])
-    recs = records_from_rows([{**m, "vector": vecs[k], "last_used": m["created_at"]}
-                              for k, m in enumerate(task.memories)], dim=emb.dim)
-    problems = validate(recs, dim=emb.dim)
-    if problems:
-        raise InvalidRecordsError(f"task {spec.name}", problems)
+    src: SourceConfig = typed(cfg, "source", SourceConfig) if "source" in cfg else \
+        SourceConfig()
     qa = task.questions
+    if src.kind == "store":
+        vecs = emb.encode([m["text"] for m in task.memories])
+        recs = records_from_rows([{**m, "vector": vecs[k], "last_used": m["created_at"]}
+                                  for k, m in enumerate(task.memories)], dim=emb.dim)
+        problems = validate(recs, dim=emb.dim)
+        if problems:
+            raise InvalidRecordsError(f"task {spec.name}", problems)
+        source_name = None
+    else:
+        recs, source_name = read_source(src, emb, set(qa["group"]), task.memory_group)
     q_vecs = emb.encode(qa["question"].tolist())
     timings["build_and_embed"] = time.perf_counter() - t
     now_group = qa.groupby("group")["now_h"].max().to_dict()
@@ -217,7 +265,7 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
                       counts={"memories": len(recs), "questions": len(qa),
                               "groups": len(convs),
                               "truncated_texts": int(getattr(emb, "truncated", 0))},
-                      main_score=spec.main_score),
+                      main_score=spec.main_score, memories_from=source_name),
         config=OmegaConf.to_container(cfg, resolve=False),
         **environment(str(resolve_device(sc.device))),
         timings_s={k: round(x, 3) for k, x in timings.items()},
@@ -314,6 +362,9 @@ def _report(res: Results, abl: pd.DataFrame, per_cat: pd.DataFrame, cols: list[s
         f"# Evaluation: {res.task.name} {res.task.version}", "",
         f"- created {res.created_at}; git {res.git_commit}; device {res.device}",
         f"- data sha256 verified: {res.task.hash_verified}; counts {res.task.counts}",
+        *([f"- memories read from {res.task.memories_from} (stored vectors and provenance; "
+           f"the pass runs on a copy, nothing is written to the source)"]
+          if res.task.memories_from else []),
         "- evidence recall = share of a question's evidence ids covered by the source_ids "
         "of the retrieved memories; `@Ntok` = retrieval cut at N injected tokens "
         "(MiniLM tokenizer).", "",

@@ -57,7 +57,7 @@ class ApplyReport:
 
 
 def as_stored(recs: Records, source: str, *, now_h: float | None = None,
-              first_line: int | None = None) -> Records:
+              first_line: int | None = None, unit: str = "line") -> Records:
     """``recs`` checked and shaped as a store holds them: validated
     (:func:`~consolidate.store.schema.validate`), vectors at unit length, times in whole
     microseconds (through the store's Arrow schema).
@@ -65,8 +65,9 @@ def as_stored(recs: Records, source: str, *, now_h: float | None = None,
     Args:
         source: named in the error (a file, a table).
         now_h: the clock for times in the future (hours since the epoch; default now).
-        first_line: the line number of the first record (its file's), to name records by
-            line as well as id; ``None``: by id only.
+        first_line: the number of the first record's line (or row: ``unit``) in its file,
+            to name records by line as well as id; ``None``: by id only.
+        unit: ``"line"`` or ``"row"``, the word for ``first_line``.
 
     Raises:
         InvalidRecordsError: any problem (nothing is returned).
@@ -75,7 +76,7 @@ def as_stored(recs: Records, source: str, *, now_h: float | None = None,
     if problems:
         if first_line is not None:
             ids = recs.meta["id"].tolist()
-            problems = [Problem(p.kind, p.rows, [f"{ids[k]} (line {k + first_line})"
+            problems = [Problem(p.kind, p.rows, [f"{ids[k]} ({unit} {k + first_line})"
                                                  for k in p.rows]) for p in problems]
         raise InvalidRecordsError(source, problems)
     normalise_vectors(recs)

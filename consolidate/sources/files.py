@@ -41,9 +41,10 @@ from typing import Any
 import numpy as np
 
 from ..store.schema import COLUMNS, Records, records_from_arrow, records_from_rows
-from .common import as_stored
+from .common import ApplyReport, Plan, as_stored
 
-__all__ = ["FILE_SUFFIXES", "FileImport", "read_memories"]
+__all__ = ["FILE_SUFFIXES", "FileImport", "read_memories", "FileSource", "FileSnapshot",
+           "FilePlan", "FileApplyReport"]
 
 #: file suffixes :func:`read_memories` reads
 FILE_SUFFIXES = (".jsonl", ".parquet", ".csv")
@@ -229,7 +230,8 @@ def read_memories(path: str | Path, *, namespace: str = "default", embedder: Any
         table = pq.read_table(p)
         if set(COLUMNS) <= set(table.column_names) and "vector" in table.column_names:
             # an export of a store: its own schema, vectors decoded from the stored dtype
-            recs = as_stored(records_from_arrow(table), str(p), now_h=now_h)
+            recs = as_stored(records_from_arrow(table), str(p), now_h=now_h, first_line=0,
+                             unit="row")
             return FileImport(recs, str(p), ignored_columns=sorted(
                 set(table.column_names) - _KNOWN - {"vector_scale"}))
         decoded = _stored_vectors(table, p)
@@ -276,6 +278,156 @@ def read_memories(path: str | Path, *, namespace: str = "default", embedder: Any
         raise ValueError(f"{_where(p, k, header)}: no vector, while {int(has.sum())} other "
                          f"rows have one (either every row has a vector or none has)")
     recs = as_stored(records_from_rows(rows), str(p), now_h=now_h,
-                     first_line=None if p.suffix == ".parquet" else 1 + header)
+                     first_line=0 if p.suffix == ".parquet" else 1 + header,
+                     unit="row" if p.suffix == ".parquet" else "line")
     return FileImport(recs, str(p), generated_ids=generated, embedded=embedded,
                       ignored_columns=ignored)
+
+
+@dataclass
+class FileSnapshot:
+    """What :meth:`FileSource.read` read.
+
+    Attributes:
+        records: every memory of the file (tombstones included).
+        sha256: the file's content hash as read (the apply's check that it is unchanged).
+        scope: the rows of ``records`` in the namespaces asked for (the pass's input).
+    """
+
+    records: Records
+    sha256: str
+    scope: np.ndarray
+
+
+@dataclass
+class FilePlan(Plan):
+    """A :class:`~consolidate.sources.common.Plan` of a memory file (units: one per merge
+    and per drop, for the report), with the file's new content.
+
+    Attributes:
+        content: every record the file will hold (the pass's result and the rows of other
+            namespaces).
+        sha256: the file's hash as read.
+    """
+
+    content: Records | None = None
+    sha256: str = ""
+
+
+@dataclass
+class FileApplyReport(ApplyReport):
+    """An :class:`~consolidate.sources.common.ApplyReport` of a memory file.
+
+    Attributes:
+        written: the file written (the result file in a dry run, else the source file).
+        backup: the copy of the file as it was (``None`` in a dry run).
+    """
+
+    written: str = ""
+    backup: str | None = None
+
+
+class FileSource:
+    """A memory file (JSONL, Parquet or CSV in the schema above) as the pass's source and
+    sink: ``consolidate source=jsonl source.path=memories.jsonl``.
+
+    The pass reads the file (embedding the texts when it has no vectors), and the apply
+    writes the whole result back in the same format: merged and dropped memories stay in
+    it as tombstones (``deleted_at``, ``deleted_reason``, ``merged_into``), so nothing is
+    lost and a merge can be undone by hand. A dry run writes the result to another file
+    only. An apply first checks that the file is byte for byte as read (another writer
+    since: nothing is written), copies it to ``<name>.pre-consolidate-<UTC time><suffix>``
+    beside it, then replaces it by rename (readers see the old file or the new one).
+
+    Args:
+        path: the file.
+        namespace: for rows without one.
+        embedder: for a file without vectors (see :func:`read_memories`).
+    """
+
+    def __init__(self, path: str | Path, namespace: str = "default",
+                 embedder: Any = None) -> None:
+        self.path = Path(path)
+        self.namespace = namespace
+        self.embedder = embedder
+
+    def read(self, namespaces: Any = None) -> FileSnapshot:
+        """Every memory of the file; the pass runs on those of ``namespaces`` (all when
+        ``None``), the others are written back as they are.
+
+        Raises:
+            FileNotFoundError, ValueError, InvalidRecordsError: see :func:`read_memories`.
+        """
+        digest = _sha256(self.path)
+        got = read_memories(self.path, namespace=self.namespace, embedder=self.embedder)
+        if _sha256(self.path) != digest:
+            raise ValueError(f"{self.path} changed while it was read: run again")
+        ns = got.records.meta["namespace"]
+        scope = (np.ones(len(ns), bool) if namespaces is None
+                 else ns.isin(list(namespaces)).to_numpy())
+        return FileSnapshot(got.records, digest, scope)
+
+    def records(self, snap: FileSnapshot) -> Records:
+        """The pass's input: the memories of the namespaces read."""
+        return snap.records if snap.scope.all() else snap.records.mask(snap.scope)
+
+    def plan(self, snap: FileSnapshot, result: Records) -> FilePlan:
+        """The :class:`FilePlan` of the pass's ``result`` over ``snap``."""
+        res = result.meta
+        was_live = set(snap.records.meta["id"][snap.records.live_mask()])
+        gone = res[res["deleted_at"].notna() & res["id"].isin(was_live)]
+        units = []
+        for into, g in gone[gone["deleted_reason"] == "merged"].groupby("merged_into"):
+            units.append({"kind": "merge", "namespace": g["namespace"].iloc[0],
+                          "ids": sorted(g["id"]), "into": into})
+        drops = gone[gone["deleted_reason"] != "merged"]
+        units += [{"kind": "drop", "namespace": ns, "ids": [i]}
+                  for i, ns in zip(drops["id"], drops["namespace"], strict=True)]
+        rest = snap.records.mask(~snap.scope) if not snap.scope.all() else None
+        content = result if rest is None else Records.concat([result, rest], result.dim)
+        blob = json.dumps({"file": str(self.path), "sha256": snap.sha256, "units": units},
+                          sort_keys=True, default=str)
+        return FilePlan(hashlib.sha256(blob.encode()).hexdigest()[:32], units,
+                        content=content, sha256=snap.sha256)
+
+    def apply(self, plan: FilePlan, *, dry_run: bool = True, out: str | Path | None = None
+              ) -> FileApplyReport:
+        """Write the plan's content: to ``out`` in a dry run (default
+        ``<file>.consolidated<suffix>`` beside the file), else over the file (after the
+        copy).
+
+        Raises:
+            ValueError: the file changed since it was read (nothing written).
+        """
+        import shutil
+        from datetime import datetime, timezone
+
+        from ..store.lance_store import write_records_file
+
+        assert plan.content is not None
+        if dry_run:
+            target = Path(out) if out is not None else self.path.with_name(
+                f"{self.path.stem}.consolidated{self.path.suffix}")
+            write_records_file(plan.content, target)
+            return FileApplyReport(True, plan.counts(), written=str(target))
+        if _sha256(self.path) != plan.sha256:
+            raise ValueError(f"{self.path} changed since it was read: nothing written; run "
+                             f"the pass again")
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        backup = self.path.with_name(f"{self.path.stem}.pre-consolidate-{stamp}"
+                                     f"{self.path.suffix}")
+        shutil.copy2(self.path, backup)
+        write_records_file(plan.content, self.path)
+        return FileApplyReport(False, plan.counts(), written=str(self.path),
+                               backup=str(backup))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"memory file not found: {path}") from None
+    return h.hexdigest()

@@ -9,6 +9,8 @@ Mem0's API, so Mem0's ``history`` table records them and a Mem0 user sees the re
    (Qdrant: ``scroll``; pgvector: one ``SELECT``), one namespace per ``user_id`` (or
    ``agent_id``/``run_id``: ``namespace_key``). Mem0 keeps no importance, strength or last
    use: importance 0.5, strength 1, ``last_used`` = ``updated_at`` (else ``created_at``);
+   provenance is the metadata key ``source_ids`` when a writer set it (``add(...,
+   metadata={"source_ids": [...]})``), else none;
 2. the pass runs on the records;
 3. :meth:`Mem0Source.plan` keeps each merge's oldest member (its id stays, with the merged
    text) and deletes the others; floor and cap drops are planned only with
@@ -137,7 +139,8 @@ class Mem0Source:
             used = _hours(p.get("updated_at")) or created
             v = np.asarray(vec, np.float32)
             rows.append({"id": i, "namespace": str(ns), "text": p.get("data"), "vector": v,
-                         "created_at": created, "last_used": used})
+                         "created_at": created, "last_used": used,
+                         "source_ids": p.get("source_ids") or []})
             payloads[i], vectors[i] = p, v
         recs = records_from_rows(rows) if rows else Records.empty(0)
         if len(recs):

@@ -73,6 +73,9 @@ class PgColumns:
             row is as the snapshot read it (required).
         deleted_at: nullable ``timestamptz``; set by the apply (soft delete; required).
         importance, strength, pinned, merged_into: optional.
+        source_ids: optional provenance (``text[]`` or a ``jsonb`` array of strings: the
+            turns a memory came from); a merged row gets the union of its members'. The
+            evaluation job matches it against a task's evidence.
     """
 
     id: str = "id"
@@ -87,6 +90,7 @@ class PgColumns:
     strength: str | None = None
     pinned: str | None = None
     merged_into: str | None = None
+    source_ids: str | None = None
 
 
 @dataclass
@@ -229,7 +233,8 @@ class PgVectorTable:
 
         m = self._mapped()
         want = ["id", "namespace", "text", "vector", "created_at", "updated_at"] + [
-            k for k in ("last_used", "importance", "strength", "pinned") if k in m]
+            k for k in ("last_used", "importance", "strength", "pinned", "source_ids")
+            if k in m]
         cols = sql.SQL(", ").join(
             sql.SQL("{}::text").format(self._ident(m[k])) if k == "id"
             else self._ident(m[k]) for k in want)
@@ -269,7 +274,7 @@ class PgVectorTable:
                 if d.get(k) is None:
                     d[k] = default
             d["pinned"] = bool(d.get("pinned") or False)
-            d["source_ids"] = []
+            d["source_ids"] = [] if d.get("source_ids") is None else d["source_ids"]
             out.append(d)
         recs = records_from_rows(out) if out else Records.empty(0)
         if len(recs):
@@ -314,12 +319,14 @@ class PgVectorTable:
                     "deleted_at": float(res.at[k, "deleted_at"])}
 
         done: set[int] = set()
-        for k in np.flatnonzero(~stored & live):
+        for k in np.flatnonzero(~stored):
             new = res.iloc[int(k)]
             mem = members.get(new["id"], [])
             if not mem:
                 continue  # a reflection: not written back to a user's table
             done.update(mem)
+            # a merged row the same pass dropped (floor, cap) is inserted soft-deleted: its
+            # members' merged_into names a row of the table
             row = self._row(new, result.vectors[int(k)])
             row["id"] = new_id(row["id"])
             units.append({"kind": "merge", "namespace": new["namespace"], "insert": row,
@@ -366,6 +373,10 @@ class PgVectorTable:
         for c in ("last_used", "importance", "strength", "pinned"):
             if c in m:
                 out[c] = bool(r[c]) if c == "pinned" else float(r[c])
+        if "source_ids" in m:
+            out["source_ids"] = [str(x) for x in r["source_ids"]]
+        if pd.notna(r["deleted_at"]):
+            out["deleted_at"] = float(r["deleted_at"])
         return out
 
     # ------------------------------------------------------------ apply
@@ -483,9 +494,13 @@ class PgVectorTable:
         if u["insert"] is not None:
             r = u["insert"]
             names = [k for k in ("id", "namespace", "text", "vector", "created_at",
-                                 "last_used", "importance", "strength", "pinned")
-                     if k in r and k in m]
+                                 "last_used", "importance", "strength", "pinned",
+                                 "source_ids", "deleted_at") if k in r and k in m]
             vals = [self._value(k, r[k]) for k in names]
+            if "source_ids" in names and self._json_column(conn, m["source_ids"]):
+                from psycopg.types.json import Jsonb
+
+                vals[names.index("source_ids")] = Jsonb(r["source_ids"])
             names.append("updated_at")
             conn.execute(sql.SQL("INSERT INTO {} ({}) VALUES ({}, now())").format(
                 tab, sql.SQL(", ").join(self._ident(m[k]) for k in names),
@@ -511,10 +526,22 @@ class PgVectorTable:
                 tab, sql.SQL(", ").join(sets), idc),
                 [*(self._value(c, v) for c, v in changes.items()), i])
 
+    def _json_column(self, conn: Any, column: str) -> bool:
+        """Is ``column`` of the table ``json``/``jsonb`` (else an array)?"""
+        from psycopg import sql
+
+        t = conn.execute(sql.SQL("SELECT pg_typeof({}) FROM {} LIMIT 1").format(
+            self._ident(column), self._tab())).fetchone()
+        if t is None:  # an empty table: the catalogue says
+            t = conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
+                             "WHERE attrelid = %s::regclass AND attname = %s",
+                             (self.table, column)).fetchone()
+        return t is not None and str(t[0]) in ("json", "jsonb")
+
     @staticmethod
     def _value(col: str, v: Any) -> Any:
         """A pass value as the table's type (times: ``timestamptz``; vectors: pgvector)."""
-        if col in ("created_at", "last_used"):
+        if col in ("created_at", "last_used", "deleted_at"):
             return timestamp(v)
         if col == "vector":
             return np.asarray(v, np.float32)

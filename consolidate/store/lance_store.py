@@ -778,8 +778,6 @@ class LanceStore(Store):
         Raises:
             ValueError: another suffix. CorruptStoreError: the version is not retained.
         """
-        import pyarrow.parquet as pq
-
         path = Path(path)
         if path.suffix not in (".parquet", ".jsonl", ".csv"):
             raise ValueError(f"export: {path} must end in .parquet, .jsonl or .csv")
@@ -788,25 +786,7 @@ class LanceStore(Store):
             recs, version = snap.records, snap.version
         else:
             recs = self.read_version(version)
-        dtype = self._vector_dtype(self._open(version).schema)
-        if path.suffix == ".parquet":
-            table = records_to_arrow(recs, dtype)
-            _write_atomic(path, lambda p: pq.write_table(table, p))
-        else:
-            df = records_to_arrow(recs, dtype, with_vectors=False).to_pandas()
-            df.insert(3, "vector", list(recs.vectors.astype(np.float64)))
-            for c in df.columns:  # times as ISO 8601 UTC (microseconds, as stored)
-                if str(df[c].dtype).startswith("datetime64"):
-                    df[c] = df[c].map(lambda t: None if pd.isna(t) else t.isoformat())
-            if path.suffix == ".jsonl":
-                # Python's json writes the shortest repr of each float: it reads back to
-                # the same float64 (pandas' to_json keeps 15 digits at most)
-                _write_atomic(path, lambda p: _write_table_jsonl(df, p))
-            else:
-                for c in ("vector", "source_ids", "keep_apart", "derived_from"):
-                    df[c] = [json.dumps([float(x) for x in v] if c == "vector" else list(v))
-                             for v in df[c]]
-                _write_atomic(path, lambda p: df.to_csv(p, index=False))
+        write_records_file(recs, path, self._vector_dtype(self._open(version).schema))
         return {"path": str(path), "version": int(version), "records": len(recs)}
 
     # ------------------------------------------------------------ create
@@ -1337,7 +1317,6 @@ class LanceStore(Store):
             ConcurrentCommitError: found by id, the rows are not one per id (an id stored
                 twice) or not as many as ``addresses`` named; nothing is written.
         """
-        lance = _lance()
         expected = None if addresses is None else len(addresses)
         if addresses is not None and len(addresses):
             present = {f.fragment_id for f in ds.get_fragments()}
@@ -1362,25 +1341,7 @@ class LanceStore(Store):
                         f"were read (a compaction) and an id among them is stored more than "
                         f"once; nothing written: rerun the pass")
                 addresses = hit.column("_rowaddr").to_numpy()
-        updated, gone = [], []
-        if len(addresses):
-            addresses = np.sort(addresses.astype(np.uint64))
-            frag_of = addresses >> np.uint64(32)
-            offsets = addresses & np.uint64(0xFFFFFFFF)
-            frags, starts = np.unique(frag_of, return_index=True)
-            ends = np.r_[starts[1:], len(addresses)]
-            # one step per fragment that holds a changed row (never per record)
-            for f, a, b in zip(frags.tolist(), starts.tolist(), ends.tolist(), strict=True):
-                meta = ds.get_fragment(int(f)).delete_rows(offsets[a:b].tolist())
-                (gone.append(int(f)) if meta is None else updated.append(meta))
-        new = (lance.fragment.write_fragments(table, ds, max_rows_per_file=ROWS_PER_FRAGMENT)
-               if table.num_rows else [])
-        _crashpoint("lance:after_fragments")  # files written, not yet in any version
-        op = lance.LanceOperation.Update(removed_fragment_ids=gone, updated_fragments=updated,
-                                         new_fragments=new)
-        txn = lance.Transaction(read_version=ds.version, operation=op,
-                                transaction_properties=props)
-        return lance.LanceDataset.commit(str(self.dataset_path), txn, read_version=ds.version)
+        return commit_update(str(self.dataset_path), ds, table, addresses, props)
 
     # ------------------------------------------------------------ shards (fleet runs)
     def pending(self) -> tuple[int, list[str]]:
@@ -1623,6 +1584,84 @@ class LanceStore(Store):
             ds = self._restate(self._open(), props)
             self._record_checksums(ds)
         return {"version": ds.version, "indexes": ["id", "namespace"]}
+
+
+def commit_update(uri: str, ds: Any, table: pa.Table, addresses: np.ndarray,
+                  props: dict[str, str] | None = None) -> Any:
+    """One Lance ``Update`` transaction on top of ``ds`` (the version read): the rows at
+    ``addresses`` marked deleted in the fragments that hold them (deletion files) and the
+    rows of ``table`` written as new fragments. Its cost follows the rows changed; one step
+    per fragment that holds a deleted row, never per row.
+
+    Args:
+        uri: the dataset.
+        ds: the dataset at the version the change is based on.
+        table: new rows, in ``ds``'s schema (may be empty).
+        addresses: ``uint64`` row addresses (fragment id << 32 | offset) in ``ds``.
+        props: transaction properties recorded with the version.
+
+    Returns:
+        The dataset at the new version.
+
+    Raises:
+        OSError, RuntimeError: Lance's commit failed (e.g. a conflicting concurrent commit);
+            the version is not written.
+    """
+    lance = _lance()
+    updated, gone = [], []
+    if len(addresses):
+        addresses = np.sort(np.asarray(addresses).astype(np.uint64))
+        frag_of = addresses >> np.uint64(32)
+        offsets = addresses & np.uint64(0xFFFFFFFF)
+        frags, starts = np.unique(frag_of, return_index=True)
+        ends = np.r_[starts[1:], len(addresses)]
+        for f, a, b in zip(frags.tolist(), starts.tolist(), ends.tolist(), strict=True):
+            meta = ds.get_fragment(int(f)).delete_rows(offsets[a:b].tolist())
+            (gone.append(int(f)) if meta is None else updated.append(meta))
+    new = (lance.fragment.write_fragments(table, ds, max_rows_per_file=ROWS_PER_FRAGMENT)
+           if table.num_rows else [])
+    _crashpoint("lance:after_fragments")  # files written, not yet in any version
+    op = lance.LanceOperation.Update(removed_fragment_ids=gone, updated_fragments=updated,
+                                     new_fragments=new)
+    txn = lance.Transaction(read_version=ds.version, operation=op,
+                            transaction_properties=props or {})
+    return lance.LanceDataset.commit(uri, txn, read_version=ds.version)
+
+
+def write_records_file(recs: Records, path: str | os.PathLike, dtype: str = "fp32") -> None:
+    """Write ``recs`` (every record, tombstones included) to ``path``: ``.parquet`` (the
+    store's Arrow schema, vectors in ``dtype``), ``.jsonl`` (one JSON object a line; times
+    ISO 8601 UTC, vectors as float lists, each float written exactly) or ``.csv`` (as JSONL,
+    with vectors and lists of ids as JSON arrays in their cells). Written to a temporary
+    file and renamed; :func:`consolidate.sources.files.read_memories` reads each back as it
+    was.
+
+    Raises:
+        ValueError: another suffix.
+    """
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if path.suffix not in (".parquet", ".jsonl", ".csv"):
+        raise ValueError(f"{path} must end in .parquet, .jsonl or .csv")
+    if path.suffix == ".parquet":
+        table = records_to_arrow(recs, dtype)
+        _write_atomic(path, lambda p: pq.write_table(table, p))
+        return
+    df = records_to_arrow(recs, dtype, with_vectors=False).to_pandas()
+    df.insert(3, "vector", list(recs.vectors.astype(np.float64)))
+    for c in df.columns:  # times as ISO 8601 UTC (microseconds, as stored)
+        if str(df[c].dtype).startswith("datetime64"):
+            df[c] = df[c].map(lambda t: None if pd.isna(t) else t.isoformat())
+    if path.suffix == ".jsonl":
+        # Python's json writes the shortest repr of each float: it reads back to the same
+        # float64 (pandas' to_json keeps 15 digits at most)
+        _write_atomic(path, lambda p: _write_table_jsonl(df, p))
+        return
+    for c in ("vector", "source_ids", "keep_apart", "derived_from"):
+        df[c] = [json.dumps([float(x) for x in v] if c == "vector" else list(v))
+                 for v in df[c]]
+    _write_atomic(path, lambda p: df.to_csv(p, index=False))
 
 
 def _write_table_jsonl(df: pd.DataFrame, path: Path) -> None:

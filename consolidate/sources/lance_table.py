@@ -1,0 +1,388 @@
+"""A Lance dataset of the user's own schema (a LanceDB table is one: ``<db>/<name>.lance``)
+as the pass's source and sink: ``consolidate source=lance source.path=DB/memories.lance``.
+
+1. :meth:`LanceTable.read` reads the live rows of one version (rows whose ``deleted_at`` is
+   null when the table has that column), the mapped columns only (:class:`LanceColumns`);
+   columns the table lacks get the store's defaults (importance 0.5, strength 1, not
+   pinned, ``last_used`` = ``created_at``, no provenance). Times are ``timestamp`` columns
+   or ISO 8601 text.
+2. the pass runs on the records;
+3. :meth:`LanceTable.plan` turns the result into units: a merge (insert the merged row,
+   retire the members) or a drop (retire one row);
+4. :meth:`LanceTable.apply` (a dry run unless ``dry_run=False``) writes every unit in ONE
+   new version of the dataset, a Lance ``Update`` transaction: the retired rows are
+   rewritten with ``deleted_at`` (and ``merged_into``) set when the table has those columns
+   (a soft delete), else deleted; merged rows are appended. If another writer committed
+   since the read, each unit's rows are compared with the version read and a unit whose
+   rows changed (or went) is skipped and reported, never half-applied. The version read
+   stays in the dataset's history: ``lance.dataset(path).restore()`` after
+   ``checkout_version(v)`` (or LanceDB's ``table.restore(v)``) returns to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..store.schema import Records, records_from_rows
+from .common import ApplyReport, Plan, as_stored
+
+__all__ = ["LanceColumns", "LanceTable", "LanceSnapshot", "LancePlan", "LanceApplyReport",
+           "LanceSourceError"]
+
+
+class LanceSourceError(ValueError):
+    """The dataset cannot be read or written as mapped (names the dataset and column)."""
+
+
+@dataclass(frozen=True)
+class LanceColumns:
+    """Column names of a user's Lance dataset (``None``: the dataset has no such column).
+
+    Attributes:
+        id: a unique string id.
+        namespace: the user or agent a row belongs to.
+        text, vector: the memory and its embedding (``fixed_size_list<float>``).
+        created_at, last_used: ``timestamp`` or ISO 8601 text (``last_used`` ``None``:
+            ``created_at``).
+        importance, strength, pinned: optional.
+        source_ids: optional provenance (``list<string>``).
+        deleted_at: optional nullable ``timestamp``: the soft delete (without it, retired
+            rows are deleted; earlier versions keep them).
+        merged_into: optional string: the merged row of a retired member.
+    """
+
+    id: str = "id"
+    namespace: str = "namespace"
+    text: str = "text"
+    vector: str = "vector"
+    created_at: str = "created_at"
+    last_used: str | None = None
+    importance: str | None = None
+    strength: str | None = None
+    pinned: str | None = None
+    source_ids: str | None = None
+    deleted_at: str | None = None
+    merged_into: str | None = None
+
+
+@dataclass
+class LanceSnapshot:
+    """What :meth:`LanceTable.read` read.
+
+    Attributes:
+        records: the live rows as the pass's records (unit ``float32`` vectors).
+        version: the dataset version read.
+        namespaces: the namespaces asked for (``None``: all).
+    """
+
+    records: Records
+    version: int
+    namespaces: list[str] | None = None
+
+
+@dataclass
+class LancePlan(Plan):
+    """A :class:`~consolidate.sources.common.Plan` of a Lance dataset. Units: ``{"kind":
+    merge|drop, "namespace", "insert": merged record (pass columns) or None, "retire":
+    [{"id", "reason", "merged_into", "deleted_at"}], "ids": every stored id it touches}``.
+
+    Attributes:
+        version: the dataset version the plan is based on.
+    """
+
+    version: int = 0
+
+
+@dataclass
+class LanceApplyReport(ApplyReport):
+    """An :class:`~consolidate.sources.common.ApplyReport` of a Lance dataset.
+
+    Attributes:
+        version: the version written (``None``: a dry run, or nothing to write).
+        previous: the version the dataset had before (restore it to undo).
+    """
+
+    version: int | None = None
+    previous: int | None = None
+    skipped_rows: list[str] = field(default_factory=list)
+
+
+def _hours(col: pa.ChunkedArray, name: str, where: str) -> np.ndarray:
+    """A time column as hours since the epoch (``float64``, NaN for nulls)."""
+    t = col.type
+    if pa.types.is_timestamp(t):
+        us = pc.cast(pc.cast(col, pa.timestamp("us", tz=t.tz)), pa.int64())
+        return us.to_numpy(zero_copy_only=False).astype(np.float64) / 3.6e9  # nulls: NaN
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        try:
+            s = pd.to_datetime(pd.Series(col.to_pylist()), utc=True, format="ISO8601")
+        except (ValueError, TypeError) as e:
+            raise LanceSourceError(f"{where}: column {name!r} holds text that is not ISO 8601 "
+                                   f"({e})") from None
+        return np.where(s.isna(), np.nan, s.astype("int64") / 3.6e12)
+    raise LanceSourceError(f"{where}: column {name!r} is {t}; times must be a timestamp or "
+                           f"ISO 8601 text")
+
+
+class LanceTable:
+    """A user's Lance dataset the pass reads from and applies its plan to.
+
+    Args:
+        path: the dataset folder (LanceDB: ``<db>/<table>.lance``).
+        columns: the column mapping.
+
+    Raises:
+        LanceSourceError: the folder is a consolidate store (use ``store.dir``), or (from
+            :meth:`read`) not a Lance dataset or a mapped column is missing.
+    """
+
+    def __init__(self, path: str | Path, columns: LanceColumns | None = None) -> None:
+        self.path = Path(path)
+        self.cols = columns or LanceColumns()
+        if (self.path.parent / "CURRENT").is_file() or (self.path / "CURRENT").is_file():
+            raise LanceSourceError(f"{self.path} is a consolidate store: run the pass on it "
+                                   f"with store.dir=... (source=store)")
+
+    def _mapped(self) -> dict[str, str]:
+        return {k: v for k, v in asdict(self.cols).items() if v is not None}
+
+    def _open(self, version: int | None = None) -> Any:
+        import lance
+
+        try:
+            ds = lance.dataset(str(self.path))
+            return ds if version is None else ds.checkout_version(int(version))
+        except (OSError, ValueError, RuntimeError) as e:
+            raise LanceSourceError(f"{self.path} is not a readable Lance dataset"
+                                   f"{'' if version is None else f' at version {version}'}: "
+                                   f"{str(e).splitlines()[0]}") from None
+
+    def _check_columns(self, ds: Any) -> None:
+        names = set(ds.schema.names)
+        missing = {k: v for k, v in self._mapped().items() if v not in names}
+        if missing:
+            raise LanceSourceError(f"{self.path}: no column {sorted(missing.values())} "
+                                   f"(mapped as {sorted(missing)}; columns: "
+                                   f"{sorted(names)}); map them with source.columns.*")
+
+    def _filter(self, namespaces: Sequence[str] | None) -> Any:
+        m = self._mapped()
+        flt = None
+        if "deleted_at" in m:
+            flt = pc.field(m["deleted_at"]).is_null()
+        if namespaces is not None:
+            f2 = pc.field(m["namespace"]).isin(pa.array(list(namespaces), pa.string()))
+            flt = f2 if flt is None else flt & f2
+        return flt
+
+    # ------------------------------------------------------------ read
+    def read(self, namespaces: Sequence[str] | None = None) -> LanceSnapshot:
+        """The live rows of ``namespaces`` (all when ``None``) at the newest version.
+
+        Raises:
+            LanceSourceError: not a dataset, a mapped column missing, a time column of
+                another type.
+            InvalidRecordsError: a row breaks the store's rules (named by id and the
+                dataset).
+        """
+        ds = self._open()
+        self._check_columns(ds)
+        m = self._mapped()
+        t = ds.to_table(columns=list(dict.fromkeys(m.values())),
+                        filter=self._filter(namespaces))
+        where = f"{self.path} (version {ds.version})"
+        n = t.num_rows
+        meta: dict[str, Any] = {"id": t.column(m["id"]).to_pylist(),
+                                "namespace": t.column(m["namespace"]).to_pylist(),
+                                "text": t.column(m["text"]).to_pylist()}
+        meta["created_at"] = _hours(t.column(m["created_at"]), m["created_at"], where)
+        meta["last_used"] = (_hours(t.column(m["last_used"]), m["last_used"], where)
+                             if "last_used" in m else meta["created_at"])
+        meta["last_used"] = np.where(np.isnan(meta["last_used"]), meta["created_at"],
+                                     meta["last_used"])
+        for k, default in (("importance", 0.5), ("strength", 1.0)):
+            meta[k] = (pd.Series(t.column(m[k]).to_pylist(), dtype=float).fillna(default)
+                       .to_numpy() if k in m else np.full(n, default))
+        meta["pinned"] = (pd.Series(t.column(m["pinned"]).to_pylist(), dtype=object)
+                          .fillna(False).astype(bool).to_numpy() if "pinned" in m
+                          else np.zeros(n, bool))
+        meta["source_ids"] = ([[] if x is None else x for x in
+                               t.column(m["source_ids"]).to_pylist()]
+                              if "source_ids" in m else [[] for _ in range(n)])
+        vec = t.column(m["vector"])
+        if not pa.types.is_fixed_size_list(vec.type):
+            raise LanceSourceError(f"{where}: column {m['vector']!r} is {vec.type}, not a "
+                                   f"fixed-size list of floats")
+        d = vec.type.list_size
+        flat = pc.list_flatten(vec.combine_chunks()) if vec.null_count == 0 else None
+        if flat is None:
+            bad = pc.is_null(vec).to_numpy(zero_copy_only=False)
+            raise LanceSourceError(f"{where}: {int(bad.sum())} rows have no vector, e.g. id "
+                                   f"{meta['id'][int(np.flatnonzero(bad)[0])]!r}")
+        vectors = flat.to_numpy(zero_copy_only=False).astype(np.float32).reshape(n, d)
+        rows = pd.DataFrame(meta).to_dict("records")
+        for r, v in zip(rows, vectors, strict=True):
+            r["vector"] = v
+        recs = records_from_rows(rows, dim=d) if rows else Records.empty(d)
+        if len(recs):
+            recs = as_stored(recs, where)
+        return LanceSnapshot(recs, ds.version,
+                             None if namespaces is None else sorted(namespaces))
+
+    # ------------------------------------------------------------ plan
+    def plan(self, snap: LanceSnapshot, result: Records) -> LancePlan:
+        """Units from the pass's ``result`` over ``snap``.
+
+        Raises:
+            ValueError: ``result`` lacks a row the snapshot had (the pass never loses one).
+        """
+        res = result.meta.reset_index(drop=True)
+        ids = res["id"].to_numpy(object)
+        known = pd.Index(snap.records.meta["id"])
+        if len(set(known) - set(ids)):
+            raise ValueError("the pass's records lack rows of the snapshot")
+        stored = np.asarray(known.get_indexer(ids) >= 0)
+        live = res["deleted_at"].isna().to_numpy()
+        into = res["merged_into"].to_numpy(object)
+        reason = res["deleted_reason"].to_numpy(object)
+        retired = np.flatnonzero(stored & ~live)
+        members: dict[str, list[int]] = {}
+        for k in retired:
+            if isinstance(into[k], str) and reason[k] == "merged":
+                members.setdefault(into[k], []).append(int(k))
+
+        def retire(k: int) -> dict[str, Any]:
+            return {"id": ids[k], "reason": reason[k],
+                    "merged_into": into[k] if isinstance(into[k], str) else None,
+                    "deleted_at": float(res.at[k, "deleted_at"])}
+
+        units: list[dict[str, Any]] = []
+        done: set[int] = set()
+        for k in np.flatnonzero(~stored):
+            mem = members.get(ids[k], [])
+            if not mem:
+                continue  # a reflection: not written back to a user's table
+            done.update(mem)
+            r = res.iloc[int(k)]
+            row = {c: r[c] for c in ("id", "namespace", "text", "created_at", "last_used",
+                                     "importance", "strength", "pinned", "deleted_at")}
+            row["source_ids"] = [str(x) for x in r["source_ids"]]
+            row["vector"] = result.vectors[int(k)].astype(np.float32).tolist()
+            units.append({"kind": "merge", "namespace": r["namespace"], "insert": row,
+                          "retire": [retire(j) for j in mem],
+                          "ids": sorted(ids[j] for j in mem)})
+        units += [{"kind": "drop", "namespace": res.at[k, "namespace"], "insert": None,
+                   "retire": [retire(int(k))], "ids": [ids[k]]}
+                  for k in retired if int(k) not in done]
+        units.sort(key=lambda u: (u["namespace"], u["kind"], u["ids"]))
+        blob = json.dumps({"path": str(self.path), "version": snap.version, "units": units},
+                          sort_keys=True, default=str)
+        return LancePlan(hashlib.sha256(blob.encode()).hexdigest()[:32], units,
+                         version=snap.version)
+
+    # ------------------------------------------------------------ apply
+    def apply(self, plan: LancePlan, *, dry_run: bool = True) -> LanceApplyReport:
+        """Write ``plan`` as one new version (see the module docstring).
+
+        Raises:
+            LanceSourceError: a mapped column is gone, or the new rows do not fit the
+                dataset's schema (nothing written).
+        """
+        ds = self._open()
+        self._check_columns(ds)
+        m = self._mapped()
+        rep = LanceApplyReport(dry_run=dry_run, previous=ds.version)
+        units = list(plan.units)
+        touched = sorted({i for u in units for i in u["ids"]})
+        if not touched:
+            return rep
+        idc = m["id"]
+        in_touched = pc.field(idc).isin(pa.array(touched, pa.string()))
+        now = ds.to_table(filter=in_touched, with_row_address=True)
+        if ds.version != plan.version:
+            # another writer since the read: a unit applies only if its rows are as read
+            was = self._open(plan.version).to_table(filter=in_touched)
+            before = {r[idc]: r for r in was.to_pylist()}
+            after = {r[idc]: {k: v for k, v in r.items() if k != "_rowaddr"}
+                     for r in now.to_pylist()}
+            keep = []
+            for u in units:
+                changed = [i for i in u["ids"] if before.get(i) != after.get(i)]
+                if changed:
+                    rep.skipped.append({"unit": u["kind"], "namespace": u["namespace"],
+                                        "why": f"rows changed since version {plan.version} "
+                                               f"was read: {changed[:3]}"})
+                    rep.skipped_rows += changed
+                else:
+                    keep.append(u)
+            units = keep
+        for u in units:
+            rep.applied[u["kind"]] = rep.applied.get(u["kind"], 0) + 1
+        if dry_run or not units:
+            return rep
+        ids_now = now.column(idc).to_pylist()
+        addr = now.column("_rowaddr").to_numpy()
+        pos = {i: k for k, i in enumerate(ids_now)}
+        old_rows = now.drop_columns(["_rowaddr"]).to_pylist()
+        gone_addr: list[int] = []
+        new_rows: list[dict[str, Any]] = []
+        soft = "deleted_at" in m
+        for u in units:
+            for x in u["retire"]:
+                k = pos[x["id"]]
+                gone_addr.append(int(addr[k]))
+                if soft:
+                    r = dict(old_rows[k])
+                    r[m["deleted_at"]] = pd.Timestamp(x["deleted_at"] * 3.6e12, unit="ns",
+                                                      tz="UTC").to_pydatetime()
+                    if "merged_into" in m:
+                        r[m["merged_into"]] = x["merged_into"]
+                    new_rows.append(r)
+            if u["insert"] is not None:
+                new_rows.append(self._row(u["insert"], ds.schema))
+        try:
+            table = pa.Table.from_pylist(new_rows, schema=ds.schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+            raise LanceSourceError(f"{self.path}: the new rows do not fit the dataset's "
+                                   f"schema ({e}); nothing written") from None
+        from ..store.lance_store import commit_update
+
+        new = commit_update(str(self.path), ds, table, np.asarray(gone_addr, np.uint64),
+                            {"consolidate.plan_id": plan.plan_id,
+                             "consolidate.based_on": str(plan.version)})
+        rep.version = new.version
+        return rep
+
+    def _row(self, r: dict[str, Any], schema: pa.Schema) -> dict[str, Any]:
+        """A merged record as the dataset's columns (others null)."""
+        m = self._mapped()
+        out: dict[str, Any] = {name: None for name in schema.names}
+        for k, col in m.items():
+            if k in ("merged_into",):
+                continue
+            v = r.get(k)
+            if k in ("created_at", "last_used", "deleted_at"):
+                if v is None or (isinstance(v, float) and np.isnan(v)):
+                    v = None
+                else:
+                    ts = pd.Timestamp(float(v) * 3.6e12, unit="ns", tz="UTC")
+                    t = schema.field(col).type
+                    v = ts.isoformat() if (pa.types.is_string(t)
+                                           or pa.types.is_large_string(t)) \
+                        else ts.to_pydatetime()
+            elif k in ("importance", "strength"):
+                v = float(v)
+            elif k == "pinned":
+                v = bool(v)
+            out[col] = v
+        return out

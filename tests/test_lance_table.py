@@ -1,0 +1,192 @@
+"""A LanceDB table of the user's own schema as source and sink
+(consolidate.sources.lance_table), built and read back with the real ``lancedb`` package:
+the same merges and drops as the embedded store; one new version per apply, soft deletes
+when the table has the columns, hard deletes (kept in history) when not; a writer's edit
+between read and apply skips that unit; the version read can be restored."""
+
+import datetime as dt
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from consolidate.config import PassConfig, SimilarityConfig
+from consolidate.pipeline import run_pass
+from consolidate.sources.lance_table import LanceColumns, LanceSourceError, LanceTable
+from consolidate.store.lance_store import LanceStore
+from tests.conftest import make_records, random_rows
+
+lancedb = pytest.importorskip("lancedb")
+
+DIM = 16
+WALL = 2000.0
+SCHEMA = pa.schema([("id", pa.string()), ("user_id", pa.string()), ("text", pa.string()),
+                    ("vector", pa.list_(pa.float32(), DIM)),
+                    ("created_at", pa.timestamp("us", tz="UTC")),
+                    ("importance", pa.float64()), ("deleted_at", pa.timestamp("us", tz="UTC")),
+                    ("merged_into", pa.string()), ("source_ids", pa.list_(pa.string())),
+                    ("tags", pa.string())])
+SOFT = LanceColumns(namespace="user_id", importance="importance", deleted_at="deleted_at",
+                    merged_into="merged_into", source_ids="source_ids")
+
+
+def rows():
+    out = random_rows(80, DIM, namespaces=2, dup_frac=0.3, noise=0.01, seed=5, t0=WALL - 1)
+    for k, r in enumerate(out):
+        if k % 9 == 0:  # long unused: below the floor
+            r["created_at"] = r["last_used"] = WALL - 30000.0
+    return out
+
+
+def to_dt(h):
+    return dt.datetime.fromtimestamp(h * 3600, dt.timezone.utc)
+
+
+def table(tmp_path, rs, schema=SCHEMA):
+    db = lancedb.connect(str(tmp_path / "db"))
+    data = [{"id": r["id"], "user_id": r["namespace"], "text": r["text"],
+             "vector": r["vector"], "created_at": to_dt(r["created_at"]),
+             "importance": r["importance"], "deleted_at": None, "merged_into": None,
+             "source_ids": r["source_ids"], "tags": "from-agent"} for r in rs]
+    data = [{k: v for k, v in d.items() if k in schema.names} for d in data]
+    t = db.create_table("memories", data, schema=schema)
+    return t, str(tmp_path / "db" / "memories.lance")
+
+
+def embedded(tmp_path, rs, pc):
+    # the table keeps created_at only: last_used = created_at, as the adapter reads it
+    s = LanceStore(tmp_path / "s")
+    s.create(make_records([{**r, "last_used": r["created_at"]} for r in rs]))
+    return run_pass(s.load().records, cfg=pc, sim_cfg=SimilarityConfig(device="cpu"),
+                    version=1, wall_h=WALL)
+
+
+PC = PassConfig(force=True, now="wall", floor=0.05, max_drop_fraction=0.5,
+                max_namespace_drop_fraction=1.0)
+
+
+def test_soft_deletes_in_one_version_as_the_embedded_store(tmp_path):
+    rs = rows()
+    t, path = table(tmp_path, rs)
+    src = LanceTable(path, SOFT)
+    snap = src.read()
+    assert len(snap.records) == 80 and snap.version == t.version
+    res = run_pass(snap.records, cfg=PC, sim_cfg=SimilarityConfig(device="cpu"), version=1,
+                   wall_h=WALL)
+    eres = embedded(tmp_path, rs, PC)
+    key = [(sorted(tuple(sorted(e["members"])) for e in r.events if e["op"] == "merge"),
+            sorted(e["id"] for e in r.events if e["op"] == "drop")) for r in (res, eres)]
+    assert key[0] == key[1] and key[0][0] and key[0][1]
+    plan = src.plan(snap, res.records)
+    before = t.to_pandas()
+    rep = src.apply(plan)  # a dry run
+    assert rep.dry_run and rep.applied == plan.counts() and t.version == snap.version
+    rep = src.apply(plan, dry_run=False)
+    assert rep.version == snap.version + 1 and rep.previous == snap.version
+    t = lancedb.connect(str(tmp_path / "db")).open_table("memories")
+    after = t.to_pandas().set_index("id")
+    n_merge = plan.counts()["merge"]
+    assert len(after) == 80 + n_merge  # nothing deleted: members and drops soft-deleted
+    live = after[after["deleted_at"].isna()]
+    elive = eres.records.meta[eres.records.live_mask()]
+    assert sorted(live["text"]) == sorted(elive["text"])
+    for u in plan.units:
+        if u["kind"] == "merge":
+            new = u["insert"]["id"]
+            assert (after.loc[u["ids"], "merged_into"] == new).all()
+            assert sorted(after.at[new, "source_ids"]) == sorted(
+                {s for i in u["ids"] for s in before.set_index("id").at[i, "source_ids"]})
+            assert pd_isna(after.at[new, "tags"])  # a column the pass does not know
+    # the user's other columns of retired rows are kept
+    assert (after.loc[after["deleted_at"].notna() & after["tags"].notna(), "tags"]
+            == "from-agent").all()
+    # a LanceDB search sees the merged memory, not its members
+    u = next(u for u in plan.units if u["kind"] == "merge")
+    hits = t.search(np.asarray(u["insert"]["vector"], np.float32)).where(
+        "deleted_at IS NULL", prefilter=True).limit(1).to_pandas()
+    assert hits["id"].tolist() == [u["insert"]["id"]]
+    # the pass again finds nothing to merge; the version read can be restored
+    again = src.plan(src.read(), run_pass(src.read().records, cfg=PC, version=2,
+                                          sim_cfg=SimilarityConfig(device="cpu"),
+                                          wall_h=WALL).records)
+    assert "merge" not in again.counts()
+    t.restore(snap.version)
+    assert len(t.to_pandas()) == 80 and t.to_pandas()["deleted_at"].isna().all()
+
+
+def test_without_soft_delete_columns_rows_are_deleted_in_a_new_version(tmp_path):
+    rs = rows()
+    schema = pa.schema([f for f in SCHEMA if f.name in ("id", "user_id", "text", "vector",
+                                                         "created_at")])
+    t, path = table(tmp_path, rs, schema)
+    src = LanceTable(path, LanceColumns(namespace="user_id"))
+    snap = src.read()
+    pc = PassConfig(force=True)
+    res = run_pass(snap.records, cfg=pc, sim_cfg=SimilarityConfig(device="cpu"), version=1,
+                   wall_h=WALL)
+    plan = src.plan(snap, res.records)
+    rep = src.apply(plan, dry_run=False)
+    retired = sum(len(u["retire"]) for u in plan.units)
+    t = lancedb.connect(str(tmp_path / "db")).open_table("memories")
+    assert t.count_rows() == 80 - retired + plan.counts()["merge"]
+    assert plan.counts()["merge"] and plan.counts()["drop"]
+    t.checkout(rep.previous)
+    assert t.count_rows() == 80  # the history keeps the deleted rows
+
+
+def test_a_row_edited_after_the_read_skips_its_unit(tmp_path):
+    rs = rows()
+    t, path = table(tmp_path, rs)
+    src = LanceTable(path, SOFT)
+    snap = src.read()
+    res = run_pass(snap.records, cfg=PassConfig(force=True), version=1,
+                   sim_cfg=SimilarityConfig(device="cpu"), wall_h=WALL)
+    plan = src.plan(snap, res.records)
+    merges = [u for u in plan.units if u["kind"] == "merge"]
+    edited = merges[0]["ids"][0]
+    t.update(where=f"id = '{edited}'", values={"text": "edited by the agent"})
+    t.add([{"id": "late", "user_id": "ns0", "text": "a new memory", "vector": rs[0]["vector"],
+            "created_at": to_dt(WALL), "importance": 0.5, "deleted_at": None,
+            "merged_into": None, "source_ids": [], "tags": None}])
+    rep = src.apply(plan, dry_run=False)
+    assert len(rep.skipped) == 1 and edited in rep.skipped[0]["why"]
+    assert rep.applied["merge"] == len(merges) - 1
+    after = lancedb.connect(str(tmp_path / "db")).open_table("memories").to_pandas()
+    after = after.set_index("id")
+    assert after.at[edited, "text"] == "edited by the agent"
+    assert pd_isna(after.at[edited, "deleted_at"]) and "late" in after.index
+    for u in merges[1:]:
+        assert after.loc[u["ids"], "deleted_at"].notna().all()
+
+
+def pd_isna(x):
+    import pandas as pd
+
+    return bool(pd.isna(x))
+
+
+def test_bad_tables_are_named(tmp_path):
+    rs = rows()
+    _, path = table(tmp_path, rs)
+    with pytest.raises(LanceSourceError, match="no column \\['namespace'\\]"):
+        LanceTable(path).read()
+    with pytest.raises(LanceSourceError, match="not a readable Lance dataset"):
+        LanceTable(tmp_path / "nothing.lance").read()
+    s = LanceStore(tmp_path / "store")
+    s.create(make_records(rs[:3]))
+    with pytest.raises(LanceSourceError, match="consolidate store"):
+        LanceTable(s.dataset_path)
+    # a zero vector is named by id
+    bad = [dict(r) for r in rs[:4]]
+    bad[2]["vector"] = np.zeros(DIM, np.float32)
+    (tmp_path / "b").mkdir()
+    t2, p2 = table(tmp_path / "b", bad)
+    from consolidate.store import InvalidRecordsError
+
+    with pytest.raises(InvalidRecordsError, match=bad[2]["id"]):
+        LanceTable(p2, SOFT).read()
+    # a row without a vector is named by id
+    t2.update(where=f"id = '{bad[2]['id']}'", values={"vector": None})
+    with pytest.raises(LanceSourceError, match=f"1 rows have no vector, e.g. id "
+                                               f"'{bad[2]['id']}'"):
+        LanceTable(p2, SOFT).read()
