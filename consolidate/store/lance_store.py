@@ -60,7 +60,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import threading
 import time
 import warnings
@@ -790,51 +789,32 @@ class LanceStore(Store):
         return {"path": str(path), "version": int(version), "records": len(recs)}
 
     # ------------------------------------------------------------ create
-    def create(self, records: Records, *, source: str = "records") -> Snapshot:
-        """Write version 1 from ``records`` into an empty directory (vectors rescaled to
-        unit length), index ``id``, then write ``CURRENT``.
-
-        Raises:
-            FileExistsError: a store already exists at ``root``, or ``root`` is a file or a
-                non-empty directory without a store.
-            InvalidRecordsError: a record is invalid (not in quarantine mode); nothing written.
-        """
-        records = self._create_checked(records, source)
+    def _create_here(self, records: Records, source: str) -> None:
+        """Write version 1 of checked ``records`` at ``root`` (a new folder; see
+        :meth:`Store.create`): the dataset, its ``id`` index, then ``CURRENT``."""
         records.meta["text_hash"] = text_hashes(records.meta["text"].tolist())
-        made_root = not self.root.exists()
-        try:
-            self._dirs()
-            with self.lock():
-                log = self._changelog([{"op": "create", "source": source,
-                                        "records": len(records)}], 1)
-                table = records_to_arrow(records, self.vector_dtype or "fp32")
-                ds = _lance().write_dataset(
-                    table, str(self.dataset_path), mode="create",
-                    max_rows_per_file=ROWS_PER_FRAGMENT,
-                    transaction_properties=self._new_props("create", (), log, None))
-                _crashpoint("lance:after_create")
-                _index(ds)
-                _crashpoint("lance:after_index")
-                self._record_checksums(self._open())
-                marker = {"format": FORMAT, "dataset": DATASET, "dim": records.dim,
-                          "created_at": hours_now()}
-                _write_atomic(self.pointer_path, lambda p: p.write_text(json.dumps(marker)),
-                              crash_tag="marker")
-        except BaseException:
-            if not self.exists():
-                shutil.rmtree(self.dataset_path, ignore_errors=True)
-                self._remove_skeleton(made_root)
-            raise
-        return self.load()
+        self._dirs()
+        with self.lock():
+            log = self._changelog([{"op": "create", "source": source,
+                                    "records": len(records)}], 1)
+            table = records_to_arrow(records, self.vector_dtype or "fp32")
+            ds = _lance().write_dataset(
+                table, str(self.dataset_path), mode="create",
+                max_rows_per_file=ROWS_PER_FRAGMENT,
+                transaction_properties=self._new_props("create", (), log, None))
+            _crashpoint("lance:after_create")
+            _index(ds)
+            _crashpoint("lance:after_index")
+            self._record_checksums(self._open())
+            marker = {"format": FORMAT, "dataset": DATASET, "dim": records.dim,
+                      "created_at": hours_now()}
+            _write_atomic(self.pointer_path, lambda p: p.write_text(json.dumps(marker)),
+                          crash_tag="marker")
 
     def _dirs(self) -> None:
         super()._dirs()
         with contextlib.suppress(OSError):
             (self.root / "snapshots").rmdir()  # the Parquet layout's; unused here
-
-    def _remove_skeleton(self, made_root: bool) -> None:
-        shutil.rmtree(self.dataset_path, ignore_errors=True)
-        super()._remove_skeleton(made_root)
 
     def _changelog(self, events: list[dict[str, Any]], version: int, dry_run: bool = False
                    ) -> str:

@@ -25,7 +25,9 @@ drops it when its process dies, so a crashed pass cannot leave it held.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import json
@@ -369,29 +371,49 @@ class Store:
 
     # ------------------------------------------------------------ create
     def create(self, records: Records, *, source: str = "records") -> Snapshot:
-        """Write snapshot 1 from ``records`` into an empty directory. Vectors are rescaled
-        to unit length, as by :meth:`append`.
+        """Write the store's first version from ``records`` into a new or empty directory.
+        Vectors are rescaled to unit length, as by :meth:`append`.
+
+        The store is built in a hidden folder beside ``root`` (``.<name>.creating-...``)
+        and renamed into place when complete, so a crash (even SIGKILL) leaves ``root`` as
+        it was and a retry works; a crash leaves only that hidden folder.
 
         Raises:
-            FileExistsError: a store already exists at ``root``, or ``root`` is a file or a
-                non-empty directory without a store (e.g. one whose ``CURRENT`` was lost).
+            FileExistsError: a store already exists at ``root``, ``root`` is a file or a
+                non-empty directory without a store (e.g. one whose ``CURRENT`` was lost),
+                or another process created a store there meanwhile.
             InvalidRecordsError: a record is invalid (not in quarantine mode); nothing written.
         """
         records = self._create_checked(records, source)
-        made_root = not self.root.exists()
+        tmp = self.root.with_name(f".{self.root.name}.creating-{os.getpid()}-"
+                                  f"{uuid.uuid4().hex[:8]}")
+        other = copy.copy(self)
+        other.root = tmp
         try:
-            self._dirs()
-            with self.lock():
-                ev = [{"op": "create", "source": source, "records": len(records)}]
-                self._write_version(1, records, events=ev, folded=(), last_pass_at=None,
-                                    vector_dtype=self.vector_dtype or "fp32")
-        except BaseException:
-            # a failed create (a full disk, a record Arrow refuses) leaves no half store that
-            # would block the next try as "a non-empty folder"
-            if not self.exists():
-                self._remove_skeleton(made_root)
-            raise
+            other._create_here(records, source)
+            _fsync_dir(tmp)
+            _crashpoint("create:before_rename")
+            try:
+                os.rename(tmp, self.root)  # over a new name or an empty folder: atomic
+            except OSError as e:
+                if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                    raise FileExistsError(f"{self.root} was filled by another process while "
+                                          f"this store was being created; nothing written"
+                                          ) from None
+                raise
+            _fsync_dir(self.root.parent)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
         return self.load()
+
+    def _create_here(self, records: Records, source: str) -> None:
+        """Write version 1 of checked ``records`` at ``root`` (a new folder)."""
+        self._dirs()
+        with self.lock():
+            ev = [{"op": "create", "source": source, "records": len(records)}]
+            self._write_version(1, records, events=ev, folded=(), last_pass_at=None,
+                                vector_dtype=self.vector_dtype or "fp32")
 
     def _create_checked(self, records: Records, source: str) -> Records:
         """The checks every :meth:`create` makes before it writes: no store and an empty
@@ -437,17 +459,6 @@ class Store:
                 []).extend(not_live.tolist())
         records.meta["last_pass"] = np.nan
         return records
-
-    def _remove_skeleton(self, made_root: bool) -> None:
-        """Remove what :meth:`create` made before it failed: the layout's folders (with the
-        temp files in them) and lock files, and the root itself if create made it."""
-        for d in ("snapshots", "changelogs", "deltas"):
-            shutil.rmtree(self.root / d, ignore_errors=True)
-        for f in ("LOCK", "WRITERS.LOCK"):
-            (self.root / f).unlink(missing_ok=True)
-        if made_root:
-            with contextlib.suppress(OSError):
-                self.root.rmdir()
 
     # ------------------------------------------------------------ read
     def load(self, *, validate_records: bool = True) -> Snapshot:
