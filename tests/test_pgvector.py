@@ -213,6 +213,22 @@ def test_bad_rows_are_named_and_nothing_is_planned(pg):
     assert json.loads(json.dumps(PgColumns().__dict__))["vector"] == "embedding"
 
 
+def test_rows_without_a_vector_yet_are_left_out_and_untouched(pg):
+    rs = rows(60)
+    fill(pg, "mem_nv", rs)
+    waiting = [rs[3]["id"], rs[10]["id"]]
+    with psycopg.connect(pg, autocommit=True) as c:
+        c.execute("UPDATE mem_nv SET embedding = NULL WHERE id = ANY(%s)", (waiting,))
+    t = PgVectorTable(pg, "mem_nv", COLS)
+    snap, res, plan = plan_for(t)
+    assert snap.no_vector == 2 and snap.no_vector_ids == sorted(waiting)
+    assert len(snap.records) == 58 and not set(waiting) & set(snap.records.meta["id"])
+    before = table_rows(pg, "mem_nv")
+    t.apply(plan, dry_run=False)
+    after = table_rows(pg, "mem_nv")
+    assert all(after[i] == before[i] for i in waiting)
+
+
 def test_the_consolidate_job_on_a_pgvector_table(pg, tmp_path):
     """`consolidate source=pgvector ...`: a dry run by default, then source.apply=true."""
     from hydra import compose, initialize_config_dir

@@ -158,11 +158,15 @@ def _external_run(cfg: DictConfig, src: Any, pc: Any, sc: Any, merger: Any, refl
     snap = source.read(src.namespaces)
     records = source_records(source, snap)
     t_load = time.perf_counter() - t
+    no_vector = getattr(snap, "no_vector", 0)
+    if no_vector:
+        log.warning("%s: %d live rows have no vector yet (left out of the pass, untouched), "
+                    "e.g. %s", name, no_vector, snap.no_vector_ids[:5])
     fire, new_imp = trigger(records, pc.trigger_importance)
     summary: dict[str, Any] = {
         "store": name, "config": OmegaConf.to_container(cfg, resolve=True),
         "trigger": _trigger_summary(pc, new_imp, fire, {}),
-        "records_read": len(records)}
+        "records_read": len(records), "records_without_vector": no_vector}
     if not (fire or pc.force) or not len(records):
         summary["ran"] = False
         return summary

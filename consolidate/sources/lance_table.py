@@ -83,11 +83,15 @@ class LanceSnapshot:
         records: the live rows as the pass's records (unit ``float32`` vectors).
         version: the dataset version read.
         namespaces: the namespaces asked for (``None``: all).
+        no_vector: live rows left out because their vector is null (a writer has not
+            embedded them yet): their count and up to 20 ids.
     """
 
     records: Records
     version: int
     namespaces: list[str] | None = None
+    no_vector: int = 0
+    no_vector_ids: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -187,7 +191,9 @@ class LanceTable:
 
     # ------------------------------------------------------------ read
     def read(self, namespaces: Sequence[str] | None = None) -> LanceSnapshot:
-        """The live rows of ``namespaces`` (all when ``None``) at the newest version.
+        """The live rows of ``namespaces`` (all when ``None``) at the newest version. Rows
+        whose vector is null (not embedded yet) are left out of the pass and untouched;
+        :attr:`LanceSnapshot.no_vector` counts them.
 
         Raises:
             LanceSourceError: not a dataset, a mapped column missing, a time column of
@@ -224,11 +230,14 @@ class LanceTable:
             raise LanceSourceError(f"{where}: column {m['vector']!r} is {vec.type}, not a "
                                    f"fixed-size list of floats")
         d = vec.type.list_size
-        flat = pc.list_flatten(vec.combine_chunks()) if vec.null_count == 0 else None
-        if flat is None:
-            bad = pc.is_null(vec).to_numpy(zero_copy_only=False)
-            raise LanceSourceError(f"{where}: {int(bad.sum())} rows have no vector, e.g. id "
-                                   f"{meta['id'][int(np.flatnonzero(bad)[0])]!r}")
+        has = pc.is_valid(vec).to_numpy(zero_copy_only=False)
+        no_vec = [meta["id"][k] for k in np.flatnonzero(~has)]
+        if len(no_vec):  # not embedded yet: left out of the pass, untouched
+            keep = np.flatnonzero(has)
+            meta = {k: ([v[j] for j in keep] if isinstance(v, list) else v[keep])
+                    for k, v in meta.items()}
+            vec, n = vec.filter(pa.array(has)), int(has.sum())
+        flat = pc.list_flatten(vec.combine_chunks())
         vectors = flat.to_numpy(zero_copy_only=False).astype(np.float32).reshape(n, d)
         rows = pd.DataFrame(meta).to_dict("records")
         for r, v in zip(rows, vectors, strict=True):
@@ -237,7 +246,8 @@ class LanceTable:
         if len(recs):
             recs = as_stored(recs, where)
         return LanceSnapshot(recs, ds.version,
-                             None if namespaces is None else sorted(namespaces))
+                             None if namespaces is None else sorted(namespaces),
+                             no_vector=len(no_vec), no_vector_ids=sorted(no_vec)[:20])
 
     # ------------------------------------------------------------ plan
     def plan(self, snap: LanceSnapshot, result: Records) -> LancePlan:

@@ -104,6 +104,8 @@ class PgSnapshot:
         namespaces: the namespaces asked for (``None``: all).
         uuid_ids: the id column is a ``uuid`` (merged rows then get a UUID made from
             their merged id's hash, e.g. Mem0's pgvector table).
+        no_vector: live rows left out because their vector is NULL (a writer has not
+            embedded them yet): their count and up to 20 ids.
     """
 
     records: Records
@@ -111,6 +113,8 @@ class PgSnapshot:
     read_at: str
     namespaces: list[str] | None
     uuid_ids: bool = False
+    no_vector: int = 0
+    no_vector_ids: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -222,7 +226,8 @@ class PgVectorTable:
     # ------------------------------------------------------------ read
     def read(self, namespaces: Sequence[str] | None = None) -> PgSnapshot:
         """The live rows of ``namespaces`` (all when ``None``), in one ``REPEATABLE READ``
-        read-only transaction.
+        read-only transaction. Rows whose vector is NULL (not embedded yet) are left out of
+        the pass and untouched; :attr:`PgSnapshot.no_vector` counts them.
 
         Raises:
             InvalidRecordsError: a row breaks the store's rules (names its id and the
@@ -238,12 +243,15 @@ class PgVectorTable:
         cols = sql.SQL(", ").join(
             sql.SQL("{}::text").format(self._ident(m[k])) if k == "id"
             else self._ident(m[k]) for k in want)
-        q = sql.SQL("SELECT {}, now() FROM {} WHERE {} IS NULL").format(
-            cols, self._tab(), self._ident(m["deleted_at"]))
+        live = sql.SQL("{} IS NULL").format(self._ident(m["deleted_at"]))
         args: list[Any] = []
         if namespaces is not None:
-            q += sql.SQL(" AND {} = ANY(%s)").format(self._ident(m["namespace"]))
+            live += sql.SQL(" AND {} = ANY(%s)").format(self._ident(m["namespace"]))
             args.append(list(namespaces))
+        q = sql.SQL("SELECT {}, now() FROM {} WHERE {} AND {} IS NOT NULL").format(
+            cols, self._tab(), live, self._ident(m["vector"]))
+        q_null = sql.SQL("SELECT {}::text FROM {} WHERE {} AND {} IS NULL ORDER BY 1").format(
+            self._ident(m["id"]), self._tab(), live, self._ident(m["vector"]))
         q += sql.SQL(" ORDER BY {}, {}").format(self._ident(m["namespace"]),
                                                  self._ident(m["id"]))
         with self._connect() as conn:
@@ -254,6 +262,7 @@ class PgVectorTable:
                 conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(
                     sql.SQL(", ").join(self._ident(c) for c in m.values()), self._tab()))
                 rows = conn.execute(q, args).fetchall()
+                no_vec = [r[0] for r in conn.execute(q_null, args).fetchall()]
             except (self.psycopg.errors.UndefinedTable,
                     self.psycopg.errors.UndefinedColumn) as e:
                 raise PgSourceError(f"table {self.table}: {str(e).splitlines()[0]} (map "
@@ -281,7 +290,8 @@ class PgVectorTable:
             recs = as_stored(recs, f"table {self.table}")
         return PgSnapshot(recs, versions, _iso(read_at),
                           None if namespaces is None else sorted(namespaces),
-                          uuid_ids=bool(id_type) and str(id_type[0]) == "uuid")
+                          uuid_ids=bool(id_type) and str(id_type[0]) == "uuid",
+                          no_vector=len(no_vec), no_vector_ids=no_vec[:20])
 
     # ------------------------------------------------------------ plan
     def plan(self, snap: PgSnapshot, result: Records) -> PgPlan:
