@@ -136,3 +136,21 @@ def rewrite_snapshot(store, table) -> Path:
     ptr.pop("rows", None)
     store.pointer_path.write_text(json.dumps(ptr))
     return path
+
+
+def run_readme_example(name: str, cwd: Path, env: dict[str, str] | None = None,
+                       timeout: int = 900):
+    """Run the README's ``<!-- example: name -->`` bash block as written, in ``cwd`` (the
+    repository's ``.venv/bin/`` made absolute), with ``env`` added to the environment;
+    returns the ``CompletedProcess``."""
+    import re
+    import subprocess
+
+    text = (REPO / "README.md").read_text()
+    m = re.search(rf"<!-- example: {re.escape(name)} -->\n```bash\n(.*?)```", text, re.S)
+    assert m, f"README has no example {name!r}"
+    script = m.group(1).replace(".venv/bin/", f"{REPO}/.venv/bin/")
+    full = {**os.environ, "CONSOLIDATE_ROOT": str(cwd),
+            "CONSOLIDATE_DATA_DIR": str(DATA_DIR), **(env or {})}
+    return subprocess.run(["bash", "-e", "-c", script], cwd=cwd, env=full,
+                          capture_output=True, text=True, timeout=timeout)

@@ -276,3 +276,27 @@ def test_a_memory_file_as_source_dry_run_then_apply(tmp_path, suffix):
     with pytest.raises(ValueError, match="changed since it was read"):
         src.apply(plan2, dry_run=False)
     assert path.read_bytes() == changed
+
+
+@pytest.mark.slow
+def test_the_readme_jsonl_source_example_runs_as_written(tmp_path):
+    """The README's `source=jsonl` example: a dry run leaves the file alone, the apply
+    rewrites it with the two Porto notes merged and a copy of the file as it was."""
+    from tests.conftest import run_readme_example
+
+    p = run_readme_example("jsonl", tmp_path)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "would apply      1 merge" in p.stdout and "applied          1 merge" in p.stdout
+    backup = list(tmp_path.glob("notes.pre-consolidate-*.jsonl"))
+    assert len(backup) == 1 and len(read_memories(backup[0], embedder=_Stub()).records) == 3
+    recs = read_memories(tmp_path / "notes.jsonl").records
+    live = recs.meta[recs.live_mask()]
+    assert len(recs) == 4 and len(live) == 2 and "Ben runs on Sundays." in set(live["text"])
+    assert sorted(recs.meta["deleted_reason"].dropna()) == ["merged", "merged"]
+
+
+class _Stub:
+    """Embeds nothing: only counts the rows of a file without vectors."""
+
+    def encode(self, texts):
+        return np.eye(len(texts), 4, dtype=np.float32) + 0.1

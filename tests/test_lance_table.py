@@ -191,3 +191,25 @@ def test_bad_tables_are_named(tmp_path):
     assert snap.no_vector == 1 and snap.no_vector_ids == [bad[2]["id"]]
     assert sorted(snap.records.meta["id"]) == sorted(r["id"] for k, r in enumerate(bad)
                                                      if k != 2)
+
+
+def test_the_readme_example_runs_as_written(tmp_path):
+    from tests.conftest import run_readme_example
+
+    rs = rows()
+    db = lancedb.connect(str(tmp_path / "agents.lancedb"))
+    data = [{"id": r["id"], "user_id": r["namespace"], "text": r["text"],
+             "vector": r["vector"], "created_at": to_dt(r["created_at"]),
+             "importance": r["importance"], "deleted_at": None, "merged_into": None,
+             "source_ids": r["source_ids"], "tags": "from-agent"} for r in rs]
+    t = db.create_table("memories", data, schema=SCHEMA)
+    v0 = t.version
+    p = run_readme_example("lance", tmp_path)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert f"(the version read, {v0}, stays in the history)" in p.stdout
+    t = lancedb.connect(str(tmp_path / "agents.lancedb")).open_table("memories")
+    df = t.to_pandas()
+    assert t.version == v0 + 1 and len(df) > 80
+    merged = df[df["merged_into"].notna()]
+    assert len(merged) and merged["deleted_at"].notna().all()
+    assert set(merged["merged_into"]) <= set(df["id"])

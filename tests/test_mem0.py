@@ -197,3 +197,39 @@ def as_dict(node):
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(node, resolve=True)
+
+
+def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
+    """The README's Mem0 command, in a folder where an agent's Mem0 store lives in mem0/."""
+    monkeypatch.setenv("OPENAI_API_KEY", "unused")
+    from mem0 import Memory
+
+    from consolidate.embed import packaged_model_path
+    from tests.conftest import run_readme_example
+
+    m = Memory.from_config({
+        "vector_store": {"provider": "qdrant", "config": {
+            "path": str(tmp_path / "mem0" / "qdrant"), "collection_name": "mem0",
+            "embedding_model_dims": 384, "on_disk": True}},
+        "embedder": {"provider": "huggingface",
+                     "config": {"model": str(packaged_model_path())}},
+        "history_db_path": str(tmp_path / "mem0" / "history.db")})
+    for user, notes in NOTES.items():
+        for text in notes:
+            m.add(text, user_id=user, infer=False)
+    del m  # Qdrant's local mode allows one client per folder
+    import gc
+
+    gc.collect()
+    p = run_readme_example("mem0", tmp_path, {"MODEL": str(packaged_model_path()),
+                                             "MEM0_TELEMETRY": "False"})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "applied          3 merge" in p.stdout
+    m = Memory.from_config({
+        "vector_store": {"provider": "qdrant", "config": {
+            "path": str(tmp_path / "mem0" / "qdrant"), "collection_name": "mem0",
+            "embedding_model_dims": 384, "on_disk": True}},
+        "embedder": {"provider": "huggingface",
+                     "config": {"model": str(packaged_model_path())}},
+        "history_db_path": str(tmp_path / "mem0" / "history.db")})
+    assert len(m.get_all(filters={"user_id": "alice"}, top_k=100)["results"]) == 4

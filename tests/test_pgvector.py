@@ -304,3 +304,19 @@ def test_a_taken_merged_id_or_a_failing_namespace_skips_and_goes_on(pg):
     after = table_rows(pg, "mem_g")
     touched = {i for u in plan.units if u["namespace"] in rolled for i in u["ids"]}
     assert touched and all(after[i] == before[i] for i in touched)
+
+
+@pytest.mark.slow
+def test_the_readme_example_runs_as_written(pg, tmp_path):
+    from tests.conftest import run_readme_example
+
+    fill(pg, "memories", rows())
+    before = table_rows(pg, "memories")
+    p = run_readme_example("pgvector", tmp_path, {"DATABASE_URL": pg})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    dry, applied = p.stdout.split("wall time")[:2]
+    assert "would apply" in dry and "applied" in applied
+    after = table_rows(pg, "memories")
+    retired = {i for i, v in after.items() if v[1]}
+    assert retired and set(before) <= set(after) and len(after) > len(before)
+    assert all(not before[i][1] for i in retired)  # live before, soft-deleted now

@@ -182,3 +182,16 @@ def test_reembed_job_calibrates_then_switches(tmp_path, model96):
                         f"hydra.run.dir={tmp_path}/run3"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stderr.startswith("error:") and "nowhere" in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LOCOMO.exists(), reason="data not present")
+def test_the_readme_example_runs_as_written(tmp_path, model96):
+    from tests.conftest import run_readme_example
+
+    _store(tmp_path / "stores" / "alice", "lance")
+    p = run_readme_example("reembed", tmp_path, {"NEW_MODEL": str(model96)})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "d 384 -> 96" in p.stdout and "pass.calibration_file=" in p.stdout
+    assert open_store_dir(tmp_path / "stores" / "alice").load().dim == D_NEW
+    assert len(list((tmp_path / "stores").glob("alice.pre-reembed-*"))) == 1

@@ -56,7 +56,17 @@ def open_source(src: Any, embedder: Callable[[], Any] | None = None) -> tuple[An
         except ImportError as e:
             raise ImportError('source=mem0 needs mem0ai: pip install "consolidate[mem0]"') \
                 from e
-        return Mem0Source(Memory.from_config(dict(src.mem0)), src.namespace_key), "mem0 store"
+        try:
+            memory = Memory.from_config(dict(src.mem0))
+        except Exception as e:  # noqa: BLE001 - Mem0 raises its providers' own errors
+            if "api_key" not in str(e).lower() and "credentials" not in str(e).lower():
+                raise
+            raise ValueError(
+                f"Mem0 could not build the LLM client of its config ({str(e).splitlines()[0]})"
+                f": the pass never calls Mem0's LLM, but Mem0 builds one (OpenAI unless "
+                f"source.mem0.llm says otherwise); give it its key (OPENAI_API_KEY) or "
+                f"source.mem0.llm as your Mem0 uses it") from None
+        return Mem0Source(memory, src.namespace_key), "mem0 store"
     if src.kind != "pgvector":
         raise ValueError(f"source must be store, {', '.join(SOURCE_KINDS)}; got {src.kind!r}")
     from .pgvector import PgColumns, PgVectorTable
