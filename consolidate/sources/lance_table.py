@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -167,9 +168,10 @@ class LanceTable:
             ds = lance.dataset(str(self.path))
             return ds if version is None else ds.checkout_version(int(version))
         except (OSError, ValueError, RuntimeError) as e:
+            why = re.sub(r",\s*/\S+\.rs:\d+:\d+", "", str(e).splitlines()[0])
             raise LanceSourceError(f"{self.path} is not a readable Lance dataset"
                                    f"{'' if version is None else f' at version {version}'}: "
-                                   f"{str(e).splitlines()[0]}") from None
+                                   f"{why}") from None
 
     def _check_columns(self, ds: Any) -> None:
         names = set(ds.schema.names)
