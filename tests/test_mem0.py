@@ -207,13 +207,16 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
     from consolidate.embed import packaged_model_path
     from tests.conftest import run_readme_example
 
-    m = Memory.from_config({
-        "vector_store": {"provider": "qdrant", "config": {
-            "path": str(tmp_path / "mem0" / "qdrant"), "collection_name": "mem0",
-            "embedding_model_dims": 384, "on_disk": True}},
-        "embedder": {"provider": "huggingface",
-                     "config": {"model": str(packaged_model_path())}},
-        "history_db_path": str(tmp_path / "mem0" / "history.db")})
+    def open_mem0():
+        return Memory.from_config({
+            "vector_store": {"provider": "qdrant", "config": {
+                "path": str(tmp_path / "mem0" / "qdrant"), "collection_name": "mem0",
+                "embedding_model_dims": 384, "on_disk": True}},
+            "embedder": {"provider": "huggingface",
+                         "config": {"model": str(packaged_model_path())}},
+            "history_db_path": str(tmp_path / "mem0" / "history.db")})
+
+    m = open_mem0()
     for user, notes in NOTES.items():
         for text in notes:
             m.add(text, user_id=user, infer=False)
@@ -225,11 +228,5 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
                                              "MEM0_TELEMETRY": "False"})
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "applied          3 merge" in p.stdout
-    m = Memory.from_config({
-        "vector_store": {"provider": "qdrant", "config": {
-            "path": str(tmp_path / "mem0" / "qdrant"), "collection_name": "mem0",
-            "embedding_model_dims": 384, "on_disk": True}},
-        "embedder": {"provider": "huggingface",
-                     "config": {"model": str(packaged_model_path())}},
-        "history_db_path": str(tmp_path / "mem0" / "history.db")})
+    m = open_mem0()
     assert len(m.get_all(filters={"user_id": "alice"}, top_k=100)["results"]) == 4
