@@ -320,3 +320,37 @@ def test_the_readme_example_runs_as_written(pg, tmp_path):
     retired = {i for i, v in after.items() if v[1]}
     assert retired and set(before) <= set(after) and len(after) > len(before)
     assert all(not before[i][1] for i in retired)  # live before, soft-deleted now
+
+
+def test_a_connection_lost_mid_apply_leaves_each_namespace_whole(pg, monkeypatch):
+    """The server drops the connection while the second namespace is applied: the first is
+    applied, the second and third are as they were, the error says so, and applying the same
+    plan again applies only what is missing."""
+    from consolidate.sources.pgvector import PgSourceError
+
+    fill(pg, "mem_lost", rows())
+    t = PgVectorTable(pg, "mem_lost", COLS)
+    snap, res, plan = plan_for(t)
+    nss = sorted({u["namespace"] for u in plan.units})
+    assert len(nss) == 3
+    before = table_rows(pg, "mem_lost")
+    original = PgVectorTable._apply_namespace
+
+    def dropping(self, conn, plan_, ns, *a):
+        original(self, conn, plan_, ns, *a)  # its writes are made, not committed
+        if ns == nss[1]:
+            conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    monkeypatch.setattr(PgVectorTable, "_apply_namespace", dropping)
+    with pytest.raises(PgSourceError, match=rf"lost while namespace '{nss[1]}'.*\['{nss[0]}'\]"):
+        t.apply(plan, dry_run=False)
+    after = table_rows(pg, "mem_lost")
+    ns_of = {r["id"]: r["namespace"] for r in rows()}
+    changed = {ns_of[i] for i in before if after[i] != before[i]}
+    assert changed == {nss[0]} and len(after) > len(before)
+    monkeypatch.setattr(PgVectorTable, "_apply_namespace", original)
+    rep = t.apply(plan, dry_run=False)
+    assert {s["why"] for s in rep.skipped} == {"plan already applied"}
+    assert sorted(rep.namespaces) == nss[1:]
+    changed = {ns_of[i] for i in before if table_rows(pg, "mem_lost")[i] != before[i]}
+    assert changed == set(nss)

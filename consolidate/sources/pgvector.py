@@ -414,7 +414,8 @@ class PgVectorTable:
         the other namespaces go on.
 
         Raises:
-            PgSourceError: the database cannot be reached.
+            PgSourceError: the database cannot be reached, or the connection is lost
+                during the apply (the message says which namespaces are applied).
         """
         from psycopg import sql
 
@@ -433,6 +434,15 @@ class PgVectorTable:
                     with conn.transaction():
                         self._apply_namespace(conn, plan, ns, ks, rep, dry_run, m, sql)
                 except self.psycopg.Error as e:
+                    if conn.broken:
+                        applied = sorted(rep.namespaces[:done[2]])
+                        raise PgSourceError(
+                            f"table {self.table}: the connection was lost while namespace "
+                            f"{ns!r} was applied ({str(e).strip().splitlines()[0]}); that "
+                            f"namespace committed whole or not at all, those before it "
+                            f"({len(applied)}: {applied[:5]}) are applied, the rest are not; "
+                            f"applying the same plan again applies only what is missing "
+                            f"(consolidate_applied records each namespace)") from None
                     # the namespace's transaction rolled back: none of its units applied
                     del rep.skipped[done[0]:], rep.namespaces[done[2]:]
                     rep.applied = done[1]
