@@ -11,47 +11,17 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
 from ..text import _MONTHS, _WEEKDAYS, _numbers, content_tokens
+from ..turns import SOURCES, TRUSTED_SOURCES, Turn
 from .base import ChatRequest, parse_json_model, quote
 
-__all__ = ["EXTRACT_PROMPT_VERSION", "Turn", "ExtractedFact", "ExtractOut", "trusted",
-           "extract_request", "parse_facts", "ungrounded"]
+__all__ = ["EXTRACT_PROMPT_VERSION", "SOURCES", "TRUSTED_SOURCES", "Turn", "ExtractedFact",
+           "ExtractOut", "trusted", "extract_request", "parse_facts", "ungrounded"]
 
 EXTRACT_PROMPT_VERSION = "extract-v2"
-#: turn sources whose content is the user's or the assistant's own words
-TRUSTED_SOURCES = ("user", "assistant")
-#: every turn source; each write names one (there is no default to trust by accident)
-SOURCES = ("user", "assistant", "tool", "web")
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One turn: ``source`` is ``user``, ``assistant``, ``tool`` or ``web`` (required: only
-    user and assistant text becomes memories unless ``allow_untrusted``); ``time_h`` in hours
-    since the epoch.
-
-    Raises:
-        ValueError: ``source`` is not one of :data:`SOURCES`.
-    """
-
-    id: str
-    namespace: str
-    speaker: str
-    text: str
-    time_h: float
-    source: str
-
-    def __post_init__(self) -> None:
-        if self.source not in SOURCES:
-            raise ValueError(f"turn {self.id!r}: source must be one of {', '.join(SOURCES)} "
-                             f"(who wrote the text decides whether it may become a memory), "
-                             f"got {self.source!r}")
-
-
 class ExtractedFact(BaseModel):
     text: str = Field(min_length=1, pattern=r"\S")  # not whitespace only
     importance: int = Field(ge=1, le=10)

@@ -235,7 +235,7 @@ def read_locomo_turns(path: str | Path, conversations: int | None = None,
     Raises:
         ValueError: a session's date/time cannot be parsed (names the conversation).
     """
-    from ..llm.extract import Turn
+    from ..turns import Turn
 
     data = json.loads(Path(path).read_bytes())
     out: list[Turn] = []

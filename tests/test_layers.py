@@ -1,0 +1,63 @@
+"""The package's layers point one way: storage imports neither the model layer nor the
+similarity engines; the engines and the model backends import nothing from storage. Every
+import counts, also one inside a function."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+PKG = REPO / "consolidate"
+
+#: layer -> (its files, the packages it must not import)
+RULES = {
+    "storage": (["store"], ["consolidate.llm", "consolidate.similarity", "consolidate.kernels",
+                            "consolidate.embed", "consolidate.pipeline", "consolidate.sources",
+                            "consolidate.jobs", "consolidate.evaluation", "consolidate.fleet"]),
+    "engines": (["similarity", "kernels", "cluster.py", "scoring.py"],
+                ["consolidate.store", "consolidate.llm", "consolidate.pipeline",
+                 "consolidate.sources", "consolidate.jobs"]),
+    "models": (["llm", "embed.py"], ["consolidate.store", "consolidate.similarity",
+                                     "consolidate.pipeline", "consolidate.sources",
+                                     "consolidate.jobs"]),
+}
+
+
+def imported(path: Path) -> set[str]:
+    """Every module ``path`` imports (relative imports resolved), at any depth."""
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    pkg = parts[:-1]
+    out = set()
+    for n in ast.walk(ast.parse(path.read_text())):
+        if isinstance(n, ast.ImportFrom):
+            base = pkg[: len(pkg) - n.level + 1] if n.level else []
+            mod = ".".join(base + ([n.module] if n.module else []))
+            out.add(mod)
+            if n.module is None:
+                out |= {f"{mod}.{a.name}" for a in n.names}
+        elif isinstance(n, ast.Import):
+            out |= {a.name for a in n.names}
+    return out
+
+
+def files(entries):
+    for e in entries:
+        p = PKG / e
+        yield from (sorted(p.rglob("*.py")) if p.is_dir() else [p])
+
+
+@pytest.mark.parametrize("layer", sorted(RULES))
+def test_layers_point_one_way(layer):
+    entries, banned = RULES[layer]
+    bad = [f"{p.relative_to(REPO)} imports {m}" for p in files(entries)
+           for m in sorted(imported(p))
+           if any(m == b or m.startswith(b + ".") for b in banned)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checker_sees_a_lazy_relative_import(tmp_path):
+    f = PKG / "store" / "locomo.py"
+    assert "consolidate.turns" in imported(f) and "consolidate.config" in imported(f)
+    assert "consolidate.store.schema" in imported(f)
