@@ -293,6 +293,12 @@ def test_the_readme_jsonl_source_example_runs_as_written(tmp_path):
     live = recs.meta[recs.live_mask()]
     assert len(recs) == 4 and len(live) == 2 and "Ben runs on Sundays." in set(live["text"])
     assert sorted(recs.meta["deleted_reason"].dropna()) == ["merged", "merged"]
+    # the dry run and the apply planned the same merge, under the same merged id
+    plans = sorted(tmp_path.glob("outputs/**/plan.json"), key=lambda q: q.stat().st_mtime)
+    dry, applied = (json.loads(q.read_text()) for q in plans)
+    assert dry["dry_run"] and not applied["dry_run"]
+    assert dry["units"] == applied["units"] and dry["plan_id"] == applied["plan_id"]
+    assert dry["units"][0]["into"] in set(live["id"])
 
 
 class _Stub:

@@ -106,7 +106,8 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
             c = pr_curve(cos, df["label"].to_numpy())
             contra = cos[df["contradiction"].to_numpy() == 1]
             e = {
-                "dataset": key, "model": base.name, "dtype": dtype, "pairs": int(c.n),
+                "dataset": key, "model": str(base.model_path or base.name), "dtype": dtype,
+                "pairs": int(c.n),
                 "duplicates": int(c.positives), "average_precision": c.average_precision,
                 "best_f1": c.best_f1, "best_f1_threshold": c.best_f1_threshold,
                 "threshold_at_precision": {str(p): c.threshold_at_precision(p)
@@ -154,7 +155,8 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
         "schema_version": 1, "created_at": now_iso(), "entries": entries,
         "recommended": {"threshold": thr, "dataset": cfg.recommend.dataset,
                         "dtype": cfg.recommend.dtype, "rule": cfg.recommend.rule,
-                        "precision": cfg.recommend.precision, "model": base.name},
+                        "precision": cfg.recommend.precision,
+                        "model": str(base.model_path or base.name)},
     }
     (out / "calibration.json").write_text(json.dumps(calib, indent=1))
     res = Results(

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import hydra
+import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -171,9 +172,8 @@ def _external_run(cfg: DictConfig, src: Any, pc: Any, sc: Any, merger: Any, refl
         summary["ran"] = False
         return summary
     wall = hours_now()
-    # merged ids mix in the version: this run's clock in seconds, so each run's differ
-    res = run_pass(records, cfg=pc, sim_cfg=sc, merger=merger, version=int(wall * 3600),
-                   wall_h=wall, reflector=reflector)
+    res = run_pass(records, cfg=pc, sim_cfg=sc, merger=merger,
+                   version=content_version(records), wall_h=wall, reflector=reflector)
     if out_dir is None:
         out_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() \
             else "outputs"
@@ -195,6 +195,9 @@ def _external_run(cfg: DictConfig, src: Any, pc: Any, sc: Any, merger: Any, refl
     events = Path(out_dir) / "events.jsonl"
     events.parent.mkdir(parents=True, exist_ok=True)
     events.write_text("".join(json.dumps(e, default=str) + "\n" for e in res.events))
+    (Path(out_dir) / "plan.json").write_text(json.dumps(
+        {"plan_id": plan.plan_id, "dry_run": rep.dry_run, "units": plan.units,
+         "skipped": rep.skipped}, indent=1, default=str))
     summary.update(ran=True, dry_run=rep.dry_run, stats=res.stats.as_dict(),
                    external={"plan_id": plan.plan_id, "units": plan.counts(),
                        "applied": rep.applied, "skipped": rep.skipped[:100],
@@ -205,6 +208,20 @@ def _external_run(cfg: DictConfig, src: Any, pc: Any, sc: Any, merger: Any, refl
                        "previous_version": getattr(rep, "previous", None),
                        "backup": getattr(rep, "backup", None)})
     return summary
+
+
+def content_version(records: Any) -> int:
+    """A pass version for records read from an external source: a hash of which memories
+    were read (ids, texts, importance, strength, pinned; not times, which a source without
+    them fills with the time of the read), in ``[1, 2**31)``. Merged ids mix in the version,
+    so a dry run and the apply that follows on the same memories plan the same merged ids,
+    and other memories plan others."""
+    import pandas as pd
+
+    cols = ["id", "text", "importance", "strength", "pinned"]
+    h = pd.util.hash_pandas_object(records.meta[cols], index=False).to_numpy()
+    mixed = int((h * np.uint64(0x9E3779B97F4A7C15)).sum(dtype=np.uint64) ^ np.uint64(len(h)))
+    return 1 + mixed % (2**31 - 1)
 
 
 def _trigger_summary(pc: Any, new_imp: float, fire: bool, scope: dict[str, Any]
@@ -319,11 +336,16 @@ def format_summary(s: dict[str, Any]) -> str:
         lines += [f"{a:<17}{b!s:<44}{t}" for a, b, t in rows]
         if "external" in s:
             g = s["external"]
-            done = ", ".join(f"{n} {k}" for k, n in sorted(g["applied"].items())) or "nothing"
+            done = ", ".join(f"{n} {k}{'' if n == 1 else 's'}"
+                             for k, n in sorted(g["applied"].items())) or "nothing"
             lines.append(f"{'would apply' if s['dry_run'] else 'applied':<17}{done} "
-                         f"(plan {g['plan_id'][:12]}; {g['n_skipped']} units skipped; "
-                         f"events {g['events']})"
-                         + ("; source.apply=true writes it" if s["dry_run"] else ""))
+                         f"(plan {g['plan_id'][:12]} in plan.json; {g['n_skipped']} units "
+                         f"skipped; events {g['events']})"
+                         + ("; source.apply=true writes it" if s["dry_run"] and g["applied"]
+                            else ""))
+            if s.get("records_without_vector"):
+                lines.append(f"{'no vector yet':<17}{s['records_without_vector']} live rows "
+                             f"left out of the pass, untouched (named in the log)")
             if g.get("version") is not None:
                 lines.append(f"{'lance version':<17}{g['version']} written (the version "
                              f"read, {g['previous_version']}, stays in the history)")
@@ -374,6 +396,11 @@ def _policy_line(s: dict[str, Any]) -> str:
     cur = (f"threshold {num(p.get('threshold'))}, tau {num(p.get('tau_hours'))} h, floor "
            f"{num(p.get('floor'))}, cap {num(p.get('cap'))}")
     if pol is None:
+        if "calibration" in s:
+            c = s["calibration"]
+            return (f"policy           {cur}: threshold from {c.get('file', 'a calibration')}"
+                    f" ({c.get('rule', '?')} on {c.get('dataset', '?')}); tau, floor and cap "
+                    f"uncalibrated (consolidate-policy measures what they cost in recall)")
         return (f"policy           {cur}: uncalibrated (consolidate-policy measures what a "
                 f"policy costs in recall)")
     keeps = ", ".join(f"{m} {v:.1%}" for m, v in pol["keeps"].items())

@@ -93,8 +93,8 @@ def _main(cfg: DictConfig) -> None:
     if "calibration" in s:
         c = s["calibration"]
         print(f"threshold for the new model: {c['threshold']:.4f} ({c['rule']} on "
-              f"{c['dataset']}); use it with: consolidate store.dir={s['store']} "
-              f"pass.calibration_file={c['file']}")
+              f"{c['dataset']}); a pass with it: consolidate store.dir={s['store']} "
+              f"pass.calibration_file={c['file']} pass.force=true")
     print(f"switch back with: consolidate-reembed store.dir={s['store']} action=switch "
           f"other={s['backup']}")
 

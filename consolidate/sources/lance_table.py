@@ -139,6 +139,11 @@ def _hours(col: pa.ChunkedArray, name: str, where: str) -> np.ndarray:
                            f"ISO 8601 text")
 
 
+def _timestamp(h: float) -> Any:
+    """Hours since the epoch as a UTC ``datetime`` in whole microseconds (Lance's unit)."""
+    return pd.Timestamp(round(h * 3.6e9), unit="us", tz="UTC").to_pydatetime()
+
+
 class LanceTable:
     """A user's Lance dataset the pass reads from and applies its plan to.
 
@@ -355,8 +360,7 @@ class LanceTable:
                 gone_addr.append(int(addr[k]))
                 if soft:
                     r = dict(old_rows[k])
-                    r[m["deleted_at"]] = pd.Timestamp(x["deleted_at"] * 3.6e12, unit="ns",
-                                                      tz="UTC").to_pydatetime()
+                    r[m["deleted_at"]] = _timestamp(x["deleted_at"])
                     if "merged_into" in m:
                         r[m["merged_into"]] = x["merged_into"]
                     new_rows.append(r)
@@ -387,11 +391,10 @@ class LanceTable:
                 if v is None or (isinstance(v, float) and np.isnan(v)):
                     v = None
                 else:
-                    ts = pd.Timestamp(float(v) * 3.6e12, unit="ns", tz="UTC")
                     t = schema.field(col).type
-                    v = ts.isoformat() if (pa.types.is_string(t)
-                                           or pa.types.is_large_string(t)) \
-                        else ts.to_pydatetime()
+                    v = _timestamp(float(v))
+                    if pa.types.is_string(t) or pa.types.is_large_string(t):
+                        v = v.isoformat()
             elif k in ("importance", "strength"):
                 v = float(v)
             elif k == "pinned":
