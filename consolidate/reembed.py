@@ -2,7 +2,8 @@
 
 When an agent's embedding model changes, every stored vector must be recomputed: cosines
 between vectors of two models mean nothing, and the new model's dimension may differ. A
-re-embed builds a complete new store beside the old one (a *shadow* folder), then exchanges
+re-embed builds a complete new store beside the old one (``<store.dir>.reembed-<UTC
+time>``), then exchanges
 the two folders in one ``renameat2(RENAME_EXCHANGE)`` call (Linux 3.15+): a reader or writer
 that opens ``store.dir`` sees the old store or the new one, never a mix. The old store is
 kept whole, history included, at ``<store.dir>.pre-reembed-<UTC time>``;
@@ -34,6 +35,7 @@ import pandas as pd
 from .store import Records, Store
 from .store.lance_store import LanceStore, open_store_dir
 from .store.schema import normalise_vectors
+from .store.store import _crashpoint
 
 log = logging.getLogger("consolidate")
 
@@ -117,11 +119,14 @@ def reembed_store(
     Steps: under the store's pass lock (no pass, undo or rollback meanwhile), read the head
     version and embed its distinct texts (agents keep appending and touching). Then, under
     the writers lock as well (appends wait; seconds): read the head again, embed the texts
-    that appeared since, build the new store at a shadow folder beside ``root`` (same
-    format, same settings, the new dimension; its first version), exchange the two folders
-    (:func:`exchange_dirs`), and move into the new store the recall-bookkeeping delta files
-    written since the second read. A failure before the exchange removes the shadow and
-    leaves ``root`` as it was.
+    that appeared since, build the new store at ``<root>.reembed-<UTC time>`` (same format,
+    same settings, the new dimension; its first version), move into it the
+    recall-bookkeeping delta files written since the second read, exchange the two folders
+    (:func:`exchange_dirs`), move the deltas written meanwhile, and rename the folder that
+    now holds the old store to ``backup``. A failure before the exchange removes the new
+    store and leaves ``root`` as it was; after it, the old store is never removed (a failed
+    rename leaves it at ``<root>.reembed-<UTC time>``, named in the error). A symlink
+    ``root`` is followed: the folder it names is switched.
 
     Args:
         root: the store folder.
@@ -131,7 +136,7 @@ def reembed_store(
         lock_timeout_s: seconds to wait for the store's pass lock.
         writers_timeout_s: seconds to wait for the writers lock.
         backup: where the old store goes (default ``<root>.pre-reembed-<UTC time>``);
-            must not exist, and must be on ``root``'s file system.
+            must not exist, its folder must, on ``root``'s file system (checked first).
         check: called with the new records before anything is written (e.g. a test of
             their vectors); raising stops the run with ``root`` unchanged.
 
@@ -143,20 +148,25 @@ def reembed_store(
         StoreNotFoundError: no store at ``root``.
         LockTimeoutError: a pass holds the store, or a writer holds the writers lock.
         FileExistsError: ``backup`` exists.
-        OSError: the file system cannot exchange folders (nothing was switched).
+        FileNotFoundError: ``backup``'s folder does not exist.
+        OSError: ``backup`` is on another file system, or the file system cannot exchange
+            folders (nothing was switched).
         ValueError: the embedder returned vectors of the wrong shape.
     """
     t0 = time.perf_counter()
+    root = Path(root).resolve()  # a symlink: the folder it names is re-embedded
     store = open_store_dir(root)
     store.head()  # StoreNotFoundError names the folder
-    root = store.root
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    backup = Path(backup) if backup is not None else root.with_name(
+    backup = Path(backup).absolute() if backup is not None else root.with_name(
         f"{root.name}.pre-reembed-{stamp}")
-    if backup.exists():
-        raise FileExistsError(f"{backup} exists: choose another backup folder")
-    shadow = root.with_name(f".{root.name}.reembed-{stamp}")
+    _check_backup(root, backup)
+    shadow = root.with_name(f"{root.name}.reembed-{stamp}")
+    if shadow.exists():
+        raise FileExistsError(f"{shadow} exists: another re-embed of {root} runs, or one "
+                              f"was killed (it holds a store: look before removing it)")
     fmt = "lance" if isinstance(store, LanceStore) else "parquet"
+    exchanged = False
     with store.lock(timeout_s=lock_timeout_s):
         first = store.load()
         old_dim = first.dim
@@ -179,18 +189,45 @@ def reembed_store(
                 new.create(recs, source=f"re-embed of {root} version {snap.version} with "
                                         f"{model or 'another model'}")
                 with new.lock(), new._writers_lock(writers_timeout_s):
+                    folded = set(snap.deltas)
+                    moved = _move_late_deltas(root, shadow, folded)  # touches so far
+                    _crashpoint("reembed:before_exchange")
                     exchange_dirs(root, shadow)
+                    exchanged = True
+                    _crashpoint("reembed:after_exchange")
+                    moved += _move_late_deltas(shadow, root, folded)  # those since
                     shadow.rename(backup)
-                    moved = _move_late_deltas(backup, root, set(snap.deltas))
-        except BaseException:
-            if shadow.exists():
-                shutil.rmtree(shadow, ignore_errors=True)
+        except BaseException as e:
+            if not exchanged:
+                if shadow.exists():
+                    shutil.rmtree(shadow, ignore_errors=True)
+                raise
+            if shadow.exists():  # switched, but the old store could not be moved aside
+                raise OSError(f"{root} now holds the re-embedded store; the old store "
+                              f"stays at {shadow} ({e})") from e
             raise
     head = open_store_dir(root).head()
     return {"store": str(root), "backup": str(backup), "format": fmt,
             "records": len(recs), "texts_embedded": len(known) + late, "late_texts": late,
             "late_deltas": moved, "old_dim": old_dim, "dim": int(recs.dim),
             "version": head.version, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _check_backup(root: Path, backup: Path) -> None:
+    """``backup`` is free and on ``root``'s file system (a rename can reach it).
+
+    Raises:
+        FileExistsError: it exists.
+        FileNotFoundError: its parent folder does not.
+        OSError: another file system (``EXDEV``).
+    """
+    if backup.exists() or backup.is_symlink():
+        raise FileExistsError(f"{backup} exists: choose another backup folder")
+    if not backup.parent.is_dir():
+        raise FileNotFoundError(f"backup {backup}: the folder {backup.parent} does not exist")
+    if backup.parent.stat().st_dev != root.parent.stat().st_dev:
+        raise OSError(errno.EXDEV, f"backup {backup} is on another file system than "
+                                   f"{root}: the old store is moved there by a rename")
 
 
 def _move_late_deltas(old: Path, new: Path, folded: set[str]) -> int:
@@ -220,7 +257,7 @@ def switch_stores(root: str | os.PathLike, other: str | os.PathLike, *,
         LockTimeoutError: a pass holds either store.
         OSError: the file system cannot exchange folders (nothing moved).
     """
-    a, b = open_store_dir(root), open_store_dir(other)
+    a, b = open_store_dir(Path(root).resolve()), open_store_dir(Path(other).resolve())
     ha, hb = a.head(), b.head()
     if a.root.resolve() == b.root.resolve():
         raise ValueError(f"{root} and {other} are the same folder")

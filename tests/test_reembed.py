@@ -114,7 +114,7 @@ def test_reembed_switches_to_new_vectors_and_keeps_everything_else(tmp_path, fmt
     back = switch_stores(root, out["backup"])
     assert back["now_dim"] == 384 and open_store_dir(root).load().dim == 384
     assert open_store_dir(out["backup"]).load().dim == D_NEW
-    assert not list(tmp_path.glob(".alice.reembed-*"))
+    assert not list(tmp_path.glob("alice.reembed-*"))
 
 
 def test_failed_reembed_leaves_store_as_it_was(tmp_path, emb96):
@@ -139,7 +139,54 @@ def test_failed_reembed_leaves_store_as_it_was(tmp_path, emb96):
         reembed_store(root, Wrong())
     with pytest.raises(FileExistsError):
         reembed_store(root, emb96, backup=root)
+    # a backup that a rename cannot reach is refused before anything is written
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        reembed_store(root, emb96, backup=tmp_path / "no" / "such" / "bk")
+    import os
+
+    if os.stat("/dev/shm").st_dev != tmp_path.stat().st_dev:
+        with pytest.raises(OSError, match="another file system"):
+            reembed_store(root, emb96, backup="/dev/shm/consolidate-bk-test")
     assert open_store_dir(root).load().dim == 384
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bob"]
+
+
+def test_a_symlinked_store_and_a_pass_waiting_for_the_lock(tmp_path, emb96):
+    """store.dir given as a symlink: the folder it names is switched (the link still
+    leads to the store). A pass that waited for the lock during the re-embed holds the new
+    store's lock, not the old one's."""
+    import threading
+
+    from consolidate.store import LockTimeoutError
+
+    real = tmp_path / "real"
+    _store(real, "lance")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    waiter = LanceStore(link)
+    held = []
+
+    def pass_waiting():
+        with waiter.lock(timeout_s=120):
+            try:
+                LanceStore(real).lock(timeout_s=0).__enter__()
+                held.append("the lock it holds is not the store's")
+            except LockTimeoutError:
+                held.append("ok")
+
+    class Slow:
+        def encode(self, texts):
+            t = threading.Thread(target=pass_waiting)
+            t.start()
+            threads.append(t)
+            return emb96.encode(texts)
+
+    threads = []
+    out = reembed_store(link, Slow())
+    threads[0].join(60)
+    assert held == ["ok"]
+    assert link.is_symlink() and out["store"] == str(real)
+    assert open_store_dir(link).load().dim == D_NEW
 
 
 def test_reembed_waits_for_no_pass(tmp_path, emb96):

@@ -164,6 +164,9 @@ def _flock(path: Path, timeout_s: float, poll_s: float, message: Any,
     ``timeout_s``; the kernel releases it if the process dies. ``stamp`` writes the holder's
     pid and host into the file for the error message of the next waiter.
 
+    A lock won on a file that is no longer at ``path`` (its folder was exchanged or
+    moved meanwhile, e.g. by a re-embed) is let go and taken again on the file now there.
+
     Raises:
         LockTimeoutError: with ``message(holder)`` after ``timeout_s`` seconds.
     """
@@ -173,12 +176,17 @@ def _flock(path: Path, timeout_s: float, poll_s: float, message: Any,
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
                     raise LockTimeoutError(message(holder)) from None
                 time.sleep(poll_s)
+                continue
+            if _same_file(fd, path):
+                break
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         if stamp:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
@@ -187,6 +195,15 @@ def _flock(path: Path, timeout_s: float, poll_s: float, message: Any,
         with contextlib.suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Is the open file ``fd`` the file at ``path`` now?"""
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _fsync_dir(path: Path) -> None:
