@@ -306,3 +306,51 @@ class _Stub:
 
     def encode(self, texts):
         return np.eye(len(texts), 4, dtype=np.float32) + 0.1
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_a_file_apply_keeps_columns_permissions_links_and_every_backup(tmp_path, suffix):
+    """What a user's file holds besides the schema survives an apply: its own columns (null
+    in merged records), its permissions; a symlink is followed; two applies in one second
+    keep two backups; a text with a bare carriage return reads back whole (CSV)."""
+    import os
+
+    from consolidate.config import PassConfig, SimilarityConfig
+    from consolidate.pipeline import run_pass
+    from consolidate.sources import FileSource
+
+    rows = random_rows(12, 8, namespaces=1, dup_frac=0.5, noise=0.01, seed=3, t0=2000.0)
+    df = pd.DataFrame([{"id": r["id"], "namespace": r["namespace"],
+                        "text": r["text"] + ("\r second line" if k == 2 else ""),
+                        "vector": [float(x) for x in r["vector"]],
+                        "created_at": r["created_at"], "tags": f"tag{k}"}
+                       for k, r in enumerate(rows)])
+    real = tmp_path / "data" / f"mem{suffix}"
+    real.parent.mkdir()
+    if suffix == ".jsonl":
+        real.write_text("".join(json.dumps(r) + "\n" for r in df.to_dict("records")))
+    elif suffix == ".csv":
+        df.assign(vector=df["vector"].map(json.dumps)).to_csv(real, index=False,
+                                                              quoting=1)  # QUOTE_ALL
+    else:
+        df.to_parquet(real)
+    os.chmod(real, 0o600)
+    link = tmp_path / f"link{suffix}"
+    link.symlink_to(real)
+    src = FileSource(link)
+    for _ in range(2):
+        snap = src.read()
+        res = run_pass(snap.records, cfg=PassConfig(force=True), version=1,
+                       sim_cfg=SimilarityConfig(device="cpu"), wall_h=2001.0)
+        rep = src.apply(src.plan(snap, res.records), dry_run=False)
+    assert link.is_symlink() and rep.written == str(real)
+    assert (os.stat(real).st_mode & 0o777) == 0o600
+    assert len(list(real.parent.glob(f"mem.pre-consolidate-*{suffix}"))) == 2
+    back = read_memories(real)
+    assert back.ignored_columns == ["tags"]
+    m = back.records.meta.set_index("id")
+    tags = back.extra["tags"]
+    assert all(tags[r["id"]] == f"tag{k}" for k, r in enumerate(rows))
+    merged = m.index[~m.index.isin([r["id"] for r in rows])]
+    assert len(merged) and tags.loc[merged].isna().all()
+    assert m.loc[rows[2]["id"], "text"].endswith("\r second line")

@@ -65,6 +65,7 @@ class FileImport:
         generated_ids: rows that had no ``id``.
         embedded: whether the texts were embedded (no row had a vector).
         ignored_columns: columns outside the schema.
+        extra: their values, indexed by record id (``None`` when there are none).
     """
 
     records: Records
@@ -72,6 +73,7 @@ class FileImport:
     generated_ids: int = 0
     embedded: bool = False
     ignored_columns: list[str] = field(default_factory=list)
+    extra: Any = None
 
 
 def _where(path: Path, row: int, header: bool) -> str:
@@ -232,8 +234,10 @@ def read_memories(path: str | Path, *, namespace: str = "default", embedder: Any
             # an export of a store: its own schema, vectors decoded from the stored dtype
             recs = as_stored(records_from_arrow(table), str(p), now_h=now_h, first_line=0,
                              unit="row")
-            return FileImport(recs, str(p), ignored_columns=sorted(
-                set(table.column_names) - _KNOWN - {"vector_scale"}))
+            ignored = sorted(set(table.column_names) - _KNOWN - {"vector_scale"})
+            extra = (table.select(ignored).to_pandas().set_axis(recs.meta["id"].to_numpy())
+                     if ignored else None)
+            return FileImport(recs, str(p), ignored_columns=ignored, extra=extra)
         decoded = _stored_vectors(table, p)
         rows = table.drop_columns([c for c in ("vector", "vector_scale")
                                    if decoded is not None and c in table.column_names]
@@ -280,8 +284,14 @@ def read_memories(path: str | Path, *, namespace: str = "default", embedder: Any
     recs = as_stored(records_from_rows(rows), str(p), now_h=now_h,
                      first_line=0 if p.suffix == ".parquet" else 1 + header,
                      unit="row" if p.suffix == ".parquet" else "line")
+    extra = None
+    if ignored:
+        import pandas as pd
+
+        extra = pd.DataFrame([{c: r.get(c) for c in ignored} for r in rows],
+                             index=[r["id"] for r in rows], columns=ignored)
     return FileImport(recs, str(p), generated_ids=generated, embedded=embedded,
-                      ignored_columns=ignored)
+                      ignored_columns=ignored, extra=extra)
 
 
 @dataclass
@@ -292,11 +302,13 @@ class FileSnapshot:
         records: every memory of the file (tombstones included).
         sha256: the file's content hash as read (the apply's check that it is unchanged).
         scope: the rows of ``records`` in the namespaces asked for (the pass's input).
+        extra: the file's columns outside the schema, by record id (``None``: none).
     """
 
     records: Records
     sha256: str
     scope: np.ndarray
+    extra: Any = None
 
 
 @dataclass
@@ -308,10 +320,13 @@ class FilePlan(Plan):
         content: every record the file will hold (the pass's result and the rows of other
             namespaces).
         sha256: the file's hash as read.
+        extra: the file's columns outside the schema, by record id (kept; merged records
+            get nulls).
     """
 
     content: Records | None = None
     sha256: str = ""
+    extra: Any = None
 
 
 @dataclass
@@ -337,7 +352,11 @@ class FileSource:
     lost and a merge can be undone by hand. A dry run writes the result to another file
     only. An apply first checks that the file is byte for byte as read (another writer
     since: nothing is written), copies it to ``<name>.pre-consolidate-<UTC time><suffix>``
-    beside it, then replaces it by rename (readers see the old file or the new one).
+    beside it (its permissions kept), writes the result beside it, checks the file once more
+    and replaces it by rename (readers see the old file or the new one; a writer appending
+    between that last check and the rename is not seen: agents should not write a file
+    while an apply replaces it). Columns outside the schema are kept (null in merged
+    records). A symlink is followed: the file it names is replaced.
 
     Args:
         path: the file.
@@ -365,7 +384,7 @@ class FileSource:
         ns = got.records.meta["namespace"]
         scope = (np.ones(len(ns), bool) if namespaces is None
                  else ns.isin(list(namespaces)).to_numpy())
-        return FileSnapshot(got.records, digest, scope)
+        return FileSnapshot(got.records, digest, scope, got.extra)
 
     def records(self, snap: FileSnapshot) -> Records:
         """The pass's input: the memories of the namespaces read."""
@@ -388,7 +407,7 @@ class FileSource:
         blob = json.dumps({"file": str(self.path), "sha256": snap.sha256, "units": units},
                           sort_keys=True, default=str)
         return FilePlan(hashlib.sha256(blob.encode()).hexdigest()[:32], units,
-                        content=content, sha256=snap.sha256)
+                        content=content, sha256=snap.sha256, extra=snap.extra)
 
     def apply(self, plan: FilePlan, *, dry_run: bool = True, out: str | Path | None = None
               ) -> FileApplyReport:
@@ -399,7 +418,9 @@ class FileSource:
         Raises:
             ValueError: the file changed since it was read (nothing written).
         """
-        import shutil
+        import os
+        import stat
+        import uuid
         from datetime import datetime, timezone
 
         from ..store.lance_store import write_records_file
@@ -408,18 +429,34 @@ class FileSource:
         if dry_run:
             target = Path(out) if out is not None else self.path.with_name(
                 f"{self.path.stem}.consolidated{self.path.suffix}")
-            write_records_file(plan.content, target)
+            write_records_file(plan.content, target, extra=plan.extra)
             return FileApplyReport(True, plan.counts(), written=str(target))
-        if _sha256(self.path) != plan.sha256:
+        real = self.path.resolve()  # a symlink: the file it names is replaced
+        data = real.read_bytes()
+        if hashlib.sha256(data).hexdigest() != plan.sha256:
             raise ValueError(f"{self.path} changed since it was read: nothing written; run "
                              f"the pass again")
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        backup = self.path.with_name(f"{self.path.stem}.pre-consolidate-{stamp}"
-                                     f"{self.path.suffix}")
-        shutil.copy2(self.path, backup)
-        write_records_file(plan.content, self.path)
-        return FileApplyReport(False, plan.counts(), written=str(self.path),
-                               backup=str(backup))
+        mode = stat.S_IMODE(os.stat(real).st_mode)
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        backup = real.with_name(f"{real.stem}.pre-consolidate-{stamp}{real.suffix}")
+        fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp = real.with_name(f".{real.name}.consolidated-{uuid.uuid4().hex[:8]}")
+        try:
+            write_records_file(plan.content, tmp, extra=plan.extra, suffix=real.suffix)
+            os.chmod(tmp, mode)
+            # checked again just before the rename: a writer since the first check wins
+            if _sha256(real) != plan.sha256:
+                raise ValueError(f"{self.path} changed while the result was written: nothing "
+                                 f"written; run the pass again")
+            os.replace(tmp, real)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return FileApplyReport(False, plan.counts(), written=str(real), backup=str(backup))
 
 
 def _sha256(path: Path) -> str:
