@@ -213,3 +213,48 @@ def test_the_readme_example_runs_as_written(tmp_path):
     merged = df[df["merged_into"].notna()]
     assert len(merged) and merged["deleted_at"].notna().all()
     assert set(merged["merged_into"]) <= set(df["id"])
+
+
+def test_a_commit_race_is_retried_and_bad_mappings_are_refused(tmp_path, monkeypatch):
+    """An agent's update lands between the check of the units and the commit: Lance
+    refuses the commit as a conflict, the apply checks the units again on the newest version
+    and commits; the agent's update is kept. A deleted_at column left unmapped, or a pinned
+    column of text, is refused; a merged row's id already in the table skips its unit."""
+    rs = rows()
+    t, path = table(tmp_path, rs)
+    src = LanceTable(path, SOFT)
+    snap = src.read()
+    res = run_pass(snap.records, cfg=PassConfig(force=True), version=1,
+                   sim_cfg=SimilarityConfig(device="cpu"), wall_h=WALL)
+    plan = src.plan(snap, res.records)
+    in_units = {i for u in plan.units for i in u["ids"]}
+    bystander = next(r["id"] for r in rs if r["id"] not in in_units)
+    original, raced = LanceTable._changes, []
+
+    def racing(self, ds, units):
+        out = original(self, ds, units)
+        if not raced:  # once: the agent writes while the apply builds its version
+            lancedb.connect(str(tmp_path / "db")).open_table("memories").update(
+                where=f"id = '{bystander}'", values={"tags": "edited"})
+            raced.append(True)
+        return out
+
+    monkeypatch.setattr(LanceTable, "_changes", racing)
+    rep = src.apply(plan, dry_run=False)
+    assert raced and rep.applied == plan.counts() and not rep.skipped
+    assert rep.previous == snap.version + 1  # built again on the agent's version
+    after = lancedb.connect(str(tmp_path / "db")).open_table("memories").to_pandas()
+    after = after.set_index("id")
+    assert after.at[bystander, "tags"] == "edited"
+    assert after.loc[sorted(in_units), "deleted_at"].notna().all()
+    monkeypatch.setattr(LanceTable, "_changes", original)
+    # the same plan again: every merged id is taken, nothing is written twice
+    again = src.apply(plan, dry_run=False)
+    assert not again.applied and again.version is None
+    assert all("taken" in s["why"] or "changed" in s["why"] for s in again.skipped)
+    # deleted_at present but not mapped; pinned as text
+    with pytest.raises(LanceSourceError, match="'deleted_at' that is not mapped"):
+        LanceTable(path, LanceColumns(namespace="user_id")).read()
+    with pytest.raises(LanceSourceError, match="'tags' \\(pinned\\) is string, not a boolean"):
+        LanceTable(path, LanceColumns(namespace="user_id", deleted_at="deleted_at",
+                                      pinned="tags")).read()

@@ -139,6 +139,11 @@ def _hours(col: pa.ChunkedArray, name: str, where: str) -> np.ndarray:
                            f"ISO 8601 text")
 
 
+def _canon(row: dict[str, Any]) -> str:
+    """A row as comparable text (NaN equals NaN; times and vectors exactly)."""
+    return json.dumps(row, sort_keys=True, default=str)
+
+
 def _timestamp(h: float) -> Any:
     """Hours since the epoch as a UTC ``datetime`` in whole microseconds (Lance's unit)."""
     return pd.Timestamp(round(h * 3.6e9), unit="us", tz="UTC").to_pydatetime()
@@ -159,9 +164,11 @@ class LanceTable:
     def __init__(self, path: str | Path, columns: LanceColumns | None = None) -> None:
         self.path = Path(path)
         self.cols = columns or LanceColumns()
-        if (self.path.parent / "CURRENT").is_file() or (self.path / "CURRENT").is_file():
-            raise LanceSourceError(f"{self.path} is a consolidate store: run the pass on it "
-                                   f"with store.dir=... (source=store)")
+        real = self.path.resolve()
+        for anc in (real, *real.parents):
+            if (anc / "CURRENT").is_file():
+                raise LanceSourceError(f"{self.path} is in the consolidate store {anc}: run "
+                                       f"the pass on it with store.dir={anc} (source=store)")
 
     def _mapped(self) -> dict[str, str]:
         return {k: v for k, v in asdict(self.cols).items() if v is not None}
@@ -179,12 +186,31 @@ class LanceTable:
                                    f"{why}") from None
 
     def _check_columns(self, ds: Any) -> None:
+        """Every mapped column exists with a usable type, and no ``deleted_at`` column is
+        left unmapped (its deleted rows would be read as live).
+
+        Raises:
+            LanceSourceError: naming the dataset and the column.
+        """
+        m = self._mapped()
         names = set(ds.schema.names)
-        missing = {k: v for k, v in self._mapped().items() if v not in names}
+        missing = {k: v for k, v in m.items() if v not in names}
         if missing:
             raise LanceSourceError(f"{self.path}: no column {sorted(missing.values())} "
                                    f"(mapped as {sorted(missing)}; columns: "
                                    f"{sorted(names)}); map them with source.columns.*")
+        if "deleted_at" not in m and "deleted_at" in names:
+            raise LanceSourceError(f"{self.path} has a column 'deleted_at' that is not mapped:"
+                                   f" the rows deleted there would be read as live; map it "
+                                   f"(source.columns.deleted_at=deleted_at)")
+        kinds = {"importance": (pa.types.is_floating, pa.types.is_integer),
+                 "strength": (pa.types.is_floating, pa.types.is_integer),
+                 "pinned": (pa.types.is_boolean,)}
+        for k, tests in kinds.items():
+            if k in m and not any(t(ds.schema.field(m[k]).type) for t in tests):
+                raise LanceSourceError(f"{self.path}: column {m[k]!r} ({k}) is "
+                                       f"{ds.schema.field(m[k]).type}, not "
+                                       f"{'a boolean' if k == 'pinned' else 'a number'}")
 
     def _filter(self, namespaces: Sequence[str] | None) -> Any:
         m = self._mapped()
@@ -308,76 +334,115 @@ class LanceTable:
                          version=snap.version)
 
     # ------------------------------------------------------------ apply
-    def apply(self, plan: LancePlan, *, dry_run: bool = True) -> LanceApplyReport:
-        """Write ``plan`` as one new version (see the module docstring).
+    def apply(self, plan: LancePlan, *, dry_run: bool = True, retries: int = 3
+              ) -> LanceApplyReport:
+        """Write ``plan`` as one new version (see the module docstring). A unit is skipped
+        (and reported) when its rows changed since the version read, are no longer live,
+        are stored twice, or its merged row's id is taken. A commit that loses a race with
+        another writer is tried again from the newest version (``retries`` times).
 
         Raises:
-            LanceSourceError: a mapped column is gone, or the new rows do not fit the
-                dataset's schema (nothing written).
+            LanceSourceError: a mapped column is gone, the new rows do not fit the
+                dataset's schema, or the commit failed (nothing written).
         """
-        ds = self._open()
-        self._check_columns(ds)
+        for attempt in range(retries + 1):
+            ds = self._open()
+            self._check_columns(ds)
+            rep, units = self._units_now(ds, plan, dry_run)
+            if dry_run or not units:
+                return rep
+            table, gone = self._changes(ds, units)
+            from ..store.lance_store import commit_update
+
+            try:
+                new = commit_update(str(self.path), ds, table, gone,
+                                    {"consolidate.plan_id": plan.plan_id,
+                                     "consolidate.based_on": str(plan.version)})
+            except (OSError, RuntimeError, ValueError) as e:
+                why = re.sub(r",\s*/\S+\.rs:\d+:\d+", "", str(e).splitlines()[0])
+                if "conflict" in why.lower() and attempt < retries:
+                    continue  # another writer committed first: check the units again
+                raise LanceSourceError(f"{self.path}: the commit failed ({why}); nothing "
+                                       f"written") from None
+            rep.version = new.version
+            return rep
+        raise AssertionError("unreachable")
+
+    def _units_now(self, ds: Any, plan: LancePlan, dry_run: bool
+                   ) -> tuple[LanceApplyReport, list[dict[str, Any]]]:
+        """The report and the units of ``plan`` that still apply to ``ds``."""
         m = self._mapped()
         rep = LanceApplyReport(dry_run=dry_run, previous=ds.version)
-        units = list(plan.units)
-        touched = sorted({i for u in units for i in u["ids"]})
-        if not touched:
-            return rep
         idc = m["id"]
-        in_touched = pc.field(idc).isin(pa.array(touched, pa.string()))
-        now = ds.to_table(filter=in_touched, with_row_address=True)
+        touched = sorted({i for u in plan.units for i in u["ids"]})
+        new_ids = sorted({u["insert"]["id"] for u in plan.units if u["insert"]})
+        taken = set(ds.to_table(columns=[idc], filter=pc.field(idc).isin(
+            pa.array(new_ids, pa.string()))).column(idc).to_pylist()) if new_ids else set()
+        now = self._live_rows(ds, touched)
+        ids_now = now.column(idc).to_pylist() if now.num_rows else []
+        twice = {i for i, n in pd.Series(ids_now, dtype=object).value_counts().items()
+                 if n > 1}
+        after = {r[idc]: _canon(r) for r in now.drop_columns(["_rowaddr"]).to_pylist()}
+        before = after
         if ds.version != plan.version:
             # another writer since the read: a unit applies only if its rows are as read
-            was = self._open(plan.version).to_table(filter=in_touched)
-            before = {r[idc]: r for r in was.to_pylist()}
-            after = {r[idc]: {k: v for k, v in r.items() if k != "_rowaddr"}
-                     for r in now.to_pylist()}
-            keep = []
-            for u in units:
-                changed = [i for i in u["ids"] if before.get(i) != after.get(i)]
-                if changed:
-                    rep.skipped.append({"unit": u["kind"], "namespace": u["namespace"],
-                                        "why": f"rows changed since version {plan.version} "
-                                               f"was read: {changed[:3]}"})
-                    rep.skipped_rows += changed
-                else:
-                    keep.append(u)
-            units = keep
-        for u in units:
-            rep.applied[u["kind"]] = rep.applied.get(u["kind"], 0) + 1
-        if dry_run or not units:
-            return rep
-        ids_now = now.column(idc).to_pylist()
+            was = self._live_rows(self._open(plan.version), touched)
+            before = {r[idc]: _canon(r) for r in was.drop_columns(["_rowaddr"]).to_pylist()}
+        units = []
+        for u in plan.units:
+            changed = [i for i in u["ids"]
+                       if i not in after or i in twice or before.get(i) != after[i]]
+            if u["insert"] and u["insert"]["id"] in taken:
+                why = f"the merged row's id {u['insert']['id']} is taken already"
+            elif changed:
+                why = f"rows changed since version {plan.version} was read: {changed[:3]}"
+                rep.skipped_rows += changed
+            else:
+                units.append(u)
+                rep.applied[u["kind"]] = rep.applied.get(u["kind"], 0) + 1
+                continue
+            rep.skipped.append({"unit": u["kind"], "namespace": u["namespace"], "why": why})
+        return rep, units
+
+    def _live_rows(self, ds: Any, ids: list[str]) -> pa.Table:
+        """The live rows of ``ds`` with these ids (every column, and ``_rowaddr``)."""
+        m = self._mapped()
+        flt = pc.field(m["id"]).isin(pa.array(ids, pa.string()))
+        if "deleted_at" in m:
+            flt = flt & pc.field(m["deleted_at"]).is_null()
+        return ds.to_table(filter=flt, with_row_address=True)
+
+    def _changes(self, ds: Any, units: list[dict[str, Any]]) -> tuple[pa.Table, np.ndarray]:
+        """The rows to write and the addresses of the rows to retire, for ``units``."""
+        m = self._mapped()
+        touched = sorted({i for u in units for i in u["ids"]})
+        now = self._live_rows(ds, touched)
+        pos = {i: k for k, i in enumerate(now.column(m["id"]).to_pylist())}
         addr = now.column("_rowaddr").to_numpy()
-        pos = {i: k for k, i in enumerate(ids_now)}
         old_rows = now.drop_columns(["_rowaddr"]).to_pylist()
-        gone_addr: list[int] = []
+        gone: list[int] = []
         new_rows: list[dict[str, Any]] = []
         soft = "deleted_at" in m
         for u in units:
             for x in u["retire"]:
                 k = pos[x["id"]]
-                gone_addr.append(int(addr[k]))
+                gone.append(int(addr[k]))
                 if soft:
                     r = dict(old_rows[k])
                     r[m["deleted_at"]] = _timestamp(x["deleted_at"])
                     if "merged_into" in m:
                         r[m["merged_into"]] = x["merged_into"]
                     new_rows.append(r)
-            if u["insert"] is not None:
-                new_rows.append(self._row(u["insert"], ds.schema))
+            ins = u["insert"]
+            if ins is not None and (soft or pd.isna(ins.get("deleted_at"))):
+                # without soft deletes, a merged row the pass dropped is not written
+                new_rows.append(self._row(ins, ds.schema))
         try:
             table = pa.Table.from_pylist(new_rows, schema=ds.schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
             raise LanceSourceError(f"{self.path}: the new rows do not fit the dataset's "
                                    f"schema ({e}); nothing written") from None
-        from ..store.lance_store import commit_update
-
-        new = commit_update(str(self.path), ds, table, np.asarray(gone_addr, np.uint64),
-                            {"consolidate.plan_id": plan.plan_id,
-                             "consolidate.based_on": str(plan.version)})
-        rep.version = new.version
-        return rep
+        return table, np.asarray(gone, np.uint64)
 
     def _row(self, r: dict[str, Any], schema: pa.Schema) -> dict[str, Any]:
         """A merged record as the dataset's columns (others null)."""
