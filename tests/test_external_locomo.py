@@ -4,6 +4,7 @@ The pass over each gives the same merges and drops as over the embedded store, a
 ``consolidate-evaluate source=...`` measures recall before and after the pass on the
 external store's own memories (read only)."""
 
+import json
 import os
 import tempfile
 
@@ -155,6 +156,15 @@ def test_pgvector_table_of_locomo_observations(pg, tmp_path, emb):
     with pytest.raises(ValueError, match="no memory has provenance"):
         evaluate(tmp_path, "nosrc", ["source=pgvector", dsn, "source.table=locomo_mem",
                                      "store.conversations=2"])
+    # provenance that is no question's evidence would measure 0 everywhere: refused
+    bad = tmp_path / "badprov.jsonl"
+    bad.write_text("".join(json.dumps({
+        "id": f"x{k}", "namespace": "conv-26/Caroline", "text": f"note {k}",
+        "vector": [1.0, float(k)] + [0.0] * 382, "source_ids": ["ZZ9"]}) + "\n"
+        for k in range(3)))
+    with pytest.raises(ValueError, match="every recall would be 0"):
+        evaluate(tmp_path, "badprov", ["source=jsonl", f"source.path={bad}",
+                                       "store.conversations=2"])
 
 
 def test_mem0_store_of_locomo_observations(tmp_path, emb, monkeypatch):

@@ -63,8 +63,8 @@ def build_task(cfg: DictConfig, scfg: StoreConfig) -> MemoryTask:
                      f"{cfg.task!r}")
 
 
-def read_source(src: SourceConfig, emb: Any, groups: set[str], memory_group: Any
-                ) -> tuple[Records, str]:
+def read_source(src: SourceConfig, emb: Any, groups: set[str], memory_group: Any,
+                evidence: set[str] | None = None) -> tuple[Records, str]:
     """The live memories of an external source (``source=pgvector|mem0|jsonl``; read
     only, nothing is ever applied) as the evaluation's memories: their stored vectors and
     provenance (``source_ids``, matched against the questions' evidence).
@@ -74,14 +74,15 @@ def read_source(src: SourceConfig, emb: Any, groups: set[str], memory_group: Any
         emb: the embedder of the questions (its dimension must be the vectors').
         groups: the question groups of the task (LOCOMO: conversations).
         memory_group: a memory's namespace -> the group that may see it.
+        evidence: the questions' evidence ids (``None``: not checked).
 
     Returns:
         ``(records, the source's name)``.
 
     Raises:
         ValueError: no memory, vectors of another dimension than the embedder's, no
-            memory with provenance, or no namespace of the task's groups (each names the
-            source).
+            memory with provenance, no namespace of the task's groups, or no provenance id
+            among the questions' evidence (each names the source).
     """
     from ..sources.open import open_source, source_records
 
@@ -102,6 +103,12 @@ def read_source(src: SourceConfig, emb: Any, groups: set[str], memory_group: Any
     if not seen & groups:
         raise ValueError(f"{name}: none of its namespaces ({sorted(seen)[:5]}) belongs to "
                          f"a question group of the task ({sorted(groups)[:5]})")
+    if evidence is not None:
+        have = set(recs.meta["source_ids"].explode().dropna())
+        if not have & evidence:
+            raise ValueError(f"{name}: none of its provenance ids (e.g. {sorted(have)[:3]}) "
+                             f"is evidence of a question of the task (e.g. "
+                             f"{sorted(evidence)[:3]}): every recall would be 0")
     return recs, name
 
 
@@ -142,7 +149,8 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
             raise InvalidRecordsError(f"task {spec.name}", problems)
         source_name = None
     else:
-        recs, source_name = read_source(src, emb, set(qa["group"]), task.memory_group)
+        recs, source_name = read_source(src, emb, set(qa["group"]), task.memory_group,
+                                        set(qa["evidence"].explode().dropna()))
     q_vecs = emb.encode(qa["question"].tolist())
     timings["build_and_embed"] = time.perf_counter() - t
     now_group = qa.groupby("group")["now_h"].max().to_dict()
