@@ -39,7 +39,7 @@ from .store.store import _crashpoint
 
 log = logging.getLogger("consolidate")
 
-__all__ = ["reembed_store", "switch_stores", "exchange_dirs"]
+__all__ = ["reembed_store", "switch_stores", "exchange_dirs", "check_backup"]
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -149,8 +149,8 @@ def reembed_store(
         LockTimeoutError: a pass holds the store, or a writer holds the writers lock.
         FileExistsError: ``backup`` exists.
         FileNotFoundError: ``backup``'s folder does not exist.
-        OSError: ``backup`` is on another file system, or the file system cannot exchange
-            folders (nothing was switched).
+        ValueError: ``backup`` is on another file system.
+        OSError: the file system cannot exchange folders (nothing was switched).
         ValueError: the embedder returned vectors of the wrong shape.
     """
     t0 = time.perf_counter()
@@ -190,12 +190,14 @@ def reembed_store(
                                         f"{model or 'another model'}")
                 with new.lock(), new._writers_lock(writers_timeout_s):
                     folded = set(snap.deltas)
-                    moved = _move_late_deltas(root, shadow, folded)  # touches so far
+                    # the touches so far are copied (the live store keeps them until the
+                    # exchange), those written until the exchange moved after it
+                    copied = _copy_late_deltas(root, shadow, folded)
                     _crashpoint("reembed:before_exchange")
                     exchange_dirs(root, shadow)
                     exchanged = True
                     _crashpoint("reembed:after_exchange")
-                    moved += _move_late_deltas(shadow, root, folded)  # those since
+                    moved = len(copied) + _move_late_deltas(shadow, root, folded | copied)
                     shadow.rename(backup)
         except BaseException as e:
             if not exchanged:
@@ -213,21 +215,48 @@ def reembed_store(
             "version": head.version, "seconds": round(time.perf_counter() - t0, 3)}
 
 
+def check_backup(root: str | os.PathLike, backup: str | os.PathLike) -> None:
+    """Refuse a ``backup`` folder for :func:`reembed_store` that a rename cannot reach
+    (before any model is loaded); see :func:`_check_backup`."""
+    _check_backup(Path(root).resolve(), Path(backup).absolute())
+
+
 def _check_backup(root: Path, backup: Path) -> None:
     """``backup`` is free and on ``root``'s file system (a rename can reach it).
 
     Raises:
         FileExistsError: it exists.
         FileNotFoundError: its parent folder does not.
-        OSError: another file system (``EXDEV``).
+        ValueError: another file system.
     """
     if backup.exists() or backup.is_symlink():
         raise FileExistsError(f"{backup} exists: choose another backup folder")
     if not backup.parent.is_dir():
         raise FileNotFoundError(f"backup {backup}: the folder {backup.parent} does not exist")
     if backup.parent.stat().st_dev != root.parent.stat().st_dev:
-        raise OSError(errno.EXDEV, f"backup {backup} is on another file system than "
-                                   f"{root}: the old store is moved there by a rename")
+        raise ValueError(f"backup {backup} is on another file system than {root}: the old "
+                         f"store is moved there by a rename")
+
+
+def _late_deltas(old: Path, folded: set[str]) -> list[Path]:
+    """The delta files of ``old/deltas`` not in ``folded``."""
+    src = old / "deltas"
+    if not src.is_dir():
+        return []
+    return [p for p in sorted(src.iterdir()) if p.name not in folded
+            and p.name.endswith((".touch.json", ".patch.json"))]
+
+
+def _copy_late_deltas(old: Path, new: Path, folded: set[str]) -> set[str]:
+    """Copy the delta files of ``old`` not in ``folded`` into ``new`` (the originals stay
+    until the exchange); returns their names."""
+    (new / "deltas").mkdir(exist_ok=True)
+    out = set()
+    for p in _late_deltas(old, folded):
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copy2(p, new / "deltas" / p.name)
+            out.add(p.name)
+    return out
 
 
 def _move_late_deltas(old: Path, new: Path, folded: set[str]) -> int:

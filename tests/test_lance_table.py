@@ -258,3 +258,20 @@ def test_a_commit_race_is_retried_and_bad_mappings_are_refused(tmp_path, monkeyp
     with pytest.raises(LanceSourceError, match="'tags' \\(pinned\\) is string, not a boolean"):
         LanceTable(path, LanceColumns(namespace="user_id", deleted_at="deleted_at",
                                       pinned="tags")).read()
+
+
+def test_a_non_nullable_column_the_pass_cannot_fill_is_refused_at_plan(tmp_path):
+    import lance
+
+    rs = rows()
+    schema = SCHEMA.set(SCHEMA.get_field_index("tags"),
+                        pa.field("tags", pa.string(), nullable=False))
+    t, _ = table(tmp_path, rs)  # lancedb keeps no nullability: rewritten with pylance
+    path = str(tmp_path / "strict.lance")
+    lance.write_dataset(t.to_arrow().cast(schema), path)
+    src = LanceTable(path, SOFT)
+    snap = src.read()
+    res = run_pass(snap.records, cfg=PassConfig(force=True), version=1,
+                   sim_cfg=SimilarityConfig(device="cpu"), wall_h=WALL)
+    with pytest.raises(LanceSourceError, match=r"non-nullable column\(s\) \['tags'\]"):
+        src.plan(snap, res.records)

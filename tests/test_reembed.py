@@ -145,7 +145,7 @@ def test_failed_reembed_leaves_store_as_it_was(tmp_path, emb96):
     import os
 
     if os.stat("/dev/shm").st_dev != tmp_path.stat().st_dev:
-        with pytest.raises(OSError, match="another file system"):
+        with pytest.raises(ValueError, match="another file system"):
             reembed_store(root, emb96, backup="/dev/shm/consolidate-bk-test")
     assert open_store_dir(root).load().dim == 384
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bob"]
@@ -242,3 +242,36 @@ def test_the_readme_example_runs_as_written(tmp_path, model96):
     assert "d 384 -> 96" in p.stdout and "pass.calibration_file=" in p.stdout
     assert open_store_dir(tmp_path / "stores" / "alice").load().dim == D_NEW
     assert len(list((tmp_path / "stores").glob("alice.pre-reembed-*"))) == 1
+
+
+CRASH_CHILD = """
+import sys
+from consolidate.embed import Embedder
+from consolidate.reembed import reembed_store
+from consolidate.store.lance_store import open_store_dir
+root, model = sys.argv[1], sys.argv[2]
+store = open_store_dir(root)
+reembed_store(root, Embedder(model, device="cpu", show_progress=False),
+              check=lambda recs: store.mark_used(["r00003"], now=1004.0))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["reembed:before_exchange", "reembed:after_exchange"])
+def test_sigkill_around_the_exchange_loses_no_touch(tmp_path, model96, point):
+    """Killed just before the exchange, store.dir is the old store with every touch;
+    just after, the new store with every touch (a touch written during the switch)."""
+    root = tmp_path / "s"
+    store = _store(root, "lance")
+    before = store.load().records.meta.set_index("id").loc["r00003", "strength"]
+    env = {**os.environ, "CONSOLIDATE_CRASH_AT": point}
+    p = subprocess.run([sys.executable, "-c", CRASH_CHILD, str(root), str(model96)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == -9, p.stderr[-2000:]
+    now = open_store_dir(root).load()
+    assert now.dim == (384 if point == "reembed:before_exchange" else D_NEW)
+    assert now.records.meta.set_index("id").loc["r00003", "strength"] == before + 1
+    assert len(now.records) == 40
+    left = list(tmp_path.glob("s.reembed-*"))  # the other store, named for the user
+    assert len(left) == 1 and open_store_dir(left[0]).load().dim == (
+        D_NEW if point == "reembed:before_exchange" else 384)

@@ -32,7 +32,7 @@ def run_reembed(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str,
         ValueError: an unknown ``action``, or ``action=switch`` without ``other``.
         StoreNotFoundError, LockTimeoutError, OSError: see :mod:`consolidate.reembed`.
     """
-    from ..reembed import reembed_store, switch_stores
+    from ..reembed import check_backup, reembed_store, switch_stores
     from ..store.lance_store import open_store_dir
 
     out = Path(out_dir or (HydraConfig.get().runtime.output_dir if HydraConfig.initialized()
@@ -48,6 +48,8 @@ def run_reembed(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str,
     if cfg.action != "reembed":
         raise ValueError(f"action must be 'reembed' or 'switch', got {cfg.action!r}")
     open_store_dir(scfg.dir).head()  # a missing store is named before any model loads
+    if cfg.backup:
+        check_backup(scfg.dir, cfg.backup)
     ecfg: EmbedderConfig = typed(cfg, "embedder", EmbedderConfig)
     summary: dict[str, Any] = {"action": "reembed",
                                "model": str(ecfg.model_path or ecfg.name)}

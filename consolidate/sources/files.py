@@ -455,6 +455,7 @@ class FileSource:
             os.replace(tmp, real)
         except BaseException:
             tmp.unlink(missing_ok=True)
+            backup.unlink(missing_ok=True)  # the file is as it was: no copy is needed
             raise
         return FileApplyReport(False, plan.counts(), written=str(real), backup=str(backup))
 

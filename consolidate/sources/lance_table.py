@@ -328,6 +328,15 @@ class LanceTable:
                    "retire": [retire(int(k))], "ids": [ids[k]]}
                   for k in retired if int(k) not in done]
         units.sort(key=lambda u: (u["namespace"], u["kind"], u["ids"]))
+        if any(u["insert"] is not None for u in units):
+            mapped = set(self._mapped().values())
+            schema = self._open(snap.version).schema
+            unfillable = [f.name for f in schema if not f.nullable and f.name not in mapped]
+            if unfillable:
+                raise LanceSourceError(
+                    f"{self.path}: merged rows cannot fill the non-nullable column(s) "
+                    f"{unfillable}, which the pass does not know; make them nullable, or run "
+                    f"with pass.near_dedup=false pass.exact_dedup=false (drops only)")
         blob = json.dumps({"path": str(self.path), "version": snap.version, "units": units},
                           sort_keys=True, default=str)
         return LancePlan(hashlib.sha256(blob.encode()).hexdigest()[:32], units,

@@ -1033,11 +1033,10 @@ class LanceStore(Store):
             InvalidRecordsError: a record is invalid (also a duplicate of a stored id);
                 nothing is written (unless quarantine mode).
         """
-        marker = self._marker()
-        dim = marker["dim"]
-        records = self._new_rows(records, dim)
+        records = self._new_rows(records, self._marker()["dim"])
         m = records.meta
         with self._writers_lock():
+            dim = self._marker()["dim"]  # under the lock: a re-embed may have switched it
             ds = self._open()
             self._check_present(ds)
             clash = set(self._stored(list(m["id"]))["id"]) if len(m) else set()

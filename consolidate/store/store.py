@@ -572,7 +572,9 @@ class Store:
         # concurrent appends of one id cannot both pass (passes do not take this lock)
         with self._writers_lock():
             view = self.load(validate_records=False)
-            records = self._checked(records, dim=ptr.dim, source=f"append() to {self.root}",
+            if view.dim != ptr.dim:  # re-embedded meanwhile: checked against the new store
+                ptr = self.head()
+            records = self._checked(records, dim=view.dim, source=f"append() to {self.root}",
                                     existing=set(view.records.meta["id"]))
             if not len(records):
                 return []
