@@ -6,7 +6,7 @@ import pytest
 from consolidate.cluster import centroid_clusters
 from consolidate.config import PassConfig
 from consolidate.pipeline import run_pass
-from tests.conftest import make_records, random_rows
+from tests.helpers import make_records, random_rows
 
 
 def chain_vectors():

@@ -9,7 +9,7 @@ from consolidate.config import PassConfig
 from consolidate.llm.merger import LLMMerger
 from consolidate.merge import ExtractiveMerger, MergeMember, MergeRequest, newer_fact_times
 from consolidate.pipeline import run_pass, undo_merge
-from tests.conftest import Scripted, make_records
+from tests.helpers import Scripted, make_records
 
 CFG = PassConfig(threshold=0.9, now="100", decay=False)
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from consolidate.store import Store
-from tests.conftest import REPO, make_records, random_rows
+from tests.helpers import REPO, make_records, random_rows
 
 CHILD = """
 import sys

@@ -14,7 +14,7 @@ from consolidate.jobs.calibrate import run_calibrate
 from consolidate.jobs.common import CONFIG_DIR
 from consolidate.jobs.evaluate import run_evaluate
 from consolidate.jobs.report import run_report
-from tests.conftest import DATA_DIR, LOCOMO, REPO, require_smollm2
+from tests.helpers import DATA_DIR, LOCOMO, REPO, require_smollm2
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from consolidate.jobs.evaluate import run_evaluate
 from consolidate.pipeline import run_pass
 from consolidate.store.lance_store import LanceStore
 from consolidate.store.schema import records_from_rows
-from tests.conftest import DATA_DIR, LOCOMO
+from tests.helpers import DATA_DIR, LOCOMO
 
 os.environ["MEM0_TELEMETRY"] = "False"
 os.environ.setdefault("MEM0_DIR", tempfile.mkdtemp(prefix="mem0home-"))

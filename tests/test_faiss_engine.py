@@ -17,8 +17,8 @@ from consolidate.similarity.engines.faiss_engine import (  # noqa: E402
     _range_cpu,
     recall_at_k,
 )
-from tests.conftest import pair_reference as ref_pairs  # noqa: E402
-from tests.conftest import random_rows  # noqa: E402
+from tests.helpers import pair_reference as ref_pairs  # noqa: E402
+from tests.helpers import random_rows  # noqa: E402
 
 
 def data(n, d, ns, seed, dup_frac=0.3):

@@ -14,7 +14,7 @@ from consolidate.sources import read_memories
 from consolidate.store import InvalidRecordsError
 from consolidate.store.lance_store import LanceStore
 from consolidate.store.schema import COLUMNS
-from tests.conftest import make_records, random_rows, tree_digest
+from tests.helpers import make_records, random_rows, tree_digest
 
 
 @pytest.fixture
@@ -160,7 +160,7 @@ def test_the_readme_example_runs_as_written(tmp_path):
     import re
     import subprocess
 
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     text = (REPO / "README.md").read_text()
     block = re.search(r"<!-- example: files -->\n```bash\n(.*?)```", text, re.S).group(1)
@@ -282,7 +282,7 @@ def test_a_memory_file_as_source_dry_run_then_apply(tmp_path, suffix):
 def test_the_readme_jsonl_source_example_runs_as_written(tmp_path):
     """The README's `source=jsonl` example: a dry run leaves the file alone, the apply
     rewrites it with the two Porto notes merged and a copy of the file as it was."""
-    from tests.conftest import run_readme_example
+    from tests.helpers import run_readme_example
 
     p = run_readme_example("jsonl", tmp_path)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]

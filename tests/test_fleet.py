@@ -15,7 +15,7 @@ from consolidate.pipeline import run_pass
 from consolidate.pipeline.retention import MassDropError
 from consolidate.store import InvalidRecordsError
 from consolidate.store.lance_store import LanceStore
-from tests.conftest import REPO, require_smollm2
+from tests.helpers import REPO, require_smollm2
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
@@ -280,7 +280,7 @@ def test_an_invalid_stored_row_names_itself_or_goes_to_quarantine(tmp_path, clus
     import lance
 
     from consolidate.store.schema import records_to_arrow
-    from tests.conftest import make_records
+    from tests.helpers import make_records
 
     recs = fleet_records(n=600)
     s = LanceStore(tmp_path / "s")
@@ -405,7 +405,7 @@ def test_commits_per_group_of_shards_keep_the_work_done_before_a_failure(tmp_pat
     as one commit; a shard that fails leaves its namespaces as they were, and every other
     shard is committed."""
     from consolidate.store.schema import records_to_arrow
-    from tests.conftest import make_records
+    from tests.helpers import make_records
 
     recs = fleet_records(n=1200)  # 12 namespaces of 100 rows: 6 shards of 200
     a, b, c = (LanceStore(tmp_path / name) for name in ("single", "groups", "failing"))

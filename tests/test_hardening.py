@@ -13,7 +13,7 @@ from consolidate.config import PassConfig
 from consolidate.pipeline import MassDropError, run_pass
 from consolidate.store import CorruptStoreError, InvalidRecordsError, Records, Store
 from consolidate.store.locomo import read_locomo_observations
-from tests.conftest import REPO, make_records, rewrite_snapshot, tree_digest
+from tests.helpers import REPO, make_records, rewrite_snapshot, tree_digest
 
 GOOD = {"id": "ok", "namespace": "u", "text": "fine", "vector": [1.0, 0.0, 0.0],
         "importance": 0.5, "last_used": 10.0}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from consolidate.store.lance_store import open_store_dir
-from tests.conftest import LOCOMO, REPO
+from tests.helpers import LOCOMO, REPO
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not LOCOMO.exists(), reason="LOCOMO data not present")]

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from consolidate.evaluation.answer import bootstrap_ci, parse_verdict, score_answers
-from tests.conftest import Scripted
+from tests.helpers import Scripted
 
 
 @pytest.mark.parametrize("text,want", [

@@ -14,7 +14,7 @@ from consolidate.config import PassConfig
 from consolidate.pipeline import run_pass
 from consolidate.store.lance_store import LanceStore, _scan
 from consolidate.store.schema import Records
-from tests.conftest import make_records, random_rows
+from tests.helpers import make_records, random_rows
 
 D = 16
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from consolidate.store.lance_store import LanceStore
-from tests.conftest import REPO, make_records, tree_digest
+from tests.helpers import REPO, make_records, tree_digest
 from tests.test_hardening import GOOD
 
 pytest.importorskip("lance")

@@ -21,7 +21,7 @@ from consolidate.store.lance_store import (
     store_format,
 )
 from consolidate.store.schema import records_to_arrow
-from tests.conftest import REPO, make_records, random_rows
+from tests.helpers import REPO, make_records, random_rows
 from tests.test_store import base_rows, commit_pass
 
 pytest.importorskip("lance")
@@ -572,7 +572,7 @@ def test_the_parquet_class_refuses_a_lance_store_clearly(store):
 WRITE = """
 import sys
 import consolidate.store.lance_store as ls
-from tests.conftest import make_records, random_rows
+from tests.helpers import make_records, random_rows
 s = ls.LanceStore(sys.argv[1])
 op = sys.argv[2]
 if op == "create":

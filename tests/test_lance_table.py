@@ -14,7 +14,7 @@ from consolidate.config import PassConfig, SimilarityConfig
 from consolidate.pipeline import run_pass
 from consolidate.sources.lance_table import LanceColumns, LanceSourceError, LanceTable
 from consolidate.store.lance_store import LanceStore
-from tests.conftest import make_records, random_rows
+from tests.helpers import make_records, random_rows
 
 lancedb = pytest.importorskip("lancedb")
 
@@ -194,7 +194,7 @@ def test_bad_tables_are_named(tmp_path):
 
 
 def test_the_readme_example_runs_as_written(tmp_path):
-    from tests.conftest import run_readme_example
+    from tests.helpers import run_readme_example
 
     rs = rows()
     db = lancedb.connect(str(tmp_path / "agents.lancedb"))

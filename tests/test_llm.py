@@ -14,7 +14,7 @@ from consolidate.llm.cache import CachedBackend, request_key
 from consolidate.llm.merger import LLMMerger, MergeOut, missing_facts, parse_merge
 from consolidate.llm.openai_backend import BackendError, OpenAIBackend
 from consolidate.pipeline import run_pass
-from tests.conftest import Scripted, make_records, require_smollm2
+from tests.helpers import Scripted, make_records, require_smollm2
 
 
 def cluster_rows():
@@ -214,7 +214,7 @@ def test_consolidate_with_smollm2_as_the_merger(tmp_path):
     from consolidate.jobs.common import CONFIG_DIR
     from consolidate.jobs.consolidate import run_consolidate
     from consolidate.store.lance_store import open_store_dir
-    from tests.conftest import DATA_DIR, LOCOMO, REPO
+    from tests.helpers import DATA_DIR, LOCOMO, REPO
 
     if not LOCOMO.exists():
         pytest.skip("LOCOMO data not present")

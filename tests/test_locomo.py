@@ -14,7 +14,7 @@ from consolidate.store.locomo import (
     parse_session_time,
     read_locomo_observations,
 )
-from tests.conftest import LOCOMO
+from tests.helpers import LOCOMO
 
 needs_locomo = pytest.mark.skipif(not LOCOMO.exists(), reason=f"{LOCOMO} not present")
 

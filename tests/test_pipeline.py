@@ -16,7 +16,7 @@ from consolidate.pipeline import PassStats, run_pass
 from consolidate.pipeline.exact import exact_stage
 from consolidate.pipeline.run import _start
 from consolidate.pipeline.state import id_ranks, segment_centroids
-from tests.conftest import LOCOMO, make_records, random_rows
+from tests.helpers import LOCOMO, make_records, random_rows
 
 
 def test_segment_centroids_match_a_float64_reference():

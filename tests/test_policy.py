@@ -111,7 +111,7 @@ def test_policy_job_on_two_locomo_conversations(tmp_path):
 
     from consolidate.jobs.common import CONFIG_DIR
     from consolidate.jobs.policy import load_policy, run_policy
-    from tests.conftest import DATA_DIR, LOCOMO
+    from tests.helpers import DATA_DIR, LOCOMO
 
     if not LOCOMO.exists():
         pytest.skip("LOCOMO data not present")

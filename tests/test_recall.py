@@ -9,7 +9,7 @@ import pytest
 
 from consolidate.recall import fit_token_cap, recall
 from consolidate.store import Store
-from tests.conftest import REPO, make_records
+from tests.helpers import REPO, make_records
 
 
 @pytest.mark.parametrize("tokens,cap,n", [

@@ -15,7 +15,7 @@ from consolidate.embed import Embedder, packaged_model_path
 from consolidate.reembed import reembed_store, switch_stores
 from consolidate.store import Store
 from consolidate.store.lance_store import LanceStore, open_store_dir
-from tests.conftest import LOCOMO, REPO, make_records, random_rows
+from tests.helpers import LOCOMO, REPO, make_records, random_rows
 
 D_NEW = 96
 
@@ -234,7 +234,7 @@ def test_reembed_job_calibrates_then_switches(tmp_path, model96):
 @pytest.mark.slow
 @pytest.mark.skipif(not LOCOMO.exists(), reason="data not present")
 def test_the_readme_example_runs_as_written(tmp_path, model96):
-    from tests.conftest import run_readme_example
+    from tests.helpers import run_readme_example
 
     _store(tmp_path / "stores" / "alice", "lance")
     p = run_readme_example("reembed", tmp_path, {"NEW_MODEL": str(model96)})

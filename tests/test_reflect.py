@@ -10,7 +10,7 @@ import pytest
 from consolidate.config import PassConfig
 from consolidate.llm.reflect import LLMReflector, ReflectOut, invented
 from consolidate.pipeline import run_pass
-from tests.conftest import Scripted, make_records
+from tests.helpers import Scripted, make_records
 
 CFG = PassConfig(threshold=0.9, now="100", decay=False, reflect=True,
                  reflect_threshold=0.75, reflect_min_size=3)

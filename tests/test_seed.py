@@ -7,7 +7,7 @@ import pytest
 
 from consolidate.config import PassConfig
 from consolidate.pipeline import run_pass
-from tests.conftest import make_records
+from tests.helpers import make_records
 
 
 def seed_records():

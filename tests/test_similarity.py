@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from consolidate.similarity import auto_tile, threshold_pairs, topk_neighbours
-from tests.conftest import pair_reference as reference
-from tests.conftest import random_rows, topk_reference
+from tests.helpers import pair_reference as reference
+from tests.helpers import random_rows, topk_reference
 
 
 def data(n, d, ns, seed):

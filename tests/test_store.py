@@ -19,7 +19,7 @@ from consolidate.store import (
     Store,
     StoreNotFoundError,
 )
-from tests.conftest import REPO, make_records
+from tests.helpers import REPO, make_records
 
 
 def base_rows():

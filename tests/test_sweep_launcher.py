@@ -12,7 +12,7 @@ import pytest
 from consolidate.config import PassConfig, SimilarityConfig
 from consolidate.pipeline import run_pass
 from consolidate.store.lance_store import LanceStore
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
 

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import pair_reference as ref_pairs
-from tests.conftest import topk_reference as ref_topk
+from tests.helpers import pair_reference as ref_pairs
+from tests.helpers import topk_reference as ref_topk
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ import pytest
 
 from consolidate.store import InvalidRecordsError, Store
 from consolidate.store.schema import hours_now, records_to_arrow
-from tests.conftest import make_records, rewrite_snapshot, tree_digest
+from tests.helpers import make_records, rewrite_snapshot, tree_digest
 
 GOOD = {"id": "ok", "namespace": "u", "text": "fine", "vector": [1.0, 0.0, 0.0],
         "importance": 0.5, "last_used": 10.0}

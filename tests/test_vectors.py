@@ -21,7 +21,7 @@ from consolidate.store.vectors import (
     encode_vectors,
     stored_vectors,
 )
-from tests.conftest import make_records, pair_reference, random_rows
+from tests.helpers import make_records, pair_reference, random_rows
 
 
 def _unit(n, d, seed=0):

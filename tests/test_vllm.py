@@ -17,7 +17,7 @@ import pytest
 from consolidate.llm.decide import DecideOut
 from consolidate.llm.extract import ExtractOut
 from consolidate.llm.merger import MergeOut
-from tests.conftest import require_smollm2
+from tests.helpers import require_smollm2
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vllm not installed (.venv-vllm has it)")]

@@ -10,7 +10,7 @@ from consolidate.llm.extract import Turn
 from consolidate.store import Store
 from consolidate.store.lance_store import open_store_dir
 from consolidate.write_path import IngestConfig, ingest
-from tests.conftest import Scripted, make_records, require_smollm2
+from tests.helpers import Scripted, make_records, require_smollm2
 
 
 class WordEmbedder:
@@ -237,7 +237,7 @@ def test_ingest_locomo_turns_with_smollm2(tmp_path):
 
     from consolidate.jobs.common import CONFIG_DIR
     from consolidate.jobs.ingest import run_ingest
-    from tests.conftest import DATA_DIR, LOCOMO, REPO
+    from tests.helpers import DATA_DIR, LOCOMO, REPO
 
     if not LOCOMO.exists():
         pytest.skip("LOCOMO data not present")

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.conftest
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helpers
 
 
 def main(out_path: str) -> None:
@@ -24,7 +24,7 @@ def main(out_path: str) -> None:
     from consolidate.llm.merger import merge_chat_request, parse_merge
     from consolidate.merge import MergeMember, MergeRequest
     from consolidate.pipeline import run_pass
-    from tests.conftest import make_records
+    from tests.helpers import make_records
 
     # the merger exactly as `consolidate merge=vllm` builds it (configs/merge/vllm.yaml)
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

