@@ -134,14 +134,19 @@ def test_without_soft_delete_columns_rows_are_deleted_in_a_new_version(tmp_path)
     assert t.count_rows() == 80  # the history keeps the deleted rows
 
 
-def test_a_row_edited_after_the_read_skips_its_unit(tmp_path):
+def planned(tmp_path):
+    """A LanceDB table of :func:`rows`, its source (soft deletes), snapshot and plan."""
     rs = rows()
     t, path = table(tmp_path, rs)
     src = LanceTable(path, SOFT)
     snap = src.read()
     res = run_pass(snap.records, cfg=PassConfig(force=True), version=1,
                    sim_cfg=SimilarityConfig(device="cpu"), wall_h=WALL)
-    plan = src.plan(snap, res.records)
+    return rs, t, src, snap, src.plan(snap, res.records)
+
+
+def test_a_row_edited_after_the_read_skips_its_unit(tmp_path):
+    rs, t, src, snap, plan = planned(tmp_path)
     merges = [u for u in plan.units if u["kind"] == "merge"]
     edited = merges[0]["ids"][0]
     t.update(where=f"id = '{edited}'", values={"text": "edited by the agent"})
@@ -220,13 +225,7 @@ def test_a_commit_race_is_retried_and_bad_mappings_are_refused(tmp_path, monkeyp
     refuses the commit as a conflict, the apply checks the units again on the newest version
     and commits; the agent's update is kept. A deleted_at column left unmapped, or a pinned
     column of text, is refused; a merged row's id already in the table skips its unit."""
-    rs = rows()
-    t, path = table(tmp_path, rs)
-    src = LanceTable(path, SOFT)
-    snap = src.read()
-    res = run_pass(snap.records, cfg=PassConfig(force=True), version=1,
-                   sim_cfg=SimilarityConfig(device="cpu"), wall_h=WALL)
-    plan = src.plan(snap, res.records)
+    rs, t, src, snap, plan = planned(tmp_path)
     in_units = {i for u in plan.units for i in u["ids"]}
     bystander = next(r["id"] for r in rs if r["id"] not in in_units)
     original, raced = LanceTable._changes, []
@@ -254,9 +253,9 @@ def test_a_commit_race_is_retried_and_bad_mappings_are_refused(tmp_path, monkeyp
     assert all("taken" in s["why"] or "changed" in s["why"] for s in again.skipped)
     # deleted_at present but not mapped; pinned as text
     with pytest.raises(LanceSourceError, match="'deleted_at' that is not mapped"):
-        LanceTable(path, LanceColumns(namespace="user_id")).read()
+        LanceTable(src.path, LanceColumns(namespace="user_id")).read()
     with pytest.raises(LanceSourceError, match="'tags' \\(pinned\\) is string, not a boolean"):
-        LanceTable(path, LanceColumns(namespace="user_id", deleted_at="deleted_at",
+        LanceTable(src.path, LanceColumns(namespace="user_id", deleted_at="deleted_at",
                                       pinned="tags")).read()
 
 
