@@ -100,22 +100,47 @@ def centroid_clusters(
     j = np.asarray(j, dtype=np.int64)
     sim = np.asarray(sim, dtype=np.float64)
     if len(i) and (min(int(i.min()), int(j.min())) < 0 or max(int(i.max()), int(j.max())) >= n):
-        raise ValueError(f"pair positions must be in [0, {n}), got [{min(i.min(), j.min())}, "
-                         f"{max(i.max(), j.max())}]")
+        raise ValueError(
+            f"pair positions must be in [0, {n}), got [{min(i.min(), j.min())}, "
+            f"{max(i.max(), j.max())}]"
+        )
     if not (len(i) == len(j) == len(sim)):
-        raise ValueError(f"i, j and sim must have one length, got {len(i)}, {len(j)}, "
-                         f"{len(sim)}")
+        raise ValueError(f"i, j and sim must have one length, got {len(i)}, {len(j)}, {len(sim)}")
     if conflict_class is not None:  # by position (a pandas Series would index by label)
         conflict_class = list(conflict_class)
     involved = np.unique(np.concatenate([i, j]))
     if involved.size < n:
-        return _on_paired_items(involved, i, j, sim, vectors, weights, keys, threshold,
-                                conflict, allow_conflicts, conflict_class, blocking)
+        return _on_paired_items(
+            involved,
+            i,
+            j,
+            sim,
+            vectors,
+            weights,
+            keys,
+            threshold,
+            conflict,
+            allow_conflicts,
+            conflict_class,
+            blocking,
+        )
     degree = np.bincount(np.concatenate([i, j]), minlength=n)
     isolated = (degree[i] == 1) & (degree[j] == 1)
     if isolated.any():
-        return _with_isolated_pairs(isolated, i, j, sim, vectors, weights, keys, threshold,
-                                    conflict, allow_conflicts, conflict_class, blocking)
+        return _with_isolated_pairs(
+            isolated,
+            i,
+            j,
+            sim,
+            vectors,
+            weights,
+            keys,
+            threshold,
+            conflict,
+            allow_conflicts,
+            conflict_class,
+            blocking,
+        )
     if conflict_class is None:
         cls = list(range(n))
     else:  # hashable classes -> small ints (cheap cache keys)
@@ -154,6 +179,7 @@ def centroid_clusters(
 
     review: dict[tuple[int, int], tuple[int, int, float, str]] = {}
     rejected = 0
+
     def blocks(reason: str) -> bool:
         return not allow_conflicts or (blocking is not None and blocking(reason))
 
@@ -203,15 +229,22 @@ def centroid_clusters(
             nb_root[c] = nb_root.get(c, 0) + cnt
             nbc = between[c]
             nbc[root] = nbc.get(root, 0) + nbc.pop(other)
-    clusters = sorted((sorted(m, key=lambda x: rank[x]) for m in members.values() if len(m) > 1),
-                      key=lambda m: rank[m[0]])
+    clusters = sorted(
+        (sorted(m, key=lambda x: rank[x]) for m in members.values() if len(m) > 1),
+        key=lambda m: rank[m[0]],
+    )
     labels = np.arange(n, dtype=np.int64)
     _label_and_check(labels, clusters, vectors, weights, threshold)
     return ClusterResult(labels, clusters, sorted(review.values()), rejected)
 
 
-def _label_and_check(labels: np.ndarray, clusters: list[list[int]], vectors: np.ndarray,
-                     weights: np.ndarray, threshold: float) -> None:
+def _label_and_check(
+    labels: np.ndarray,
+    clusters: list[list[int]],
+    vectors: np.ndarray,
+    weights: np.ndarray,
+    threshold: float,
+) -> None:
     """Set ``labels`` of every cluster's members to its smallest member, and assert the
     centroid condition of all clusters at once in float64 (a bug, or pairs whose ``sim``
     disagrees with the vectors, if it fails)."""
@@ -230,11 +263,20 @@ def _label_and_check(labels: np.ndarray, clusters: list[list[int]], vectors: np.
     assert (cos >= threshold - 1e-9).all(), f"centroid condition violated: {cos.min()}"
 
 
-def _on_paired_items(involved: np.ndarray, i: np.ndarray, j: np.ndarray, sim: np.ndarray,
-                     vectors: np.ndarray, weights: np.ndarray, keys: Sequence[str],
-                     threshold: float, conflict: Callable[[int, int], str | None] | None,
-                     allow_conflicts: bool, conflict_class: Sequence[Hashable] | None,
-                     blocking: Callable[[str], bool] | None) -> ClusterResult:
+def _on_paired_items(
+    involved: np.ndarray,
+    i: np.ndarray,
+    j: np.ndarray,
+    sim: np.ndarray,
+    vectors: np.ndarray,
+    weights: np.ndarray,
+    keys: Sequence[str],
+    threshold: float,
+    conflict: Callable[[int, int], str | None] | None,
+    allow_conflicts: bool,
+    conflict_class: Sequence[Hashable] | None,
+    blocking: Callable[[str], bool] | None,
+) -> ClusterResult:
     """:func:`centroid_clusters` over only the items that appear in a pair (``involved``,
     sorted positions), mapped back: an item in no pair is its own cluster, so the Python
     work is O(paired items), not O(n). The map is monotone and the key order among paired
@@ -245,23 +287,42 @@ def _on_paired_items(involved: np.ndarray, i: np.ndarray, j: np.ndarray, sim: np
     pos = involved.tolist()
     sub_conflict = None if conflict is None else (lambda a, b: conflict(pos[a], pos[b]))
     sub = centroid_clusters(
-        ci, cj, sim, np.asarray(vectors)[involved], np.asarray(weights)[involved],
-        [keys[x] for x in pos], threshold, conflict=sub_conflict,
+        ci,
+        cj,
+        sim,
+        np.asarray(vectors)[involved],
+        np.asarray(weights)[involved],
+        [keys[x] for x in pos],
+        threshold,
+        conflict=sub_conflict,
         allow_conflicts=allow_conflicts,
         conflict_class=None if conflict_class is None else [conflict_class[x] for x in pos],
-        blocking=blocking)
+        blocking=blocking,
+    )
     labels = np.arange(n, dtype=np.int64)
     labels[involved] = involved[sub.labels]
     return ClusterResult(
-        labels, [[pos[x] for x in m] for m in sub.clusters],
-        [(pos[a], pos[b], s_, r) for a, b, s_, r in sub.review], sub.rejected)
+        labels,
+        [[pos[x] for x in m] for m in sub.clusters],
+        [(pos[a], pos[b], s_, r) for a, b, s_, r in sub.review],
+        sub.rejected,
+    )
 
 
-def _with_isolated_pairs(isolated: np.ndarray, i: np.ndarray, j: np.ndarray, sim: np.ndarray,
-                         vectors: np.ndarray, weights: np.ndarray, keys: Sequence[str],
-                         threshold: float, conflict: Callable[[int, int], str | None] | None,
-                         allow_conflicts: bool, conflict_class: Sequence[Hashable] | None,
-                         blocking: Callable[[str], bool] | None) -> ClusterResult:
+def _with_isolated_pairs(
+    isolated: np.ndarray,
+    i: np.ndarray,
+    j: np.ndarray,
+    sim: np.ndarray,
+    vectors: np.ndarray,
+    weights: np.ndarray,
+    keys: Sequence[str],
+    threshold: float,
+    conflict: Callable[[int, int], str | None] | None,
+    allow_conflicts: bool,
+    conflict_class: Sequence[Hashable] | None,
+    blocking: Callable[[str], bool] | None,
+) -> ClusterResult:
     """:func:`centroid_clusters` where some pairs are isolated (both items in no other pair):
     such a pair is a cluster of two unless a blocking conflict keeps it apart (the complete
     link holds trivially and the centroid condition follows from it), with no union-find
@@ -271,14 +332,25 @@ def _with_isolated_pairs(isolated: np.ndarray, i: np.ndarray, j: np.ndarray, sim
     n = len(keys)
     rank = np.empty(n, dtype=np.int64)
     rank[sorted(range(n), key=lambda x: keys[x])] = np.arange(n)
-    sub = centroid_clusters(i[~isolated], j[~isolated], sim[~isolated], vectors, weights, keys,
-                            threshold, conflict=conflict, allow_conflicts=allow_conflicts,
-                            conflict_class=conflict_class, blocking=blocking)
+    sub = centroid_clusters(
+        i[~isolated],
+        j[~isolated],
+        sim[~isolated],
+        vectors,
+        weights,
+        keys,
+        threshold,
+        conflict=conflict,
+        allow_conflicts=allow_conflicts,
+        conflict_class=conflict_class,
+        blocking=blocking,
+    )
     clusters, review, rejected = list(sub.clusters), list(sub.review), sub.rejected
     cls = list(range(n)) if conflict_class is None else conflict_class
     cache: dict[tuple[Hashable, Hashable], str | None] = {}
-    for a, b, s_ in zip(i[isolated].tolist(), j[isolated].tolist(), sim[isolated].tolist(),
-                        strict=True):
+    for a, b, s_ in zip(
+        i[isolated].tolist(), j[isolated].tolist(), sim[isolated].tolist(), strict=True
+    ):
         reason = None
         if conflict is not None:
             key = (cls[a], cls[b])
@@ -292,6 +364,6 @@ def _with_isolated_pairs(isolated: np.ndarray, i: np.ndarray, j: np.ndarray, sim
                 continue
         clusters.append([a, b] if rank[a] < rank[b] else [b, a])
     labels = sub.labels.copy()
-    _label_and_check(labels, clusters[len(sub.clusters):], vectors, weights, threshold)
+    _label_and_check(labels, clusters[len(sub.clusters) :], vectors, weights, threshold)
     clusters.sort(key=lambda m: rank[m[0]])
     return ClusterResult(labels, clusters, sorted(review), rejected)

@@ -1,6 +1,6 @@
 """Structured-config schemas (dataclasses) registered with Hydra's ConfigStore.
 
-Each config group under ``configs/`` starts its YAML with ``defaults: [base, _self_]``, where
+Each config group under ``consolidate/conf/`` starts its YAML with ``defaults: [base, _self_]``, where
 ``base`` is the schema registered here for that group, so a mistyped key fails when the config
 is composed ("Key 'treshold' not in 'PassConfig'"). The same dataclasses are the typed
 arguments of the plain functions (``run_pass(cfg=PassConfig(...))``), so tests and library
@@ -150,12 +150,37 @@ class ImportanceConfig:
     number_bonus: float = 0.15
     date_bonus: float = 0.15
     keyword_bonus: float = 0.15
-    keywords: list[str] = field(default_factory=lambda: [
-        "plan", "plans", "planning", "goal", "dream", "favorite", "favourite", "love", "loves",
-        "hate", "hates", "allergic", "married", "divorced", "born", "died", "passed away",
-        "job", "career", "moved", "adopted", "pregnant", "diagnosed", "graduated",
-        "important", "always", "never",
-    ])
+    keywords: list[str] = field(
+        default_factory=lambda: [
+            "plan",
+            "plans",
+            "planning",
+            "goal",
+            "dream",
+            "favorite",
+            "favourite",
+            "love",
+            "loves",
+            "hate",
+            "hates",
+            "allergic",
+            "married",
+            "divorced",
+            "born",
+            "died",
+            "passed away",
+            "job",
+            "career",
+            "moved",
+            "adopted",
+            "pregnant",
+            "diagnosed",
+            "graduated",
+            "important",
+            "always",
+            "never",
+        ]
+    )
     length_bonus: float = 0.1
     long_text_chars: int = 120
 

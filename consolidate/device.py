@@ -31,6 +31,8 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"unknown device {device!r} (auto, cpu, cuda, cuda:N)") from e
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for, but CUDA is not available here "
-                         f"(set similarity.device=auto or cpu)")
+        raise ValueError(
+            f"device {device!r} asked for, but CUDA is not available here "
+            f"(set similarity.device=auto or cpu)"
+        )
     return dev

@@ -96,9 +96,11 @@ class Embedder:
         self.model = SentenceTransformer(str(path), device=str(self.device), local_files_only=True)
         if dtype != "fp32":
             self.model.to(dtypes[dtype])
-        self.dim = int(self.model.get_embedding_dimension()
-                       if hasattr(self.model, "get_embedding_dimension")
-                       else self.model.get_sentence_embedding_dimension())
+        self.dim = int(
+            self.model.get_embedding_dimension()
+            if hasattr(self.model, "get_embedding_dimension")
+            else self.model.get_sentence_embedding_dimension()
+        )
         if pipeline not in ("packed", "st"):
             raise ValueError(f"pipeline must be 'packed' or 'st', got {pipeline!r}")
         self.batch_tokens = int(batch_tokens)
@@ -111,8 +113,9 @@ class Embedder:
             return False
         pool = self.model[1]
         cfg = pool.get_config_dict() if hasattr(pool, "get_config_dict") else {}
-        return cfg.get("pooling_mode", "mean" if cfg.get("pooling_mode_mean_tokens") else
-                       None) == "mean" or bool(cfg.get("pooling_mode_mean_tokens"))
+        return cfg.get(
+            "pooling_mode", "mean" if cfg.get("pooling_mode_mean_tokens") else None
+        ) == "mean" or bool(cfg.get("pooling_mode_mean_tokens"))
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """Embed ``texts``.
@@ -132,8 +135,11 @@ class Embedder:
         if self.pipeline == "packed":
             return self._encode_packed(list(texts), ids)
         v = self.model.encode(
-            list(texts), batch_size=self.batch_size, show_progress_bar=self.show_progress,
-            convert_to_numpy=True, normalize_embeddings=True,
+            list(texts),
+            batch_size=self.batch_size,
+            show_progress_bar=self.show_progress,
+            convert_to_numpy=True,
+            normalize_embeddings=True,
         )
         v = np.asarray(v, dtype=np.float32)
         return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
@@ -154,11 +160,13 @@ class Embedder:
         blank = pc.match_substring_regex(pa.array(vals, pa.string()), r"^\s*$")
         if pc.any(blank).as_py():
             k = int(np.flatnonzero(np.asarray(blank, dtype=bool))[0])
-            raise ValueError(f"embed: texts[{k}] is empty or whitespace only: there is nothing "
-                             f"to embed")
+            raise ValueError(
+                f"embed: texts[{k}] is empty or whitespace only: there is nothing to embed"
+            )
         limit = int(self.model.max_seq_length)
-        ids = self.model.tokenizer(vals, add_special_tokens=True, truncation=False,
-                                   verbose=False)["input_ids"]
+        ids = self.model.tokenizer(vals, add_special_tokens=True, truncation=False, verbose=False)[
+            "input_ids"
+        ]
         n_tok = np.fromiter(map(len, ids), np.int64, len(ids))
         long_ = np.flatnonzero(n_tok > limit)
         if len(long_) and self.long_text == "error":
@@ -166,7 +174,8 @@ class Embedder:
             raise ValueError(
                 f"embed: texts[{k}] has {int(n_tok[k])} tokens, the model reads at most "
                 f"{limit} ({len(long_)} text(s) too long): split it, or set "
-                f"embedder.long_text=truncate to embed its first {limit} tokens")
+                f"embedder.long_text=truncate to embed its first {limit} tokens"
+            )
         self.truncated += len(long_)
         for k in long_.tolist():
             ids[k] = ids[k][: limit - 1] + ids[k][-1:]
@@ -206,7 +215,8 @@ class Embedder:
                 m = mask.unsqueeze(-1).to(h.dtype)
                 mean = (h * m).sum(1).float() / m.sum(1).float().clamp(min=1.0)
                 out[torch.as_tensor(idx, device=self.device)] = torch.nn.functional.normalize(
-                    mean, dim=1)
+                    mean, dim=1
+                )
         return out.cpu().numpy()
 
     def count_tokens(self, texts: Sequence[str]) -> np.ndarray:

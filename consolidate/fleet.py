@@ -86,8 +86,14 @@ class FleetPlan:
     left_pending: list[str]
 
 
-def plan_shards(store: LanceStore, *, version: int, pending: Sequence[str],
-                namespaces: Sequence[str] | None, max_rows: int) -> FleetPlan:
+def plan_shards(
+    store: LanceStore,
+    *,
+    version: int,
+    pending: Sequence[str],
+    namespaces: Sequence[str] | None,
+    max_rows: int,
+) -> FleetPlan:
     """Pack whole namespaces into shards for :func:`run_fleet_pass`.
 
     Reads only the ``namespace`` column of ``version`` (and ``id``, ``namespace`` of the rows
@@ -139,11 +145,20 @@ def plan_shards(store: LanceStore, *, version: int, pending: Sequence[str],
         frontier = [i for i in frontier if i not in where]
         if not frontier:
             break
-        t, _ = _read_table(ds, columns=["id", "namespace", "merged_into"],
-                           filter=pc.field("id").isin(frontier))
-        got = dict(zip(t.column("id").to_pylist(),
-                       zip(t.column("namespace").to_pylist(),
-                           t.column("merged_into").to_pylist(), strict=True), strict=True))
+        t, _ = _read_table(
+            ds, columns=["id", "namespace", "merged_into"], filter=pc.field("id").isin(frontier)
+        )
+        got = dict(
+            zip(
+                t.column("id").to_pylist(),
+                zip(
+                    t.column("namespace").to_pylist(),
+                    t.column("merged_into").to_pylist(),
+                    strict=True,
+                ),
+                strict=True,
+            )
+        )
         where.update({i: got.get(i, (None, None)) for i in frontier})
         frontier = [m for _, m in got.values() if isinstance(m, str)]
     pos = pd.Index(names)
@@ -194,8 +209,14 @@ def plan_shards(store: LanceStore, *, version: int, pending: Sequence[str],
     shard_of = shard_of_comp[np.cumsum(starts) - 1] if n else np.zeros(0, np.int64)
     n_shards = int(shard_of.max()) + 1 if n else 0
     # shard_of is non-decreasing along `by`: each shard is a run of names[by]
-    shards = [sorted(x.astype(str).tolist()) for x in
-              np.split(names[by], np.flatnonzero(np.diff(shard_of)) + 1)] if n else []
+    shards = (
+        [
+            sorted(x.astype(str).tolist())
+            for x in np.split(names[by], np.flatnonzero(np.diff(shard_of)) + 1)
+        ]
+        if n
+        else []
+    )
     shard_rows = np.bincount(shard_of, weights=rows[by], minlength=n_shards).astype(np.int64)
     ns_shard = np.empty(n, np.int64)
     ns_shard[by] = shard_of
@@ -205,8 +226,9 @@ def plan_shards(store: LanceStore, *, version: int, pending: Sequence[str],
     return FleetPlan(version, shards, shard_rows, deltas, sorted(left))
 
 
-def _read_shard(root: str, version: int, k: int, namespaces: list[str],
-                packed: bool = False) -> list[pa.Table]:
+def _read_shard(
+    root: str, version: int, k: int, namespaces: list[str], packed: bool = False
+) -> list[pa.Table]:
     """One Ray Data read task: the stored rows of one shard, with a ``_shard`` column; or,
     ``packed``, one row holding the shard's rows as an Arrow IPC stream (``_shard``,
     ``_rows``, ``_ipc``), so that batches of one row are whole shards (GPU actors must be
@@ -217,28 +239,50 @@ def _read_shard(root: str, version: int, k: int, namespaces: list[str],
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, t.schema) as w:
         w.write_table(t)
-    return [pa.table({"_shard": pa.array([k], pa.int32()), "_rows": [t.num_rows],
-                      "_ipc": pa.array([sink.getvalue().to_pybytes()], pa.large_binary())})]
+    return [
+        pa.table(
+            {
+                "_shard": pa.array([k], pa.int32()),
+                "_rows": [t.num_rows],
+                "_ipc": pa.array([sink.getvalue().to_pybytes()], pa.large_binary()),
+            }
+        )
+    ]
 
 
 def _shards_of(batch: pa.Table) -> list[tuple[int, pa.Table]]:
     """``(shard, its stored rows)`` for each shard in a batch of either layout."""
     if "_ipc" in batch.column_names:
-        return [(int(k), pa.ipc.open_stream(pa.py_buffer(b)).read_all())
-                for k, b in zip(batch.column("_shard").to_pylist(),
-                                batch.column("_ipc").to_pylist(), strict=True)]
+        return [
+            (int(k), pa.ipc.open_stream(pa.py_buffer(b)).read_all())
+            for k, b in zip(
+                batch.column("_shard").to_pylist(), batch.column("_ipc").to_pylist(), strict=True
+            )
+        ]
     col = batch.column("_shard")
-    return [(int(k), batch.filter(pc.equal(col, k)).drop_columns(["_shard"]))
-            for k in pc.unique(col).to_pylist()]
+    return [
+        (int(k), batch.filter(pc.equal(col, k)).drop_columns(["_shard"]))
+        for k in pc.unique(col).to_pylist()
+    ]
 
 
 class _ShardPass:
     """A Ray actor that runs the pass on the shards of the blocks it is given."""
 
-    def __init__(self, root: str, store_kw: dict[str, Any], plan: FleetPlan,
-                 pass_cfg: PassConfig, sim_cfg: SimilarityConfig, merge: Any, reflect: Any,
-                 wall_h: float, threads: int, book: tuple[str, str, str] | None = None,
-                 answers: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        root: str,
+        store_kw: dict[str, Any],
+        plan: FleetPlan,
+        pass_cfg: PassConfig,
+        sim_cfg: SimilarityConfig,
+        merge: Any,
+        reflect: Any,
+        wall_h: float,
+        threads: int,
+        book: tuple[str, str, str] | None = None,
+        answers: dict[str, Any] | None = None,
+    ) -> None:
         import torch
         from hydra.utils import instantiate
 
@@ -252,8 +296,12 @@ class _ShardPass:
         self.cfg = replace(pass_cfg, max_drop_fraction=1.0)
         self.sim_cfg = sim_cfg
         if book is not None:  # the LLM stage answers: the merger asks the book
-            self.merger = instantiate(merge, backend=AnswerBook(*book, answers or {}),
-                                      backend_kwargs=None, cache_path=None)
+            self.merger = instantiate(
+                merge,
+                backend=AnswerBook(*book, answers or {}),
+                backend_kwargs=None,
+                cache_path=None,
+            )
         else:
             self.merger = instantiate(merge) if merge is not None else None
         self.reflector = instantiate(reflect) if reflect is not None else None
@@ -265,22 +313,34 @@ class _ShardPass:
         from .pipeline import run_pass
 
         t0 = time.perf_counter()
-        snap = self.store.shard_snapshot(t, version=self.plan.version,
-                                         namespaces=self.plan.shards[k],
-                                         deltas=self.plan.deltas[k])
+        snap = self.store.shard_snapshot(
+            t, version=self.plan.version, namespaces=self.plan.shards[k], deltas=self.plan.deltas[k]
+        )
         t_load = time.perf_counter() - t0
         try:
-            res = run_pass(snap.records, cfg=self.cfg, sim_cfg=self.sim_cfg,
-                           merger=self.merger, version=self.plan.version + 1,
-                           wall_h=self.wall_h, reflector=self.reflector)
+            res = run_pass(
+                snap.records,
+                cfg=self.cfg,
+                sim_cfg=self.sim_cfg,
+                merger=self.merger,
+                version=self.plan.version + 1,
+                wall_h=self.wall_h,
+                reflector=self.reflector,
+            )
         except NeedAnswers as e:  # the LLM stage answers them; the shard runs again
             return {"asked": e.requests, "pid": os.getpid()}
         t0 = time.perf_counter()
         upsert, removed = self.store.changes(res.records, snap)
         res.stats.time_s["load"] = round(t_load, 4)
         res.stats.time_s["changes"] = round(time.perf_counter() - t0, 4)
-        return {"upsert": upsert, "removed": removed, "events": res.events,
-                "stats": res.stats.as_dict(), "deltas": list(snap.deltas), "pid": os.getpid()}
+        return {
+            "upsert": upsert,
+            "removed": removed,
+            "events": res.events,
+            "stats": res.stats.as_dict(),
+            "deltas": list(snap.deltas),
+            "pid": os.getpid(),
+        }
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         out = []
@@ -292,17 +352,23 @@ class _ShardPass:
                     blob = pickle.dumps({"error": e, "pid": os.getpid()})
                     pickle.loads(blob)  # an error that pickles but does not unpickle
                 except Exception:  # noqa: BLE001 - sent as its message
-                    blob = pickle.dumps({"error": RuntimeError(f"{type(e).__name__}: {e}"),
-                                         "pid": os.getpid()})
+                    blob = pickle.dumps(
+                        {"error": RuntimeError(f"{type(e).__name__}: {e}"), "pid": os.getpid()}
+                    )
                 out.append({"shard": int(k), "rows": t.num_rows, "result": blob})
                 continue
             out.append({"shard": int(k), "rows": t.num_rows, "result": pickle.dumps(result)})
-        return pa.Table.from_pylist(out, schema=pa.schema(
-            [("shard", pa.int64()), ("rows", pa.int64()), ("result", pa.binary())]))
+        return pa.Table.from_pylist(
+            out,
+            schema=pa.schema(
+                [("shard", pa.int64()), ("rows", pa.int64()), ("result", pa.binary())]
+            ),
+        )
 
 
-def _datasource(root: str, plan: FleetPlan, row_bytes: int, packed: bool,
-                shard_ids: Sequence[int]) -> Any:
+def _datasource(
+    root: str, plan: FleetPlan, row_bytes: int, packed: bool, shard_ids: Sequence[int]
+) -> Any:
     """A Ray Data datasource with one read task per shard of ``plan`` in ``shard_ids``."""
     import functools
 
@@ -313,14 +379,21 @@ def _datasource(root: str, plan: FleetPlan, row_bytes: int, packed: bool,
         def estimate_inmemory_data_size(self) -> int:
             return int(plan.rows[list(shard_ids)].sum()) * row_bytes
 
-        def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
-                           data_context: Any = None) -> list[ReadTask]:
-            return [ReadTask(functools.partial(_read_shard, root, plan.version, k,
-                                               plan.shards[k], packed),
-                             BlockMetadata(num_rows=int(plan.rows[k]),
-                                           size_bytes=int(plan.rows[k]) * row_bytes,
-                                           input_files=None, exec_stats=None))
-                    for k in shard_ids]
+        def get_read_tasks(
+            self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None
+        ) -> list[ReadTask]:
+            return [
+                ReadTask(
+                    functools.partial(_read_shard, root, plan.version, k, plan.shards[k], packed),
+                    BlockMetadata(
+                        num_rows=int(plan.rows[k]),
+                        size_bytes=int(plan.rows[k]) * row_bytes,
+                        input_files=None,
+                        exec_stats=None,
+                    ),
+                )
+                for k in shard_ids
+            ]
 
     return LanceShards()
 
@@ -377,27 +450,41 @@ def llm_stage(merge: Any, runner: RunnerConfig, backend: Any = None) -> dict[str
     from .llm.merger import merge_prompt_version
 
     if merge is not None and not isinstance(merge, Mapping):
-        raise ValueError(f"runner.llm=ray_data needs the merger's config (a mapping with "
-                         f"_target_, e.g. from merge=vllm), got {type(merge).__name__}")
+        raise ValueError(
+            f"runner.llm=ray_data needs the merger's config (a mapping with "
+            f"_target_, e.g. from merge=vllm), got {type(merge).__name__}"
+        )
     merge = dict(merge or {})
     if not str(merge.get("_target_", "")).endswith("LLMMerger"):
-        raise ValueError(f"runner.llm=ray_data sends merge prompts to vLLM: it needs an LLM "
-                         f"merger (merge=vllm), not {merge.get('_target_')!r}")
+        raise ValueError(
+            f"runner.llm=ray_data sends merge prompts to vLLM: it needs an LLM "
+            f"merger (merge=vllm), not {merge.get('_target_')!r}"
+        )
     if backend is None:
         if merge.get("backend") != "vllm":
-            raise ValueError(f"runner.llm=ray_data runs vLLM: it needs merge=vllm (the "
-                             f"merger's backend is {merge.get('backend')!r})")
+            raise ValueError(
+                f"runner.llm=ray_data runs vLLM: it needs merge=vllm (the "
+                f"merger's backend is {merge.get('backend')!r})"
+            )
         from .llm.ray_data_backend import RayDataVLLM
 
-        backend = RayDataVLLM(**dict(merge.get("backend_kwargs") or {}),
-                              concurrency=runner.llm_concurrency,
-                              batch_size=runner.llm_batch_size,
-                              gpus_per_engine=runner.llm_gpus_per_engine)
+        backend = RayDataVLLM(
+            **dict(merge.get("backend_kwargs") or {}),
+            concurrency=runner.llm_concurrency,
+            batch_size=runner.llm_batch_size,
+            gpus_per_engine=runner.llm_gpus_per_engine,
+        )
     version = merge_prompt_version(bool(merge.get("handles_conflicts", False)))
     path = merge.get("cache_path")
     cache = ResponseCache(path, backend.name, backend.model, version) if path else None
-    return {"engine": backend, "book": (backend.name, backend.model, version), "cache": cache,
-            "requests": 0, "cached": 0, "seconds": 0.0}
+    return {
+        "engine": backend,
+        "book": (backend.name, backend.model, version),
+        "cache": cache,
+        "requests": 0,
+        "cached": 0,
+        "seconds": 0.0,
+    }
 
 
 def _answer(llm: dict[str, Any], asked: Sequence[Any]) -> dict[str, Any]:
@@ -415,8 +502,7 @@ def _answer(llm: dict[str, Any], asked: Sequence[Any]) -> dict[str, Any]:
     t = time.perf_counter()
     fresh = llm["engine"].chat([unique[k] for k in todo]) if todo else []
     if len(fresh) != len(todo):
-        raise RuntimeError(f"the LLM stage returned {len(fresh)} answers for {len(todo)} "
-                           f"requests")
+        raise RuntimeError(f"the LLM stage returned {len(fresh)} answers for {len(todo)} requests")
     llm["seconds"] += time.perf_counter() - t
     pairs = list(zip(todo, fresh, strict=True))
     if llm["cache"] is not None:
@@ -426,10 +512,19 @@ def _answer(llm: dict[str, Any], asked: Sequence[Any]) -> dict[str, Any]:
     return {**found, **dict(pairs)}
 
 
-def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
-                   pass_cfg: PassConfig, sim_cfg: SimilarityConfig, runner: RunnerConfig,
-                   merge: Any = None, reflect: Any = None, wall_h: float | None = None,
-                   dry_run: bool = False, llm_backend: Any = None) -> dict[str, Any]:
+def run_fleet_pass(
+    store: LanceStore,
+    *,
+    namespaces: Sequence[str] | None,
+    pass_cfg: PassConfig,
+    sim_cfg: SimilarityConfig,
+    runner: RunnerConfig,
+    merge: Any = None,
+    reflect: Any = None,
+    wall_h: float | None = None,
+    dry_run: bool = False,
+    llm_backend: Any = None,
+) -> dict[str, Any]:
     """Run the pass over ``namespaces`` of ``store`` on Ray Data and commit its changes.
 
     Must be called while holding ``store.lock()``. Starts a local Ray cluster when none is
@@ -478,8 +573,10 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
         ImportError: Ray Data is not installed.
     """
     if not isinstance(store, LanceStore):
-        raise TypeError(f"a fleet run needs a Lance store; {store.root} is a Parquet store "
-                        f"(consolidate-convert makes a Lance copy)")
+        raise TypeError(
+            f"a fleet run needs a Lance store; {store.root} is a Parquet store "
+            f"(consolidate-convert makes a Lance copy)"
+        )
     try:
         import ray
     except ImportError as e:
@@ -491,13 +588,17 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
     if not count(runner.actors):
         raise ValueError(f"runner.actors must be an integer >= 1, got {runner.actors!r}")
     if not count(runner.max_rows_per_shard):
-        raise ValueError(f"runner.max_rows_per_shard must be an integer >= 1, got "
-                         f"{runner.max_rows_per_shard!r}")
-    if not (isinstance(runner.cpus_per_actor, (int, float))
-            and not isinstance(runner.cpus_per_actor, bool)
-            and 0 <= runner.cpus_per_actor < math.inf):
-        raise ValueError(f"runner.cpus_per_actor must be a number >= 0, got "
-                         f"{runner.cpus_per_actor!r}")
+        raise ValueError(
+            f"runner.max_rows_per_shard must be an integer >= 1, got {runner.max_rows_per_shard!r}"
+        )
+    if not (
+        isinstance(runner.cpus_per_actor, (int, float))
+        and not isinstance(runner.cpus_per_actor, bool)
+        and 0 <= runner.cpus_per_actor < math.inf
+    ):
+        raise ValueError(
+            f"runner.cpus_per_actor must be a number >= 0, got {runner.cpus_per_actor!r}"
+        )
     g = runner.gpus_per_actor
     if not (isinstance(g, (int, float)) and not isinstance(g, bool) and 0 <= g < math.inf):
         raise ValueError(f"runner.gpus_per_actor must be a number >= 0, got {g!r}")
@@ -509,23 +610,32 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
     # GPU actors need a fixed batch size: each shard then travels as one row (packed)
     packed = g > 0
     if store.vector_dtype and store.vector_dtype != store._vector_dtype(store._open().schema):
-        raise ValueError("a vector dtype conversion rewrites the whole store: run it with "
-                         "runner=local")
+        raise ValueError(
+            "a vector dtype conversion rewrites the whole store: run it with runner=local"
+        )
     wall_h = time.time() / 3600 if wall_h is None else float(wall_h)
     t0 = time.perf_counter()
     version, pending = store.pending()
-    plan = plan_shards(store, version=version, pending=pending, namespaces=namespaces,
-                       max_rows=runner.max_rows_per_shard)
+    plan = plan_shards(
+        store,
+        version=version,
+        pending=pending,
+        namespaces=namespaces,
+        max_rows=runner.max_rows_per_shard,
+    )
     t_plan = time.perf_counter() - t0
-    fleet: dict[str, Any] = {"shards": len(plan.shards), "rows": int(plan.rows.sum()),
-                             "plan_s": round(t_plan, 4),
-                             "deltas_left_pending": len(plan.left_pending)}
+    fleet: dict[str, Any] = {
+        "shards": len(plan.shards),
+        "rows": int(plan.rows.sum()),
+        "plan_s": round(t_plan, 4),
+        "deltas_left_pending": len(plan.left_pending),
+    }
     llm = llm_stage(merge, runner, llm_backend) if runner.llm == "ray_data" else None
     checker, check = store.verify_in_thread(version)
     started = False
     per = 0 if dry_run else runner.shards_per_commit
-    done: dict[int, dict[str, Any]] = {}   # shard -> its result
-    ready: list[int] = []                  # done shards not committed yet
+    done: dict[int, dict[str, Any]] = {}  # shard -> its result
+    ready: list[int] = []  # done shards not committed yet
     commits: list[dict[str, Any]] = []
     commit_s = [0.0]
 
@@ -533,9 +643,14 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
         return parts[0]["stats"]["merger"] if parts else ""
 
     def none_committed() -> dict[str, Any]:
-        return {"version": store.head().version if commits else version, "snapshot": None,
-                "changelog": None, "carried_records": 0, "carried_touches": 0,
-                "rows_written": 0}
+        return {
+            "version": store.head().version if commits else version,
+            "snapshot": None,
+            "changelog": None,
+            "carried_records": 0,
+            "carried_touches": 0,
+            "rows_written": 0,
+        }
 
     def commit_group(group: list[int], whole_run: bool = False) -> dict[str, Any]:
         """Commit the shards ``group`` (all of them with ``whole_run``) after the
@@ -551,24 +666,36 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
         dropped = st.dropped_floor + st.dropped_cap
         events = [e for p in parts for e in p["events"]]
         if live and dropped / live > pass_cfg.max_drop_fraction:
-            raise mass_drop_error(dropped, live, [e["namespace"] for e in events
-                                                  if e.get("op") == "drop"], pass_cfg)
+            raise mass_drop_error(
+                dropped, live, [e["namespace"] for e in events if e.get("op") == "drop"], pass_cfg
+            )
         t = time.perf_counter()
         if dry_run:
             log_name = store._changelog(events, version + 1, dry_run=True)
-            info = {"version": version, "snapshot": None, "changelog": log_name,
-                    "carried_records": 0, "carried_touches": 0}
+            info = {
+                "version": version,
+                "snapshot": None,
+                "changelog": log_name,
+                "carried_records": 0,
+                "carried_touches": 0,
+            }
         else:
             tables = [p["upsert"] for p in parts if p["upsert"].num_rows]
-            scope = (None if namespaces is None else list(namespaces)) if whole_run else \
-                sorted({ns for k in group for ns in plan.shards[k]})
+            scope = (
+                (None if namespaces is None else list(namespaces))
+                if whole_run
+                else sorted({ns for k in group for ns in plan.shards[k]})
+            )
             info = store.commit_changes(
                 pa.concat_tables(tables) if tables else parts[0]["upsert"],
-                [i for p in parts for i in p["removed"]], events,
+                [i for p in parts for i in p["removed"]],
+                events,
                 # a group's commit follows this run's previous one (other namespaces)
                 base_version=commits[-1]["version"] if commits else version,
-                folded=[d for p in parts for d in p["deltas"]], namespaces=scope,
-                pass_time_h=wall_h)
+                folded=[d for p in parts for d in p["deltas"]],
+                namespaces=scope,
+                pass_time_h=wall_h,
+            )
             commits.append(info)
         commit_s[0] += time.perf_counter() - t
         ready[:] = [k for k in ready if k not in set(group)]
@@ -578,33 +705,48 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
     try:
         if plan.shards:
             if not ray.is_initialized():
-                ray.init(address=runner.address, num_cpus=runner.num_cpus,
-                         include_dashboard=False, log_to_driver=False,
-                         configure_logging=False)
+                ray.init(
+                    address=runner.address,
+                    num_cpus=runner.num_cpus,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
                 started = True
             res = ray.cluster_resources()
             for key, want in (("CPU", runner.cpus_per_actor), ("GPU", g)):
                 have = float(res.get(key, 0.0))
                 if want > have:
                     # Ray would wait for the actor forever, with the store locked
-                    raise ValueError(f"runner.{key.lower()}s_per_actor={want} exceeds the "
-                                     f"cluster's {have:g} {key}s")
+                    raise ValueError(
+                        f"runner.{key.lower()}s_per_actor={want} exceeds the "
+                        f"cluster's {have:g} {key}s"
+                    )
             from ray.data import DataContext
 
             ctx = DataContext.get_current()
             ctx.target_max_block_size = None  # a shard is one block: never split
             ctx.enable_progress_bars = False
             logging.getLogger("ray.data").setLevel(logging.WARNING)
-            actor_kw = {"root": str(store.root),
-                        "store_kw": {"quarantine": store.quarantine,
-                                     "future_tolerance_h": store.future_tolerance_h},
-                        "plan": plan, "pass_cfg": pass_cfg, "sim_cfg": sim_cfg,
-                        "merge": merge, "reflect": reflect, "wall_h": wall_h,
-                        "threads": max(1, math.floor(runner.cpus_per_actor))}
+            actor_kw = {
+                "root": str(store.root),
+                "store_kw": {
+                    "quarantine": store.quarantine,
+                    "future_tolerance_h": store.future_tolerance_h,
+                },
+                "plan": plan,
+                "pass_cfg": pass_cfg,
+                "sim_cfg": sim_cfg,
+                "merge": merge,
+                "reflect": reflect,
+                "wall_h": wall_h,
+                "threads": max(1, math.floor(runner.cpus_per_actor)),
+            }
             dim = int(store._marker()["dim"])
 
-            def stream_shards(shard_ids: list[int], answers: dict[str, Any] | None
-                              ) -> Iterator[tuple[int, dict[str, Any]]]:
+            def stream_shards(
+                shard_ids: list[int], answers: dict[str, Any] | None
+            ) -> Iterator[tuple[int, dict[str, Any]]]:
                 """``(shard, result)`` of each shard as its actor returns it."""
                 # a read is a Lance scan on Lance's own threads: it reserves no CPU, so
                 # actors that take every CPU of the cluster cannot starve it
@@ -615,24 +757,33 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
                     # (Ray would otherwise start a worker process per pending read)
                     concurrency=max(1, min(runner.actors, len(shard_ids))),
                     # one block per read task: no split to reach Ray's minimum block count
-                    override_num_blocks=len(shard_ids))
+                    override_num_blocks=len(shard_ids),
+                )
                 kw = dict(actor_kw)
                 if llm is not None:
                     kw.update(book=llm["book"], answers=answers)
                 out = ds.map_batches(
-                    _ShardPass, batch_size=1 if packed else None, batch_format="pyarrow",
+                    _ShardPass,
+                    batch_size=1 if packed else None,
+                    batch_format="pyarrow",
                     fn_constructor_kwargs=kw,
-                    compute=ray.data.ActorPoolStrategy(size=min(runner.actors,
-                                                                len(shard_ids))),
-                    num_cpus=runner.cpus_per_actor, num_gpus=g or None)
+                    compute=ray.data.ActorPoolStrategy(size=min(runner.actors, len(shard_ids))),
+                    num_cpus=runner.cpus_per_actor,
+                    num_gpus=g or None,
+                )
                 seen: set[int] = set()
                 for b in out.iter_batches(batch_size=None, batch_format="pyarrow"):
-                    for k, r, blob in zip(b.column("shard").to_pylist(),
-                                          b.column("rows").to_pylist(),
-                                          b.column("result").to_pylist(), strict=True):
+                    for k, r, blob in zip(
+                        b.column("shard").to_pylist(),
+                        b.column("rows").to_pylist(),
+                        b.column("result").to_pylist(),
+                        strict=True,
+                    ):
                         if k in seen or r != int(plan.rows[k]):
-                            raise RuntimeError(f"fleet run: shard {k} came back split or "
-                                               f"twice ({r} of {int(plan.rows[k])} rows)")
+                            raise RuntimeError(
+                                f"fleet run: shard {k} came back split or "
+                                f"twice ({r} of {int(plan.rows[k])} rows)"
+                            )
                         seen.add(k)
                         yield k, pickle.loads(blob)
                 if seen != set(shard_ids):
@@ -663,8 +814,10 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
                 if not todo:
                     break
                 if rnd == _MAX_ROUNDS - 1 or llm is None:
-                    raise RuntimeError(f"fleet run: shards {todo[:10]} still ask for model "
-                                       f"answers after {_MAX_ROUNDS} rounds")
+                    raise RuntimeError(
+                        f"fleet run: shards {todo[:10]} still ask for model "
+                        f"answers after {_MAX_ROUNDS} rounds"
+                    )
                 try:
                     answers.update(_answer(llm, [r for k in todo for r in asked[k]]))
                 except BaseException:  # the stage failed: keep the shards done so far
@@ -676,10 +829,13 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
                 commit_group(list(ready))
     except BaseException:
         if commits:
-            log.warning("fleet run failed after committing versions %s (%d of %d shards); "
-                        "a rerun passes over their namespaces again",
-                        [c["version"] for c in commits], len(done) - len(ready),
-                        len(plan.shards))
+            log.warning(
+                "fleet run failed after committing versions %s (%d of %d shards); "
+                "a rerun passes over their namespaces again",
+                [c["version"] for c in commits],
+                len(done) - len(ready),
+                len(plan.shards),
+            )
         raise
     finally:
         checker.join()
@@ -690,8 +846,12 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
         raise check["error"]
     fleet["ray_s"] = round(time.perf_counter() - t0, 4)
     if llm is not None:
-        fleet["llm"] = {"rounds": fleet.pop("llm_rounds", 0), "requests": llm["requests"],
-                        "cached": llm["cached"], "seconds": round(llm["seconds"], 4)}
+        fleet["llm"] = {
+            "rounds": fleet.pop("llm_rounds", 0),
+            "requests": llm["requests"],
+            "cached": llm["cached"],
+            "seconds": round(llm["seconds"], 4),
+        }
     parts = [done[k] for k in sorted(done)]
     fleet["workers"] = len({p["pid"] for p in parts})
     stats = _merge_stats([p["stats"] for p in parts], merger_name(parts), version + 1)
@@ -701,5 +861,10 @@ def run_fleet_pass(store: LanceStore, *, namespaces: Sequence[str] | None,
     else:
         commit = commit_group(sorted(done), whole_run=True)
     stats.time_s["commit"] = round(commit_s[0], 4)
-    return {"commit": commit, "stats": stats, "fleet": fleet, "base_version": version,
-            "records_read": int(plan.rows.sum())}
+    return {
+        "commit": commit,
+        "stats": stats,
+        "fleet": fleet,
+        "base_version": version,
+        "records_read": int(plan.rows.sum()),
+    }

@@ -38,9 +38,20 @@ from .text import (
     split_sentences,
 )
 
-__all__ = ["MergeMember", "MergeRequest", "MergeResponse", "Merger", "ExtractiveMerger",
-           "fact_time", "newer_fact_times", "unordered_pair", "lost_facts", "Facts",
-           "facts_of", "names_in"]
+__all__ = [
+    "MergeMember",
+    "MergeRequest",
+    "MergeResponse",
+    "Merger",
+    "ExtractiveMerger",
+    "fact_time",
+    "newer_fact_times",
+    "unordered_pair",
+    "lost_facts",
+    "Facts",
+    "facts_of",
+    "names_in",
+]
 
 
 @dataclass(frozen=True)
@@ -160,7 +171,6 @@ def newer_fact_times(req: MergeRequest) -> dict[str, float]:
     return out
 
 
-
 def unordered_pair(req: MergeRequest, older: dict[str, float] | None = None) -> bool:
     """Has ``req`` a flagged pair where neither member is newer (equal or unknown times)?
     Such a pair can be neither closed nor blended. ``older``: :func:`newer_fact_times` of
@@ -194,15 +204,68 @@ def names_in(text: str) -> list[str]:
     return out
 
 
-
-
 #: words that carry no fact of their own (for the negated-sentence and base rules)
-_STOP = frozenset({
-    "a", "an", "the", "and", "or", "but", "of", "to", "in", "on", "at", "for", "with", "is",
-    "was", "are", "were", "be", "been", "has", "had", "have", "her", "his", "she", "he",
-    "they", "their", "it", "its", "that", "this", "as", "by", "from", "also", "who", "which",
-    "about", "into", "very", "so", "i", "i'm", "my", "me", "we", "our", "you", "your", "do",
-    "does", "did", "not", "no", "n't", "never"})
+_STOP = frozenset(
+    {
+        "a",
+        "an",
+        "the",
+        "and",
+        "or",
+        "but",
+        "of",
+        "to",
+        "in",
+        "on",
+        "at",
+        "for",
+        "with",
+        "is",
+        "was",
+        "are",
+        "were",
+        "be",
+        "been",
+        "has",
+        "had",
+        "have",
+        "her",
+        "his",
+        "she",
+        "he",
+        "they",
+        "their",
+        "it",
+        "its",
+        "that",
+        "this",
+        "as",
+        "by",
+        "from",
+        "also",
+        "who",
+        "which",
+        "about",
+        "into",
+        "very",
+        "so",
+        "i",
+        "i'm",
+        "my",
+        "me",
+        "we",
+        "our",
+        "you",
+        "your",
+        "do",
+        "does",
+        "did",
+        "not",
+        "no",
+        "n't",
+        "never",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -231,8 +294,11 @@ class Facts:
     @property
     def items(self) -> frozenset:
         """``("number", x)``, ``("date", x)`` and ``("name", x)`` items."""
-        return frozenset({("number", x) for x in self.numbers} | {("date", x) for x in
-                         self.dates} | {("name", _name_key(x)) for x in self.names})
+        return frozenset(
+            {("number", x) for x in self.numbers}
+            | {("date", x) for x in self.dates}
+            | {("name", _name_key(x)) for x in self.names}
+        )
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -243,14 +309,21 @@ def facts_of(text: str) -> Facts:
     toks = content_tokens(text)
     uwords = [w.casefold().replace("\u2019", "'") for w in _UWORD.findall(text)]
     neg_at = next((k for k, t in enumerate(toks) if t in _NEGATION_WORDS), None)
-    scope = frozenset() if neg_at is None else frozenset(
-        t for t in toks[neg_at + 1:neg_at + 5] if t not in _STOP)
-    return Facts(frozenset(_numbers(toks, text)), frozenset(_date_terms(toks)),
-                 frozenset(names_in(text)),
-                 neg_at is not None or bool(_negation_count(toks)),
-                 frozenset(toks) | frozenset(uwords)
-                 | {t.split("'")[0] for t in (*toks, *uwords) if "'" in t},
-                 scope)
+    scope = (
+        frozenset()
+        if neg_at is None
+        else frozenset(t for t in toks[neg_at + 1 : neg_at + 5] if t not in _STOP)
+    )
+    return Facts(
+        frozenset(_numbers(toks, text)),
+        frozenset(_date_terms(toks)),
+        frozenset(names_in(text)),
+        neg_at is not None or bool(_negation_count(toks)),
+        frozenset(toks)
+        | frozenset(uwords)
+        | {t.split("'")[0] for t in (*toks, *uwords) if "'" in t},
+        scope,
+    )
 
 
 def lost_facts(text: str, members: Sequence[str]) -> list[str]:
@@ -330,9 +403,13 @@ class ExtractiveMerger:
     handles_conflicts = False
     checks_facts = True
 
-    def __init__(self, separator: str = " ", max_chars: int | None = None,
-                 newer_wins: bool = False,
-                 supersede_on: Sequence[str] = ("number", "date")) -> None:
+    def __init__(
+        self,
+        separator: str = " ",
+        max_chars: int | None = None,
+        newer_wins: bool = False,
+        supersede_on: Sequence[str] = ("number", "date"),
+    ) -> None:
         if max_chars is not None and max_chars < 1:
             raise ValueError(f"max_chars must be >= 1 or None, got {max_chars}")
         self.separator = separator
@@ -357,8 +434,7 @@ class ExtractiveMerger:
         content = [len(frozenset().union(*(f.words for f in ss)) - _STOP) for ss in sents]
         # the most informative member: most facts, then most distinct content words, then
         # the canonical order (most important first)
-        base = max(range(len(ordered)), key=lambda k: (len(whole[k]) + negs[k], content[k],
-                                                       -k))
+        base = max(range(len(ordered)), key=lambda k: (len(whole[k]) + negs[k], content[k], -k))
         kept = list(sents[base])
         have = set(whole[base])
         parts = [ordered[base].text.strip()]
@@ -401,8 +477,9 @@ class ExtractiveMerger:
         if lost:
             return None, f"would lose {', '.join(lost)}: left unmerged"
         if self.max_chars is not None and len(text) > self.max_chars:
-            return None, (f"merged text of {len(text)} characters > max_chars "
-                          f"{self.max_chars}: left unmerged")
+            return None, (
+                f"merged text of {len(text)} characters > max_chars {self.max_chars}: left unmerged"
+            )
         return text, ""
 
     def merge_batch(self, requests: Sequence[MergeRequest]) -> list[MergeResponse]:
@@ -410,18 +487,23 @@ class ExtractiveMerger:
         for r in requests:
             other = sorted({w for _, _, w in r.conflicts if w not in self.supersede_on})
             if other:  # flags the rule does not trust: never blend, never close
-                out.append(MergeResponse(None, note=f"flagged {', '.join(other)}: left for "
-                                         f"review"))
+                out.append(MergeResponse(None, note=f"flagged {', '.join(other)}: left for review"))
                 continue
             old = newer_fact_times(r) if self.handles_conflicts else {}
             rest = [m for m in r.members if m.id not in old]
             if unordered_pair(r, old):
                 # a flagged pair with equal or unknown times: no newer fact, never blend
-                out.append(MergeResponse(None, note="flagged pair with equal times: left "
-                                         "for review"))
+                out.append(
+                    MergeResponse(None, note="flagged pair with equal times: left for review")
+                )
                 continue
             text, why = self.checked_text(rest) if len(rest) > 1 else (None, "")
             notes = [f"newer wins over {len(old)}"] if old else []
-            out.append(MergeResponse(text, superseded=tuple(sorted(old)),
-                                     note="; ".join(notes + ([why] if why else []))))
+            out.append(
+                MergeResponse(
+                    text,
+                    superseded=tuple(sorted(old)),
+                    note="; ".join(notes + ([why] if why else [])),
+                )
+            )
         return out

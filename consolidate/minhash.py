@@ -85,7 +85,6 @@ _S2 = _U64(0x94D0_49BB_1331_11EB)
 _BAND_SALT = 0x6A09_E667_F3BC_C908  # bucket keys do not depend on ``seed``
 
 
-
 # ----------------------------------------------------------------------------- hashing
 def _fmix64(x: np.ndarray, tmp: np.ndarray | None = None) -> np.ndarray:
     """MurmurHash3's 64-bit finaliser applied to ``x`` (uint64) in place; returns ``x``.
@@ -165,15 +164,18 @@ def _to_arrow(texts: Sequence[str], base: int = 0) -> pa.Array:
                 t.encode("utf-8")
             except UnicodeEncodeError as bad:
                 raise UnicodeEncodeError(
-                    bad.encoding, bad.object, bad.start, bad.end,
-                    f"texts[{base + i}] holds a lone surrogate (not valid UTF-8)") from None
+                    bad.encoding,
+                    bad.object,
+                    bad.start,
+                    bad.end,
+                    f"texts[{base + i}] holds a lone surrogate (not valid UTF-8)",
+                ) from None
         raise
     except (pa.ArrowException, TypeError, ValueError):
         raise _first_non_str(texts, base) from None
     if isinstance(arr, pa.ChunkedArray):  # over 2 GiB of text: one large_string array
         arr = arr.cast(pa.large_string()).combine_chunks()
-    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)) \
-            or arr.null_count:
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)) or arr.null_count:
         raise _first_non_str(texts, base)
     return arr
 
@@ -225,7 +227,7 @@ def _chunk_shingles(texts: Sequence[str], k: int, base: int) -> tuple[np.ndarray
             short_rows.append(starts[done])
             short_vals.append(g[starts[done]])
         if len(g) > m:
-            g = np.concatenate([_fold(g[: len(g) - m], wh[m:]), g[len(g) - m:]])
+            g = np.concatenate([_fold(g[: len(g) - m], wh[m:]), g[len(g) - m :]])
     for rows, vals in zip(short_rows, short_vals, strict=True):
         g[rows] = vals
     offsets = np.zeros(n + 1, np.int64)
@@ -270,8 +272,9 @@ def shingle_hashes(texts: Sequence[str], k: int = 3) -> tuple[np.ndarray, np.nda
 
 
 # ----------------------------------------------------------------------------- signatures
-def _signatures_into(out: np.ndarray, hashes: np.ndarray, offsets: np.ndarray,
-                     keys: np.ndarray) -> None:
+def _signatures_into(
+    out: np.ndarray, hashes: np.ndarray, offsets: np.ndarray, keys: np.ndarray
+) -> None:
     """Fold the MinHash of each text's shingles into ``out`` (uint64 [n, P], pre-filled with
     :data:`EMPTY_SLOT`) by running minimum, in blocks of at most :data:`BLOCK_BYTES`."""
     num_perm = len(keys)
@@ -297,8 +300,9 @@ def _signatures_into(out: np.ndarray, hashes: np.ndarray, offsets: np.ndarray,
         out[r] = np.minimum(out[r], mins)
 
 
-def minhash_signatures(texts: Sequence[str], num_perm: int = 128, k: int = 3,
-                       seed: int = 1) -> np.ndarray:
+def minhash_signatures(
+    texts: Sequence[str], num_perm: int = 128, k: int = 3, seed: int = 1
+) -> np.ndarray:
     """MinHash signatures of the word k-gram shingle sets of ``texts`` (Broder 1997).
 
     Slot ``p`` of text ``t`` is ``min over shingles x of t of fmix64(x ^ c_p)`` with ``c_p``
@@ -407,8 +411,11 @@ def _check_weight(fn_weight) -> float:
 
 
 def _check_bands(bands, num_perm: int) -> int:
-    if isinstance(bands, bool) or not isinstance(bands, (int, np.integer)) \
-            or not 1 <= bands <= num_perm:
+    if (
+        isinstance(bands, bool)
+        or not isinstance(bands, (int, np.integer))
+        or not 1 <= bands <= num_perm
+    ):
         raise ValueError(f"bands must be an integer in [1, num_perm={num_perm}], got {bands!r}")
     return int(bands)
 
@@ -416,8 +423,9 @@ def _check_bands(bands, num_perm: int) -> int:
 def _check_segments(segments, n: int) -> np.ndarray:
     seg = np.asarray(segments)
     if seg.ndim != 1 or len(seg) != n:
-        raise ValueError(f"segments must have shape ({n},) (one code per text), "
-                         f"got shape {seg.shape}")
+        raise ValueError(
+            f"segments must have shape ({n},) (one code per text), got shape {seg.shape}"
+        )
     if not np.issubdtype(seg.dtype, np.integer):
         raise ValueError(f"segments must be integer codes, got dtype {seg.dtype}")
     return seg
@@ -433,9 +441,14 @@ def _band_keys(sig: np.ndarray, live: np.ndarray, bands: int, rows: int) -> np.n
     return acc
 
 
-def _group_pairs(order: np.ndarray, new_group: np.ndarray, seg_sorted: np.ndarray,
-                 band: int, max_bucket: int | None, skipped: dict[str, int] | None
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def _group_pairs(
+    order: np.ndarray,
+    new_group: np.ndarray,
+    seg_sorted: np.ndarray,
+    band: int,
+    max_bucket: int | None,
+    skipped: dict[str, int] | None,
+) -> tuple[np.ndarray, np.ndarray]:
     """All pairs ``(order[x], order[y])``, ``x < y``, of sorted positions in one group.
 
     ``new_group``: bool [m], True where a group starts in the sorted order. Groups larger
@@ -456,7 +469,8 @@ def _group_pairs(order: np.ndarray, new_group: np.ndarray, seg_sorted: np.ndarra
             f"segment {int(seg_sorted[gstart[g]])}: {int(sizes[g])} texts share band {band}'s "
             f"bucket (max_bucket={max_bucket}); they would give "
             f"{int(sizes[g]) * (int(sizes[g]) - 1) // 2} candidate pairs. Collapse exact "
-            "duplicates first or raise max_bucket (None: no limit)")
+            "duplicates first or raise max_bucket (None: no limit)"
+        )
     members = _ranges(gstart, sizes)  # sorted positions inside groups of >= 2
     local = members - np.repeat(gstart, sizes)
     later = np.repeat(sizes, sizes) - 1 - local  # partners after each member
@@ -465,10 +479,16 @@ def _group_pairs(order: np.ndarray, new_group: np.ndarray, seg_sorted: np.ndarra
     return order[left], order[right]
 
 
-def signature_pairs(signatures: np.ndarray, segments: np.ndarray, *, threshold: float = 0.8,
-                    bands: int | None = None, fn_weight: float = 0.5,
-                    max_bucket: int | None = MAX_BUCKET, skipped: dict[str, int] | None = None
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def signature_pairs(
+    signatures: np.ndarray,
+    segments: np.ndarray,
+    *,
+    threshold: float = 0.8,
+    bands: int | None = None,
+    fn_weight: float = 0.5,
+    max_bucket: int | None = MAX_BUCKET,
+    skipped: dict[str, int] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Near-exact pairs from MinHash signatures by LSH banding (Leskovec, Rajaraman, Ullman,
     "Mining of Massive Datasets", ch. 3.4), within segments.
 
@@ -505,8 +525,10 @@ def signature_pairs(signatures: np.ndarray, segments: np.ndarray, *, threshold: 
     """
     sig = np.asarray(signatures)
     if sig.ndim != 2 or sig.dtype != _U64 or sig.shape[1] < 1:
-        raise ValueError("signatures must be a uint64 array [n, num_perm] with num_perm >= 1, "
-                         f"got dtype {sig.dtype} shape {sig.shape}")
+        raise ValueError(
+            "signatures must be a uint64 array [n, num_perm] with num_perm >= 1, "
+            f"got dtype {sig.dtype} shape {sig.shape}"
+        )
     n, num_perm = sig.shape
     seg = _check_segments(segments, n)
     threshold = _check_threshold(threshold)
@@ -554,11 +576,19 @@ def signature_pairs(signatures: np.ndarray, segments: np.ndarray, *, threshold: 
     return i[ok], j[ok], est[ok]
 
 
-def minhash_pairs(texts: Sequence[str], segments: np.ndarray, *, threshold: float = 0.8,
-                  num_perm: int = 128, k: int = 3, bands: int | None = None, seed: int = 1,
-                  fn_weight: float = 0.5, max_bucket: int | None = MAX_BUCKET,
-                  skipped: dict[str, int] | None = None
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def minhash_pairs(
+    texts: Sequence[str],
+    segments: np.ndarray,
+    *,
+    threshold: float = 0.8,
+    num_perm: int = 128,
+    k: int = 3,
+    bands: int | None = None,
+    seed: int = 1,
+    fn_weight: float = 0.5,
+    max_bucket: int | None = MAX_BUCKET,
+    skipped: dict[str, int] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Candidate near-exact pairs of texts within segments: :func:`minhash_signatures`
     (Broder 1997) then :func:`signature_pairs` (LSH banding, Leskovec, Rajaraman, Ullman,
     "Mining of Massive Datasets", ch. 3.4).
@@ -602,6 +632,12 @@ def minhash_pairs(texts: Sequence[str], segments: np.ndarray, *, threshold: floa
     if max_bucket is not None:
         _check_int("max_bucket", max_bucket, 2)
     sig = minhash_signatures(texts, num_perm=num_perm, k=k, seed=seed)
-    return signature_pairs(sig, segments, threshold=threshold, bands=bands,
-                           fn_weight=fn_weight, max_bucket=max_bucket, skipped=skipped)
-
+    return signature_pairs(
+        sig,
+        segments,
+        threshold=threshold,
+        bands=bands,
+        fn_weight=fn_weight,
+        max_bucket=max_bucket,
+        skipped=skipped,
+    )

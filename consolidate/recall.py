@@ -61,10 +61,19 @@ def fit_token_cap(ranked_tokens: np.ndarray, max_tokens: int) -> int:
     return int(np.searchsorted(cum, max_tokens, side="right"))
 
 
-def recall(store: Store, namespace: str, queries: Sequence[str], embedder: Any, *,
-           k: int = 10, max_tokens: int = 500, mark_used: bool = True,
-           strength_cap: float | None = DEFAULT_STRENGTH_CAP, now: float | None = None,
-           device: str = "cpu") -> list[Recalled]:
+def recall(
+    store: Store,
+    namespace: str,
+    queries: Sequence[str],
+    embedder: Any,
+    *,
+    k: int = 10,
+    max_tokens: int = 500,
+    mark_used: bool = True,
+    strength_cap: float | None = DEFAULT_STRENGTH_CAP,
+    now: float | None = None,
+    device: str = "cpu",
+) -> list[Recalled]:
     """Recall memories of ``namespace`` for each query.
 
     Args:

@@ -61,8 +61,7 @@ def exchange_dirs(a: str | os.PathLike, b: str | os.PathLike) -> None:
     fn = getattr(libc, "renameat2", None)
     if fn is None:
         raise OSError(errno.ENOSYS, "renameat2 is not available in this C library", str(a))
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
-                   ctypes.c_uint]
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
     if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e), str(a), None, str(b))
@@ -70,9 +69,12 @@ def exchange_dirs(a: str | os.PathLike, b: str | os.PathLike) -> None:
 
 def _store_kwargs(store: Store) -> dict[str, Any]:
     """The constructor settings of ``store``, for a new store like it."""
-    return {"keep_snapshots": store.keep_snapshots, "quarantine": store.quarantine,
-            "future_tolerance_h": store.future_tolerance_h,
-            "vector_dtype": store.vector_dtype or store.head().vector_dtype}
+    return {
+        "keep_snapshots": store.keep_snapshots,
+        "quarantine": store.quarantine,
+        "future_tolerance_h": store.future_tolerance_h,
+        "vector_dtype": store.vector_dtype or store.head().vector_dtype,
+    }
 
 
 def _embed_unique(texts: pd.Series, encoder: _Encoder) -> tuple[pd.Index, np.ndarray]:
@@ -84,8 +86,9 @@ def _embed_unique(texts: pd.Series, encoder: _Encoder) -> tuple[pd.Index, np.nda
     return uniq, vecs
 
 
-def _vectors_for(texts: pd.Series, known: pd.Index, vecs: np.ndarray, encoder: _Encoder
-                 ) -> tuple[np.ndarray, int]:
+def _vectors_for(
+    texts: pd.Series, known: pd.Index, vecs: np.ndarray, encoder: _Encoder
+) -> tuple[np.ndarray, int]:
     """Vectors for ``texts``: looked up in ``known`` (one hash join), the rest embedded now.
     Returns ``(float32 [n, d], texts embedded now)``."""
     pos = known.get_indexer(texts.astype(object))
@@ -96,8 +99,9 @@ def _vectors_for(texts: pd.Series, known: pd.Index, vecs: np.ndarray, encoder: _
     if missing.any():
         u2, v2 = _embed_unique(texts[missing], encoder)
         if v2.shape[1] != vecs.shape[1]:
-            raise ValueError(f"the embedder changed dimension mid-run ({vecs.shape[1]} -> "
-                             f"{v2.shape[1]})")
+            raise ValueError(
+                f"the embedder changed dimension mid-run ({vecs.shape[1]} -> {v2.shape[1]})"
+            )
         out[missing] = v2[u2.get_indexer(texts[missing].astype(object))]
         n_new = len(u2)
     return out, n_new
@@ -158,21 +162,31 @@ def reembed_store(
     store = open_store_dir(root)
     store.head()  # StoreNotFoundError names the folder
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    backup = Path(backup).absolute() if backup is not None else root.with_name(
-        f"{root.name}.pre-reembed-{stamp}")
+    backup = (
+        Path(backup).absolute()
+        if backup is not None
+        else root.with_name(f"{root.name}.pre-reembed-{stamp}")
+    )
     _check_backup(root, backup)
     shadow = root.with_name(f"{root.name}.reembed-{stamp}")
     if shadow.exists():
-        raise FileExistsError(f"{shadow} exists: another re-embed of {root} runs, or one "
-                              f"was killed (it holds a store: look before removing it)")
+        raise FileExistsError(
+            f"{shadow} exists: another re-embed of {root} runs, or one "
+            f"was killed (it holds a store: look before removing it)"
+        )
     fmt = "lance" if isinstance(store, LanceStore) else "parquet"
     exchanged = False
     with store.lock(timeout_s=lock_timeout_s):
         first = store.load()
         old_dim = first.dim
         known, vecs = _embed_unique(first.records.meta["text"], encoder)
-        log.info("re-embedded %d distinct texts of %s (d %d -> %d)", len(known), root,
-                 old_dim, vecs.shape[1])
+        log.info(
+            "re-embedded %d distinct texts of %s (d %d -> %d)",
+            len(known),
+            root,
+            old_dim,
+            vecs.shape[1],
+        )
         try:
             with store._writers_lock(writers_timeout_s):
                 snap = store.load()
@@ -182,12 +196,14 @@ def reembed_store(
                 normalise_vectors(recs)
                 if check is not None:
                     check(recs)
-                new = (LanceStore if fmt == "lance" else Store)(shadow,
-                                                                 **_store_kwargs(store))
+                new = (LanceStore if fmt == "lance" else Store)(shadow, **_store_kwargs(store))
                 if isinstance(store, LanceStore):
                     new.retention_h = store.retention_h
-                new.create(recs, source=f"re-embed of {root} version {snap.version} with "
-                                        f"{model or 'another model'}")
+                new.create(
+                    recs,
+                    source=f"re-embed of {root} version {snap.version} with "
+                    f"{model or 'another model'}",
+                )
                 with new.lock(), new._writers_lock(writers_timeout_s):
                     folded = set(snap.deltas)
                     # the touches so far are copied (the live store keeps them until the
@@ -205,14 +221,24 @@ def reembed_store(
                     shutil.rmtree(shadow, ignore_errors=True)
                 raise
             if shadow.exists():  # switched, but the old store could not be moved aside
-                raise OSError(f"{root} now holds the re-embedded store; the old store "
-                              f"stays at {shadow} ({e})") from e
+                raise OSError(
+                    f"{root} now holds the re-embedded store; the old store stays at {shadow} ({e})"
+                ) from e
             raise
     head = open_store_dir(root).head()
-    return {"store": str(root), "backup": str(backup), "format": fmt,
-            "records": len(recs), "texts_embedded": len(known) + late, "late_texts": late,
-            "late_deltas": moved, "old_dim": old_dim, "dim": int(recs.dim),
-            "version": head.version, "seconds": round(time.perf_counter() - t0, 3)}
+    return {
+        "store": str(root),
+        "backup": str(backup),
+        "format": fmt,
+        "records": len(recs),
+        "texts_embedded": len(known) + late,
+        "late_texts": late,
+        "late_deltas": moved,
+        "old_dim": old_dim,
+        "dim": int(recs.dim),
+        "version": head.version,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
 
 
 def check_backup(root: str | os.PathLike, backup: str | os.PathLike) -> None:
@@ -234,8 +260,10 @@ def _check_backup(root: Path, backup: Path) -> None:
     if not backup.parent.is_dir():
         raise FileNotFoundError(f"backup {backup}: the folder {backup.parent} does not exist")
     if backup.parent.stat().st_dev != root.parent.stat().st_dev:
-        raise ValueError(f"backup {backup} is on another file system than {root}: the old "
-                         f"store is moved there by a rename")
+        raise ValueError(
+            f"backup {backup} is on another file system than {root}: the old "
+            f"store is moved there by a rename"
+        )
 
 
 def _late_deltas(old: Path, folded: set[str]) -> list[Path]:
@@ -243,8 +271,11 @@ def _late_deltas(old: Path, folded: set[str]) -> list[Path]:
     src = old / "deltas"
     if not src.is_dir():
         return []
-    return [p for p in sorted(src.iterdir()) if p.name not in folded
-            and p.name.endswith((".touch.json", ".patch.json"))]
+    return [
+        p
+        for p in sorted(src.iterdir())
+        if p.name not in folded and p.name.endswith((".touch.json", ".patch.json"))
+    ]
 
 
 def _copy_late_deltas(old: Path, new: Path, folded: set[str]) -> set[str]:
@@ -276,8 +307,9 @@ def _move_late_deltas(old: Path, new: Path, folded: set[str]) -> int:
     return n
 
 
-def switch_stores(root: str | os.PathLike, other: str | os.PathLike, *,
-                  lock_timeout_s: float = 0.0) -> dict[str, Any]:
+def switch_stores(
+    root: str | os.PathLike, other: str | os.PathLike, *, lock_timeout_s: float = 0.0
+) -> dict[str, Any]:
     """Exchange the store at ``root`` with the store at ``other`` atomically (e.g. back to
     the store a re-embed kept), each under its pass and writers locks.
 
@@ -290,8 +322,18 @@ def switch_stores(root: str | os.PathLike, other: str | os.PathLike, *,
     ha, hb = a.head(), b.head()
     if a.root.resolve() == b.root.resolve():
         raise ValueError(f"{root} and {other} are the same folder")
-    with a.lock(timeout_s=lock_timeout_s), b.lock(timeout_s=lock_timeout_s), \
-            a._writers_lock(), b._writers_lock():
+    with (
+        a.lock(timeout_s=lock_timeout_s),
+        b.lock(timeout_s=lock_timeout_s),
+        a._writers_lock(),
+        b._writers_lock(),
+    ):
         exchange_dirs(a.root, b.root)
-    return {"store": str(a.root), "other": str(b.root), "now_version": hb.version,
-            "now_dim": hb.dim, "other_version": ha.version, "other_dim": ha.dim}
+    return {
+        "store": str(a.root),
+        "other": str(b.root),
+        "now_version": hb.version,
+        "now_dim": hb.dim,
+        "other_version": ha.version,
+        "other_dim": ha.dim,
+    }

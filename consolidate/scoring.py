@@ -95,11 +95,13 @@ def select_survivors(
     reason[~keep] = "floor"
     if cap is not None and n:
         ns = np.asarray(namespace)
-        ns_codes = ns.astype(np.int64) if np.issubdtype(ns.dtype, np.integer) else \
-            _codes(ns)[0]
+        ns_codes = ns.astype(np.int64) if np.issubdtype(ns.dtype, np.integer) else _codes(ns)[0]
         id_arr = np.asarray(ids)
-        id_rank = id_arr if np.issubdtype(id_arr.dtype, np.integer) else \
-            np.argsort(np.argsort(id_arr.astype(object), kind="stable"))
+        id_rank = (
+            id_arr
+            if np.issubdtype(id_arr.dtype, np.integer)
+            else np.argsort(np.argsort(id_arr.astype(object), kind="stable"))
+        )
         # order: namespace, pinned first, score desc, id asc
         order = np.lexsort((id_rank, -score, ~pinned, ns_codes))
         ns_sorted = ns_codes[order]

@@ -99,8 +99,10 @@ def normalise_arrow(texts: pa.Array) -> pa.Array:
         TypeError: ``texts`` holds a null (the message names its position).
     """
     if texts.null_count:
-        raise TypeError(f"normalise_arrow() takes str values; position "
-                        f"{int(np.flatnonzero(np.asarray(texts.is_null()))[0])} is null")
+        raise TypeError(
+            f"normalise_arrow() takes str values; position "
+            f"{int(np.flatnonzero(np.asarray(texts.is_null()))[0])} is null"
+        )
     ascii_ = pc.string_is_ascii(texts)
     t = pc.utf8_lower(texts)
     t = pc.utf8_trim(pc.replace_substring_regex(t, _WS_ASCII, " "), " ")
@@ -129,8 +131,9 @@ def normalise_many(texts: Sequence[str]) -> list[str]:
     vals = list(texts)
     if vals and pd.api.types.infer_dtype(vals, skipna=False) != "string":
         k = next(k for k, t in enumerate(vals) if not isinstance(t, str))
-        raise TypeError(f"normalise_many() takes str values; position {k} is "
-                        f"{type(vals[k]).__name__}")
+        raise TypeError(
+            f"normalise_many() takes str values; position {k} is {type(vals[k]).__name__}"
+        )
     return normalise_arrow(pa.array(vals, pa.string())).to_pylist()
 
 
@@ -160,28 +163,113 @@ def content_tokens(text: str) -> list[str]:
 
 # ---------------------------------------------------------------- conflict guard
 _NEGATIONS = {
-    "not", "no", "never", "n't", "cannot", "nobody", "nothing", "none", "neither", "nor",
-    "nowhere", "without", "stopped", "quit", "anymore",
+    "not",
+    "no",
+    "never",
+    "n't",
+    "cannot",
+    "nobody",
+    "nothing",
+    "none",
+    "neither",
+    "nor",
+    "nowhere",
+    "without",
+    "stopped",
+    "quit",
+    "anymore",
 }
 _NUMBER_WORDS = {
-    "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
-    "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13,
-    "fourteen": 14, "fifteen": 15, "sixteen": 16, "seventeen": 17, "eighteen": 18,
-    "nineteen": 19, "twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60,
-    "seventy": 70, "eighty": 80, "ninety": 90, "hundred": 100, "thousand": 1000,
-    "million": 10**6, "billion": 10**9, "first": 1, "second": 2, "third": 3, "fourth": 4,
-    "fifth": 5, "sixth": 6, "seventh": 7, "eighth": 8, "ninth": 9, "tenth": 10,
-    "eleventh": 11, "twelfth": 12, "twentieth": 20, "hundredth": 100,
-    "once": 1, "twice": 2, "thrice": 3, "dozen": 12,
+    "zero": 0,
+    "one": 1,
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+    "eleven": 11,
+    "twelve": 12,
+    "thirteen": 13,
+    "fourteen": 14,
+    "fifteen": 15,
+    "sixteen": 16,
+    "seventeen": 17,
+    "eighteen": 18,
+    "nineteen": 19,
+    "twenty": 20,
+    "thirty": 30,
+    "forty": 40,
+    "fifty": 50,
+    "sixty": 60,
+    "seventy": 70,
+    "eighty": 80,
+    "ninety": 90,
+    "hundred": 100,
+    "thousand": 1000,
+    "million": 10**6,
+    "billion": 10**9,
+    "first": 1,
+    "second": 2,
+    "third": 3,
+    "fourth": 4,
+    "fifth": 5,
+    "sixth": 6,
+    "seventh": 7,
+    "eighth": 8,
+    "ninth": 9,
+    "tenth": 10,
+    "eleventh": 11,
+    "twelfth": 12,
+    "twentieth": 20,
+    "hundredth": 100,
+    "once": 1,
+    "twice": 2,
+    "thrice": 3,
+    "dozen": 12,
 }
 _MONTHS = {
-    "january", "february", "march", "april", "may", "june", "july", "august", "september",
-    "october", "november", "december", "jan", "feb", "mar", "apr", "jun", "jul", "aug",
-    "sep", "sept", "oct", "nov", "dec",
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+    "jan",
+    "feb",
+    "mar",
+    "apr",
+    "jun",
+    "jul",
+    "aug",
+    "sep",
+    "sept",
+    "oct",
+    "nov",
+    "dec",
 }
 _WEEKDAYS = {
-    "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday",
-    "yesterday", "today", "tomorrow", "tonight", "weekend",
+    "monday",
+    "tuesday",
+    "wednesday",
+    "thursday",
+    "friday",
+    "saturday",
+    "sunday",
+    "yesterday",
+    "today",
+    "tomorrow",
+    "tonight",
+    "weekend",
 }
 _RELATIVE_TIME = {"last", "next", "ago", "later", "earlier", "previous", "upcoming"}
 _NUM = re.compile(r"(?<!\w)[-+\u2212]?\d+(?:[.,:/-]\d+)*")
@@ -224,37 +312,61 @@ _OPPOSITE_GROUPS: tuple[tuple[str, str, str], ...] = (
     ("distance", "near nearby close closer closest", "far farther faraway distant"),
     ("inout", "in into inside indoors indoor within", "out outside outdoors outdoor"),
     ("onoff", "on onto", "off"),
-    ("updown", "up upward upwards uphill climb climbs climbing climbed ascend ascends "
-     "ascending ascended rise rises rising rose", "down downward downwards downhill descend "
-     "descends descending descended"),
+    (
+        "updown",
+        "up upward upwards uphill climb climbs climbing climbed ascend ascends "
+        "ascending ascended rise rises rising rose",
+        "down downward downwards downhill descend descends descending descended",
+    ),
     ("topbottom", "top upper above", "bottom lower below underneath beneath"),
     ("frontback", "front ahead", "behind rear"),
-    ("size", "big bigger biggest large larger largest huge giant enormous", "small smaller "
-     "smallest little tiny"),
+    (
+        "size",
+        "big bigger biggest large larger largest huge giant enormous",
+        "small smaller smallest little tiny",
+    ),
     ("length", "long longer longest", "short shorter shortest"),
-    ("height", "tall taller tallest high higher highest", "short shorter shortest low lower "
-     "lowest"),
+    (
+        "height",
+        "tall taller tallest high higher highest",
+        "short shorter shortest low lower lowest",
+    ),
     ("thickness", "thick thicker wide wider", "thin thinner narrow narrower"),
     ("heat", "hot hotter warm warmer heated", "cold colder cool cooler chilly frozen"),
     ("wetness", "wet wetter damp soaked", "dry drier dried"),
     ("fullness", "full filled", "empty emptied"),
     ("openness", "open opened opens", "closed shut"),
     ("toggle", "enabled enable enables enabling", "disabled disable disables disabling"),
-    ("permission", "allowed allow allows permitted permit permits", "forbidden forbid forbids "
-     "banned ban bans prohibited prohibit prohibits disallowed"),
+    (
+        "permission",
+        "allowed allow allows permitted permit permits",
+        "forbidden forbid forbids banned ban bans prohibited prohibit prohibits disallowed",
+    ),
     ("truth", "true correct", "false incorrect wrong"),
-    ("preference", "like likes liked love loves loved enjoy enjoys enjoyed prefer prefers",
-     "dislike dislikes disliked hate hates hated detest detests"),
-    ("outcome", "win wins won winning passed succeed succeeded", "lose loses lost losing "
-     "fail fails failed"),
-    ("acceptance", "accept accepts accepted approve approved", "reject rejects rejected "
-     "decline declines declined deny denied"),
+    (
+        "preference",
+        "like likes liked love loves loved enjoy enjoys enjoyed prefer prefers",
+        "dislike dislikes disliked hate hates hated detest detests",
+    ),
+    (
+        "outcome",
+        "win wins won winning passed succeed succeeded",
+        "lose loses lost losing fail fails failed",
+    ),
+    (
+        "acceptance",
+        "accept accepts accepted approve approved",
+        "reject rejects rejected decline declines declined deny denied",
+    ),
     ("life", "alive", "dead died deceased"),
     ("marriage", "married", "single divorced unmarried"),
     ("age", "young younger youngest", "old older oldest elderly"),
     ("novelty", "new newer newest", "old older"),
-    ("speed", "fast faster fastest quick quickly quicker rapid rapidly", "slow slower slowest "
-     "slowly"),
+    (
+        "speed",
+        "fast faster fastest quick quickly quicker rapid rapidly",
+        "slow slower slowest slowly",
+    ),
     ("lateness", "early earlier earliest", "late later latest"),
     ("brightness", "bright", "dark darker dim"),
     ("mood", "happy happier glad", "sad sadder unhappy"),
@@ -268,10 +380,16 @@ _OPPOSITE_GROUPS: tuple[tuple[str, str, str], ...] = (
     ("quantity", "more most", "less least fewer"),
     ("whole", "all every everyone everything always", "none nobody nothing never"),
     ("buying", "buy buys bought buying", "sell sells sold selling"),
-    ("beginning", "start starts started starting begin begins began", "stop stops stopped "
-     "stopping quit quits"),
-    ("change", "increase increases increased increasing", "decrease decreases decreased "
-     "decreasing"),
+    (
+        "beginning",
+        "start starts started starting begin begins began",
+        "stop stops stopped stopping quit quits",
+    ),
+    (
+        "change",
+        "increase increases increased increasing",
+        "decrease decreases decreased decreasing",
+    ),
     ("presence", "present", "absent"),
     ("safety", "safe", "dangerous unsafe"),
     ("strength", "strong stronger", "weak weaker"),
@@ -290,10 +408,55 @@ _NEG_PREFIXES = ("un", "dis", "non")
 _POS_PREFIXES = ("en", "em")
 # words that are never values and never roles (function words, auxiliaries)
 _FUNCTION = {
-    "a", "an", "the", "is", "are", "was", "were", "be", "being", "been", "am", "of", "its",
-    "his", "her", "their", "our", "my", "your", "some", "and", "or", "to", "for", "with",
-    "at", "as", "that", "this", "these", "those", "it", "he", "she", "they", "we", "i",
-    "you", "him", "them", "who", "which", "has", "have", "had", "does", "do", "did", "s",
+    "a",
+    "an",
+    "the",
+    "is",
+    "are",
+    "was",
+    "were",
+    "be",
+    "being",
+    "been",
+    "am",
+    "of",
+    "its",
+    "his",
+    "her",
+    "their",
+    "our",
+    "my",
+    "your",
+    "some",
+    "and",
+    "or",
+    "to",
+    "for",
+    "with",
+    "at",
+    "as",
+    "that",
+    "this",
+    "these",
+    "those",
+    "it",
+    "he",
+    "she",
+    "they",
+    "we",
+    "i",
+    "you",
+    "him",
+    "them",
+    "who",
+    "which",
+    "has",
+    "have",
+    "had",
+    "does",
+    "do",
+    "did",
+    "s",
 }
 # prepositions that mark who does what to whom: kept among the role words, so that "from
 # Boston to Denver" / "from Denver to Boston" swap around "to"
@@ -303,11 +466,50 @@ _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 _IDENT = re.compile(r"^(?=.*\d)(?=.*[^\W\d_])|^[A-Z]{2,}$|^[^\W\d_]+[A-Z]")
 _SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")
 #: words whose full stop does not end a sentence ("Dr. Smith", "U.S. Army")
-_ABBREVIATIONS = frozenset({
-    "dr", "mr", "mrs", "ms", "st", "mt", "prof", "jr", "sr", "vs", "gen", "col", "lt",
-    "sgt", "capt", "rev", "fr", "no", "fig", "approx", "dept", "est", "inc", "ltd", "co",
-    "etc", "e.g", "i.e", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept",
-    "oct", "nov", "dec"})
+_ABBREVIATIONS = frozenset(
+    {
+        "dr",
+        "mr",
+        "mrs",
+        "ms",
+        "st",
+        "mt",
+        "prof",
+        "jr",
+        "sr",
+        "vs",
+        "gen",
+        "col",
+        "lt",
+        "sgt",
+        "capt",
+        "rev",
+        "fr",
+        "no",
+        "fig",
+        "approx",
+        "dept",
+        "est",
+        "inc",
+        "ltd",
+        "co",
+        "etc",
+        "e.g",
+        "i.e",
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "jun",
+        "jul",
+        "aug",
+        "sep",
+        "sept",
+        "oct",
+        "nov",
+        "dec",
+    }
+)
 _LAST_WORD = re.compile(r"([^\W\d_]+(?:\.[^\W\d_]+)*)\.?$")
 
 
@@ -317,12 +519,15 @@ def split_sentences(text: str) -> list[str]:
     out: list[str] = []
     pos = 0
     for m in _SENTENCE_END.finditer(text):
-        piece = text[pos:m.end()]
+        piece = text[pos : m.end()]
         if m.group(0) == ".":
             w = _LAST_WORD.search(piece[:-1].rstrip() + ".")
             last = w.group(1).lower() if w else ""
-            if last in _ABBREVIATIONS or (len(last) == 1 and last.isalpha()) or (
-                    "." in last and all(len(x) == 1 for x in last.split("."))):
+            if (
+                last in _ABBREVIATIONS
+                or (len(last) == 1 and last.isalpha())
+                or ("." in last and all(len(x) == 1 for x in last.split(".")))
+            ):
                 continue
         out.append(piece)
         pos = m.end()
@@ -350,8 +555,18 @@ def _vocabulary() -> frozenset[str]:
     return frozenset(w for w in f.read_text(encoding="utf-8").split("\n") if w.isalpha())
 
 
-_SUFFIXES = (("s", ""), ("es", ""), ("ies", "y"), ("ed", ""), ("ed", "e"), ("ing", ""),
-             ("ing", "e"), ("ly", ""), ("er", ""), ("est", ""))
+_SUFFIXES = (
+    ("s", ""),
+    ("es", ""),
+    ("ies", "y"),
+    ("ed", ""),
+    ("ed", "e"),
+    ("ing", ""),
+    ("ing", "e"),
+    ("ly", ""),
+    ("er", ""),
+    ("est", ""),
+)
 
 
 def _common(word: str, vocab: frozenset[str]) -> bool:
@@ -360,8 +575,11 @@ def _common(word: str, vocab: frozenset[str]) -> bool:
         return True
     for s, r in _SUFFIXES:
         stem = word[: -len(s)]
-        if word.endswith(s) and len(stem) >= 3 and (
-                stem + r in vocab or (not r and stem[-1] == stem[-2] and stem[:-1] in vocab)):
+        if (
+            word.endswith(s)
+            and len(stem) >= 3
+            and (stem + r in vocab or (not r and stem[-1] == stem[-2] and stem[:-1] in vocab))
+        ):
             return True  # "cats", "shredded" -> "shred", "chopping" -> "chop"
     return False
 
@@ -413,13 +631,19 @@ def _word(w: str) -> tuple[str, bool, bool, str | None, str | None, str | None]:
         return low, False, False, None, None, None
     function = low in _FUNCTION
     value = bool(_IDENT.search(w)) or (
-        low.isascii() and low.isalpha() and len(low) >= 3 and not function
-        and not _common(low, _vocabulary()))
+        low.isascii()
+        and low.isalpha()
+        and len(low) >= 3
+        and not function
+        and not _common(low, _vocabulary())
+    )
     inner = value or (w[:1].isupper() and not function)
-    neg = next((low[len(p):] for p in _NEG_PREFIXES
-                if low.startswith(p) and len(low) - len(p) >= 4), None)
-    pos = next((low[len(p):] for p in _POS_PREFIXES
-                if low.startswith(p) and len(low) - len(p) >= 4), None)
+    neg = next(
+        (low[len(p) :] for p in _NEG_PREFIXES if low.startswith(p) and len(low) - len(p) >= 4), None
+    )
+    pos = next(
+        (low[len(p) :] for p in _POS_PREFIXES if low.startswith(p) and len(low) - len(p) >= 4), None
+    )
     role = None if function and low not in _ROLE_PIVOTS else _singular(low)
     return low, value, inner, neg, pos, role
 
@@ -481,10 +705,19 @@ def conflict_signature(text: str) -> ConflictSignature:
     for k, w in enumerate(role_t):
         seen[w] = -1 if w in seen else k
     return ConflictSignature(
-        negs, nums, dates, tuple(poles), frozenset(negated), stems, words, role_t,
-        word_list=tuple(lows), word_set=word_set,
+        negs,
+        nums,
+        dates,
+        tuple(poles),
+        frozenset(negated),
+        stems,
+        words,
+        role_t,
+        word_list=tuple(lows),
+        word_set=word_set,
         value_set=frozenset(w for w, v in words if v),
-        role_pos={w: k for w, k in seen.items() if k >= 0})
+        role_pos={w: k for w, k in seen.items() if k >= 0},
+    )
 
 
 #: the signature of a text without words
@@ -498,13 +731,23 @@ def _opposite(a: ConflictSignature, b: ConflictSignature) -> bool:
         pa, pb = set(a.poles), set(b.poles)
         if {g for g, _ in pa - pb} & {g for g, _ in pb - pa}:
             return True
-    return bool(((a.negated_stems - b.negated_stems) & b.stems)
-                or ((b.negated_stems - a.negated_stems) & a.stems))
+    return bool(
+        ((a.negated_stems - b.negated_stems) & b.stems)
+        or ((b.negated_stems - a.negated_stems) & a.stems)
+    )
 
 
 #: British and American spellings of one word ("grey" / "gray", "organise" / "organize")
-_SPELLINGS = (("grey", "gray"), ("ise", "ize"), ("isa", "iza"), ("yse", "yze"),
-              ("our", "or"), ("tre", "ter"), ("ence", "ense"), ("ogue", "og"))
+_SPELLINGS = (
+    ("grey", "gray"),
+    ("ise", "ize"),
+    ("isa", "iza"),
+    ("yse", "yze"),
+    ("our", "or"),
+    ("tre", "ter"),
+    ("ence", "ense"),
+    ("ogue", "og"),
+)
 
 
 def _variant(x: str, y: str) -> bool:
@@ -515,8 +758,11 @@ def _variant(x: str, y: str) -> bool:
 def _one_char_apart(x: str, y: str) -> bool:
     """Equal length (at least 3), exactly one differing character, and not two spellings
     of one word."""
-    return (len(x) == len(y) >= 3 and sum(c != d for c, d in zip(x, y, strict=True)) == 1
-            and not _variant(x, y))
+    return (
+        len(x) == len(y) >= 3
+        and sum(c != d for c, d in zip(x, y, strict=True)) == 1
+        and not _variant(x, y)
+    )
 
 
 def _values_differ(a: ConflictSignature, b: ConflictSignature) -> bool:
@@ -546,16 +792,22 @@ def _values_differ(a: ConflictSignature, b: ConflictSignature) -> bool:
     elif (len(wa) - i - j) * (len(wb) - i - j) > _MAX_ALIGN:
         # long texts that differ in many places: align only the differing middle's ends
         # (difflib is quadratic); such pairs are no near-duplicate sentences anyway
-        spans = [("replace", i, min(i + 3, len(wa) - j), i, min(i + 3, len(wb) - j)),
-                 ("replace", max(i, len(wa) - j - 3), len(wa) - j,
-                  max(i, len(wb) - j - 3), len(wb) - j)]
+        spans = [
+            ("replace", i, min(i + 3, len(wa) - j), i, min(i + 3, len(wb) - j)),
+            ("replace", max(i, len(wa) - j - 3), len(wa) - j, max(i, len(wb) - j - 3), len(wb) - j),
+        ]
     else:
         spans = difflib.SequenceMatcher(a=wa, b=wb, autojunk=False).get_opcodes()
     for op, i1, i2, j1, j2 in spans:
         if op != "replace" or i2 - i1 > 3 or j2 - j1 > 3 or i1 == i2 or j1 == j2:
             continue
-        if (i2 - i1 == 1 and j2 - j1 == 1 and wa[i1] in only_a and wb[j1] in only_b
-                and _one_char_apart(wa[i1], wb[j1])):
+        if (
+            i2 - i1 == 1
+            and j2 - j1 == 1
+            and wa[i1] in only_a
+            and wb[j1] in only_b
+            and _one_char_apart(wa[i1], wb[j1])
+        ):
             return True  # "sk-abc" / "sk-abd", "has a cat" / "has a car"
         va = [w for w, v in a.words[i1:i2] if v and w not in in_b]
         vb = [w for w, v in b.words[j1:j2] if v and w not in in_a]

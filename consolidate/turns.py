@@ -33,6 +33,8 @@ class Turn:
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
-            raise ValueError(f"turn {self.id!r}: source must be one of {', '.join(SOURCES)} "
-                             f"(who wrote the text decides whether it may become a memory), "
-                             f"got {self.source!r}")
+            raise ValueError(
+                f"turn {self.id!r}: source must be one of {', '.join(SOURCES)} "
+                f"(who wrote the text decides whether it may become a memory), "
+                f"got {self.source!r}"
+            )

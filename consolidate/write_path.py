@@ -75,8 +75,14 @@ def _fact_id(turn_id: str, k: int) -> str:
     return "f-" + hashlib.sha256(f"{turn_id}\n{k}".encode()).hexdigest()[:24]
 
 
-def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: Any,
-           cfg: IngestConfig | None = None, device: str = "cpu") -> dict[str, Any]:
+def ingest(
+    store: Store,
+    turns: Sequence[Turn],
+    backend: LLMBackend,
+    embedder: Any,
+    cfg: IngestConfig | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:
     """Run the write path over ``turns`` into ``store`` (created from the first ADDs if it
     does not exist yet).
 
@@ -114,25 +120,35 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
             events.append({"op": "skip_untrusted", "turn": t.id, "source": t.source})
     # ---- extract (one request per turn, one retry)
     when = [datetime_from_hours(t.time_h).strftime("%d %B %Y") for t in ok_turns]
-    raw = chat("extract", [extract_request(t, w, cfg.extract_max_tokens)
-                           for t, w in zip(ok_turns, when, strict=True)])
+    raw = chat(
+        "extract",
+        [
+            extract_request(t, w, cfg.extract_max_tokens)
+            for t, w in zip(ok_turns, when, strict=True)
+        ],
+    )
     facts = [parse_facts(r.text) for r in raw]
     bad = [k for k, f in enumerate(facts) if f is None]
     if bad:
-        again = chat("extract", [extract_request(ok_turns[k], when[k], cfg.extract_max_tokens,
-                                                 retry=True) for k in bad])
+        again = chat(
+            "extract",
+            [
+                extract_request(ok_turns[k], when[k], cfg.extract_max_tokens, retry=True)
+                for k in bad
+            ],
+        )
         for k, r in zip(bad, again, strict=True):
             facts[k] = parse_facts(r.text)
             if facts[k] is None:
-                events.append({"op": "extract_failed", "turn": ok_turns[k].id,
-                               "raw": [raw[k].text, r.text]})
+                events.append(
+                    {"op": "extract_failed", "turn": ok_turns[k].id, "raw": [raw[k].text, r.text]}
+                )
     items = []
     for t, w, fs in zip(ok_turns, when, facts, strict=True):
         for k, f in enumerate(fs or []):  # one step per extracted fact
             why = ungrounded(f.text, t, w) if cfg.require_grounding else []
             if why:
-                events.append({"op": "ungrounded_fact", "turn": t.id, "fact": f.text,
-                               "added": why})
+                events.append({"op": "ungrounded_fact", "turn": t.id, "fact": f.text, "added": why})
             else:
                 items.append((t, k, f))
     # ---- embed and find neighbours
@@ -142,23 +158,32 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
     else:  # a new store: created from the first ADDs
         live = Records.empty(int(embedder.dim))
     lm = live.meta
-    vecs = (embedder.encode([f.text for _, _, f in items]) if items
-            else np.zeros((0, live.dim), np.float32))
+    vecs = (
+        embedder.encode([f.text for _, _, f in items])
+        if items
+        else np.zeros((0, live.dim), np.float32)
+    )
     ns_names = sorted({t.namespace for t, _, _ in items} | set(lm["namespace"]))
     code = {n: c for c, n in enumerate(ns_names)}
-    top = topk_neighbours(vecs, live.vectors, cfg.top_s,
-                          query_segments=np.array([code[t.namespace] for t, _, _ in items],
-                                                  dtype=np.int64),
-                          key_segments=np.array([code[n] for n in lm["namespace"]],
-                                                dtype=np.int64), device=device)
+    top = topk_neighbours(
+        vecs,
+        live.vectors,
+        cfg.top_s,
+        query_segments=np.array([code[t.namespace] for t, _, _ in items], dtype=np.int64),
+        key_segments=np.array([code[n] for n in lm["namespace"]], dtype=np.int64),
+        device=device,
+    )
     # closed history does not count: "lives in Porto" again after a move is a new fact
     still_open = ~np.isfinite(lm["valid_to"].to_numpy(np.float64))
-    stored_hashes = {(n, h) for n, h, o in zip(lm["namespace"], lm["text_hash"], still_open,
-                                                strict=True) if o}
-    pre = prefilter([f"{t.namespace}\x00{text_hash(f.text)}" for t, _, f in items],
-                    {f"{n}\x00{h}" for n, h in stored_hashes},
-                    [float(s[0]) if np.isfinite(s[0]) else -1.0 for s in top.scores],
-                    cfg.add_below)
+    stored_hashes = {
+        (n, h) for n, h, o in zip(lm["namespace"], lm["text_hash"], still_open, strict=True) if o
+    }
+    pre = prefilter(
+        [f"{t.namespace}\x00{text_hash(f.text)}" for t, _, f in items],
+        {f"{n}\x00{h}" for n, h in stored_hashes},
+        [float(s[0]) if np.isfinite(s[0]) else -1.0 for s in top.scores],
+        cfg.add_below,
+    )
     # ---- decide: one request per turn for its undecided facts
     decisions: list[Decision | None] = list(pre)
     by_turn: dict[str, list[int]] = {}
@@ -171,23 +196,41 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
         for n in idx:
             for j in top.indices[n]:
                 if j >= 0 and j not in seen:
-                    seen[j] = Neighbour(len(seen) + 1, lm["id"].iat[j], lm["text"].iat[j],
-                                        bool(lm["pinned"].iat[j]))
+                    seen[j] = Neighbour(
+                        len(seen) + 1, lm["id"].iat[j], lm["text"].iat[j], bool(lm["pinned"].iat[j])
+                    )
         asks.append((tid, idx, list(seen.values())))
-    answers = chat("decide", [decide_request([items[n][2].text for n in idx], nb,
-                                             cfg.decide_max_tokens) for _, idx, nb in asks])
-    parsed = [parse_decisions(a.text, len(idx), nb)
-              for a, (_, idx, nb) in zip(answers, asks, strict=True)]
+    answers = chat(
+        "decide",
+        [
+            decide_request([items[n][2].text for n in idx], nb, cfg.decide_max_tokens)
+            for _, idx, nb in asks
+        ],
+    )
+    parsed = [
+        parse_decisions(a.text, len(idx), nb) for a, (_, idx, nb) in zip(answers, asks, strict=True)
+    ]
     redo = [k for k, p in enumerate(parsed) if p is None]
-    retry = chat("decide", [decide_request([items[n][2].text for n in asks[k][1]], asks[k][2],
-                                           cfg.decide_max_tokens, retry=True) for k in redo])
+    retry = chat(
+        "decide",
+        [
+            decide_request(
+                [items[n][2].text for n in asks[k][1]],
+                asks[k][2],
+                cfg.decide_max_tokens,
+                retry=True,
+            )
+            for k in redo
+        ],
+    )
     raw_of = {k: [answers[k].text] for k in range(len(asks))}
     for k, r in zip(redo, retry, strict=True):
         parsed[k] = parse_decisions(r.text, len(asks[k][1]), asks[k][2])
         raw_of[k].append(r.text)
     for k, (_, idx, _) in enumerate(asks):
-        ds = parsed[k] or [Decision(i, "ADD", source="fallback", note="unparseable twice")
-                           for i in range(len(idx))]
+        ds = parsed[k] or [
+            Decision(i, "ADD", source="fallback", note="unparseable twice") for i in range(len(idx))
+        ]
         for d, n in zip(ds, idx, strict=True):
             decisions[n] = Decision(n, d.op, d.target_id, d.text, d.source, d.note)
     # ---- apply, in order; the first decision touching a memory wins
@@ -198,8 +241,12 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
         d = decisions[n]
         assert d is not None
         if d.op in ("UPDATE", "DELETE") and d.target_id in touched:
-            d = Decision(n, "ADD", source="fallback",
-                         note=f"{d.op} of {d.target_id} already changed in this batch")
+            d = Decision(
+                n,
+                "ADD",
+                source="fallback",
+                note=f"{d.op} of {d.target_id} already changed in this batch",
+            )
         if d.op == "NOOP" and d.source == "model":
             # "already known" must not swallow a fact that negates or changes a number or
             # date of the memory it resembles most: that one is stored (the nightly pass's
@@ -207,10 +254,20 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
             j = int(top.indices[n][0])
             why = conflict_reason(f.text, lm["text"].iat[j]) if j >= 0 else None
             if why:
-                d = Decision(n, "ADD", source="fallback",
-                             note=f"NOOP rejected: {why} against {lm['id'].iat[j]}")
-        ev = {"op": d.op, "turn": t.id, "fact": f.text, "by": d.source, "note": d.note,
-              "target": d.target_id}
+                d = Decision(
+                    n,
+                    "ADD",
+                    source="fallback",
+                    note=f"NOOP rejected: {why} against {lm['id'].iat[j]}",
+                )
+        ev = {
+            "op": d.op,
+            "turn": t.id,
+            "fact": f.text,
+            "by": d.source,
+            "note": d.note,
+            "target": d.target_id,
+        }
         if d.source == "model" or d.note == "unparseable twice":
             key = next(i for i, (_, idx, _) in enumerate(asks) if n in idx)
             ev["raw"] = raw_of[key]
@@ -218,16 +275,25 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
         vf, why = _valid_from_hours(f.valid_from, t.time_h)
         if why:
             ev["valid_from_refused"] = why
-        row = {"id": _fact_id(t.id, k), "namespace": t.namespace, "text": f.text,
-               "vector": vecs[n], "importance": f.importance / 10.0, "created_at": t.time_h,
-               "last_used": t.time_h, "source_ids": [t.id], "valid_from": vf}
+        row = {
+            "id": _fact_id(t.id, k),
+            "namespace": t.namespace,
+            "text": f.text,
+            "vector": vecs[n],
+            "importance": f.importance / 10.0,
+            "created_at": t.time_h,
+            "last_used": t.time_h,
+            "source_ids": [t.id],
+            "valid_from": vf,
+        }
         old = lm.iloc[row_of[d.target_id]] if d.op in ("UPDATE", "DELETE") else None
         old_vf = np.nan if old is None else float(old["valid_from"])
         if np.isfinite(old_vf):  # a temporal fact: close it, keep it as history
             touched.add(d.target_id)
             ends = vf if np.isfinite(vf) and vf > old_vf else t.time_h
-            patches.append({"id": d.target_id, "op": "close", "valid_to": max(ends, old_vf),
-                            "at": t.time_h})
+            patches.append(
+                {"id": d.target_id, "op": "close", "valid_to": max(ends, old_vf), "at": t.time_h}
+            )
             ev["closed"] = d.target_id
             if d.op == "UPDATE":
                 row.update(text=d.text)
@@ -237,17 +303,26 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
             new_rows.append(row)
         elif d.op == "UPDATE":
             touched.add(d.target_id)
-            row.update(text=d.text, importance=max(row["importance"], float(old["importance"])),
-                       source_ids=sorted(set(old["source_ids"]) | {t.id}))
+            row.update(
+                text=d.text,
+                importance=max(row["importance"], float(old["importance"])),
+                source_ids=sorted(set(old["source_ids"]) | {t.id}),
+            )
             upd_texts.append(len(new_rows))
             new_rows.append(row)
-            patches.append({"id": d.target_id, "op": "delete", "into": row["id"],
-                            "at": t.time_h})
+            patches.append({"id": d.target_id, "op": "delete", "into": row["id"], "at": t.time_h})
         elif d.op == "DELETE":  # a contradiction: the new fact supersedes the old one
             touched.add(d.target_id)
             new_rows.append(row)
-            patches.append({"id": d.target_id, "op": "delete", "into": row["id"],
-                            "reason": "superseded", "at": t.time_h})
+            patches.append(
+                {
+                    "id": d.target_id,
+                    "op": "delete",
+                    "into": row["id"],
+                    "reason": "superseded",
+                    "at": t.time_h,
+                }
+            )
             ev["superseded"] = d.target_id
     if upd_texts:  # an UPDATE's vector is the embedding of its new text
         v = embedder.encode([new_rows[i]["text"] for i in upd_texts])
@@ -269,13 +344,18 @@ def ingest(store: Store, turns: Sequence[Turn], backend: LLMBackend, embedder: A
         return float(np.percentile(x, q)) if x else None
 
     return {
-        "turns": len(turns), "trusted_turns": len(ok_turns),
+        "turns": len(turns),
+        "trusted_turns": len(ok_turns),
         "skipped_untrusted": len(turns) - len(ok_turns),
         "extract_failed": sum(e["op"] == "extract_failed" for e in events),
         "ungrounded_facts": sum(e["op"] == "ungrounded_fact" for e in events),
-        "facts": len(items), "decisions": dict(ops), "decided_by": dict(by),
-        "records_written": len(written), "tombstoned": len(patches),
-        "model_calls": dict(calls), "prompt_tokens": tokens["prompt"],
+        "facts": len(items),
+        "decisions": dict(ops),
+        "decided_by": dict(by),
+        "records_written": len(written),
+        "tombstoned": len(patches),
+        "model_calls": dict(calls),
+        "prompt_tokens": tokens["prompt"],
         "completion_tokens": tokens["completion"],
         "latency_s": {s: {"p50": pct(v, 50), "p95": pct(v, 95)} for s, v in lat.items()},
         "events": events,
@@ -314,13 +394,29 @@ def _valid_from_hours(text: str | None, turn_h: float) -> tuple[float, str | Non
     return h, None
 
 
-_ISO_START = re.compile(r"^\d{4}(-\d{1,2}(-\d{1,2})?)?"
-                        r"([T ]\d{1,2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?)?$")
+_ISO_START = re.compile(
+    r"^\d{4}(-\d{1,2}(-\d{1,2})?)?"
+    r"([T ]\d{1,2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?)?$"
+)
 _UNIT_H = {"day": 24.0, "week": 168.0, "month": 730.5, "year": 8766.0}
-_AGO = re.compile(r"^(\d{1,4}|a|an|one|two|three|four|five|six|seven|eight|nine|ten) "
-                  r"(day|week|month|year)s? ago$")
-_WORD_N = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
-           "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+_AGO = re.compile(
+    r"^(\d{1,4}|a|an|one|two|three|four|five|six|seven|eight|nine|ten) "
+    r"(day|week|month|year)s? ago$"
+)
+_WORD_N = {
+    "a": 1,
+    "an": 1,
+    "one": 1,
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+}
 
 
 def _relative_hours(t: str, turn_h: float) -> float | None:

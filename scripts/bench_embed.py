@@ -39,14 +39,43 @@ def main() -> None:
     else:
         source = "synthetic sentences"  # LOCOMO-like lengths, where no data travels
         g = np.random.default_rng(0)
-        vocab = ["Gina", "Jon", "adopted", "two", "cats", "dance", "studio", "in", "May",
-                 "because", "she", "said", "they", "went", "to", "the", "park", "and",
-                 "loved", "it", "every", "weekend", "with", "friends"]
+        vocab = [
+            "Gina",
+            "Jon",
+            "adopted",
+            "two",
+            "cats",
+            "dance",
+            "studio",
+            "in",
+            "May",
+            "because",
+            "she",
+            "said",
+            "they",
+            "went",
+            "to",
+            "the",
+            "park",
+            "and",
+            "loved",
+            "it",
+            "every",
+            "weekend",
+            "with",
+            "friends",
+        ]
         texts = [" ".join(g.choice(vocab, int(n))) for n in g.integers(5, 40, a.n)]
-    res = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "n": len(texts),
-           "texts": source,
-           "device": a.device, "dtype": a.dtype, "torch": torch.__version__,
-           "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count()}
+    res = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "n": len(texts),
+        "texts": source,
+        "device": a.device,
+        "dtype": a.dtype,
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+    }
     vecs = {}
     for name in ("st", "packed"):
         e = Embedder(a.model, a.device, show_progress=False, dtype=a.dtype, pipeline=name)
@@ -67,9 +96,11 @@ def main() -> None:
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "embed.json").write_text(json.dumps(res, indent=1))
     print(json.dumps(res, indent=1))
-    print(f"embed {len(texts)} {source} on {res['device']} {a.dtype}: packed "
-          f"{res['packed']['texts_per_s']} texts/s, plain encode {res['st']['texts_per_s']} "
-          f"texts/s: {res['ratio']}x")
+    print(
+        f"embed {len(texts)} {source} on {res['device']} {a.dtype}: packed "
+        f"{res['packed']['texts_per_s']} texts/s, plain encode {res['st']['texts_per_s']} "
+        f"texts/s: {res['ratio']}x"
+    )
 
 
 if __name__ == "__main__":

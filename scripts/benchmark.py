@@ -86,8 +86,13 @@ from consolidate.similarity.engines.faiss_engine import recall_at_k  # noqa: E40
 HAS_FAISS = importlib.util.find_spec("faiss") is not None
 HAS_ST = importlib.util.find_spec("sentence_transformers") is not None
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
-               "fp16": torch.float16, "fp64": torch.float64}
+TORCH_DTYPE = {
+    "fp32": torch.float32,
+    "tf32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp64": torch.float64,
+}
 
 
 class Skip(Exception):
@@ -124,18 +129,40 @@ class Case:
         if self.kind == "topk":
             ns = f" ns={self.namespaces}" if self.namespaces > 1 else ""
             return f"{src}top-{self.k} q={self.q} n={self.n}{ns} d={self.d} {self.dtype}"
-        ns = f" ns={self.namespaces}x{self.n // max(1, self.namespaces)}" \
-            if self.kind == "namespaces" else ""
+        ns = (
+            f" ns={self.namespaces}x{self.n // max(1, self.namespaces)}"
+            if self.kind == "namespaces"
+            else ""
+        )
         return f"{src}join n={self.n}{ns} d={self.d} {self.dtype} t={self.threshold}"
 
 
-JOIN = ["ours (torch)", "ours (triton)", "ours (faiss)", "naive torch tiles", "numpy tiles",
-        "faiss range_search"]
+JOIN = [
+    "ours (torch)",
+    "ours (triton)",
+    "ours (faiss)",
+    "naive torch tiles",
+    "numpy tiles",
+    "faiss range_search",
+]
 ST_JOIN = ["ours pairs + clusters", "st paraphrase_mining", "st community_detection"]
-TOPK = ["ours (torch)", "ours (triton)", "ours (faiss)", "naive torch tiles", "numpy tiles",
-        "faiss search", "st semantic_search", "faiss IVF (approx)"]
-NS = ["ours (torch)", "ours (triton)", "ours (faiss)", "loop over ours per namespace",
-      "numpy loop per namespace"]
+TOPK = [
+    "ours (torch)",
+    "ours (triton)",
+    "ours (faiss)",
+    "naive torch tiles",
+    "numpy tiles",
+    "faiss search",
+    "st semantic_search",
+    "faiss IVF (approx)",
+]
+NS = [
+    "ours (torch)",
+    "ours (triton)",
+    "ours (faiss)",
+    "loop over ours per namespace",
+    "numpy loop per namespace",
+]
 TOPK_NS = NS  # the same method names, top-k variants
 
 
@@ -144,56 +171,116 @@ def preset_cases(preset: str) -> tuple[list[Case], dict[str, Any]]:
     if preset == "cpu":
         return [
             Case("join", 50_000, 384, "fp32", 0.9, methods=JOIN),
-            Case("join", 10_000, 384, "fp32", 0.9,
-                 methods=["ours (torch)", "ours (faiss)", "numpy tiles"] + ST_JOIN),
+            Case(
+                "join",
+                10_000,
+                384,
+                "fp32",
+                0.9,
+                methods=["ours (torch)", "ours (faiss)", "numpy tiles"] + ST_JOIN,
+            ),
             Case("topk", 50_000, 384, "fp32", k=10, q=5_000, methods=TOPK),
             Case("namespaces", 200_000, 384, "fp32", 0.9, namespaces=2_000, methods=NS),
-            Case("topk", 200_000, 384, "fp32", k=10, q=20_000, namespaces=2_000,
-                 methods=TOPK_NS),
-            Case("join", 0, 384, "fp32", 0.9, source="locomo",
-                 methods=["ours (torch)", "ours (faiss)", "numpy tiles", "faiss range_search"]
-                 + ST_JOIN),
-        ], {"budget_s": 300.0, "cpu_cap_tflop": 1.5, "st_cap_n": 10_000, "locomo_conv": 2,
-            "repeats": 3, "slow_s": 2.0, "warm_rows": 4096}
+            Case("topk", 200_000, 384, "fp32", k=10, q=20_000, namespaces=2_000, methods=TOPK_NS),
+            Case(
+                "join",
+                0,
+                384,
+                "fp32",
+                0.9,
+                source="locomo",
+                methods=["ours (torch)", "ours (faiss)", "numpy tiles", "faiss range_search"]
+                + ST_JOIN,
+            ),
+        ], {
+            "budget_s": 300.0,
+            "cpu_cap_tflop": 1.5,
+            "st_cap_n": 10_000,
+            "locomo_conv": 2,
+            "repeats": 3,
+            "slow_s": 2.0,
+            "warm_rows": 4096,
+        }
     if preset == "gpu":
         # the leading cases of the issue's grid, most important first; the rest of the grid
         # (n=1e4, d=1024 at 0.85/0.95, k=100) runs only while the time budget lasts
         return [
             Case("join", 1_000_000, 1024, "bf16", 0.9, methods=JOIN),
             Case("join", 1_000_000, 384, "bf16", 0.9, methods=JOIN),
-            Case("topk", 1_000_000, 1024, "bf16", k=10, q=1_000_000,
-                 methods=["ours (torch)", "ours (triton)", "ours (faiss)", "naive torch tiles"]),
+            Case(
+                "topk",
+                1_000_000,
+                1024,
+                "bf16",
+                k=10,
+                q=1_000_000,
+                methods=["ours (torch)", "ours (triton)", "ours (faiss)", "naive torch tiles"],
+            ),
             Case("namespaces", 1_000_000, 384, "bf16", 0.9, namespaces=10_000, methods=NS),
-            Case("topk", 1_000_000, 384, "bf16", k=10, q=100_000, namespaces=10_000,
-                 methods=TOPK_NS),
+            Case(
+                "topk", 1_000_000, 384, "bf16", k=10, q=100_000, namespaces=10_000, methods=TOPK_NS
+            ),
             Case("join", 100_000, 384, "bf16", 0.9, methods=JOIN + ST_JOIN),
             Case("join", 0, 384, "bf16", 0.9, source="locomo", methods=JOIN + ST_JOIN),
             Case("join", 100_000, 1024, "bf16", 0.85, methods=JOIN[:4]),
             Case("join", 100_000, 1024, "bf16", 0.95, methods=JOIN[:4]),
-            Case("topk", 100_000, 384, "bf16", k=100, q=100_000,
-                 methods=TOPK[:4] + ["st semantic_search"]),
+            Case(
+                "topk",
+                100_000,
+                384,
+                "bf16",
+                k=100,
+                q=100_000,
+                methods=TOPK[:4] + ["st semantic_search"],
+            ),
             Case("join", 10_000, 384, "bf16", 0.9, methods=JOIN + ST_JOIN),
-            Case("join", 1_000_000, 384, "bf16", 0.9,
-                 methods=["ours pairs + clusters", "st community_detection"]),
-        ], {"budget_s": 270.0, "cpu_cap_tflop": 4.0, "st_cap_n": 1_000_000,
-            "locomo_conv": 10, "repeats": 3, "slow_s": 5.0, "warm_rows": 65_536}
+            Case(
+                "join",
+                1_000_000,
+                384,
+                "bf16",
+                0.9,
+                methods=["ours pairs + clusters", "st community_detection"],
+            ),
+        ], {
+            "budget_s": 270.0,
+            "cpu_cap_tflop": 4.0,
+            "st_cap_n": 1_000_000,
+            "locomo_conv": 10,
+            "repeats": 3,
+            "slow_s": 5.0,
+            "warm_rows": 65_536,
+        }
     if preset == "tiny":
         return [
             Case("join", 3_000, 64, "fp32", 0.9, methods=JOIN + ST_JOIN),
             Case("topk", 3_000, 64, "fp32", k=10, q=500, methods=TOPK),
             Case("namespaces", 2_000, 64, "fp32", 0.9, namespaces=20, methods=NS),
             Case("topk", 2_000, 64, "fp32", k=10, q=400, namespaces=20, methods=TOPK_NS),
-        ], {"budget_s": 60.0, "cpu_cap_tflop": 0.1, "st_cap_n": 10_000, "locomo_conv": 1,
-            "repeats": 2, "slow_s": 1.0, "warm_rows": 512}
+        ], {
+            "budget_s": 60.0,
+            "cpu_cap_tflop": 0.1,
+            "st_cap_n": 10_000,
+            "locomo_conv": 1,
+            "repeats": 2,
+            "slow_s": 1.0,
+            "warm_rows": 512,
+        }
     raise SystemExit(f"unknown preset {preset!r}")
 
 
 # --------------------------------------------------------------------------- data
 
 
-def make_store(n: int, d: int, seed: int, device: torch.device, dup_frac: float = 0.1,
-               cos: tuple[float, float] = (0.8, 0.995),
-               seg: np.ndarray | None = None) -> torch.Tensor:
+def make_store(
+    n: int,
+    d: int,
+    seed: int,
+    device: torch.device,
+    dup_frac: float = 0.1,
+    cos: tuple[float, float] = (0.8, 0.995),
+    seg: np.ndarray | None = None,
+) -> torch.Tensor:
     """``float32 [n, d]`` random unit vectors; ``dup_frac * n`` rows replaced by near-copies
     of other rows at a cosine drawn uniformly from ``cos`` (so every threshold in that range
     has pairs on both sides of it). With ``seg`` (namespace codes, changed in place) a
@@ -215,8 +302,9 @@ def make_store(n: int, d: int, seed: int, device: torch.device, dup_frac: float 
     return v
 
 
-def locomo_store(conversations: int, device: torch.device, npz: str | None = None,
-                 save: str | None = None) -> tuple[torch.Tensor, np.ndarray]:
+def locomo_store(
+    conversations: int, device: torch.device, npz: str | None = None, save: str | None = None
+) -> tuple[torch.Tensor, np.ndarray]:
     """Embedded LOCOMO observations and namespace codes, or :class:`Skip` with the reason.
 
     ``npz``: read ``vectors``/``codes`` saved earlier with ``save`` instead of embedding (a
@@ -235,6 +323,7 @@ def locomo_store(conversations: int, device: torch.device, npz: str | None = Non
     try:
         from consolidate.embed import Embedder
         from consolidate.store.locomo import locomo_records
+
         emb = Embedder(device=str(device), show_progress=False)
     except Exception as e:  # missing hydra/omegaconf, model package, ...
         raise Skip(f"LOCOMO store unavailable: {type(e).__name__}: {e}") from e
@@ -351,14 +440,18 @@ class Ctx:
         if self.seg is not None and self.case.kind == "namespaces":
             per = max(1, self.n // max(1, self.case.namespaces))
             keep = np.flatnonzero(self.seg < max(1, rows // per))
-            sub = Case(**{**self.case.__dict__, "n": keep.size,
-                          "namespaces": max(1, rows // per)})
+            sub = Case(**{**self.case.__dict__, "n": keep.size, "namespaces": max(1, rows // per)})
             idx = torch.from_numpy(keep).to(self.device)
             return Ctx(sub, self.device, self.v[idx], self.seg[keep], self.args)
         rows = min(rows, self.n)
         sub = Case(**{**self.case.__dict__, "n": rows, "q": min(self.q, max(1, rows // 4))})
-        return Ctx(sub, self.device, self.v[:rows], None if self.seg is None
-                   else self.seg[:rows], self.args)
+        return Ctx(
+            sub,
+            self.device,
+            self.v[:rows],
+            None if self.seg is None else self.seg[:rows],
+            self.args,
+        )
 
 
 def flops(ctx: Ctx) -> float:
@@ -507,8 +600,9 @@ def st_paraphrase(ctx: Ctx) -> tuple[np.ndarray, np.ndarray]:
     from sentence_transformers import util
 
     res = util.paraphrase_mining_embeddings(ctx.v)
-    a = np.array([(min(i, j), max(i, j)) for s, i, j in res if s >= ctx.case.threshold],
-                 np.int64).reshape(-1, 2)
+    a = np.array(
+        [(min(i, j), max(i, j)) for s, i, j in res if s >= ctx.case.threshold], np.int64
+    ).reshape(-1, 2)
     return a[:, 0], a[:, 1]
 
 
@@ -529,10 +623,10 @@ def ours_clusters(ctx: Ctx) -> list[list[int]]:
     clusters (consolidate.cluster, unit weights, no conflict guard), the counterpart of
     community_detection."""
     c = ctx.case
-    p = threshold_pairs(ctx.v, c.threshold, segments=ctx.seg_t, device=ctx.device,
-                        dtype=c.dtype)
-    cr = centroid_clusters(p.i, p.j, p.sim, ctx.host, np.ones(ctx.n), ctx.cache["keys"],
-                           c.threshold)
+    p = threshold_pairs(ctx.v, c.threshold, segments=ctx.seg_t, device=ctx.device, dtype=c.dtype)
+    cr = centroid_clusters(
+        p.i, p.j, p.sim, ctx.host, np.ones(ctx.n), ctx.cache["keys"], c.threshold
+    )
     return cr.clusters
 
 
@@ -555,8 +649,12 @@ def loop_ours(ctx: Ctx) -> tuple[np.ndarray, np.ndarray]:
     """A Python loop over namespaces, one threshold_pairs call each (default engine)."""
     out_i, out_j = [], []
     for idx in _groups(ctx.seg):
-        p = threshold_pairs(ctx.v[torch.from_numpy(idx).to(ctx.device)], ctx.case.threshold,
-                            device=ctx.device, dtype=ctx.case.dtype)
+        p = threshold_pairs(
+            ctx.v[torch.from_numpy(idx).to(ctx.device)],
+            ctx.case.threshold,
+            device=ctx.device,
+            dtype=ctx.case.dtype,
+        )
         a, b = idx[p.i], idx[p.j]
         out_i.append(np.minimum(a, b))
         out_j.append(np.maximum(a, b))
@@ -571,9 +669,13 @@ def loop_ours_topk(ctx: Ctx) -> np.ndarray:
         qi = idx[idx < ctx.q]  # the queries are the store's first q rows
         if not qi.size:
             continue
-        t = topk_neighbours(ctx.v[torch.from_numpy(qi).to(ctx.device)],
-                            ctx.v[torch.from_numpy(idx).to(ctx.device)], k,
-                            device=ctx.device, dtype=ctx.case.dtype)
+        t = topk_neighbours(
+            ctx.v[torch.from_numpy(qi).to(ctx.device)],
+            ctx.v[torch.from_numpy(idx).to(ctx.device)],
+            k,
+            device=ctx.device,
+            dtype=ctx.case.dtype,
+        )
         out[qi] = np.where(t.indices >= 0, idx[t.indices.clip(0)], -1)
     return out
 
@@ -641,17 +743,18 @@ class Method:
     prepare: Callable[[Ctx], None] | None = None
 
 
-def _cpu(fn: Callable[[Ctx], Any], needs: str | None = None,
-         prepare: Callable[[Ctx], None] | None = None) -> Method:
+def _cpu(
+    fn: Callable[[Ctx], Any], needs: str | None = None, prepare: Callable[[Ctx], None] | None = None
+) -> Method:
     return Method(fn, "baseline", "cpu", "fp32", needs, prepare)
 
 
 _OURS_JOIN = {
     "ours (torch)": Method(lambda c: _ours_engine(c, "torch", False), "ours"),
-    "ours (triton)": Method(lambda c: _ours_engine(c, "triton", False), "ours",
-                            needs="triton"),
-    "ours (faiss)": Method(lambda c: _ours_engine(c, "faiss", False), "ours", "faiss",
-                           needs="faiss"),
+    "ours (triton)": Method(lambda c: _ours_engine(c, "triton", False), "ours", needs="triton"),
+    "ours (faiss)": Method(
+        lambda c: _ours_engine(c, "faiss", False), "ours", "faiss", needs="faiss"
+    ),
 }
 _REF = Method(ref64_join, "reference", dtype="fp64")
 METHODS: dict[str, dict[str, Method]] = {
@@ -667,15 +770,14 @@ METHODS: dict[str, dict[str, Method]] = {
     },
     "topk": {
         "ours (torch)": Method(lambda c: _ours_engine(c, "torch", True), "ours"),
-        "ours (triton)": Method(lambda c: _ours_engine(c, "triton", True), "ours",
-                                needs="triton"),
-        "ours (faiss)": Method(lambda c: _ours_engine(c, "faiss", True), "ours", "faiss",
-                               needs="faiss"),
+        "ours (triton)": Method(lambda c: _ours_engine(c, "triton", True), "ours", needs="triton"),
+        "ours (faiss)": Method(
+            lambda c: _ours_engine(c, "faiss", True), "ours", "faiss", needs="faiss"
+        ),
         "naive torch tiles": Method(naive_torch_topk, "baseline"),
         "numpy tiles": _cpu(numpy_topk),
         "faiss search": _cpu(faiss_search, "faiss"),
-        "st semantic_search": Method(st_semantic, "baseline", dtype="fp32",
-                                     needs="st-topk"),
+        "st semantic_search": Method(st_semantic, "baseline", dtype="fp32", needs="st-topk"),
         "faiss IVF (approx)": _cpu(faiss_ivf, "faiss", faiss_ivf_build),
         "loop over ours per namespace": Method(loop_ours_topk, "baseline"),
         "numpy loop per namespace": _cpu(loop_numpy_topk),
@@ -707,8 +809,9 @@ def precheck(ctx: Ctx, name: str, m: Method, where: str) -> None:
     if where == "cpu" and dev.type == "cuda" or m.where == "cpu":
         tflop = flops(ctx) / 1e12
         if tflop > ctx.args.cpu_cap_tflop:
-            raise Skip(f"cpu method capped at {ctx.args.cpu_cap_tflop} TFLOP "
-                       f"(this case: {tflop:.3g})")
+            raise Skip(
+                f"cpu method capped at {ctx.args.cpu_cap_tflop} TFLOP (this case: {tflop:.3g})"
+            )
 
 
 # --------------------------------------------------------------------------- references
@@ -828,16 +931,24 @@ class Runner:
 
     def skip_row(self, case: Case, why: str) -> None:
         print(f"[skip] {case.name}: {why}", flush=True)
-        self.rows.append({"case": case.name, "kind": case.kind, "method": "(case)",
-                          "status": "skipped", "note": why})
+        self.rows.append(
+            {
+                "case": case.name,
+                "kind": case.kind,
+                "method": "(case)",
+                "status": "skipped",
+                "note": why,
+            }
+        )
 
     def run_case(self, case: Case) -> None:
         args, dev = self.args, self.device
         seg = None
         try:
             if case.source == "locomo":
-                v, codes = locomo_store(args.locomo_conv, dev, args.locomo_npz,
-                                        args.save_locomo_npz)
+                v, codes = locomo_store(
+                    args.locomo_conv, dev, args.locomo_npz, args.save_locomo_npz
+                )
                 case.n, case.d = int(v.shape[0]), int(v.shape[1])
                 case.namespaces = int(codes.max()) + 1 if codes.size else 0
                 v = v.to(dev)
@@ -853,8 +964,11 @@ class Runner:
         ctx = Ctx(case, dev, v, seg, args)
         full = case.kind != "topk" and ctx.n <= args.full_ref_max
         methods = ([REF_NAME] if full else []) + list(case.methods)
-        extra = (f" ({ctx.n} observations of {case.namespaces} namespaces, joined as one "
-                 f"store)" if case.source == "locomo" else "")
+        extra = (
+            f" ({ctx.n} observations of {case.namespaces} namespaces, joined as one store)"
+            if case.source == "locomo"
+            else ""
+        )
         print(f"\n== {case.name}{extra}", flush=True)
         reference = None
         for name in methods:
@@ -865,8 +979,11 @@ class Runner:
                 if not full or name == REF_NAME:
                     t = time.perf_counter()
                     reference = Reference(ctx, row.get("out") if full else None)
-                    print(f"   reference: float64, {reference.scope} "
-                          f"({time.perf_counter() - t:.1f} s)", flush=True)
+                    print(
+                        f"   reference: float64, {reference.scope} "
+                        f"({time.perf_counter() - t:.1f} s)",
+                        flush=True,
+                    )
             if "out" in row and reference is not None:
                 self.score(row, reference)
             row.pop("out", None)
@@ -898,15 +1015,25 @@ class Runner:
 
     def measure(self, ctx: Ctx, name: str, m: Method) -> dict[str, Any]:
         c, dev = ctx.case, self.device
-        where = {"dev": dev.type, "cpu": "cpu"}.get(m.where) or \
-            ("cuda" if dev.type == "cuda" and _faiss_gpu() else "cpu")
+        where = {"dev": dev.type, "cpu": "cpu"}.get(m.where) or (
+            "cuda" if dev.type == "cuda" and _faiss_gpu() else "cpu"
+        )
         dtype = m.dtype or c.dtype
         if m.where == "faiss" and where == "cuda" and c.dtype in ("bf16", "fp16"):
             dtype = "fp16"
         row: dict[str, Any] = {
-            "case": c.name, "kind": c.kind, "n": ctx.n, "q": ctx.q if c.kind == "topk" else None,
-            "d": c.d, "threshold": c.threshold, "k": c.k, "namespaces": c.namespaces,
-            "method": name, "family": m.family, "device": where, "dtype": dtype,
+            "case": c.name,
+            "kind": c.kind,
+            "n": ctx.n,
+            "q": ctx.q if c.kind == "topk" else None,
+            "d": c.d,
+            "threshold": c.threshold,
+            "k": c.k,
+            "namespaces": c.namespaces,
+            "method": name,
+            "family": m.family,
+            "device": where,
+            "dtype": dtype,
         }
         f = flops(ctx)
         try:
@@ -924,8 +1051,10 @@ class Runner:
                     t_warm, _ = self._timed(lambda: m.fn(warm))
                 est = t_warm * f / max(flops(warm), 1.0)
                 if est > self.left():
-                    raise Skip(f"estimated {est:.0f} s (from the warm-up) > {self.left():.0f} s "
-                               f"left of the budget")
+                    raise Skip(
+                        f"estimated {est:.0f} s (from the warm-up) > {self.left():.0f} s "
+                        f"left of the budget"
+                    )
                 if m.prepare:
                     m.prepare(ctx)
                 if dev.type == "cuda":
@@ -947,16 +1076,24 @@ class Runner:
             return {**row, "status": "error", "note": f"{type(e).__name__}: {e}"[:300]}
         best = min(times)
         peak = self.peak(where, dtype)
-        row.update({
-            "status": "ok", "time_s": best, "runs": len(times), "flops": f,
-            "cpu_s": cpu[times.index(best)], "load1": os.getloadavg()[0],
-            "tflops": f / best / 1e12, "peak_tflops": peak,
-            "share_of_peak": f / best / 1e12 / peak,
-            "peak_rss_mb": rss.peak / 2**20,
-            "peak_dev_mb": torch.cuda.max_memory_allocated(dev) / 2**20
-            if dev.type == "cuda" else math.nan,
-            "out": out,
-        })
+        row.update(
+            {
+                "status": "ok",
+                "time_s": best,
+                "runs": len(times),
+                "flops": f,
+                "cpu_s": cpu[times.index(best)],
+                "load1": os.getloadavg()[0],
+                "tflops": f / best / 1e12,
+                "peak_tflops": peak,
+                "share_of_peak": f / best / 1e12 / peak,
+                "peak_rss_mb": rss.peak / 2**20,
+                "peak_dev_mb": torch.cuda.max_memory_allocated(dev) / 2**20
+                if dev.type == "cuda"
+                else math.nan,
+                "out": out,
+            }
+        )
         if c.kind == "topk":
             row["queries_per_s"] = ctx.q / best
             row["pairs"] = int(ctx.q * c.k)
@@ -965,26 +1102,76 @@ class Runner:
             row["pairs_per_s"] = out[0].size / best
         if "ivf_build_s" in ctx.cache:  # approximate: scans nprobe / nlist of the store
             row.update(flops=math.nan, tflops=math.nan, share_of_peak=math.nan)
-            row["note"] = f"nlist {ctx.cache['ivf'].nlist}, nprobe 16; build " \
-                f"{ctx.cache.pop('ivf_build_s'):.2f} s not in the time; random vectors have " \
+            row["note"] = (
+                f"nlist {ctx.cache['ivf'].nlist}, nprobe 16; build "
+                f"{ctx.cache.pop('ivf_build_s'):.2f} s not in the time; random vectors have "
                 "no clusters (worst case for IVF)"
-        print(f"   {name:34s} {best:9.3f} s  ({len(times)} run{'s' * (len(times) > 1)}, "
-              f"{row['tflops']:.3g} TFLOP/s)", flush=True)
+            )
+        print(
+            f"   {name:34s} {best:9.3f} s  ({len(times)} run{'s' * (len(times) > 1)}, "
+            f"{row['tflops']:.3g} TFLOP/s)",
+            flush=True,
+        )
         return row
 
     def frame(self) -> pd.DataFrame:
-        cols = ["case", "kind", "n", "q", "d", "threshold", "k", "namespaces", "method",
-                "family", "device", "dtype", "status", "time_s", "runs", "cpu_s", "load1",
-                "pairs",
-                "pairs_per_s", "queries_per_s", "flops", "tflops", "peak_tflops",
-                "share_of_peak", "peak_rss_mb", "peak_dev_mb", "recall", "precision",
-                "recall_scope", "note",
-                # whole-pass cases (kind "pass")
-                "ns_size", "layout", "records_in", "records_out", "expected_out", "clusters",
-                "planted_clusters", "merges", "exact_merges", "similarity_s", "nonsim_s",
-                "nonsim_stages_s", "untimed_s", "nonsim_ratio", "stage_s", "load_s",
-                "commit_s", "peak_rss_gb", "hwm_before_gb", "pass_peak_rss_gb",
-                "commit_peak_rss_gb", "start_rss_gb", "data_gb", "rss_ratio"]
+        cols = [
+            "case",
+            "kind",
+            "n",
+            "q",
+            "d",
+            "threshold",
+            "k",
+            "namespaces",
+            "method",
+            "family",
+            "device",
+            "dtype",
+            "status",
+            "time_s",
+            "runs",
+            "cpu_s",
+            "load1",
+            "pairs",
+            "pairs_per_s",
+            "queries_per_s",
+            "flops",
+            "tflops",
+            "peak_tflops",
+            "share_of_peak",
+            "peak_rss_mb",
+            "peak_dev_mb",
+            "recall",
+            "precision",
+            "recall_scope",
+            "note",
+            # whole-pass cases (kind "pass")
+            "ns_size",
+            "layout",
+            "records_in",
+            "records_out",
+            "expected_out",
+            "clusters",
+            "planted_clusters",
+            "merges",
+            "exact_merges",
+            "similarity_s",
+            "nonsim_s",
+            "nonsim_stages_s",
+            "untimed_s",
+            "nonsim_ratio",
+            "stage_s",
+            "load_s",
+            "commit_s",
+            "peak_rss_gb",
+            "hwm_before_gb",
+            "pass_peak_rss_gb",
+            "commit_peak_rss_gb",
+            "start_rss_gb",
+            "data_gb",
+            "rss_ratio",
+        ]
         return pd.DataFrame(self.rows).reindex(columns=cols)
 
     def run_pass_case(self, case: PassCase, baseline: tuple[str, Path] | None) -> None:
@@ -993,54 +1180,93 @@ class Runner:
         on a fresh copy of the store."""
         args = self.args
         print(f"\n== {case.name}", flush=True)
-        head = {"case": case.name, "kind": "pass", "n": case.n, "d": case.d,
-                "threshold": 0.9, "namespaces": case.namespaces, "ns_size": case.ns_size,
-                "layout": case.layout, "dtype": args.pass_dtype}
+        head = {
+            "case": case.name,
+            "kind": "pass",
+            "n": case.n,
+            "d": case.d,
+            "threshold": 0.9,
+            "namespaces": case.namespaces,
+            "ns_size": case.ns_size,
+            "layout": case.layout,
+            "dtype": args.pass_dtype,
+        }
         root = Path(tempfile.mkdtemp(prefix="pass-bench-", dir=args.pass_tmp))
         try:
             t = time.perf_counter()
             try:
-                gen = pass_child("generate", {"n": case.n, "ns_size": case.ns_size, "d": case.d,
-                                              "clusters_per_ns": case.clusters_per_ns,
-                                              "seed": args.seed, "out": str(root / "gen")},
-                                 None, args.pass_timeout_s)
+                gen = pass_child(
+                    "generate",
+                    {
+                        "n": case.n,
+                        "ns_size": case.ns_size,
+                        "d": case.d,
+                        "clusters_per_ns": case.clusters_per_ns,
+                        "seed": args.seed,
+                        "out": str(root / "gen"),
+                    },
+                    None,
+                    args.pass_timeout_s,
+                )
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 print(f"   generate failed: {e}", flush=True)
-                self.rows.append({**head, "method": "(case)", "status": "error",
-                                  "note": f"generate: {e}"[:300]})
+                self.rows.append(
+                    {**head, "method": "(case)", "status": "error", "note": f"generate: {e}"[:300]}
+                )
                 return
-            print(f"   store: {gen['planted_clusters']} planted clusters, "
-                  f"{gen['duplicate_rows']} duplicates, {gen['store_bytes'] / 2**20:.0f} MiB "
-                  f"on disk ({time.perf_counter() - t:.1f} s)", flush=True)
+            print(
+                f"   store: {gen['planted_clusters']} planted clusters, "
+                f"{gen['duplicate_rows']} duplicates, {gen['store_bytes'] / 2**20:.0f} MiB "
+                f"on disk ({time.perf_counter() - t:.1f} s)",
+                flush=True,
+            )
             runs: list[tuple[str, str, Path | None]] = [("ours pass", "ours", None)]
             if baseline is not None:
                 label = f"baseline pass ({baseline[0]})"
                 if case.n <= args.pass_baseline_max_n:
                     runs.append((label, "baseline", baseline[1]))
                 else:
-                    self.rows.append({**head, "method": label, "family": "baseline",
-                                      "status": "skipped", "note": "n above "
-                                      f"--pass-baseline-max-n {args.pass_baseline_max_n}"})
+                    self.rows.append(
+                        {
+                            **head,
+                            "method": label,
+                            "family": "baseline",
+                            "status": "skipped",
+                            "note": f"n above --pass-baseline-max-n {args.pass_baseline_max_n}",
+                        }
+                    )
             for method, family, pkg in runs:
                 work = root / "run"
                 shutil.copytree(root / "gen", work)
-                spec = {"store": str(work), "device": args.pass_device,
-                        "dtype": args.pass_dtype, "threshold": 0.9,
-                        "warm_rows": args.pass_warm_rows}
+                spec = {
+                    "store": str(work),
+                    "device": args.pass_device,
+                    "dtype": args.pass_dtype,
+                    "threshold": 0.9,
+                    "warm_rows": args.pass_warm_rows,
+                }
                 try:
                     meas = pass_child("measure", spec, pkg, args.pass_timeout_s)
                     row = pass_row(case, gen, meas, method, family, args.pass_dtype)
-                    print(f"   {method:34s} {row['time_s']:9.3f} s  (similarity "
-                          f"{row['similarity_s']:.3g} s, non-sim {row['nonsim_ratio']:.3g}x; "
-                          f"load {row['load_s']:.3g} s, commit {row['commit_s']:.3g} s; peak "
-                          f"RSS {row['peak_rss_gb']:.3g} GB = {row['rss_ratio']:.3g}x data)",
-                          flush=True)
-                    self.pass_raw.append({"case": case.name, "method": method,
-                                          "generate": gen, "measure": meas})
+                    print(
+                        f"   {method:34s} {row['time_s']:9.3f} s  (similarity "
+                        f"{row['similarity_s']:.3g} s, non-sim {row['nonsim_ratio']:.3g}x; "
+                        f"load {row['load_s']:.3g} s, commit {row['commit_s']:.3g} s; peak "
+                        f"RSS {row['peak_rss_gb']:.3g} GB = {row['rss_ratio']:.3g}x data)",
+                        flush=True,
+                    )
+                    self.pass_raw.append(
+                        {"case": case.name, "method": method, "generate": gen, "measure": meas}
+                    )
                 except (RuntimeError, subprocess.TimeoutExpired, KeyError, TypeError) as e:
                     print(f"   {method:34s} failed: {e}", flush=True)
-                    row = {**head, "method": method, "family": family, "status": "error",
-                           "note": f"{type(e).__name__}: {e}"[:300]}
+                    row = {
+                        **head,
+                        "method": method,
+                        "family": family,
+                        "status": "error",
+                        "note": f"{type(e).__name__}: {e}"[:300],
+                    }
                 finally:
                     shutil.rmtree(work, ignore_errors=True)
                 self.rows.append(row)
@@ -1066,8 +1292,9 @@ def ratio_lines(df: pd.DataFrame) -> list[str]:
         if "ours (torch)" not in ok.index:
             continue
         base = ok.loc["ours (torch)", "time_s"]
-        parts = [f"ours (torch) {base:.3g} s" if base >= 0.01 else
-                 f"ours (torch) {base * 1e3:.3g} ms"]
+        parts = [
+            f"ours (torch) {base:.3g} s" if base >= 0.01 else f"ours (torch) {base * 1e3:.3g} ms"
+        ]
         for m, r in ok.iterrows():
             if m == "ours (torch)":
                 continue
@@ -1093,22 +1320,50 @@ class Target:
 
 
 TARGETS = [
-    Target("threshold join n=10^6 d=1024 bf16", {"kind": "join", "n": 10**6, "d": 1024,
-                                                  "dtype": "bf16"}, "naive torch tiles", 1.9, 1.6),
-    Target("threshold join n=10^6 d=384 bf16", {"kind": "join", "n": 10**6, "d": 384,
-                                                 "dtype": "bf16"}, seconds=0.7),
-    Target("top-10 of every row n=10^6 d=1024", {"kind": "topk", "n": 10**6, "d": 1024,
-                                                 "k": 10}, "naive torch tiles", 4.0, 2.5),
-    Target("pairs + centroid clusters n=10^6 d=384", {"kind": "join", "n": 10**6, "d": 384},
-           "st community_detection", 20.0, ours="ours pairs + clusters"),
-    Target("join n=10^5 d=384 vs paraphrase_mining", {"kind": "join", "n": 10**5, "d": 384},
-           "st paraphrase_mining", 100.0),
-    Target("10^4 namespaces x 100 d=384", {"kind": "namespaces", "n": 10**6,
-                                           "namespaces": 10**4},
-           "loop over ours per namespace", 20.0),
-    Target("cpu join n=5*10^4 d=384 fp32", {"kind": "join", "n": 50_000, "d": 384,
-                                            "dtype": "fp32", "device": "cpu"},
-           "numpy tiles", 1.0),
+    Target(
+        "threshold join n=10^6 d=1024 bf16",
+        {"kind": "join", "n": 10**6, "d": 1024, "dtype": "bf16"},
+        "naive torch tiles",
+        1.9,
+        1.6,
+    ),
+    Target(
+        "threshold join n=10^6 d=384 bf16",
+        {"kind": "join", "n": 10**6, "d": 384, "dtype": "bf16"},
+        seconds=0.7,
+    ),
+    Target(
+        "top-10 of every row n=10^6 d=1024",
+        {"kind": "topk", "n": 10**6, "d": 1024, "k": 10},
+        "naive torch tiles",
+        4.0,
+        2.5,
+    ),
+    Target(
+        "pairs + centroid clusters n=10^6 d=384",
+        {"kind": "join", "n": 10**6, "d": 384},
+        "st community_detection",
+        20.0,
+        ours="ours pairs + clusters",
+    ),
+    Target(
+        "join n=10^5 d=384 vs paraphrase_mining",
+        {"kind": "join", "n": 10**5, "d": 384},
+        "st paraphrase_mining",
+        100.0,
+    ),
+    Target(
+        "10^4 namespaces x 100 d=384",
+        {"kind": "namespaces", "n": 10**6, "namespaces": 10**4},
+        "loop over ours per namespace",
+        20.0,
+    ),
+    Target(
+        "cpu join n=5*10^4 d=384 fp32",
+        {"kind": "join", "n": 50_000, "d": 384, "dtype": "fp32", "device": "cpu"},
+        "numpy tiles",
+        1.0,
+    ),
 ]
 
 
@@ -1124,8 +1379,11 @@ def target_lines(df: pd.DataFrame) -> list[str]:
                 m = m.iloc[0:0]
                 break
             m = m[m[col] == val]
-        ours = m[m.method == t.ours] if t.ours else m[(m.family == "ours")
-                                                      & (m.method != "ours pairs + clusters")]
+        ours = (
+            m[m.method == t.ours]
+            if t.ours
+            else m[(m.family == "ours") & (m.method != "ours pairs + clusters")]
+        )
         if not len(ours):
             continue
         best = ours.loc[ours.time_s.idxmin()]
@@ -1191,13 +1449,25 @@ def preset_pass_cases(preset: str) -> list[PassCase]:
     if preset == "cpu":
         return [PassCase(10**5, 100), PassCase(10**5, 10**4), *big, PassCase(10**6, 100)]
     if preset == "gpu":  # the targets' cases first
-        return [PassCase(10**6, 100), *big, PassCase(10**5, 100), PassCase(10**5, 10**4),
-                PassCase(10**6, 10**4), PassCase(10**6, 10**5, 10**4)]
+        return [
+            PassCase(10**6, 100),
+            *big,
+            PassCase(10**5, 100),
+            PassCase(10**5, 10**4),
+            PassCase(10**6, 10**4),
+            PassCase(10**6, 10**5, 10**4),
+        ]
     raise SystemExit(f"unknown preset {preset!r}")
 
 
-def pass_row(case: PassCase, gen: dict[str, Any], meas: dict[str, Any], method: str,
-             family: str, dtype: str = "fp32") -> dict[str, Any]:
+def pass_row(
+    case: PassCase,
+    gen: dict[str, Any],
+    meas: dict[str, Any],
+    method: str,
+    family: str,
+    dtype: str = "fp32",
+) -> dict[str, Any]:
     """A results row from the generator's and the measuring child's JSON.
 
     non-similarity time = the pass's wall time minus its similarity stage (so it includes
@@ -1205,33 +1475,58 @@ def pass_row(case: PassCase, gen: dict[str, Any], meas: dict[str, Any], method: 
     ``VmHWM`` after the pass; ``rss_ratio`` = peak / (vector bytes + UTF-8 text bytes).
     """
     stages = {str(k): float(v) for k, v in (meas.get("stages") or {}).items()}
-    sim = sum(stages[k] for k in SIM_STAGES if k in stages) if any(
-        k in stages for k in SIM_STAGES) else math.nan
+    sim = (
+        sum(stages[k] for k in SIM_STAGES if k in stages)
+        if any(k in stages for k in SIM_STAGES)
+        else math.nan
+    )
     stage_sum = sum(stages.values())
     pass_s = float(meas["pass_s"])
     nonsim = pass_s - sim
     data = int(gen["vector_bytes"]) + int(gen["text_bytes"])
     peak = float(meas["hwm_after_gb"]) * 2**30
     return {
-        "case": case.name, "kind": "pass", "n": case.n, "d": case.d, "threshold": 0.9,
-        "namespaces": case.namespaces, "ns_size": case.ns_size, "layout": case.layout,
-        "method": method, "family": family, "device": meas.get("device"), "dtype": dtype,
-        "status": "ok", "time_s": pass_s, "runs": 1,
-        "records_in": meas.get("records_in"), "records_out": meas.get("records_out"),
-        "expected_out": gen.get("expected_out"), "pairs": meas.get("pairs"),
-        "clusters": meas.get("clusters"), "planted_clusters": gen.get("planted_clusters"),
-        "merges": meas.get("merges"), "exact_merges": meas.get("exact_merges"),
-        "similarity_s": sim, "nonsim_s": nonsim, "nonsim_stages_s": stage_sum - sim,
+        "case": case.name,
+        "kind": "pass",
+        "n": case.n,
+        "d": case.d,
+        "threshold": 0.9,
+        "namespaces": case.namespaces,
+        "ns_size": case.ns_size,
+        "layout": case.layout,
+        "method": method,
+        "family": family,
+        "device": meas.get("device"),
+        "dtype": dtype,
+        "status": "ok",
+        "time_s": pass_s,
+        "runs": 1,
+        "records_in": meas.get("records_in"),
+        "records_out": meas.get("records_out"),
+        "expected_out": gen.get("expected_out"),
+        "pairs": meas.get("pairs"),
+        "clusters": meas.get("clusters"),
+        "planted_clusters": gen.get("planted_clusters"),
+        "merges": meas.get("merges"),
+        "exact_merges": meas.get("exact_merges"),
+        "similarity_s": sim,
+        "nonsim_s": nonsim,
+        "nonsim_stages_s": stage_sum - sim,
         "untimed_s": round(pass_s - stage_sum, 4),  # the stages are rounded to 0.1 ms
         "nonsim_ratio": nonsim / sim if sim > 0 else math.nan,
-        "stage_s": json.dumps(stages), "load_s": meas.get("load_s"),
-        "commit_s": meas.get("commit_s"), "peak_rss_gb": peak / 2**30,
-        "peak_rss_mb": peak / 2**20, "hwm_before_gb": meas.get("hwm_before_gb"),
+        "stage_s": json.dumps(stages),
+        "load_s": meas.get("load_s"),
+        "commit_s": meas.get("commit_s"),
+        "peak_rss_gb": peak / 2**30,
+        "peak_rss_mb": peak / 2**20,
+        "hwm_before_gb": meas.get("hwm_before_gb"),
         "pass_peak_rss_gb": meas.get("pass_sampled_peak_gb"),
         "commit_peak_rss_gb": meas.get("hwm_commit_gb"),
-        "start_rss_gb": meas.get("hwm_start_gb"), "data_gb": data / 2**30,
+        "start_rss_gb": meas.get("hwm_start_gb"),
+        "data_gb": data / 2**30,
         "rss_ratio": peak / data if data else math.nan,
-        "cpu_s": meas.get("pass_cpu_s"), "load1": meas.get("load1", os.getloadavg()[0]),
+        "cpu_s": meas.get("pass_cpu_s"),
+        "load1": meas.get("load1", os.getloadavg()[0]),
     }
 
 
@@ -1279,16 +1574,36 @@ class PassTarget:
 
 
 PASS_TARGETS = [
-    PassTarget("whole pass n=10^6, 10^4 namespaces x 100: non-similarity work",
-               {"n": 10**6, "ns_size": 100}, "nonsim", 0.5),
-    PassTarget("whole pass n=10^6, 10^4 namespaces x 100: vs the pass before the rewrite",
-               {"n": 10**6, "ns_size": 100}, "speedup", 6.0),
-    PassTarget("whole pass n=10^6, 10^4 namespaces x 100: peak RSS",
-               {"n": 10**6, "ns_size": 100}, "rss", 2.5),
-    PassTarget("whole pass n=10^5, one namespace, 10^4 planted clusters: non-similarity work",
-               {"n": 10**5, "ns_size": 10**5}, "nonsim", 1.0),
-    PassTarget("gpu whole pass n=10^6, 10^4 namespaces x 100: pass without I/O",
-               {"n": 10**6, "ns_size": 100, "device": "cuda"}, "seconds", 1.0),
+    PassTarget(
+        "whole pass n=10^6, 10^4 namespaces x 100: non-similarity work",
+        {"n": 10**6, "ns_size": 100},
+        "nonsim",
+        0.5,
+    ),
+    PassTarget(
+        "whole pass n=10^6, 10^4 namespaces x 100: vs the pass before the rewrite",
+        {"n": 10**6, "ns_size": 100},
+        "speedup",
+        6.0,
+    ),
+    PassTarget(
+        "whole pass n=10^6, 10^4 namespaces x 100: peak RSS",
+        {"n": 10**6, "ns_size": 100},
+        "rss",
+        2.5,
+    ),
+    PassTarget(
+        "whole pass n=10^5, one namespace, 10^4 planted clusters: non-similarity work",
+        {"n": 10**5, "ns_size": 10**5},
+        "nonsim",
+        1.0,
+    ),
+    PassTarget(
+        "gpu whole pass n=10^6, 10^4 namespaces x 100: pass without I/O",
+        {"n": 10**6, "ns_size": 100, "device": "cuda"},
+        "seconds",
+        1.0,
+    ),
 ]
 
 
@@ -1314,25 +1629,33 @@ def pass_target_lines(df: pd.DataFrame) -> list[str]:
             continue
         r = m.loc[m.time_s.idxmin()]
         if t.metric == "nonsim":
-            text = (f"non-similarity {r.nonsim_s:.3g} s = {r.nonsim_ratio:.3g}x the "
-                    f"similarity stage {r.similarity_s:.3g} s (goal <= {t.goal:g}x; "
-                    f"{r.untimed_s:.3g} s of it outside the timed stages)")
+            text = (
+                f"non-similarity {r.nonsim_s:.3g} s = {r.nonsim_ratio:.3g}x the "
+                f"similarity stage {r.similarity_s:.3g} s (goal <= {t.goal:g}x; "
+                f"{r.untimed_s:.3g} s of it outside the timed stages)"
+            )
             verdict = _verdict(r.nonsim_ratio, t.goal, True)
         elif t.metric == "speedup":
             sp = pass_speedup(df, r.case)
             if sp is None:
-                text = (f"ours {r.time_s:.3g} s (goal >= {t.goal:g}x faster; "
-                        f"{PASS_BASELINE_MEASURED_S:g} s measured before would be "
-                        f"{PASS_BASELINE_MEASURED_S / r.time_s:.3g}x)")
+                text = (
+                    f"ours {r.time_s:.3g} s (goal >= {t.goal:g}x faster; "
+                    f"{PASS_BASELINE_MEASURED_S:g} s measured before would be "
+                    f"{PASS_BASELINE_MEASURED_S / r.time_s:.3g}x)"
+                )
                 verdict = "baseline not run"
             else:
                 x = sp[1] / sp[0]
-                text = (f"ours {sp[0]:.3g} s, {sp[2]} {sp[1]:.3g} s: {x:.3g}x faster "
-                        f"(goal >= {t.goal:g}x)")
+                text = (
+                    f"ours {sp[0]:.3g} s, {sp[2]} {sp[1]:.3g} s: {x:.3g}x faster "
+                    f"(goal >= {t.goal:g}x)"
+                )
                 verdict = _verdict(x, t.goal, False)
         elif t.metric == "rss":
-            text = (f"peak RSS {r.peak_rss_gb:.3g} GB = {r.rss_ratio:.3g}x the vector + text "
-                    f"bytes {r.data_gb:.3g} GB (goal <= {t.goal:g}x)")
+            text = (
+                f"peak RSS {r.peak_rss_gb:.3g} GB = {r.rss_ratio:.3g}x the vector + text "
+                f"bytes {r.data_gb:.3g} GB (goal <= {t.goal:g}x)"
+            )
             verdict = _verdict(r.rss_ratio, t.goal, True)
         else:
             text = f"ours {r.time_s:.3g} s on {r.device} (goal <= {t.goal:g} s)"
@@ -1352,38 +1675,66 @@ def pass_table(df: pd.DataFrame) -> list[str]:
     out = []
     if len(ok):
         ok["x_vs_baseline"] = [
-            (sp[1] / sp[0]) if r.family == "ours" and (sp := pass_speedup(df, r.case))
-            else math.nan for r in ok.itertuples()]
-        cols = {"n": "n", "layout": "namespaces", "method": "method", "device": "device",
-                "records_in": "in", "records_out": "out", "expected_out": "planted out",
-                "pairs": "pairs", "clusters": "clusters", "merges": "merges",
-                "exact_merges": "exact merges", "time_s": "pass s",
-                "similarity_s": "similarity s", "nonsim_s": "non-sim s",
-                "nonsim_ratio": "non-sim / sim", "untimed_s": "untimed s", "load_s": "load s",
-                "commit_s": "commit s", "cpu_s": "pass cpu s", "load1": "load1",
-                "peak_rss_gb": "peak RSS GB",
-                "rss_ratio": "RSS / data", "x_vs_baseline": "x faster than baseline"}
+            (sp[1] / sp[0]) if r.family == "ours" and (sp := pass_speedup(df, r.case)) else math.nan
+            for r in ok.itertuples()
+        ]
+        cols = {
+            "n": "n",
+            "layout": "namespaces",
+            "method": "method",
+            "device": "device",
+            "records_in": "in",
+            "records_out": "out",
+            "expected_out": "planted out",
+            "pairs": "pairs",
+            "clusters": "clusters",
+            "merges": "merges",
+            "exact_merges": "exact merges",
+            "time_s": "pass s",
+            "similarity_s": "similarity s",
+            "nonsim_s": "non-sim s",
+            "nonsim_ratio": "non-sim / sim",
+            "untimed_s": "untimed s",
+            "load_s": "load s",
+            "commit_s": "commit s",
+            "cpu_s": "pass cpu s",
+            "load1": "load1",
+            "peak_rss_gb": "peak RSS GB",
+            "rss_ratio": "RSS / data",
+            "x_vs_baseline": "x faster than baseline",
+        }
         show = ok[list(cols)].rename(columns=cols).dropna(axis=1, how="all")
         out += [show.to_markdown(index=False, floatfmt=".4g"), ""]
         for r in ok.itertuples():
             st = json.loads(r.stage_s) if isinstance(r.stage_s, str) else {}
-            out.append(f"* {r.case}, {r.method}: stages " + ", ".join(
-                f"{k} {v:.3g} s" for k, v in st.items()) + f"; RSS after the imports "
+            out.append(
+                f"* {r.case}, {r.method}: stages "
+                + ", ".join(f"{k} {v:.3g} s" for k, v in st.items())
+                + f"; RSS after the imports "
                 f"{r.start_rss_gb:.3g} GB, peak after load {r.hwm_before_gb:.3g} GB, "
                 f"pass-only sampled peak {r.pass_peak_rss_gb:.3g} GB, peak after commit "
-                f"{r.commit_peak_rss_gb:.3g} GB")
-    out += [f"* {r.case}, {r.method}: {r.status}: {r.note}" for r in p.itertuples()
-            if r.status != "ok" and isinstance(r.note, str)]
+                f"{r.commit_peak_rss_gb:.3g} GB"
+            )
+    out += [
+        f"* {r.case}, {r.method}: {r.status}: {r.note}"
+        for r in p.itertuples()
+        if r.status != "ok" and isinstance(r.note, str)
+    ]
     return out + [""]
 
 
 def export_revision(rev: str, dest: Path) -> str:
     """``git archive REV consolidate`` unpacked into ``dest`` (read-only git); returns the
     short commit."""
-    short = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", f"{rev}^{{commit}}"],
-                           capture_output=True, text=True, check=True).stdout.strip()
-    with subprocess.Popen(["git", "-C", str(REPO), "archive", rev, "consolidate"],
-                          stdout=subprocess.PIPE) as arch:
+    short = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", f"{rev}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    with subprocess.Popen(
+        ["git", "-C", str(REPO), "archive", rev, "consolidate"], stdout=subprocess.PIPE
+    ) as arch:
         subprocess.run(["tar", "-x", "-C", str(dest)], stdin=arch.stdout, check=True)
         arch.stdout.close()
         if arch.wait() != 0:
@@ -1393,8 +1744,9 @@ def export_revision(rev: str, dest: Path) -> str:
     return short
 
 
-def pass_child(step: str, spec: dict[str, Any], pkg: Path | None,
-               timeout_s: float) -> dict[str, Any]:
+def pass_child(
+    step: str, spec: dict[str, Any], pkg: Path | None, timeout_s: float
+) -> dict[str, Any]:
     """Run ``pass_bench.py STEP SPEC`` in a fresh process (with the package under ``pkg``
     first on its path, else the repository's) and return its JSON line."""
     env = dict(os.environ)
@@ -1402,9 +1754,14 @@ def pass_child(step: str, spec: dict[str, Any], pkg: Path | None,
     if pkg is not None:
         env["PASS_BENCH_PKG"] = str(pkg)
         env["PYTHONPATH"] = os.pathsep.join([str(pkg), *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.run([sys.executable, str(PASS_SCRIPT), step, json.dumps(spec)],
-                          stdout=subprocess.PIPE, text=True, env=env, timeout=timeout_s,
-                          cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, str(PASS_SCRIPT), step, json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        timeout=timeout_s,
+        cwd=REPO,
+    )
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
     if not lines:
         raise RuntimeError(f"{step}: no result (exit {proc.returncode})")
@@ -1421,17 +1778,37 @@ def write_report(df: pd.DataFrame, meta: dict[str, Any], out: Path) -> list[str]
     sim_df = df[df.kind != "pass"] if "kind" in df.columns else df
     for case, g in sim_df.groupby("case", sort=False):
         ok = g[g.status == "ok"]
-        show = ok[["method", "device", "dtype", "time_s", "runs", "cpu_s", "load1", "pairs",
-                   "pairs_per_s", "queries_per_s", "tflops", "share_of_peak", "peak_rss_mb",
-                   "peak_dev_mb", "recall", "precision"]].dropna(axis=1, how="all")
+        show = ok[
+            [
+                "method",
+                "device",
+                "dtype",
+                "time_s",
+                "runs",
+                "cpu_s",
+                "load1",
+                "pairs",
+                "pairs_per_s",
+                "queries_per_s",
+                "tflops",
+                "share_of_peak",
+                "peak_rss_mb",
+                "peak_dev_mb",
+                "recall",
+                "precision",
+            ]
+        ].dropna(axis=1, how="all")
         scope = ok.recall_scope.dropna()
         tables += [f"### {case}", ""]
         if len(show):
             tables += [show.to_markdown(index=False, floatfmt=".4g"), ""]
         if len(scope):
             tables += [f"recall against float64: {scope.iloc[0]}.", ""]
-        tables += [f"* {r.method}: {r.status}: {r.note}" for r in g.itertuples()
-                   if isinstance(r.note, str) and r.note]
+        tables += [
+            f"* {r.method}: {r.status}: {r.note}"
+            for r in g.itertuples()
+            if isinstance(r.note, str) and r.note
+        ]
         tables.append("")
     ratios = ratio_lines(df) + pass_ratio_lines(df)
     targets = target_lines(df)
@@ -1440,7 +1817,8 @@ def write_report(df: pd.DataFrame, meta: dict[str, Any], out: Path) -> list[str]
     passes = pass_table(df)
     if passes:
         passes = [
-            "## Whole pass (load, run_pass, commit; separate processes)", "",
+            "## Whole pass (load, run_pass, commit; separate processes)",
+            "",
             "* Each case: a synthetic store (d = 384 float32 unit vectors; 2% exact "
             "duplicates; near-duplicate clusters of 2-5 paraphrases at cosine ~0.93-0.99; "
             "the rest random) written by one process as a real store, then, per package "
@@ -1459,59 +1837,78 @@ def write_report(df: pd.DataFrame, meta: dict[str, Any], out: Path) -> list[str]
             "bytes).",
             "* pass cpu s: cpu seconds of the measuring process (all threads) during the pass; "
             "load1: the 1-minute load average after it (other processes on a shared machine "
-            "slow the pass down: pass s grows, pass cpu s much less).", "",
+            "slow the pass down: pass s grows, pass cpu s much less).",
+            "",
             *passes,
         ]
-    sim_notes = [
-        f"Matmul peak measured in this run (square matmul, best of the start and the end of the "
-        f"run): {peaks}.", "",
-        "* time: best of `runs` calls after two warm-up calls (one if it took over 1 s) on "
-        "the first "
-        f"{meta['args']['warm_rows']} rows; `runs` = 1 where a call took longer than "
-        f"{meta['args']['slow_s']} s. Untimed: building the store, the IVF index build "
-        "(in its note), the float64 reference of recall.",
-        "* TFLOP/s counts useful work only: `n^2 d` per namespace for a join (upper "
-        "triangle), `2 q n d` for top-k, whatever the method computes; share_of_peak divides "
-        "by the matmul peak measured in this run for the method's device and dtype.",
-        "* recall / precision: against float64 brute force (`recall_scope` in "
-        "results.parquet). community_detection: recall = share of reference pairs inside one "
-        "community, pairs = pairs inside communities. ours pairs + clusters: our join, then "
-        "the pass's centroid-checked, complete-link clusters; its recall is below 1 by "
-        "design (a pair whose clusters are not completely linked stays apart: no chaining), "
-        "where community_detection's precision below 1 shows the pairs its communities add.",
-        "* naive torch tiles: row tile against the rows from the tile on (upper triangle), "
-        "`>= t` on the scores of the case's dtype, no re-scoring. numpy / faiss: float32 on "
-        "the cpu. faiss range_search: the whole store against itself (both triangles). "
-        "paraphrase_mining: library defaults (top_k=100, max_pairs=500000) then `>= t`.",
-        f"* sentence-transformers paraphrase_mining / community_detection run only up to "
-        f"n = {meta['args']['st_cap_n']} (their time grows fast: on the 2-core cpu about a "
-        "minute each at n = 50,000); cpu baselines (numpy, faiss-cpu) only up to "
-        f"{meta['args']['cpu_cap_tflop']} TFLOP of useful work; a skipped row says why.",
-        "* cpu_s: cpu seconds of this process (all threads) in the timed call: with other "
-        "processes on the machine, time_s grows but cpu_s much less; load1: the 1-minute "
-        "load average after the method (the machine has "
-        f"{meta['cpu_count']} cpus).",
-        "* peak_rss_mb: the process's resident memory, sampled every 10 ms during the "
-        "method (includes the store and earlier allocations); peak_dev_mb: "
-        "torch.cuda.max_memory_allocated.", "",
-    ] if len(sim_df) else []
-    title = " and ".join(x for x, on in (("Similarity join / top-k", len(sim_df)),
-                                        ("whole pass", passes)) if on)
+    sim_notes = (
+        [
+            f"Matmul peak measured in this run (square matmul, best of the start and the end of the "
+            f"run): {peaks}.",
+            "",
+            "* time: best of `runs` calls after two warm-up calls (one if it took over 1 s) on "
+            "the first "
+            f"{meta['args']['warm_rows']} rows; `runs` = 1 where a call took longer than "
+            f"{meta['args']['slow_s']} s. Untimed: building the store, the IVF index build "
+            "(in its note), the float64 reference of recall.",
+            "* TFLOP/s counts useful work only: `n^2 d` per namespace for a join (upper "
+            "triangle), `2 q n d` for top-k, whatever the method computes; share_of_peak divides "
+            "by the matmul peak measured in this run for the method's device and dtype.",
+            "* recall / precision: against float64 brute force (`recall_scope` in "
+            "results.parquet). community_detection: recall = share of reference pairs inside one "
+            "community, pairs = pairs inside communities. ours pairs + clusters: our join, then "
+            "the pass's centroid-checked, complete-link clusters; its recall is below 1 by "
+            "design (a pair whose clusters are not completely linked stays apart: no chaining), "
+            "where community_detection's precision below 1 shows the pairs its communities add.",
+            "* naive torch tiles: row tile against the rows from the tile on (upper triangle), "
+            "`>= t` on the scores of the case's dtype, no re-scoring. numpy / faiss: float32 on "
+            "the cpu. faiss range_search: the whole store against itself (both triangles). "
+            "paraphrase_mining: library defaults (top_k=100, max_pairs=500000) then `>= t`.",
+            f"* sentence-transformers paraphrase_mining / community_detection run only up to "
+            f"n = {meta['args']['st_cap_n']} (their time grows fast: on the 2-core cpu about a "
+            "minute each at n = 50,000); cpu baselines (numpy, faiss-cpu) only up to "
+            f"{meta['args']['cpu_cap_tflop']} TFLOP of useful work; a skipped row says why.",
+            "* cpu_s: cpu seconds of this process (all threads) in the timed call: with other "
+            "processes on the machine, time_s grows but cpu_s much less; load1: the 1-minute "
+            "load average after the method (the machine has "
+            f"{meta['cpu_count']} cpus).",
+            "* peak_rss_mb: the process's resident memory, sampled every 10 ms during the "
+            "method (includes the store and earlier allocations); peak_dev_mb: "
+            "torch.cuda.max_memory_allocated.",
+            "",
+        ]
+        if len(sim_df)
+        else []
+    )
+    title = " and ".join(
+        x for x, on in (("Similarity join / top-k", len(sim_df)), ("whole pass", passes)) if on
+    )
     text = [
-        f"# {title or 'Similarity join / top-k'} benchmark", "",
-        *([] if meta.get("complete", True) else
-          ["**Partial**: written after a case; the run had not finished (or was cut short).",
-           ""]),
+        f"# {title or 'Similarity join / top-k'} benchmark",
+        "",
+        *(
+            []
+            if meta.get("complete", True)
+            else [
+                "**Partial**: written after a case; the run had not finished (or was cut short).",
+                "",
+            ]
+        ),
         f"`{meta['command']}` on {meta['device']} ({meta['cpu_count']} cpus), torch "
         f"{meta['torch']}, {meta['date']}; {meta['wall_s']:.0f} s in all. Load average at "
         f"start {meta['loadavg_start']}, at end {meta['loadavg_end']} (other processes on a "
         "shared machine add noise: see load1 and cpu_s per row); git "
-        f"{meta['git']}.", "",
+        f"{meta['git']}.",
+        "",
         *sim_notes,
-        "## Targets of the issue (same run)", "",
-        *([f"* {r}" for r in targets] or ["* no case of this run has a target"]), "",
-        "## Ratios (same run)", "",
-        *[f"* {r}" for r in ratios], "",
+        "## Targets of the issue (same run)",
+        "",
+        *([f"* {r}" for r in targets] or ["* no case of this run has a target"]),
+        "",
+        "## Ratios (same run)",
+        "",
+        *[f"* {r}" for r in ratios],
+        "",
         *passes,
         *(["## Results", "", *tables] if tables else []),
     ]
@@ -1531,8 +1928,13 @@ def plot(df: pd.DataFrame, path: Path) -> None:
     if not cases:
         return
     h = [max(1, (ok.case == c).sum()) for c in cases]
-    fig, axes = plt.subplots(len(cases), 1, figsize=(9, 0.35 * sum(h) + 1.2 * len(cases)),
-                             gridspec_kw={"height_ratios": h}, squeeze=False)
+    fig, axes = plt.subplots(
+        len(cases),
+        1,
+        figsize=(9, 0.35 * sum(h) + 1.2 * len(cases)),
+        gridspec_kw={"height_ratios": h},
+        squeeze=False,
+    )
     colours = {"ours": "tab:blue", "baseline": "tab:orange", "reference": "tab:gray"}
     for ax, c in zip(axes[:, 0], cases, strict=True):
         g = ok[ok.case == c]
@@ -1565,12 +1967,14 @@ def git_state() -> str:
     import subprocess
 
     def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", *a], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
 
     try:
-        return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain")
-                                                      else "")
+        return git("rev-parse", "--short", "HEAD") + (
+            "+dirty" if git("status", "--porcelain") else ""
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -1606,8 +2010,9 @@ def report(runner: Runner, meta: dict[str, Any], out: Path, final: bool) -> list
     meta["matmul_peak_tflops"] = dict(runner.peaks)
     meta["complete"] = final
     if runner.pass_raw:
-        (out / "pass_results.json").write_text(json.dumps(runner.pass_raw, indent=1,
-                                                          default=str) + "\n")
+        (out / "pass_results.json").write_text(
+            json.dumps(runner.pass_raw, indent=1, default=str) + "\n"
+        )
     return write_report(df, meta, out)
 
 
@@ -1616,54 +2021,109 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", choices=["cpu", "gpu", "tiny"], default="cpu")
     ap.add_argument("--out", default=None, help="output folder (default eval/benchmark_<preset>)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda[:k]")
-    ap.add_argument("--cases", default=None,
-                    help="comma-separated case numbers of the preset to run (default all)")
+    ap.add_argument(
+        "--cases",
+        default=None,
+        help="comma-separated case numbers of the preset to run (default all)",
+    )
     ap.add_argument("--budget-s", type=float, default=None, help="time budget for all cases")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--slow-s", type=float, default=None)
     ap.add_argument("--warm-rows", type=int, default=None)
-    ap.add_argument("--cpu-cap-tflop", type=float, default=None,
-                    help="largest case (useful TFLOP) for the cpu methods (numpy, faiss-cpu)")
-    ap.add_argument("--st-cap-n", type=int, default=None,
-                    help="largest n for the sentence-transformers baselines")
-    ap.add_argument("--locomo-conv", type=int, default=None,
-                    help="LOCOMO conversations to embed (0 = skip the LOCOMO case)")
-    ap.add_argument("--locomo-npz", default=os.environ.get("LOCOMO_NPZ"),
-                    help="read the LOCOMO vectors from this .npz (see --save-locomo-npz) "
-                    "instead of embedding them (env LOCOMO_NPZ)")
-    ap.add_argument("--save-locomo-npz", default=None,
-                    help="save the embedded LOCOMO vectors and namespace codes to this .npz")
-    ap.add_argument("--full-ref-max", type=int, default=20_000,
-                    help="largest n with an all-pairs float64 reference")
+    ap.add_argument(
+        "--cpu-cap-tflop",
+        type=float,
+        default=None,
+        help="largest case (useful TFLOP) for the cpu methods (numpy, faiss-cpu)",
+    )
+    ap.add_argument(
+        "--st-cap-n",
+        type=int,
+        default=None,
+        help="largest n for the sentence-transformers baselines",
+    )
+    ap.add_argument(
+        "--locomo-conv",
+        type=int,
+        default=None,
+        help="LOCOMO conversations to embed (0 = skip the LOCOMO case)",
+    )
+    ap.add_argument(
+        "--locomo-npz",
+        default=os.environ.get("LOCOMO_NPZ"),
+        help="read the LOCOMO vectors from this .npz (see --save-locomo-npz) "
+        "instead of embedding them (env LOCOMO_NPZ)",
+    )
+    ap.add_argument(
+        "--save-locomo-npz",
+        default=None,
+        help="save the embedded LOCOMO vectors and namespace codes to this .npz",
+    )
+    ap.add_argument(
+        "--full-ref-max",
+        type=int,
+        default=20_000,
+        help="largest n with an all-pairs float64 reference",
+    )
     ap.add_argument("--ref-sample", type=int, default=2000)
     ap.add_argument("--cpu-peak-size", type=int, default=3072)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", choices=["all", "sim", "pass"], default="all",
-                    help="run only the similarity cases (sim) or only the whole-pass cases "
-                    "(pass)")
-    ap.add_argument("--pass-sizes", default=None,
-                    help="comma-separated n of the whole-pass cases to run (default all of "
-                    "the preset), e.g. 100000")
-    ap.add_argument("--pass-cases", default=None,
-                    help="comma-separated numbers of the preset's whole-pass cases to run "
-                    "(cpu: 0 = 10^5 in 100-row namespaces, 1 = 10^5 in 10^4-row namespaces, "
-                    "2 = one 10^5 namespace with 10^4 clusters, 3 = 10^6 in 100-row namespaces)")
-    ap.add_argument("--pass-baseline", default=None, metavar="REV",
-                    help="also run the pass of this git revision's consolidate/ package "
-                    "(git archive) on the same stores, e.g. 5244916 (before the rewrite)")
-    ap.add_argument("--pass-baseline-max-n", type=int, default=10**9,
-                    help="run the baseline pass only up to this n (the old pass takes ~220 s "
-                    "and ~10 GB at n=10^6)")
-    ap.add_argument("--pass-device", default=None,
-                    help="similarity device of the pass (default: auto for the gpu preset, "
-                    "else cpu)")
+    ap.add_argument(
+        "--only",
+        choices=["all", "sim", "pass"],
+        default="all",
+        help="run only the similarity cases (sim) or only the whole-pass cases (pass)",
+    )
+    ap.add_argument(
+        "--pass-sizes",
+        default=None,
+        help="comma-separated n of the whole-pass cases to run (default all of "
+        "the preset), e.g. 100000",
+    )
+    ap.add_argument(
+        "--pass-cases",
+        default=None,
+        help="comma-separated numbers of the preset's whole-pass cases to run "
+        "(cpu: 0 = 10^5 in 100-row namespaces, 1 = 10^5 in 10^4-row namespaces, "
+        "2 = one 10^5 namespace with 10^4 clusters, 3 = 10^6 in 100-row namespaces)",
+    )
+    ap.add_argument(
+        "--pass-baseline",
+        default=None,
+        metavar="REV",
+        help="also run the pass of this git revision's consolidate/ package "
+        "(git archive) on the same stores, e.g. 5244916 (before the rewrite)",
+    )
+    ap.add_argument(
+        "--pass-baseline-max-n",
+        type=int,
+        default=10**9,
+        help="run the baseline pass only up to this n (the old pass takes ~220 s "
+        "and ~10 GB at n=10^6)",
+    )
+    ap.add_argument(
+        "--pass-device",
+        default=None,
+        help="similarity device of the pass (default: auto for the gpu preset, else cpu)",
+    )
     ap.add_argument("--pass-dtype", default="fp32", help="similarity tile dtype of the pass")
-    ap.add_argument("--pass-warm-rows", type=int, default=2000,
-                    help="rows of the untimed warm-up pass before the timed one (0 = none)")
-    ap.add_argument("--pass-timeout-s", type=float, default=3600.0,
-                    help="time limit of each whole-pass child process")
-    ap.add_argument("--pass-tmp", default=None,
-                    help="folder for the temporary stores (default: the system's temp)")
+    ap.add_argument(
+        "--pass-warm-rows",
+        type=int,
+        default=2000,
+        help="rows of the untimed warm-up pass before the timed one (0 = none)",
+    )
+    ap.add_argument(
+        "--pass-timeout-s",
+        type=float,
+        default=3600.0,
+        help="time limit of each whole-pass child process",
+    )
+    ap.add_argument(
+        "--pass-tmp",
+        default=None,
+        help="folder for the temporary stores (default: the system's temp)",
+    )
     args = ap.parse_args(argv)
     cases, defaults = preset_cases(args.preset)
     pass_cases = preset_pass_cases(args.preset)
@@ -1697,10 +2157,15 @@ def main(argv: list[str] | None = None) -> int:
     meta: dict[str, Any] = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "device": device_name(dev), "torch": torch.__version__, "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(), "versions": versions(),
-        "args": vars(args), "preset": args.preset,
-        "loadavg_start": [round(x, 2) for x in load0], "git": git_state(),
+        "device": device_name(dev),
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "versions": versions(),
+        "args": vars(args),
+        "preset": args.preset,
+        "loadavg_start": [round(x, 2) for x in load0],
+        "git": git_state(),
     }
     print(f"device {meta['device']}, torch {torch.__version__}", flush=True)
     runner = Runner(args, dev)
@@ -1711,13 +2176,23 @@ def main(argv: list[str] | None = None) -> int:
             runner.peak(dev.type, d)
         if dev.type == "cuda":
             runner.peak("cpu", "fp32")
-        print("matmul peak: " + ", ".join(f"{k} {v:.3g} TFLOP/s"
-                                          for k, v in runner.peaks.items())
-              + f" ({time.perf_counter() - t:.1f} s)", flush=True)
+        print(
+            "matmul peak: "
+            + ", ".join(f"{k} {v:.3g} TFLOP/s" for k, v in runner.peaks.items())
+            + f" ({time.perf_counter() - t:.1f} s)",
+            flush=True,
+        )
     for case in cases:
         if runner.left() <= 0:
-            runner.rows.append({"case": case.name, "kind": case.kind, "method": "(case)",
-                                "status": "skipped", "note": "time budget spent"})
+            runner.rows.append(
+                {
+                    "case": case.name,
+                    "kind": case.kind,
+                    "method": "(case)",
+                    "status": "skipped",
+                    "note": "time budget spent",
+                }
+            )
             print(f"[skip] {case.name}: time budget spent", flush=True)
             continue
         runner.run_case(case)
@@ -1734,8 +2209,10 @@ def main(argv: list[str] | None = None) -> int:
                 runner.run_pass_case(pc, baseline)
                 report(runner, meta, out, final=False)
     ratios = report(runner, meta, out, final=True)
-    print(f"\nwrote {out}/results.parquet, report.md, benchmark.png, meta.json "
-          f"({meta['wall_s']:.0f} s)\n")
+    print(
+        f"\nwrote {out}/results.parquet, report.md, benchmark.png, meta.json "
+        f"({meta['wall_s']:.0f} s)\n"
+    )
     for line in ratios:
         print(line)
     return 0

@@ -46,8 +46,13 @@ def _single(store, pc, sc, wall, namespaces=None):
         res = run_pass(snap.records, cfg=pc, sim_cfg=sc, version=snap.version + 1, wall_h=wall)
         t_pass = time.perf_counter() - t - t_load
         info = store.commit(res.records, res.events, base=snap, pass_time_h=wall)
-    return {"wall_s": time.perf_counter() - t, "load_s": t_load, "pass_s": t_pass,
-            "stats": res.stats.as_dict(), "rows_written": info["rows_written"]}
+    return {
+        "wall_s": time.perf_counter() - t,
+        "load_s": t_load,
+        "pass_s": t_pass,
+        "stats": res.stats.as_dict(),
+        "rows_written": info["rows_written"],
+    }
 
 
 def _fleet(store, pc, sc, rc, wall, namespaces=None):
@@ -55,10 +60,15 @@ def _fleet(store, pc, sc, rc, wall, namespaces=None):
 
     t = time.perf_counter()
     with store.lock():
-        out = run_fleet_pass(store, namespaces=namespaces, pass_cfg=pc, sim_cfg=sc,
-                             runner=rc, wall_h=wall)
-    return {"wall_s": time.perf_counter() - t, "fleet": out["fleet"],
-            "stats": out["stats"].as_dict(), "rows_written": out["commit"]["rows_written"]}
+        out = run_fleet_pass(
+            store, namespaces=namespaces, pass_cfg=pc, sim_cfg=sc, runner=rc, wall_h=wall
+        )
+    return {
+        "wall_s": time.perf_counter() - t,
+        "fleet": out["fleet"],
+        "stats": out["stats"].as_dict(),
+        "rows_written": out["commit"]["rows_written"],
+    }
 
 
 def _same(a, b) -> bool:
@@ -67,8 +77,9 @@ def _same(a, b) -> bool:
     ra, rb = a.load().records, b.load().records
     ia = np.argsort(ra.meta["id"].to_numpy(str))
     ib = np.argsort(rb.meta["id"].to_numpy(str))
-    return (ra.meta.iloc[ia].reset_index(drop=True).equals(rb.meta.iloc[ib].reset_index(drop=True))
-            and np.array_equal(ra.vectors[ia], rb.vectors[ib]))
+    return ra.meta.iloc[ia].reset_index(drop=True).equals(
+        rb.meta.iloc[ib].reset_index(drop=True)
+    ) and np.array_equal(ra.vectors[ia], rb.vectors[ib])
 
 
 def main(argv: list[str]) -> int:
@@ -96,29 +107,45 @@ def main(argv: list[str]) -> int:
     work = Path(tempfile.mkdtemp(prefix="fleet_bench_"))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    res: dict = {"n": args.n, "ns_size": args.ns_size, "actors": args.actors,
-                 "cpus": args.cpus, "torch_threads_single": torch.get_num_threads(),
-                 "max_rows_per_shard": args.max_rows_per_shard,
-                 "commit": os.popen(f"git -C {REPO} rev-parse --short HEAD").read().strip()
-                 + ("+uncommitted changes" if os.popen(
-                     f"git -C {REPO} status --porcelain --untracked-files=no").read().strip()
-                    else "")}
+    res: dict = {
+        "n": args.n,
+        "ns_size": args.ns_size,
+        "actors": args.actors,
+        "cpus": args.cpus,
+        "torch_threads_single": torch.get_num_threads(),
+        "max_rows_per_shard": args.max_rows_per_shard,
+        "commit": os.popen(f"git -C {REPO} rev-parse --short HEAD").read().strip()
+        + (
+            "+uncommitted changes"
+            if os.popen(f"git -C {REPO} status --porcelain --untracked-files=no").read().strip()
+            else ""
+        ),
+    }
     try:
         wall = hours_now() - 1.0
         recs, info = pass_bench.make_pass_store(args.n, args.ns_size, now_h=wall - 1.0)
-        res["generated"] = {k: info[k] for k in ("namespaces", "planted_clusters",
-                                                 "duplicate_rows")}
+        res["generated"] = {
+            k: info[k] for k in ("namespaces", "planted_clusters", "duplicate_rows")
+        }
         a = ls.LanceStore(work / "single")
         a.create(recs)
         del recs
         shutil.copytree(a.root, work / "fleet")
         b = ls.LanceStore(work / "fleet")
         pc, sc = PassConfig(force=True), SimilarityConfig(device="cpu")
-        rc = RunnerConfig(kind="ray", actors=args.actors, cpus_per_actor=1.0,
-                          max_rows_per_shard=args.max_rows_per_shard)
+        rc = RunnerConfig(
+            kind="ray",
+            actors=args.actors,
+            cpus_per_actor=1.0,
+            max_rows_per_shard=args.max_rows_per_shard,
+        )
         t = time.perf_counter()
-        ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+        ray.init(
+            num_cpus=args.cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
         res["ray_start_s"] = round(time.perf_counter() - t, 3)
         res["full_single"] = _single(a, pc, sc, wall)
         res["full_fleet"] = _fleet(b, pc, sc, rc, wall)
@@ -151,21 +178,26 @@ def main(argv: list[str]) -> int:
     ns_, nf = res["nightly_single"], res["nightly_fleet"]
     lines = [
         f"# Fleet benchmark (n = {args.n}, {args.n // args.ns_size} namespaces, d = 384; "
-        f"commit {res['commit']})", "",
+        f"commit {res['commit']})",
+        "",
         f"Local Ray cluster: {args.cpus} CPUs, {args.actors} actors of 1 CPU, shards of at "
         f"most {args.max_rows_per_shard} rows; single process: {res['torch_threads_single']} "
-        f"torch threads. Ray start-up {res['ray_start_s']} s (not counted below).", "",
-        "| run | single process (s) | fleet on Ray (s) | fleet / single | shards | same "
-        "records |", "|---|---|---|---|---|---|",
+        f"torch threads. Ray start-up {res['ray_start_s']} s (not counted below).",
+        "",
+        "| run | single process (s) | fleet on Ray (s) | fleet / single | shards | same records |",
+        "|---|---|---|---|---|---|",
         f"| full pass (first pass over the store) | {fs['wall_s']:.2f} | {ff['wall_s']:.2f} | "
         f"{res['full_ratio']} | {ff['fleet']['shards']} | {res['full_same_records']} |",
         f"| nightly, {res['nightly_fired'][0]} of {res['nightly_fired'][2]} namespaces fired "
         f"| {ns_['wall_s']:.2f} | {nf['wall_s']:.2f} | {res['nightly_ratio']} | "
-        f"{nf['fleet']['shards']} | {res['nightly_same_records']} |", "",
+        f"{nf['fleet']['shards']} | {res['nightly_same_records']} |",
+        "",
         f"Full pass, single process: load {fs['load_s']:.2f} s, pass {fs['pass_s']:.2f} s, "
         f"{fs['rows_written']} rows written; fleet: plan {ff['fleet']['plan_s']} s, Ray "
         f"{ff['fleet']['ray_s']} s, {ff['rows_written']} rows written, "
-        f"{ff['fleet']['workers']} worker processes.", ""]
+        f"{ff['fleet']['workers']} worker processes.",
+        "",
+    ]
     (out_dir / "report.md").write_text("\n".join(lines))
     print("\n".join(lines))
     return 0 if res["full_same_records"] and res["nightly_same_records"] else 1

@@ -58,8 +58,9 @@ def make_texts(n: int, dup_frac: float, segments: int, seed: int):
     """``(texts, segment codes int64 [n], planted pairs [(src, copy)])``."""
     rng = np.random.default_rng(seed)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    vocab = np.unique(["".join(rng.choice(letters, rng.integers(2, 10)))
-                       for _ in range(22_000)])[:20_000]
+    vocab = np.unique(["".join(rng.choice(letters, rng.integers(2, 10))) for _ in range(22_000)])[
+        :20_000
+    ]
     p = 1.0 / np.arange(1, len(vocab) + 1) ** 1.07
     p /= p.sum()
     n_dup = int(round(n * dup_frac))
@@ -111,7 +112,9 @@ def run_ours(texts, seg, threshold, num_perm, fn_weight):
     # all LSH candidates (for the truth set; not timed): same bands, no estimate filter
     ci, cj, _ = signature_pairs(sig, seg, threshold=1e-12, bands=bands, max_bucket=None)
     return {
-        "sig_s": t1 - t0, "pair_s": t2 - t1, "total_s": t2 - t0,
+        "sig_s": t1 - t0,
+        "pair_s": t2 - t1,
+        "total_s": t2 - t0,
         "bands": [bands, rows],
         "pairs": set(zip(i.tolist(), j.tolist(), strict=True)),
         "candidates": set(zip(ci.tolist(), cj.tolist(), strict=True)),
@@ -140,8 +143,14 @@ def run_datasketch(texts, seg, threshold, num_perm):
                     cand.add((min(t, u), max(t, u)))
     pairs = {(a, b) for a, b in cand if sigs[a].jaccard(sigs[b]) >= threshold}
     t2 = time.perf_counter()
-    return {"sig_s": t1 - t0, "pair_s": t2 - t1, "total_s": t2 - t0, "bands": params,
-            "pairs": pairs, "candidates": cand}
+    return {
+        "sig_s": t1 - t0,
+        "pair_s": t2 - t1,
+        "total_s": t2 - t0,
+        "bands": params,
+        "pairs": pairs,
+        "candidates": cand,
+    }
 
 
 def exact_truth(texts, seg, pairs, threshold):
@@ -164,9 +173,12 @@ def exact_truth(texts, seg, pairs, threshold):
 
 def score(found, truth):
     hit = len(found & truth)
-    return {"found": len(found), "true_found": hit,
-            "recall": hit / len(truth) if truth else 1.0,
-            "precision": hit / len(found) if found else 1.0}
+    return {
+        "found": len(found),
+        "true_found": hit,
+        "recall": hit / len(truth) if truth else 1.0,
+        "precision": hit / len(found) if found else 1.0,
+    }
 
 
 # ----------------------------------------------------------------------------- main
@@ -174,13 +186,17 @@ def bench(n, args, have_ds):
     t = time.perf_counter()
     texts, seg, planted = make_texts(n, args.dup_frac, args.segments, args.seed)
     words = sum(len(x.split()) for x in texts)
-    print(f"\nn={n}: {words} words, {len(planted)} planted same-segment pairs "
-          f"(generated in {time.perf_counter() - t:.1f}s)", flush=True)
-    methods = {"ours": lambda: run_ours(texts, seg, args.threshold, args.num_perm, 0.5),
-               "ours_fn0.8": lambda: run_ours(texts, seg, args.threshold, args.num_perm, 0.8)}
+    print(
+        f"\nn={n}: {words} words, {len(planted)} planted same-segment pairs "
+        f"(generated in {time.perf_counter() - t:.1f}s)",
+        flush=True,
+    )
+    methods = {
+        "ours": lambda: run_ours(texts, seg, args.threshold, args.num_perm, 0.5),
+        "ours_fn0.8": lambda: run_ours(texts, seg, args.threshold, args.num_perm, 0.8),
+    }
     if have_ds:
-        methods["datasketch"] = lambda: run_datasketch(texts, seg, args.threshold,
-                                                       args.num_perm)
+        methods["datasketch"] = lambda: run_datasketch(texts, seg, args.threshold, args.num_perm)
     runs = {}
     for name, fn in methods.items():  # best of --repeat runs (the outputs are deterministic)
         for _ in range(args.repeat):
@@ -194,46 +210,67 @@ def bench(n, args, have_ds):
         union |= r["candidates"] | r["pairs"]
     jac, truth = exact_truth(texts, seg, union, args.threshold)
     planted_j = np.array([jac[p] for p in planted])
-    out = {"n": n, "words": words, "planted": len(planted), "truth_pairs": len(truth),
-           "evaluated_pairs": len(jac),
-           "planted_jaccard_quantiles": np.quantile(planted_j, [0, .25, .5, .75, 1]).round(3)
-           .tolist() if len(planted_j) else [], "methods": {}}
+    out = {
+        "n": n,
+        "words": words,
+        "planted": len(planted),
+        "truth_pairs": len(truth),
+        "evaluated_pairs": len(jac),
+        "planted_jaccard_quantiles": np.quantile(planted_j, [0, 0.25, 0.5, 0.75, 1])
+        .round(3)
+        .tolist()
+        if len(planted_j)
+        else [],
+        "methods": {},
+    }
     for name, r in runs.items():
         cross = sum(seg[a] != seg[b] for a, b in r["pairs"])
         out["methods"][name] = {
-            "sig_s": round(r["sig_s"], 3), "pair_s": round(r["pair_s"], 3),
-            "total_s": round(r["total_s"], 3), "bands_rows": r["bands"],
-            "candidates": len(r["candidates"]), "cross_segment_pairs": int(cross),
+            "sig_s": round(r["sig_s"], 3),
+            "pair_s": round(r["pair_s"], 3),
+            "total_s": round(r["total_s"], 3),
+            "bands_rows": r["bands"],
+            "candidates": len(r["candidates"]),
+            "cross_segment_pairs": int(cross),
             "candidate_recall": len(r["candidates"] & truth) / len(truth) if truth else 1.0,
-            **score(r["pairs"], truth)}
+            **score(r["pairs"], truth),
+        }
     if have_ds:
         ds = out["methods"]["datasketch"]
         for name in ("ours", "ours_fn0.8"):
             m = out["methods"][name]
-            m["ratio_vs_datasketch"] = {key: round(m[key] / ds[key], 4)
-                                        for key in ("sig_s", "pair_s", "total_s")}
+            m["ratio_vs_datasketch"] = {
+                key: round(m[key] / ds[key], 4) for key in ("sig_s", "pair_s", "total_s")
+            }
     for name, m in out["methods"].items():
         ratio = m.get("ratio_vs_datasketch", {}).get("total_s")
-        print(f"  {name:11s} sig {m['sig_s']:7.3f}s  pairs {m['pair_s']:7.3f}s  "
-              f"total {m['total_s']:7.3f}s  bands {m['bands_rows']}  "
-              f"recall {m['recall']:.4f} (LSH {m['candidate_recall']:.4f})  "
-              f"precision {m['precision']:.4f}"
-              + (f"  ours/ds {ratio:.3f}" if ratio is not None else ""), flush=True)
+        print(
+            f"  {name:11s} sig {m['sig_s']:7.3f}s  pairs {m['pair_s']:7.3f}s  "
+            f"total {m['total_s']:7.3f}s  bands {m['bands_rows']}  "
+            f"recall {m['recall']:.4f} (LSH {m['candidate_recall']:.4f})  "
+            f"precision {m['precision']:.4f}"
+            + (f"  ours/ds {ratio:.3f}" if ratio is not None else ""),
+            flush=True,
+        )
     return out
 
 
 def report_md(results, args, env) -> str:
     lines = [
-        "# MinHash near-exact stage: consolidate.minhash vs datasketch", "",
-        f"Command: `{env['command']}`", "",
+        "# MinHash near-exact stage: consolidate.minhash vs datasketch",
+        "",
+        f"Command: `{env['command']}`",
+        "",
         f"Machine: {env['cpus']} CPUs, Python {env['python']}, numpy {env['numpy']}, "
         f"pyarrow {env['pyarrow']}, datasketch {env['datasketch']}. Single process, one "
-        "thread of work for both methods.", "",
+        "thread of work for both methods.",
+        "",
         f"Settings: num_perm={args.num_perm}, threshold={args.threshold}, word {K}-gram "
         f"shingles of normalised texts, {args.segments} segments, dup_frac={args.dup_frac}, "
         f"seed={args.seed}. Times: best of {args.repeat} runs. Truth = same-segment pairs "
         "with exact Jaccard >= threshold among the union of all LSH candidates and the "
-        "planted pairs.", "",
+        "planted pairs.",
+        "",
         "| n | method | bands x rows | signatures s | LSH/pairs s | total s | ours/ds total "
         "| recall | LSH candidate recall | precision | pairs |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -246,12 +283,21 @@ def report_md(results, args, env) -> str:
                 f"| {r['n']} | {name} | {br} | {m['sig_s']:.3f} | {m['pair_s']:.3f} | "
                 f"{m['total_s']:.3f} | {'-' if ratio is None else f'{ratio:.3f}'} | "
                 f"{m['recall']:.4f} | {m['candidate_recall']:.4f} | {m['precision']:.4f} | "
-                f"{m['found']} |")
-    lines += ["", "recall: share of true pairs in the final pair set; LSH candidate recall: "
-              "share of true pairs that were LSH candidates (before the estimate filter).",
-              "", "Truth sizes: " + ", ".join(
-        f"n={r['n']}: {r['truth_pairs']} true pairs of {r['evaluated_pairs']} evaluated, "
-        f"planted Jaccard quantiles {r['planted_jaccard_quantiles']}" for r in results), ""]
+                f"{m['found']} |"
+            )
+    lines += [
+        "",
+        "recall: share of true pairs in the final pair set; LSH candidate recall: "
+        "share of true pairs that were LSH candidates (before the estimate filter).",
+        "",
+        "Truth sizes: "
+        + ", ".join(
+            f"n={r['n']}: {r['truth_pairs']} true pairs of {r['evaluated_pairs']} evaluated, "
+            f"planted Jaccard quantiles {r['planted_jaccard_quantiles']}"
+            for r in results
+        ),
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -264,21 +310,35 @@ def main(argv=None):
     ap.add_argument("--segments", type=int, default=3)
     ap.add_argument("--dup-frac", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeat", type=int, default=3, help="time each method this many times "
-                    "and report the fastest (default 3)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="time each method this many times and report the fastest (default 3)",
+    )
     args = ap.parse_args(argv)
     try:
         import datasketch
+
         ds_version = getattr(datasketch, "__version__", "?")
         have_ds = True
     except ImportError:
-        print("datasketch is not installed (pip install datasketch): measuring "
-              "consolidate.minhash alone", file=sys.stderr)
+        print(
+            "datasketch is not installed (pip install datasketch): measuring "
+            "consolidate.minhash alone",
+            file=sys.stderr,
+        )
         ds_version, have_ds = "not installed", False
     import pyarrow
-    env = {"command": "python scripts/minhash_bench.py " + " ".join(argv or sys.argv[1:]),
-           "cpus": os.cpu_count(), "python": platform.python_version(),
-           "numpy": np.__version__, "pyarrow": pyarrow.__version__, "datasketch": ds_version}
+
+    env = {
+        "command": "python scripts/minhash_bench.py " + " ".join(argv or sys.argv[1:]),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "pyarrow": pyarrow.__version__,
+        "datasketch": ds_version,
+    }
     warm, wseg, _ = make_texts(60, 0.5, 2, 1)  # first-call costs out of the timings
     run_ours(warm, wseg, args.threshold, args.num_perm, 0.5)
     if have_ds:
@@ -286,9 +346,17 @@ def main(argv=None):
     results = [bench(n, args, have_ds) for n in args.n]
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps(
-            {"env": env, "args": {k: str(v) for k, v in vars(args).items()},
-             "results": results}, indent=2) + "\n")
+        (args.out / "results.json").write_text(
+            json.dumps(
+                {
+                    "env": env,
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "results": results,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         (args.out / "report.md").write_text(report_md(results, args, env))
         print(f"\nwrote {args.out / 'report.md'} and {args.out / 'results.json'}")
 

@@ -37,9 +37,24 @@ PKG_ENV = "PASS_BENCH_PKG"
 # ----------------------------------------------------------------------------- texts
 # Paraphrases differ by words only: no digits, number words, month/weekday/relative-time
 # words or negations anywhere, so the conflict guard sees nothing between cluster members.
-SUBJECTS = ["user", "the user", "my sister", "my brother", "her friend", "his partner",
-            "our neighbour", "the manager", "my cousin", "the teacher", "my colleague",
-            "her mother", "his father", "the student", "my roommate", "the coach"]
+SUBJECTS = [
+    "user",
+    "the user",
+    "my sister",
+    "my brother",
+    "her friend",
+    "his partner",
+    "our neighbour",
+    "the manager",
+    "my cousin",
+    "the teacher",
+    "my colleague",
+    "her mother",
+    "his father",
+    "the student",
+    "my roommate",
+    "the coach",
+]
 VERBS = [  # each row: interchangeable verbs (cluster member k uses column k)
     ["likes", "enjoys", "loves", "adores", "is fond of"],
     ["collects", "gathers", "keeps", "hoards", "stores"],
@@ -50,22 +65,106 @@ VERBS = [  # each row: interchangeable verbs (cluster member k uses column k)
     ["talks about", "chats about", "discusses", "mentions", "brings up"],
     ["shares", "gives away", "passes around", "hands out", "offers"],
 ]
-ADJECTIVES = ["green", "red", "blue", "yellow", "purple", "orange", "fresh", "spicy", "sweet",
-              "smoky", "crunchy", "soft", "vintage", "handmade", "tiny", "huge", "fancy",
-              "simple", "rare", "local", "organic", "bright", "dark", "wooden"]
-OBJECTS = ["tea", "coffee", "bread", "cookies", "pasta", "soup", "salad", "cheese", "apples",
-           "berries", "noodles", "dumplings", "pancakes", "muffins", "curry", "rice",
-           "paintings", "postcards", "stamps", "records", "books", "comics", "plants",
-           "flowers", "candles", "mugs", "scarves", "hats", "puzzles", "maps", "shells",
-           "stones", "kites", "lamps", "pillows", "blankets", "sneakers", "jackets", "bowls",
-           "spoons"]
-PLACES = ["in the garden", "at the park", "in the kitchen", "at the market", "by the lake",
-          "at the cafe", "in the library", "at the beach", "in the studio", "at home",
-          "at the office", "in the city", "at the festival", "in the mountains",
-          "on the balcony", "at the museum", "near the river", "in the village", "at the gym",
-          "on the train", "at school", "in the forest", "at the bakery", "in the attic",
-          "on the porch", "at the harbour", "in the basement", "at the fair", "in the yard",
-          "at the shop"]
+ADJECTIVES = [
+    "green",
+    "red",
+    "blue",
+    "yellow",
+    "purple",
+    "orange",
+    "fresh",
+    "spicy",
+    "sweet",
+    "smoky",
+    "crunchy",
+    "soft",
+    "vintage",
+    "handmade",
+    "tiny",
+    "huge",
+    "fancy",
+    "simple",
+    "rare",
+    "local",
+    "organic",
+    "bright",
+    "dark",
+    "wooden",
+]
+OBJECTS = [
+    "tea",
+    "coffee",
+    "bread",
+    "cookies",
+    "pasta",
+    "soup",
+    "salad",
+    "cheese",
+    "apples",
+    "berries",
+    "noodles",
+    "dumplings",
+    "pancakes",
+    "muffins",
+    "curry",
+    "rice",
+    "paintings",
+    "postcards",
+    "stamps",
+    "records",
+    "books",
+    "comics",
+    "plants",
+    "flowers",
+    "candles",
+    "mugs",
+    "scarves",
+    "hats",
+    "puzzles",
+    "maps",
+    "shells",
+    "stones",
+    "kites",
+    "lamps",
+    "pillows",
+    "blankets",
+    "sneakers",
+    "jackets",
+    "bowls",
+    "spoons",
+]
+PLACES = [
+    "in the garden",
+    "at the park",
+    "in the kitchen",
+    "at the market",
+    "by the lake",
+    "at the cafe",
+    "in the library",
+    "at the beach",
+    "in the studio",
+    "at home",
+    "at the office",
+    "in the city",
+    "at the festival",
+    "in the mountains",
+    "on the balcony",
+    "at the museum",
+    "near the river",
+    "in the village",
+    "at the gym",
+    "on the train",
+    "at school",
+    "in the forest",
+    "at the bakery",
+    "in the attic",
+    "on the porch",
+    "at the harbour",
+    "in the basement",
+    "at the fair",
+    "in the yard",
+    "at the shop",
+]
 MAX_CLUSTER = len(VERBS[0])  # cluster sizes 2..5: one verb of its row per member
 _RADIX = (len(SUBJECTS), len(VERBS), len(ADJECTIVES), len(OBJECTS), len(PLACES))
 TEXT_COMBOS = math.prod(_RADIX)  # 3,686,400 distinct base sentences
@@ -82,9 +181,13 @@ def texts_for(entity: np.ndarray, variant: np.ndarray, seed: int) -> list[str]:
         combo = combo // r
     place, obj, adj, vrow, subj = digits
     verbs = np.array([v for row in VERBS for v in row], dtype=object)
-    cols = (np.array(SUBJECTS, dtype=object)[subj], verbs[vrow * MAX_CLUSTER + variant],
-            np.array(ADJECTIVES, dtype=object)[adj], np.array(OBJECTS, dtype=object)[obj],
-            np.array(PLACES, dtype=object)[place])
+    cols = (
+        np.array(SUBJECTS, dtype=object)[subj],
+        verbs[vrow * MAX_CLUSTER + variant],
+        np.array(ADJECTIVES, dtype=object)[adj],
+        np.array(OBJECTS, dtype=object)[obj],
+        np.array(PLACES, dtype=object)[place],
+    )
     return [f"{a} {b} {c} {d} {e}" for a, b, c, d, e in zip(*cols, strict=True)]
 
 
@@ -106,10 +209,17 @@ def default_clusters(ns_size: int, near_frac: float = 0.1) -> int:
     return max(1, round(near_frac * ns_size / 3.5))
 
 
-def make_pass_store(n: int, ns_size: int, *, d: int = 384, seed: int = 0,
-                    clusters_per_ns: int | None = None, dup_frac: float = 0.02,
-                    cos: tuple[float, float] = (0.935, 0.985),
-                    now_h: float | None = None) -> tuple[Any, dict[str, Any]]:
+def make_pass_store(
+    n: int,
+    ns_size: int,
+    *,
+    d: int = 384,
+    seed: int = 0,
+    clusters_per_ns: int | None = None,
+    dup_frac: float = 0.02,
+    cos: tuple[float, float] = (0.935, 0.985),
+    now_h: float | None = None,
+) -> tuple[Any, dict[str, Any]]:
     """A synthetic store as :class:`consolidate.store.schema.Records` and what was planted.
 
     ``n / ns_size`` namespaces of ``ns_size`` rows each; float32 unit vectors of dimension
@@ -139,8 +249,10 @@ def make_pass_store(n: int, ns_size: int, *, d: int = 384, seed: int = 0,
     sizes = rng.integers(2, MAX_CLUSTER + 1, size=(n_ns, c))
     in_clusters = sizes.sum(1)
     if (in_clusters + dups >= m).any():
-        raise ValueError(f"{c} clusters of up to {MAX_CLUSTER} and {dups} duplicates do not "
-                         f"fit in namespaces of {m} rows")
+        raise ValueError(
+            f"{c} clusters of up to {MAX_CLUSTER} and {dups} duplicates do not "
+            f"fit in namespaces of {m} rows"
+        )
     ns_base = np.arange(n_ns, dtype=np.int64)[:, None] * m
     # rows [ns*m, ns*m + in_clusters): the clusters, then the duplicates, then the rest
     cstart = (ns_base + np.cumsum(sizes, 1) - sizes).ravel()
@@ -152,8 +264,12 @@ def make_pass_store(n: int, ns_size: int, *, d: int = 384, seed: int = 0,
     member_rows = np.repeat(cstart, csize) + member_k
     dup_rows = (ns_base + in_clusters[:, None] + np.arange(dups)[None, :]).ravel()
     free = (m - in_clusters - dups)[:, None]
-    src_rows = (ns_base + in_clusters[:, None] + dups
-                + np.floor(rng.random((n_ns, dups)) * free).astype(np.int64)).ravel()
+    src_rows = (
+        ns_base
+        + in_clusters[:, None]
+        + dups
+        + np.floor(rng.random((n_ns, dups)) * free).astype(np.int64)
+    ).ravel()
 
     v = _unit_rows(rng, n, d)
     u = 1.0 / rng.uniform(*cos, size=n_cl) - 1.0  # |noise|^2: cosine ~ 1 / (1 + u)
@@ -205,7 +321,9 @@ def make_pass_store(n: int, ns_size: int, *, d: int = 384, seed: int = 0,
         "strength": np.ones(n),
         "pinned": np.zeros(n, bool),
         "source_ids": empty_lists(),
-        "valid_from": nan, "valid_to": nan.copy(), "deleted_at": nan.copy(),
+        "valid_from": nan,
+        "valid_to": nan.copy(),
+        "deleted_at": nan.copy(),
         "deleted_reason": pd.Series([None] * n, dtype=object),
         "merged_into": pd.Series([None] * n, dtype=object),
         "text_hash": pd.Series([hashes[t] for t in texts], dtype=object),
@@ -220,12 +338,19 @@ def make_pass_store(n: int, ns_size: int, *, d: int = 384, seed: int = 0,
     n_groups = int(np.unique(src_rows).size)
     cluster_rows = int(csize.sum())
     info = {
-        "n": n, "d": d, "ns_size": m, "namespaces": n_ns, "clusters_per_ns": c,
-        "planted_clusters": int(n_cl), "cluster_rows": cluster_rows,
-        "duplicate_rows": int(dup_rows.size), "duplicate_groups": n_groups,
+        "n": n,
+        "d": d,
+        "ns_size": m,
+        "namespaces": n_ns,
+        "clusters_per_ns": c,
+        "planted_clusters": int(n_cl),
+        "cluster_rows": cluster_rows,
+        "duplicate_rows": int(dup_rows.size),
+        "duplicate_groups": n_groups,
         # what a pass that finds exactly the planted structure leaves live
         "expected_out": int(n - dup_rows.size - cluster_rows + n_cl),
-        "vector_bytes": int(v.nbytes), "text_bytes": int(sum(len(t.encode()) for t in texts)),
+        "vector_bytes": int(v.nbytes),
+        "text_bytes": int(sum(len(t.encode()) for t in texts)),
         "seed": seed,
     }
     return Records(meta, v), info
@@ -278,8 +403,9 @@ def _use_package() -> str:
     package lacks must fail to import, not come from the working tree."""
     root = os.environ.get(PKG_ENV) or str(REPO)
     if os.environ.get(PKG_ENV):
-        sys.meta_path[:] = [f for f in sys.meta_path
-                            if "__editable__" not in getattr(f, "__module__", "")]
+        sys.meta_path[:] = [
+            f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")
+        ]
     sys.path.insert(0, root)
     import consolidate
 
@@ -292,8 +418,11 @@ def _check_modules(root: str) -> None:
     base = str(Path(root).resolve()) + os.sep
     for name, mod in list(sys.modules.items()):
         f = getattr(mod, "__file__", None)
-        if (name == "consolidate" or name.startswith("consolidate.")) and f and \
-                not str(Path(f).resolve()).startswith(base):
+        if (
+            (name == "consolidate" or name.startswith("consolidate."))
+            and f
+            and not str(Path(f).resolve()).startswith(base)
+        ):
             raise RuntimeError(f"{name} was imported from {f}, not from {root}")
 
 
@@ -324,17 +453,25 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
     from consolidate.store import Store
 
     t = time.perf_counter()
-    recs, info = make_pass_store(spec["n"], spec["ns_size"], d=spec.get("d", 384),
-                                 seed=spec.get("seed", 0),
-                                 clusters_per_ns=spec.get("clusters_per_ns"))
+    recs, info = make_pass_store(
+        spec["n"],
+        spec["ns_size"],
+        d=spec.get("d", 384),
+        seed=spec.get("seed", 0),
+        clusters_per_ns=spec.get("clusters_per_ns"),
+    )
     info["generate_s"] = round(time.perf_counter() - t, 3)
-    print(f"   generated n={info['n']} ({info['generate_s']:.1f} s), writing the store",
-          file=sys.stderr, flush=True)
+    print(
+        f"   generated n={info['n']} ({info['generate_s']:.1f} s), writing the store",
+        file=sys.stderr,
+        flush=True,
+    )
     t = time.perf_counter()
     Store(spec["out"]).create(recs, source="pass-benchmark")
     info["create_s"] = round(time.perf_counter() - t, 3)
-    info["store_bytes"] = int(sum(p.stat().st_size for p in Path(spec["out"]).rglob("*")
-                                  if p.is_file()))
+    info["store_bytes"] = int(
+        sum(p.stat().st_size for p in Path(spec["out"]).rglob("*") if p.is_file())
+    )
     info["package"] = pkg
     return info
 
@@ -358,13 +495,23 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     except ImportError:
         from consolidate.sleep import run_pass
     _check_modules(os.environ.get(PKG_ENV) or str(REPO))
-    cfg = _filtered(PassConfig, {"threshold": spec.get("threshold", 0.9), "cap": None,
-                                 "max_drop_fraction": 1.0,
-                                 "max_namespace_drop_fraction": 1.0})
-    sim_cfg = _filtered(SimilarityConfig, {"device": spec.get("device", "cpu"),
-                                           "dtype": spec.get("dtype", "fp32")})
-    out: dict[str, Any] = {"package": pkg, "run_pass": f"{run_pass.__module__}.run_pass",
-                           "hwm_start_gb": _gb(_proc_status("VmHWM"))}
+    cfg = _filtered(
+        PassConfig,
+        {
+            "threshold": spec.get("threshold", 0.9),
+            "cap": None,
+            "max_drop_fraction": 1.0,
+            "max_namespace_drop_fraction": 1.0,
+        },
+    )
+    sim_cfg = _filtered(
+        SimilarityConfig, {"device": spec.get("device", "cpu"), "dtype": spec.get("dtype", "fp32")}
+    )
+    out: dict[str, Any] = {
+        "package": pkg,
+        "run_pass": f"{run_pass.__module__}.run_pass",
+        "hwm_start_gb": _gb(_proc_status("VmHWM")),
+    }
     store = Store(spec["store"])
     t = time.perf_counter()
     snap = store.load()
@@ -373,13 +520,20 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     warm = spec.get("warm_rows", 2000)
     if warm:
         t = time.perf_counter()
-        run_pass(snap.records.take(np.arange(min(warm, len(snap.records)))), cfg=cfg,
-                 sim_cfg=sim_cfg, version=snap.version + 1)
+        run_pass(
+            snap.records.take(np.arange(min(warm, len(snap.records)))),
+            cfg=cfg,
+            sim_cfg=sim_cfg,
+            version=snap.version + 1,
+        )
         out["warmup_s"] = round(time.perf_counter() - t, 4)
     out["hwm_before_gb"] = _gb(_proc_status("VmHWM"))
     out["rss_before_gb"] = _gb(_proc_status("VmRSS"))
-    print(f"   loaded {len(snap.records)} records ({out['load_s']:.1f} s), running the pass",
-          file=sys.stderr, flush=True)
+    print(
+        f"   loaded {len(snap.records)} records ({out['load_s']:.1f} s), running the pass",
+        file=sys.stderr,
+        flush=True,
+    )
     with _Sampler() as sampler:
         t, c = time.perf_counter(), time.process_time()
         res = run_pass(snap.records, cfg=cfg, sim_cfg=sim_cfg, version=snap.version + 1)
@@ -396,8 +550,18 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     _check_modules(os.environ.get(PKG_ENV) or str(REPO))  # lazy imports too
     st = res.stats
     out["stages"] = {str(k): float(v) for k, v in dict(_stat(st, "time_s") or {}).items()}
-    for key in ("records_in", "records_out", "pairs", "clusters", "merges", "exact_merges",
-                "exact_groups", "merged_members", "review_pairs", "engine"):
+    for key in (
+        "records_in",
+        "records_out",
+        "pairs",
+        "clusters",
+        "merges",
+        "exact_merges",
+        "exact_groups",
+        "merged_members",
+        "review_pairs",
+        "engine",
+    ):
         out[key] = _stat(st, key)
     out["device"] = _resolved_device(st, sim_cfg.device)
     out["events"] = len(res.events)

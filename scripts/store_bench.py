@@ -84,9 +84,16 @@ def step(name: str, fmt: str, root: str, n: int, ns_size: int) -> dict:
         rng = np.random.default_rng(1)
         if name == "append":
             v = rng.normal(size=(10, 384)).astype(np.float32)
-            rows = [{"id": f"bench-new-{time.time_ns()}-{k}", "namespace": "ns000000",
-                     "text": f"a new fact number {k}", "vector": v[k].tolist(),
-                     "importance": 0.5} for k in range(10)]
+            rows = [
+                {
+                    "id": f"bench-new-{time.time_ns()}-{k}",
+                    "namespace": "ns000000",
+                    "text": f"a new fact number {k}",
+                    "vector": v[k].tolist(),
+                    "importance": 0.5,
+                }
+                for k in range(10)
+            ]
             t = time.perf_counter()
             s.append(rows)
         else:
@@ -132,11 +139,20 @@ def step(name: str, fmt: str, root: str, n: int, ns_size: int) -> dict:
             v /= np.linalg.norm(v, axis=1, keepdims=True)
             from consolidate.store.schema import records_from_rows
 
-            new = records_from_rows([{"id": f"bench-merged-{j}", "namespace": "ns000000",
-                                      "text": f"merged fact {j}", "vector": v[j],
-                                      "importance": 0.5} for j in range(k)], dim=snap.dim)
-            recs = Records.concat([Records(meta, kept.vectors, origin=kept.origin), new],
-                                  snap.dim)
+            new = records_from_rows(
+                [
+                    {
+                        "id": f"bench-merged-{j}",
+                        "namespace": "ns000000",
+                        "text": f"merged fact {j}",
+                        "vector": v[j],
+                        "importance": 0.5,
+                    }
+                    for j in range(k)
+                ],
+                dim=snap.dim,
+            )
+            recs = Records.concat([Records(meta, kept.vectors, origin=kept.origin), new], snap.dim)
             t = time.perf_counter()
             info = s.commit(recs, [{"op": "bench", "changed": int(4 * k)}], base=snap)
             out["s"] = time.perf_counter() - t
@@ -158,9 +174,18 @@ def step(name: str, fmt: str, root: str, n: int, ns_size: int) -> dict:
         fired_ns = [f"ns{k:06d}" for k in range(0, n_ns, 100)]
         rng = np.random.default_rng(3)
         v = rng.normal(size=(len(fired_ns), 384)).astype(np.float32)
-        s.append([{"id": f"bench-inc-{k}", "namespace": ns, "text": f"new fact for {ns}",
-                   "vector": v[k].tolist(), "importance": 1.0}
-                  for k, ns in enumerate(fired_ns)])
+        s.append(
+            [
+                {
+                    "id": f"bench-inc-{k}",
+                    "namespace": ns,
+                    "text": f"new fact for {ns}",
+                    "vector": v[k].tolist(),
+                    "importance": 1.0,
+                }
+                for k, ns in enumerate(fired_ns)
+            ]
+        )
         t = time.perf_counter()
         if fmt == "lance":
             fired, _ = s.trigger(0.5)
@@ -170,22 +195,37 @@ def step(name: str, fmt: str, root: str, n: int, ns_size: int) -> dict:
 
             snap = s.load()
             trigger(snap.records, 0.5)
-            fired = sorted(set(snap.records.meta["namespace"][
-                snap.records.meta["last_pass"].isna()]))
+            fired = sorted(
+                set(snap.records.meta["namespace"][snap.records.meta["last_pass"].isna()])
+            )
         out["s"] = time.perf_counter() - t
         out["namespaces_fired"] = len(fired)
         out["rows_read"] = len(snap.records)
-        out["rows_total"] = (s._open().count_rows() if fmt == "lance"
-                             else len(snap.records))
+        out["rows_total"] = s._open().count_rows() if fmt == "lance" else len(snap.records)
     else:
         raise ValueError(name)
     return out
 
 
 def run_step(name: str, fmt: str, root: str, n: int, ns_size: int) -> dict:
-    p = subprocess.run([sys.executable, __file__, "--step", name, "--format", fmt,
-                        "--root", root, "--n", str(n), "--ns-size", str(ns_size)],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--step",
+            name,
+            "--format",
+            fmt,
+            "--root",
+            root,
+            "--n",
+            str(n),
+            "--ns-size",
+            str(ns_size),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if p.returncode:
         raise RuntimeError(f"step {name} ({fmt}) failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -205,54 +245,86 @@ def main(argv: list[str]) -> int:
         print(json.dumps(step(a.step, a.format, a.root, a.n, a.ns_size)))
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="store-bench-", dir=a.tmp))
-    results: dict = {"n": a.n, "ns_size": a.ns_size, "d": 384, "cpus": os.cpu_count(),
-                     "formats": {}}
+    results: dict = {
+        "n": a.n,
+        "ns_size": a.ns_size,
+        "d": 384,
+        "cpus": os.cpu_count(),
+        "formats": {},
+    }
     try:
         for fmt in ("parquet", "lance"):
             root = str(tmp / fmt)
             r: dict = {}
-            for name in ("create", "load", "append", "mark_used", "commit_1pct",
-                         "commit_1pct_mixed", "commit_all", "incremental"):
+            for name in (
+                "create",
+                "load",
+                "append",
+                "mark_used",
+                "commit_1pct",
+                "commit_1pct_mixed",
+                "commit_all",
+                "incremental",
+            ):
                 r[name] = run_step(name, fmt, root, a.n, a.ns_size)
                 print(f"{fmt:8s} {name:12s} {r[name]['s']:8.3f} s", flush=True)
             results["formats"][fmt] = r
             shutil.rmtree(root, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    data = (results["formats"]["lance"]["create"]["vector_bytes"]
-            + results["formats"]["lance"]["create"]["text_bytes"])
+    data = (
+        results["formats"]["lance"]["create"]["vector_bytes"]
+        + results["formats"]["lance"]["create"]["text_bytes"]
+    )
     results["data_bytes"] = data
-    lines = [f"# Store benchmark: n = {a.n:,}, d = 384, {a.n // a.ns_size:,} namespaces, "
-             f"{os.cpu_count()} CPUs", "",
-             "| operation | parquet | lance | target (lance) |", "| --- | ---: | ---: | --- |"]
+    lines = [
+        f"# Store benchmark: n = {a.n:,}, d = 384, {a.n // a.ns_size:,} namespaces, "
+        f"{os.cpu_count()} CPUs",
+        "",
+        "| operation | parquet | lance | target (lance) |",
+        "| --- | ---: | ---: | --- |",
+    ]
     f = results["formats"]
-    for name, target in (("create", ""), ("load", "<= 10 s"), ("append", "<= 0.5 s (10 rows)"),
-                         ("mark_used", "<= 0.5 s (10 ids)"),
-                         ("commit_1pct", "<= 5% of commit_all"),
-                         ("commit_1pct_mixed", "as a pass hands it over"),
-                         ("commit_all", ""), ("incremental", "trigger + load of 1% fired")):
-        lines.append(f"| {name} | {f['parquet'][name]['s']:.3f} s | "
-                     f"{f['lance'][name]['s']:.3f} s | {target} |")
+    for name, target in (
+        ("create", ""),
+        ("load", "<= 10 s"),
+        ("append", "<= 0.5 s (10 rows)"),
+        ("mark_used", "<= 0.5 s (10 ids)"),
+        ("commit_1pct", "<= 5% of commit_all"),
+        ("commit_1pct_mixed", "as a pass hands it over"),
+        ("commit_all", ""),
+        ("incremental", "trigger + load of 1% fired"),
+    ):
+        lines.append(
+            f"| {name} | {f['parquet'][name]['s']:.3f} s | "
+            f"{f['lance'][name]['s']:.3f} s | {target} |"
+        )
     for fmt in ("parquet", "lance"):
         ld = f[fmt]["load"]
         f[fmt]["load_peak_over_data"] = (ld["peak"] - ld["rss_before"]) / data
         f[fmt]["commit_ratio"] = f[fmt]["commit_1pct"]["s"] / f[fmt]["commit_all"]["s"]
-        f[fmt]["commit_mixed_ratio"] = (f[fmt]["commit_1pct_mixed"]["s"]
-                                        / f[fmt]["commit_all"]["s"])
-    lines += ["",
-              f"- data (vectors fp32 + texts): {data / 1e9:.2f} GB",
-              *[f"- {fmt}: load peak RSS over the process before it = "
-                f"{f[fmt]['load_peak_over_data']:.2f}x data (target <= 2x); 1% commit / full "
-                f"rewrite = {f[fmt]['commit_ratio']:.3f} (target <= 0.05), as a pass hands "
-                f"it over (purges, new rows, copied vectors) "
-                f"{f[fmt]['commit_mixed_ratio']:.3f}; on disk "
-                f"{f[fmt]['create']['disk_bytes'] / 1e9:.2f} GB"
-                for fmt in ("parquet", "lance")],
-              *[f"- {fmt}: a nightly run after 1% of the namespaces got a new memory read "
-                f"{f[fmt]['incremental']['rows_read']:,} of "
-                f"{f[fmt]['incremental']['rows_total']:,} rows "
-                f"({f[fmt]['incremental']['rows_read'] / f[fmt]['incremental']['rows_total']:.2%}"
-                f"; target <= 3%)" for fmt in ("parquet", "lance")]]
+        f[fmt]["commit_mixed_ratio"] = f[fmt]["commit_1pct_mixed"]["s"] / f[fmt]["commit_all"]["s"]
+    lines += [
+        "",
+        f"- data (vectors fp32 + texts): {data / 1e9:.2f} GB",
+        *[
+            f"- {fmt}: load peak RSS over the process before it = "
+            f"{f[fmt]['load_peak_over_data']:.2f}x data (target <= 2x); 1% commit / full "
+            f"rewrite = {f[fmt]['commit_ratio']:.3f} (target <= 0.05), as a pass hands "
+            f"it over (purges, new rows, copied vectors) "
+            f"{f[fmt]['commit_mixed_ratio']:.3f}; on disk "
+            f"{f[fmt]['create']['disk_bytes'] / 1e9:.2f} GB"
+            for fmt in ("parquet", "lance")
+        ],
+        *[
+            f"- {fmt}: a nightly run after 1% of the namespaces got a new memory read "
+            f"{f[fmt]['incremental']['rows_read']:,} of "
+            f"{f[fmt]['incremental']['rows_total']:,} rows "
+            f"({f[fmt]['incremental']['rows_read'] / f[fmt]['incremental']['rows_total']:.2%}"
+            f"; target <= 3%)"
+            for fmt in ("parquet", "lance")
+        ],
+    ]
     report = "\n".join(lines) + "\n"
     print(report)
     if a.out:

@@ -43,8 +43,16 @@ def make_records(rows: list[dict], dim: int | None = None) -> Records:
     return recs
 
 
-def random_rows(n: int, d: int, *, seed: int = 0, namespaces: int = 1, dup_frac: float = 0.2,
-                noise: float = 0.05, t0: float = 1000.0) -> list[dict]:
+def random_rows(
+    n: int,
+    d: int,
+    *,
+    seed: int = 0,
+    namespaces: int = 1,
+    dup_frac: float = 0.2,
+    noise: float = 0.05,
+    t0: float = 1000.0,
+) -> list[dict]:
     """Random unit vectors with planted near-duplicates (copies plus Gaussian noise)."""
     g = np.random.default_rng(seed)
     v = g.normal(size=(n, d))
@@ -55,10 +63,16 @@ def random_rows(n: int, d: int, *, seed: int = 0, namespaces: int = 1, dup_frac:
         v[t] = v[s] + noise * np.linalg.norm(v[s]) / np.sqrt(d) * g.normal(size=d) * 3
     v /= np.linalg.norm(v, axis=1, keepdims=True)
     return [
-        {"id": f"r{k:05d}", "namespace": f"ns{k % namespaces}", "text": f"memory {_word(k)}",
-         "vector": v[k].astype(np.float32), "importance": float(g.uniform(0.2, 1.0)),
-         "created_at": t0 - float(g.uniform(0, 500)), "last_used": t0 - float(g.uniform(0, 100)),
-         "source_ids": [f"D{k}"]}
+        {
+            "id": f"r{k:05d}",
+            "namespace": f"ns{k % namespaces}",
+            "text": f"memory {_word(k)}",
+            "vector": v[k].astype(np.float32),
+            "importance": float(g.uniform(0.2, 1.0)),
+            "created_at": t0 - float(g.uniform(0, 500)),
+            "last_used": t0 - float(g.uniform(0, 100)),
+            "source_ids": [f"D{k}"],
+        }
         for k in range(n)
     ]
 
@@ -77,7 +91,8 @@ def tree_digest(root: Path) -> dict[str, str]:
     """sha256 of every file under ``root`` (relative path -> digest)."""
     return {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*")) if p.is_file()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
     }
 
 
@@ -130,8 +145,7 @@ def rewrite_snapshot(store, table) -> Path:
     return path
 
 
-def run_readme_example(name: str, cwd: Path, env: dict[str, str] | None = None,
-                       timeout: int = 900):
+def run_readme_example(name: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 900):
     """Run the README's ``<!-- example: name -->`` bash block as written, in ``cwd`` (the
     repository's ``.venv/bin/`` made absolute), with ``env`` added to the environment;
     returns the ``CompletedProcess``."""
@@ -142,7 +156,17 @@ def run_readme_example(name: str, cwd: Path, env: dict[str, str] | None = None,
     m = re.search(rf"<!-- example: {re.escape(name)} -->\n```bash\n(.*?)```", text, re.S)
     assert m, f"README has no example {name!r}"
     script = m.group(1).replace(".venv/bin/", f"{REPO}/.venv/bin/")
-    full = {**os.environ, "CONSOLIDATE_ROOT": str(cwd),
-            "CONSOLIDATE_DATA_DIR": str(DATA_DIR), **(env or {})}
-    return subprocess.run(["bash", "-e", "-c", script], cwd=cwd, env=full,
-                          capture_output=True, text=True, timeout=timeout)
+    full = {
+        **os.environ,
+        "CONSOLIDATE_ROOT": str(cwd),
+        "CONSOLIDATE_DATA_DIR": str(DATA_DIR),
+        **(env or {}),
+    }
+    return subprocess.run(
+        ["bash", "-e", "-c", script],
+        cwd=cwd,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -18,23 +18,42 @@ def load_benchmark():
 
 
 def row(method, family, time_s, **case):
-    base = {"kind": "join", "n": 50_000, "d": 384, "dtype": "fp32", "device": "cpu",
-            "namespaces": 1, "k": None, "status": "ok"}
+    base = {
+        "kind": "join",
+        "n": 50_000,
+        "d": 384,
+        "dtype": "fp32",
+        "device": "cpu",
+        "namespaces": 1,
+        "k": None,
+        "status": "ok",
+    }
     return {**base, **case, "method": method, "family": family, "time_s": time_s}
 
 
 def test_target_lines_take_the_fastest_of_ours_and_say_by_how_much():
     bm = load_benchmark()
-    ns = {"kind": "namespaces", "n": 10**6, "namespaces": 10**4, "dtype": "bf16",
-          "device": "cuda"}
-    df = pd.DataFrame([
-        row("ours (torch)", "ours", 8.0), row("ours (faiss)", "ours", 6.0),
-        row("numpy tiles", "baseline", 12.0),
-        row("ours (torch)", "ours", 1.0, **ns), row("ours (triton)", "ours", 0.5, **ns),
-        row("loop over ours per namespace", "baseline", 5.0, **ns),
-        row("ours (torch)", "ours", 2.0, kind="join", n=10**6, d=384, dtype="bf16",
-            device="cuda"),
-    ])
+    ns = {"kind": "namespaces", "n": 10**6, "namespaces": 10**4, "dtype": "bf16", "device": "cuda"}
+    df = pd.DataFrame(
+        [
+            row("ours (torch)", "ours", 8.0),
+            row("ours (faiss)", "ours", 6.0),
+            row("numpy tiles", "baseline", 12.0),
+            row("ours (torch)", "ours", 1.0, **ns),
+            row("ours (triton)", "ours", 0.5, **ns),
+            row("loop over ours per namespace", "baseline", 5.0, **ns),
+            row(
+                "ours (torch)",
+                "ours",
+                2.0,
+                kind="join",
+                n=10**6,
+                d=384,
+                dtype="bf16",
+                device="cuda",
+            ),
+        ]
+    )
     lines = bm.target_lines(df)
     assert lines == [
         "threshold join n=10^6 d=384 bf16: ours (torch) 2 s; goal <= 0.7 s -> missed by 2.86x",
@@ -50,26 +69,55 @@ def test_target_lines_take_the_fastest_of_ours_and_say_by_how_much():
 GIB = 2**30
 
 
-def fake_pass(bm, n, ns_size, method="ours pass", family="ours", *, pass_s, sim_s,
-              other_stages=(("exact", 1.0), ("merge", 2.0)), hwm_gb=4.0,
-              vec_gib=1.5, text_gib=0.5, device="cpu"):
+def fake_pass(
+    bm,
+    n,
+    ns_size,
+    method="ours pass",
+    family="ours",
+    *,
+    pass_s,
+    sim_s,
+    other_stages=(("exact", 1.0), ("merge", 2.0)),
+    hwm_gb=4.0,
+    vec_gib=1.5,
+    text_gib=0.5,
+    device="cpu",
+):
     """A pass row from fabricated generator / measuring-child JSON (as the children say it)."""
     case = bm.PassCase(n, ns_size, 10**4 if ns_size == 10**5 else None)
-    gen = {"vector_bytes": int(vec_gib * GIB), "text_bytes": int(text_gib * GIB),
-           "expected_out": n - 10, "planted_clusters": 7}
-    meas = {"pass_s": pass_s, "stages": {"purge": 0.0, **dict(other_stages),
-                                         "similarity": sim_s},
-            "hwm_after_gb": hwm_gb, "hwm_before_gb": 3.0, "pass_sampled_peak_gb": 3.5,
-            "hwm_commit_gb": 4.5, "hwm_start_gb": 0.4, "load_s": 2.0, "commit_s": 3.0,
-            "records_in": n, "records_out": n - 10, "pairs": 20, "clusters": 7, "merges": 7,
-            "exact_merges": 3, "device": device}
+    gen = {
+        "vector_bytes": int(vec_gib * GIB),
+        "text_bytes": int(text_gib * GIB),
+        "expected_out": n - 10,
+        "planted_clusters": 7,
+    }
+    meas = {
+        "pass_s": pass_s,
+        "stages": {"purge": 0.0, **dict(other_stages), "similarity": sim_s},
+        "hwm_after_gb": hwm_gb,
+        "hwm_before_gb": 3.0,
+        "pass_sampled_peak_gb": 3.5,
+        "hwm_commit_gb": 4.5,
+        "hwm_start_gb": 0.4,
+        "load_s": 2.0,
+        "commit_s": 3.0,
+        "records_in": n,
+        "records_out": n - 10,
+        "pairs": 20,
+        "clusters": 7,
+        "merges": 7,
+        "exact_merges": 3,
+        "device": device,
+    }
     return bm.pass_row(case, gen, meas, method, family)
 
 
 def test_pass_row_splits_the_pass_into_similarity_and_the_rest():
     bm = load_benchmark()
-    r = fake_pass(bm, 10**6, 100, pass_s=12.0, sim_s=8.0, other_stages=(("exact", 1.5),
-                                                                        ("merge", 1.5)))
+    r = fake_pass(
+        bm, 10**6, 100, pass_s=12.0, sim_s=8.0, other_stages=(("exact", 1.5), ("merge", 1.5))
+    )
     assert r["kind"] == "pass" and r["layout"] == "10000 x 100" and r["namespaces"] == 10**4
     assert r["time_s"] == 12.0 and r["similarity_s"] == 8.0
     assert r["nonsim_s"] == 4.0  # the pass's wall time minus the similarity stage
@@ -86,10 +134,19 @@ def test_pass_target_lines_give_each_verdict_and_its_factor():
     bm = load_benchmark()
     rows = [
         # 10^6 x 100: pass 30 s, similarity 24 s -> non-sim 6 s = 0.25x (goal <= 0.5x)
-        fake_pass(bm, 10**6, 100, pass_s=30.0, sim_s=24.0, other_stages=(("merge", 5.0),),
-                  hwm_gb=4.0),
-        fake_pass(bm, 10**6, 100, "baseline pass (5244916)", "baseline", pass_s=219.0,
-                  sim_s=20.0, hwm_gb=9.0),
+        fake_pass(
+            bm, 10**6, 100, pass_s=30.0, sim_s=24.0, other_stages=(("merge", 5.0),), hwm_gb=4.0
+        ),
+        fake_pass(
+            bm,
+            10**6,
+            100,
+            "baseline pass (5244916)",
+            "baseline",
+            pass_s=219.0,
+            sim_s=20.0,
+            hwm_gb=9.0,
+        ),
         # one namespace of 10^5 rows: pass 10 s, similarity 4 s -> 1.5x (goal <= 1x)
         fake_pass(bm, 10**5, 10**5, pass_s=10.0, sim_s=4.0, other_stages=(("merge", 6.0),)),
         fake_pass(bm, 10**5, 100, pass_s=3.0, sim_s=0.5),  # no target
@@ -111,26 +168,38 @@ def test_pass_target_lines_give_each_verdict_and_its_factor():
     lines = bm.target_lines(pd.DataFrame([rows[0]]))
     assert lines[1] == (
         "whole pass n=10^6, 10^4 namespaces x 100: vs the pass before the rewrite: ours 30 s "
-        "(goal >= 6x faster; 219 s measured before would be 7.3x) -> baseline not run")
+        "(goal >= 6x faster; 219 s measured before would be 7.3x) -> baseline not run"
+    )
     # the gpu goal applies to a cuda row only; RSS over its goal says by how much
-    gpu = fake_pass(bm, 10**6, 100, pass_s=1.4, sim_s=0.9, other_stages=(("merge", 0.5),),
-                    hwm_gb=6.0, device="cuda")
+    gpu = fake_pass(
+        bm,
+        10**6,
+        100,
+        pass_s=1.4,
+        sim_s=0.9,
+        other_stages=(("merge", 0.5),),
+        hwm_gb=6.0,
+        device="cuda",
+    )
     lines = bm.target_lines(pd.DataFrame([gpu]))
-    assert lines[2].endswith("peak RSS 6 GB = 3x the vector + text bytes 2 GB (goal <= 2.5x) "
-                             "-> missed by 1.20x")
-    assert lines[-1] == ("gpu whole pass n=10^6, 10^4 namespaces x 100: pass without I/O: "
-                         "ours 1.4 s on cuda (goal <= 1 s) -> missed by 1.40x")
+    assert lines[2].endswith(
+        "peak RSS 6 GB = 3x the vector + text bytes 2 GB (goal <= 2.5x) -> missed by 1.20x"
+    )
+    assert lines[-1] == (
+        "gpu whole pass n=10^6, 10^4 namespaces x 100: pass without I/O: "
+        "ours 1.4 s on cuda (goal <= 1 s) -> missed by 1.40x"
+    )
 
 
 def test_pass_ratio_lines_and_report_table():
     bm = load_benchmark()
     ours = fake_pass(bm, 10**5, 100, pass_s=5.0, sim_s=1.0)
-    base = fake_pass(bm, 10**5, 100, "baseline pass (5244916)", "baseline", pass_s=20.0,
-                     sim_s=1.0)
+    base = fake_pass(bm, 10**5, 100, "baseline pass (5244916)", "baseline", pass_s=20.0, sim_s=1.0)
     df = pd.DataFrame([ours, base])
     assert bm.pass_ratio_lines(df) == [
         "pass n=100000 ns=1000x100 d=384: ours pass 5 s; baseline pass (5244916) 20 s: "
-        "ours 4.00x faster"]
+        "ours 4.00x faster"
+    ]
     table = "\n".join(bm.pass_table(df))
     assert "x faster than baseline" in table and "| ours pass " in table
     header = table.splitlines()[0].split("|")
@@ -139,10 +208,17 @@ def test_pass_ratio_lines_and_report_table():
     assert got["non-sim / sim"] == "4" and got["x faster than baseline"] == "4"
     assert got["RSS / data"] == "2" and got["planted out"] == str(10**5 - 10)
     # a failed run is listed with its note, and no similarity-case target is affected
-    err = {"case": ours["case"], "kind": "pass", "method": "ours pass", "family": "ours",
-           "status": "error", "note": "measure: MemoryError", "ns_size": 100, "n": 10**5}
-    assert "ours pass: error: measure: MemoryError" in "\n".join(
-        bm.pass_table(pd.DataFrame([err])))
+    err = {
+        "case": ours["case"],
+        "kind": "pass",
+        "method": "ours pass",
+        "family": "ours",
+        "status": "error",
+        "note": "measure: MemoryError",
+        "ns_size": 100,
+        "n": 10**5,
+    }
+    assert "ours pass: error: measure: MemoryError" in "\n".join(bm.pass_table(pd.DataFrame([err])))
     assert bm.target_lines(pd.DataFrame([err])) == []
 
 
@@ -180,8 +256,11 @@ def test_pass_store_plants_what_it_says():
         assert np.allclose(np.linalg.norm(v, axis=1), 1, atol=1e-5)
         assert meta.namespace.nunique() == n // size == info["namespaces"]
         assert ((meta.importance >= 0.2) & (meta.importance <= 1)).all()
-        assert ((meta.created_at >= 5e5 - 720) & (meta.created_at <= meta.last_used)
-                & (meta.last_used <= 5e5)).all()
+        assert (
+            (meta.created_at >= 5e5 - 720)
+            & (meta.created_at <= meta.last_used)
+            & (meta.last_used <= 5e5)
+        ).all()
         assert info["vector_bytes"] == v.nbytes
         assert info["text_bytes"] == sum(len(t.encode()) for t in meta.text)
         # exact duplicates: same namespace, text and vector
@@ -209,13 +288,20 @@ def test_pass_store_plants_what_it_says():
             assert block.min() >= 0.91 and block.max() <= 0.995
             texts = meta.text.to_numpy()[c]
             assert len(set(texts)) == len(c)  # paraphrases, not copies
-            assert {len(set(w)) for w in zip(*[t.split()[-3:] for t in texts],
-                                              strict=True)} == {1}  # same object and place
+            assert {len(set(w)) for w in zip(*[t.split()[-3:] for t in texts], strict=True)} == {
+                1
+            }  # same object and place
             # the conflict guard keeps no pair of a planted cluster apart
-            assert all(conflict_reason(a, b) is None
-                       for k, a in enumerate(texts) for b in texts[k + 1:])
-        res = run_pass(recs, cfg=PassConfig(threshold=0.9, cap=None, max_drop_fraction=1.0),
-                       sim_cfg=SimilarityConfig(device="cpu"), version=2, wall_h=5e5)
+            assert all(
+                conflict_reason(a, b) is None for k, a in enumerate(texts) for b in texts[k + 1 :]
+            )
+        res = run_pass(
+            recs,
+            cfg=PassConfig(threshold=0.9, cap=None, max_drop_fraction=1.0),
+            sim_cfg=SimilarityConfig(device="cpu"),
+            version=2,
+            wall_h=5e5,
+        )
         assert res.stats["records_out"] == info["expected_out"]
         assert res.stats["clusters"] == info["planted_clusters"]
         assert "similarity" in res.stats["time_s"]
@@ -224,8 +310,21 @@ def test_pass_store_plants_what_it_says():
 @pytest.mark.slow
 def test_tiny_pass_cases_run_end_to_end(tmp_path):
     bm = load_benchmark()
-    assert bm.main(["--preset", "tiny", "--only", "pass", "--out", str(tmp_path),
-                    "--pass-warm-rows", "200"]) == 0
+    assert (
+        bm.main(
+            [
+                "--preset",
+                "tiny",
+                "--only",
+                "pass",
+                "--out",
+                str(tmp_path),
+                "--pass-warm-rows",
+                "200",
+            ]
+        )
+        == 0
+    )
     df = pd.read_parquet(tmp_path / "results.parquet")
     assert (df.kind == "pass").all() and (df.status == "ok").all() and len(df) == 2
     assert (df.records_out == df.expected_out).all()
@@ -250,8 +349,10 @@ def test_baseline_child_imports_only_the_exported_package(tmp_path):
         "m = u.module_from_spec(s); s.loader.exec_module(m)\n"
         "print(m._use_package())\n"
         "try:\n    import consolidate.pipeline\n    print('leaked')\n"
-        "except ImportError:\n    print('isolated')\n")
+        "except ImportError:\n    print('isolated')\n"
+    )
     env = {**os.environ, "PASS_BENCH_PKG": str(tmp_path), "PYTHONPATH": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out == [str((tmp_path / "consolidate" / "__init__.py").resolve()), "isolated"]

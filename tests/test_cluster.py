@@ -31,8 +31,17 @@ def test_chain_is_not_one_cluster():
 
 def test_chain_through_the_pass():
     v = chain_vectors()
-    rows = [{"id": k, "namespace": "u", "text": f"fact {k}", "vector": v[n], "importance": 0.5,
-             "last_used": 10.0} for n, k in enumerate("ABC")]
+    rows = [
+        {
+            "id": k,
+            "namespace": "u",
+            "text": f"fact {k}",
+            "vector": v[n],
+            "importance": 0.5,
+            "last_used": 10.0,
+        }
+        for n, k in enumerate("ABC")
+    ]
     res = run_pass(make_records(rows), cfg=PassConfig(threshold=0.95, now="10"), wall_h=20.0)
     merges = [e for e in res.events if e["op"] == "merge"]
     assert len(merges) == 1
@@ -44,8 +53,15 @@ def test_centroid_rejects_when_weights_pull_away():
     # so they merge; every member must stay >= t from the final weighted centroid.
     g = np.array([[1, 0.951], [0.951, 1.0]])
     v = np.linalg.cholesky(g)
-    res = centroid_clusters(np.array([0]), np.array([1]), np.array([0.951]), v,
-                            np.array([1.0, 1000.0]), ["x", "y"], 0.95)
+    res = centroid_clusters(
+        np.array([0]),
+        np.array([1]),
+        np.array([0.951]),
+        v,
+        np.array([1.0, 1000.0]),
+        ["x", "y"],
+        0.95,
+    )
     c = v[1] * 1000 + v[0]
     c /= np.linalg.norm(c)
     assert res.clusters == [[0, 1]] and (v @ c >= 0.95).all()
@@ -65,16 +81,21 @@ def test_clusters_do_not_depend_on_row_order():
     assert len(groups(a)) > 10
 
 
-@pytest.mark.parametrize("a,b", [
-    ("I live in Berlin", "I don't live in Berlin"),
-    ("has 2 cats", "has 3 cats"),
-    ("has two cats", "has 3 cats"),
-    ("moved to Paris in May 2023", "moved to Paris in June 2023"),
-])
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        ("I live in Berlin", "I don't live in Berlin"),
+        ("has 2 cats", "has 3 cats"),
+        ("has two cats", "has 3 cats"),
+        ("moved to Paris in May 2023", "moved to Paris in June 2023"),
+    ],
+)
 def test_conflicting_pairs_are_never_merged_by_the_extractive_merger(a, b):
     # identical vectors: only the conflict guard can keep them apart
-    rows = [{"id": "x", "namespace": "u", "text": a, "vector": [1.0, 0.0], "last_used": 5.0},
-            {"id": "y", "namespace": "u", "text": b, "vector": [1.0, 0.0], "last_used": 5.0}]
+    rows = [
+        {"id": "x", "namespace": "u", "text": a, "vector": [1.0, 0.0], "last_used": 5.0},
+        {"id": "y", "namespace": "u", "text": b, "vector": [1.0, 0.0], "last_used": 5.0},
+    ]
     res = run_pass(make_records(rows), cfg=PassConfig(threshold=0.5, now="5"), wall_h=6.0)
     assert res.stats["merges"] == 0 and res.stats["records_out"] == 2
     rev = [e for e in res.events if e["op"] == "review"]
@@ -83,11 +104,11 @@ def test_conflicting_pairs_are_never_merged_by_the_extractive_merger(a, b):
 
 def test_conflict_blocks_a_third_member_too():
     # x ~ y merge; z conflicts with x (negation) so it must not join their cluster
-    rows = [{"id": "x", "namespace": "u", "text": "likes tea", "vector": [1.0, 0.0, 0.0]},
-            {"id": "y", "namespace": "u", "text": "likes tea a lot",
-             "vector": [0.99, 0.14, 0.0]},
-            {"id": "z", "namespace": "u", "text": "does not like tea",
-             "vector": [0.99, 0.0, 0.14]}]
+    rows = [
+        {"id": "x", "namespace": "u", "text": "likes tea", "vector": [1.0, 0.0, 0.0]},
+        {"id": "y", "namespace": "u", "text": "likes tea a lot", "vector": [0.99, 0.14, 0.0]},
+        {"id": "z", "namespace": "u", "text": "does not like tea", "vector": [0.99, 0.0, 0.14]},
+    ]
     for r in rows:
         r["last_used"] = 1.0
     res = run_pass(make_records(rows), cfg=PassConfig(threshold=0.9, now="1"), wall_h=2.0)
@@ -110,14 +131,21 @@ def test_items_in_no_pair_keep_their_own_label_and_positions_map_back():
         seen.append((a, b))
         return "number" if {a, b} == {4, 6} else None
 
-    res = centroid_clusters(np.array([1, 3, 1, 4]), np.array([3, 5, 5, 6]), np.ones(4), v,
-                            np.ones(7), keys, 0.9, conflict=conflict)
+    res = centroid_clusters(
+        np.array([1, 3, 1, 4]),
+        np.array([3, 5, 5, 6]),
+        np.ones(4),
+        v,
+        np.ones(7),
+        keys,
+        0.9,
+        conflict=conflict,
+    )
     assert res.labels.tolist() == [0, 1, 2, 1, 4, 1, 6]
     assert res.clusters == [[5, 3, 1]]
     assert res.review == [(4, 6, 1.0, "number")]
     assert res.rejected == 1
-    assert {frozenset(p) for p in seen} <= {frozenset(p) for p in
-                                            [(1, 3), (3, 5), (1, 5), (4, 6)]}
+    assert {frozenset(p) for p in seen} <= {frozenset(p) for p in [(1, 3), (3, 5), (1, 5), (4, 6)]}
 
 
 def test_isolated_pairs_merge_unless_a_blocking_conflict_and_are_reported():
@@ -135,8 +163,18 @@ def test_isolated_pairs_merge_unless_a_blocking_conflict_and_are_reported():
         return reasons.get(frozenset((a, b)))
 
     keys = ["b", "a", "c", "d", "e", "f", "g", "h", "i"]  # item 1 sorts before item 0
-    res = centroid_clusters(i, j, np.ones(6), v, np.ones(9), keys, 0.9, conflict=conflict,
-                            allow_conflicts=True, blocking=lambda r: r == "undone merge")
+    res = centroid_clusters(
+        i,
+        j,
+        np.ones(6),
+        v,
+        np.ones(9),
+        keys,
+        0.9,
+        conflict=conflict,
+        allow_conflicts=True,
+        blocking=lambda r: r == "undone merge",
+    )
     assert res.clusters == [[1, 0], [2, 3, 4], [7, 8]]
     assert res.labels.tolist() == [0, 0, 2, 2, 2, 5, 6, 7, 7]
     assert res.review == [(5, 6, 1.0, "undone merge"), (7, 8, 1.0, "number")]
@@ -156,8 +194,11 @@ def test_conflict_class_is_read_by_position_not_by_label():
 
     v = np.tile([1.0, 0.0], (5, 1))
     args = ([0, 0], [1, 2], [1.0, 0.99], v, np.ones(5), list("abcde"), 0.9)
-    for cls in (classes, pd.Series(classes, index=range(10, 15)),
-                pd.Series(classes, index=range(4, -1, -1))):
+    for cls in (
+        classes,
+        pd.Series(classes, index=range(10, 15)),
+        pd.Series(classes, index=range(4, -1, -1)),
+    ):
         res = centroid_clusters(*args, conflict=conflict, conflict_class=cls)
         assert res.clusters == [[0, 2]]
         assert res.review == [(0, 1, 1.0, "negation")]

@@ -16,10 +16,24 @@ CFG = PassConfig(threshold=0.9, now="100", decay=False)
 
 def rows(extra=()):
     base = [
-        {"id": "a", "namespace": "u", "text": "Gina has 2 cats", "vector": [1.0, 0.0, 0.0],
-         "created_at": 10.0, "last_used": 10.0, "importance": 0.6},
-        {"id": "b", "namespace": "u", "text": "Gina has 3 cats", "vector": [0.999, 0.03, 0.0],
-         "created_at": 20.0, "last_used": 20.0, "importance": 0.5},
+        {
+            "id": "a",
+            "namespace": "u",
+            "text": "Gina has 2 cats",
+            "vector": [1.0, 0.0, 0.0],
+            "created_at": 10.0,
+            "last_used": 10.0,
+            "importance": 0.6,
+        },
+        {
+            "id": "b",
+            "namespace": "u",
+            "text": "Gina has 3 cats",
+            "vector": [0.999, 0.03, 0.0],
+            "created_at": 20.0,
+            "last_used": 20.0,
+            "importance": 0.5,
+        },
     ]
     return base + list(extra)
 
@@ -37,8 +51,9 @@ def test_default_merger_keeps_conflicts_apart_and_closes_nothing():
 
 
 def test_newer_wins_closes_the_older_fact():
-    res = run_pass(make_records(rows()), cfg=CFG, merger=ExtractiveMerger(newer_wins=True),
-                   wall_h=200.0)
+    res = run_pass(
+        make_records(rows()), cfg=CFG, merger=ExtractiveMerger(newer_wins=True), wall_h=200.0
+    )
     m = by_id(res)
     assert m.loc["a", "valid_to"] == 20.0  # closed when the newer fact (b) became true
     assert math.isnan(m.loc["a", "deleted_at"]) and math.isnan(m.loc["b", "deleted_at"])
@@ -47,16 +62,32 @@ def test_newer_wins_closes_the_older_fact():
     assert [(e["id"], e["by"], e["valid_to"]) for e in sup] == [("a", ["b"], 20.0)]
     assert res.stats["superseded"] == 1 and res.stats["merges"] == 0
     assert len(m) == 2  # nothing created, nothing lost
-    assert set(res.stats["time_s"]) == {"purge", "exact", "similarity", "minhash", "cluster",
-                                        "merge", "reflect", "score"}
+    assert set(res.stats["time_s"]) == {
+        "purge",
+        "exact",
+        "similarity",
+        "minhash",
+        "cluster",
+        "merge",
+        "reflect",
+        "score",
+    }
 
 
 def test_newer_wins_merges_the_rest_and_uses_valid_from():
-    c = {"id": "c", "namespace": "u", "text": "Gina now has 3 cats at home",
-         "vector": [0.998, 0.05, 0.0], "created_at": 30.0, "last_used": 30.0,
-         "importance": 0.4, "valid_from": 15.0}
-    res = run_pass(make_records(rows([c])), cfg=CFG, merger=ExtractiveMerger(newer_wins=True),
-                   wall_h=200.0)
+    c = {
+        "id": "c",
+        "namespace": "u",
+        "text": "Gina now has 3 cats at home",
+        "vector": [0.998, 0.05, 0.0],
+        "created_at": 30.0,
+        "last_used": 30.0,
+        "importance": 0.4,
+        "valid_from": 15.0,
+    }
+    res = run_pass(
+        make_records(rows([c])), cfg=CFG, merger=ExtractiveMerger(newer_wins=True), wall_h=200.0
+    )
     m = by_id(res)
     # c's fact became true at 15 (valid_from), before b's (20): a closes at 15
     assert m.loc["a", "valid_to"] == 15.0 and math.isnan(m.loc["a", "deleted_at"])
@@ -69,10 +100,12 @@ def test_newer_wins_merges_the_rest_and_uses_valid_from():
 
 
 def test_closed_history_is_not_merged_again():
-    first = run_pass(make_records(rows()), cfg=CFG, merger=ExtractiveMerger(newer_wins=True),
-                     wall_h=200.0)
-    again = run_pass(first.records, cfg=CFG, merger=ExtractiveMerger(newer_wins=True),
-                     version=2, wall_h=201.0)
+    first = run_pass(
+        make_records(rows()), cfg=CFG, merger=ExtractiveMerger(newer_wins=True), wall_h=200.0
+    )
+    again = run_pass(
+        first.records, cfg=CFG, merger=ExtractiveMerger(newer_wins=True), version=2, wall_h=201.0
+    )
     assert again.stats["closed_kept_apart"] == 1
     assert again.stats["superseded"] == 0 and again.stats["pairs"] == 0
     assert by_id(again).loc["a", "valid_to"] == 20.0
@@ -81,8 +114,7 @@ def test_closed_history_is_not_merged_again():
 def test_equal_times_supersede_nothing():
     r = rows()
     r[1]["created_at"] = 10.0
-    res = run_pass(make_records(r), cfg=CFG, merger=ExtractiveMerger(newer_wins=True),
-                   wall_h=200.0)
+    res = run_pass(make_records(r), cfg=CFG, merger=ExtractiveMerger(newer_wins=True), wall_h=200.0)
     m = by_id(res)
     assert res.stats["superseded"] == 0
     assert math.isnan(m.loc["a", "valid_to"]) and math.isnan(m.loc["b", "valid_to"])
@@ -90,16 +122,32 @@ def test_equal_times_supersede_nothing():
 
 
 def test_undone_merges_stay_apart_even_for_a_conflict_merger():
-    recs = make_records([
-        {"id": "x", "namespace": "u", "text": "Gina likes tea", "vector": [1.0, 0.0],
-         "created_at": 1.0, "last_used": 1.0},
-        {"id": "y", "namespace": "u", "text": "Gina loves tea", "vector": [0.999, 0.03],
-         "created_at": 2.0, "last_used": 2.0}])
+    recs = make_records(
+        [
+            {
+                "id": "x",
+                "namespace": "u",
+                "text": "Gina likes tea",
+                "vector": [1.0, 0.0],
+                "created_at": 1.0,
+                "last_used": 1.0,
+            },
+            {
+                "id": "y",
+                "namespace": "u",
+                "text": "Gina loves tea",
+                "vector": [0.999, 0.03],
+                "created_at": 2.0,
+                "last_used": 2.0,
+            },
+        ]
+    )
     res = run_pass(recs, cfg=CFG, wall_h=200.0)
     mid = next(e["id"] for e in res.events if e["op"] == "merge")
     undone = undo_merge(res.records, mid, wall_h=201.0)
-    again = run_pass(undone, cfg=CFG, merger=ExtractiveMerger(newer_wins=True), version=2,
-                     wall_h=202.0)
+    again = run_pass(
+        undone, cfg=CFG, merger=ExtractiveMerger(newer_wins=True), version=2, wall_h=202.0
+    )
     assert again.stats["merges"] == 0 and again.stats["superseded"] == 0
     assert [e["reason"] for e in again.events if e["op"] == "review"] == ["undone merge"]
 
@@ -107,25 +155,37 @@ def test_undone_merges_stay_apart_even_for_a_conflict_merger():
 def test_newer_fact_times_by_hand():
     def mem(i, t, vf=math.nan):
         return MergeMember(i, i, 0.5, t, 1.0, t, (), vf)
-    req = MergeRequest("m", "u", (mem("a", 10), mem("b", 20), mem("c", 30, vf=5)),
-                       conflicts=(("a", "b", "number"), ("b", "c", "number"),
-                                  ("a", "c", "negation")))
+
+    req = MergeRequest(
+        "m",
+        "u",
+        (mem("a", 10), mem("b", 20), mem("c", 30, vf=5)),
+        conflicts=(("a", "b", "number"), ("b", "c", "number"), ("a", "c", "negation")),
+    )
     # a (10) < b (20): a closes at 20; c's fact time is 5: c is older than a and b
     assert newer_fact_times(req) == {"a": 20.0, "c": 10.0}
 
 
-
-
 def llm_run(answer, extra=()):
     be = Scripted([answer, answer])
-    res = run_pass(make_records(rows(extra)), cfg=CFG,
-                   merger=LLMMerger(be, cache_path=None, handles_conflicts=True), wall_h=200.0)
+    res = run_pass(
+        make_records(rows(extra)),
+        cfg=CFG,
+        merger=LLMMerger(be, cache_path=None, handles_conflicts=True),
+        wall_h=200.0,
+    )
     return res, be
 
 
 def test_llm_merger_supersedes_the_older_note():
-    c = {"id": "c", "namespace": "u", "text": "Gina has 3 cats now",
-         "vector": [0.998, 0.05, 0.0], "created_at": 30.0, "last_used": 30.0}
+    c = {
+        "id": "c",
+        "namespace": "u",
+        "text": "Gina has 3 cats now",
+        "vector": [0.998, 0.05, 0.0],
+        "created_at": 30.0,
+        "last_used": 30.0,
+    }
     res, be = llm_run('{"outdated": [1], "text": "Gina has 3 cats now"}', [c])
     m = by_id(res)
     assert len(be.seen) == 1  # one call for the cluster
@@ -160,53 +220,87 @@ def test_equal_times_cost_no_model_call():
     r = rows()
     r[1]["created_at"] = 10.0
     be = Scripted([])
-    res = run_pass(make_records(r), cfg=CFG,
-                   merger=LLMMerger(be, cache_path=None, handles_conflicts=True), wall_h=200.0)
+    res = run_pass(
+        make_records(r),
+        cfg=CFG,
+        merger=LLMMerger(be, cache_path=None, handles_conflicts=True),
+        wall_h=200.0,
+    )
     assert be.seen == [] and res.stats["model_calls"] == 0 and res.stats["merges"] == 0
 
 
 def test_newer_wins_leaves_negation_flags_for_review():
-    r = [{"id": "a", "namespace": "u", "text": "Jon will keep pushing for his dreams",
-          "vector": [1.0, 0.0], "created_at": 10.0, "last_used": 10.0},
-         {"id": "b", "namespace": "u", "text": "Jon will keep pushing and not give up",
-          "vector": [0.999, 0.03], "created_at": 20.0, "last_used": 20.0}]
-    res = run_pass(make_records(r), cfg=CFG, merger=ExtractiveMerger(newer_wins=True),
-                   wall_h=200.0)
+    r = [
+        {
+            "id": "a",
+            "namespace": "u",
+            "text": "Jon will keep pushing for his dreams",
+            "vector": [1.0, 0.0],
+            "created_at": 10.0,
+            "last_used": 10.0,
+        },
+        {
+            "id": "b",
+            "namespace": "u",
+            "text": "Jon will keep pushing and not give up",
+            "vector": [0.999, 0.03],
+            "created_at": 20.0,
+            "last_used": 20.0,
+        },
+    ]
+    res = run_pass(make_records(r), cfg=CFG, merger=ExtractiveMerger(newer_wins=True), wall_h=200.0)
     assert res.stats["superseded"] == 0 and res.stats["merges"] == 0
     assert math.isnan(by_id(res).loc["a", "valid_to"])
     assert "negation" in next(e for e in res.events if e["op"] == "merge_declined")["note"]
     # trusted only when asked
-    res2 = run_pass(make_records(r), cfg=CFG, wall_h=200.0,
-                    merger=ExtractiveMerger(newer_wins=True, supersede_on=("negation",)))
+    res2 = run_pass(
+        make_records(r),
+        cfg=CFG,
+        wall_h=200.0,
+        merger=ExtractiveMerger(newer_wins=True, supersede_on=("negation",)),
+    )
     assert by_id(res2).loc["a", "valid_to"] == 20.0
 
 
 def test_unknown_times_supersede_nothing():
     def mem(i, t):
         return MergeMember(i, i, 0.5, 1.0, 1.0, t)
-    req = MergeRequest("m", "u", (mem("a", math.nan), mem("b", 20.0)),
-                       conflicts=(("a", "b", "number"),))
+
+    req = MergeRequest(
+        "m", "u", (mem("a", math.nan), mem("b", 20.0)), conflicts=(("a", "b", "number"),)
+    )
     assert newer_fact_times(req) == {}
 
 
 def test_supersede_names_every_newer_partner_and_is_not_repeated():
-    a2 = {"id": "a2", "namespace": "u", "text": "Gina has 2 cats", "vector": [0.999, 0.0, 0.03],
-          "created_at": 30.0, "last_used": 30.0}
-    res = run_pass(make_records(rows([a2])), cfg=CFG, wall_h=200.0,
-                   merger=ExtractiveMerger(newer_wins=True))
+    a2 = {
+        "id": "a2",
+        "namespace": "u",
+        "text": "Gina has 2 cats",
+        "vector": [0.999, 0.0, 0.03],
+        "created_at": 30.0,
+        "last_used": 30.0,
+    }
+    res = run_pass(
+        make_records(rows([a2])), cfg=CFG, wall_h=200.0, merger=ExtractiveMerger(newer_wins=True)
+    )
     sup = {e["id"]: e for e in res.events if e["op"] == "supersede"}
     # a (10) and a2 (30) are exact duplicates; b (20) is newer than a, older than a2:
     # 2 cats until 20, 3 cats until 30, 2 cats since
     assert {k: (e["by"], e["valid_to"]) for k, e in sup.items()} == {
-        "a": (["b"], 20.0), "b": (["a2"], 30.0)}
+        "a": (["b"], 20.0),
+        "b": (["a2"], 30.0),
+    }
     assert math.isnan(by_id(res).loc["a2", "valid_to"])
     # a fact that becomes true after `now` closes the older one at that future time once
     fut = rows()
     fut[1]["valid_from"] = 500.0
-    first = run_pass(make_records(fut), cfg=CFG, merger=ExtractiveMerger(newer_wins=True),
-                     wall_h=200.0)
-    again = run_pass(first.records, cfg=CFG, merger=ExtractiveMerger(newer_wins=True),
-                     version=2, wall_h=201.0)
+    first = run_pass(
+        make_records(fut), cfg=CFG, merger=ExtractiveMerger(newer_wins=True), wall_h=200.0
+    )
+    again = run_pass(
+        first.records, cfg=CFG, merger=ExtractiveMerger(newer_wins=True), version=2, wall_h=201.0
+    )
     assert first.stats["superseded"] == 1 and again.stats["superseded"] == 0
     assert not [e for e in again.events if e["op"] == "supersede"]
 
@@ -217,9 +311,39 @@ def test_guard_is_symmetric_and_never_flags_a_text_against_itself():
     from consolidate.text import conflict_reason
 
     rnd = random.Random(3)
-    vocab = ["Gina", "likes", "tea", "not", "no", "know", "one", "May", "8", "2023", "near",
-             "far", "in", "out", "vim", "emacs", "enabled", "disabled", "happy", "unhappy",
-             "Jon", "thanks", "for", "the", "gift", "by", "x7f3", "x7f4", "cat", "car", "."]
+    vocab = [
+        "Gina",
+        "likes",
+        "tea",
+        "not",
+        "no",
+        "know",
+        "one",
+        "May",
+        "8",
+        "2023",
+        "near",
+        "far",
+        "in",
+        "out",
+        "vim",
+        "emacs",
+        "enabled",
+        "disabled",
+        "happy",
+        "unhappy",
+        "Jon",
+        "thanks",
+        "for",
+        "the",
+        "gift",
+        "by",
+        "x7f3",
+        "x7f4",
+        "cat",
+        "car",
+        ".",
+    ]
     texts = [" ".join(rnd.choice(vocab) for _ in range(rnd.randint(0, 8))) for _ in range(400)]
     for a, b in zip(texts, texts[1:] + texts[:1], strict=True):
         assert conflict_reason(a, b) == conflict_reason(b, a), (a, b)
@@ -231,16 +355,36 @@ def test_normalise_many_equals_normalise():
 
     from consolidate.text import normalise, normalise_many, text_hash, text_hashes
 
-    cases = ["", " ", "...", "  Uses  VIM. ", "\x1cabc\x1d", "a\vb", '"quoted"', "'x'!",
-             "a..b..", "Has 2 cats.", ":)", ":(", "-5 degrees", "`tick`", "Hello,   World;:",
-             "\t\n", "ABC\x1f", "x\u00e9", "Stra\u00dfe", "\u201cHi\u201d", ". a .", "?!",
-             "a\r\nb\r\n"]
+    cases = [
+        "",
+        " ",
+        "...",
+        "  Uses  VIM. ",
+        "\x1cabc\x1d",
+        "a\vb",
+        '"quoted"',
+        "'x'!",
+        "a..b..",
+        "Has 2 cats.",
+        ":)",
+        ":(",
+        "-5 degrees",
+        "`tick`",
+        "Hello,   World;:",
+        "\t\n",
+        "ABC\x1f",
+        "x\u00e9",
+        "Stra\u00dfe",
+        "\u201cHi\u201d",
+        ". a .",
+        "?!",
+        "a\r\nb\r\n",
+    ]
     assert normalise_many(cases) == [normalise(c) for c in cases]
     # ASCII control characters, quotes and punctuation mixed with a few non-ASCII ones
     rng = random.Random(0)
     alpha = [chr(i) for i in range(128)] + ["\u00e9", "\u2019", "\u00a0", "\u3000"]
-    texts = ["".join(rng.choice(alpha) for _ in range(rng.randint(0, 12)))
-             for _ in range(5000)]
+    texts = ["".join(rng.choice(alpha) for _ in range(rng.randint(0, 12))) for _ in range(5000)]
     assert normalise_many(texts) == [normalise(t) for t in texts]
     assert text_hashes(cases) == [text_hash(c) for c in cases]
     assert text_hashes([None, "\ud800", "a"]) == ["", "", text_hash("a")]

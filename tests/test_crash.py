@@ -23,16 +23,28 @@ with s.lock():
 print("committed", flush=True)
 """
 
-POINTS = ["snapshot:before_rename", "after_snapshot", "changelog:before_rename",
-          "after_changelog", "pointer:before_rename", "after_pointer"]
+POINTS = [
+    "snapshot:before_rename",
+    "after_snapshot",
+    "changelog:before_rename",
+    "after_changelog",
+    "pointer:before_rename",
+    "after_pointer",
+]
 
 
 def run_child(root, crash_at=None):
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
     if crash_at:
         env["CONSOLIDATE_CRASH_AT"] = crash_at
-    return subprocess.run([sys.executable, "-c", CHILD, str(root)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", CHILD, str(root)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -41,8 +53,17 @@ def test_sigkill_during_commit(tmp_path, point):
     root = tmp_path / "s"
     store = Store(root)
     store.create(make_records(random_rows(300, 16, seed=2, namespaces=2, dup_frac=0.4)))
-    store.append([{"id": "pending", "namespace": "ns0", "text": "written before the pass",
-                   "vector": [1.0] + [0.0] * 15, "last_used": 999.0}])
+    store.append(
+        [
+            {
+                "id": "pending",
+                "namespace": "ns0",
+                "text": "written before the pass",
+                "vector": [1.0] + [0.0] * 15,
+                "last_used": 999.0,
+            }
+        ]
+    )
     before = store.load()
     p = run_child(root, point)
     assert p.returncode == -9, p.stderr

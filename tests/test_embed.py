@@ -54,8 +54,11 @@ def test_inputs_the_model_cannot_embed_are_refused_by_position(emb):
         emb.encode(["fine", " \t\n"])
     with pytest.raises(TypeError, match=r"texts\[2\] is NoneType, not str"):
         emb.encode(["a", "b", None])
-    with pytest.raises(ValueError, match=r"texts\[0\] has 402 tokens, the model reads at "
-                                         r"most 256 .* embedder.long_text=truncate"):
+    with pytest.raises(
+        ValueError,
+        match=r"texts\[0\] has 402 tokens, the model reads at "
+        r"most 256 .* embedder.long_text=truncate",
+    ):
         emb.encode(["word " * 400, "fine"])
     with pytest.raises(ValueError, match="long_text"):
         Embedder(device="cpu", show_progress=False, long_text="drop")

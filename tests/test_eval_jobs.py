@@ -25,8 +25,9 @@ def _cfg(name, overrides):
 
 
 def test_evaluate_longmemeval_fixture(tmp_path):
-    cfg = _cfg("evaluate", ["task=longmemeval-fixture", "embedder.show_progress=false",
-                            "latency_sample=3"])
+    cfg = _cfg(
+        "evaluate", ["task=longmemeval-fixture", "embedder.show_progress=false", "latency_sample=3"]
+    )
     res = run_evaluate(cfg, tmp_path / "a")
     assert res.task.name == "longmemeval-fixture" and res.task.hash_verified
     assert res.task.counts == {"memories": 10, "questions": 3, "groups": 3, "truncated_texts": 0}
@@ -48,36 +49,58 @@ def test_evaluate_longmemeval_fixture(tmp_path):
     # reproducible: same numbers on a rerun (timings aside)
     res2 = run_evaluate(cfg, tmp_path / "b")
     drop = ("pass_s", "p50_ms", "p95_ms")
-    assert [{k: v for k, v in r.items() if k not in drop} for r in res.tables["ablation"]] == \
-        [{k: v for k, v in r.items() if k not in drop} for r in res2.tables["ablation"]]
+    assert [{k: v for k, v in r.items() if k not in drop} for r in res.tables["ablation"]] == [
+        {k: v for k, v in r.items() if k not in drop} for r in res2.tables["ablation"]
+    ]
 
 
 def test_evaluate_unknown_vector_dtype_names_the_variant(tmp_path):
-    cfg = _cfg("evaluate", ["task=longmemeval-fixture", "embedder.show_progress=false",
-                            "variants=[{name: tiny, consolidate: false, vectors: int4}]"])
+    cfg = _cfg(
+        "evaluate",
+        [
+            "task=longmemeval-fixture",
+            "embedder.show_progress=false",
+            "variants=[{name: tiny, consolidate: false, vectors: int4}]",
+        ],
+    )
     with pytest.raises(ValueError, match="variant 'tiny': vectors: .*one of fp32"):
         run_evaluate(cfg, tmp_path)
 
 
 def test_a_file_given_by_path_is_named_as_it_is_and_not_verified(tmp_path):
-    fixture = Path(CONFIG_DIR).parent / "eval/fixtures/longmemeval_tiny.json"
+    fixture = Path(CONFIG_DIR).parent / "evaluation/longmemeval_tiny.json"
     mine = tmp_path / "my_longmemeval.json"
     mine.write_bytes(fixture.read_bytes())
-    cfg = _cfg("evaluate", ["task=longmemeval", f"longmemeval_file={mine}",
-                            "embedder.show_progress=false", "latency_sample=3",
-                            "variants=[{name: append-all, consolidate: false}]"])
+    cfg = _cfg(
+        "evaluate",
+        [
+            "task=longmemeval",
+            f"longmemeval_file={mine}",
+            "embedder.show_progress=false",
+            "latency_sample=3",
+            "variants=[{name: append-all, consolidate: false}]",
+        ],
+    )
     res = run_evaluate(cfg, tmp_path / "p")
     assert res.task.name == "longmemeval" and not res.task.hash_verified
     assert list(res.task.files_sha256) == [str(mine)]
     # the report tool refuses to put it in one table with the fixture's run ...
-    cfg2 = _cfg("evaluate", ["task=longmemeval-fixture", "embedder.show_progress=false",
-                             "latency_sample=3",
-                             "variants=[{name: append-all, consolidate: false}]"])
+    cfg2 = _cfg(
+        "evaluate",
+        [
+            "task=longmemeval-fixture",
+            "embedder.show_progress=false",
+            "latency_sample=3",
+            "variants=[{name: append-all, consolidate: false}]",
+        ],
+    )
     run_evaluate(cfg2, tmp_path / "f")
     with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
         rc = compose(config_name="report", overrides=[f"runs=[{tmp_path}/p,{tmp_path}/f]"])
-        ok = compose(config_name="report", overrides=[f"runs=[{tmp_path}/p,{tmp_path}/f]",
-                                                      "allow_mixed=true"])
+        ok = compose(
+            config_name="report",
+            overrides=[f"runs=[{tmp_path}/p,{tmp_path}/f]", "allow_mixed=true"],
+        )
     with pytest.raises(ValueError, match="evaluate runs differ in task"):
         run_report(rc, tmp_path / "r1")
     # ... unless asked
@@ -86,11 +109,17 @@ def test_a_file_given_by_path_is_named_as_it_is_and_not_verified(tmp_path):
 
 @pytest.mark.skipif(not LOCOMO.exists(), reason="LOCOMO data not present")
 def test_evaluate_locomo_two_conversations(tmp_path):
-    cfg = _cfg("evaluate", ["store.conversations=2", "embedder.show_progress=false",
-                            "latency_sample=5",
-                            "variants=[{name: append-all, consolidate: false},"
-                            "{name: p90, pass: {threshold: 0.9, decay: false}},"
-                            "{name: int8, consolidate: false, vectors: int8}]"])
+    cfg = _cfg(
+        "evaluate",
+        [
+            "store.conversations=2",
+            "embedder.show_progress=false",
+            "latency_sample=5",
+            "variants=[{name: append-all, consolidate: false},"
+            "{name: p90, pass: {threshold: 0.9, decay: false}},"
+            "{name: int8, consolidate: false, vectors: int8}]",
+        ],
+    )
     res = run_evaluate(cfg, tmp_path)
     abl = {r["variant"]: r for r in res.tables["ablation"]}
     assert res.task.counts["groups"] == 2 and res.task.counts["questions"] == 304
@@ -125,35 +154,58 @@ def test_calibrate_subset_and_use_in_consolidate(tmp_path):
     above = [s for s in sick if s["score"] >= thr and s["contradiction"]]
     assert entries["sick-all"]["contradictions_above"] == len(above)
     if above:  # recomputed here from the samples: the same share
-        want = sum(conflict_reason(s["sentence1"], s["sentence2"]) is not None
-                   for s in above) / len(above)
+        want = sum(
+            conflict_reason(s["sentence1"], s["sentence2"]) is not None for s in above
+        ) / len(above)
         assert entries["sick-all"]["guard_flags_contradictions"] == pytest.approx(want)
     assert "guard_flags_contradictions" in (tmp_path / "report.md").read_text()
     # the same rates at the other thresholds, with what flagged the contradictions
     g = entries["sick-all"]
     assert set(g["guard_at"]) == {"0.90", "0.85", "0.80"}
     for t, r in g["guard_at"].items():
-        hit = [conflict_reason(s["sentence1"], s["sentence2"]) for s in sick
-               if s["score"] >= float(t) and s["contradiction"]]
+        hit = [
+            conflict_reason(s["sentence1"], s["sentence2"])
+            for s in sick
+            if s["score"] >= float(t) and s["contradiction"]
+        ]
         assert r["contradictions_above"] == len(hit)
         assert r["guard_reasons"] == {w: hit.count(w) for w in set(hit) - {None}}
     assert "Conflict guard at other thresholds" in (tmp_path / "report.md").read_text()
-    for f in ("calibration.json", "results.json", "report.md", "pr_curves.png",
-              "hist_sick-all_fp32.png"):
+    for f in (
+        "calibration.json",
+        "results.json",
+        "report.md",
+        "pr_curves.png",
+        "hist_sick-all_fp32.png",
+    ):
         assert (tmp_path / f).exists(), f
     from consolidate.evaluation.calibrate import load_calibration
 
-    assert load_calibration(tmp_path / "calibration.json")["threshold"] == \
-        calib["recommended"]["threshold"]
+    assert (
+        load_calibration(tmp_path / "calibration.json")["threshold"]
+        == calib["recommended"]["threshold"]
+    )
 
 
 def test_multirun_sweep_collects_a_table(tmp_path):
     env = {**os.environ, "CONSOLIDATE_DATA_DIR": str(DATA_DIR)}
     p = subprocess.run(
-        [str(Path(sys.executable).parent / "consolidate-evaluate"), "-m",
-         "task=longmemeval-fixture", "embedder.show_progress=false", "latency_sample=3",
-         "experiment=sweep_decay", "pass.tau_hours=24,720", f"hydra.sweep.dir={tmp_path}"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        [
+            str(Path(sys.executable).parent / "consolidate-evaluate"),
+            "-m",
+            "task=longmemeval-fixture",
+            "embedder.show_progress=false",
+            "latency_sample=3",
+            "experiment=sweep_decay",
+            "pass.tau_hours=24,720",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     md = (tmp_path / "runs.md").read_text()
     assert "pass.tau_hours=24" in md and "pass.tau_hours=720" in md
@@ -161,8 +213,10 @@ def test_multirun_sweep_collects_a_table(tmp_path):
 
     t = pd.read_parquet(tmp_path / "runs.parquet")
     assert len(t) == 2
-    by_tau = {("24" if "tau_hours=24 " in o + " " else "720"): r
-              for o, r in zip(t["overrides"], t.to_dict("records"), strict=True)}
+    by_tau = {
+        ("24" if "tau_hours=24 " in o + " " else "720"): r
+        for o, r in zip(t["overrides"], t.to_dict("records"), strict=True)
+    }
     # a 24 h time constant over a months-long haystack drops most memories
     assert by_tau["24"]["store_size"] < by_tau["720"]["store_size"] == 10
     with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
@@ -176,13 +230,22 @@ def test_answer_and_judge_path_with_smollm2(tmp_path):
     """SmolLM2-135M answers and judges two questions: structure only (its scores mean
     nothing at this size)."""
     require_smollm2()
-    cfg = _cfg("evaluate", ["task=longmemeval-fixture", "embedder.show_progress=false",
-                            "latency_sample=2", "answer.backend=transformers",
-                            "answer.questions=2", "answer.judge_repeats=2",
-                            "answer.allow_same_judge=true",
-                            "answer.variants=[append-all]", "answer.max_tokens=12",
-                            f"answer.backend_kwargs.cache_dir={REPO / '.cache' / 'models'}",
-                            "variants=[{name: append-all, consolidate: false}]"])
+    cfg = _cfg(
+        "evaluate",
+        [
+            "task=longmemeval-fixture",
+            "embedder.show_progress=false",
+            "latency_sample=2",
+            "answer.backend=transformers",
+            "answer.questions=2",
+            "answer.judge_repeats=2",
+            "answer.allow_same_judge=true",
+            "answer.variants=[append-all]",
+            "answer.max_tokens=12",
+            f"answer.backend_kwargs.cache_dir={REPO / '.cache' / 'models'}",
+            "variants=[{name: append-all, consolidate: false}]",
+        ],
+    )
     res = run_evaluate(cfg, tmp_path)
     row = res.tables["ablation"][0]
     assert row["answered"] == 2
@@ -196,14 +259,24 @@ def test_answer_and_judge_path_with_smollm2(tmp_path):
     if row["judge_questions"]:
         assert row["judge_ci_low"] <= row["judge"] <= row["judge_ci_high"]
     assert row["judge_model"] == row["answer_model"] and res.models["judge"]
-    answers = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()
-               if '"kind": "answer"' in x]
+    answers = [
+        json.loads(x)
+        for x in (tmp_path / "samples.jsonl").read_text().splitlines()
+        if '"kind": "answer"' in x
+    ]
     assert len(answers) == 2 and all(isinstance(a["answer"], str) for a in answers)
     assert "## Answers (model backend)" in (tmp_path / "report.md").read_text()
     # without allow_same_judge the answer model may not judge itself
-    bad = _cfg("evaluate", ["task=longmemeval-fixture", "embedder.show_progress=false",
-                            "latency_sample=2", "answer.backend=transformers",
-                            f"answer.backend_kwargs.cache_dir={REPO / '.cache' / 'models'}",
-                            "variants=[{name: append-all, consolidate: false}]"])
+    bad = _cfg(
+        "evaluate",
+        [
+            "task=longmemeval-fixture",
+            "embedder.show_progress=false",
+            "latency_sample=2",
+            "answer.backend=transformers",
+            f"answer.backend_kwargs.cache_dir={REPO / '.cache' / 'models'}",
+            "variants=[{name: append-all, consolidate: false}]",
+        ],
+    )
     with pytest.raises(ValueError, match="answer.judge_backend is not set"):
         run_evaluate(bad, tmp_path / "bad")

@@ -28,8 +28,6 @@ def data(n, d, ns, seed, dup_frac=0.3):
     return v, seg
 
 
-
-
 # the entry points with engine="faiss" (tile_rows: rows per faiss call, tile_cols: pack rows)
 threshold_pairs_faiss = partial(threshold_pairs, engine="faiss")
 topk_faiss = partial(topk_neighbours, engine="faiss")
@@ -39,15 +37,26 @@ def as_set(p):
     return set(zip(p.i.tolist(), p.j.tolist(), strict=True))
 
 
-@pytest.mark.parametrize("n,d,ns", [(1, 8, 1), (2, 8, 1), (97, 16, 1), (301, 24, 3),
-                                    (513, 32, 7), (1000, 48, 40), (1201, 20, 300)])
+@pytest.mark.parametrize(
+    "n,d,ns",
+    [
+        (1, 8, 1),
+        (2, 8, 1),
+        (97, 16, 1),
+        (301, 24, 3),
+        (513, 32, 7),
+        (1000, 48, 40),
+        (1201, 20, 300),
+    ],
+)
 @pytest.mark.parametrize("blocks", [(4096, 512), (64, 64), (37, 1), (100, 10_000)])
 def test_pairs_equal_float64_reference(n, d, ns, blocks):
     v, seg = data(n, d, ns, seed=n + d)
     v64 = v.astype(np.float64)
     for t in (0.5, 0.8, 0.95):
-        got = threshold_pairs_faiss(v, t, segments=seg, device="cpu", tile_rows=blocks[0],
-                                    tile_cols=blocks[1])
+        got = threshold_pairs_faiss(
+            v, t, segments=seg, device="cpu", tile_rows=blocks[0], tile_cols=blocks[1]
+        )
         assert as_set(got) == ref_pairs(v, seg, t)
         assert (got.i < got.j).all()
         assert got.i.dtype == np.int64 and got.j.dtype == np.int64
@@ -64,10 +73,12 @@ def test_pairs_equal_float64_reference(n, d, ns, blocks):
 def test_pairs_identical_to_torch_engine(dtype):
     v, seg = data(700, 40, 5, seed=4)
     for t in (0.7, 0.9):
-        a = threshold_pairs(torch.from_numpy(v), t, segments=torch.from_numpy(seg),
-                            device="cpu", dtype=dtype)
-        b = threshold_pairs_faiss(torch.from_numpy(v), t, segments=torch.from_numpy(seg),
-                                  device="cpu", dtype=dtype)
+        a = threshold_pairs(
+            torch.from_numpy(v), t, segments=torch.from_numpy(seg), device="cpu", dtype=dtype
+        )
+        b = threshold_pairs_faiss(
+            torch.from_numpy(v), t, segments=torch.from_numpy(seg), device="cpu", dtype=dtype
+        )
         np.testing.assert_array_equal(a.i, b.i)
         np.testing.assert_array_equal(a.j, b.j)
         np.testing.assert_array_equal(a.sim, b.sim)  # same float64 re-scoring, bit for bit
@@ -77,10 +88,13 @@ def test_unsorted_segments_and_row_order_do_not_change_pairs():
     v, seg = data(400, 16, 6, seed=11)
     perm = np.random.default_rng(0).permutation(400)
     a = threshold_pairs_faiss(v, 0.85, segments=seg, device="cpu")
-    b = threshold_pairs_faiss(v[perm], 0.85, segments=seg[perm], device="cpu", tile_rows=50,
-                              tile_cols=70)
-    mapped = {(min(perm[i], perm[j]), max(perm[i], perm[j])): s
-              for i, j, s in zip(b.i, b.j, b.sim, strict=True)}
+    b = threshold_pairs_faiss(
+        v[perm], 0.85, segments=seg[perm], device="cpu", tile_rows=50, tile_cols=70
+    )
+    mapped = {
+        (min(perm[i], perm[j]), max(perm[i], perm[j])): s
+        for i, j, s in zip(b.i, b.j, b.sim, strict=True)
+    }
     assert mapped == {(i, j): s for i, j, s in zip(a.i, a.j, a.sim, strict=True)}
 
 
@@ -120,8 +134,9 @@ def test_range_by_knn_equals_range_search():
     for radius in (0.2, 0.6, 0.95):
         r1, c1 = _range_by_knn(knn, v[:150], v, radius, ks=(4, 32), fallback=fallback)
         r2, c2 = _range_cpu(faiss, v[:150], v, radius)
-        assert set(zip(r1.tolist(), c1.tolist(), strict=True)) == \
-            set(zip(r2.tolist(), c2.tolist(), strict=True))
+        assert set(zip(r1.tolist(), c1.tolist(), strict=True)) == set(
+            zip(r2.tolist(), c2.tolist(), strict=True)
+        )
     assert "range" in calls and 32 in calls  # both the growth and the fallback ran
     with pytest.raises(RuntimeError, match="more than 4"):
         _range_by_knn(knn, v[:10], v, -1.0, ks=(4,))
@@ -140,9 +155,16 @@ def ref_topk(q, keys, k, qs, ks):
     return idx, sc
 
 
-@pytest.mark.parametrize("nq,n,d,ns,k", [(50, 1, 8, 1, 3), (97, 301, 24, 3, 10),
-                                         (513, 513, 32, 7, 5), (200, 1000, 16, 40, 50),
-                                         (31, 7, 8, 1, 10)])
+@pytest.mark.parametrize(
+    "nq,n,d,ns,k",
+    [
+        (50, 1, 8, 1, 3),
+        (97, 301, 24, 3, 10),
+        (513, 513, 32, 7, 5),
+        (200, 1000, 16, 40, 50),
+        (31, 7, 8, 1, 10),
+    ],
+)
 def test_topk_equals_float64_reference(nq, n, d, ns, k):
     kv, ks = data(n, d, ns, seed=n + k)
     g = np.random.default_rng(nq)
@@ -177,8 +199,14 @@ def test_topk_without_segments_and_ties():
 def test_topk_matches_torch_engine_on_a_store():
     v, seg = data(900, 32, 4, seed=8)
     a = topk_neighbours(v, v, 8, query_segments=seg, key_segments=seg, device="cpu")
-    b = topk_faiss(torch.from_numpy(v), torch.from_numpy(v), 8, query_segments=seg,
-                   key_segments=seg, device="cpu")
+    b = topk_faiss(
+        torch.from_numpy(v),
+        torch.from_numpy(v),
+        8,
+        query_segments=seg,
+        key_segments=seg,
+        device="cpu",
+    )
     np.testing.assert_allclose(a.scores, b.scores, atol=1e-5)
     assert (a.indices == b.indices).mean() > 0.99
 
@@ -232,10 +260,13 @@ def clustered(n, d, clusters, seed):
     return x.astype(np.float32)
 
 
-@pytest.mark.parametrize("kind,params,bound", [
-    ("ivf", {"nlist": 64, "nprobe": 16}, 0.9),
-    ("hnsw", {"m": 16, "ef_search": 512, "ef_construction": 40}, 0.9),
-])
+@pytest.mark.parametrize(
+    "kind,params,bound",
+    [
+        ("ivf", {"nlist": 64, "nprobe": 16}, 0.9),
+        ("hnsw", {"m": 16, "ef_search": 512, "ef_construction": 40}, 0.9),
+    ],
+)
 def test_approx_index_recall_at_10(kind, params, bound):
     x = clustered(20_000, 48, 50, seed=0)
     q = clustered(300, 48, 50, seed=1)
@@ -261,8 +292,11 @@ def test_approx_index_errors():
     with pytest.raises(ValueError, match=r"\[q, 8\]"):
         idx.search(np.zeros((1, 5), np.float32), 1)
     # fewer vectors than k: -1 / -inf padding
-    small = ApproxIndex("ivf", nprobe=4).build(clustered(5, 8, 1, seed=0)).search(
-        clustered(2, 8, 1, seed=1), 8)
+    small = (
+        ApproxIndex("ivf", nprobe=4)
+        .build(clustered(5, 8, 1, seed=0))
+        .search(clustered(2, 8, 1, seed=1), 8)
+    )
     assert (small.indices[:, 5:] == -1).all() and np.isneginf(small.scores[:, 5:]).all()
 
 
@@ -284,8 +318,9 @@ def test_similarity_engine_keyword_routes_here(monkeypatch):
     """engine="faiss" runs this module's faiss searches (and only engine="faiss" does)."""
     calls = []
     real_range, real_knn = faiss_engine._range_cpu, faiss_engine._knn_cpu
-    monkeypatch.setattr(faiss_engine, "_range_cpu",
-                        lambda *a: calls.append("range") or real_range(*a))
+    monkeypatch.setattr(
+        faiss_engine, "_range_cpu", lambda *a: calls.append("range") or real_range(*a)
+    )
     monkeypatch.setattr(faiss_engine, "_knn_cpu", lambda *a: calls.append("knn") or real_knn(*a))
     v, seg = data(300, 16, 3, seed=5)
     a = threshold_pairs(v, 0.8, segments=seg, device="cpu", engine="faiss")
@@ -295,9 +330,11 @@ def test_similarity_engine_keyword_routes_here(monkeypatch):
     assert calls == []
     np.testing.assert_array_equal(a.i, b.i)
     np.testing.assert_array_equal(a.sim, b.sim)
-    ta = topk_neighbours(v, v, 4, query_segments=seg, key_segments=seg, device="cpu",
-                         engine="faiss")
+    ta = topk_neighbours(
+        v, v, 4, query_segments=seg, key_segments=seg, device="cpu", engine="faiss"
+    )
     assert calls and set(calls) == {"knn"}
-    tb = topk_neighbours(v, v, 4, query_segments=seg, key_segments=seg, device="cpu",
-                         engine="torch")
+    tb = topk_neighbours(
+        v, v, 4, query_segments=seg, key_segments=seg, device="cpu", engine="torch"
+    )
     np.testing.assert_array_equal(ta.indices, tb.indices)

@@ -23,10 +23,11 @@ def store(tmp_path):
     a merged member with its tombstone and the merged record, a dropped one."""
     rows = random_rows(12, 8, namespaces=3)
     rows[0].update(pinned=True, valid_from=10.0, valid_to=900.0)
-    rows[1].update(deleted_at=995.0, deleted_reason="merged", merged_into=rows[2]["id"],
-                   strength=2.0)
+    rows[1].update(
+        deleted_at=995.0, deleted_reason="merged", merged_into=rows[2]["id"], strength=2.0
+    )
     rows[2].update(strength=3.0, last_pass=2.0)
-    rows[3].update(deleted_at=996.0, deleted_reason="floor", text="line one\nline, two \"q\"")
+    rows[3].update(deleted_at=996.0, deleted_reason="floor", text='line one\nline, two "q"')
     s = LanceStore(tmp_path / "s")
     s.create(make_records(rows))
     return s
@@ -58,18 +59,30 @@ def test_an_export_reads_back_unchanged(tmp_path, store, suffix):
 def run_import(tmp_path, path, name, **more):
     from consolidate.jobs.import_store import run_import as job
 
-    cfg = OmegaConf.create({
-        "store": {"name": name, "dir": str(tmp_path / name), "init_from": None},
-        "embedder": {"name": "minilm", "device": "cpu", "show_progress": False},
-        "file": str(path), "namespace": "default", **more})
+    cfg = OmegaConf.create(
+        {
+            "store": {"name": name, "dir": str(tmp_path / name), "init_from": None},
+            "embedder": {"name": "minilm", "device": "cpu", "show_progress": False},
+            "file": str(path),
+            "namespace": "default",
+            **more,
+        }
+    )
     return job(cfg)
 
 
 def test_a_hand_written_file_gets_defaults_ids_and_embeddings(tmp_path):
-    lines = [{"text": "Anna moved to Berlin in 2021."},
-             {"text": "Anna moved to Berlin in 2021."},  # the same twice: two ids
-             {"text": "Anna likes jazz.", "namespace": "anna", "importance": 0.9,
-              "created_at": "2024-03-01T10:00:00", "note": "kept aside"}]
+    lines = [
+        {"text": "Anna moved to Berlin in 2021."},
+        {"text": "Anna moved to Berlin in 2021."},  # the same twice: two ids
+        {
+            "text": "Anna likes jazz.",
+            "namespace": "anna",
+            "importance": 0.9,
+            "created_at": "2024-03-01T10:00:00",
+            "note": "kept aside",
+        },
+    ]
     path = tmp_path / "mine.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     out = run_import(tmp_path, path, "s")
@@ -98,34 +111,54 @@ def test_a_hand_written_file_gets_defaults_ids_and_embeddings(tmp_path):
 
 def test_a_csv_with_vectors_appends_to_an_existing_store(tmp_path, store):
     path = tmp_path / "new.csv"
-    path.write_text('id,namespace,text,vector,pinned,source_ids,last_used\n'
-                    'n1,ns0,"a new fact, with a comma","[0.0, 3.0, 4.0, 0, 0, 0, 0, 0]",'
-                    'true,"[""D9""]",2024-01-01T00:00:00Z\n')
-    out = run_import(tmp_path, path, "s", store={"name": "s", "dir": str(store.root),
-                                                "init_from": None})
+    path.write_text(
+        "id,namespace,text,vector,pinned,source_ids,last_used\n"
+        'n1,ns0,"a new fact, with a comma","[0.0, 3.0, 4.0, 0, 0, 0, 0, 0]",'
+        'true,"[""D9""]",2024-01-01T00:00:00Z\n'
+    )
+    out = run_import(
+        tmp_path, path, "s", store={"name": "s", "dir": str(store.root), "init_from": None}
+    )
     assert not out["created"] and out["memories"] == 1
     m = store.load().records
     row = m.meta.set_index("id").loc["n1"]
     assert row["text"] == "a new fact, with a comma" and row["pinned"]
     assert list(row["source_ids"]) == ["D9"]
-    np.testing.assert_allclose(m.vectors[m.meta["id"].tolist().index("n1")],
-                               [0, 0.6, 0.8, 0, 0, 0, 0, 0], atol=1e-7)
+    np.testing.assert_allclose(
+        m.vectors[m.meta["id"].tolist().index("n1")], [0, 0.6, 0.8, 0, 0, 0, 0, 0], atol=1e-7
+    )
 
 
-@pytest.mark.parametrize("name,text,match", [
-    ("a.jsonl", '{"text": "ok", "vector": [1, 0]}\n{"text": "bad"\n',
-     r"a.jsonl line 2: not JSON"),
-    ("b.jsonl", '{"text": "ok", "vector": [1, 0]}\n["a list"]\n', r"b.jsonl line 2: a JSON list"),
-    ("c.jsonl", '{"text": "ok", "vector": [1, 0]}\n{"vector": [0, 1]}\n',
-     r"c.jsonl line 2: no text"),
-    ("d.jsonl", '{"text": "ok", "vector": [1, 0]}\n{"text": "no vector"}\n',
-     r"d.jsonl line 2: no vector, while 1 other rows have one"),
-    ("e.csv", 'text,vector,pinned\nok,"[1, 0]",maybe\n', r"e.csv line 2: pinned is not"),
-    ("f.csv", 'text,vector\nok,"[1, 0"\n', r"f.csv line 2: vector is not a JSON array"),
-    ("g.txt", "hello\n", r"must end in .jsonl, .parquet, .csv"),
-    ("h.jsonl", "", r"h.jsonl: no memories"),
-    ("i.jsonl", '{"text": "no vectors at all"}\n', r"give an embedder"),
-])
+@pytest.mark.parametrize(
+    "name,text,match",
+    [
+        (
+            "a.jsonl",
+            '{"text": "ok", "vector": [1, 0]}\n{"text": "bad"\n',
+            r"a.jsonl line 2: not JSON",
+        ),
+        (
+            "b.jsonl",
+            '{"text": "ok", "vector": [1, 0]}\n["a list"]\n',
+            r"b.jsonl line 2: a JSON list",
+        ),
+        (
+            "c.jsonl",
+            '{"text": "ok", "vector": [1, 0]}\n{"vector": [0, 1]}\n',
+            r"c.jsonl line 2: no text",
+        ),
+        (
+            "d.jsonl",
+            '{"text": "ok", "vector": [1, 0]}\n{"text": "no vector"}\n',
+            r"d.jsonl line 2: no vector, while 1 other rows have one",
+        ),
+        ("e.csv", 'text,vector,pinned\nok,"[1, 0]",maybe\n', r"e.csv line 2: pinned is not"),
+        ("f.csv", 'text,vector\nok,"[1, 0"\n', r"f.csv line 2: vector is not a JSON array"),
+        ("g.txt", "hello\n", r"must end in .jsonl, .parquet, .csv"),
+        ("h.jsonl", "", r"h.jsonl: no memories"),
+        ("i.jsonl", '{"text": "no vectors at all"}\n', r"give an embedder"),
+    ],
+)
 def test_bad_files_name_the_file_and_the_line(tmp_path, name, text, match):
     path = tmp_path / name
     path.write_text(text)
@@ -135,10 +168,16 @@ def test_bad_files_name_the_file_and_the_line(tmp_path, name, text, match):
 
 def test_records_that_break_the_rules_are_named_by_id_and_line(tmp_path):
     path = tmp_path / "m.jsonl"
-    rows = [{"id": "ok", "text": "fine", "vector": [1, 0]},
-            {"id": "hi", "text": "too important", "vector": [0, 1], "importance": 2},
-            {"id": "later", "text": "from the future", "vector": [0, 1],
-             "created_at": "2099-01-01T00:00:00"}]
+    rows = [
+        {"id": "ok", "text": "fine", "vector": [1, 0]},
+        {"id": "hi", "text": "too important", "vector": [0, 1], "importance": 2},
+        {
+            "id": "later",
+            "text": "from the future",
+            "vector": [0, 1],
+            "created_at": "2099-01-01T00:00:00",
+        },
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     with pytest.raises(InvalidRecordsError) as e:
         read_memories(path)
@@ -166,8 +205,14 @@ def test_the_readme_example_runs_as_written(tmp_path):
     block = re.search(r"<!-- example: files -->\n```bash\n(.*?)```", text, re.S).group(1)
     script = block.replace(".venv/bin/", f"{REPO}/.venv/bin/")
     env = {**os.environ, "CONSOLIDATE_ROOT": str(tmp_path)}
-    p = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        ["bash", "-e", "-c", script],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "3 memories from my_memories.jsonl" in p.stdout
     store = LanceStore(tmp_path / "stores" / "mine")
@@ -180,16 +225,31 @@ def test_the_readme_example_runs_as_written(tmp_path):
 
 def test_more_bad_inputs_are_one_clear_error(tmp_path):
     cases = {
-        "ka.jsonl": ('{"text": "a", "vector": [1, 0], "keep_apart": 5}\n',
-                     InvalidRecordsError, "keep_apart is not a list of strings"),
-        "big.jsonl": ('{"text": "a", "vector": [1' + "0" * 400 + ', 0]}\n',
-                      ValueError, "big.jsonl line 1: a number of 401 digits"),
-        "deep.jsonl": ('{"text": "a", "vector": [1, 0], "x": ' + "[" * 100000 +
-                       "]" * 100000 + "}\n", ValueError, "deep.jsonl line 1"),
-        "empty.jsonl": ('{"text": "a", "vector": []}\n', ValueError,
-                        "empty.jsonl line 1: an empty vector"),
-        "sur.jsonl": ('{"text": "a \\ud800", "vector": [1, 0]}\n', ValueError,
-                      "sur.jsonl line 1: the text holds a lone surrogate"),
+        "ka.jsonl": (
+            '{"text": "a", "vector": [1, 0], "keep_apart": 5}\n',
+            InvalidRecordsError,
+            "keep_apart is not a list of strings",
+        ),
+        "big.jsonl": (
+            '{"text": "a", "vector": [1' + "0" * 400 + ", 0]}\n",
+            ValueError,
+            "big.jsonl line 1: a number of 401 digits",
+        ),
+        "deep.jsonl": (
+            '{"text": "a", "vector": [1, 0], "x": ' + "[" * 100000 + "]" * 100000 + "}\n",
+            ValueError,
+            "deep.jsonl line 1",
+        ),
+        "empty.jsonl": (
+            '{"text": "a", "vector": []}\n',
+            ValueError,
+            "empty.jsonl line 1: an empty vector",
+        ),
+        "sur.jsonl": (
+            '{"text": "a \\ud800", "vector": [1, 0]}\n',
+            ValueError,
+            "sur.jsonl line 1: the text holds a lone surrogate",
+        ),
     }
     for name, (text, err, match) in cases.items():
         path = tmp_path / name
@@ -245,13 +305,19 @@ def test_a_memory_file_as_source_dry_run_then_apply(tmp_path, suffix):
     src = FileSource(path)
     snap = src.read(["ns0"])
     assert snap.scope.sum() == 30 and len(snap.records) == 60
-    res = run_pass(src.records(snap), cfg=PassConfig(force=True), version=1,
-                   sim_cfg=SimilarityConfig(device="cpu"), wall_h=2001.0)
+    res = run_pass(
+        src.records(snap),
+        cfg=PassConfig(force=True),
+        version=1,
+        sim_cfg=SimilarityConfig(device="cpu"),
+        wall_h=2001.0,
+    )
     merged = {e["id"]: sorted(e["members"]) for e in res.events if e["op"] == "merge"}
     assert merged
     plan = src.plan(snap, res.records)
-    assert sorted(tuple(u["ids"]) for u in plan.units if u["kind"] == "merge") == \
-        sorted(tuple(m) for m in merged.values())
+    assert sorted(tuple(u["ids"]) for u in plan.units if u["kind"] == "merge") == sorted(
+        tuple(m) for m in merged.values()
+    )
     # a dry run writes the result elsewhere; the file is untouched
     rep = src.apply(plan, out=tmp_path / f"result{suffix}")
     assert rep.dry_run and path.read_bytes() == original
@@ -320,18 +386,27 @@ def test_a_file_apply_keeps_columns_permissions_links_and_every_backup(tmp_path,
     from consolidate.sources import FileSource
 
     rows = random_rows(12, 8, namespaces=1, dup_frac=0.5, noise=0.01, seed=3, t0=2000.0)
-    df = pd.DataFrame([{"id": r["id"], "namespace": r["namespace"],
-                        "text": r["text"] + ("\r second line" if k == 2 else ""),
-                        "vector": [float(x) for x in r["vector"]],
-                        "created_at": r["created_at"], "tags": f"tag{k}"}
-                       for k, r in enumerate(rows)])
+    df = pd.DataFrame(
+        [
+            {
+                "id": r["id"],
+                "namespace": r["namespace"],
+                "text": r["text"] + ("\r second line" if k == 2 else ""),
+                "vector": [float(x) for x in r["vector"]],
+                "created_at": r["created_at"],
+                "tags": f"tag{k}",
+            }
+            for k, r in enumerate(rows)
+        ]
+    )
     real = tmp_path / "data" / f"mem{suffix}"
     real.parent.mkdir()
     if suffix == ".jsonl":
         real.write_text("".join(json.dumps(r) + "\n" for r in df.to_dict("records")))
     elif suffix == ".csv":
-        df.assign(vector=df["vector"].map(json.dumps)).to_csv(real, index=False,
-                                                              quoting=1)  # QUOTE_ALL
+        df.assign(vector=df["vector"].map(json.dumps)).to_csv(
+            real, index=False, quoting=1
+        )  # QUOTE_ALL
     else:
         df.to_parquet(real)
     os.chmod(real, 0o600)
@@ -340,8 +415,13 @@ def test_a_file_apply_keeps_columns_permissions_links_and_every_backup(tmp_path,
     src = FileSource(link)
     for _ in range(2):
         snap = src.read()
-        res = run_pass(snap.records, cfg=PassConfig(force=True), version=1,
-                       sim_cfg=SimilarityConfig(device="cpu"), wall_h=2001.0)
+        res = run_pass(
+            snap.records,
+            cfg=PassConfig(force=True),
+            version=1,
+            sim_cfg=SimilarityConfig(device="cpu"),
+            wall_h=2001.0,
+        )
         rep = src.apply(src.plan(snap, res.records), dry_run=False)
     assert link.is_symlink() and rep.written == str(real)
     assert (os.stat(real).st_mode & 0o777) == 0o600

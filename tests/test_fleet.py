@@ -27,8 +27,9 @@ SIM = SimilarityConfig(device="cpu")
 
 
 def _pass_bench():
-    spec = importlib.util.spec_from_file_location("pass_bench_script",
-                                                  REPO / "scripts" / "pass_bench.py")
+    spec = importlib.util.spec_from_file_location(
+        "pass_bench_script", REPO / "scripts" / "pass_bench.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -58,8 +59,13 @@ def upsert_always(monkeypatch):
 def cluster():
     # one logical GPU: Ray schedules GPU actors on it (torch finds no CUDA, so their
     # similarity runs on the CPU), which runs the GPU actors' path here
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
+    ray.init(
+        num_cpus=2,
+        num_gpus=1,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     yield
     ray.shutdown()
 
@@ -68,7 +74,7 @@ def twin_stores(tmp_path, recs):
     a = LanceStore(tmp_path / "single")
     a.create(recs)
     ids = recs.meta["id"].tolist()
-    a.mark_used(ids[:4], now=WALL - 2.0)       # touches in several namespaces
+    a.mark_used(ids[:4], now=WALL - 2.0)  # touches in several namespaces
     a.mark_used([ids[7], ids[len(ids) // 2]], now=WALL - 3.0)
     shutil.copytree(a.root, tmp_path / "fleet")
     return a, LanceStore(tmp_path / "fleet")
@@ -77,8 +83,7 @@ def twin_stores(tmp_path, recs):
 def single(store, pc, namespaces=None, wall=WALL):
     with store.lock():
         snap = store.load(namespaces=namespaces)
-        res = run_pass(snap.records, cfg=pc, sim_cfg=SIM, version=snap.version + 1,
-                       wall_h=wall)
+        res = run_pass(snap.records, cfg=pc, sim_cfg=SIM, version=snap.version + 1, wall_h=wall)
         info = store.commit(res.records, res.events, base=snap, pass_time_h=wall)
     return res, info
 
@@ -86,8 +91,9 @@ def single(store, pc, namespaces=None, wall=WALL):
 def fleet(store, pc, namespaces=None, wall=WALL, **runner):
     rc = RunnerConfig(kind="ray", **{"actors": 2, "max_rows_per_shard": 700, **runner})
     with store.lock():
-        return run_fleet_pass(store, namespaces=namespaces, pass_cfg=pc, sim_cfg=SIM,
-                              runner=rc, wall_h=wall)
+        return run_fleet_pass(
+            store, namespaces=namespaces, pass_cfg=pc, sim_cfg=SIM, runner=rc, wall_h=wall
+        )
 
 
 def same_store(a, b):
@@ -97,8 +103,10 @@ def same_store(a, b):
     ma = ra.meta.iloc[ia].reset_index(drop=True)
     mb = rb.meta.iloc[ib].reset_index(drop=True)
     diff = [c for c in ma.columns if not ma[c].equals(mb[c])]
-    assert not diff, {c: ma[c][ma[c] != mb[c]].head(3).tolist() + mb[c][ma[c] != mb[c]].head(3)
-                      .tolist() for c in diff}
+    assert not diff, {
+        c: ma[c][ma[c] != mb[c]].head(3).tolist() + mb[c][ma[c] != mb[c]].head(3).tolist()
+        for c in diff
+    }
     np.testing.assert_array_equal(ra.vectors[ia], rb.vectors[ib])
     return ma
 
@@ -123,8 +131,16 @@ def test_fleet_run_commits_what_a_single_process_pass_commits(tmp_path, cluster)
     meta = same_store(a, b)
     assert events(a, info["changelog"]) == events(b, out["commit"]["changelog"])
     st, fs = res.stats.as_dict(), out["stats"].as_dict()
-    for k in ("records_in", "exact_duplicates", "pairs", "clusters", "merges",
-              "merged_members", "dropped_floor", "records_out"):
+    for k in (
+        "records_in",
+        "exact_duplicates",
+        "pairs",
+        "clusters",
+        "merges",
+        "merged_members",
+        "dropped_floor",
+        "records_out",
+    ):
         assert st[k] == fs[k], k
     assert fs["merges"] > 0 and fs["exact_merges"] > 0 and fs["dropped_floor"] > 0
     # 30 namespaces of 100 rows (plus touches), at most 700 rows a shard: 5 shards of 7
@@ -163,8 +179,7 @@ def test_incremental_fleet_run_equals_the_partial_single_process_pass(tmp_path, 
     same_store(a, b)
     assert out["records_read"] == 5 * 100
     assert out["fleet"]["deltas_left_pending"] == 2
-    left = [sorted(s.delta_ids(p.name) for p in (s.root / "deltas").glob("*.json"))
-            for s in (a, b)]
+    left = [sorted(s.delta_ids(p.name) for p in (s.root / "deltas").glob("*.json")) for s in (a, b)]
     assert left[0] == left[1] == sorted([[inside, other], recs.meta["id"].iloc[:4].tolist()])
 
 
@@ -174,7 +189,7 @@ def test_plan_packs_whole_namespaces_and_keeps_a_delta_in_one_shard(tmp_path):
     s.create(recs)
     ns = sorted(set(recs.meta["namespace"]))
     first = {n: recs.meta["id"][recs.meta["namespace"] == n].iloc[0] for n in ns}
-    s.mark_used([first[ns[0]], first[ns[9]]], now=WALL)   # binds ns0 and ns9
+    s.mark_used([first[ns[0]], first[ns[9]]], now=WALL)  # binds ns0 and ns9
     s.mark_used([first[ns[4]]], now=WALL)
     version, pending = s.pending()
     plan = plan_shards(s, version=version, pending=pending, namespaces=None, max_rows=250)
@@ -227,9 +242,17 @@ def test_consolidate_job_with_the_ray_runner(tmp_path, cluster):
 
     def job(store, runner, *more):
         with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-            cfg = compose(config_name="consolidate", overrides=[
-                f"store.dir={store.root}", "store.init_from=null", "similarity.device=cpu",
-                f"runner={runner}", "runner.max_rows_per_shard=400", *more])
+            cfg = compose(
+                config_name="consolidate",
+                overrides=[
+                    f"store.dir={store.root}",
+                    "store.init_from=null",
+                    "similarity.device=cpu",
+                    f"runner={runner}",
+                    "runner.max_rows_per_shard=400",
+                    *more,
+                ],
+            )
         return run_consolidate(cfg, out_dir=str(tmp_path / runner))
 
     v0 = b.head().version
@@ -266,7 +289,8 @@ def test_deltas_that_reach_other_namespaces_or_no_stored_row(tmp_path, cluster):
         s.mark_used([x], now=WALL - 1.0)
         # a recall of a record a pass purged meanwhile (as mark_used during a pass writes)
         (s.root / "deltas" / "0000000000000000001-1-abcd.touch.json").write_text(
-            json.dumps({"ids": ["purged-meanwhile"], "now": WALL - 1.0}))
+            json.dumps({"ids": ["purged-meanwhile"], "now": WALL - 1.0})
+        )
     pc = PassConfig(force=True)
     single(a, pc)
     out = fleet(b, pc, max_rows_per_shard=100)  # ns0 and ns9 would sit in other shards
@@ -285,9 +309,19 @@ def test_an_invalid_stored_row_names_itself_or_goes_to_quarantine(tmp_path, clus
     recs = fleet_records(n=600)
     s = LanceStore(tmp_path / "s")
     s.create(recs)
-    bad = make_records([{"id": "BAD-ROW", "namespace": recs.meta["namespace"].iloc[0],
-                         "text": "importance out of range", "vector": [1.0] + [0.0] * 31,
-                         "importance": 2.0, "created_at": WALL - 5, "last_used": WALL - 5}])
+    bad = make_records(
+        [
+            {
+                "id": "BAD-ROW",
+                "namespace": recs.meta["namespace"].iloc[0],
+                "text": "importance out of range",
+                "vector": [1.0] + [0.0] * 31,
+                "importance": 2.0,
+                "created_at": WALL - 5,
+                "last_used": WALL - 5,
+            }
+        ]
+    )
     lance.write_dataset(records_to_arrow(bad, "fp32"), str(s.dataset_path), mode="append")
     before = s.head().version
     with pytest.raises(InvalidRecordsError, match="importance.*'BAD-ROW'"):
@@ -306,12 +340,14 @@ def test_bad_runner_settings_fail_fast(tmp_path, cluster):
     s = LanceStore(tmp_path / "s")
     s.create(fleet_records(n=300))
     pc = PassConfig(force=True)
-    for kw, match in [({"gpus_per_actor": 2.0}, "exceeds the cluster's 1 GPUs"),
-                      ({"cpus_per_actor": 3.0}, "exceeds the cluster's 2 CPUs"),
-                      ({"actors": True}, "runner.actors"),
-                      ({"max_rows_per_shard": 0}, "max_rows_per_shard"),
-                      ({"llm": "vllm"}, "runner.llm must be actor or ray_data"),
-                      ({"llm": "ray_data"}, "needs an LLM merger")]:
+    for kw, match in [
+        ({"gpus_per_actor": 2.0}, "exceeds the cluster's 1 GPUs"),
+        ({"cpus_per_actor": 3.0}, "exceeds the cluster's 2 CPUs"),
+        ({"actors": True}, "runner.actors"),
+        ({"max_rows_per_shard": 0}, "max_rows_per_shard"),
+        ({"llm": "vllm"}, "runner.llm must be actor or ray_data"),
+        ({"llm": "ray_data"}, "needs an LLM merger"),
+    ]:
         rc = RunnerConfig(kind="ray", **{"actors": 1, **kw})
         with s.lock(), pytest.raises(ValueError, match=match):
             run_fleet_pass(s, namespaces=None, pass_cfg=pc, sim_cfg=SIM, runner=rc)
@@ -320,8 +356,9 @@ def test_bad_runner_settings_fail_fast(tmp_path, cluster):
     p = Store(tmp_path / "pq")
     p.create(fleet_records(n=300))
     with pytest.raises(TypeError, match="Parquet store"):
-        run_fleet_pass(p, namespaces=None, pass_cfg=pc, sim_cfg=SIM,
-                       runner=RunnerConfig(kind="ray"))
+        run_fleet_pass(
+            p, namespaces=None, pass_cfg=pc, sim_cfg=SIM, runner=RunnerConfig(kind="ray")
+        )
     v = s.head().version
     out = fleet(s, pc, namespaces=[])
     assert out["commit"]["snapshot"] is None and s.head().version == v
@@ -355,27 +392,44 @@ def test_llm_stage_answers_the_merges_of_every_shard_in_rounds(tmp_path, cluster
     for s in (a, b, c):
         s.create(recs)
     models = str(REPO / ".cache" / "models")
-    merge = {"_target_": "consolidate.llm.merger.LLMMerger", "backend": "transformers",
-             "backend_kwargs": {"cache_dir": models}, "max_tokens": 48,
-             "cache_path": str(tmp_path / "llm_cache.sqlite")}
+    merge = {
+        "_target_": "consolidate.llm.merger.LLMMerger",
+        "backend": "transformers",
+        "backend_kwargs": {"cache_dir": models},
+        "max_tokens": 48,
+        "cache_path": str(tmp_path / "llm_cache.sqlite"),
+    }
     engine = TransformersBackend(cache_dir=models)
     pc = PassConfig(force=True)
     rc = RunnerConfig(kind="ray", actors=2, max_rows_per_shard=100, llm="ray_data")
     with b.lock():
-        out = run_fleet_pass(b, namespaces=None, pass_cfg=pc, sim_cfg=SIM, runner=rc,
-                             merge=merge, wall_h=WALL, llm_backend=engine)
+        out = run_fleet_pass(
+            b,
+            namespaces=None,
+            pass_cfg=pc,
+            sim_cfg=SIM,
+            runner=rc,
+            merge=merge,
+            wall_h=WALL,
+            llm_backend=engine,
+        )
     llm, fs = out["fleet"]["llm"], out["stats"]
     assert out["fleet"]["shards"] == 3 and fs.merger == "llm:transformers"
     assert fs.clusters > 0 and llm["cached"] == 0
     # one round of first answers, one of retries where any answer was rejected
     assert llm["rounds"] == 1 + (fs.model_calls > fs.clusters)
     assert llm["requests"] == fs.model_calls  # every request sent once
-    merger = LLMMerger(backend="transformers", backend_kwargs={"cache_dir": models},
-                       cache_path=merge["cache_path"], max_tokens=48)
+    merger = LLMMerger(
+        backend="transformers",
+        backend_kwargs={"cache_dir": models},
+        cache_path=merge["cache_path"],
+        max_tokens=48,
+    )
     with a.lock():
         snap = a.load()
-        res = run_pass(snap.records, cfg=pc, sim_cfg=SIM, merger=merger,
-                       version=snap.version + 1, wall_h=WALL)
+        res = run_pass(
+            snap.records, cfg=pc, sim_cfg=SIM, merger=merger, version=snap.version + 1, wall_h=WALL
+        )
         info = a.commit(res.records, res.events, base=snap, pass_time_h=WALL)
     assert merger.backend.misses == 0 and merger.backend.hits == fs.model_calls
     same_store(a, b)
@@ -383,10 +437,17 @@ def test_llm_stage_answers_the_merges_of_every_shard_in_rounds(tmp_path, cluster
     assert res.stats.merges == fs.merges and res.stats.model_calls == fs.model_calls
     # a rerun asks the cache, not the engine
     with c.lock():
-        again = run_fleet_pass(c, namespaces=None, pass_cfg=pc, sim_cfg=SIM, runner=rc,
-                               merge=merge, wall_h=WALL, llm_backend=_NoCalls(engine))
-    assert again["fleet"]["llm"]["cached"] == again["fleet"]["llm"]["requests"] == \
-        fs.model_calls
+        again = run_fleet_pass(
+            c,
+            namespaces=None,
+            pass_cfg=pc,
+            sim_cfg=SIM,
+            runner=rc,
+            merge=merge,
+            wall_h=WALL,
+            llm_backend=_NoCalls(engine),
+        )
+    assert again["fleet"]["llm"]["cached"] == again["fleet"]["llm"]["requests"] == fs.model_calls
     same_store(b, c)
 
 
@@ -425,9 +486,19 @@ def test_commits_per_group_of_shards_keep_the_work_done_before_a_failure(tmp_pat
     import lance
 
     ns = sorted(set(recs.meta["namespace"]))
-    bad = make_records([{"id": "BAD-ROW", "namespace": ns[-1], "text": "importance 2",
-                         "vector": [1.0] + [0.0] * 31, "importance": 2.0,
-                         "created_at": WALL - 5, "last_used": WALL - 5}])
+    bad = make_records(
+        [
+            {
+                "id": "BAD-ROW",
+                "namespace": ns[-1],
+                "text": "importance 2",
+                "vector": [1.0] + [0.0] * 31,
+                "importance": 2.0,
+                "created_at": WALL - 5,
+                "last_used": WALL - 5,
+            }
+        ]
+    )
     lance.write_dataset(records_to_arrow(bad, "fp32"), str(c.dataset_path), mode="append")
     before = c.read_rows(c.head().version, ns[-1:]).sort_by("id")
     with pytest.raises(InvalidRecordsError, match="BAD-ROW"):
@@ -435,11 +506,15 @@ def test_commits_per_group_of_shards_keep_the_work_done_before_a_failure(tmp_pat
     got = c.read_rows(c.head().version, ns[:-1]).to_pandas()
     want = a.load().records.meta
 
-
     def rows(m, name):  # merged ids mix in the version, one later in c (the append)
         m = m[m["namespace"] == name]
-        return sorted(zip(["m-" if i.startswith("m-") else i for i in m["id"]],
-                          m["deleted_reason"].fillna(""), strict=True))
+        return sorted(
+            zip(
+                ["m-" if i.startswith("m-") else i for i in m["id"]],
+                m["deleted_reason"].fillna(""),
+                strict=True,
+            )
+        )
 
     for name in ns[:-1]:  # the shards done: as the single-process pass left them
         assert rows(got, name) == rows(want, name)
@@ -470,8 +545,9 @@ class _Joiner:
             user = r.messages[-1]["content"]
             notes = [json.loads(x[2:]) for x in user.split("\n") if x.startswith("- ")]
             bad = self.reject and self.calls == 1 and zlib.crc32(user.encode()) % 3 == 0
-            out.append(ChatResponse("no json" if bad else json.dumps({"text": " ".join(notes)}),
-                                    1, 1, 0.0))
+            out.append(
+                ChatResponse("no json" if bad else json.dumps({"text": " ".join(notes)}), 1, 1, 0.0)
+            )
         return out
 
 
@@ -482,17 +558,35 @@ def test_a_failed_llm_stage_keeps_the_shards_done_before_it(tmp_path, cluster):
     recs = fleet_records(n=600)
     s.create(recs)
     v0 = s.head().version
-    merge = {"_target_": "consolidate.llm.merger.LLMMerger", "backend": "transformers",
-             "cache_path": None, "max_tokens": 48}
-    rc = RunnerConfig(kind="ray", actors=2, max_rows_per_shard=100, llm="ray_data",
-                      shards_per_commit=4)
+    merge = {
+        "_target_": "consolidate.llm.merger.LLMMerger",
+        "backend": "transformers",
+        "cache_path": None,
+        "max_tokens": 48,
+    }
+    rc = RunnerConfig(
+        kind="ray", actors=2, max_rows_per_shard=100, llm="ray_data", shards_per_commit=4
+    )
     with s.lock(), pytest.raises(RuntimeError, match="the engine is down"):
-        run_fleet_pass(s, namespaces=None, pass_cfg=PassConfig(force=True), sim_cfg=SIM,
-                       runner=rc, merge=merge, wall_h=WALL,
-                       llm_backend=_Joiner(reject=True, fail_after=1))
+        run_fleet_pass(
+            s,
+            namespaces=None,
+            pass_cfg=PassConfig(force=True),
+            sim_cfg=SIM,
+            runner=rc,
+            merge=merge,
+            wall_h=WALL,
+            llm_backend=_Joiner(reject=True, fail_after=1),
+        )
     assert s.head().version == v0 + 1  # the shards done: one group, not yet full
     ids = s.read_rows(s.head().version, columns=["id"]).column("id").to_pylist()
     assert len(ids) == len(set(ids)) and set(recs.meta["id"]) <= set(ids)
     with pytest.raises(ValueError, match="a mapping with _target_"), s.lock():
-        run_fleet_pass(s, namespaces=None, pass_cfg=PassConfig(force=True), sim_cfg=SIM,
-                       runner=rc, merge="vllm")
+        run_fleet_pass(
+            s,
+            namespaces=None,
+            pass_cfg=PassConfig(force=True),
+            sim_cfg=SIM,
+            runner=rc,
+            merge="vllm",
+        )

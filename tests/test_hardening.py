@@ -15,8 +15,14 @@ from consolidate.store import CorruptStoreError, InvalidRecordsError, Records, S
 from consolidate.store.locomo import read_locomo_observations
 from tests.helpers import REPO, make_records, rewrite_snapshot, tree_digest
 
-GOOD = {"id": "ok", "namespace": "u", "text": "fine", "vector": [1.0, 0.0, 0.0],
-        "importance": 0.5, "last_used": 10.0}
+GOOD = {
+    "id": "ok",
+    "namespace": "u",
+    "text": "fine",
+    "vector": [1.0, 0.0, 0.0],
+    "importance": 0.5,
+    "last_used": 10.0,
+}
 
 
 @pytest.fixture
@@ -26,26 +32,29 @@ def store(tmp_path):
     return s
 
 
-@pytest.mark.parametrize("field,value,kind", [
-    ("strength", math.inf, "strength above"),
-    ("strength", 1e200, "strength above"),
-    ("last_used", pd.NaT, "last_used missing"),
-    ("created_at", 1e13, "created_at out of range"),
-    ("last_used", -math.inf, "last_used out of range"),
-    ("last_used", True, "last_used is not a time"),
-    ("last_used", "not a date", "last_used is not a time"),
-    ("source_ids", "D1:3", "source_ids is not a list of strings"),
-    ("source_ids", [1, 2], "source_ids is not a list of strings"),
-    ("pinned", "False", "pinned is not a boolean"),
-    ("vector", [[1.0, 0.0], [0.0, 1.0]], "vector is not a flat list"),
-    ("vector", "0.1,0.2,0.3", "vector is not a flat list"),
-    ("importance", "0.7", "importance is not a number"),
-    ("id", 5, "id is not a string"),
-    ("namespace", "  ", "namespace is missing or empty"),
-    ("deleted_at", 5.0, "not a live record"),
-    ("merged_into", "m-x", "not a live record"),
-    ("id", "caf\udce9", "not valid UTF-8"),
-])
+@pytest.mark.parametrize(
+    "field,value,kind",
+    [
+        ("strength", math.inf, "strength above"),
+        ("strength", 1e200, "strength above"),
+        ("last_used", pd.NaT, "last_used missing"),
+        ("created_at", 1e13, "created_at out of range"),
+        ("last_used", -math.inf, "last_used out of range"),
+        ("last_used", True, "last_used is not a time"),
+        ("last_used", "not a date", "last_used is not a time"),
+        ("source_ids", "D1:3", "source_ids is not a list of strings"),
+        ("source_ids", [1, 2], "source_ids is not a list of strings"),
+        ("pinned", "False", "pinned is not a boolean"),
+        ("vector", [[1.0, 0.0], [0.0, 1.0]], "vector is not a flat list"),
+        ("vector", "0.1,0.2,0.3", "vector is not a flat list"),
+        ("importance", "0.7", "importance is not a number"),
+        ("id", 5, "id is not a string"),
+        ("namespace", "  ", "namespace is missing or empty"),
+        ("deleted_at", 5.0, "not a live record"),
+        ("merged_into", "m-x", "not a live record"),
+        ("id", "caf\udce9", "not valid UTF-8"),
+    ],
+)
 def test_bad_field_is_refused_by_name(store, field, value, kind):
     before = tree_digest(store.root)
     row = {**GOOD, "id": "bad-1", field: value}
@@ -61,14 +70,23 @@ def test_append_of_one_dict_is_a_clear_error(store):
 
 
 def test_concurrent_appends_of_one_id_cannot_both_succeed(store):
-    code = ("import sys; from consolidate.store import Store\n"
-            "s = Store(sys.argv[1])\n"
-            "try:\n"
-            "    s.append([{'id': 'dup', 'namespace': 'u', 'text': 'x' + sys.argv[2],"
-            " 'vector': [1.0, 0.0, 0.0], 'last_used': 1.0}]); print('ok')\n"
-            "except Exception as e:\n    print('refused', type(e).__name__)\n")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(store.root), str(k)], cwd=REPO,
-                              stdout=subprocess.PIPE, text=True) for k in range(4)]
+    code = (
+        "import sys; from consolidate.store import Store\n"
+        "s = Store(sys.argv[1])\n"
+        "try:\n"
+        "    s.append([{'id': 'dup', 'namespace': 'u', 'text': 'x' + sys.argv[2],"
+        " 'vector': [1.0, 0.0, 0.0], 'last_used': 1.0}]); print('ok')\n"
+        "except Exception as e:\n    print('refused', type(e).__name__)\n"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(store.root), str(k)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(4)
+    ]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert outs.count("ok") == 1, outs
     assert list(store.load().records.meta["id"]).count("dup") == 1
@@ -84,13 +102,28 @@ def test_mark_used_refuses_seconds_and_inf(store):
 
 
 def test_exact_dedup_keeps_signs_and_symbols_apart():
-    texts = ["-5 degrees outside", "5 degrees outside", ":)", ":(", "$100 budget",
-             "\u20ac100 budget"]
+    texts = [
+        "-5 degrees outside",
+        "5 degrees outside",
+        ":)",
+        ":(",
+        "$100 budget",
+        "\u20ac100 budget",
+    ]
     g = np.random.default_rng(0)
-    rows = [{"id": f"t{k}", "namespace": "u", "text": t, "vector": g.normal(size=8),
-             "last_used": 1.0} for k, t in enumerate(texts)]
-    rows.append({"id": "t9", "namespace": "u", "text": "  5 Degrees outside. ",
-                 "vector": g.normal(size=8), "last_used": 1.0})
+    rows = [
+        {"id": f"t{k}", "namespace": "u", "text": t, "vector": g.normal(size=8), "last_used": 1.0}
+        for k, t in enumerate(texts)
+    ]
+    rows.append(
+        {
+            "id": "t9",
+            "namespace": "u",
+            "text": "  5 Degrees outside. ",
+            "vector": g.normal(size=8),
+            "last_used": 1.0,
+        }
+    )
     res = run_pass(make_records(rows), cfg=PassConfig(now="1", near_dedup=False), wall_h=2.0)
     merges = [e["members"] for e in res.events if e["op"] == "exact_merge"]
     assert merges == [["t1", "t9"]]
@@ -103,9 +136,12 @@ def test_signed_numbers_conflict():
 
 
 def test_records_with_a_shuffled_index_tombstone_the_right_rows():
-    recs = make_records([{**GOOD, "id": "r0", "importance": 0.9},
-                         {**GOOD, "id": "r1", "text": "other", "vector": [0, 1.0, 0],
-                          "importance": 0.1}])
+    recs = make_records(
+        [
+            {**GOOD, "id": "r0", "importance": 0.9},
+            {**GOOD, "id": "r1", "text": "other", "vector": [0, 1.0, 0], "importance": 0.1},
+        ]
+    )
     shuffled = Records(recs.meta.iloc[[1, 0]], recs.vectors[[1, 0]])
     res = run_pass(shuffled, cfg=PassConfig(cap=1, now="10"), wall_h=11.0)
     m = res.records.meta.set_index("id")
@@ -113,32 +149,54 @@ def test_records_with_a_shuffled_index_tombstone_the_right_rows():
     assert [e["id"] for e in res.events if e["op"] == "drop"] == ["r1"]
 
 
-@pytest.mark.parametrize("kw,match", [
-    ({"floor": math.nan}, "floor"), ({"floor": 2.0}, "floor"), ({"now": "nan"}, "now"),
-    ({"now": "inf"}, "now"), ({"cap": 2.5}, "cap"), ({"tau_hours": math.inf}, "tau"),
-    ({"threshold": math.nan}, "threshold"), ({"strength_cap": 0.5}, "strength_cap"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"floor": math.nan}, "floor"),
+        ({"floor": 2.0}, "floor"),
+        ({"now": "nan"}, "now"),
+        ({"now": "inf"}, "now"),
+        ({"cap": 2.5}, "cap"),
+        ({"tau_hours": math.inf}, "tau"),
+        ({"threshold": math.nan}, "threshold"),
+        ({"strength_cap": 0.5}, "strength_cap"),
+    ],
+)
 def test_bad_pass_settings(kw, match):
     with pytest.raises(ValueError, match=match):
         run_pass(make_records([GOOD]), cfg=PassConfig(**kw), wall_h=20.0)
 
 
 def test_mass_drop_safety_stop():
-    rows = [{**GOOD, "id": f"r{k}", "text": f"fact {'abcd'[k]}", "last_used": 10.0,
-             "vector": np.eye(4)[k]} for k in range(4)]
+    rows = [
+        {
+            **GOOD,
+            "id": f"r{k}",
+            "text": f"fact {'abcd'[k]}",
+            "last_used": 10.0,
+            "vector": np.eye(4)[k],
+        }
+        for k in range(4)
+    ]
     with pytest.raises(MassDropError, match=r"drop 4 of 4"):
         run_pass(make_records(rows), cfg=PassConfig(now="100000", floor=0.01), wall_h=1e5)
-    res = run_pass(make_records(rows), cfg=PassConfig(now="100000", floor=0.01,
-                                                      max_drop_fraction=1.0), wall_h=1e5)
+    res = run_pass(
+        make_records(rows),
+        cfg=PassConfig(now="100000", floor=0.01, max_drop_fraction=1.0),
+        wall_h=1e5,
+    )
     assert res.stats["dropped_floor"] == 4
 
 
 def test_recall_during_a_pass_revives_a_dropped_memory(store):
     with store.lock():
         snap = store.load()
-        res = run_pass(snap.records, cfg=PassConfig(now="10", cap=1, max_drop_fraction=1.0,
-                                                    near_dedup=False),
-                       version=2, wall_h=20.0)
+        res = run_pass(
+            snap.records,
+            cfg=PassConfig(now="10", cap=1, max_drop_fraction=1.0, near_dedup=False),
+            version=2,
+            wall_h=20.0,
+        )
         dropped = next(e["id"] for e in res.events if e["op"] == "drop")
         store.mark_used([dropped], now=15.0)
         store.commit(res.records, res.events, base=snap)
@@ -146,8 +204,9 @@ def test_recall_during_a_pass_revives_a_dropped_memory(store):
     assert math.isnan(m.loc[dropped, "deleted_at"]) and m.loc[dropped, "last_used"] == 15.0
 
 
-@pytest.mark.parametrize("content", ["{not json", "[]", "null",
-                                     '{"version": "1", "snapshot": 3, "dim": "4"}'])
+@pytest.mark.parametrize(
+    "content", ["{not json", "[]", "null", '{"version": "1", "snapshot": 3, "dim": "4"}']
+)
 def test_corrupt_pointer_names_the_file(store, content):
     store.pointer_path.write_text(content)
     with pytest.raises(CorruptStoreError, match="CURRENT is not a valid pointer"):
@@ -186,31 +245,53 @@ def locomo_file(tmp_path, conv):
 
 
 def test_locomo_bad_first_session_time_takes_the_nearest(tmp_path):
-    conv = {"sample_id": "c1", "conversation": {"session_1_date_time": "garbage",
-                                                "session_2_date_time": "1:56 pm on 8 May, 2023"},
-            "observation": {"session_1_observation": {"A": [["fact one", "D1:1"]]},
-                            "session_2_observation": {"A": [["fact two", "D2:1"]]}}}
+    conv = {
+        "sample_id": "c1",
+        "conversation": {
+            "session_1_date_time": "garbage",
+            "session_2_date_time": "1:56 pm on 8 May, 2023",
+        },
+        "observation": {
+            "session_1_observation": {"A": [["fact one", "D1:1"]]},
+            "session_2_observation": {"A": [["fact two", "D2:1"]]},
+        },
+    }
     obs, rep = read_locomo_observations(locomo_file(tmp_path, conv))
     assert obs[0].time_h == obs[1].time_h > 400000
     assert rep.bad_times == [{"conversation": "c1", "session": 1, "value": "garbage"}]
 
 
 def test_locomo_malformed_items_are_reported_not_invented(tmp_path):
-    conv = {"sample_id": "c1", "conversation": {"session_1_date_time": "1:56 pm on 8 May, 2023"},
-            "observation": {"session_1_observation": {"A": [[None, "D1:1"], [], "text",
-                                                            ["good one", "D1:2"]]}}}
+    conv = {
+        "sample_id": "c1",
+        "conversation": {"session_1_date_time": "1:56 pm on 8 May, 2023"},
+        "observation": {
+            "session_1_observation": {"A": [[None, "D1:1"], [], "text", ["good one", "D1:2"]]}
+        },
+    }
     obs, rep = read_locomo_observations(locomo_file(tmp_path, conv))
     assert [o.text for o in obs] == ["good one"]
     assert [m["id"] for m in rep.malformed_items] == ["c1/A/s1/0", "c1/A/s1/1", "c1/A/s1/2"]
 
 
-@pytest.mark.parametrize("conv,match", [
-    ({"sample_id": "c1", "conversation": [], "observation": {}}, "conversation #0"),
-    ({"sample_id": "c1", "conversation": {}, "observation": {"session_1_observation": {}}},
-     "no session has a parseable date"),
-    ({"sample_id": "c1", "conversation": {"session_1_date_time": "1:56 pm on 8 May, 2023"},
-      "observation": {"session_1_observation": {"A": "not a list"}}}, "not a list"),
-])
+@pytest.mark.parametrize(
+    "conv,match",
+    [
+        ({"sample_id": "c1", "conversation": [], "observation": {}}, "conversation #0"),
+        (
+            {"sample_id": "c1", "conversation": {}, "observation": {"session_1_observation": {}}},
+            "no session has a parseable date",
+        ),
+        (
+            {
+                "sample_id": "c1",
+                "conversation": {"session_1_date_time": "1:56 pm on 8 May, 2023"},
+                "observation": {"session_1_observation": {"A": "not a list"}},
+            },
+            "not a list",
+        ),
+    ],
+)
 def test_locomo_structural_errors_name_the_conversation(tmp_path, conv, match):
     with pytest.raises(ValueError, match=match):
         read_locomo_observations(locomo_file(tmp_path, conv))
@@ -224,11 +305,18 @@ def test_locomo_invalid_json_names_the_file(tmp_path):
 
 
 # ---------------------------------------------------------------- store attacks (issue 11)
-@pytest.mark.parametrize("field,value", [
-    ("snapshot", "../../outside.parquet"), ("snapshot", "/etc/passwd"),
-    ("changelog", "../x.jsonl"), ("folded", ["../../victim.parquet"]),
-    ("folded", ["sub/dir.parquet"]), ("folded", [".."]), ("folded", "abc"),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("snapshot", "../../outside.parquet"),
+        ("snapshot", "/etc/passwd"),
+        ("changelog", "../x.jsonl"),
+        ("folded", ["../../victim.parquet"]),
+        ("folded", ["sub/dir.parquet"]),
+        ("folded", [".."]),
+        ("folded", "abc"),
+    ],
+)
 def test_pointer_names_never_leave_the_store(store, tmp_path, field, value):
     victim = tmp_path / "victim.parquet"
     victim.write_text("keep me")
@@ -320,8 +408,13 @@ def test_pointer_counts_rows(store):
     store.pointer_path.write_text(json.dumps({**ptr, "rows": 3}))
     with pytest.raises(CorruptStoreError, match="has 2 rows"):
         store.load()
-    for field, value in (("dim", True), ("rows", -1), ("snapshot_sha256", "x"),
-                         ("last_pass_at", "x"), ("last_pass_at", 1e300)):
+    for field, value in (
+        ("dim", True),
+        ("rows", -1),
+        ("snapshot_sha256", "x"),
+        ("last_pass_at", "x"),
+        ("last_pass_at", 1e300),
+    ):
         store.pointer_path.write_text(json.dumps({**ptr, field: value}))
         with pytest.raises(CorruptStoreError, match=field):
             store.load()
@@ -345,9 +438,20 @@ def test_a_failed_commit_leaves_no_orphan(store, monkeypatch):
 
 def _job(tmp_path, *args):
     env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "consolidate.jobs.consolidate",
-                           f"hydra.run.dir={tmp_path}/run", *args], cwd=tmp_path,
-                          capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "consolidate.jobs.consolidate",
+            f"hydra.run.dir={tmp_path}/run",
+            *args,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_store_name_cannot_leave_the_store_root(tmp_path):
@@ -370,8 +474,7 @@ def test_quarantine_keeps_the_vector_as_given(tmp_path):
 
     s = Store(tmp_path / "q", quarantine=True)
     s.create(make_records([{**GOOD, "id": "a"}]))
-    s.append([{**GOOD, "id": "nan", "vector": [math.nan, 0.5, math.inf]},
-              {**GOOD, "id": "fine"}])
+    s.append([{**GOOD, "id": "nan", "vector": [math.nan, 0.5, math.inf]}, {**GOOD, "id": "fine"}])
     (q,) = (s.root / "quarantine").glob("*.parquet")
     t = pq.read_table(q)
     assert t.column("id").to_pylist() == ["nan"]
@@ -439,17 +542,27 @@ def test_namespace_safety_stop():
     # would drop 35 of 135 (26%, under the store-wide 50%) but all of "victim"
     rows = []
     for ns, n, t in (("big", 100, 9000.0), ("victim", 25, 100.0), ("small", 10, 100.0)):
-        rows += [{**GOOD, "id": f"{ns}{k}", "namespace": ns, "text": f"{ns} fact {k}",
-                  "last_used": t, "created_at": t,
-                  "vector": np.random.default_rng(len(rows) + k).normal(size=3)}
-                 for k in range(n)]
+        rows += [
+            {
+                **GOOD,
+                "id": f"{ns}{k}",
+                "namespace": ns,
+                "text": f"{ns} fact {k}",
+                "last_used": t,
+                "created_at": t,
+                "vector": np.random.default_rng(len(rows) + k).normal(size=3),
+            }
+            for k in range(n)
+        ]
     recs = make_records(rows)
     cfg = dict(now="9000", floor=0.01, near_dedup=False, cap=None)
-    with pytest.raises(MassDropError, match=r"more than 90% .* 1 namespace\(s\) \(victim: "
-                                            r"25 of 25\)"):
+    with pytest.raises(
+        MassDropError,
+        match=r"more than 90% .* 1 namespace\(s\) \(victim: "
+        r"25 of 25\)",
+    ):
         run_pass(recs, cfg=PassConfig(**cfg), wall_h=9000.0)
-    res = run_pass(recs, cfg=PassConfig(**cfg, max_namespace_drop_fraction=1.0),
-                   wall_h=9000.0)
+    res = run_pass(recs, cfg=PassConfig(**cfg, max_namespace_drop_fraction=1.0), wall_h=9000.0)
     assert res.stats.dropped_floor == 35  # "small" is under namespace_stop_min_live
     res = run_pass(recs, cfg=PassConfig(**cfg, namespace_stop_min_live=26), wall_h=9000.0)
     assert res.stats.dropped_floor == 35

@@ -34,7 +34,8 @@ def _modules() -> dict[str, Path]:
 def _is_type_checking(node: ast.If) -> bool:
     t = node.test
     return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
 
 
 def _import_nodes(body: list[ast.stmt], module_level: bool) -> list[ast.Import | ast.ImportFrom]:
@@ -53,8 +54,7 @@ def _import_nodes(body: list[ast.stmt], module_level: bool) -> list[ast.Import |
         for field in ("body", "orelse", "finalbody", "handlers", "cases"):
             sub = getattr(node, field, None)
             if isinstance(sub, list):
-                found += _import_nodes([s for s in sub if isinstance(s, ast.AST)],
-                                       module_level)
+                found += _import_nodes([s for s in sub if isinstance(s, ast.AST)], module_level)
     return found
 
 
@@ -159,8 +159,9 @@ def test_importing_similarity_imports_no_engine():
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -170,13 +171,22 @@ def test_graph_sees_the_package():
     assert "consolidate.similarity.types" in graph["consolidate.similarity.engines.torch_engine"]
     lazy = _graph(module_level=False)["consolidate.similarity.engines.triton_engine"]
     assert "consolidate.kernels.triton_join" in lazy  # imported inside a function
-    assert "consolidate.kernels.triton_join" not in graph[
-        "consolidate.similarity.engines.triton_engine"]
+    assert (
+        "consolidate.kernels.triton_join"
+        not in graph["consolidate.similarity.engines.triton_engine"]
+    )
 
 
 def test_cycle_finder_on_a_small_graph():
-    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"a"}, "f": {"g"},
-             "g": {"f"}}
+    graph = {
+        "a": {"b"},
+        "b": {"c"},
+        "c": {"a", "d"},
+        "d": set(),
+        "e": {"a"},
+        "f": {"g"},
+        "g": {"f"},
+    }
     assert _cycles(graph) == [["a", "b", "c"], ["f", "g"]]
 
 
@@ -201,7 +211,8 @@ def test_similarity_layers():
             if _under(t, "consolidate.store"):
                 bad.append(f"{name} -> {t}")
             if _under(name, "consolidate.similarity.engines") and (
-                    t == "consolidate.similarity" or _under(t, "consolidate.similarity.api")):
+                t == "consolidate.similarity" or _under(t, "consolidate.similarity.api")
+            ):
                 bad.append(f"{name} -> {t}")
             if name in ("consolidate.similarity.types", "consolidate.similarity.tiling"):
                 bad.append(f"{name} -> {t} (a leaf module)")

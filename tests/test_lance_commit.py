@@ -27,8 +27,15 @@ def _store(root, n=120, seed=3):
 
 def _pass(store, wall_h, late=None, **kw):
     """One pass under the lock; ``late(store)`` runs between the load and the commit."""
-    cfg = PassConfig(threshold=0.9, now=str(wall_h), tau_hours=1000.0, floor=0.25,
-                     max_drop_fraction=1.0, max_namespace_drop_fraction=1.0, **kw)
+    cfg = PassConfig(
+        threshold=0.9,
+        now=str(wall_h),
+        tau_hours=1000.0,
+        floor=0.25,
+        max_drop_fraction=1.0,
+        max_namespace_drop_fraction=1.0,
+        **kw,
+    )
     with store.lock():
         snap = store.load()
         res = run_pass(snap.records, cfg=cfg, version=snap.version + 1, wall_h=wall_h)
@@ -49,9 +56,19 @@ def _same(a, b):
 
 
 def _late(store):
-    store.append([{"id": f"late{k}", "namespace": "ns1", "text": f"late fact {'xyz'[k]}",
-                   "vector": np.eye(D)[k].tolist(), "importance": 0.5, "last_used": 990.0}
-                  for k in range(3)])
+    store.append(
+        [
+            {
+                "id": f"late{k}",
+                "namespace": "ns1",
+                "text": f"late fact {'xyz'[k]}",
+                "vector": np.eye(D)[k].tolist(),
+                "importance": 0.5,
+                "last_used": 990.0,
+            }
+            for k in range(3)
+        ]
+    )
     store.mark_used(["r00001", "late2"], now=995.0)
 
 
@@ -70,8 +87,9 @@ def test_passes_commit_through_the_in_memory_comparison(tmp_path, monkeypatch, l
                 m.setattr(ls, "_diff", lambda *a, **k: None)
             out = []
             for k, wall in enumerate((1000.0, 1200.0, 1500.0)):
-                res, info = _pass(store, wall, late if k == 1 else None,
-                                  tombstone_retention_hours=100.0)
+                res, info = _pass(
+                    store, wall, late if k == 1 else None, tombstone_retention_hours=100.0
+                )
                 out.append(info)
             infos[name] = out
     _same(_rows(fast), _rows(slow))
@@ -91,15 +109,19 @@ def test_records_without_origins_or_reordered_take_the_arrow_path(tmp_path, monk
     for store, scramble in ((a, False), (b, True)):
         with store.lock():
             snap = store.load()
-            res = run_pass(snap.records, cfg=PassConfig(threshold=0.9, now="1000"),
-                           version=2, wall_h=1000.0)
+            res = run_pass(
+                snap.records, cfg=PassConfig(threshold=0.9, now="1000"), version=2, wall_h=1000.0
+            )
             recs = res.records
             if scramble:
                 order = np.random.default_rng(0).permutation(len(recs))
                 recs = recs.take(order)
                 recs = Records(recs.meta.copy(), recs.vectors.copy())
-                assert recs.origin is None and ls._diff(
-                    recs, [snap.stored.frame], [snap.stored.vectors], snap.stored.ids) is None
+                assert (
+                    recs.origin is None
+                    and ls._diff(recs, [snap.stored.frame], [snap.stored.vectors], snap.stored.ids)
+                    is None
+                )
             store.commit(recs, res.events, base=snap)
     _same(_rows(a), _rows(b))
 
@@ -114,8 +136,7 @@ def test_origins_survive_take_concat_and_the_pass(tmp_path):
     new = make_records([{"id": "n", "namespace": "ns0", "text": "t", "vector": [1.0] * D}])
     assert Records.concat([part, new], D).origin.tolist() == [5, 2, 9, -1]
     assert Records.concat([new, new], D).origin is None
-    res = run_pass(recs, cfg=PassConfig(threshold=0.9, now="1000"),
-                   version=2, wall_h=1000.0)
+    res = run_pass(recs, cfg=PassConfig(threshold=0.9, now="1000"), version=2, wall_h=1000.0)
     o = res.records.origin
     ids = res.records.meta["id"].to_numpy(object)
     stored = snap.stored.frame["id"].to_numpy(object)
@@ -166,14 +187,16 @@ def test_scan_aligns_vectors_by_row_address(tmp_path):
         meta, vecs, addr = _scan(d, None, D)
         assert meta.column("id").to_pylist() == want.column("id").to_pylist()
         np.testing.assert_array_equal(
-            vecs, np.stack(want.column("vector").to_numpy(zero_copy_only=False)))
+            vecs, np.stack(want.column("vector").to_numpy(zero_copy_only=False))
+        )
         assert len(set(addr.tolist())) == 50
     flt = ls.pc.field("namespace").isin(ls.pa.array(["ns1"]))
     meta, vecs, _ = _scan(_Reversed(ds), flt, D)
     sel = want.filter(flt)
     assert meta.column("id").to_pylist() == sel.column("id").to_pylist()
     np.testing.assert_array_equal(
-        vecs, np.stack(sel.column("vector").to_numpy(zero_copy_only=False)))
+        vecs, np.stack(sel.column("vector").to_numpy(zero_copy_only=False))
+    )
     with pytest.raises(ValueError, match="not 8 wide"):
         _scan(ds, None, 8)
 
@@ -187,8 +210,11 @@ def test_quarantined_rows_are_deleted_by_the_next_commit(tmp_path):
     # a stored row with a vector that is not finite, written the way a bug would
     bad = ds.to_table(filter=ls.pc.field("id") == "r00003")
     v = np.full((1, D), np.nan, np.float32)
-    bad = bad.set_column(bad.schema.get_field_index("vector"), "vector",
-                         ls.pa.FixedSizeListArray.from_arrays(ls.pa.array(v.ravel()), D))
+    bad = bad.set_column(
+        bad.schema.get_field_index("vector"),
+        "vector",
+        ls.pa.FixedSizeListArray.from_arrays(ls.pa.array(v.ravel()), D),
+    )
     ds.delete("id = 'r00003'")
     ls._lance().write_dataset(bad, ds, mode="append")
     store._record_checksums(store._open())
@@ -229,7 +255,8 @@ def test_a_version_that_lost_a_file_or_its_newest_versions_does_not_load(tmp_pat
     head = store._open()
     # the version as recorded held one more data file than its manifest now lists
     d["versions"][str(head.version)] = ls._digest(
-        [*store._files(head), "data/lost.lance"], d["files"])
+        [*store._files(head), "data/lost.lance"], d["files"]
+    )
     (store.root / "CHECKSUMS.json").write_text(json.dumps(d))
     with pytest.raises(ls.CorruptStoreError, match="does not hold the files"):
         store.load()
@@ -258,11 +285,19 @@ def test_a_partial_load_reads_back_only_the_fragments_it_reads(tmp_path):
     (and the digest of the whole version); a flipped bit in another fragment is found by
     a whole load."""
     store = _store(tmp_path / "s", n=40)
-    store.append([{"id": f"n{k}", "namespace": "solo", "text": f"new fact {'abc'[k]}",
-                   "vector": np.eye(D)[k].tolist()} for k in range(3)])
+    store.append(
+        [
+            {
+                "id": f"n{k}",
+                "namespace": "solo",
+                "text": f"new fact {'abc'[k]}",
+                "vector": np.eye(D)[k].tolist(),
+            }
+            for k in range(3)
+        ]
+    )
     ds = store._open()
-    solo = [f.fragment_id for f in ds.get_fragments()
-            if f.count_rows(filter="namespace = 'solo'")]
+    solo = [f.fragment_id for f in ds.get_fragments() if f.count_rows(filter="namespace = 'solo'")]
     assert len(solo) == 1 and len(ds.get_fragments()) == 2
     out = store.verify(fragments=solo)
     assert out["digest"] and out["files"] == 1 == out["checked"]
@@ -307,10 +342,12 @@ def test_a_duplicated_id_moved_by_a_compaction_refuses_the_commit(tmp_path, monk
         store = _store(tmp_path / f"s{compact}", n=10)
         ds = store._open()
         row = ds.to_table(filter=ls.pc.field("id") == "r00003")
-        row = row.set_column(row.schema.get_field_index("strength"), "strength",
-                             ls.pa.array([0.5]))  # invalid: strength < 1
-        ls._lance().write_dataset(row, ds, mode="append",
-                                  transaction_properties=ls._txn_props(ds, ds.version))
+        row = row.set_column(
+            row.schema.get_field_index("strength"), "strength", ls.pa.array([0.5])
+        )  # invalid: strength < 1
+        ls._lance().write_dataset(
+            row, ds, mode="append", transaction_properties=ls._txn_props(ds, ds.version)
+        )
         store._record_checksums(store._open())
         q = LanceStore(store.root, quarantine=True, keep_snapshots=3)
         with q.lock():
@@ -326,8 +363,17 @@ def test_a_duplicated_id_moved_by_a_compaction_refuses_the_commit(tmp_path, monk
                 assert rows.num_rows == 1 and rows.column("strength")[0].as_py() >= 1
                 continue
             monkeypatch.setattr(ls, "COMPACT_AFTER", 0)
-            q.append([{"id": f"pad{k}", "namespace": "ns0", "text": f"pad {'abc'[k]}",
-                       "vector": np.eye(D)[k].tolist()} for k in range(3)])
+            q.append(
+                [
+                    {
+                        "id": f"pad{k}",
+                        "namespace": "ns0",
+                        "text": f"pad {'abc'[k]}",
+                        "vector": np.eye(D)[k].tolist(),
+                    }
+                    for k in range(3)
+                ]
+            )
             assert q.cleanup()["compacted_fragments"] > 0
             before = q._open().version
             with pytest.raises(ConcurrentCommitError, match="stored more than once"):
@@ -346,14 +392,19 @@ def test_loaded_list_cells_refuse_changes_in_place(tmp_path):
         snap = store.load()
         cell = snap.records.meta["source_ids"].iat[0]
         assert isinstance(cell, FrozenList) and cell == ["D0"]
-        for change in (lambda c: c.append("X"), lambda c: c.__setitem__(0, "X"),
-                       lambda c: c.extend(["X"]), lambda c: c.pop()):
+        for change in (
+            lambda c: c.append("X"),
+            lambda c: c.__setitem__(0, "X"),
+            lambda c: c.extend(["X"]),
+            lambda c: c.pop(),
+        ):
             with pytest.raises(TypeError, match="assign a new list"):
                 change(cell)
         meta = snap.records.meta.copy()
         meta.at[0, "source_ids"] = [*cell, "X"]
-        info = store.commit(Records(meta, snap.records.vectors, origin=snap.records.origin),
-                            [], base=snap)
+        info = store.commit(
+            Records(meta, snap.records.vectors, origin=snap.records.origin), [], base=snap
+        )
     assert info["rows_written"] == 1
     assert store.load().records.meta.set_index("id").loc["r00000", "source_ids"] == ["D0", "X"]
 
@@ -364,8 +415,16 @@ def test_cleanup_forgets_the_digests_of_removed_versions(tmp_path):
     store = LanceStore(tmp_path / "s", keep_snapshots=1, retention_h=0)
     store.create(make_records(random_rows(20, D, seed=5)))
     for k in range(2):
-        store.append([{"id": f"n{k}", "namespace": "ns0", "text": f"new {'ab'[k]}",
-                       "vector": np.eye(D)[k].tolist()}])
+        store.append(
+            [
+                {
+                    "id": f"n{k}",
+                    "namespace": "ns0",
+                    "text": f"new {'ab'[k]}",
+                    "vector": np.eye(D)[k].tolist(),
+                }
+            ]
+        )
     before = set(_checksums(store)["versions"])
     assert len(before) == 3  # the create's index versions (last one), then two appends
     with store.lock():

@@ -66,8 +66,14 @@ def test_a_full_disk_during_a_commit_writes_nothing(store, monkeypatch, where, s
         with store.lock():
             if shards:
                 upsert, removed = store.changes(records, snap)
-                return store.commit_changes(upsert, removed, [], base_version=snap.version,
-                                            folded=snap.deltas, namespaces=None)
+                return store.commit_changes(
+                    upsert,
+                    removed,
+                    [],
+                    base_version=snap.version,
+                    folded=snap.deltas,
+                    namespaces=None,
+                )
             return store.commit(records, [], base=snap)
 
     with pytest.raises(OSError, match="No space left"):
@@ -86,24 +92,35 @@ def test_job_on_a_lance_folder_without_marker_does_not_reimport(tmp_path, store)
     store.pointer_path.unlink()
     before = tree_digest(store.root)
     env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, "-m", "consolidate.jobs.consolidate",
-                        f"hydra.run.dir={tmp_path}/run", f"store.dir={store.root}"],
-                       cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "consolidate.jobs.consolidate",
+            f"hydra.run.dir={tmp_path}/run",
+            f"store.dir={store.root}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("error: ") and "holds no store" in r.stderr
     assert tree_digest(store.root) == before
 
 
-def test_a_damaged_index_file_slows_reads_but_loses_nothing_and_reindex_mends_it(
-        tmp_path, caplog):
+def test_a_damaged_index_file_slows_reads_but_loses_nothing_and_reindex_mends_it(tmp_path, caplog):
     """The scalar indexes are derived data: with their files garbled, reads that use them
     go on without them and warn; `consolidate-versions action=reindex` rebuilds them."""
     from omegaconf import OmegaConf
 
     from consolidate.jobs.versions import run_versions
 
-    rows = [{**GOOD, "id": f"r{i}", "namespace": f"u{i % 3}", "text": f"fact {i}"}
-            for i in range(30)]
+    rows = [
+        {**GOOD, "id": f"r{i}", "namespace": f"u{i % 3}", "text": f"fact {i}"} for i in range(30)
+    ]
     s = LanceStore(tmp_path / "s")
     s.create(make_records(rows))
     want = s.read_rows(s.head().version, ["u1"]).sort_by("id")
@@ -115,16 +132,25 @@ def test_a_damaged_index_file_slows_reads_but_loses_nothing_and_reindex_mends_it
         p.write_bytes(bytes(b))
     with caplog.at_level("WARNING", logger="consolidate"):
         assert s.read_rows(s.head().version, ["u1"]).sort_by("id").equals(want)
-        assert sorted(s.load(namespaces=["u1"]).records.meta["id"]) == \
-            sorted(want.column("id").to_pylist())
+        assert sorted(s.load(namespaces=["u1"]).records.meta["id"]) == sorted(
+            want.column("id").to_pylist()
+        )
         s.mark_used(["r4"], now=20.0)
         assert s.append(make_records([{**GOOD, "id": "new"}])) == ["new"]
         with pytest.raises(Exception, match="duplicate"):  # the id check still works
             s.append(make_records([{**GOOD, "id": "r5"}]))
     assert "cannot be read" in caplog.text and "action=reindex" in caplog.text
-    cfg = OmegaConf.create({"store": {"name": "x", "dir": str(s.root), "init_from": None},
-                            "action": "reindex", "version": None, "other": None, "ids": [],
-                            "out": None, "dry_run": False})
+    cfg = OmegaConf.create(
+        {
+            "store": {"name": "x", "dir": str(s.root), "init_from": None},
+            "action": "reindex",
+            "version": None,
+            "other": None,
+            "ids": [],
+            "out": None,
+            "dry_run": False,
+        }
+    )
     assert run_versions(cfg)["indexes"] == ["id", "namespace"]
     caplog.clear()
     with caplog.at_level("WARNING", logger="consolidate"):

@@ -100,25 +100,27 @@ def test_changes_compares_every_column_and_vector():
     stored = records_to_arrow(recs, with_vectors=False)
     vecs = recs.vectors.copy()
     meta = recs.meta.copy()
-    meta.loc[1, "strength"] = 7.0                  # a number
-    meta.at[2, "source_ids"] = ["D9:9"]             # a list
-    meta.loc[3, "deleted_reason"] = None            # None vs None: unchanged
+    meta.loc[1, "strength"] = 7.0  # a number
+    meta.at[2, "source_ids"] = ["D9:9"]  # a list
+    meta.loc[3, "deleted_reason"] = None  # None vs None: unchanged
     new_vecs = vecs.copy()
     new_vecs[0, 2] = np.nextafter(new_vecs[0, 2], 1)  # one ulp of one component
     from consolidate.store.schema import Records
+
     final = Records(meta, new_vecs)
-    rows, gone, dead = _changes(records_to_arrow(final, with_vectors=False), new_vecs, stored,
-                                [vecs[:2], vecs[2:]])
+    rows, gone, dead = _changes(
+        records_to_arrow(final, with_vectors=False), new_vecs, stored, [vecs[:2], vecs[2:]]
+    )
     assert rows.tolist() == [0, 1, 2] and gone == [] and dead.tolist() == [0, 1, 2]
-    rows, gone, dead = _changes(records_to_arrow(recs.take([0, 2]), with_vectors=False),
-                                vecs[[0, 2]], stored, [vecs])
+    rows, gone, dead = _changes(
+        records_to_arrow(recs.take([0, 2]), with_vectors=False), vecs[[0, 2]], stored, [vecs]
+    )
     assert rows.tolist() == [] and gone == ["b", "d"] and dead.tolist() == [1, 3]
     # the in-memory comparison gives the same answers, with and without row origins
     frame, ids = recs.meta.copy(deep=False), stored.column("id")
     for origin in (None, np.arange(4)):
         final.origin = origin
-        rows, dead, gone = _diff(final, [frame.iloc[:2], frame.iloc[2:]],
-                                 [vecs[:2], vecs[2:]], ids)
+        rows, dead, gone = _diff(final, [frame.iloc[:2], frame.iloc[2:]], [vecs[:2], vecs[2:]], ids)
         assert rows.tolist() == [0, 1, 2] and dead.tolist() == [0, 1, 2] and gone == []
     kept = recs.take([0, 2])
     assert _diff(kept, [frame], [vecs], ids) is None  # no origins, not in stored order
@@ -137,9 +139,19 @@ def test_diff_matches_the_arrow_comparison_on_random_passes():
     n, d = 400, 8
     v = rng.normal(size=(n, d)).astype(np.float32)
     v /= np.linalg.norm(v, axis=1, keepdims=True)
-    recs = make_records([{"id": f"r{k}", "namespace": f"u{k % 7}", "text": f"fact {k}",
-                          "vector": v[k].tolist(), "importance": 0.5,
-                          "source_ids": [f"D{k}"] if k % 3 else []} for k in range(n)])
+    recs = make_records(
+        [
+            {
+                "id": f"r{k}",
+                "namespace": f"u{k % 7}",
+                "text": f"fact {k}",
+                "vector": v[k].tolist(),
+                "importance": 0.5,
+                "source_ids": [f"D{k}"] if k % 3 else [],
+            }
+            for k in range(n)
+        ]
+    )
     stored = records_to_arrow(recs, with_vectors=False)
     frame = recs.meta.copy(deep=False)
     for trial in range(30):
@@ -161,11 +173,21 @@ def test_diff_matches_the_arrow_comparison_on_random_passes():
                 meta.loc[r, "merged_into"] = "r0"
             else:
                 vecs[r, 0] = np.nextafter(vecs[r, 0], 2)
-        new = make_records([{"id": f"new{trial}-{k}", "namespace": "u1", "text": "merged",
-                             "vector": v[k].tolist()} for k in range(int(rng.integers(0, 4)))])
+        new = make_records(
+            [
+                {
+                    "id": f"new{trial}-{k}",
+                    "namespace": "u1",
+                    "text": "merged",
+                    "vector": v[k].tolist(),
+                }
+                for k in range(int(rng.integers(0, 4)))
+            ]
+        )
         final = Records.concat([Records(meta, vecs, origin=out.origin), new], d)
-        want = _changes(records_to_arrow(final, with_vectors=False), final.vectors, stored,
-                        [recs.vectors])
+        want = _changes(
+            records_to_arrow(final, with_vectors=False), final.vectors, stored, [recs.vectors]
+        )
         got = _diff(final, [frame], [recs.vectors], stored.column("id"))
         assert got is not None
         assert got[0].tolist() == want[0].tolist()
@@ -175,9 +197,15 @@ def test_diff_matches_the_arrow_comparison_on_random_passes():
     bad = recs.take([0, 1])
     bad.origin = np.array([1, 0])
     assert _diff(bad, [frame], [recs.vectors], stored.column("id")) is None
-    reuse = Records.concat([recs.take([1]), make_records([{"id": "r0", "namespace": "u0",
-                                                           "text": "again",
-                                                           "vector": v[0].tolist()}])], d)
+    reuse = Records.concat(
+        [
+            recs.take([1]),
+            make_records(
+                [{"id": "r0", "namespace": "u0", "text": "again", "vector": v[0].tolist()}]
+            ),
+        ],
+        d,
+    )
     reuse.origin = np.array([1, -1])
     assert _diff(reuse, [frame], [recs.vectors], stored.column("id")) is None
 
@@ -195,32 +223,69 @@ def test_dry_run_commits_nothing(store):
 def test_trigger_and_append(store):
     commit_pass(store)
     assert trigger(store.load().records, 0.1) == (False, 0.0)
-    store.append([{"id": "e", "namespace": "u", "text": "new fact", "vector": [0, 0, 2.0],
-                   "importance": 0.7, "last_used": 150.0}])
+    store.append(
+        [
+            {
+                "id": "e",
+                "namespace": "u",
+                "text": "new fact",
+                "vector": [0, 0, 2.0],
+                "importance": 0.7,
+                "last_used": 150.0,
+            }
+        ]
+    )
     fire, imp = trigger(store.load().records, 0.5)
     assert fire and imp == pytest.approx(0.7)
     np.testing.assert_allclose(store.load().records.vectors[-1], [0, 0, 1.0])
     with pytest.raises(InvalidRecordsError, match="e"):
         store.append([{"id": "e", "namespace": "u", "text": "again", "vector": [1, 0, 0]}])
     with pytest.raises(InvalidRecordsError):
-        store.append([{"id": "m'q", "namespace": "u", "text": "x", "vector": [1, 0, 0]},
-                      {"id": "m'q", "namespace": "u", "text": "y", "vector": [1, 0, 0]}])
-    assert store.append([{"id": "it's", "namespace": "u", "text": "a quote in an id",
-                          "vector": [0, 1, 0]}]) == ["it's"]
+        store.append(
+            [
+                {"id": "m'q", "namespace": "u", "text": "x", "vector": [1, 0, 0]},
+                {"id": "m'q", "namespace": "u", "text": "y", "vector": [1, 0, 0]},
+            ]
+        )
+    assert store.append(
+        [{"id": "it's", "namespace": "u", "text": "a quote in an id", "vector": [0, 1, 0]}]
+    ) == ["it's"]
     store.mark_used(["it's"], now=160.0)
     assert store.load().records.meta.set_index("id").loc["it's", "strength"] == 2.0
 
 
 def test_writes_during_a_pass_are_carried(store):
-    store.append([{"id": "early", "namespace": "u", "text": "early fact",
-                   "vector": [0, 0, 1.0], "importance": 0.3, "last_used": 130.0}])
+    store.append(
+        [
+            {
+                "id": "early",
+                "namespace": "u",
+                "text": "early fact",
+                "vector": [0, 0, 1.0],
+                "importance": 0.3,
+                "last_used": 130.0,
+            }
+        ]
+    )
     with store.lock():
         snap = store.load()
-        res = run_pass(snap.records, cfg=PassConfig(threshold=0.95, now="200", floor=0),
-                       version=snap.version + 1, wall_h=300.0)
-        late = [{"id": f"late{k}", "namespace": "u", "text": f"late fact {'xyz'[k]}",
-                 "vector": [0.1 * k, 1.0, 1.0], "importance": 0.5, "last_used": 140.0}
-                for k in range(3)]
+        res = run_pass(
+            snap.records,
+            cfg=PassConfig(threshold=0.95, now="200", floor=0),
+            version=snap.version + 1,
+            wall_h=300.0,
+        )
+        late = [
+            {
+                "id": f"late{k}",
+                "namespace": "u",
+                "text": f"late fact {'xyz'[k]}",
+                "vector": [0.1 * k, 1.0, 1.0],
+                "importance": 0.5,
+                "last_used": 140.0,
+            }
+            for k in range(3)
+        ]
         store.append(late)
         store.mark_used(["a", "late1"], now=250.0)  # a is being merged by this pass
         info = store.commit(res.records, res.events, base=snap)
@@ -258,13 +323,18 @@ def test_undo_and_patch(store):
     mid = next(e["id"] for e in res.events if e["op"] == "exact_merge")
     with store.lock():
         snap = store.load()
-        info = store.commit(undo_merge(snap.records, mid, wall_h=400.0),
-                            [{"op": "undo", "id": mid}], base=snap, op="undo")
+        info = store.commit(
+            undo_merge(snap.records, mid, wall_h=400.0),
+            [{"op": "undo", "id": mid}],
+            base=snap,
+            op="undo",
+        )
     assert info["rows_written"] == 3  # a, b restored; the merged row tombstoned
     m = store.load().records.meta.set_index("id")
     assert math.isnan(m.loc["a", "deleted_at"]) and m.loc[mid, "deleted_reason"] == "undone"
-    store.patch([{"id": "c", "op": "close", "valid_to": 150.0},
-                 {"id": "b", "op": "delete"}], now=160.0)
+    store.patch(
+        [{"id": "c", "op": "close", "valid_to": 150.0}, {"id": "b", "op": "delete"}], now=160.0
+    )
     with pytest.raises(ValueError, match="pinned"):
         store.patch([{"id": "d", "op": "delete"}])
     with pytest.raises(KeyError, match="zz"):
@@ -283,8 +353,7 @@ def test_vector_dtype_change_rewrites_and_keeps_history(store):
         snap = s8.load()
         info = s8.commit(snap.records, [], base=snap)
     assert s8.head().vector_dtype == "int8" and info["rows_written"] == 5
-    np.testing.assert_allclose(np.linalg.norm(s8.load().records.vectors, axis=1), 1,
-                               atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(s8.load().records.vectors, axis=1), 1, atol=1e-6)
     assert s8._open(v).schema.field("vector").type.value_type.bit_width == 32
 
 
@@ -293,8 +362,9 @@ def test_cleanup_keeps_the_newest_versions(store, monkeypatch):
 
     monkeypatch.setattr(ls, "COMPACT_AFTER", 3)
     for k in range(4):
-        store.append([{"id": f"n{k}", "namespace": "u", "text": f"n {k}",
-                       "vector": [0, 1.0, 0.1 * k]}])
+        store.append(
+            [{"id": f"n{k}", "namespace": "u", "text": f"n {k}", "vector": [0, 1.0, 0.1 * k]}]
+        )
     store.retention_h = 0.0
     with store.lock():
         out = store.cleanup()
@@ -338,28 +408,53 @@ with s.lock():
 print("committed", flush=True)
 """
 
-POINTS = ["changelog:before_rename", "lance:after_changelog", "lance:before_commit",
-          "lance:after_fragments", "lance:after_commit", "lance:during_delta_cleanup"]
+POINTS = [
+    "changelog:before_rename",
+    "lance:after_changelog",
+    "lance:before_commit",
+    "lance:after_fragments",
+    "lance:after_commit",
+    "lance:during_delta_cleanup",
+]
 # (point, REWRITE_FRACTION): 0 rewrites the table, 1.01 upserts, -1 commits shard changes
-CASES = ([(p, 0.0) for p in POINTS if p != "lance:after_fragments"]
-         + [(p, f) for p in POINTS for f in (1.01, -1.0)])
+CASES = [(p, 0.0) for p in POINTS if p != "lance:after_fragments"] + [
+    (p, f) for p in POINTS for f in (1.01, -1.0)
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("point", "fraction"), CASES, ids=[
-    f"{p}-{ {0.0: 'rewrite', 1.01: 'upsert', -1.0: 'shards'}[f]}" for p, f in CASES])
+@pytest.mark.parametrize(
+    ("point", "fraction"),
+    CASES,
+    ids=[f"{p}-{ {0.0: 'rewrite', 1.01: 'upsert', -1.0: 'shards'}[f] }" for p, f in CASES],
+)
 def test_sigkill_during_commit(tmp_path, point, fraction):
     root = tmp_path / "s"
     store = LanceStore(root)
     store.create(make_records(random_rows(300, 16, seed=2, namespaces=2, dup_frac=0.4)))
-    store.append([{"id": "pending", "namespace": "ns0", "text": "written before the pass",
-                   "vector": [1.0] + [0.0] * 15, "last_used": 999.0}])
+    store.append(
+        [
+            {
+                "id": "pending",
+                "namespace": "ns0",
+                "text": "written before the pass",
+                "vector": [1.0] + [0.0] * 15,
+                "last_used": 999.0,
+            }
+        ]
+    )
     store.mark_used(["pending"], now=999.5)
     store.mark_used(["pending"], now=999.6)  # two deltas: a cleanup can stop between them
     before = store.load()
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "CONSOLIDATE_CRASH_AT": point}
-    p = subprocess.run([sys.executable, "-c", CHILD, str(root), str(fraction)], cwd=REPO,
-                       env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", CHILD, str(root), str(fraction)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == -9, p.stderr
     after = store.load()
     if point in ("lance:after_commit", "lance:during_delta_cleanup"):
@@ -373,8 +468,14 @@ def test_sigkill_during_commit(tmp_path, point, fraction):
         assert after.deltas == before.deltas
     assert set(before.records.meta["id"]) <= set(after.records.meta["id"])
     env.pop("CONSOLIDATE_CRASH_AT")
-    p = subprocess.run([sys.executable, "-c", CHILD, str(root), str(fraction)], cwd=REPO,
-                       env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", CHILD, str(root), str(fraction)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0 and "committed" in p.stdout, p.stderr
     final = store.load()
     assert final.records.meta.set_index("id").loc["pending", "strength"] == 3.0
@@ -402,16 +503,26 @@ def test_writer_processes_during_passes_lose_and_duplicate_nothing(tmp_path):
     store.create(make_records(random_rows(200, 16, seed=3, namespaces=2, dup_frac=0.3)))
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
     n = 15
-    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(root), w, str(n)],
-                                cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
-               for w in ("w1", "w2")]
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(root), w, str(n)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for w in ("w1", "w2")
+    ]
     passes = 0
     while any(w.poll() is None for w in writers) or passes < 2:
         with store.lock(timeout_s=60):
             snap = store.load()
-            res = run_pass(snap.records, cfg=PassConfig(threshold=0.9, now="1000",
-                                                        floor=0.0, max_drop_fraction=1.0),
-                           version=snap.version + 1, wall_h=2000.0)
+            res = run_pass(
+                snap.records,
+                cfg=PassConfig(threshold=0.9, now="1000", floor=0.0, max_drop_fraction=1.0),
+                version=snap.version + 1,
+                wall_h=2000.0,
+            )
             store.commit(res.records, res.events, base=snap)
         passes += 1
     for w in writers:
@@ -445,8 +556,7 @@ def test_convert_job(tmp_path):
 
     p = Store(tmp_path / "pq")
     p.create(make_records(base_rows()))
-    cfg = OmegaConf.create({"src": str(p.root), "dst": str(tmp_path / "l"),
-                            "vector_dtype": "int8"})
+    cfg = OmegaConf.create({"src": str(p.root), "dst": str(tmp_path / "l"), "vector_dtype": "int8"})
     out = run_convert(cfg)
     assert out["records"] == 4 and LanceStore(tmp_path / "l").head().vector_dtype == "int8"
     cfg.src = str(tmp_path / "missing")
@@ -456,10 +566,20 @@ def test_convert_job(tmp_path):
 
 def test_diff_rollback_restore_and_export(tmp_path, store):
     v1 = store.head().version
-    _, res, info = commit_pass(store)   # a+b merged into m-..., nothing dropped
+    _, res, info = commit_pass(store)  # a+b merged into m-..., nothing dropped
     mid = next(e["id"] for e in res.events if e["op"] == "exact_merge")
-    store.append([{"id": "new1", "namespace": "v", "text": "appended after the pass",
-                   "vector": [0, 0, 1.0], "importance": 0.5, "last_used": 150.0}])
+    store.append(
+        [
+            {
+                "id": "new1",
+                "namespace": "v",
+                "text": "appended after the pass",
+                "vector": [0, 0, 1.0],
+                "importance": 0.5,
+                "last_used": 150.0,
+            }
+        ]
+    )
     d = store.diff(v1)
     assert d.loc["u", "merged"] == 2 and d.loc["u", "added"] == 1
     assert d.loc["v", "added"] == 1 and d.loc["(all)", "added"] == 2
@@ -505,8 +625,14 @@ def test_versions_job(tmp_path, store):
     from consolidate.jobs.versions import run_versions
 
     commit_pass(store)
-    base = {"store": {"name": "x", "dir": str(store.root), "init_from": None},
-            "version": None, "other": None, "ids": [], "out": None, "dry_run": False}
+    base = {
+        "store": {"name": "x", "dir": str(store.root), "init_from": None},
+        "version": None,
+        "other": None,
+        "ids": [],
+        "out": None,
+        "dry_run": False,
+    }
     cfg = OmegaConf.create({**base, "action": "list"})
     assert [v["op"] for v in run_versions(cfg)["versions"]][-1] == "pass"
     cfg = OmegaConf.create({**base, "action": "diff", "version": 1})
@@ -519,28 +645,57 @@ def test_versions_job(tmp_path, store):
 
 
 def test_incremental_pass_reads_only_the_namespaces_that_fired(tmp_path):
-    rows = [{"id": f"{ns}-{k}", "namespace": ns, "text": f"{ns} fact {k}",
-             "vector": [1.0, float(k), float(j)], "importance": 0.5, "last_used": 100.0}
-            for j, ns in enumerate(["n1", "n2", "n3"]) for k in range(4)]
+    rows = [
+        {
+            "id": f"{ns}-{k}",
+            "namespace": ns,
+            "text": f"{ns} fact {k}",
+            "vector": [1.0, float(k), float(j)],
+            "importance": 0.5,
+            "last_used": 100.0,
+        }
+        for j, ns in enumerate(["n1", "n2", "n3"])
+        for k in range(4)
+    ]
     s = LanceStore(tmp_path / "s")
     s.create(make_records(rows))
-    commit_pass(s, force=True)                  # every row seen once
+    commit_pass(s, force=True)  # every row seen once
     assert s.trigger(0.1) == ([], {})
-    s.append([{"id": "n2-new", "namespace": "n2", "text": "n2 fact 0!",
-               "vector": [1.0, 0.0, 1.0], "importance": 0.9, "last_used": 150.0},
-              {"id": "n3-new", "namespace": "n3", "text": "something else",
-               "vector": [0.0, 0.0, 1.0], "importance": 0.2, "last_used": 150.0}])
+    s.append(
+        [
+            {
+                "id": "n2-new",
+                "namespace": "n2",
+                "text": "n2 fact 0!",
+                "vector": [1.0, 0.0, 1.0],
+                "importance": 0.9,
+                "last_used": 150.0,
+            },
+            {
+                "id": "n3-new",
+                "namespace": "n3",
+                "text": "something else",
+                "vector": [0.0, 0.0, 1.0],
+                "importance": 0.2,
+                "last_used": 150.0,
+            },
+        ]
+    )
     fired, per = s.trigger(0.5)
     assert fired == ["n2"] and per == pytest.approx({"n2": 0.9, "n3": 0.2})
-    s.mark_used(["n1-0"], now=160.0)            # outside the namespaces read
-    s.mark_used(["n2-1"], now=160.0)            # inside
+    s.mark_used(["n1-0"], now=160.0)  # outside the namespaces read
+    s.mark_used(["n2-1"], now=160.0)  # inside
     before = s.load().records.meta.set_index("id")
     with s.lock():
         snap = s.load(namespaces=fired)
         assert set(snap.records.meta["namespace"]) == {"n2"} and len(snap.records) == 5
-        assert len(snap.deltas) == 1            # only the touch of n2-1
-        res = run_pass(snap.records, cfg=PassConfig(threshold=0.95, now="200", floor=0),
-                       version=snap.version + 1, wall_h=300.0)
+        assert len(snap.deltas) == 1  # only the touch of n2-1
+        res = run_pass(
+            snap.records,
+            cfg=PassConfig(threshold=0.95, now="200", floor=0),
+            version=snap.version + 1,
+            wall_h=300.0,
+        )
         info = s.commit(res.records, res.events, base=snap)
         bad = make_records([{**rows[0], "id": "zz"}])
         with pytest.raises(ValueError, match="namespaces the snapshot did not read"):
@@ -551,12 +706,13 @@ def test_incremental_pass_reads_only_the_namespaces_that_fired(tmp_path):
     # n2-new is an exact duplicate of n2-0 (normalised text): merged
     assert m.loc["n2-new", "deleted_reason"] == "merged"
     assert m.loc["n2-1", "strength"] == 2.0 and m.loc["n1-0", "strength"] == 2.0
-    assert after.deltas != ()                   # n1's touch still pending, applied once
+    assert after.deltas != ()  # n1's touch still pending, applied once
+
     def others(t):
         return t[t.index.str.startswith(("n1", "n3"))].drop(columns=["strength", "last_used"])
 
     assert others(m).equals(others(before))
-    commit_pass(s, force=True)                  # a full pass folds the rest
+    commit_pass(s, force=True)  # a full pass folds the rest
     m = s.load().records.meta.set_index("id")
     assert m.loc["n1-0", "strength"] == 2.0 and s.load().deltas == ()
 
@@ -591,13 +747,20 @@ elif op == "compact":
 print("done", flush=True)
 """
 
-WRITE_POINTS = [("create", "lance:after_create"), ("create", "lance:after_index"),
-                ("create", "marker:before_rename"), ("create", "create:before_rename"),
-                ("append", "lance:before_append"),
-                ("append", "lance:after_append"), ("append", "checksums:before_rename"),
-                ("touch", "touch:before_rename"),
-                ("patch", "patch:before_rename"), ("compact", "lance:after_compact"),
-                ("compact", "lance:after_restate"), ("compact", "lance:before_version_cleanup")]
+WRITE_POINTS = [
+    ("create", "lance:after_create"),
+    ("create", "lance:after_index"),
+    ("create", "marker:before_rename"),
+    ("create", "create:before_rename"),
+    ("append", "lance:before_append"),
+    ("append", "lance:after_append"),
+    ("append", "checksums:before_rename"),
+    ("touch", "touch:before_rename"),
+    ("patch", "patch:before_rename"),
+    ("compact", "lance:after_compact"),
+    ("compact", "lance:after_restate"),
+    ("compact", "lance:before_version_cleanup"),
+]
 
 
 @pytest.mark.slow
@@ -610,8 +773,14 @@ def test_sigkill_during_writes(tmp_path, op, point):
 
     def child(what, crash=True):
         e = env if crash else {k: v for k, v in env.items() if k != "CONSOLIDATE_CRASH_AT"}
-        return subprocess.run([sys.executable, "-c", WRITE, str(root), what], cwd=REPO,
-                              env=e, capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-c", WRITE, str(root), what],
+            cwd=REPO,
+            env=e,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     if op == "create":
         assert child("create").returncode == -9
@@ -624,10 +793,27 @@ def test_sigkill_during_writes(tmp_path, op, point):
     store = LanceStore(root)
     store.create(make_records(random_rows(40, 16, seed=2, namespaces=2)))
     for k in range(3):
-        store.append([{"id": f"small{k}", "namespace": "ns1", "text": f"small {k}",
-                       "vector": [0.0, 1.0] + [float(k)] * 14}])
-    store.append([{"id": "pending", "namespace": "ns0", "text": "written before",
-                   "vector": [0.5] * 16, "last_used": 999.0}])
+        store.append(
+            [
+                {
+                    "id": f"small{k}",
+                    "namespace": "ns1",
+                    "text": f"small {k}",
+                    "vector": [0.0, 1.0] + [float(k)] * 14,
+                }
+            ]
+        )
+    store.append(
+        [
+            {
+                "id": "pending",
+                "namespace": "ns0",
+                "text": "written before",
+                "vector": [0.5] * 16,
+                "last_used": 999.0,
+            }
+        ]
+    )
     before = store.load()
     p = child(op)
     assert p.returncode == -9, p.stderr
@@ -682,8 +868,11 @@ def test_crafted_folded_names_are_refused(store, tmp_path):
     ds = lance.dataset(str(store.dataset_path))
     b = ds.merge_insert("id").when_matched_update_all()
     txn, _ = b.execute_uncommitted(ds.to_table(limit=0))
-    txn.transaction_properties = {"consolidate.op": "pass", "consolidate.changelog": "",
-                                  "consolidate.folded": json.dumps(["../../victim.touch.json"])}
+    txn.transaction_properties = {
+        "consolidate.op": "pass",
+        "consolidate.changelog": "",
+        "consolidate.folded": json.dumps(["../../victim.touch.json"]),
+    }
     lance.LanceDataset.commit(str(store.dataset_path), txn, read_version=ds.version)
     with pytest.raises(CorruptStoreError, match="delta file names"):
         store.load()
@@ -699,8 +888,7 @@ def test_a_delta_removed_by_a_concurrent_pass_is_read_again(store, monkeypatch):
 
     def racing():  # the first read lists a delta that a pass folds and removes meanwhile
         calls.append(1)
-        return listed + (["99999999999999999999-1-gone.touch.json"] if len(calls) == 1
-                         else [])
+        return listed + (["99999999999999999999-1-gone.touch.json"] if len(calls) == 1 else [])
 
     monkeypatch.setattr(store, "_listed", racing)
     snap = store.load()
@@ -727,8 +915,9 @@ def test_nothing_is_written_on_a_store_missing_a_data_file(store, tmp_path):
 
     commit_pass(store)
     v = store.head().version
-    victim = store.dataset_path / next(p for p in store._files(store._open())
-                                       if p.startswith("data/"))
+    victim = store.dataset_path / next(
+        p for p in store._files(store._open()) if p.startswith("data/")
+    )
     victim.rename(tmp_path / victim.name)
     row = [{"id": "z", "namespace": "u", "text": "z", "vector": [0, 0, 1.0]}]
     with pytest.raises(CorruptStoreError, match="missing"):

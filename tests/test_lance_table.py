@@ -20,14 +20,27 @@ lancedb = pytest.importorskip("lancedb")
 
 DIM = 16
 WALL = 2000.0
-SCHEMA = pa.schema([("id", pa.string()), ("user_id", pa.string()), ("text", pa.string()),
-                    ("vector", pa.list_(pa.float32(), DIM)),
-                    ("created_at", pa.timestamp("us", tz="UTC")),
-                    ("importance", pa.float64()), ("deleted_at", pa.timestamp("us", tz="UTC")),
-                    ("merged_into", pa.string()), ("source_ids", pa.list_(pa.string())),
-                    ("tags", pa.string())])
-SOFT = LanceColumns(namespace="user_id", importance="importance", deleted_at="deleted_at",
-                    merged_into="merged_into", source_ids="source_ids")
+SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("user_id", pa.string()),
+        ("text", pa.string()),
+        ("vector", pa.list_(pa.float32(), DIM)),
+        ("created_at", pa.timestamp("us", tz="UTC")),
+        ("importance", pa.float64()),
+        ("deleted_at", pa.timestamp("us", tz="UTC")),
+        ("merged_into", pa.string()),
+        ("source_ids", pa.list_(pa.string())),
+        ("tags", pa.string()),
+    ]
+)
+SOFT = LanceColumns(
+    namespace="user_id",
+    importance="importance",
+    deleted_at="deleted_at",
+    merged_into="merged_into",
+    source_ids="source_ids",
+)
 
 
 def rows():
@@ -44,10 +57,21 @@ def to_dt(h):
 
 def table(tmp_path, rs, schema=SCHEMA):
     db = lancedb.connect(str(tmp_path / "db"))
-    data = [{"id": r["id"], "user_id": r["namespace"], "text": r["text"],
-             "vector": r["vector"], "created_at": to_dt(r["created_at"]),
-             "importance": r["importance"], "deleted_at": None, "merged_into": None,
-             "source_ids": r["source_ids"], "tags": "from-agent"} for r in rs]
+    data = [
+        {
+            "id": r["id"],
+            "user_id": r["namespace"],
+            "text": r["text"],
+            "vector": r["vector"],
+            "created_at": to_dt(r["created_at"]),
+            "importance": r["importance"],
+            "deleted_at": None,
+            "merged_into": None,
+            "source_ids": r["source_ids"],
+            "tags": "from-agent",
+        }
+        for r in rs
+    ]
     data = [{k: v for k, v in d.items() if k in schema.names} for d in data]
     t = db.create_table("memories", data, schema=schema)
     return t, str(tmp_path / "db" / "memories.lance")
@@ -57,12 +81,14 @@ def embedded(tmp_path, rs, pc):
     # the table keeps created_at only: last_used = created_at, as the adapter reads it
     s = LanceStore(tmp_path / "s")
     s.create(make_records([{**r, "last_used": r["created_at"]} for r in rs]))
-    return run_pass(s.load().records, cfg=pc, sim_cfg=SimilarityConfig(device="cpu"),
-                    version=1, wall_h=WALL)
+    return run_pass(
+        s.load().records, cfg=pc, sim_cfg=SimilarityConfig(device="cpu"), version=1, wall_h=WALL
+    )
 
 
-PC = PassConfig(force=True, now="wall", floor=0.05, max_drop_fraction=0.5,
-                max_namespace_drop_fraction=1.0)
+PC = PassConfig(
+    force=True, now="wall", floor=0.05, max_drop_fraction=0.5, max_namespace_drop_fraction=1.0
+)
 
 
 def test_soft_deletes_in_one_version_as_the_embedded_store(tmp_path):
@@ -71,11 +97,17 @@ def test_soft_deletes_in_one_version_as_the_embedded_store(tmp_path):
     src = LanceTable(path, SOFT)
     snap = src.read()
     assert len(snap.records) == 80 and snap.version == t.version
-    res = run_pass(snap.records, cfg=PC, sim_cfg=SimilarityConfig(device="cpu"), version=1,
-                   wall_h=WALL)
+    res = run_pass(
+        snap.records, cfg=PC, sim_cfg=SimilarityConfig(device="cpu"), version=1, wall_h=WALL
+    )
     eres = embedded(tmp_path, rs, PC)
-    key = [(sorted(tuple(sorted(e["members"])) for e in r.events if e["op"] == "merge"),
-            sorted(e["id"] for e in r.events if e["op"] == "drop")) for r in (res, eres)]
+    key = [
+        (
+            sorted(tuple(sorted(e["members"])) for e in r.events if e["op"] == "merge"),
+            sorted(e["id"] for e in r.events if e["op"] == "drop"),
+        )
+        for r in (res, eres)
+    ]
     assert key[0] == key[1] and key[0][0] and key[0][1]
     plan = src.plan(snap, res.records)
     before = t.to_pandas()
@@ -95,20 +127,33 @@ def test_soft_deletes_in_one_version_as_the_embedded_store(tmp_path):
             new = u["insert"]["id"]
             assert (after.loc[u["ids"], "merged_into"] == new).all()
             assert sorted(after.at[new, "source_ids"]) == sorted(
-                {s for i in u["ids"] for s in before.set_index("id").at[i, "source_ids"]})
+                {s for i in u["ids"] for s in before.set_index("id").at[i, "source_ids"]}
+            )
             assert pd_isna(after.at[new, "tags"])  # a column the pass does not know
     # the user's other columns of retired rows are kept
-    assert (after.loc[after["deleted_at"].notna() & after["tags"].notna(), "tags"]
-            == "from-agent").all()
+    assert (
+        after.loc[after["deleted_at"].notna() & after["tags"].notna(), "tags"] == "from-agent"
+    ).all()
     # a LanceDB search sees the merged memory, not its members
     u = next(u for u in plan.units if u["kind"] == "merge")
-    hits = t.search(np.asarray(u["insert"]["vector"], np.float32)).where(
-        "deleted_at IS NULL", prefilter=True).limit(1).to_pandas()
+    hits = (
+        t.search(np.asarray(u["insert"]["vector"], np.float32))
+        .where("deleted_at IS NULL", prefilter=True)
+        .limit(1)
+        .to_pandas()
+    )
     assert hits["id"].tolist() == [u["insert"]["id"]]
     # the pass again finds nothing to merge; the version read can be restored
-    again = src.plan(src.read(), run_pass(src.read().records, cfg=PC, version=2,
-                                          sim_cfg=SimilarityConfig(device="cpu"),
-                                          wall_h=WALL).records)
+    again = src.plan(
+        src.read(),
+        run_pass(
+            src.read().records,
+            cfg=PC,
+            version=2,
+            sim_cfg=SimilarityConfig(device="cpu"),
+            wall_h=WALL,
+        ).records,
+    )
     assert "merge" not in again.counts()
     t.restore(snap.version)
     assert len(t.to_pandas()) == 80 and t.to_pandas()["deleted_at"].isna().all()
@@ -116,14 +161,16 @@ def test_soft_deletes_in_one_version_as_the_embedded_store(tmp_path):
 
 def test_without_soft_delete_columns_rows_are_deleted_in_a_new_version(tmp_path):
     rs = rows()
-    schema = pa.schema([f for f in SCHEMA if f.name in ("id", "user_id", "text", "vector",
-                                                         "created_at")])
+    schema = pa.schema(
+        [f for f in SCHEMA if f.name in ("id", "user_id", "text", "vector", "created_at")]
+    )
     t, path = table(tmp_path, rs, schema)
     src = LanceTable(path, LanceColumns(namespace="user_id"))
     snap = src.read()
     pc = PassConfig(force=True)
-    res = run_pass(snap.records, cfg=pc, sim_cfg=SimilarityConfig(device="cpu"), version=1,
-                   wall_h=WALL)
+    res = run_pass(
+        snap.records, cfg=pc, sim_cfg=SimilarityConfig(device="cpu"), version=1, wall_h=WALL
+    )
     plan = src.plan(snap, res.records)
     rep = src.apply(plan, dry_run=False)
     retired = sum(len(u["retire"]) for u in plan.units)
@@ -140,8 +187,13 @@ def planned(tmp_path):
     t, path = table(tmp_path, rs)
     src = LanceTable(path, SOFT)
     snap = src.read()
-    res = run_pass(snap.records, cfg=PassConfig(force=True), version=1,
-                   sim_cfg=SimilarityConfig(device="cpu"), wall_h=WALL)
+    res = run_pass(
+        snap.records,
+        cfg=PassConfig(force=True),
+        version=1,
+        sim_cfg=SimilarityConfig(device="cpu"),
+        wall_h=WALL,
+    )
     return rs, t, src, snap, src.plan(snap, res.records)
 
 
@@ -150,9 +202,22 @@ def test_a_row_edited_after_the_read_skips_its_unit(tmp_path):
     merges = [u for u in plan.units if u["kind"] == "merge"]
     edited = merges[0]["ids"][0]
     t.update(where=f"id = '{edited}'", values={"text": "edited by the agent"})
-    t.add([{"id": "late", "user_id": "ns0", "text": "a new memory", "vector": rs[0]["vector"],
-            "created_at": to_dt(WALL), "importance": 0.5, "deleted_at": None,
-            "merged_into": None, "source_ids": [], "tags": None}])
+    t.add(
+        [
+            {
+                "id": "late",
+                "user_id": "ns0",
+                "text": "a new memory",
+                "vector": rs[0]["vector"],
+                "created_at": to_dt(WALL),
+                "importance": 0.5,
+                "deleted_at": None,
+                "merged_into": None,
+                "source_ids": [],
+                "tags": None,
+            }
+        ]
+    )
     rep = src.apply(plan, dry_run=False)
     assert len(rep.skipped) == 1 and edited in rep.skipped[0]["why"]
     assert rep.applied["merge"] == len(merges) - 1
@@ -194,8 +259,7 @@ def test_bad_tables_are_named(tmp_path):
     t2.update(where=f"id = '{bad[2]['id']}'", values={"vector": None})
     snap = LanceTable(p2, SOFT).read()
     assert snap.no_vector == 1 and snap.no_vector_ids == [bad[2]["id"]]
-    assert sorted(snap.records.meta["id"]) == sorted(r["id"] for k, r in enumerate(bad)
-                                                     if k != 2)
+    assert sorted(snap.records.meta["id"]) == sorted(r["id"] for k, r in enumerate(bad) if k != 2)
 
 
 def test_the_readme_example_runs_as_written(tmp_path):
@@ -203,10 +267,21 @@ def test_the_readme_example_runs_as_written(tmp_path):
 
     rs = rows()
     db = lancedb.connect(str(tmp_path / "agents.lancedb"))
-    data = [{"id": r["id"], "user_id": r["namespace"], "text": r["text"],
-             "vector": r["vector"], "created_at": to_dt(r["created_at"]),
-             "importance": r["importance"], "deleted_at": None, "merged_into": None,
-             "source_ids": r["source_ids"], "tags": "from-agent"} for r in rs]
+    data = [
+        {
+            "id": r["id"],
+            "user_id": r["namespace"],
+            "text": r["text"],
+            "vector": r["vector"],
+            "created_at": to_dt(r["created_at"]),
+            "importance": r["importance"],
+            "deleted_at": None,
+            "merged_into": None,
+            "source_ids": r["source_ids"],
+            "tags": "from-agent",
+        }
+        for r in rs
+    ]
     t = db.create_table("memories", data, schema=SCHEMA)
     v0 = t.version
     p = run_readme_example("lance", tmp_path)
@@ -234,7 +309,8 @@ def test_a_commit_race_is_retried_and_bad_mappings_are_refused(tmp_path, monkeyp
         out = original(self, ds, units)
         if not raced:  # once: the agent writes while the apply builds its version
             lancedb.connect(str(tmp_path / "db")).open_table("memories").update(
-                where=f"id = '{bystander}'", values={"tags": "edited"})
+                where=f"id = '{bystander}'", values={"tags": "edited"}
+            )
             raced.append(True)
         return out
 
@@ -255,22 +331,29 @@ def test_a_commit_race_is_retried_and_bad_mappings_are_refused(tmp_path, monkeyp
     with pytest.raises(LanceSourceError, match="'deleted_at' that is not mapped"):
         LanceTable(src.path, LanceColumns(namespace="user_id")).read()
     with pytest.raises(LanceSourceError, match="'tags' \\(pinned\\) is string, not a boolean"):
-        LanceTable(src.path, LanceColumns(namespace="user_id", deleted_at="deleted_at",
-                                      pinned="tags")).read()
+        LanceTable(
+            src.path, LanceColumns(namespace="user_id", deleted_at="deleted_at", pinned="tags")
+        ).read()
 
 
 def test_a_non_nullable_column_the_pass_cannot_fill_is_refused_at_plan(tmp_path):
     import lance
 
     rs = rows()
-    schema = SCHEMA.set(SCHEMA.get_field_index("tags"),
-                        pa.field("tags", pa.string(), nullable=False))
+    schema = SCHEMA.set(
+        SCHEMA.get_field_index("tags"), pa.field("tags", pa.string(), nullable=False)
+    )
     t, _ = table(tmp_path, rs)  # lancedb keeps no nullability: rewritten with pylance
     path = str(tmp_path / "strict.lance")
     lance.write_dataset(t.to_arrow().cast(schema), path)
     src = LanceTable(path, SOFT)
     snap = src.read()
-    res = run_pass(snap.records, cfg=PassConfig(force=True), version=1,
-                   sim_cfg=SimilarityConfig(device="cpu"), wall_h=WALL)
+    res = run_pass(
+        snap.records,
+        cfg=PassConfig(force=True),
+        version=1,
+        sim_cfg=SimilarityConfig(device="cpu"),
+        wall_h=WALL,
+    )
     with pytest.raises(LanceSourceError, match=r"non-nullable column\(s\) \['tags'\]"):
         src.plan(snap, res.records)

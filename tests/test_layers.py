@@ -13,15 +13,40 @@ PKG = REPO / "consolidate"
 
 #: layer -> (its files, the packages it must not import)
 RULES = {
-    "storage": (["store"], ["consolidate.llm", "consolidate.similarity", "consolidate.kernels",
-                            "consolidate.embed", "consolidate.pipeline", "consolidate.sources",
-                            "consolidate.jobs", "consolidate.evaluation", "consolidate.fleet"]),
-    "engines": (["similarity", "kernels", "cluster.py", "scoring.py"],
-                ["consolidate.store", "consolidate.llm", "consolidate.pipeline",
-                 "consolidate.sources", "consolidate.jobs"]),
-    "models": (["llm", "embed.py"], ["consolidate.store", "consolidate.similarity",
-                                     "consolidate.pipeline", "consolidate.sources",
-                                     "consolidate.jobs"]),
+    "storage": (
+        ["store"],
+        [
+            "consolidate.llm",
+            "consolidate.similarity",
+            "consolidate.kernels",
+            "consolidate.embed",
+            "consolidate.pipeline",
+            "consolidate.sources",
+            "consolidate.jobs",
+            "consolidate.evaluation",
+            "consolidate.fleet",
+        ],
+    ),
+    "engines": (
+        ["similarity", "kernels", "cluster.py", "scoring.py"],
+        [
+            "consolidate.store",
+            "consolidate.llm",
+            "consolidate.pipeline",
+            "consolidate.sources",
+            "consolidate.jobs",
+        ],
+    ),
+    "models": (
+        ["llm", "embed.py"],
+        [
+            "consolidate.store",
+            "consolidate.similarity",
+            "consolidate.pipeline",
+            "consolidate.sources",
+            "consolidate.jobs",
+        ],
+    ),
 }
 
 
@@ -51,9 +76,12 @@ def files(entries):
 @pytest.mark.parametrize("layer", sorted(RULES))
 def test_layers_point_one_way(layer):
     entries, banned = RULES[layer]
-    bad = [f"{p.relative_to(REPO)} imports {m}" for p in files(entries)
-           for m in sorted(imported(p))
-           if any(m == b or m.startswith(b + ".") for b in banned)]
+    bad = [
+        f"{p.relative_to(REPO)} imports {m}"
+        for p in files(entries)
+        for m in sorted(imported(p))
+        if any(m == b or m.startswith(b + ".") for b in banned)
+    ]
     assert not bad, "\n".join(bad)
 
 

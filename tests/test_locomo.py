@@ -20,8 +20,9 @@ needs_locomo = pytest.mark.skipif(not LOCOMO.exists(), reason=f"{LOCOMO} not pre
 
 
 def test_parse_session_time():
-    assert parse_session_time("1:56 pm on 8 May, 2023") == datetime(2023, 5, 8, 13, 56,
-                                                                      tzinfo=timezone.utc)
+    assert parse_session_time("1:56 pm on 8 May, 2023") == datetime(
+        2023, 5, 8, 13, 56, tzinfo=timezone.utc
+    )
     assert parse_session_time("10:04 am on 19 December, 2023").hour == 10
     with pytest.raises(ValueError, match="unrecognised"):
         parse_session_time("yesterday")
@@ -31,7 +32,9 @@ def test_parse_evidence_shapes():
     assert parse_evidence("D1:3") == (["D1:3"], [])
     assert parse_evidence(["D15:3", "D15:5"]) == (["D15:3", "D15:5"], [])
     assert parse_evidence("D26:14, D26:34; D26:42 D1:1") == (
-        ["D26:14", "D26:34", "D26:42", "D1:1"], [])
+        ["D26:14", "D26:34", "D26:42", "D1:1"],
+        [],
+    )
     assert parse_evidence("D:5 D2:1") == (["D2:1"], ["D:5"])
 
 

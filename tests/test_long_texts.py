@@ -9,13 +9,64 @@ from consolidate.pipeline import run_pass
 from consolidate.pipeline.long_texts import MINHASH_FN_WEIGHT, MINHASH_PERM
 from tests.helpers import make_records
 
-WORDS = ["garden", "kitchen", "window", "river", "mountain", "pencil", "basket", "violin",
-         "lantern", "meadow", "harbor", "orchard", "blanket", "teapot", "castle", "forest",
-         "pebble", "canyon", "island", "bakery", "library", "market", "village", "bridge",
-         "tunnel", "saddle", "compass", "feather", "marble", "velvet", "copper", "silver",
-         "amber", "cedar", "maple", "willow", "thistle", "clover", "sparrow", "falcon",
-         "otter", "badger", "heron", "salmon", "walnut", "almond", "ginger", "pepper",
-         "saffron", "honey", "biscuit", "noodle", "dumpling", "pancake", "lemon", "cherry"]
+WORDS = [
+    "garden",
+    "kitchen",
+    "window",
+    "river",
+    "mountain",
+    "pencil",
+    "basket",
+    "violin",
+    "lantern",
+    "meadow",
+    "harbor",
+    "orchard",
+    "blanket",
+    "teapot",
+    "castle",
+    "forest",
+    "pebble",
+    "canyon",
+    "island",
+    "bakery",
+    "library",
+    "market",
+    "village",
+    "bridge",
+    "tunnel",
+    "saddle",
+    "compass",
+    "feather",
+    "marble",
+    "velvet",
+    "copper",
+    "silver",
+    "amber",
+    "cedar",
+    "maple",
+    "willow",
+    "thistle",
+    "clover",
+    "sparrow",
+    "falcon",
+    "otter",
+    "badger",
+    "heron",
+    "salmon",
+    "walnut",
+    "almond",
+    "ginger",
+    "pepper",
+    "saffron",
+    "honey",
+    "biscuit",
+    "noodle",
+    "dumpling",
+    "pancake",
+    "lemon",
+    "cherry",
+]
 
 
 def _text(rng, n_words=90):
@@ -48,18 +99,29 @@ def _store():
 
     def add(name, text_a, text_b, cos, ns_b=None, strengths=(1.0, 1.0)):
         va, vb = _pair_vectors(rng, d, cos)
-        for tag, t, v, ns, s in (("a", text_a, va, name, strengths[0]),
-                                 ("b", text_b, vb, ns_b or name, strengths[1])):
-            rows.append({"id": f"{name}-{tag}", "namespace": ns, "text": t, "vector": v,
-                         "importance": 0.5, "created_at": 10.0, "last_used": 10.0,
-                         "strength": s})
+        for tag, t, v, ns, s in (
+            ("a", text_a, va, name, strengths[0]),
+            ("b", text_b, vb, ns_b or name, strengths[1]),
+        ):
+            rows.append(
+                {
+                    "id": f"{name}-{tag}",
+                    "namespace": ns,
+                    "text": t,
+                    "vector": v,
+                    "importance": 0.5,
+                    "created_at": 10.0,
+                    "last_used": 10.0,
+                    "strength": s,
+                }
+            )
         return va
 
     t = _text(rng)
-    add("near-below", t, _edit(t, rng), 0.85)        # admitted: centroid cos 0.962
+    add("near-below", t, _edit(t, rng), 0.85)  # admitted: centroid cos 0.962
     t = _text(rng)
-    add("near-far", t, _edit(t, rng), 0.5)           # centroid cos 0.866 < 0.9: apart
-    add("unrelated", _text(rng), _text(rng), 0.85)   # texts differ: never proposed
+    add("near-far", t, _edit(t, rng), 0.5)  # centroid cos 0.866 < 0.9: apart
+    add("unrelated", _text(rng), _text(rng), 0.85)  # texts differ: never proposed
     t = _text(rng)
     add("split", t, _edit(t, rng), 0.85, ns_b="elsewhere")  # other namespace
     t = _text(rng)
@@ -74,16 +136,29 @@ def _store():
     e -= (e @ va) * va
     e /= np.linalg.norm(e)
     v3 = 0.95 * va + np.sqrt(1 - 0.95**2) * e
-    rows.append({"id": "crowded-c", "namespace": "crowded", "text": "owns a copper kettle",
-                 "vector": v3, "importance": 0.5, "created_at": 10.0, "last_used": 10.0})
+    rows.append(
+        {
+            "id": "crowded-c",
+            "namespace": "crowded",
+            "text": "owns a copper kettle",
+            "vector": v3,
+            "importance": 0.5,
+            "created_at": 10.0,
+            "last_used": 10.0,
+        }
+    )
     return make_records(rows)
 
 
 def test_texts_planted_as_near_exact_are_near_exact():
     rng = np.random.default_rng(1)
     t = _text(rng)
-    i, j, jac = minhash_pairs([t, _edit(t, rng), _text(rng)], np.zeros(3, np.int64),
-                              num_perm=MINHASH_PERM, fn_weight=MINHASH_FN_WEIGHT)
+    i, j, jac = minhash_pairs(
+        [t, _edit(t, rng), _text(rng)],
+        np.zeros(3, np.int64),
+        num_perm=MINHASH_PERM,
+        fn_weight=MINHASH_FN_WEIGHT,
+    )
     assert list(zip(i, j, strict=True)) == [(0, 1)] and 0.85 <= jac[0] < 1
 
 
@@ -94,9 +169,13 @@ def _run(recs, **kw):
 
 def _merged(res):
     m = res.records.meta
-    return sorted(sorted(g) for _, g in
-                  m[m["merged_into"].map(lambda x: isinstance(x, str))].groupby(
-                      "merged_into")["id"].apply(list).items())
+    return sorted(
+        sorted(g)
+        for _, g in m[m["merged_into"].map(lambda x: isinstance(x, str))]
+        .groupby("merged_into")["id"]
+        .apply(list)
+        .items()
+    )
 
 
 def test_minhash_proposes_and_the_cluster_stage_decides():
@@ -147,10 +226,29 @@ def test_an_oversized_bucket_is_skipped_and_counted(monkeypatch):
     d = 64
     v = rng.normal(size=(6, d))
     v /= np.linalg.norm(v, axis=1, keepdims=True)
-    rows = [{"id": f"x{k}", "namespace": "u", "text": t, "vector": v[k], "importance": 0.5,
-             "created_at": 10.0, "last_used": 10.0} for k in range(5)]
-    rows.append({"id": "y", "namespace": "u", "text": _edit(t, rng), "vector": v[5],
-                 "importance": 0.5, "created_at": 10.0, "last_used": 10.0})
+    rows = [
+        {
+            "id": f"x{k}",
+            "namespace": "u",
+            "text": t,
+            "vector": v[k],
+            "importance": 0.5,
+            "created_at": 10.0,
+            "last_used": 10.0,
+        }
+        for k in range(5)
+    ]
+    rows.append(
+        {
+            "id": "y",
+            "namespace": "u",
+            "text": _edit(t, rng),
+            "vector": v[5],
+            "importance": 0.5,
+            "created_at": 10.0,
+            "last_used": 10.0,
+        }
+    )
     recs = make_records(rows)
     monkeypatch.setattr(lt, "MINHASH_MAX_BUCKET", 3)
     res = _run(recs, exact_dedup=False)  # six near-identical texts share most buckets

@@ -25,11 +25,20 @@ from consolidate.sources.mem0 import Mem0Source, undo  # noqa: E402
 pytestmark = pytest.mark.slow
 
 NOTES = {
-    "alice": ["Alice moved to Berlin in 2021.", "Alice moved to Berlin in 2021!",
-              "Alice adopted a cat named Miso.", "Alice adopted a cat called Miso.",
-              "Alice works as a nurse at the city hospital.", "Alice likes hiking."],
-    "bob": ["Bob plays the cello in an orchestra.", "Bob plays the cello in an orchestra!",
-            "Bob is allergic to peanuts.", "Bob visited Lisbon last May."],
+    "alice": [
+        "Alice moved to Berlin in 2021.",
+        "Alice moved to Berlin in 2021!",
+        "Alice adopted a cat named Miso.",
+        "Alice adopted a cat called Miso.",
+        "Alice works as a nurse at the city hospital.",
+        "Alice likes hiking.",
+    ],
+    "bob": [
+        "Bob plays the cello in an orchestra.",
+        "Bob plays the cello in an orchestra!",
+        "Bob is allergic to peanuts.",
+        "Bob visited Lisbon last May.",
+    ],
 }
 
 
@@ -52,9 +61,15 @@ def memory(request, tmp_path, monkeypatch):
     from consolidate.embed import packaged_model_path
 
     if request.param == "qdrant":
-        store = {"provider": "qdrant", "config": {
-            "path": str(tmp_path / "qdrant"), "collection_name": "mem",
-            "embedding_model_dims": 384, "on_disk": True}}
+        store = {
+            "provider": "qdrant",
+            "config": {
+                "path": str(tmp_path / "qdrant"),
+                "collection_name": "mem",
+                "embedding_model_dims": 384,
+                "on_disk": True,
+            },
+        }
     else:
         uri = request.getfixturevalue("pg")
         import psycopg
@@ -62,15 +77,24 @@ def memory(request, tmp_path, monkeypatch):
         with psycopg.connect(uri, autocommit=True) as c:
             c.execute("CREATE EXTENSION IF NOT EXISTS vector")
             c.execute(f"DROP TABLE IF EXISTS mem_{tmp_path.name[-8:].replace('-', '_')}")
-        store = {"provider": "pgvector", "config": {
-            "connection_string": uri, "embedding_model_dims": 384,
-            "collection_name": f"mem_{tmp_path.name[-8:].replace('-', '_')}"}}
-    m = Memory.from_config({
-        "vector_store": store,
-        "embedder": {"provider": "huggingface",
-                     "config": {"model": str(packaged_model_path())}},
-        "history_db_path": str(tmp_path / "history.db"),
-    })
+        store = {
+            "provider": "pgvector",
+            "config": {
+                "connection_string": uri,
+                "embedding_model_dims": 384,
+                "collection_name": f"mem_{tmp_path.name[-8:].replace('-', '_')}",
+            },
+        }
+    m = Memory.from_config(
+        {
+            "vector_store": store,
+            "embedder": {
+                "provider": "huggingface",
+                "config": {"model": str(packaged_model_path())},
+            },
+            "history_db_path": str(tmp_path / "history.db"),
+        }
+    )
     for user, notes in NOTES.items():
         for text in notes:
             m.add(text, user_id=user, infer=False)
@@ -78,9 +102,13 @@ def memory(request, tmp_path, monkeypatch):
 
 
 def run(snap):
-    return run_pass(snap.records, cfg=PassConfig(force=True, threshold=0.9),
-                    sim_cfg=SimilarityConfig(device="cpu"), version=1,
-                    wall_h=float(snap.records.meta["last_used"].max()) + 1)
+    return run_pass(
+        snap.records,
+        cfg=PassConfig(force=True, threshold=0.9),
+        sim_cfg=SimilarityConfig(device="cpu"),
+        version=1,
+        wall_h=float(snap.records.meta["last_used"].max()) + 1,
+    )
 
 
 def test_merges_through_mem0_as_a_mem0_user_sees_them(memory, tmp_path):
@@ -95,21 +123,31 @@ def test_merges_through_mem0_as_a_mem0_user_sees_them(memory, tmp_path):
     s.create(snap.records)
     es = s.load()
     eres = run(es)
-    want = sorted(tuple(sorted(e["members"])) for e in eres.events
-                  if e["op"] in ("merge", "exact_merge"))
+    want = sorted(
+        tuple(sorted(e["members"])) for e in eres.events if e["op"] in ("merge", "exact_merge")
+    )
     assert sorted(tuple(u["ids"]) for u in plan.units) == want and len(want) >= 2
     # a dry run changes nothing
-    before = {r["id"]: r["memory"] for u in NOTES for r in
-              memory.get_all(filters={"user_id": u}, top_k=100)["results"]}
+    before = {
+        r["id"]: r["memory"]
+        for u in NOTES
+        for r in memory.get_all(filters={"user_id": u}, top_k=100)["results"]
+    }
     rep = src.apply(plan, snap)
     assert rep.dry_run and rep.applied == {"merge": len(want)}
-    after = {r["id"]: r["memory"] for u in NOTES for r in
-             memory.get_all(filters={"user_id": u}, top_k=100)["results"]}
+    after = {
+        r["id"]: r["memory"]
+        for u in NOTES
+        for r in memory.get_all(filters={"user_id": u}, top_k=100)["results"]
+    }
     assert after == before
     rep = src.apply(plan, snap, dry_run=False, undo_file=tmp_path / "undo.jsonl")
     assert rep.applied == {"merge": len(want)} and not rep.skipped
-    after = {r["id"]: r["memory"] for u in NOTES for r in
-             memory.get_all(filters={"user_id": u}, top_k=100)["results"]}
+    after = {
+        r["id"]: r["memory"]
+        for u in NOTES
+        for r in memory.get_all(filters={"user_id": u}, top_k=100)["results"]
+    }
     assert len(after) == 10 - sum(len(u["delete"]) for u in plan.units)
     for u in plan.units:
         assert after[u["keep"]] == u["text"] and not set(u["delete"]) & set(after)
@@ -125,14 +163,17 @@ def test_merges_through_mem0_as_a_mem0_user_sees_them(memory, tmp_path):
     memory.update(edited, text="Bob plays the viola now.")
     got = undo(memory, tmp_path / "undo.jsonl", plan.plan_id)
     assert got["restored"] == sum(len(u["ids"]) for u in plan.units) - 1
-    assert got["skipped"] == [{"id": edited, "why": "changed or deleted since the apply: "
-                                                    "left as it is"}]
+    assert got["skipped"] == [
+        {"id": edited, "why": "changed or deleted since the apply: left as it is"}
+    ]
     assert memory.get(edited)["memory"] == "Bob plays the viola now."
     memory.update(edited, text=plan.units[-1]["text"])  # back to the merged text: undo it
     again = undo(memory, tmp_path / "undo.jsonl", plan.plan_id)  # run twice: nothing twice
     assert again["restored"] == 1
-    assert {s["why"] for s in again["skipped"]} == {"exists already", "changed or deleted "
-                                                    "since the apply: left as it is"}
+    assert {s["why"] for s in again["skipped"]} == {
+        "exists already",
+        "changed or deleted since the apply: left as it is",
+    }
     back = src.read()
     assert sorted(back.records.meta["text"]) == sorted(snap.records.meta["text"])
     i = plan.units[0]["keep"]
@@ -165,9 +206,11 @@ def test_the_consolidate_job_on_a_mem0_store(tmp_path, monkeypatch):
     from consolidate.jobs.common import CONFIG_DIR
     from consolidate.jobs.consolidate import format_summary, run_consolidate
 
-    over = [f"source.mem0.vector_store.config.path={tmp_path / 'qdrant'}",
-            f"source.mem0.embedder.config.model={packaged_model_path()}",
-            f"source.mem0.history_db_path={tmp_path / 'history.db'}"]
+    over = [
+        f"source.mem0.vector_store.config.path={tmp_path / 'qdrant'}",
+        f"source.mem0.embedder.config.model={packaged_model_path()}",
+        f"source.mem0.history_db_path={tmp_path / 'history.db'}",
+    ]
     with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
         base = compose(config_name="consolidate", overrides=["source=mem0", *over])
     m = Memory.from_config(dict(as_dict(base.source.mem0)))
@@ -178,8 +221,10 @@ def test_the_consolidate_job_on_a_mem0_store(tmp_path, monkeypatch):
 
     def job(*more):
         with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-            cfg = compose(config_name="consolidate", overrides=[
-                "source=mem0", *over, "similarity.device=cpu", "pass.force=true", *more])
+            cfg = compose(
+                config_name="consolidate",
+                overrides=["source=mem0", *over, "similarity.device=cpu", "pass.force=true", *more],
+            )
         return run_consolidate(cfg, out_dir=str(tmp_path / f"run{len(more)}"))
 
     s = job()
@@ -208,13 +253,24 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
     from tests.helpers import run_readme_example
 
     def open_mem0():
-        return Memory.from_config({
-            "vector_store": {"provider": "qdrant", "config": {
-                "path": str(tmp_path / "mem0" / "qdrant"), "collection_name": "mem0",
-                "embedding_model_dims": 384, "on_disk": True}},
-            "embedder": {"provider": "huggingface",
-                         "config": {"model": str(packaged_model_path())}},
-            "history_db_path": str(tmp_path / "mem0" / "history.db")})
+        return Memory.from_config(
+            {
+                "vector_store": {
+                    "provider": "qdrant",
+                    "config": {
+                        "path": str(tmp_path / "mem0" / "qdrant"),
+                        "collection_name": "mem0",
+                        "embedding_model_dims": 384,
+                        "on_disk": True,
+                    },
+                },
+                "embedder": {
+                    "provider": "huggingface",
+                    "config": {"model": str(packaged_model_path())},
+                },
+                "history_db_path": str(tmp_path / "mem0" / "history.db"),
+            }
+        )
 
     m = open_mem0()
     for user, notes in NOTES.items():
@@ -224,8 +280,9 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
     import gc
 
     gc.collect()
-    p = run_readme_example("mem0", tmp_path, {"MODEL": str(packaged_model_path()),
-                                             "MEM0_TELEMETRY": "False"})
+    p = run_readme_example(
+        "mem0", tmp_path, {"MODEL": str(packaged_model_path()), "MEM0_TELEMETRY": "False"}
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "applied          3 merge" in p.stdout
     m = open_mem0()

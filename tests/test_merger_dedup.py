@@ -25,17 +25,27 @@ def mm(i, text, importance=0.5):
 def test_lost_facts_hand_checked():
     members = ["Gina adopted 2 cats in May 2023 in Paris", "Gina does not eat fish"]
     assert lost_facts("Gina adopted cats", members) == [
-        "a negation", "date may", "name May", "name Paris", "number 2", "number 2023"]
-    assert lost_facts("In Paris Gina adopted two cats in May 2023; she does not eat fish",
-                      members) == []
+        "a negation",
+        "date may",
+        "name May",
+        "name Paris",
+        "number 2",
+        "number 2023",
+    ]
+    assert (
+        lost_facts("In Paris Gina adopted two cats in May 2023; she does not eat fish", members)
+        == []
+    )
     # a possessive keeps the name ("Nate's" holds "Nate")
     assert lost_facts("Joanna thanks Nate's family", ["Joanna thanks Nate"]) == []
 
 
 def test_paraphrases_are_not_repeated():
-    m = [mm("a", "Joanna appreciates Nate's support and expresses her gratitude for it.", 0.6),
-         mm("b", "Joanna is appreciative of Nate's support and kind words."),
-         mm("c", "Joanna is grateful for Nate's support and encouragement.")]
+    m = [
+        mm("a", "Joanna appreciates Nate's support and expresses her gratitude for it.", 0.6),
+        mm("b", "Joanna is appreciative of Nate's support and kind words."),
+        mm("c", "Joanna is grateful for Nate's support and encouragement."),
+    ]
     # one name each, no number, date or negation: the most important member's text alone
     assert ExtractiveMerger().merge_text(m) == m[0].text
 
@@ -43,31 +53,40 @@ def test_paraphrases_are_not_repeated():
 def test_the_member_with_most_facts_is_the_base_and_missing_facts_are_appended():
     m = [mm("a", "Gina adopted 2 cats.", 0.9), mm("b", "Gina adopted cats in May 2023.")]
     # b states May (date and name) and 2023; a's 2 is missing from b, so a's sentence follows
-    assert ExtractiveMerger().merge_text(m) == "Gina adopted cats in May 2023. Gina adopted 2 " \
-                                               "cats."
+    assert ExtractiveMerger().merge_text(m) == "Gina adopted cats in May 2023. Gina adopted 2 cats."
 
 
 def test_a_negated_sentence_is_kept_unless_a_kept_one_says_it():
     m = [mm("a", "Gina moved to Berlin in 2020.", 0.9), mm("b", "Gina does not like Berlin.")]
-    assert ExtractiveMerger().merge_text(m) == ("Gina moved to Berlin in 2020. Gina does not "
-                                                "like Berlin.")
+    assert ExtractiveMerger().merge_text(m) == (
+        "Gina moved to Berlin in 2020. Gina does not like Berlin."
+    )
     m = [mm("a", "Gina does not eat meat, she said.", 0.9), mm("b", "Gina does not eat meat.")]
     assert ExtractiveMerger().merge_text(m) == "Gina does not eat meat, she said."
 
 
 def test_merging_a_merged_text_again_does_not_grow_it():
     merger = ExtractiveMerger()
-    first = merger.merge_text([mm("a", "Gina adopted 2 cats in 2021.", 0.9),
-                               mm("b", "Gina moved to Berlin.")])
+    first = merger.merge_text(
+        [mm("a", "Gina adopted 2 cats in 2021.", 0.9), mm("b", "Gina moved to Berlin.")]
+    )
     assert first == "Gina adopted 2 cats in 2021. Gina moved to Berlin."
-    again = merger.merge_text([mm("m", first, 0.9), mm("c", "Gina adopted two cats in 2021."),
-                               mm("d", "Gina lives in Berlin now.")])
+    again = merger.merge_text(
+        [
+            mm("m", first, 0.9),
+            mm("c", "Gina adopted two cats in 2021."),
+            mm("d", "Gina lives in Berlin now."),
+        ]
+    )
     assert again == first
 
 
 def test_max_chars_declines_instead_of_cutting():
-    req = MergeRequest("c", "u", (mm("a", "Gina adopted 2 cats in 2021.", 0.9),
-                                  mm("b", "Gina moved to Berlin in 2019.")))
+    req = MergeRequest(
+        "c",
+        "u",
+        (mm("a", "Gina adopted 2 cats in 2021.", 0.9), mm("b", "Gina moved to Berlin in 2019.")),
+    )
     full = ExtractiveMerger().merge_batch([req])[0]
     assert full.text == "Gina adopted 2 cats in 2021. Gina moved to Berlin in 2019."
     short = ExtractiveMerger(max_chars=40).merge_batch([req])[0]
@@ -85,12 +104,32 @@ class Lossy:
 
 
 def test_the_pass_refuses_a_merge_that_loses_a_fact():
-    rows = [{"id": "a", "namespace": "u", "text": "Gina has 2 cats", "vector": [1.0, 0.0],
-             "created_at": 10.0, "last_used": 10.0, "importance": 0.6},
-            {"id": "b", "namespace": "u", "text": "Gina has two cats", "vector": [0.999, 0.03],
-             "created_at": 20.0, "last_used": 20.0, "importance": 0.5}]
-    res = run_pass(make_records(rows), cfg=PassConfig(threshold=0.9, now="100", decay=False),
-                   merger=Lossy(), wall_h=200.0)
+    rows = [
+        {
+            "id": "a",
+            "namespace": "u",
+            "text": "Gina has 2 cats",
+            "vector": [1.0, 0.0],
+            "created_at": 10.0,
+            "last_used": 10.0,
+            "importance": 0.6,
+        },
+        {
+            "id": "b",
+            "namespace": "u",
+            "text": "Gina has two cats",
+            "vector": [0.999, 0.03],
+            "created_at": 20.0,
+            "last_used": 20.0,
+            "importance": 0.5,
+        },
+    ]
+    res = run_pass(
+        make_records(rows),
+        cfg=PassConfig(threshold=0.9, now="100", decay=False),
+        merger=Lossy(),
+        wall_h=200.0,
+    )
     assert res.stats["merges"] == 0 and res.stats["merges_losing_facts"] == 1
     [ev] = [e for e in res.events if e["op"] == "merge_declined"]
     assert ev["note"] == "merged text loses number 2" and ev["ids"] == ["a", "b"]
@@ -115,49 +154,75 @@ def test_sources_follow_merges_of_merges_down_to_the_original_records():
     from consolidate.store.schema import Records
 
     def row(i, text, vec, t):
-        return {"id": i, "namespace": "u", "text": text, "vector": vec, "created_at": t,
-                "last_used": t, "importance": 0.5}
+        return {
+            "id": i,
+            "namespace": "u",
+            "text": text,
+            "vector": vec,
+            "created_at": t,
+            "last_used": t,
+            "importance": 0.5,
+        }
 
     cfg = PassConfig(threshold=0.9, now="100", decay=False)
-    recs = make_records([row("a", "Gina adopted 2 cats.", [1.0, 0.0], 1.0),
-                         row("b", "Gina adopted two cats.", [0.999, 0.03], 2.0)])
+    recs = make_records(
+        [
+            row("a", "Gina adopted 2 cats.", [1.0, 0.0], 1.0),
+            row("b", "Gina adopted two cats.", [0.999, 0.03], 2.0),
+        ]
+    )
     r1 = run_pass(recs, cfg=cfg, wall_h=101.0)
-    recs = Records.concat([r1.records, make_records([row("c", "Gina has 2 cats.",
-                                                         [0.998, 0.05], 3.0)])], 2)
+    recs = Records.concat(
+        [r1.records, make_records([row("c", "Gina has 2 cats.", [0.998, 0.05], 3.0)])], 2
+    )
     r2 = run_pass(recs, cfg=cfg, version=2, wall_h=102.0)
     [m2] = [e["id"] for e in r2.events if e["op"] == "merge"]
-    recs = Records.concat([r2.records, make_records([row("d", "Gina keeps 2 cats.",
-                                                         [0.997, 0.06], 4.0)])], 2)
+    recs = Records.concat(
+        [r2.records, make_records([row("d", "Gina keeps 2 cats.", [0.997, 0.06], 4.0)])], 2
+    )
     rec = Recorder()
     run_pass(recs, cfg=cfg, merger=rec, version=3, wall_h=103.0)
     [req] = rec.requests
     by_id = {m.id: m for m in req.members}
     # the second merge's record stands for a, b (through the first merge) and c
-    assert by_id[m2].sources == ("Gina adopted 2 cats.", "Gina adopted two cats.",
-                                 "Gina has 2 cats.")
+    assert by_id[m2].sources == (
+        "Gina adopted 2 cats.",
+        "Gina adopted two cats.",
+        "Gina has 2 cats.",
+    )
     assert by_id[m2].merge_texts == by_id[m2].sources
     assert by_id["d"].sources == () and by_id["d"].merge_texts == ("Gina keeps 2 cats.",)
 
 
-@pytest.mark.parametrize("texts,want", [
-    # a negated sentence stays unless a kept one denies the same thing
-    (("Caroline is not going to the gym in May.", "Caroline is not vegan."),
-     "Caroline is not going to the gym in May. Caroline is not vegan."),
-    (("I don't like cats", "I don't like dogs"), "I don't like cats. I don't like dogs."),
-    (("Gina encourages Jon not to give up.", "Gina tells Jon warmly not to give up."),
-     "Gina tells Jon warmly not to give up."),
-    # the member that says more is the base
-    (("I have 2 cats", "I have 2 cats and I'm allergic to peanuts"),
-     "I have 2 cats and I'm allergic to peanuts"),
-    # names in any script, acronyms, after an abbreviation, with an apostrophe
-    (("I met José today", "I met José and Zoë today"), "I met José and Zoë today"),
-    (("I met NASA engineers", "I met NASA and ESA engineers"), "I met NASA and ESA engineers"),
-    (("O'Brien came to the party", "O'Brien came to the party!"),
-     "O'Brien came to the party"),
-    # an appended clause becomes a sentence
-    (("Gina moved to Berlin in 2019 with Jon", "Gina moved in 2019; she works at Zalando"),
-     "Gina moved to Berlin in 2019 with Jon. She works at Zalando."),
-])
+@pytest.mark.parametrize(
+    "texts,want",
+    [
+        # a negated sentence stays unless a kept one denies the same thing
+        (
+            ("Caroline is not going to the gym in May.", "Caroline is not vegan."),
+            "Caroline is not going to the gym in May. Caroline is not vegan.",
+        ),
+        (("I don't like cats", "I don't like dogs"), "I don't like cats. I don't like dogs."),
+        (
+            ("Gina encourages Jon not to give up.", "Gina tells Jon warmly not to give up."),
+            "Gina tells Jon warmly not to give up.",
+        ),
+        # the member that says more is the base
+        (
+            ("I have 2 cats", "I have 2 cats and I'm allergic to peanuts"),
+            "I have 2 cats and I'm allergic to peanuts",
+        ),
+        # names in any script, acronyms, after an abbreviation, with an apostrophe
+        (("I met José today", "I met José and Zoë today"), "I met José and Zoë today"),
+        (("I met NASA engineers", "I met NASA and ESA engineers"), "I met NASA and ESA engineers"),
+        (("O'Brien came to the party", "O'Brien came to the party!"), "O'Brien came to the party"),
+        # an appended clause becomes a sentence
+        (
+            ("Gina moved to Berlin in 2019 with Jon", "Gina moved in 2019; she works at Zalando"),
+            "Gina moved to Berlin in 2019 with Jon. She works at Zalando.",
+        ),
+    ],
+)
 def test_what_the_merger_keeps(texts, want):
     members = [mm(str(k), t, 0.9 - 0.1 * k) for k, t in enumerate(texts)]
     text, why = ExtractiveMerger().checked_text(members)

@@ -31,7 +31,8 @@ def test_category1_comma_split():
     assert locomo_f1("counseling, pottery", "adoption agencies, counseling", 1) == 0.5
     # without the split the whole strings would overlap on one stem out of 3 and 2 tokens
     assert locomo_f1("counseling pottery", "adoption agencies, counseling", 1) == pytest.approx(
-        (0 + 2 * 0.5 * 1 / 1.5) / 2)
+        (0 + 2 * 0.5 * 1 / 1.5) / 2
+    )
 
 
 def test_category3_keeps_text_before_semicolon():

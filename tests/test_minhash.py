@@ -46,8 +46,13 @@ def ref_shingles(texts: list[str], k: int) -> list[list[int]]:
     """Shingle hashes per text, one word and one k-gram at a time."""
     words = [normalise(t).split() for t in texts]
     vocab = sorted({w for ws in words for w in ws})
-    wh = dict(zip(vocab, map(int, pd.util.hash_array(np.array(vocab, object),
-                                                     categorize=False)), strict=True))
+    wh = dict(
+        zip(
+            vocab,
+            map(int, pd.util.hash_array(np.array(vocab, object), categorize=False)),
+            strict=True,
+        )
+    )
 
     def combine(ws):
         s = wh[ws[0]]
@@ -99,8 +104,12 @@ def edit(rng, vocab, words, changes):
 # ----------------------------------------------------------------------------- shingles
 def test_shingle_counts():
     texts = ["one two three four five", "One two.", "", "   ", "single", "a b c", "..."]
-    for k, want in [(3, [3, 1, 0, 0, 1, 1, 1]), (1, [5, 2, 0, 0, 1, 3, 1]),
-                    (5, [1, 1, 0, 0, 1, 1, 1]), (6, [1, 1, 0, 0, 1, 1, 1])]:
+    for k, want in [
+        (3, [3, 1, 0, 0, 1, 1, 1]),
+        (1, [5, 2, 0, 0, 1, 3, 1]),
+        (5, [1, 1, 0, 0, 1, 1, 1]),
+        (6, [1, 1, 0, 0, 1, 1, 1]),
+    ]:
         h, off = shingle_hashes(texts, k=k)
         assert h.dtype == np.uint64 and off.dtype == np.int64
         assert np.diff(off).tolist() == want
@@ -111,11 +120,45 @@ def test_shingle_counts():
 
 def test_shingle_hashes_equal_reference():
     rng = np.random.default_rng(3)
-    pieces = ["Alpha", "beta,", "GAMMA", "delta.", "'quoted'", "\u201ccurly\u201d", "Stra\u00dfe",
-              "caf\u00e9", "\u0130stanbul", "x\u00a0y", "a\x1cb", "-5", "don't", "!?", "\t", "\n",
-              "\x0b", "\x0c", "`tick`", '"', "x.y;", "\x7f", ",", "\r\n", "\u00c9milie",
-              "\u00dcber", "\u03a3\u0391\u03a3", "\u03c2", "\U0001f600", "\u2014", "\u2026",
-              "e\u0301", "\u1100\u1161", "\ufb01", "\u2018x\u2019", "\u13f8", "\u212a"]
+    pieces = [
+        "Alpha",
+        "beta,",
+        "GAMMA",
+        "delta.",
+        "'quoted'",
+        "\u201ccurly\u201d",
+        "Stra\u00dfe",
+        "caf\u00e9",
+        "\u0130stanbul",
+        "x\u00a0y",
+        "a\x1cb",
+        "-5",
+        "don't",
+        "!?",
+        "\t",
+        "\n",
+        "\x0b",
+        "\x0c",
+        "`tick`",
+        '"',
+        "x.y;",
+        "\x7f",
+        ",",
+        "\r\n",
+        "\u00c9milie",
+        "\u00dcber",
+        "\u03a3\u0391\u03a3",
+        "\u03c2",
+        "\U0001f600",
+        "\u2014",
+        "\u2026",
+        "e\u0301",
+        "\u1100\u1161",
+        "\ufb01",
+        "\u2018x\u2019",
+        "\u13f8",
+        "\u212a",
+    ]
     texts = [" ".join(rng.choice(pieces, rng.integers(0, 12))) for _ in range(300)]
     texts += ["", "   ", "...", "'", "Hello, World!", "\u00a0\u00a0"]
     for k in (1, 2, 3, 5):
@@ -135,9 +178,16 @@ def test_shingle_normalisation_and_order():
 def test_hashes_are_fixed_values():
     """Pinned values: the hashes must not depend on the process, platform or hash seed."""
     assert csr(["The quick brown fox jumps."])[0] == [
-        9996454633219028676, 2635161802834253518, 9928858911584231634]
+        9996454633219028676,
+        2635161802834253518,
+        9928858911584231634,
+    ]
     assert minhash_signatures(["The quick brown fox jumps."], num_perm=4)[0].tolist() == [
-        3064337600382973604, 3830025690697545415, 548304922368100481, 691594495304598403]
+        3064337600382973604,
+        3830025690697545415,
+        548304922368100481,
+        691594495304598403,
+    ]
 
 
 # ----------------------------------------------------------------------------- signatures
@@ -259,8 +309,7 @@ def test_pairs_equal_banding_reference(num_perm, bands):
     b = bands or choose_bands(0.8, num_perm)[0]
     want = brute_force(sig, seg, 0.8, b, num_perm // b)
     assert i.dtype == np.int64 and j.dtype == np.int64 and est.dtype == np.float64
-    assert dict(zip(zip(i.tolist(), j.tolist(), strict=True), est.tolist(),
-                    strict=True)) == want
+    assert dict(zip(zip(i.tolist(), j.tolist(), strict=True), est.tolist(), strict=True)) == want
     keys = i * len(texts) + j
     assert (np.diff(keys) > 0).all()  # sorted by (i, j), each pair once
     assert (i < j).all() and (seg[i] == seg[j]).all() and (est >= 0.8).all()
@@ -287,7 +336,7 @@ def test_pairs_find_planted_near_copies():
     assert (0, n - 5) not in got  # the exact copy in another segment
     assert got[(n - 2, n - 1)] == 1.0  # two equal one-word texts
     assert not any(t in (n - 4, n - 3) for t in i.tolist() + j.tolist())  # empty texts
-    assert ((i < j).all() and (np.diff(i * n + j) > 0).all())
+    assert (i < j).all() and (np.diff(i * n + j) > 0).all()
 
 
 def test_identical_texts_and_bucket_limit():
@@ -296,7 +345,8 @@ def test_identical_texts_and_bucket_limit():
     seg = np.array([7, 7, 7, 7, 7, 7, 8])
     i, j, est = minhash_pairs(texts, seg)
     assert list(zip(i.tolist(), j.tolist(), strict=True)) == [
-        (a, b) for a in range(5) for b in range(a + 1, 5)]
+        (a, b) for a in range(5) for b in range(a + 1, 5)
+    ]
     assert (est == 1.0).all()
     with pytest.raises(ValueError, match=r"segment 7: 5 texts share band 0's bucket"):
         minhash_pairs(texts, seg, max_bucket=4)
@@ -336,33 +386,42 @@ def test_choose_bands():
 
 
 # ----------------------------------------------------------------------------- errors
-@pytest.mark.parametrize("kwargs,match", [
-    ({"segments": np.zeros(2, np.int64)}, "segments must have shape"),
-    ({"segments": np.zeros((3, 1), np.int64)}, "segments must have shape"),
-    ({"segments": np.zeros(3)}, "integer codes"),
-    ({"threshold": 0.0}, "threshold"),
-    ({"threshold": 1.5}, "threshold"),
-    ({"threshold": float("nan")}, "threshold"),
-    ({"threshold": "high"}, "threshold"),
-    ({"num_perm": 0}, "num_perm"),
-    ({"num_perm": 2.0}, "num_perm"),
-    ({"k": 0}, "k must be"),
-    ({"bands": 0}, "bands"),
-    ({"bands": 129}, "bands"),
-    ({"fn_weight": 1.5}, "fn_weight"),
-    ({"max_bucket": 1}, "max_bucket"),
-    ({"seed": "x"}, "seed"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"segments": np.zeros(2, np.int64)}, "segments must have shape"),
+        ({"segments": np.zeros((3, 1), np.int64)}, "segments must have shape"),
+        ({"segments": np.zeros(3)}, "integer codes"),
+        ({"threshold": 0.0}, "threshold"),
+        ({"threshold": 1.5}, "threshold"),
+        ({"threshold": float("nan")}, "threshold"),
+        ({"threshold": "high"}, "threshold"),
+        ({"num_perm": 0}, "num_perm"),
+        ({"num_perm": 2.0}, "num_perm"),
+        ({"k": 0}, "k must be"),
+        ({"bands": 0}, "bands"),
+        ({"bands": 129}, "bands"),
+        ({"fn_weight": 1.5}, "fn_weight"),
+        ({"max_bucket": 1}, "max_bucket"),
+        ({"seed": "x"}, "seed"),
+    ],
+)
 def test_pairs_bad_arguments(kwargs, match):
     args = {"segments": np.zeros(3, np.int64), **kwargs}
     with pytest.raises(ValueError, match=match):
         minhash_pairs(["a b c", "a b c", "d e f"], **args)
 
 
-@pytest.mark.parametrize("bad,pos,name", [
-    (["ok", None, "x"], 1, "NoneType"), ([3, "x"], 0, "int"), (["x", "y", b"z"], 2, "bytes"),
-    (["x", 2.5], 1, "float"), (np.array([b"a", b"b"]), 0, "bytes_"),
-])
+@pytest.mark.parametrize(
+    "bad,pos,name",
+    [
+        (["ok", None, "x"], 1, "NoneType"),
+        ([3, "x"], 0, "int"),
+        (["x", "y", b"z"], 2, "bytes"),
+        (["x", 2.5], 1, "float"),
+        (np.array([b"a", b"b"]), 0, "bytes_"),
+    ],
+)
 def test_non_str_texts_raise_type_error(bad, pos, name):
     for fn in (shingle_hashes, minhash_signatures):
         with pytest.raises(TypeError, match=rf"texts\[{pos}\] is {name}, not str"):

@@ -23,8 +23,14 @@ from consolidate.sources.pgvector import PgColumns, PgVectorTable, timestamp  # 
 
 WALL = 2000.0  # hours since the epoch, the pass's clock in both runs
 DIM = 16
-COLS = PgColumns(id="id", namespace="user_id", text="memory", vector="embedding",
-                 importance="importance", merged_into="merged_into")
+COLS = PgColumns(
+    id="id",
+    namespace="user_id",
+    text="memory",
+    vector="embedding",
+    importance="importance",
+    merged_into="merged_into",
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,34 +60,53 @@ def fill(uri, name, rs):
 
         register_vector(c)
         c.execute(f"DROP TABLE IF EXISTS {name}")
-        c.execute(f"CREATE TABLE {name} (id text PRIMARY KEY, user_id text NOT NULL, "
-                  f"memory text NOT NULL, embedding vector({DIM}), importance float8, "
-                  f"created_at timestamptz, last_used timestamptz, updated_at timestamptz "
-                  f"NOT NULL DEFAULT now(), deleted_at timestamptz, merged_into text)")
+        c.execute(
+            f"CREATE TABLE {name} (id text PRIMARY KEY, user_id text NOT NULL, "
+            f"memory text NOT NULL, embedding vector({DIM}), importance float8, "
+            f"created_at timestamptz, last_used timestamptz, updated_at timestamptz "
+            f"NOT NULL DEFAULT now(), deleted_at timestamptz, merged_into text)"
+        )
         recs = make_records(rs)
         m = recs.meta
         with c.cursor() as cur:
             cur.executemany(
                 f"INSERT INTO {name} (id, user_id, memory, embedding, importance, "
                 f"created_at, last_used) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                [(m.at[k, "id"], m.at[k, "namespace"], m.at[k, "text"], recs.vectors[k],
-                  float(m.at[k, "importance"]),
-                  timestamp(m.at[k, "created_at"]), timestamp(m.at[k, "last_used"]))
-                 for k in range(len(m))])
+                [
+                    (
+                        m.at[k, "id"],
+                        m.at[k, "namespace"],
+                        m.at[k, "text"],
+                        recs.vectors[k],
+                        float(m.at[k, "importance"]),
+                        timestamp(m.at[k, "created_at"]),
+                        timestamp(m.at[k, "last_used"]),
+                    )
+                    for k in range(len(m))
+                ],
+            )
     return recs
 
 
 def table_rows(uri, name):
     with psycopg.connect(uri) as c:
-        return {r[0]: r[1:] for r in c.execute(
-            f"SELECT id, memory, deleted_at IS NOT NULL, merged_into, updated_at "
-            f"FROM {name}").fetchall()}
+        return {
+            r[0]: r[1:]
+            for r in c.execute(
+                f"SELECT id, memory, deleted_at IS NOT NULL, merged_into, updated_at FROM {name}"
+            ).fetchall()
+        }
 
 
 def plan_for(t, namespaces=None, pc=None):
     snap = t.read(namespaces)
-    res = run_pass(snap.records, cfg=pc or PassConfig(force=True, max_drop_fraction=0.5),
-                   sim_cfg=SimilarityConfig(device="cpu"), version=1, wall_h=WALL)
+    res = run_pass(
+        snap.records,
+        cfg=pc or PassConfig(force=True, max_drop_fraction=0.5),
+        sim_cfg=SimilarityConfig(device="cpu"),
+        version=1,
+        wall_h=WALL,
+    )
     return snap, res, t.plan(snap, res.records)
 
 
@@ -96,17 +121,22 @@ def test_the_same_merges_and_drops_as_the_embedded_store(pg, tmp_path):
     s.create(make_records(rs))
     with s.lock():
         es = s.load()
-        eres = run_pass(es.records, cfg=PassConfig(force=True, max_drop_fraction=0.5),
-                        sim_cfg=SimilarityConfig(device="cpu"), version=1, wall_h=WALL)
+        eres = run_pass(
+            es.records,
+            cfg=PassConfig(force=True, max_drop_fraction=0.5),
+            sim_cfg=SimilarityConfig(device="cpu"),
+            version=1,
+            wall_h=WALL,
+        )
     # the table's snapshot holds the stored records' values exactly
     at = snap.records.meta["id"].map({i: k for k, i in enumerate(es.records.meta["id"])})
-    np.testing.assert_allclose(snap.records.vectors, es.records.vectors[at.to_numpy()],
-                               atol=1e-7)
+    np.testing.assert_allclose(snap.records.vectors, es.records.vectors[at.to_numpy()], atol=1e-7)
     for c in ("namespace", "text", "importance", "created_at", "last_used", "strength"):
         assert snap.records.meta[c].tolist() == es.records.meta[c][at.to_numpy()].tolist(), c
     assert recs.dim == DIM
-    merges = sorted(tuple(sorted(e["members"])) for e in eres.events
-                    if e["op"] in ("merge", "exact_merge"))
+    merges = sorted(
+        tuple(sorted(e["members"])) for e in eres.events if e["op"] in ("merge", "exact_merge")
+    )
     drops = sorted(e["id"] for e in eres.events if e["op"] == "drop")
     assert merges and drops
     assert sorted(tuple(u["ids"]) for u in plan.units if u["kind"] == "merge") == merges
@@ -134,8 +164,10 @@ def test_the_same_merges_and_drops_as_the_embedded_store(pg, tmp_path):
     assert "merge" not in again.counts()
     # every retired row's previous state is in the history
     with psycopg.connect(pg) as c:
-        hist = c.execute("SELECT row_id, change, before FROM consolidate_history WHERE "
-                         "plan_id = %s", (plan.plan_id,)).fetchall()
+        hist = c.execute(
+            "SELECT row_id, change, before FROM consolidate_history WHERE plan_id = %s",
+            (plan.plan_id,),
+        ).fetchall()
     retired = {x["id"] for u in plan.units for x in u["retire"]}
     assert {h[0] for h in hist if h[1].startswith("retire")} == retired
     one = next(h for h in hist if h[1].startswith("retire"))
@@ -153,8 +185,10 @@ def test_a_row_changed_between_plan_and_apply_skips_its_unit(pg):
     unit = next(u for u in plan.units if u["kind"] == "merge")
     victim = unit["ids"][0]
     with psycopg.connect(pg, autocommit=True) as c:  # an agent edits a member meanwhile
-        c.execute("UPDATE mem_b SET memory = memory || ' (edited)', updated_at = now() "
-                  "WHERE id = %s", (victim,))
+        c.execute(
+            "UPDATE mem_b SET memory = memory || ' (edited)', updated_at = now() WHERE id = %s",
+            (victim,),
+        )
     before = table_rows(pg, "mem_b")
     rep = t.apply(plan, dry_run=False)
     assert [s["unit"] for s in rep.skipped] == [plan.units.index(unit)]
@@ -175,8 +209,9 @@ def test_a_namespace_another_job_holds_is_skipped(pg):
     _, _, plan = plan_for(t)
     held = plan.units[0]["namespace"]
     with psycopg.connect(pg) as other:
-        other.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                      (f"consolidate|mem_c|{held}",))
+        other.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"consolidate|mem_c|{held}",)
+        )
         rep = t.apply(plan, dry_run=False)
     assert {s["namespace"] for s in rep.skipped} == {held}
     assert {s["why"] for s in rep.skipped} == {"another job holds the namespace"}
@@ -209,7 +244,7 @@ def test_bad_rows_are_named_and_nothing_is_planned(pg):
         PgVectorTable(pg, "mem_d", dataclasses.replace(COLS, text="colour")).read()
     with pytest.raises(PgSourceError, match="cannot connect to the database of table m"):
         PgVectorTable("postgresql://nobody@127.0.0.1:1/x?connect_timeout=2", "m").read()
-    # a plain mapping of the default names (configs/source/pgvector.yaml writes the same)
+    # a plain mapping of the default names (consolidate/conf/source/pgvector.yaml writes the same)
     assert json.loads(json.dumps(PgColumns().__dict__))["vector"] == "embedding"
 
 
@@ -240,12 +275,22 @@ def test_the_consolidate_job_on_a_pgvector_table(pg, tmp_path):
 
     def job(*more):
         with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-            cfg = compose(config_name="consolidate", overrides=[
-                "source=pgvector", f"source.dsn='{pg}'", "source.table=mem_e",
-                "source.columns.namespace=user_id", "source.columns.text=memory",
-                "source.columns.importance=importance",
-                "source.columns.merged_into=merged_into", "similarity.device=cpu",
-                "pass.force=true", "pass.max_drop_fraction=0.5", *more])
+            cfg = compose(
+                config_name="consolidate",
+                overrides=[
+                    "source=pgvector",
+                    f"source.dsn='{pg}'",
+                    "source.table=mem_e",
+                    "source.columns.namespace=user_id",
+                    "source.columns.text=memory",
+                    "source.columns.importance=importance",
+                    "source.columns.merged_into=merged_into",
+                    "similarity.device=cpu",
+                    "pass.force=true",
+                    "pass.max_drop_fraction=0.5",
+                    *more,
+                ],
+            )
         return run_consolidate(cfg, out_dir=str(tmp_path / f"run{len(more)}"))
 
     before = table_rows(pg, "mem_e")
@@ -261,7 +306,8 @@ def test_the_consolidate_job_on_a_pgvector_table(pg, tmp_path):
     after = table_rows(pg, "mem_e")
     assert len(after) == len(before) + s2["external"]["units"]["merge"]
     assert sum(v[1] for v in after.values()) == sum(
-        s2["stats"][k] for k in ("merged_members", "dropped_floor", "dropped_cap"))
+        s2["stats"][k] for k in ("merged_members", "dropped_floor", "dropped_cap")
+    )
     events = (tmp_path / "run1" / "events.jsonl").read_text().splitlines()
     assert sum(json.loads(e)["op"] == "merge" for e in events) == s2["stats"]["merges"]
     with pytest.raises(ValueError, match="unknown key"):
@@ -277,8 +323,10 @@ def test_a_taken_merged_id_or_a_failing_namespace_skips_and_goes_on(pg):
     _, _, plan = plan_for(t)
     unit = next(u for u in plan.units if u["kind"] == "merge")
     with psycopg.connect(pg, autocommit=True) as c:
-        c.execute("INSERT INTO mem_f (id, user_id, memory) VALUES (%s, %s, 'taken')",
-                  (unit["insert"]["id"], unit["namespace"]))
+        c.execute(
+            "INSERT INTO mem_f (id, user_id, memory) VALUES (%s, %s, 'taken')",
+            (unit["insert"]["id"], unit["namespace"]),
+        )
     rep = t.apply(plan, dry_run=False)
     taken = [s for s in rep.skipped if "is taken already" in s["why"]]
     assert [s["unit"] for s in taken] == [plan.units.index(unit)]

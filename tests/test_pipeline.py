@@ -44,14 +44,32 @@ def test_id_ranks_follow_code_point_order():
 def _rows():
     base = {"importance": 0.5, "created_at": 10.0, "last_used": 10.0}
     return [
-        {**base, "id": "c", "namespace": "u", "text": "Likes tea.", "vector": [1, 0, 0],
-         "strength": 2.0},
-        {**base, "id": "a", "namespace": "u", "text": "likes tea", "vector": [0, 1, 0],
-         "strength": 1.0},
+        {
+            **base,
+            "id": "c",
+            "namespace": "u",
+            "text": "Likes tea.",
+            "vector": [1, 0, 0],
+            "strength": 2.0,
+        },
+        {
+            **base,
+            "id": "a",
+            "namespace": "u",
+            "text": "likes tea",
+            "vector": [0, 1, 0],
+            "strength": 1.0,
+        },
         {**base, "id": "b", "namespace": "v", "text": "likes tea", "vector": [0, 0, 1]},
         {**base, "id": "d", "namespace": "u", "text": "likes coffee", "vector": [1, 1, 0]},
-        {**base, "id": "e", "namespace": "u", "text": "likes tea", "vector": [0, 1, 1],
-         "pinned": True},
+        {
+            **base,
+            "id": "e",
+            "namespace": "u",
+            "text": "likes tea",
+            "vector": [0, 1, 1],
+            "pinned": True,
+        },
     ]
 
 
@@ -67,10 +85,8 @@ def test_exact_stage_groups_by_namespace_and_hash():
     assert st.stats.exact_groups == 1 and st.stats.exact_duplicates == 1
     assert u.weight.tolist() == [3.0, 1.0, 1.0]
     # the group's vector: (1 * e2 + 2 * e1) / 2 (weights over their max), renormalised
-    np.testing.assert_allclose(u.vec[0].numpy(), np.array([2, 1, 0]) / math.sqrt(5),
-                               atol=1e-7)
-    np.testing.assert_allclose(u.vec[1].numpy(), np.array([1, 1, 0]) / math.sqrt(2),
-                               atol=1e-7)
+    np.testing.assert_allclose(u.vec[0].numpy(), np.array([2, 1, 0]) / math.sqrt(5), atol=1e-7)
+    np.testing.assert_allclose(u.vec[1].numpy(), np.array([1, 1, 0]) / math.sqrt(2), atol=1e-7)
 
 
 def test_pass_stats_read_like_the_summary_dict():
@@ -89,8 +105,13 @@ def test_merged_vectors_are_member_centroids_and_rows_keep_their_positions():
     for k, r in enumerate(rows):
         r["strength"] = float(1 + k % 3)
     recs = make_records(rows)
-    res = run_pass(recs, cfg=PassConfig(threshold=0.9, decay=False, cap=None),
-                   sim_cfg=SimilarityConfig(device="cpu"), version=3, wall_h=2000.0)
+    res = run_pass(
+        recs,
+        cfg=PassConfig(threshold=0.9, decay=False, cap=None),
+        sim_cfg=SimilarityConfig(device="cpu"),
+        version=3,
+        wall_h=2000.0,
+    )
     assert res.stats.merges > 10
     m = res.records.meta
     n = len(recs)
@@ -104,10 +125,10 @@ def test_merged_vectors_are_member_centroids_and_rows_keep_their_positions():
         members = m["id"][m["merged_into"] == mid].tolist()
         assert len(members) >= 2
         w = strength[members].to_numpy()
-        ref = ((w / w.max())[:, None] * np.stack([vec[x] for x in members]).astype(
-            np.float64)).sum(0)
-        np.testing.assert_allclose(res.records.vectors[k], ref / np.linalg.norm(ref),
-                                   atol=1e-7)
+        ref = ((w / w.max())[:, None] * np.stack([vec[x] for x in members]).astype(np.float64)).sum(
+            0
+        )
+        np.testing.assert_allclose(res.records.vectors[k], ref / np.linalg.norm(ref), atol=1e-7)
         assert m["strength"].iat[k] == min(w.sum(), 20.0)
 
 
@@ -116,16 +137,33 @@ def test_merged_vectors_are_member_centroids_and_rows_keep_their_positions():
 # the text and text hash of the 29 merged records left out: the sentence-deduplicating merger
 # writes other texts for them than that pass's (which appended every member's sentences)
 LOCOMO_SNAPSHOT = "e518bcac823e56797a200caa84e23a8f6b5e4358e710a8bd08d832f88b84a94c"
-_COLS = ["id", "namespace", "text", "importance", "created_at", "last_used", "strength",
-         "pinned", "source_ids", "valid_from", "valid_to", "deleted_reason", "merged_into",
-         "text_hash", "last_pass", "keep_apart", "derived_from"]
+_COLS = [
+    "id",
+    "namespace",
+    "text",
+    "importance",
+    "created_at",
+    "last_used",
+    "strength",
+    "pinned",
+    "source_ids",
+    "valid_from",
+    "valid_to",
+    "deleted_reason",
+    "merged_into",
+    "text_hash",
+    "last_pass",
+    "keep_apart",
+    "derived_from",
+]
 
 
 def snapshot_digest(meta: pd.DataFrame) -> str:
     """sha256 over every row's fields except the vector and the wall-clock deletion time."""
     h = hashlib.sha256()
-    for row in zip(*[meta[c].tolist() for c in _COLS], meta["deleted_at"].isna().tolist(),
-                   strict=True):
+    for row in zip(
+        *[meta[c].tolist() for c in _COLS], meta["deleted_at"].isna().tolist(), strict=True
+    ):
         vals = []
         for v in row:
             if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -148,11 +186,15 @@ def test_locomo_main_pass_gives_the_same_snapshot():
 
     recs, _ = locomo_records(LOCOMO, Embedder(show_progress=False), ImportanceConfig(), None)
     # the retention policy 5244916 had as its default (tau 30 days), for the comparison
-    res = run_pass(recs, cfg=PassConfig(tau_hours=720.0), sim_cfg=SimilarityConfig(
-        device="cpu"), version=7, wall_h=500000.0)
+    res = run_pass(
+        recs,
+        cfg=PassConfig(tau_hours=720.0),
+        sim_cfg=SimilarityConfig(device="cpu"),
+        version=7,
+        wall_h=500000.0,
+    )
     s = res.stats
-    assert (s.records_in, s.pairs, s.clusters, s.merges, s.merged_members) == \
-        (2541, 42, 29, 29, 61)
+    assert (s.records_in, s.pairs, s.clusters, s.merges, s.merged_members) == (2541, 42, 29, 29, 61)
     assert (s.dropped_floor, s.dropped_cap, s.records_out) == (464, 0, 2045)
     m = res.records.meta.copy()
     merged = m["id"].isin(set(m["merged_into"].dropna()))
@@ -177,8 +219,7 @@ def test_ranks_of_appended_ids_equal_a_full_sort():
 
     g = np.random.default_rng(2)
     old = np.array([f"r{k:04d}" for k in g.permutation(300)], dtype=object)
-    new = np.array([f"m-{k:x}" for k in g.integers(0, 1 << 40, 25)] + ["r0100x", "a"],
-                   dtype=object)
+    new = np.array([f"m-{k:x}" for k in g.integers(0, 1 << 40, 25)] + ["r0100x", "a"], dtype=object)
     ids = np.r_[old, new]
     assert _merge_ranks(id_ranks(old), ids, len(old)).tolist() == id_ranks(ids).tolist()
 
@@ -190,13 +231,15 @@ def test_group_sums_add_in_numpys_order():
     sizes = g.integers(1, 40, 300)
     v = g.uniform(1, 30, int(sizes.sum())).round(1)  # non-integer strengths
     starts = np.r_[0, np.cumsum(sizes)[:-1]]
-    ref = [v[s:s + k].sum() for s, k in zip(starts, sizes, strict=True)]
+    ref = [v[s : s + k].sum() for s, k in zip(starts, sizes, strict=True)]
     assert group_sums(v, sizes).tolist() == ref  # bit for bit, not approximately
 
 
 def test_invalid_utf8_ids_are_a_clear_error():
-    rows = [{"id": "a", "namespace": "u", "text": "x", "vector": [1.0, 0.0]},
-            {"id": "b", "namespace": "u", "text": "y", "vector": [0.0, 1.0]}]
+    rows = [
+        {"id": "a", "namespace": "u", "text": "x", "vector": [1.0, 0.0]},
+        {"id": "b", "namespace": "u", "text": "y", "vector": [0.0, 1.0]},
+    ]
     recs = make_records(rows)
     recs.meta.loc[1, "id"] = "b\ud800"
     with pytest.raises(ValueError, match="valid UTF-8"):

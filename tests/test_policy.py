@@ -12,8 +12,12 @@ from consolidate.evaluation.policy import frontier_mask, policy_grid, policy_nam
 
 def test_policy_grid_in_order_and_checked():
     g = policy_grid({"threshold": [0.8, 0.9], "floor": [0.0, 0.01]})
-    assert g == [{"threshold": 0.8, "floor": 0.0}, {"threshold": 0.8, "floor": 0.01},
-                 {"threshold": 0.9, "floor": 0.0}, {"threshold": 0.9, "floor": 0.01}]
+    assert g == [
+        {"threshold": 0.8, "floor": 0.0},
+        {"threshold": 0.8, "floor": 0.01},
+        {"threshold": 0.9, "floor": 0.0},
+        {"threshold": 0.9, "floor": 0.01},
+    ]
     assert policy_name(g[1]) == "policy t0.8 floor0.01"
     with pytest.raises(ValueError, match="unknown keys \\['tau'\\]"):
         policy_grid({"tau": [1]})
@@ -46,9 +50,15 @@ def test_policy_grid_refuses_bad_values_before_anything_runs():
 def test_load_policy_refuses_incomplete_or_hostile_files(tmp_path):
     from consolidate.jobs.policy import load_policy
 
-    good = {"target": {"share": 0.98, "metrics": ["recall@10"]}, "task": {"name": "t"},
-            "recommended": {"pass": {"threshold": 0.9, "cap": 5.0}, "keeps": {"recall@10": 1.0},
-                            "tokens_vs_baseline": 0.9}}
+    good = {
+        "target": {"share": 0.98, "metrics": ["recall@10"]},
+        "task": {"name": "t"},
+        "recommended": {
+            "pass": {"threshold": 0.9, "cap": 5.0},
+            "keeps": {"recall@10": 1.0},
+            "tokens_vs_baseline": 0.9,
+        },
+    }
     f = tmp_path / "p.json"
     f.write_text(json.dumps(good))
     assert load_policy(f)["pass"] == {"threshold": 0.9, "cap": 5}
@@ -56,10 +66,14 @@ def test_load_policy_refuses_incomplete_or_hostile_files(tmp_path):
         ({**good, "recommended": {"pass": {}}}, "incomplete policy.json"),
         ([1, 2], "no recommended policy"),
         (None, "no recommended policy"),
-        ({**good, "recommended": {**good["recommended"], "pass": {"tau_hours": 0}}},
-         "tau_hours must be > 0"),
-        ({**good, "recommended": {**good["recommended"], "pass": {"max_drop_fraction": 1}}},
-         "unknown keys"),
+        (
+            {**good, "recommended": {**good["recommended"], "pass": {"tau_hours": 0}}},
+            "tau_hours must be > 0",
+        ),
+        (
+            {**good, "recommended": {**good["recommended"], "pass": {"max_drop_fraction": 1}}},
+            "unknown keys",
+        ),
     ]:
         f.write_text(json.dumps(bad))
         with pytest.raises(ValueError, match=match):
@@ -71,12 +85,14 @@ def test_load_policy_refuses_incomplete_or_hostile_files(tmp_path):
         load_policy(f)
 
 
-TABLE = pd.DataFrame({
-    "variant": ["a", "b", "c", "d", "e"],
-    "store_tokens": [100, 80, 80, 60, 90],
-    "recall@10": [0.50, 0.49, 0.48, 0.40, 0.49],
-    "recall@500tok": [0.60, 0.59, 0.60, 0.50, 0.58],
-})
+TABLE = pd.DataFrame(
+    {
+        "variant": ["a", "b", "c", "d", "e"],
+        "store_tokens": [100, 80, 80, 60, 90],
+        "recall@10": [0.50, 0.49, 0.48, 0.40, 0.49],
+        "recall@500tok": [0.60, 0.59, 0.60, 0.50, 0.58],
+    }
+)
 
 
 def test_frontier_by_hand():
@@ -88,7 +104,12 @@ def test_frontier_by_hand():
     t = TABLE.copy()
     t.loc[3, "recall@10"] = float("nan")
     assert frontier_mask(t, "store_tokens", ["recall@10"]).tolist() == [
-        True, True, False, False, False]
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
 
 
 def test_recommendation_by_hand():
@@ -116,10 +137,17 @@ def test_policy_job_on_two_locomo_conversations(tmp_path):
     if not LOCOMO.exists():
         pytest.skip("LOCOMO data not present")
     with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-        cfg = compose(config_name="policy", overrides=[
-            f"paths.data_dir={DATA_DIR}", "store.conversations=2",
-            "embedder.show_progress=false", "grid.threshold=[0.85,0.95]",
-            "grid.tau_hours=[720,8760]", "grid.floor=[0.0,0.01]"])
+        cfg = compose(
+            config_name="policy",
+            overrides=[
+                f"paths.data_dir={DATA_DIR}",
+                "store.conversations=2",
+                "embedder.show_progress=false",
+                "grid.threshold=[0.85,0.95]",
+                "grid.tau_hours=[720,8760]",
+                "grid.floor=[0.0,0.01]",
+            ],
+        )
     doc = run_policy(cfg, tmp_path)
     assert len(doc["policies"]) == 8 and doc["target"]["share"] == 0.98
     res = json.loads((tmp_path / "results.json").read_text())
@@ -146,10 +174,16 @@ def test_policy_job_on_two_locomo_conversations(tmp_path):
     from consolidate.jobs.consolidate import format_summary, run_consolidate
 
     with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-        ccfg = compose(config_name="consolidate", overrides=[
-            f"paths.data_dir={DATA_DIR}", "store.conversations=2",
-            f"store.dir={tmp_path / 'store'}", "embedder.show_progress=false",
-            f"pass.policy_file={tmp_path / 'policy.json'}"])
+        ccfg = compose(
+            config_name="consolidate",
+            overrides=[
+                f"paths.data_dir={DATA_DIR}",
+                "store.conversations=2",
+                f"store.dir={tmp_path / 'store'}",
+                "embedder.show_progress=false",
+                f"pass.policy_file={tmp_path / 'policy.json'}",
+            ],
+        )
     s = run_consolidate(ccfg, str(tmp_path / "out"))
     assert s["policy"]["pass"] == rec["pass"] and s["policy"]["calibrated"] is True
     line = next(x for x in format_summary(s).splitlines() if x.startswith("policy"))

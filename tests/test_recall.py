@@ -12,10 +12,17 @@ from consolidate.store import Store
 from tests.helpers import REPO, make_records
 
 
-@pytest.mark.parametrize("tokens,cap,n", [
-    ([10, 20, 30], 30, 2), ([10, 20, 30], 29, 1), ([10, 20, 30], 60, 3), ([10], 0, 0),
-    ([50, 1, 1], 10, 0),  # the best one does not fit: nothing after it is taken either
-    ([], 100, 0)])
+@pytest.mark.parametrize(
+    "tokens,cap,n",
+    [
+        ([10, 20, 30], 30, 2),
+        ([10, 20, 30], 29, 1),
+        ([10, 20, 30], 60, 3),
+        ([10], 0, 0),
+        ([50, 1, 1], 10, 0),  # the best one does not fit: nothing after it is taken either
+        ([], 100, 0),
+    ],
+)
 def test_fit_token_cap(tokens, cap, n):
     assert fit_token_cap(np.array(tokens), cap) == n
 
@@ -40,13 +47,32 @@ class AxisEmbedder:
 
 @pytest.fixture
 def store(tmp_path):
-    v = {"a": [1.0, 0.2, 0, 0], "b": [1.0, 0.5, 0, 0], "c": [1.0, 1.0, 0, 0],
-         "d": [0, 0, 1.0, 0], "x": [1.0, 0.0, 0, 0]}
-    rows = [{"id": i, "namespace": "other" if i == "x" else "u", "text": t, "vector": v[i],
-             "importance": 0.5, "created_at": 10.0, "last_used": 10.0, "strength": s}
-            for i, t, s in (("a", "one two three", 19.5), ("b", "four five", 1.0),
-                            ("c", "six", 1.0), ("d", "seven eight", 1.0),
-                            ("x", "not mine", 1.0))]
+    v = {
+        "a": [1.0, 0.2, 0, 0],
+        "b": [1.0, 0.5, 0, 0],
+        "c": [1.0, 1.0, 0, 0],
+        "d": [0, 0, 1.0, 0],
+        "x": [1.0, 0.0, 0, 0],
+    }
+    rows = [
+        {
+            "id": i,
+            "namespace": "other" if i == "x" else "u",
+            "text": t,
+            "vector": v[i],
+            "importance": 0.5,
+            "created_at": 10.0,
+            "last_used": 10.0,
+            "strength": s,
+        }
+        for i, t, s in (
+            ("a", "one two three", 19.5),
+            ("b", "four five", 1.0),
+            ("c", "six", 1.0),
+            ("d", "seven eight", 1.0),
+            ("x", "not mine", 1.0),
+        )
+    ]
     s = Store(tmp_path / "s")
     s.create(make_records(rows))
     return s
@@ -69,8 +95,12 @@ def test_recall_without_bookkeeping_and_edge_cases(store):
     assert [r.ids for r in two] == [["d"], ["a"]]
     assert sorted(p.name for p in (store.root / "deltas").iterdir()) == before
     assert recall(store, "nobody", ["axis 0"], AxisEmbedder())[0].ids == []
-    assert recall(store, "u", ["axis 0"], AxisEmbedder(), max_tokens=0,
-                  mark_used=False)[0].cut_by_tokens == 4
+    assert (
+        recall(store, "u", ["axis 0"], AxisEmbedder(), max_tokens=0, mark_used=False)[
+            0
+        ].cut_by_tokens
+        == 4
+    )
     with pytest.raises(ValueError, match="k must be"):
         recall(store, "u", ["axis 0"], AxisEmbedder(), k=0)
 
@@ -83,17 +113,43 @@ def test_recall_cli(tmp_path):
     texts = ["Gina adopted two kittens", "Gina works as a nurse in Porto", "Jon likes jazz"]
     v = emb.encode(texts)
     s = Store(tmp_path / "s")
-    s.create(make_records([{"id": f"m{k}", "namespace": "gina" if k < 2 else "jon",
-                            "text": t, "vector": v[k], "created_at": 10.0, "last_used": 10.0}
-                           for k, t in enumerate(texts)]))
-    p = subprocess.run([str(Path(sys.executable).parent / "consolidate-recall"),
-                        f"store.dir={s.root}", "namespace=gina", 'query="Does Gina have pets?"',
-                        "k=2", "max_tokens=8", f"hydra.run.dir={tmp_path}/run"],
-                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    s.create(
+        make_records(
+            [
+                {
+                    "id": f"m{k}",
+                    "namespace": "gina" if k < 2 else "jon",
+                    "text": t,
+                    "vector": v[k],
+                    "created_at": 10.0,
+                    "last_used": 10.0,
+                }
+                for k, t in enumerate(texts)
+            ]
+        )
+    )
+    p = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "consolidate-recall"),
+            f"store.dir={s.root}",
+            "namespace=gina",
+            'query="Does Gina have pets?"',
+            "k=2",
+            "max_tokens=8",
+            f"hydra.run.dir={tmp_path}/run",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     lines = [ln for ln in p.stdout.strip().splitlines() if not ln.startswith("[")]  # no logs
     assert "m0" in lines[0] and "Gina adopted two kittens" in lines[0]
-    assert lines[-1].startswith("1 memories, ") and "1 more of the top 2 did not fit" in \
-        lines[-1] and "marked used" in lines[-1]
+    assert (
+        lines[-1].startswith("1 memories, ")
+        and "1 more of the top 2 did not fit" in lines[-1]
+        and "marked used" in lines[-1]
+    )
     m = Store(s.root).load().records.meta.set_index("id")
     assert m.loc["m0", "strength"] == 2.0 and m.loc["m1", "strength"] == 1.0

@@ -25,6 +25,7 @@ def model96(tmp_path_factory):
     """all-MiniLM-L6-v2 followed by a seeded 384 -> 96 projection: another model, offline."""
     import torch
     from sentence_transformers import SentenceTransformer
+
     try:
         from sentence_transformers.sentence_transformer.modules import Dense, Normalize
     except ImportError:  # older sentence-transformers
@@ -32,9 +33,15 @@ def model96(tmp_path_factory):
 
     torch.manual_seed(0)
     base = SentenceTransformer(str(packaged_model_path()), device="cpu")
-    m = SentenceTransformer(modules=[base[0], base[1],
-                                     Dense(384, D_NEW, activation_function=torch.nn.Identity()),
-                                     Normalize()], device="cpu")
+    m = SentenceTransformer(
+        modules=[
+            base[0],
+            base[1],
+            Dense(384, D_NEW, activation_function=torch.nn.Identity()),
+            Normalize(),
+        ],
+        device="cpu",
+    )
     path = tmp_path_factory.mktemp("model96") / "minilm-96"
     m.save(str(path))
     return path
@@ -74,8 +81,15 @@ def test_reembed_switches_to_new_vectors_and_keeps_everything_else(tmp_path, fmt
         def encode(self, texts):
             calls.append(len(texts))
             if len(calls) == 1:
-                new = make_records([{**random_rows(1, 384, seed=9)[0], "id": "late-1",
-                                     "text": "a memory written during the re-embed"}])
+                new = make_records(
+                    [
+                        {
+                            **random_rows(1, 384, seed=9)[0],
+                            "id": "late-1",
+                            "text": "a memory written during the re-embed",
+                        }
+                    ]
+                )
                 store.append(new)
                 store.mark_used(["r00001"], now=1002.0)
             return emb96.encode(texts)
@@ -109,7 +123,8 @@ def test_reembed_switches_to_new_vectors_and_keeps_everything_else(tmp_path, fmt
     assert kept.dim == 384
     k = kept.records.meta["id"].tolist()
     np.testing.assert_array_equal(
-        kept.records.vectors[[k.index(i) for i in old.index]], before.vectors)
+        kept.records.vectors[[k.index(i) for i in old.index]], before.vectors
+    )
     # switch back: store.dir is the old store again
     back = switch_stores(root, out["backup"])
     assert back["now_dim"] == 384 and open_store_dir(root).load().dim == 384
@@ -206,10 +221,21 @@ def test_reembed_job_calibrates_then_switches(tmp_path, model96):
     _store(root, "lance")
     env = {**os.environ, "CONSOLIDATE_DATA_DIR": str(LOCOMO.parents[1])}
     bin_ = Path(sys.executable).parent / "consolidate-reembed"
-    p = subprocess.run([str(bin_), f"store.dir={root}", f"embedder.model_path={model96}",
-                        "calibration.max_pairs=300", "embedder.device=cpu",
-                        f"hydra.run.dir={tmp_path}/run"], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=900)
+    p = subprocess.run(
+        [
+            str(bin_),
+            f"store.dir={root}",
+            f"embedder.model_path={model96}",
+            "calibration.max_pairs=300",
+            "embedder.device=cpu",
+            f"hydra.run.dir={tmp_path}/run",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     calib = json.loads(Path(s["calibration"]["file"]).read_text())
@@ -220,14 +246,25 @@ def test_reembed_job_calibrates_then_switches(tmp_path, model96):
     assert open_store_dir(root).load().dim == D_NEW
     back = p.stdout.strip().splitlines()[-1].split("with: ", 1)[1].split()
     assert back[0] == "consolidate-reembed"
-    q = subprocess.run([str(bin_), *back[1:], f"hydra.run.dir={tmp_path}/run2"], cwd=REPO,
-                       env=env, capture_output=True, text=True, timeout=300)
+    q = subprocess.run(
+        [str(bin_), *back[1:], f"hydra.run.dir={tmp_path}/run2"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert q.returncode == 0, q.stderr[-3000:]
     assert open_store_dir(root).load().dim == 384
     # a store that is not there: one error line, exit 2, before any model loads
-    r = subprocess.run([str(bin_), f"store.dir={tmp_path}/nowhere",
-                        f"hydra.run.dir={tmp_path}/run3"], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [str(bin_), f"store.dir={tmp_path}/nowhere", f"hydra.run.dir={tmp_path}/run3"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2 and r.stderr.startswith("error:") and "nowhere" in r.stderr
 
 
@@ -265,8 +302,14 @@ def test_sigkill_around_the_exchange_loses_no_touch(tmp_path, model96, point):
     store = _store(root, "lance")
     before = store.load().records.meta.set_index("id").loc["r00003", "strength"]
     env = {**os.environ, "CONSOLIDATE_CRASH_AT": point}
-    p = subprocess.run([sys.executable, "-c", CRASH_CHILD, str(root), str(model96)],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", CRASH_CHILD, str(root), str(model96)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == -9, p.stderr[-2000:]
     now = open_store_dir(root).load()
     assert now.dim == (384 if point == "reembed:before_exchange" else D_NEW)
@@ -274,4 +317,5 @@ def test_sigkill_around_the_exchange_loses_no_touch(tmp_path, model96, point):
     assert len(now.records) == 40
     left = list(tmp_path.glob("s.reembed-*"))  # the other store, named for the user
     assert len(left) == 1 and open_store_dir(left[0]).load().dim == (
-        D_NEW if point == "reembed:before_exchange" else 384)
+        D_NEW if point == "reembed:before_exchange" else 384
+    )

@@ -12,10 +12,9 @@ from consolidate.llm.reflect import LLMReflector, ReflectOut, invented
 from consolidate.pipeline import run_pass
 from tests.helpers import Scripted, make_records
 
-CFG = PassConfig(threshold=0.9, now="100", decay=False, reflect=True,
-                 reflect_threshold=0.75, reflect_min_size=3)
-
-
+CFG = PassConfig(
+    threshold=0.9, now="100", decay=False, reflect=True, reflect_threshold=0.75, reflect_min_size=3
+)
 
 
 def rows():
@@ -25,18 +24,38 @@ def rows():
     for k, t in enumerate(texts):
         v = [1.0, 0.0, 0.0, 0.0, 0.0]
         v[k + 1] = 0.55
-        out.append({"id": f"g{k}", "namespace": "u", "text": t, "vector": v,
-                    "importance": 0.3 + 0.1 * k, "last_used": 10.0 + k, "created_at": 5.0 + k,
-                    "source_ids": [f"D1:{k}"]})
-    out.append({"id": "z", "namespace": "u", "text": "Gina dislikes rain",
-                "vector": [0.0, 0.0, 0.0, 0.0, 1.0]})
+        out.append(
+            {
+                "id": f"g{k}",
+                "namespace": "u",
+                "text": t,
+                "vector": v,
+                "importance": 0.3 + 0.1 * k,
+                "last_used": 10.0 + k,
+                "created_at": 5.0 + k,
+                "source_ids": [f"D1:{k}"],
+            }
+        )
+    out.append(
+        {
+            "id": "z",
+            "namespace": "u",
+            "text": "Gina dislikes rain",
+            "vector": [0.0, 0.0, 0.0, 0.0, 1.0],
+        }
+    )
     return out
 
 
 def run(answers, recs=None, version=1):
     be = Scripted(answers)
-    res = run_pass(recs or make_records(rows()), cfg=CFG, version=version,
-                   reflector=LLMReflector(be, cache_path=None), wall_h=200.0)
+    res = run_pass(
+        recs or make_records(rows()),
+        cfg=CFG,
+        version=version,
+        reflector=LLMReflector(be, cache_path=None),
+        wall_h=200.0,
+    )
     return res, be
 
 
@@ -63,8 +82,9 @@ def test_reflection_is_a_new_memory_linked_to_its_sources():
     # sum = (3, .55, .55, .55, 0), norm = sqrt(9 + 3 * .3025)
     v = res.records.vectors[list(m.index).index(refl.index[0])]
     norm = (9 + 3 * 0.55**2) ** 0.5
-    assert v.tolist() == pytest.approx([3 / norm, 0.55 / norm, 0.55 / norm, 0.55 / norm, 0],
-                                       abs=1e-6)
+    assert v.tolist() == pytest.approx(
+        [3 / norm, 0.55 / norm, 0.55 / norm, 0.55 / norm, 0], abs=1e-6
+    )
 
 
 def test_covered_groups_are_not_reflected_again():
@@ -86,8 +106,7 @@ def test_invented_names_are_rejected_after_one_retry():
 def test_invented_by_hand():
     members = ["Gina adopted 2 cats", "Gina walks her dog"]
     assert invented("Gina loves her 2 cats and dog", members) == []
-    assert invented("Gina has 3 pets, says Tom", members) == ["added name Tom",
-                                                              "added number 3"]
+    assert invented("Gina has 3 pets, says Tom", members) == ["added name Tom", "added number 3"]
 
 
 def test_reflect_needs_a_reflector():
@@ -108,13 +127,17 @@ def test_a_dropped_reflection_is_not_written_again_every_night():
     # members at strength 2, the reflection at 1: with decay it scores lowest and the cap of
     # 3 drops it
     cfg = dataclasses.replace(CFG, cap=3, decay=True, floor=0.0)
-    recs = make_records([dict(r, strength=2.0, importance=0.5, last_used=12.0)
-                         for r in rows()[:3]])
+    recs = make_records([dict(r, strength=2.0, importance=0.5, last_used=12.0) for r in rows()[:3]])
     calls = []
     for night in (1, 2, 3):
         be = Scripted([json.dumps({"text": "Gina cares for animals"})])
-        res = run_pass(recs, cfg=cfg, version=night, wall_h=200.0 + night,
-                       reflector=LLMReflector(be, cache_path=None))
+        res = run_pass(
+            recs,
+            cfg=cfg,
+            version=night,
+            wall_h=200.0 + night,
+            reflector=LLMReflector(be, cache_path=None),
+        )
         calls.append(len(be.seen))
         recs = res.records
     assert calls == [1, 0, 0]
@@ -128,7 +151,8 @@ def test_derived_from_follows_merges():
     dup = make_records([dict(rows()[0], id="g0b", text="Gina adopted 2 cats!")])
     recs = type(first.records)(
         pd.concat([first.records.meta, dup.meta], ignore_index=True),
-        np.concatenate([first.records.vectors, dup.vectors]))
+        np.concatenate([first.records.vectors, dup.vectors]),
+    )
     again, be = run([], recs=recs, version=2)
     m = again.records.meta.set_index("id")
     merged = next(e for e in again.events if e["op"] == "exact_merge")
@@ -139,9 +163,19 @@ def test_derived_from_follows_merges():
     assert m.loc[refl.iloc[0]["derived_from"], "deleted_at"].isna().all()
 
 
-@pytest.mark.parametrize("bad", [{"reflect_threshold": float("nan")},
-                                 {"reflect_min_size": 0}, {"reflect_max_per_namespace": 1.5}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"reflect_threshold": float("nan")},
+        {"reflect_min_size": 0},
+        {"reflect_max_per_namespace": 1.5},
+    ],
+)
 def test_bad_reflect_settings_are_refused(bad):
     with pytest.raises(ValueError, match="pass.reflect"):
-        run_pass(make_records(rows()), cfg=dataclasses.replace(CFG, **bad), wall_h=200.0,
-                 reflector=LLMReflector(Scripted([]), cache_path=None))
+        run_pass(
+            make_records(rows()),
+            cfg=dataclasses.replace(CFG, **bad),
+            wall_h=200.0,
+            reflector=LLMReflector(Scripted([]), cache_path=None),
+        )

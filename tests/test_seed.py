@@ -11,23 +11,48 @@ from tests.helpers import make_records
 
 
 def seed_records():
-    return make_records([
-        {"id": "a", "namespace": "u", "text": "uses vim", "vector": [1.0, 0.0],
-         "importance": 0.6, "created_at": 100.0, "last_used": 100.0},
-        {"id": "b", "namespace": "u", "text": "prefers vim keybindings", "vector": [0.99, 0.1],
-         "importance": 0.8, "created_at": 90.0, "last_used": 90.0},
-        {"id": "c", "namespace": "u", "text": "lunch was soup", "vector": [0.0, 1.0],
-         "importance": 0.1, "created_at": 0.0, "last_used": 0.0},
-    ])
+    return make_records(
+        [
+            {
+                "id": "a",
+                "namespace": "u",
+                "text": "uses vim",
+                "vector": [1.0, 0.0],
+                "importance": 0.6,
+                "created_at": 100.0,
+                "last_used": 100.0,
+            },
+            {
+                "id": "b",
+                "namespace": "u",
+                "text": "prefers vim keybindings",
+                "vector": [0.99, 0.1],
+                "importance": 0.8,
+                "created_at": 90.0,
+                "last_used": 90.0,
+            },
+            {
+                "id": "c",
+                "namespace": "u",
+                "text": "lunch was soup",
+                "vector": [0.0, 1.0],
+                "importance": 0.1,
+                "created_at": 0.0,
+                "last_used": 0.0,
+            },
+        ]
+    )
 
 
 def test_seed_example(device):
-    cfg = PassConfig(threshold=0.95, tau_hours=72, floor=0.05, cap=10, now="200",
-                     tombstone_retention_hours=None)
+    cfg = PassConfig(
+        threshold=0.95, tau_hours=72, floor=0.05, cap=10, now="200", tombstone_retention_hours=None
+    )
     from consolidate.config import SimilarityConfig
 
-    res = run_pass(seed_records(), cfg=cfg, sim_cfg=SimilarityConfig(device=device),
-                   version=2, wall_h=300.0)
+    res = run_pass(
+        seed_records(), cfg=cfg, sim_cfg=SimilarityConfig(device=device), version=2, wall_h=300.0
+    )
     st = res.stats
     assert st["merges"] == 1 and st["exact_merges"] == 0
     assert st["dropped_floor"] == 1 and st["dropped_cap"] == 0

@@ -16,15 +16,22 @@ def data(n, d, ns, seed):
     return v, seg
 
 
-@pytest.mark.parametrize("n,d,ns", [(1, 8, 1), (2, 8, 1), (97, 16, 1), (301, 24, 3),
-                                    (513, 32, 7), (1000, 48, 40)])
+@pytest.mark.parametrize(
+    "n,d,ns", [(1, 8, 1), (2, 8, 1), (97, 16, 1), (301, 24, 3), (513, 32, 7), (1000, 48, 40)]
+)
 @pytest.mark.parametrize("tiles", [(None, None), (64, 64), (100, 77), (4096, 4096)])
 def test_pairs_equal_float64_reference(n, d, ns, tiles, device):
     v, seg = data(n, d, ns, seed=n + d)
     for t in (0.8, 0.95):
         ref = reference(v, seg, t)
-        got = threshold_pairs(torch.from_numpy(v), t, segments=torch.from_numpy(seg),
-                              device=device, tile_rows=tiles[0], tile_cols=tiles[1])
+        got = threshold_pairs(
+            torch.from_numpy(v),
+            t,
+            segments=torch.from_numpy(seg),
+            device=device,
+            tile_rows=tiles[0],
+            tile_cols=tiles[1],
+        )
         assert set(zip(got.i.tolist(), got.j.tolist(), strict=True)) == ref
         assert (got.i < got.j).all()
         if len(got):
@@ -41,8 +48,9 @@ def test_pairs_equal_float64_reference(n, d, ns, tiles, device):
 def test_reduced_precision_tiles_give_the_fp32_pair_set(dtype, tiles):
     v, seg = data(400, 64, 2, seed=3)
     ref = reference(v, seg, 0.9)
-    got = threshold_pairs(v, 0.9, segments=seg, device="cpu", dtype=dtype, tile_rows=tiles[0],
-                          tile_cols=tiles[1])
+    got = threshold_pairs(
+        v, 0.9, segments=seg, device="cpu", dtype=dtype, tile_rows=tiles[0], tile_cols=tiles[1]
+    )
     assert set(zip(got.i.tolist(), got.j.tolist(), strict=True)) == ref
 
 
@@ -77,10 +85,11 @@ def test_unsorted_segments_and_row_order_do_not_change_pairs():
     v, seg = data(300, 16, 5, seed=11)
     perm = np.random.default_rng(0).permutation(300)
     a = threshold_pairs(v, 0.85, segments=seg, device="cpu", tile_rows=64, tile_cols=64)
-    b = threshold_pairs(v[perm], 0.85, segments=seg[perm], device="cpu", tile_rows=50,
-                        tile_cols=70)
-    mapped = {(min(perm[i], perm[j]), max(perm[i], perm[j])): s
-              for i, j, s in zip(b.i, b.j, b.sim, strict=True)}
+    b = threshold_pairs(v[perm], 0.85, segments=seg[perm], device="cpu", tile_rows=50, tile_cols=70)
+    mapped = {
+        (min(perm[i], perm[j]), max(perm[i], perm[j])): s
+        for i, j, s in zip(b.i, b.j, b.sim, strict=True)
+    }
     assert mapped == {(i, j): s for i, j, s in zip(a.i, a.j, a.sim, strict=True)}
 
 
@@ -108,14 +117,16 @@ def test_auto_tile_respects_budget():
     assert auto_tile(10**6, torch.device("cpu"), budget_bytes=8 << 20) == (1024, 512)
     assert auto_tile(10, torch.device("cpu"), budget_bytes=1 << 30) == (64, 64)
     # the top-k's tiles: 4096 rows, columns from the budget (2 GiB / (16 B x 4096))
-    assert auto_tile(10**6, torch.device("cpu"), budget_bytes=2 << 30,
-                     cache_sized=False) == (4096, 32768)
+    assert auto_tile(10**6, torch.device("cpu"), budget_bytes=2 << 30, cache_sized=False) == (
+        4096,
+        32768,
+    )
 
 
-
-
-@pytest.mark.parametrize("nq,n,segs,k", [(1, 1, 1, 1), (37, 211, 1, 10), (50, 300, 4, 7),
-                                         (64, 90, 9, 20), (33, 5, 2, 10)])
+@pytest.mark.parametrize(
+    "nq,n,segs,k",
+    [(1, 1, 1, 1), (37, 211, 1, 10), (50, 300, 4, 7), (64, 90, 9, 20), (33, 5, 2, 10)],
+)
 @pytest.mark.parametrize("tiles", [(8, 16), (4096, None), (13, 29)])
 def test_topk_equals_float64_reference(nq, n, segs, k, tiles, device):
     from consolidate.similarity import topk_neighbours
@@ -126,8 +137,16 @@ def test_topk_equals_float64_reference(nq, n, segs, k, tiles, device):
     q = keys[g.integers(0, n, nq)] + 0.3 * g.normal(size=(nq, 24)).astype(np.float32)
     q /= np.linalg.norm(q, axis=1, keepdims=True)
     qseg, kseg = g.integers(0, segs, nq), g.integers(0, segs, n)
-    got = topk_neighbours(q, keys, k, query_segments=qseg, key_segments=kseg, device=device,
-                          tile_rows=tiles[0], tile_cols=tiles[1])
+    got = topk_neighbours(
+        q,
+        keys,
+        k,
+        query_segments=qseg,
+        key_segments=kseg,
+        device=device,
+        tile_rows=tiles[0],
+        tile_cols=tiles[1],
+    )
     ref = topk_reference(q, keys, qseg, kseg, k)
     assert got.indices.shape == (nq, k)
     assert got.indices.tolist() == ref
@@ -150,8 +169,9 @@ def test_topk_bad_arguments():
 def test_topk_with_no_keys():
     from consolidate.similarity import topk_neighbours
 
-    got = topk_neighbours(np.eye(3, dtype=np.float32), np.zeros((0, 3), np.float32), 4,
-                          device="cpu")
+    got = topk_neighbours(
+        np.eye(3, dtype=np.float32), np.zeros((0, 3), np.float32), 4, device="cpu"
+    )
     assert got.indices.shape == (3, 4) and (got.indices == -1).all()
 
 
@@ -168,10 +188,12 @@ def test_engine_torch_and_auto_agree_on_cpu(monkeypatch):
         np.testing.assert_array_equal(a.i, x.i)
         np.testing.assert_array_equal(a.j, x.j)
         np.testing.assert_array_equal(a.sim, x.sim)
-    ta = topk_neighbours(v[:40], v, 5, query_segments=seg[:40], key_segments=seg,
-                         device="cpu", engine="torch")
-    tb = topk_neighbours(v[:40], v, 5, query_segments=seg[:40], key_segments=seg,
-                         device="cpu", engine="auto")
+    ta = topk_neighbours(
+        v[:40], v, 5, query_segments=seg[:40], key_segments=seg, device="cpu", engine="torch"
+    )
+    tb = topk_neighbours(
+        v[:40], v, 5, query_segments=seg[:40], key_segments=seg, device="cpu", engine="auto"
+    )
     np.testing.assert_array_equal(ta.indices, tb.indices)
     np.testing.assert_array_equal(ta.scores, tb.scores)
 
@@ -217,25 +239,36 @@ def test_engine_faiss_dispatches_lazily(monkeypatch):
     fake.ENGINE = Engine(
         "faiss",
         threshold_candidates=lambda *a, **kw: calls.append(("pairs", a, kw)) or (empty, empty),
-        topk=lambda qv, kv, qs, lo, hi, kk, **kw: calls.append(("topk", (qv, kv), kw)) or (
-            torch.full((qv.shape[0], kk), float("-inf")),
-            torch.full((qv.shape[0], kk), -1, dtype=torch.int64)),
-        place=lambda device, dev: calls.append(("place", device)) or dev)
+        topk=lambda qv, kv, qs, lo, hi, kk, **kw: (
+            calls.append(("topk", (qv, kv), kw))
+            or (
+                torch.full((qv.shape[0], kk), float("-inf")),
+                torch.full((qv.shape[0], kk), -1, dtype=torch.int64),
+            )
+        ),
+        place=lambda device, dev: calls.append(("place", device)) or dev,
+    )
     module = REGISTRY["faiss"].partition(":")[0]
     monkeypatch.setitem(sys.modules, module, fake)
     e = np.eye(3, dtype=np.float32)
     seg = np.zeros(3, np.int64)
-    got = threshold_pairs(e, 0.9, segments=seg, device="cpu", dtype="fp16", tile_rows=64,
-                          engine="faiss")
-    top = topk_neighbours(e, e, 1, query_segments=seg, key_segments=seg, device="cpu",
-                          engine="faiss")
+    got = threshold_pairs(
+        e, 0.9, segments=seg, device="cpu", dtype="fp16", tile_rows=64, engine="faiss"
+    )
+    top = topk_neighbours(
+        e, e, 1, query_segments=seg, key_segments=seg, device="cpu", engine="faiss"
+    )
     assert len(got) == 0 and (top.indices == -1).all()
     assert [c[0] for c in calls] == ["place", "pairs", "place", "topk"]
     assert calls[0][1] == "cpu"
     v32, counts, threshold = calls[1][1]
     assert v32.dtype == torch.float32 and counts.tolist() == [3] and threshold == 0.9
-    assert calls[1][2] == {"dtype": "fp16", "tile_rows": 64, "tile_cols": None,
-                           "budget_bytes": None}
+    assert calls[1][2] == {
+        "dtype": "fp16",
+        "tile_rows": 64,
+        "tile_cols": None,
+        "budget_bytes": None,
+    }
     assert set(calls[3][2]) == {"dtype", "tile_rows", "tile_cols", "budget_bytes"}
 
 
@@ -278,8 +311,17 @@ def test_topk_mixed_namespaces_equal_float64_reference(k, tiles, device):
             q[qpos[0]] = keys[kpos[0]]
             ties += 1
     assert ties == 7
-    got = topk_neighbours(q, keys, k, query_segments=qseg, key_segments=kseg, device=device,
-                          engine="torch", tile_rows=tiles[0], tile_cols=tiles[1])
+    got = topk_neighbours(
+        q,
+        keys,
+        k,
+        query_segments=qseg,
+        key_segments=kseg,
+        device=device,
+        engine="torch",
+        tile_rows=tiles[0],
+        tile_cols=tiles[1],
+    )
     assert got.indices.tolist() == topk_reference(q, keys, qseg, kseg, k)
     for s in range(len(nkeys)):  # the tied triple comes first, lower positions first
         kpos, qpos = np.nonzero(kseg == s)[0], np.nonzero(qseg == s)[0]
@@ -293,8 +335,7 @@ def test_topk_mixed_namespaces_equal_float64_reference(k, tiles, device):
 def test_topk_segment_lengths_are_checked():
     e = np.eye(3, dtype=np.float32)
     with pytest.raises(ValueError, match="query_segments"):
-        topk_neighbours(e, e, 1, query_segments=np.zeros(2), key_segments=np.zeros(3),
-                        device="cpu")
+        topk_neighbours(e, e, 1, query_segments=np.zeros(2), key_segments=np.zeros(3), device="cpu")
 
 
 @pytest.mark.parametrize("engine", ["torch", "faiss"])
@@ -330,8 +371,11 @@ def test_a_namespace_whose_block_exceeds_the_budget_is_tiled(monkeypatch):
 
     seen = []
     real = sim._small_block_candidates
-    monkeypatch.setattr(sim, "_small_block_candidates",
-                        lambda vt, st, sz, *a: seen.append(sz.tolist()) or real(vt, st, sz, *a))
+    monkeypatch.setattr(
+        sim,
+        "_small_block_candidates",
+        lambda vt, st, sz, *a: seen.append(sz.tolist()) or real(vt, st, sz, *a),
+    )
     v, seg = data(300, 16, 1, seed=7)
     seg = np.where(np.arange(300) < 40, 1, 0)  # namespaces of 260 and 40 rows
     ref = reference(v, seg, 0.8)
@@ -347,8 +391,9 @@ def test_explicit_tile_rows_keep_the_memory_budget(monkeypatch):
 
     shapes = []
     real = sim._tile_topk
-    monkeypatch.setattr(sim, "_tile_topk", lambda s, kt: shapes.append(tuple(s.shape)) or
-                        real(s, kt))
+    monkeypatch.setattr(
+        sim, "_tile_topk", lambda s, kt: shapes.append(tuple(s.shape)) or real(s, kt)
+    )
     g = np.random.default_rng(2)
     v = g.normal(size=(9000, 4)).astype(np.float32)
     v /= np.linalg.norm(v, axis=1, keepdims=True)
@@ -373,14 +418,19 @@ def test_bad_arguments_are_value_errors_before_any_work():
     with pytest.raises(ValueError, match="integer namespace codes"):
         threshold_pairs(e, 0.9, segments=np.array([0.2, 0.7, 0.2]), device="cpu")
     with pytest.raises(ValueError, match="integer namespace codes"):
-        topk_neighbours(e, e, 1, query_segments=np.zeros(3), key_segments=np.zeros(3),
-                        device="cpu")
+        topk_neighbours(e, e, 1, query_segments=np.zeros(3), key_segments=np.zeros(3), device="cpu")
     # wrong lengths are caught even where there is nothing to compute
     with pytest.raises(ValueError, match="segments"):
         threshold_pairs(e[:1], 0.9, segments=np.zeros(5, np.int64), device="cpu")
     with pytest.raises(ValueError, match="key_segments"):
-        topk_neighbours(e, e[:0], 1, query_segments=np.zeros(3, np.int64),
-                        key_segments=np.zeros(7, np.int64), device="cpu")
+        topk_neighbours(
+            e,
+            e[:0],
+            1,
+            query_segments=np.zeros(3, np.int64),
+            key_segments=np.zeros(7, np.int64),
+            device="cpu",
+        )
 
 
 def test_tensors_that_require_grad_are_accepted():
@@ -397,12 +447,16 @@ def test_vectors_that_are_not_unit_are_refused_by_row():
     v /= np.linalg.norm(v, axis=1, keepdims=True)
     v[1] *= 3.0
     v[4] *= 0.99  # 1e-2 off: never normalised, not rounding
-    with pytest.raises(ValueError, match=r"vectors: 2 row\(s\) are not unit vectors .* "
-                                         r"rows \[1, 4\] with norms \[3\.0, 0\.99\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"vectors: 2 row\(s\) are not unit vectors .* "
+        r"rows \[1, 4\] with norms \[3\.0, 0\.99\]",
+    ):
         threshold_pairs(torch.from_numpy(v).float(), 0.5, device="cpu")
     with pytest.raises(ValueError, match=r"keys: 2 row\(s\) are not unit vectors"):
-        topk_neighbours(torch.from_numpy(v[:1]).float(), torch.from_numpy(v).float(), 2,
-                        device="cpu")
+        topk_neighbours(
+            torch.from_numpy(v[:1]).float(), torch.from_numpy(v).float(), 2, device="cpu"
+        )
     # the rounding of vectors stored as bf16 is accepted (and the pairs stay exact)
     from consolidate.store.vectors import stored_vectors
 

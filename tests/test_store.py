@@ -24,14 +24,45 @@ from tests.helpers import REPO, make_records
 
 def base_rows():
     return [
-        {"id": "a", "namespace": "u", "text": "uses vim", "vector": [1.0, 0.0, 0.0],
-         "importance": 0.6, "created_at": 100.0, "last_used": 100.0, "source_ids": ["D1:1"]},
-        {"id": "b", "namespace": "u", "text": "Uses  VIM.", "vector": [1.0, 0.01, 0.0],
-         "importance": 0.4, "created_at": 110.0, "last_used": 110.0, "source_ids": ["D1:2"]},
-        {"id": "c", "namespace": "u", "text": "lunch was soup", "vector": [0.0, 1.0, 0.0],
-         "importance": 0.9, "created_at": 120.0, "last_used": 120.0},
-        {"id": "d", "namespace": "v", "text": "uses vim", "vector": [1.0, 0.0, 0.0],
-         "importance": 0.5, "created_at": 120.0, "last_used": 120.0, "pinned": True},
+        {
+            "id": "a",
+            "namespace": "u",
+            "text": "uses vim",
+            "vector": [1.0, 0.0, 0.0],
+            "importance": 0.6,
+            "created_at": 100.0,
+            "last_used": 100.0,
+            "source_ids": ["D1:1"],
+        },
+        {
+            "id": "b",
+            "namespace": "u",
+            "text": "Uses  VIM.",
+            "vector": [1.0, 0.01, 0.0],
+            "importance": 0.4,
+            "created_at": 110.0,
+            "last_used": 110.0,
+            "source_ids": ["D1:2"],
+        },
+        {
+            "id": "c",
+            "namespace": "u",
+            "text": "lunch was soup",
+            "vector": [0.0, 1.0, 0.0],
+            "importance": 0.9,
+            "created_at": 120.0,
+            "last_used": 120.0,
+        },
+        {
+            "id": "d",
+            "namespace": "v",
+            "text": "uses vim",
+            "vector": [1.0, 0.0, 0.0],
+            "importance": 0.5,
+            "created_at": 120.0,
+            "last_used": 120.0,
+            "pinned": True,
+        },
     ]
 
 
@@ -93,7 +124,9 @@ def test_pass_commit_swaps_pointer_and_keeps_history(store):
     commit_pass(store, force=True)
     assert store.snapshots() == [3, 4]
     assert sorted(p.name for p in (store.root / "changelogs").iterdir()) == [
-        "changelog-000003.jsonl", "changelog-000004.jsonl"]
+        "changelog-000003.jsonl",
+        "changelog-000004.jsonl",
+    ]
 
 
 def test_dry_run_writes_only_the_changelog(store):
@@ -111,8 +144,18 @@ def test_trigger_counts_only_unseen_memories(store):
     assert fire and imp == pytest.approx(0.6 + 0.4 + 0.9 + 0.5)
     commit_pass(store)
     assert trigger(store.load().records, 0.1) == (False, 0.0)
-    store.append([{"id": "e", "namespace": "u", "text": "new fact", "vector": [0, 0, 1.0],
-                   "importance": 0.7, "last_used": 150.0}])
+    store.append(
+        [
+            {
+                "id": "e",
+                "namespace": "u",
+                "text": "new fact",
+                "vector": [0, 0, 1.0],
+                "importance": 0.7,
+                "last_used": 150.0,
+            }
+        ]
+    )
     fire, imp = trigger(store.load().records, 0.5)
     assert fire and imp == pytest.approx(0.7)
 
@@ -130,17 +173,39 @@ def test_mark_used_with_strength_cap(store):
 def test_writes_during_a_pass_are_carried(store):
     """Deterministic interleaving: a writer appends and recalls between the pass's read and
     its commit; every write is in the new snapshot."""
-    store.append([{"id": "early", "namespace": "u", "text": "early fact",
-                   "vector": [0, 0, 1.0], "importance": 0.3, "last_used": 130.0}])
+    store.append(
+        [
+            {
+                "id": "early",
+                "namespace": "u",
+                "text": "early fact",
+                "vector": [0, 0, 1.0],
+                "importance": 0.3,
+                "last_used": 130.0,
+            }
+        ]
+    )
     with store.lock():
         snap = store.load()
         assert "early" in set(snap.records.meta["id"])
-        res = run_pass(snap.records, cfg=PassConfig(threshold=0.95, now="200", floor=0),
-                       version=2, wall_h=300.0)
+        res = run_pass(
+            snap.records,
+            cfg=PassConfig(threshold=0.95, now="200", floor=0),
+            version=2,
+            wall_h=300.0,
+        )
         # --- a writer runs while the pass works (no lock needed for writers)
-        late = [{"id": f"late{k}", "namespace": "u", "text": f"late fact {'xyz'[k]}",
-                 "vector": [0.1 * k, 1.0, 1.0], "importance": 0.5, "last_used": 140.0}
-                for k in range(3)]
+        late = [
+            {
+                "id": f"late{k}",
+                "namespace": "u",
+                "text": f"late fact {'xyz'[k]}",
+                "vector": [0.1 * k, 1.0, 1.0],
+                "importance": 0.5,
+                "last_used": 140.0,
+            }
+            for k in range(3)
+        ]
         store.append(late)
         store.mark_used(["a"], now=250.0)  # a is being merged by this pass
         # ---
@@ -167,9 +232,11 @@ def test_compare_and_swap(store):
 def test_lock_is_exclusive_and_released_by_a_crash(store):
     with store.lock(), pytest.raises(LockTimeoutError, match="locked"), store.lock(timeout_s=0.3):
         pass
-    code = (f"import os, signal; from consolidate.store import Store\n"
-            f"s = Store({str(store.root)!r})\n"
-            f"with s.lock():\n    print('held', flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    code = (
+        f"import os, signal; from consolidate.store import Store\n"
+        f"s = Store({str(store.root)!r})\n"
+        f"with s.lock():\n    print('held', flush=True); os.kill(os.getpid(), signal.SIGKILL)"
+    )
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert p.returncode == -9 and "held" in p.stdout
     t = time.monotonic()
@@ -203,18 +270,36 @@ def test_an_undo_sticks_across_later_passes(store):
     m = store.load().records.meta.set_index("id")
     assert m.loc["a", "keep_apart"] == ["b"] and m.loc["b", "keep_apart"] == ["a"]
     _, res, _ = commit_pass(store, force=True)
-    assert not [e for e in res.events if e["op"] in ("merge", "exact_merge")
-                and {"a", "b"} <= set(e["members"])]
+    assert not [
+        e
+        for e in res.events
+        if e["op"] in ("merge", "exact_merge") and {"a", "b"} <= set(e["members"])
+    ]
     live = store.load().records
     assert {"a", "b"} <= set(live.meta["id"][live.live_mask()])
 
 
 def test_patch_deletes_updates_and_closes_validity(store):
-    store.append([{"id": "c2", "namespace": "u", "text": "lunch was pasta",
-                   "vector": [0.0, 0.9, 0.1], "importance": 0.5, "last_used": 130.0}])
-    store.patch([{"id": "c", "op": "delete", "into": "c2"},
-                 {"id": "a", "op": "close", "valid_to": 150.0},
-                 {"id": "b", "op": "delete"}], now=160.0)
+    store.append(
+        [
+            {
+                "id": "c2",
+                "namespace": "u",
+                "text": "lunch was pasta",
+                "vector": [0.0, 0.9, 0.1],
+                "importance": 0.5,
+                "last_used": 130.0,
+            }
+        ]
+    )
+    store.patch(
+        [
+            {"id": "c", "op": "delete", "into": "c2"},
+            {"id": "a", "op": "close", "valid_to": 150.0},
+            {"id": "b", "op": "delete"},
+        ],
+        now=160.0,
+    )
     m = store.load().records.meta.set_index("id")
     assert (m.loc["c", "deleted_reason"], m.loc["c", "merged_into"]) == ("updated", "c2")
     assert m.loc["b", "deleted_reason"] == "deleted" and m.loc["b", "deleted_at"] == 160.0
@@ -226,15 +311,18 @@ def test_patch_deletes_updates_and_closes_validity(store):
     # a pass folds the patch into the snapshot; the tombstones stay restorable
     commit_pass(store, force=True)
     m = store.load().records.meta.set_index("id")
-    assert m.loc["b", "deleted_reason"] == "deleted" and not any(
-        (store.root / "deltas").iterdir())
+    assert m.loc["b", "deleted_reason"] == "deleted" and not any((store.root / "deltas").iterdir())
 
 
 def test_patch_written_during_a_pass_is_carried(store):
     with store.lock():
         snap = store.load()
-        res = run_pass(snap.records, cfg=PassConfig(threshold=0.95, now="200", floor=0),
-                       version=2, wall_h=300.0)
+        res = run_pass(
+            snap.records,
+            cfg=PassConfig(threshold=0.95, now="200", floor=0),
+            version=2,
+            wall_h=300.0,
+        )
         store.patch([{"id": "c", "op": "close", "valid_to": 250.0}])
         info = store.commit(res.records, res.events, base=snap)
     assert info["carried_touches"] == 1
@@ -243,18 +331,23 @@ def test_patch_written_during_a_pass_is_carried(store):
 
 def test_patch_of_a_record_merged_meanwhile_follows_merged_into(tmp_path):
     s = Store(tmp_path / "s")
-    s.create(make_records([
-        {"id": "A", "namespace": "u", "text": "Gina lives in Porto", "vector": [1.0, 0.0]},
-        {"id": "B", "namespace": "u", "text": "gina lives in porto.", "vector": [1.0, 0.0]},
-        {"id": "C", "namespace": "u", "text": "Gina likes tea", "vector": [0.0, 1.0]},
-        {"id": "D", "namespace": "u", "text": "Gina likes tea!", "vector": [0.0, 1.0]}]))
+    s.create(
+        make_records(
+            [
+                {"id": "A", "namespace": "u", "text": "Gina lives in Porto", "vector": [1.0, 0.0]},
+                {"id": "B", "namespace": "u", "text": "gina lives in porto.", "vector": [1.0, 0.0]},
+                {"id": "C", "namespace": "u", "text": "Gina likes tea", "vector": [0.0, 1.0]},
+                {"id": "D", "namespace": "u", "text": "Gina likes tea!", "vector": [0.0, 1.0]},
+            ]
+        )
+    )
     with s.lock():
         snap = s.load()
-        res = run_pass(snap.records, cfg=PassConfig(now="0", decay=False), version=2,
-                       wall_h=20.0)
+        res = run_pass(snap.records, cfg=PassConfig(now="0", decay=False), version=2, wall_h=20.0)
         # the write path closes A and deletes C while the pass runs
-        s.patch([{"id": "A", "op": "close", "valid_to": 18.0}, {"id": "C", "op": "delete"}],
-                now=19.0)
+        s.patch(
+            [{"id": "A", "op": "close", "valid_to": 18.0}, {"id": "C", "op": "delete"}], now=19.0
+        )
         s.commit(res.records, res.events, base=snap)
     m = s.load().records.meta.set_index("id")
     porto, tea = m.loc["A", "merged_into"], m.loc["C", "merged_into"]
@@ -263,10 +356,20 @@ def test_patch_of_a_record_merged_meanwhile_follows_merged_into(tmp_path):
 
 
 def test_create_stores_unit_vectors_like_append(tmp_path):
-    rows = [{"id": f"n{k}", "namespace": "u", "text": f"fact {w}", "vector": v,
-             "importance": 0.5, "created_at": 1.0, "last_used": 1.0}
-            for k, (w, v) in enumerate([("a", [3.0, 0.0, 0.0]), ("b", [0.0, 0.99, 0.0]),
-                                        ("c", [0.0, 0.0, 0.1])])]
+    rows = [
+        {
+            "id": f"n{k}",
+            "namespace": "u",
+            "text": f"fact {w}",
+            "vector": v,
+            "importance": 0.5,
+            "created_at": 1.0,
+            "last_used": 1.0,
+        }
+        for k, (w, v) in enumerate(
+            [("a", [3.0, 0.0, 0.0]), ("b", [0.0, 0.99, 0.0]), ("c", [0.0, 0.0, 0.1])]
+        )
+    ]
     from consolidate.store.schema import records_from_rows
 
     s = Store(tmp_path / "s")
@@ -283,9 +386,20 @@ def test_append_leaves_the_callers_records_as_they_were(tmp_path, fmt):
 
     s = open_store_dir(tmp_path / "s", format=fmt)
     s.create(make_records(base_rows()))
-    new = records_from_rows([{"id": "n1", "namespace": "u", "text": "fact", "importance": 0.5,
-                              "vector": [0.0, 3.0, 4.0], "created_at": 1.0, "last_used": 1.0,
-                              "last_pass": 2.0}])
+    new = records_from_rows(
+        [
+            {
+                "id": "n1",
+                "namespace": "u",
+                "text": "fact",
+                "importance": 0.5,
+                "vector": [0.0, 3.0, 4.0],
+                "created_at": 1.0,
+                "last_used": 1.0,
+                "last_pass": 2.0,
+            }
+        ]
+    )
     s.append(new)
     # the same records appended to a second store give the same stored row
     np.testing.assert_array_equal(new.vectors, [[0.0, 3.0, 4.0]])
@@ -298,8 +412,17 @@ def test_create_leaves_the_callers_records_as_they_were(tmp_path, fmt):
     from consolidate.store import open_store_dir
     from consolidate.store.schema import records_from_rows
 
-    rows = [{"id": "a", "namespace": "u", "text": "fact", "importance": 0.5,
-             "vector": [0.0, 3.0, 4.0], "created_at": 1.0, "last_used": 1.0}]
+    rows = [
+        {
+            "id": "a",
+            "namespace": "u",
+            "text": "fact",
+            "importance": 0.5,
+            "vector": [0.0, 3.0, 4.0],
+            "created_at": 1.0,
+            "last_used": 1.0,
+        }
+    ]
     recs = records_from_rows(rows)
     before = recs.meta.copy()
     open_store_dir(tmp_path / "s", format=fmt).create(recs)
@@ -308,8 +431,7 @@ def test_create_leaves_the_callers_records_as_they_were(tmp_path, fmt):
     pd.testing.assert_frame_equal(recs.meta, before)
     b = open_store_dir(tmp_path / "b", format=fmt)
     b.create(recs)
-    np.testing.assert_array_equal(b.load().records.vectors,
-                                  np.array([[0.0, 0.6, 0.8]], np.float32))
+    np.testing.assert_array_equal(b.load().records.vectors, np.array([[0.0, 0.6, 0.8]], np.float32))
 
 
 def test_mark_used_caps_strength_like_the_pass_by_default(tmp_path):
@@ -318,8 +440,9 @@ def test_mark_used_caps_strength_like_the_pass_by_default(tmp_path):
 
     assert PassConfig().strength_cap == DEFAULT_STRENGTH_CAP == 20.0
     s = Store(tmp_path / "s")
-    s.create(make_records([{**base_rows()[0], "strength": 19.5},
-                           {**base_rows()[2], "strength": 3.0}]))
+    s.create(
+        make_records([{**base_rows()[0], "strength": 19.5}, {**base_rows()[2], "strength": 3.0}])
+    )
     s.mark_used(["a", "c"], now=200.0)
     s.mark_used(["a"], now=201.0)
     m = s.load().records.meta.set_index("id")

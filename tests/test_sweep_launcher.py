@@ -28,11 +28,25 @@ def test_threshold_sweep_on_the_submitit_local_launcher(tmp_path):
     # both jobs start at once: the second waits for the first's lock (a dry run still
     # takes it), then reads the same, unchanged version
     p = subprocess.run(
-        [str(Path(sys.executable).parent / "consolidate"), "-m",
-         "hydra/launcher=submitit_local", f"store.dir={store.root}", "store.init_from=null",
-         "pass.force=true", "pass.dry_run=true", "store.lock_timeout_s=300",
-         "similarity.device=cpu", "pass.threshold=0.95,0.9", f"hydra.sweep.dir={out}"],
-        cwd=REPO, env={**os.environ}, capture_output=True, text=True, timeout=600)
+        [
+            str(Path(sys.executable).parent / "consolidate"),
+            "-m",
+            "hydra/launcher=submitit_local",
+            f"store.dir={store.root}",
+            "store.init_from=null",
+            "pass.force=true",
+            "pass.dry_run=true",
+            "store.lock_timeout_s=300",
+            "similarity.device=cpu",
+            "pass.threshold=0.95,0.9",
+            f"hydra.sweep.dir={out}",
+        ],
+        cwd=REPO,
+        env={**os.environ},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert (out / ".submitit").is_dir()  # the jobs ran through submitit
     t = pd.read_parquet(out / "runs.parquet")
@@ -44,9 +58,16 @@ def test_threshold_sweep_on_the_submitit_local_launcher(tmp_path):
 
     for thr in (0.9, 0.95):
         row = run(thr)
-        res = run_pass(snap.records, cfg=PassConfig(force=True, threshold=thr),
-                       sim_cfg=SimilarityConfig(device="cpu"), version=snap.version + 1)
+        res = run_pass(
+            snap.records,
+            cfg=PassConfig(force=True, threshold=thr),
+            sim_cfg=SimilarityConfig(device="cpu"),
+            version=snap.version + 1,
+        )
         assert (row["pairs"], row["merges"], row["records_out"]) == (
-            res.stats.pairs, res.stats.merges, res.stats.records_out)
+            res.stats.pairs,
+            res.stats.merges,
+            res.stats.records_out,
+        )
     assert run(0.9)["pairs"] > run(0.95)["pairs"]
     assert store.head().version == snap.version  # dry runs wrote no version

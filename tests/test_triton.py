@@ -40,10 +40,6 @@ def check(fn):
 # ------------------------------------------------------------------ references and data
 
 
-
-
-
-
 def unit(x: np.ndarray) -> np.ndarray:
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
@@ -90,19 +86,34 @@ def assert_same_pairs(a, b) -> None:
 def check_threshold_random_stores(device: str) -> None:
     from consolidate.similarity import threshold_pairs
 
-    for n, d, ns, tiles in [(1, 8, 1, (16, 16)), (2, 8, 1, (16, 16)), (37, 16, 1, (16, 32)),
-                            (37, 20, 3, (32, 16)), (300, 24, 3, (64, 64)),
-                            (300, 12, 5, (128, 32))]:
+    for n, d, ns, tiles in [
+        (1, 8, 1, (16, 16)),
+        (2, 8, 1, (16, 16)),
+        (37, 16, 1, (16, 32)),
+        (37, 20, 3, (32, 16)),
+        (300, 24, 3, (64, 64)),
+        (300, 12, 5, (128, 32)),
+    ]:
         v, seg = store(n, d, ns, seed=n * d + ns)
         for t in near_thresholds(v, seg) + [0.0, 0.3]:
-            got = threshold_pairs(v, t, segments=seg, device=device, engine="triton",
-                                  tile_rows=tiles[0], tile_cols=tiles[1])
+            got = threshold_pairs(
+                v,
+                t,
+                segments=seg,
+                device=device,
+                engine="triton",
+                tile_rows=tiles[0],
+                tile_cols=tiles[1],
+            )
             assert pair_set(got) == ref_pairs(v, seg, t), (n, d, ns, tiles, t)
             assert (got.i < got.j).all() and (got.sim >= t).all()
             # identical to the torch path (same re-scoring and sorting)
-            assert_same_pairs(got, threshold_pairs(v, t, segments=seg, device=device,
-                                                   engine="torch", tile_rows=50,
-                                                   tile_cols=70))
+            assert_same_pairs(
+                got,
+                threshold_pairs(
+                    v, t, segments=seg, device=device, engine="torch", tile_rows=50, tile_cols=70
+                ),
+            )
 
 
 @check
@@ -115,8 +126,15 @@ def check_threshold_planted_duplicates(device: str) -> None:
         ref = ref_pairs(v, seg, t)
         assert ref, t
         for tiles in [(16, 16), (32, 64), (64, 64), (128, 128)]:
-            got = threshold_pairs(v, t, segments=seg, device=device, engine="triton",
-                                  tile_rows=tiles[0], tile_cols=tiles[1])
+            got = threshold_pairs(
+                v,
+                t,
+                segments=seg,
+                device=device,
+                engine="triton",
+                tile_rows=tiles[0],
+                tile_cols=tiles[1],
+            )
             assert pair_set(got) == ref, (t, tiles)
             st = triton_join.LAST_JOIN_STATS
             assert st.launches == 1 and st.passes == 1
@@ -130,10 +148,21 @@ def check_threshold_tile_rounding(device: str) -> None:
     from consolidate.similarity import threshold_pairs
 
     v, seg = store(90, 16, 2, seed=5, dups=0.3)
-    for tiles, blocks in [((100, 77), (64, 64)), ((4096, 4096), (128, 128)),
-                          ((3, 20), (16, 16)), ((None, None), (64, 64))]:
-        got = threshold_pairs(v, 0.85, segments=seg, device=device, engine="triton",
-                              tile_rows=tiles[0], tile_cols=tiles[1])
+    for tiles, blocks in [
+        ((100, 77), (64, 64)),
+        ((4096, 4096), (128, 128)),
+        ((3, 20), (16, 16)),
+        ((None, None), (64, 64)),
+    ]:
+        got = threshold_pairs(
+            v,
+            0.85,
+            segments=seg,
+            device=device,
+            engine="triton",
+            tile_rows=tiles[0],
+            tile_cols=tiles[1],
+        )
         assert pair_set(got) == ref_pairs(v, seg, 0.85)
         st = triton_join.LAST_JOIN_STATS
         assert (st.block_m, st.block_n) == blocks, (tiles, st)
@@ -146,8 +175,16 @@ def check_threshold_dtypes(device: str) -> None:
     v, seg = store(200, 64, 2, seed=3, dups=0.4)
     for dtype in ("fp32", "tf32", "bf16", "fp16"):
         for t in (0.9, *near_thresholds(v, seg)[:3]):
-            got = threshold_pairs(v, t, segments=seg, device=device, dtype=dtype,
-                                  engine="triton", tile_rows=32, tile_cols=64)
+            got = threshold_pairs(
+                v,
+                t,
+                segments=seg,
+                device=device,
+                dtype=dtype,
+                engine="triton",
+                tile_rows=32,
+                tile_cols=64,
+            )
             assert pair_set(got) == ref_pairs(v, seg, t), (dtype, t)
 
 
@@ -162,8 +199,9 @@ def check_many_tiny_namespaces_one_launch(device: str) -> None:
     perm = g.permutation(seg.size)
     seg = seg[perm]
     v, _ = store(seg.size, 16, 1, seed=2, dups=0.5)
-    got = threshold_pairs(v, 0.7, segments=seg, device=device, engine="triton",
-                          tile_rows=32, tile_cols=32)
+    got = threshold_pairs(
+        v, 0.7, segments=seg, device=device, engine="triton", tile_rows=32, tile_cols=32
+    )
     assert pair_set(got) == ref_pairs(v, seg, 0.7)
     st = triton_join.LAST_JOIN_STATS
     assert st.launches == 1 and st.passes == 1, st
@@ -187,8 +225,12 @@ def check_tile_list_covers_every_pair(device: str) -> None:
     from consolidate.kernels import triton_join
 
     g = np.random.default_rng(4)
-    for sizes, bm, bn in [([1, 1, 1], 16, 16), ([5, 1, 40, 2, 90, 1], 16, 32),
-                          ([200], 64, 16), (g.integers(1, 30, 40).tolist(), 32, 16)]:
+    for sizes, bm, bn in [
+        ([1, 1, 1], 16, 16),
+        ([5, 1, 40, 2, 90, 1], 16, 32),
+        ([200], 64, 16),
+        (g.integers(1, 30, 40).tolist(), 32, 16),
+    ]:
         seg = np.repeat(np.arange(len(sizes)), sizes)
         n = seg.size
         _, counts = np.unique(seg, return_counts=True)
@@ -213,8 +255,9 @@ def check_overflow_rerun(device: str) -> None:
     try:
         for cap in (1, 3):
             triton_join.INITIAL_CAPACITY = cap
-            got = threshold_pairs(v, 0.6, segments=seg, device=device, engine="triton",
-                                  tile_rows=32, tile_cols=32)
+            got = threshold_pairs(
+                v, 0.6, segments=seg, device=device, engine="triton", tile_rows=32, tile_cols=32
+            )
             st = triton_join.LAST_JOIN_STATS
             assert st.passes == 2 and st.capacity == st.candidates > cap, st
             assert_same_pairs(got, ref)
@@ -232,26 +275,41 @@ def check_overflow_rerun(device: str) -> None:
 def check_topk_random(device: str) -> None:
     from consolidate.similarity import topk_neighbours
 
-    for nq, n, segs, k, tiles in [(1, 1, 1, 1, (None, None)), (37, 211, 1, 10, (16, 16)),
-                                  (50, 300, 4, 7, (32, 64)), (64, 90, 9, 20, (None, None)),
-                                  (33, 5, 2, 10, (16, 16)), (40, 150, 3, 33, (16, 32)),
-                                  (20, 200, 1, 128, (None, 128))]:
+    for nq, n, segs, k, tiles in [
+        (1, 1, 1, 1, (None, None)),
+        (37, 211, 1, 10, (16, 16)),
+        (50, 300, 4, 7, (32, 64)),
+        (64, 90, 9, 20, (None, None)),
+        (33, 5, 2, 10, (16, 16)),
+        (40, 150, 3, 33, (16, 32)),
+        (20, 200, 1, 128, (None, 128)),
+    ]:
         g = np.random.default_rng(nq * n + k)
         keys = unit(g.normal(size=(n, 24)))
         q = unit(keys[g.integers(0, n, nq)] + 0.3 * g.normal(size=(nq, 24)))
         qseg, kseg = g.integers(0, segs, nq), g.integers(0, segs, n)
-        got = topk_neighbours(q, keys, k, query_segments=qseg, key_segments=kseg,
-                              device=device, engine="triton", tile_rows=tiles[0],
-                              tile_cols=tiles[1])
+        got = topk_neighbours(
+            q,
+            keys,
+            k,
+            query_segments=qseg,
+            key_segments=kseg,
+            device=device,
+            engine="triton",
+            tile_rows=tiles[0],
+            tile_cols=tiles[1],
+        )
         assert got.indices.shape == (nq, k) and got.scores.dtype == np.float32
         assert got.indices.tolist() == ref_topk(q, keys, qseg, kseg, k), (nq, n, segs, k)
         valid = got.indices >= 0
-        v64 = (q.astype(np.float64)[:, None, :]
-               * keys.astype(np.float64)[got.indices.clip(0)]).sum(-1)
+        v64 = (q.astype(np.float64)[:, None, :] * keys.astype(np.float64)[got.indices.clip(0)]).sum(
+            -1
+        )
         np.testing.assert_allclose(got.scores[valid], v64[valid], atol=1e-5)
         assert np.isneginf(got.scores[~valid]).all()
-        torch_got = topk_neighbours(q, keys, k, query_segments=qseg, key_segments=kseg,
-                                    device=device, engine="torch")
+        torch_got = topk_neighbours(
+            q, keys, k, query_segments=qseg, key_segments=kseg, device=device, engine="torch"
+        )
         np.testing.assert_array_equal(got.indices, torch_got.indices)
 
 
@@ -265,8 +323,17 @@ def check_topk_segments_without_keys(device: str) -> None:
     q = unit(g.normal(size=(70, 8)))
     qseg = g.integers(0, 6, 70)  # segments 4 and 5 have no keys
     kseg = g.integers(0, 4, 60)
-    got = topk_neighbours(q, keys, 4, query_segments=qseg, key_segments=kseg, device=device,
-                          engine="triton", tile_rows=16, tile_cols=16)
+    got = topk_neighbours(
+        q,
+        keys,
+        4,
+        query_segments=qseg,
+        key_segments=kseg,
+        device=device,
+        engine="triton",
+        tile_rows=16,
+        tile_cols=16,
+    )
     assert got.indices.tolist() == ref_topk(q, keys, qseg, kseg, 4)
     assert (got.indices[qseg >= 4] == -1).all()
     assert triton_join.LAST_TOPK_STATS.launches == 1
@@ -282,8 +349,9 @@ def check_topk_ties_lower_position_wins(device: str) -> None:
     keys[40:] = keys[:40]  # every score is tied at least twice
     q = torch.from_numpy(g.integers(-2, 3, (20, 16)).astype(np.float32))
     lo, hi = torch.zeros(20, dtype=torch.int64), torch.full((20,), 80)
-    scores, idx = triton_join.topk_candidates(q.to(device), keys.to(device), lo, hi, 9,
-                                              block_m=16, block_n=16)
+    scores, idx = triton_join.topk_candidates(
+        q.to(device), keys.to(device), lo, hi, 9, block_m=16, block_n=16
+    )
     s = q.double() @ keys.double().T
     for r in range(20):
         order = np.lexsort((np.arange(80), -s[r].numpy()))[:9]
@@ -337,8 +405,7 @@ def run_checks(device: str, names: list[str]) -> dict[str, dict]:
             CHECKS[name](device)
             out[name] = {"ok": True, "error": "", "s": time.perf_counter() - t}
         except Exception:  # report every failure, keep going
-            out[name] = {"ok": False, "error": traceback.format_exc(),
-                         "s": time.perf_counter() - t}
+            out[name] = {"ok": False, "error": traceback.format_exc(), "s": time.perf_counter() - t}
     return out
 
 
@@ -347,15 +414,28 @@ def interpreted(tmp_path_factory) -> dict[str, dict]:
     """All checks on cpu in one ``TRITON_INTERPRET=1`` subprocess."""
     pytest.importorskip("triton")
     out = tmp_path_factory.mktemp("triton") / "results.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    code = ("import json, sys; from tests.test_triton import CHECKS, run_checks; "
-            "json.dump(run_checks('cpu', list(CHECKS)), open(sys.argv[1], 'w'))")
-    proc = subprocess.run([sys.executable, "-c", code, str(out)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    code = (
+        "import json, sys; from tests.test_triton import CHECKS, run_checks; "
+        "json.dump(run_checks('cpu', list(CHECKS)), open(sys.argv[1], 'w'))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode or not out.exists():
-        pytest.fail(f"interpreter subprocess failed (rc={proc.returncode}):\n"
-                    f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        pytest.fail(
+            f"interpreter subprocess failed (rc={proc.returncode}):\n"
+            f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        )
     return json.loads(out.read_text())
 
 
@@ -395,13 +475,16 @@ def test_cuda_ten_thousand_namespaces_one_launch():
 
 
 def test_auto_on_cpu_does_not_import_triton():
-    code = ("import sys, numpy as np; from consolidate.similarity import threshold_pairs, "
-            "topk_neighbours; v = np.eye(4, dtype=np.float32); "
-            "threshold_pairs(v, 0.5, device='cpu'); topk_neighbours(v, v, 2, device='cpu'); "
-            "assert 'triton' not in sys.modules, 'triton imported'")
+    code = (
+        "import sys, numpy as np; from consolidate.similarity import threshold_pairs, "
+        "topk_neighbours; v = np.eye(4, dtype=np.float32); "
+        "threshold_pairs(v, 0.5, device='cpu'); topk_neighbours(v, v, 2, device='cpu'); "
+        "assert 'triton' not in sys.modules, 'triton imported'"
+    )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -449,8 +532,14 @@ def test_kernels_compile_for_sm90(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    proc = subprocess.run([sys.executable, "-c", AOT, str(out)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", AOT, str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(out.read_text())
     assert len(res) == 3

@@ -10,8 +10,14 @@ from consolidate.store import InvalidRecordsError, Store
 from consolidate.store.schema import hours_now, records_to_arrow
 from tests.helpers import make_records, rewrite_snapshot, tree_digest
 
-GOOD = {"id": "ok", "namespace": "u", "text": "fine", "vector": [1.0, 0.0, 0.0],
-        "importance": 0.5, "last_used": 10.0}
+GOOD = {
+    "id": "ok",
+    "namespace": "u",
+    "text": "fine",
+    "vector": [1.0, 0.0, 0.0],
+    "importance": 0.5,
+    "last_used": 10.0,
+}
 
 
 def bad(**kw):
@@ -20,8 +26,10 @@ def bad(**kw):
 
 
 CASES = {
-    "NaN or inf in vector": [bad(vector=[math.nan, 1.0, 0.0]), bad(id="bad-2",
-                                                                 vector=[math.inf, 0, 0])],
+    "NaN or inf in vector": [
+        bad(vector=[math.nan, 1.0, 0.0]),
+        bad(id="bad-2", vector=[math.inf, 0, 0]),
+    ],
     "zero vector": [bad(vector=[0.0, 0.0, 0.0])],
     "wrong vector dimension": [bad(vector=[1.0, 0.0])],
     "empty or whitespace-only text": [bad(text=""), bad(id="bad-2", text=" \t\n")],
@@ -81,14 +89,17 @@ def corrupt_snapshot(store, **fields):
     return path
 
 
-@pytest.mark.parametrize("fields,kind", [
-    ({"vector": [math.nan, 0, 0]}, "NaN or inf in vector"),
-    ({"vector": [0, 0, 0]}, "zero vector"),
-    ({"text": "   "}, "empty or whitespace-only text"),
-    ({"importance": 7.0}, "importance outside [0, 1]"),
-    ({"strength": 0.0}, "strength < 1"),
-    ({"id": "b"}, "duplicate id"),
-])
+@pytest.mark.parametrize(
+    "fields,kind",
+    [
+        ({"vector": [math.nan, 0, 0]}, "NaN or inf in vector"),
+        ({"vector": [0, 0, 0]}, "zero vector"),
+        ({"text": "   "}, "empty or whitespace-only text"),
+        ({"importance": 7.0}, "importance outside [0, 1]"),
+        ({"strength": 0.0}, "strength < 1"),
+        ({"id": "b"}, "duplicate id"),
+    ],
+)
 def test_load_names_record_and_file(store, fields, kind):
     path = corrupt_snapshot(store, **fields)
     before = tree_digest(store.root)
@@ -120,8 +131,13 @@ def test_load_rejects_invalid_utf8_and_wrong_dim_in_file(store):
 def test_quarantine_moves_bad_rows_aside(tmp_path):
     s = Store(tmp_path / "q", quarantine=True)
     s.create(make_records([{**GOOD, "id": "a"}]))
-    written = s.append([{**GOOD, "id": "g2", "text": "good two"}, bad(importance=9.0),
-                        bad(id="bad-2", text="caf\udce9")])
+    written = s.append(
+        [
+            {**GOOD, "id": "g2", "text": "good two"},
+            bad(importance=9.0),
+            bad(id="bad-2", text="caf\udce9"),
+        ]
+    )
     assert written == ["g2"]
     assert set(s.load().records.meta["id"]) == {"a", "g2"}
     qfiles = list((s.root / "quarantine").glob("*.parquet"))

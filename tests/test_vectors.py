@@ -44,10 +44,12 @@ def test_int8_hand_computed():
 def test_codecs_against_references():
     v = _unit(500, 384, seed=1)
     np.testing.assert_array_equal(stored_vectors(v, "fp32"), v)
-    np.testing.assert_array_equal(stored_vectors(v, "fp16"), v.astype(np.float16)
-                                  .astype(np.float32))
-    np.testing.assert_array_equal(stored_vectors(v, "bf16"),
-                                  torch.from_numpy(v).bfloat16().float().numpy())
+    np.testing.assert_array_equal(
+        stored_vectors(v, "fp16"), v.astype(np.float16).astype(np.float32)
+    )
+    np.testing.assert_array_equal(
+        stored_vectors(v, "bf16"), torch.from_numpy(v).bfloat16().float().numpy()
+    )
     q = stored_vectors(v, "int8")
     # float64 reference of symmetric per-vector quantisation, rescaled to unit length
     v64 = v.astype(np.float64)
@@ -72,8 +74,9 @@ def test_reencoding_is_stable_and_sizes(dtype):
         assert a[k].equals(b[k]), k  # a nightly re-write does not drift
     nbytes = sum(c.nbytes for c in a.values())
     assert nbytes == 200 * bytes_per_vector(64, dtype)
-    assert bytes_per_vector(384, dtype) == {"fp32": 1536, "fp16": 768, "bf16": 768,
-                                             "int8": 388}[dtype]
+    assert (
+        bytes_per_vector(384, dtype) == {"fp32": 1536, "fp16": 768, "bf16": 768, "int8": 388}[dtype]
+    )
 
 
 def test_codec_errors():
@@ -111,8 +114,10 @@ def test_store_keeps_its_dtype(tmp_path, dtype):
     assert json.loads(s.pointer_path.read_text())["vector_dtype"] == dtype
     np.testing.assert_array_equal(snap.records.vectors, stored_vectors(recs.vectors, dtype))
     table = pq.read_table(tmp_path / "s" / "snapshots" / s.head().snapshot)
-    assert table.column("vector").type.value_type == {"int8": pa.int8(), "bf16": pa.uint16(),
-                                                      "fp16": pa.float16()}[dtype]
+    assert (
+        table.column("vector").type.value_type
+        == {"int8": pa.int8(), "bf16": pa.uint16(), "fp16": pa.float16()}[dtype]
+    )
     # a handle without a dtype keeps the store's; appends are stored the same way
     s2 = Store(tmp_path / "s")
     new = make_records(random_rows(45, 16, seed=4)[40:])
@@ -139,8 +144,9 @@ def test_store_conversion_and_bad_pointer(tmp_path):
     with conv.lock():
         conv.commit(snap.records, [], base=snap)
     assert Store(tmp_path / "s").head().vector_dtype == "int8"
-    np.testing.assert_array_equal(Store(tmp_path / "s").load().records.vectors,
-                                  stored_vectors(recs.vectors, "int8"))
+    np.testing.assert_array_equal(
+        Store(tmp_path / "s").load().records.vectors, stored_vectors(recs.vectors, "int8")
+    )
     # a pointer naming no dtype we know is a corrupt pointer, not a silent fp32 read
     p = json.loads(s.pointer_path.read_text())
     s.pointer_path.write_text(json.dumps({**p, "vector_dtype": "int4"}))
@@ -173,9 +179,18 @@ def test_pass_pairs_equal_float64_brute_force_over_stored_vectors(tmp_path, dtyp
     cos = t + g.uniform(-3e-3, 3e-3, n_pairs)
     b = cos[:, None] * a + np.sqrt(1 - cos[:, None] ** 2) * noise
     v = np.concatenate([a, b]).astype(np.float32)
-    rows = [{"id": f"m{k:04d}", "namespace": f"ns{k % n_pairs % 3}", "text": f"memory {k}",
-             "vector": v[k], "importance": 0.5, "created_at": 1.0, "last_used": 1.0}
-            for k in range(len(v))]
+    rows = [
+        {
+            "id": f"m{k:04d}",
+            "namespace": f"ns{k % n_pairs % 3}",
+            "text": f"memory {k}",
+            "vector": v[k],
+            "importance": 0.5,
+            "created_at": 1.0,
+            "last_used": 1.0,
+        }
+        for k in range(len(v))
+    ]
     s = Store(tmp_path / "s", vector_dtype=dtype)
     snap = s.create(make_records(rows))
     stored = snap.records.vectors
@@ -185,17 +200,25 @@ def test_pass_pairs_equal_float64_brute_force_over_stored_vectors(tmp_path, dtyp
     p = similar_pairs(torch.from_numpy(stored), seg, t, SimilarityConfig(device="cpu"))
     assert set(zip(p.i.tolist(), p.j.tolist(), strict=True)) == ref
     np.testing.assert_allclose(
-        p.sim, [stored[i].astype(np.float64) @ stored[j] for i, j in zip(p.i, p.j,
-                                                                        strict=True)],
-        rtol=0, atol=1e-12)
+        p.sim,
+        [stored[i].astype(np.float64) @ stored[j] for i, j in zip(p.i, p.j, strict=True)],
+        rtol=0,
+        atol=1e-12,
+    )
     # the pass works on cosines of the stored vectors (bf16 rows are rescaled in its copy)
-    unit = stored.astype(np.float64) / np.linalg.norm(stored.astype(np.float64), axis=1,
-                                                      keepdims=True)
+    unit = stored.astype(np.float64) / np.linalg.norm(
+        stored.astype(np.float64), axis=1, keepdims=True
+    )
     cos_ref = pair_reference(unit.astype(np.float32), seg, t)
     assert (cos_ref == ref) == (dtype == "int8")  # int8 decodes to unit length already
-    res = run_pass(snap.records, cfg=PassConfig(threshold=t, decay=False, cap=None,
-                                                exact_dedup=False, minhash_min_chars=None),
-                   sim_cfg=SimilarityConfig(device="cpu"), wall_h=2.0)
+    res = run_pass(
+        snap.records,
+        cfg=PassConfig(
+            threshold=t, decay=False, cap=None, exact_dedup=False, minhash_min_chars=None
+        ),
+        sim_cfg=SimilarityConfig(device="cpu"),
+        wall_h=2.0,
+    )
     assert res.stats.pairs == len(cos_ref)
 
 
@@ -203,10 +226,21 @@ def test_bf16_rows_off_unit_length_cluster_without_breaking_the_centroid_check(t
     # bf16-representable 2-d vectors with norms 0.998 and 1.002: at threshold 0.999 the
     # cluster bound holds only for unit vectors, so the pass rescales its copy of them
     v = [[-0.3203125, 0.9453125], [-0.33203125, 0.9453125]]
-    rows = [{"id": k, "namespace": "n", "text": t, "vector": x, "strength": s,
-             "created_at": 1.0, "last_used": 1.0}
-            for k, t, x, s in (("a", "likes green tea", v[0], 1.0),
-                               ("b", "enjoys green tea", v[1], 2.0))]
+    rows = [
+        {
+            "id": k,
+            "namespace": "n",
+            "text": t,
+            "vector": x,
+            "strength": s,
+            "created_at": 1.0,
+            "last_used": 1.0,
+        }
+        for k, t, x, s in (
+            ("a", "likes green tea", v[0], 1.0),
+            ("b", "enjoys green tea", v[1], 2.0),
+        )
+    ]
     from consolidate.store.schema import records_from_rows
 
     s = Store(tmp_path / "s", vector_dtype="bf16")
@@ -215,8 +249,12 @@ def test_bf16_rows_off_unit_length_cluster_without_breaking_the_centroid_check(t
     snap = s.create(recs)
     norms = np.linalg.norm(snap.records.vectors.astype(np.float64), axis=1)
     assert abs(norms[0] - 1) > 1e-3 or abs(norms[1] - 1) > 1e-3
-    res = run_pass(snap.records, cfg=PassConfig(threshold=0.999, cap=None, decay=False),
-                   sim_cfg=SimilarityConfig(device="cpu"), wall_h=2.0)
+    res = run_pass(
+        snap.records,
+        cfg=PassConfig(threshold=0.999, cap=None, decay=False),
+        sim_cfg=SimilarityConfig(device="cpu"),
+        wall_h=2.0,
+    )
     assert res.stats.merges == 1
     # the store's bits are untouched: an unchanged re-write gives the same vector column
     with s.lock():

@@ -19,8 +19,12 @@ from consolidate.llm.extract import ExtractOut
 from consolidate.llm.merger import MergeOut
 from tests.helpers import require_smollm2
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None, reason="vllm not installed (.venv-vllm has it)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None, reason="vllm not installed (.venv-vllm has it)"
+    ),
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,14 +33,19 @@ ROOT = Path(__file__).resolve().parents[1]
 def out(tmp_path_factory):
     require_smollm2()
     path = tmp_path_factory.mktemp("vllm") / "out.json"
-    p = subprocess.run([sys.executable, str(ROOT / "tests" / "vllm_check.py"), str(path)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "vllm_check.py"), str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return json.loads(path.read_text())
 
 
 def test_batched_chat_with_json_schema(out):
-    assert out["backend"] == "VLLMBackend"  # built from configs/merge/vllm.yaml
+    assert out["backend"] == "VLLMBackend"  # built from consolidate/conf/merge/vllm.yaml
     assert out["n_requests"] == len(out["raw"]) == len(out["tokens"]) == 6
     assert all(pt > 0 and ct > 0 for pt, ct in out["tokens"])
     schemas = [MergeOut] * 3 + [DecideOut] * 2 + [ExtractOut]
@@ -101,10 +110,18 @@ def test_fleet_run_with_ray_data_llm_as_the_merge_stage(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ls, "REWRITE_FRACTION", 1.01)  # both commits upsert (test_fleet)
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("consolidate", overrides=[
-            "merge=vllm", "runner=ray", "runner.llm=ray_data", "runner.num_cpus=2",
-            "runner.actors=1", f"merge.cache_path={tmp_path / 'llm_cache.sqlite'}",
-            "merge.max_tokens=48"])
+        cfg = compose(
+            "consolidate",
+            overrides=[
+                "merge=vllm",
+                "runner=ray",
+                "runner.llm=ray_data",
+                "runner.num_cpus=2",
+                "runner.actors=1",
+                f"merge.cache_path={tmp_path / 'llm_cache.sqlite'}",
+                "merge.max_tokens=48",
+            ],
+        )
     merge = OmegaConf.to_container(cfg.merge, resolve=True)
     rc = RunnerConfig(**OmegaConf.to_container(cfg.runner, resolve=True))
     recs = fleet_records(n=200)  # 2 namespaces, planted near-duplicates
@@ -113,8 +130,9 @@ def test_fleet_run_with_ray_data_llm_as_the_merge_stage(tmp_path, monkeypatch):
         s.create(recs)
     pc, sim = PassConfig(force=True), SimilarityConfig(device="cpu")
     with b.lock():
-        out = run_fleet_pass(b, namespaces=None, pass_cfg=pc, sim_cfg=sim, runner=rc,
-                             merge=merge, wall_h=WALL)
+        out = run_fleet_pass(
+            b, namespaces=None, pass_cfg=pc, sim_cfg=sim, runner=rc, merge=merge, wall_h=WALL
+        )
     fs, llm = out["stats"], out["fleet"]["llm"]
     assert fs.merger == "llm:vllm" and fs.clusters > 0
     assert llm["requests"] == fs.model_calls >= fs.clusters and llm["cached"] == 0
@@ -123,12 +141,12 @@ def test_fleet_run_with_ray_data_llm_as_the_merge_stage(tmp_path, monkeypatch):
     from consolidate.llm.transformers_backend import resolve_model_path
 
     model = str(resolve_model_path(None, merge["backend_kwargs"]["cache_dir"]))
-    merger = LLMMerger(backend=_CacheOnly(model), cache_path=merge["cache_path"],
-                       max_tokens=48)
+    merger = LLMMerger(backend=_CacheOnly(model), cache_path=merge["cache_path"], max_tokens=48)
     with a.lock():
         snap = a.load()
-        res = run_pass(snap.records, cfg=pc, sim_cfg=sim, merger=merger,
-                       version=snap.version + 1, wall_h=WALL)
+        res = run_pass(
+            snap.records, cfg=pc, sim_cfg=sim, merger=merger, version=snap.version + 1, wall_h=WALL
+        )
         info = a.commit(res.records, res.events, base=snap, pass_time_h=WALL)
     same_store(a, b)
     assert events(a, info["changelog"]) == events(b, out["commit"]["changelog"])

@@ -26,10 +26,11 @@ def main(out_path: str) -> None:
     from consolidate.pipeline import run_pass
     from tests.helpers import make_records
 
-    # the merger exactly as `consolidate merge=vllm` builds it (configs/merge/vllm.yaml)
+    # the merger exactly as `consolidate merge=vllm` builds it (consolidate/conf/merge/vllm.yaml)
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("consolidate", overrides=["merge=vllm", "merge.cache_path=null",
-                                                "merge.max_tokens=64"])
+        cfg = compose(
+            "consolidate", overrides=["merge=vllm", "merge.cache_path=null", "merge.max_tokens=64"]
+        )
     t = time.perf_counter()
     merger = instantiate(cfg.merge)
     start_s = time.perf_counter() - t
@@ -39,20 +40,43 @@ def main(out_path: str) -> None:
         return MergeMember(i, text, 0.5, 1.0, 1.0, 1.0)
 
     clusters = [
-        MergeRequest("m1", "u", (mem("a", "Gina adopted 2 cats in May"),
-                                 mem("b", "Gina adopted two cats in May 2023"))),
-        MergeRequest("m2", "u", (mem("c", "Jon runs a dance studio"),
-                                 mem("d", "Jon opened his own dance studio"))),
-        MergeRequest("m3", "u", (mem("e", "Caroline is a counsellor"),
-                                 mem("f", "Caroline works as a counsellor for LGBTQ youth"))),
+        MergeRequest(
+            "m1",
+            "u",
+            (mem("a", "Gina adopted 2 cats in May"), mem("b", "Gina adopted two cats in May 2023")),
+        ),
+        MergeRequest(
+            "m2",
+            "u",
+            (mem("c", "Jon runs a dance studio"), mem("d", "Jon opened his own dance studio")),
+        ),
+        MergeRequest(
+            "m3",
+            "u",
+            (
+                mem("e", "Caroline is a counsellor"),
+                mem("f", "Caroline works as a counsellor for LGBTQ youth"),
+            ),
+        ),
     ]
-    nbs = [Neighbour(1, "x", "Gina has a cat", False), Neighbour(2, "y", "Gina lives in Paris",
-                                                                 False)]
-    reqs = ([merge_chat_request(c, 64) for c in clusters]
-            + [decide_request(["Gina has two cats", "Gina moved to Rome"], nbs, 96),
-               decide_request(["Jon likes jazz"], [], 64)]
-            + [extract_request(Turn("t1", "u", "Gina", "I adopted two kittens last week!",
-                                    466000.0, "user"), "8 May 2023", 96)])
+    nbs = [
+        Neighbour(1, "x", "Gina has a cat", False),
+        Neighbour(2, "y", "Gina lives in Paris", False),
+    ]
+    reqs = (
+        [merge_chat_request(c, 64) for c in clusters]
+        + [
+            decide_request(["Gina has two cats", "Gina moved to Rome"], nbs, 96),
+            decide_request(["Jon likes jazz"], [], 64),
+        ]
+        + [
+            extract_request(
+                Turn("t1", "u", "Gina", "I adopted two kittens last week!", 466000.0, "user"),
+                "8 May 2023",
+                96,
+            )
+        ]
+    )
     t = time.perf_counter()
     resp = be.chat(reqs)
     batch_s = time.perf_counter() - t
@@ -61,16 +85,34 @@ def main(out_path: str) -> None:
     facts = parse_facts(resp[5].text)
 
     # the pass with merge=llm over vllm: structure only
-    recs = make_records([
-        {"id": "a", "namespace": "u", "text": "Gina adopted 2 cats in May",
-         "vector": [1.0, 0.0], "importance": 0.7, "source_ids": ["D1:1"]},
-        {"id": "b", "namespace": "u", "text": "Gina adopted two cats in May",
-         "vector": [0.999, 0.04], "importance": 0.5, "source_ids": ["D1:2"]},
-        {"id": "c", "namespace": "u", "text": "Jon likes jazz", "vector": [0.0, 1.0]}])
-    res = run_pass(recs, cfg=PassConfig(threshold=0.9, now="6", decay=False),
-                   merger=merger, wall_h=7.0)
+    recs = make_records(
+        [
+            {
+                "id": "a",
+                "namespace": "u",
+                "text": "Gina adopted 2 cats in May",
+                "vector": [1.0, 0.0],
+                "importance": 0.7,
+                "source_ids": ["D1:1"],
+            },
+            {
+                "id": "b",
+                "namespace": "u",
+                "text": "Gina adopted two cats in May",
+                "vector": [0.999, 0.04],
+                "importance": 0.5,
+                "source_ids": ["D1:2"],
+            },
+            {"id": "c", "namespace": "u", "text": "Jon likes jazz", "vector": [0.0, 1.0]},
+        ]
+    )
+    res = run_pass(
+        recs, cfg=PassConfig(threshold=0.9, now="6", decay=False), merger=merger, wall_h=7.0
+    )
     out = {
-        "backend": type(be).__name__, "start_s": start_s, "batch_s": batch_s,
+        "backend": type(be).__name__,
+        "start_s": start_s,
+        "batch_s": batch_s,
         "n_requests": len(reqs),
         "raw": [r.text for r in resp],
         "tokens": [[r.prompt_tokens, r.completion_tokens] for r in resp],

@@ -32,18 +32,31 @@ from pydantic import BaseModel
 from ..llm.base import ChatRequest, LLMBackend
 from .metrics import bleu1, locomo_f1, mem0_f1
 
-__all__ = ["PROMPT_VERSION", "Verdict", "answer_requests", "judge_requests", "parse_verdict",
-           "bootstrap_ci", "wrong_answers", "AnswerScores", "score_answers"]
+__all__ = [
+    "PROMPT_VERSION",
+    "Verdict",
+    "answer_requests",
+    "judge_requests",
+    "parse_verdict",
+    "bootstrap_ci",
+    "wrong_answers",
+    "AnswerScores",
+    "score_answers",
+]
 
 PROMPT_VERSION = "answer-v1/judge-v2"
 ABSTAIN = "No information available."
 
-_ANSWER_SYSTEM = ("You answer questions about a user's past conversations using only the "
-                  "memories given. Answer with a short phrase. If the memories do not contain "
-                  f"the answer, reply exactly: {ABSTAIN}")
-_JUDGE_SYSTEM = ("You grade answers. Reply with JSON only: {\"verdict\": \"CORRECT\"} if the "
-                 "answer means the same as the gold answer (wording may differ), otherwise "
-                 "{\"verdict\": \"WRONG\"}.")
+_ANSWER_SYSTEM = (
+    "You answer questions about a user's past conversations using only the "
+    "memories given. Answer with a short phrase. If the memories do not contain "
+    f"the answer, reply exactly: {ABSTAIN}"
+)
+_JUDGE_SYSTEM = (
+    'You grade answers. Reply with JSON only: {"verdict": "CORRECT"} if the '
+    "answer means the same as the gold answer (wording may differ), otherwise "
+    '{"verdict": "WRONG"}.'
+)
 
 
 class Verdict(BaseModel):
@@ -52,30 +65,45 @@ class Verdict(BaseModel):
     verdict: Literal["CORRECT", "WRONG"]
 
 
-def answer_requests(questions: Sequence[str], contexts: Sequence[Sequence[str]],
-                    max_tokens: int = 32) -> list[ChatRequest]:
+def answer_requests(
+    questions: Sequence[str], contexts: Sequence[Sequence[str]], max_tokens: int = 32
+) -> list[ChatRequest]:
     """One greedy request per question with its retrieved memories as a numbered list."""
     out = []
     for q, ctx in zip(questions, contexts, strict=True):
         mem = "\n".join(f"{k + 1}. {t}" for k, t in enumerate(ctx)) or "(none)"
-        out.append(ChatRequest((
-            {"role": "system", "content": _ANSWER_SYSTEM},
-            {"role": "user", "content": f"Memories:\n{mem}\n\nQuestion: {q}\nAnswer:"},
-        ), max_tokens=max_tokens))
+        out.append(
+            ChatRequest(
+                (
+                    {"role": "system", "content": _ANSWER_SYSTEM},
+                    {"role": "user", "content": f"Memories:\n{mem}\n\nQuestion: {q}\nAnswer:"},
+                ),
+                max_tokens=max_tokens,
+            )
+        )
     return out
 
 
-def judge_requests(question: str, gold: str, answer: str, repeats: int,
-                   temperature: float) -> list[ChatRequest]:
+def judge_requests(
+    question: str, gold: str, answer: str, repeats: int, temperature: float
+) -> list[ChatRequest]:
     """``repeats`` judge requests (seeds 0..repeats-1) for one answer, each carrying the
     :class:`Verdict` JSON schema. The texts enter the prompt as JSON string literals."""
-    msg = (f"Question: {json.dumps(question, ensure_ascii=False)}\n"
-           f"Gold answer: {json.dumps(gold, ensure_ascii=False)}\n"
-           f"Answer to grade: {json.dumps(answer, ensure_ascii=False)}\nVerdict as JSON:")
-    return [ChatRequest(({"role": "system", "content": _JUDGE_SYSTEM},
-                         {"role": "user", "content": msg}),
-                        max_tokens=16, temperature=temperature, seed=s,
-                        json_schema=Verdict.model_json_schema()) for s in range(repeats)]
+    msg = (
+        f"Question: {json.dumps(question, ensure_ascii=False)}\n"
+        f"Gold answer: {json.dumps(gold, ensure_ascii=False)}\n"
+        f"Answer to grade: {json.dumps(answer, ensure_ascii=False)}\nVerdict as JSON:"
+    )
+    return [
+        ChatRequest(
+            ({"role": "system", "content": _JUDGE_SYSTEM}, {"role": "user", "content": msg}),
+            max_tokens=16,
+            temperature=temperature,
+            seed=s,
+            json_schema=Verdict.model_json_schema(),
+        )
+        for s in range(repeats)
+    ]
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -113,8 +141,9 @@ def parse_verdict(text: Any) -> int | None:
     return 1 if v == "CORRECT" else 0 if v == "WRONG" else None
 
 
-def bootstrap_ci(values: Sequence[float], n: int = 1000, seed: int = 0,
-                 level: float = 0.95) -> tuple[float, float]:
+def bootstrap_ci(
+    values: Sequence[float], n: int = 1000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean (resampling the values with replacement)."""
     v = np.asarray(values, dtype=np.float64)
     if len(v) == 0:
@@ -142,9 +171,11 @@ def wrong_answers(sample: pd.DataFrame, pool: pd.DataFrame, seed: int = 0) -> li
     g = np.random.default_rng(seed)
     out = []
     for _, q in sample.iterrows():
-        other = pool[(pool["qid"] != q["qid"])
-                     & (pool["answer"].astype(str) != str(q["answer"]))
-                     & (pool["answer"].astype(str).str.len() > 0)]
+        other = pool[
+            (pool["qid"] != q["qid"])
+            & (pool["answer"].astype(str) != str(q["answer"]))
+            & (pool["answer"].astype(str).str.len() > 0)
+        ]
         cand = other[other["group"] == q["group"]]
         if not len(cand):  # one question per group (LongMemEval): any other question's answer
             cand = other
@@ -168,10 +199,19 @@ def _valid_mean(vs: list[int | None]) -> float:
     return float(np.mean(ok)) if ok else float("nan")
 
 
-def score_answers(backend: LLMBackend, sample: pd.DataFrame, contexts: list[list[str]],
-                  pool: pd.DataFrame, *, repeats: int = 3, temperature: float = 0.7,
-                  max_tokens: int = 32, bootstrap: int = 1000, seed: int = 0,
-                  judge: LLMBackend | None = None) -> AnswerScores:
+def score_answers(
+    backend: LLMBackend,
+    sample: pd.DataFrame,
+    contexts: list[list[str]],
+    pool: pd.DataFrame,
+    *,
+    repeats: int = 3,
+    temperature: float = 0.7,
+    max_tokens: int = 32,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    judge: LLMBackend | None = None,
+) -> AnswerScores:
     """Answer every sampled question from its context with ``backend``, score, judge with
     ``judge`` (default: ``backend``), and run the leniency control.
 
@@ -196,29 +236,37 @@ def score_answers(backend: LLMBackend, sample: pd.DataFrame, contexts: list[list
         ctrl = [parse_verdict(v.text) for v in vs[repeats:]]
         cat = _score_cat(q)
         gold = str(q["answer"])
-        rows.append({
-            "qid": q["qid"], "category": int(q["category"]), "answer": a.text,
-            "gold": gold_of(q),
-            "locomo_f1": locomo_f1(a.text, gold, cat),
-            "mem0_f1": mem0_f1(a.text, gold) if cat != 5 else np.nan,
-            "bleu1": bleu1(a.text, gold) if cat != 5 else np.nan,
-            "judge": _valid_mean(real),
-            "judge_invalid": int(sum(v is None for v in real)),
-            "judge_verdicts": [v.text for v in vs[:repeats]],
-            "wrong_answer": wrong[n],
-            "judge_accepts_wrong": _valid_mean(ctrl) if wrong[n] else np.nan,
-            "control_invalid": int(sum(v is None for v in ctrl)) if wrong[n] else 0,
-            "prompt_tokens": a.prompt_tokens, "completion_tokens": a.completion_tokens,
-        })
+        rows.append(
+            {
+                "qid": q["qid"],
+                "category": int(q["category"]),
+                "answer": a.text,
+                "gold": gold_of(q),
+                "locomo_f1": locomo_f1(a.text, gold, cat),
+                "mem0_f1": mem0_f1(a.text, gold) if cat != 5 else np.nan,
+                "bleu1": bleu1(a.text, gold) if cat != 5 else np.nan,
+                "judge": _valid_mean(real),
+                "judge_invalid": int(sum(v is None for v in real)),
+                "judge_verdicts": [v.text for v in vs[:repeats]],
+                "wrong_answer": wrong[n],
+                "judge_accepts_wrong": _valid_mean(ctrl) if wrong[n] else np.nan,
+                "control_invalid": int(sum(v is None for v in ctrl)) if wrong[n] else 0,
+                "prompt_tokens": a.prompt_tokens,
+                "completion_tokens": a.completion_tokens,
+            }
+        )
     t = pd.DataFrame(rows)
     scored = t["judge"].dropna()
     lo, hi = bootstrap_ci(scored, bootstrap, seed)
     calls = len(ans) + len(verdicts)
     summary = {
-        "locomo_f1": float(t["locomo_f1"].mean()), "mem0_f1": float(t["mem0_f1"].mean()),
+        "locomo_f1": float(t["locomo_f1"].mean()),
+        "mem0_f1": float(t["mem0_f1"].mean()),
         "bleu1": float(t["bleu1"].mean()),
         "judge": float(scored.mean()) if len(scored) else float("nan"),
-        "judge_ci_low": lo, "judge_ci_high": hi, "judge_questions": int(len(scored)),
+        "judge_ci_low": lo,
+        "judge_ci_high": hi,
+        "judge_questions": int(len(scored)),
         "judge_invalid_rate": float(t["judge_invalid"].sum() / max(len(t) * repeats, 1)),
         "judge_wrong_answer_acceptance": float(t["judge_accepts_wrong"].mean()),
         "model_calls": calls,

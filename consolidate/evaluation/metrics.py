@@ -36,11 +36,15 @@ __all__ = [
 ]
 
 #: LOCOMO's own category codes (its evaluation code and paper).
-LOCOMO_CATEGORY = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop",
-                   5: "adversarial"}
+LOCOMO_CATEGORY = {
+    1: "multi-hop",
+    2: "temporal",
+    3: "open-domain",
+    4: "single-hop",
+    5: "adversarial",
+}
 #: The names Mem0's paper and evaluation use for the same integer codes.
-MEM0_CATEGORY = {1: "single-hop", 2: "temporal", 3: "multi-hop", 4: "open-domain",
-                 5: "adversarial"}
+MEM0_CATEGORY = {1: "single-hop", 2: "temporal", 3: "multi-hop", 4: "open-domain", 5: "adversarial"}
 
 _STEM = PorterStemmer()
 _PUNCT = str.maketrans("", "", string.punctuation)
@@ -96,7 +100,8 @@ def locomo_f1(prediction: str, answer: str, category: int) -> float:
         preds = [p.strip() for p in prediction.split(",")]
         golds = [g.strip() for g in answer.split(",")]
         return sum(max(token_f1(_stemmed(p), _stemmed(g)) for p in preds) for g in golds) / len(
-            golds)
+            golds
+        )
     raise ValueError(f"unknown LOCOMO category {category!r}")
 
 

@@ -57,8 +57,12 @@ def plot_pr(curves: dict[str, tuple[np.ndarray, np.ndarray, float]], path: str |
     return Path(path)
 
 
-def plot_histograms(groups: dict[str, np.ndarray], path: str | Path, title: str,
-                    thresholds: dict[str, float] | None = None) -> Path:
+def plot_histograms(
+    groups: dict[str, np.ndarray],
+    path: str | Path,
+    title: str,
+    thresholds: dict[str, float] | None = None,
+) -> Path:
     """Cosine histograms per group (duplicates, non-duplicates, contradictions)."""
     fig, ax = plt.subplots(figsize=(7, 4))
     bins = np.linspace(-0.2, 1.0, 61)
@@ -78,25 +82,42 @@ def plot_histograms(groups: dict[str, np.ndarray], path: str | Path, title: str,
     return Path(path)
 
 
-def plot_frontier(policies: pd.DataFrame, baseline: pd.Series, metrics: list[str],
-                  path: str | Path, recommended: str | None) -> Path:
+def plot_frontier(
+    policies: pd.DataFrame,
+    baseline: pd.Series,
+    metrics: list[str],
+    path: str | Path,
+    recommended: str | None,
+) -> Path:
     """One column per recall metric, two rows: each policy's store size in stored tokens
     (top) and in memories (bottom) against its recall; the frontier on tokens
     (``policies["frontier"]``) joined by a line, the baseline (keep every memory) as a star
     and the recommended policy (variant name) circled."""
     fig, axes = plt.subplots(2, len(metrics), figsize=(6 * len(metrics), 9), squeeze=False)
-    for row, (size, label) in enumerate((("store_tokens", "stored tokens after the pass"),
-                                         ("store_size", "memories after the pass"))):
+    for row, (size, label) in enumerate(
+        (
+            ("store_tokens", "stored tokens after the pass"),
+            ("store_size", "memories after the pass"),
+        )
+    ):
         for ax, m in zip(axes[row], metrics, strict=True):
             ax.scatter(policies[size], policies[m], s=14, color="0.6", label="policy")
             f = policies[policies["frontier"]].sort_values(size)
             ax.plot(f[size], f[m], "-o", ms=4, label="frontier (on tokens)")
-            ax.scatter([baseline[size]], [baseline[m]], marker="*", s=160, color="k",
-                       label="keep all")
+            ax.scatter(
+                [baseline[size]], [baseline[m]], marker="*", s=160, color="k", label="keep all"
+            )
             if recommended is not None:
                 r = policies[policies["variant"] == recommended]
-                ax.scatter(r[size], r[m], s=160, facecolors="none", edgecolors="r",
-                           linewidths=2, label="recommended")
+                ax.scatter(
+                    r[size],
+                    r[m],
+                    s=160,
+                    facecolors="none",
+                    edgecolors="r",
+                    linewidths=2,
+                    label="recommended",
+                )
             ax.set_xlabel(label)
             ax.set_ylabel(m)
             ax.set_title(f"{m} vs {label.split(' after')[0]}")

@@ -36,8 +36,14 @@ POLICY_KEYS = ("threshold", "tau_hours", "floor", "cap", "decay", "near_dedup")
 
 def policy_name(policy: Mapping[str, Any]) -> str:
     """A variant name for ``policy`` (``"policy t0.9 tau720 floor0.001 capNone"``)."""
-    short = {"threshold": "t", "tau_hours": "tau", "floor": "floor", "cap": "cap",
-             "decay": "decay", "near_dedup": "near"}
+    short = {
+        "threshold": "t",
+        "tau_hours": "tau",
+        "floor": "floor",
+        "cap": "cap",
+        "decay": "decay",
+        "near_dedup": "near",
+    }
     return "policy " + " ".join(f"{short[k]}{policy[k]}" for k in POLICY_KEYS if k in policy)
 
 
@@ -53,12 +59,12 @@ def check_policy(policy: Mapping[str, Any], where: str = "policy") -> dict[str, 
     from ..pipeline.run import _check_settings
 
     if not isinstance(policy, Mapping):
-        raise ValueError(f"{where}: a policy is a mapping of pass settings, got "
-                         f"{type(policy).__name__}")
+        raise ValueError(
+            f"{where}: a policy is a mapping of pass settings, got {type(policy).__name__}"
+        )
     bad = sorted(set(policy) - set(POLICY_KEYS))
     if bad:
-        raise ValueError(f"{where}: unknown keys {bad} (a policy sets "
-                         f"{', '.join(POLICY_KEYS)})")
+        raise ValueError(f"{where}: unknown keys {bad} (a policy sets {', '.join(POLICY_KEYS)})")
     out = dict(policy)
     cap = out.get("cap")
     if isinstance(cap, float) and cap.is_integer():
@@ -90,17 +96,20 @@ def policy_grid(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     bad = sorted(set(grid) - set(POLICY_KEYS))
     if bad:
         raise ValueError(f"policy grid: unknown keys {bad} (use {', '.join(POLICY_KEYS)})")
-    not_list = sorted(k for k, v in grid.items() if isinstance(v, (str, bytes))
-                      or not isinstance(v, Sequence))
+    not_list = sorted(
+        k for k, v in grid.items() if isinstance(v, (str, bytes)) or not isinstance(v, Sequence)
+    )
     if not_list:
-        raise ValueError(f"policy grid: {not_list} must be lists of values (e.g. "
-                         f"grid.threshold=[0.85,0.9])")
+        raise ValueError(
+            f"policy grid: {not_list} must be lists of values (e.g. grid.threshold=[0.85,0.9])"
+        )
     empty = sorted(k for k, v in grid.items() if not len(v))
     if empty:
         raise ValueError(f"policy grid: no values for {empty}")
     keys = list(grid)
-    combos = [dict(zip(keys, c, strict=True))
-              for c in itertools.product(*(list(grid[k]) for k in keys))]
+    combos = [
+        dict(zip(keys, c, strict=True)) for c in itertools.product(*(list(grid[k]) for k in keys))
+    ]
     out = [check_policy(c, f"policy grid {c}") for c in combos]
     names = [policy_name(p) for p in out]
     if len(set(names)) < len(names):
@@ -125,8 +134,13 @@ def frontier_mask(table: pd.DataFrame, cost: str, gains: Sequence[str]) -> np.nd
     return ~dominated & ~bad
 
 
-def recommend(table: pd.DataFrame, baseline: Mapping[str, float], metrics: Sequence[str],
-              share: float, cost: str = "store_tokens") -> dict[str, Any] | None:
+def recommend(
+    table: pd.DataFrame,
+    baseline: Mapping[str, float],
+    metrics: Sequence[str],
+    share: float,
+    cost: str = "store_tokens",
+) -> dict[str, Any] | None:
     """The policy row that keeps ``share`` of ``baseline``'s recall on every metric with the
     fewest ``cost`` (see the module docstring), or ``None`` if none does.
 
@@ -155,9 +169,11 @@ def recommend(table: pd.DataFrame, baseline: Mapping[str, float], metrics: Seque
     if not ok.any():
         return None
     cand = table[ok].assign(_order=np.flatnonzero(ok))
-    best = cand.sort_values([cost, metrics[0], "_order"], ascending=[True, False, True],
-                            kind="stable").iloc[0]
+    best = cand.sort_values(
+        [cost, metrics[0], "_order"], ascending=[True, False, True], kind="stable"
+    ).iloc[0]
     row = {k: (v.item() if hasattr(v, "item") else v) for k, v in best.drop("_order").items()}
-    row["keeps"] = {m: round(float(best[m]) / float(baseline[m]), 4) if baseline[m] else None
-                    for m in metrics}
+    row["keeps"] = {
+        m: round(float(best[m]) / float(baseline[m]), 4) if baseline[m] else None for m in metrics
+    }
     return row

@@ -17,8 +17,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-__all__ = ["SCHEMA_VERSION", "Metric", "TaskInfo", "Results", "environment", "write_results",
-           "read_results"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Metric",
+    "TaskInfo",
+    "Results",
+    "environment",
+    "write_results",
+    "read_results",
+]
 
 SCHEMA_VERSION = 1
 
@@ -72,8 +79,13 @@ class Results(BaseModel):
 
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10, cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -82,14 +94,28 @@ def _git_commit() -> str | None:
 def environment(device: str) -> dict[str, Any]:
     """git commit, package versions, python and device for :class:`Results`."""
     pk = {}
-    for name in ("consolidate", "torch", "numpy", "pandas", "pyarrow", "datasets",
-                 "sentence-transformers", "transformers", "hydra-core", "nltk"):
+    for name in (
+        "consolidate",
+        "torch",
+        "numpy",
+        "pandas",
+        "pyarrow",
+        "datasets",
+        "sentence-transformers",
+        "transformers",
+        "hydra-core",
+        "nltk",
+    ):
         try:
             pk[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    return {"git_commit": _git_commit(), "packages": pk, "device": device,
-            "python": platform.python_version()}
+    return {
+        "git_commit": _git_commit(),
+        "packages": pk,
+        "device": device,
+        "python": platform.python_version(),
+    }
 
 
 def prompt_versions() -> dict[str, str]:
@@ -101,30 +127,40 @@ def prompt_versions() -> dict[str, str]:
     from ..llm.reflect import REFLECT_PROMPT_VERSION
     from .answer import PROMPT_VERSION as ANSWER_PROMPT_VERSION
 
-    return {"extract": EXTRACT_PROMPT_VERSION, "decide": DECIDE_PROMPT_VERSION,
-            "merge": MERGE_PROMPT_VERSION, "merge_conflict": CONFLICT_PROMPT_VERSION,
-            "reflect": REFLECT_PROMPT_VERSION, "answer_judge": ANSWER_PROMPT_VERSION}
+    return {
+        "extract": EXTRACT_PROMPT_VERSION,
+        "decide": DECIDE_PROMPT_VERSION,
+        "merge": MERGE_PROMPT_VERSION,
+        "merge_conflict": CONFLICT_PROMPT_VERSION,
+        "reflect": REFLECT_PROMPT_VERSION,
+        "answer_judge": ANSWER_PROMPT_VERSION,
+    }
 
 
 def hashes_verified(declared: dict[str, str], read: dict[str, str]) -> bool:
     """Whether every file read has a declared sha256 and matches it (``declared`` keys are
     compared by file name, since a data folder may live anywhere)."""
     want = {Path(k).name: v for k, v in declared.items()}
-    return bool(read) and all(want.get(Path(k).name) and want[Path(k).name] == v
-                              for k, v in read.items())
+    return bool(read) and all(
+        want.get(Path(k).name) and want[Path(k).name] == v for k, v in read.items()
+    )
 
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def write_results(out_dir: str | Path, results: Results, samples: list[dict[str, Any]],
-                  report_md: str) -> dict[str, Path]:
+def write_results(
+    out_dir: str | Path, results: Results, samples: list[dict[str, Any]], report_md: str
+) -> dict[str, Path]:
     """Write ``results.json``, ``samples.jsonl`` and ``report.md`` into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"results": out / "results.json", "samples": out / "samples.jsonl",
-             "report": out / "report.md"}
+    paths = {
+        "results": out / "results.json",
+        "samples": out / "samples.jsonl",
+        "report": out / "report.md",
+    }
     paths["results"].write_text(results.model_dump_json(indent=1))
     with open(paths["samples"], "w") as f:
         for s in samples:

@@ -36,7 +36,7 @@ def conversation_of(namespace: str) -> str:
 
 def _segments(mem_conv: Sequence[str], q_conv: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     codes, _ = pd.factorize(pd.Series(list(mem_conv) + list(q_conv), dtype=object))
-    return codes[: len(mem_conv)].astype(np.int64), codes[len(mem_conv):].astype(np.int64)
+    return codes[: len(mem_conv)].astype(np.int64), codes[len(mem_conv) :].astype(np.int64)
 
 
 def retrieval_table(
@@ -75,8 +75,9 @@ def retrieval_table(
     depth = max(retrieve_k, max(ks))
     mem_conv = [memory_group(n) for n in live.meta["namespace"]]
     mseg, qseg = _segments(mem_conv, questions["group"].tolist())
-    top = topk_neighbours(q_vectors, live.vectors, depth, query_segments=qseg,
-                          key_segments=mseg, device=device)
+    top = topk_neighbours(
+        q_vectors, live.vectors, depth, query_segments=qseg, key_segments=mseg, device=device
+    )
     src = live.meta["source_ids"].tolist()
     ids = live.meta["id"].tolist()
     tok = np.asarray(token_counts, dtype=np.int64)
@@ -84,8 +85,12 @@ def retrieval_table(
     rows = []
     for qi, q in enumerate(questions.itertuples(index=False)):
         ranked = [j for j in top.indices[qi] if j >= 0]
-        r = {"qid": q.qid, "category": int(q.category), "n_evidence": len(q.evidence),
-             "pool": int(pool[qseg[qi]])}
+        r = {
+            "qid": q.qid,
+            "category": int(q.category),
+            "n_evidence": len(q.evidence),
+            "pool": int(pool[qseg[qi]]),
+        }
         for k in ks:
             r[f"recall@{k}"] = evidence_recall(q.evidence, [src[j] for j in ranked[:k]])
         for b in budgets:  # the product's rule (consolidate.recall)
@@ -98,9 +103,16 @@ def retrieval_table(
     return pd.DataFrame(rows)
 
 
-def latency_ms(live: Records, questions: pd.DataFrame, q_vectors: np.ndarray, k: int,
-               sample: int = 200, seed: int = 0, device: str = "cpu",
-               memory_group: Callable[[str], str] = conversation_of) -> dict[str, float]:
+def latency_ms(
+    live: Records,
+    questions: pd.DataFrame,
+    q_vectors: np.ndarray,
+    k: int,
+    sample: int = 200,
+    seed: int = 0,
+    device: str = "cpu",
+    memory_group: Callable[[str], str] = conversation_of,
+) -> dict[str, float]:
     """p50/p95 of one-question retrieval (top-k over its conversation), milliseconds, on a
     fixed random sample of questions (``seed``); ``{}`` when ``sample`` is 0."""
     if sample <= 0 or not len(questions):
@@ -119,8 +131,9 @@ def latency_ms(live: Records, questions: pd.DataFrame, q_vectors: np.ndarray, k:
     return {"p50_ms": float(np.percentile(times, 50)), "p95_ms": float(np.percentile(times, 95))}
 
 
-def summarise(table: pd.DataFrame, metric_cols: Sequence[str],
-              label: Callable[[int], str] = category_label) -> pd.DataFrame:
+def summarise(
+    table: pd.DataFrame, metric_cols: Sequence[str], label: Callable[[int], str] = category_label
+) -> pd.DataFrame:
     """Mean of each metric over all questions and per category (labelled by ``label``; for
     LOCOMO both naming conventions).
 
@@ -128,9 +141,21 @@ def summarise(table: pd.DataFrame, metric_cols: Sequence[str],
         ``DataFrame`` with ``category`` (``"all"`` or the code), ``label``, ``n`` and the
         metric columns (NaN recalls, i.e. questions without evidence, are skipped).
     """
-    out = [{"category": "all", "label": "all", "n": len(table),
-            **{c: float(table[c].mean()) for c in metric_cols}}]
+    out = [
+        {
+            "category": "all",
+            "label": "all",
+            "n": len(table),
+            **{c: float(table[c].mean()) for c in metric_cols},
+        }
+    ]
     for cat, g in table.groupby("category"):
-        out.append({"category": int(cat), "label": label(int(cat)), "n": len(g),
-                    **{c: float(g[c].mean()) for c in metric_cols}})
+        out.append(
+            {
+                "category": int(cat),
+                "label": label(int(cat)),
+                "n": len(g),
+                **{c: float(g[c].mean()) for c in metric_cols},
+            }
+        )
     return pd.DataFrame(out)

@@ -44,25 +44,46 @@ def collect(run_dirs: Iterable[str | Path]) -> pd.DataFrame:
         head = {"run": str(d), "overrides": _overrides(d)}
         if (d / "results.json").exists():
             r = read_results(d / "results.json")
-            head = {**head, "task": r.task.name,
-                    "data_sha256": ",".join(sorted(r.task.files_sha256.values())),
-                    "prompts": ",".join(f"{k}={v}" for k, v in sorted(r.prompts.items()))}
+            head = {
+                **head,
+                "task": r.task.name,
+                "data_sha256": ",".join(sorted(r.task.files_sha256.values())),
+                "prompts": ",".join(f"{k}={v}" for k, v in sorted(r.prompts.items())),
+            }
             for t in r.tables.get("ablation", []):
                 rows.append({**head, "job": r.job, **t})
             for t in r.tables.get("calibration", []):
                 flat = {k: v for k, v in t.items() if k != "threshold_at_precision"}
                 flat.update({f"t@P{p}": v for p, v in t["threshold_at_precision"].items()})
-                rows.append({**head, "job": r.job, "variant": f"{t['dataset']} {t['dtype']}",
-                             **flat})
+                rows.append(
+                    {**head, "job": r.job, "variant": f"{t['dataset']} {t['dtype']}", **flat}
+                )
         elif (d / "summary.json").exists():
             s = json.loads((d / "summary.json").read_text())
             st = s.get("stats", {})
-            rows.append({**head, "job": "consolidate", "variant": "pass",
-                         **{k: st.get(k) for k in ("records_in", "records_out", "pairs",
-                                                   "clusters", "merges", "exact_merges",
-                                                   "dropped_floor", "dropped_cap",
-                                                   "review_pairs")},
-                         "wall_time_s": s.get("wall_time_s"), "ran": s.get("ran")})
+            rows.append(
+                {
+                    **head,
+                    "job": "consolidate",
+                    "variant": "pass",
+                    **{
+                        k: st.get(k)
+                        for k in (
+                            "records_in",
+                            "records_out",
+                            "pairs",
+                            "clusters",
+                            "merges",
+                            "exact_merges",
+                            "dropped_floor",
+                            "dropped_cap",
+                            "review_pairs",
+                        )
+                    },
+                    "wall_time_s": s.get("wall_time_s"),
+                    "ran": s.get("ran"),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -79,11 +100,15 @@ def check_comparable(table: pd.DataFrame) -> None:
         for col in ("task", "data_sha256", "prompts"):
             kinds = g.groupby(col)["run"].unique()
             if len(kinds) > 1:
-                which = "; ".join(f"{k[:40] or '(none)'}: {', '.join(sorted(map(str, v)))}"
-                                  for k, v in kinds.items())
-                raise ValueError(f"{job} runs differ in {col} ({which}); they measured "
-                                 f"different things: report them apart, or set "
-                                 f"allow_mixed=true to put them in one table anyway")
+                which = "; ".join(
+                    f"{k[:40] or '(none)'}: {', '.join(sorted(map(str, v)))}"
+                    for k, v in kinds.items()
+                )
+                raise ValueError(
+                    f"{job} runs differ in {col} ({which}); they measured "
+                    f"different things: report them apart, or set "
+                    f"allow_mixed=true to put them in one table anyway"
+                )
 
 
 def write_report(table: pd.DataFrame, out_dir: str | Path, title: str) -> dict[str, Path]:
@@ -93,8 +118,9 @@ def write_report(table: pd.DataFrame, out_dir: str | Path, title: str) -> dict[s
     paths = {"parquet": out / "runs.parquet", "markdown": out / "runs.md"}
     table.to_parquet(paths["parquet"], index=False)
     show = table.drop(columns=[c for c in ("run",) if c in table])
-    paths["markdown"].write_text(f"# {title}\n\n{len(table)} rows\n\n"
-                                 + show.round(4).to_markdown(index=False) + "\n")
+    paths["markdown"].write_text(
+        f"# {title}\n\n{len(table)} rows\n\n" + show.round(4).to_markdown(index=False) + "\n"
+    )
     if {"store_size", "recall@10"} <= set(table.columns):
         import matplotlib
 
@@ -120,8 +146,11 @@ class CollectResults(Callback):
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep = Path(config.hydra.sweep.dir)
-        runs = [p for p in sweep.iterdir() if p.is_dir() and (
-            (p / "results.json").exists() or (p / "summary.json").exists())]
+        runs = [
+            p
+            for p in sweep.iterdir()
+            if p.is_dir() and ((p / "results.json").exists() or (p / "summary.json").exists())
+        ]
         if not runs:
             return
         paths = write_report(collect(runs), sweep, f"sweep {sweep}")

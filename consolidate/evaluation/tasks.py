@@ -23,9 +23,20 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-__all__ = ["TaskSpec", "MemoryTask", "DatasetHashError", "TASKS", "verify", "load_locomo_qa",
-           "longmemeval_task", "locomo_task",
-           "load_stsb", "load_sick", "load_longmemeval", "sha256_file"]
+__all__ = [
+    "TaskSpec",
+    "MemoryTask",
+    "DatasetHashError",
+    "TASKS",
+    "verify",
+    "load_locomo_qa",
+    "longmemeval_task",
+    "locomo_task",
+    "load_stsb",
+    "load_sick",
+    "load_longmemeval",
+    "sha256_file",
+]
 
 
 @dataclass(frozen=True)
@@ -50,29 +61,31 @@ class TaskSpec:
 
 TASKS: dict[str, TaskSpec] = {
     "locomo10": TaskSpec(
-        "locomo10", "1.0",
-        {"locomo/locomo10.json":
-         "79fa87e90f04081343b8c8debecb80a9a6842b76a7aa537dc9fdf651ea698ff4"},
+        "locomo10",
+        "1.0",
+        {
+            "locomo/locomo10.json": "79fa87e90f04081343b8c8debecb80a9a6842b76a7aa537dc9fdf651ea698ff4"
+        },
         {"conversations": 10, "observations": 2541, "qa": 1986},
         "evidence_recall@10",
         "Maharana et al., ACL 2024; CC BY-NC 4.0",
     ),
     "stsb": TaskSpec(
-        "stsb", "1.0",
-        {"pairs/stsb/sts-train.csv":
-         "0f71910b59aa1ad973c5897f0791f3b0965a92b8f82b1a95f3eea9f4162fda82",
-         "pairs/stsb/sts-dev.csv":
-         "5d7e944d8b02734b07bfdb5df67db3420c64bed153fcaa1ba47ad03480cf4234",
-         "pairs/stsb/sts-test.csv":
-         "affe45928a66ee5a708531233c95b7dacbbdc57f974f002a3d32ea0180cf816a"},
+        "stsb",
+        "1.0",
+        {
+            "pairs/stsb/sts-train.csv": "0f71910b59aa1ad973c5897f0791f3b0965a92b8f82b1a95f3eea9f4162fda82",
+            "pairs/stsb/sts-dev.csv": "5d7e944d8b02734b07bfdb5df67db3420c64bed153fcaa1ba47ad03480cf4234",
+            "pairs/stsb/sts-test.csv": "affe45928a66ee5a708531233c95b7dacbbdc57f974f002a3d32ea0180cf816a",
+        },
         {"train": 5749, "dev": 1500, "test": 1379},
         "average_precision",
         "STS Benchmark (Cer et al., 2017); scores CC BY-SA 4.0; duplicate = score >= 4",
     ),
     "sick": TaskSpec(
-        "sick", "1.0",
-        {"pairs/sick/SICK.txt":
-         "1539c2d059809b5bd40694e26d8121cc85b6b496f91c7b40f2fc83bbd7dcd957"},
+        "sick",
+        "1.0",
+        {"pairs/sick/SICK.txt": "1539c2d059809b5bd40694e26d8121cc85b6b496f91c7b40f2fc83bbd7dcd957"},
         {"pairs": 9840, "mutual_entailment": 1300, "contradiction": 1424},
         "average_precision",
         "Marelli et al., LREC 2014; CC BY-NC-SA 3.0; duplicate = mutual entailment",
@@ -81,9 +94,11 @@ TASKS: dict[str, TaskSpec] = {
 
 
 TASKS["longmemeval-fixture"] = TaskSpec(
-    "longmemeval-fixture", "1.0",
-    {"eval/fixtures/longmemeval_tiny.json":
-     "695626ad1b6bc680970b06d5e83fc7e25972ca71ccd8653533e885acb95887cb"},
+    "longmemeval-fixture",
+    "1.0",
+    {
+        "consolidate/evaluation/longmemeval_tiny.json": "695626ad1b6bc680970b06d5e83fc7e25972ca71ccd8653533e885acb95887cb"
+    },
     {"questions": 3, "sessions": 7, "user_turns": 10},
     "evidence_recall@10",
     "a 3-question fixture in LongMemEval's format (Wu et al., 2024), written for this repo",
@@ -102,8 +117,7 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def verify(spec: TaskSpec, root: str | Path, allow_hash_mismatch: bool = False
-           ) -> dict[str, str]:
+def verify(spec: TaskSpec, root: str | Path, allow_hash_mismatch: bool = False) -> dict[str, str]:
     """Check every file of ``spec`` under ``root``; return ``{relative path: sha256 read}``.
 
     Raises:
@@ -114,8 +128,9 @@ def verify(spec: TaskSpec, root: str | Path, allow_hash_mismatch: bool = False
     for rel, want in spec.files.items():
         p = Path(root) / rel
         if not p.exists():
-            raise FileNotFoundError(f"{spec.name}: {p} not found (set paths.data_dir or "
-                                    f"CONSOLIDATE_DATA_DIR)")
+            raise FileNotFoundError(
+                f"{spec.name}: {p} not found (set paths.data_dir or CONSOLIDATE_DATA_DIR)"
+            )
         got = sha256_file(p)
         if got != want and not allow_hash_mismatch:
             raise DatasetHashError(
@@ -153,13 +168,19 @@ def load_locomo_qa(path: str | Path) -> Any:
         now_h = max(times)
         for k, q in enumerate(conv["qa"]):
             good, bad = parse_evidence(q.get("evidence", []))
-            rows.append({
-                "conversation": sid, "qid": f"{sid}/q{k}", "question": str(q["question"]),
-                "answer": "" if q.get("answer") is None else str(q["answer"]),
-                "adversarial_answer": str(q.get("adversarial_answer") or ""),
-                "category": int(q["category"]), "evidence": good,
-                "evidence_malformed": bad, "now_h": float(now_h),
-            })
+            rows.append(
+                {
+                    "conversation": sid,
+                    "qid": f"{sid}/q{k}",
+                    "question": str(q["question"]),
+                    "answer": "" if q.get("answer") is None else str(q["answer"]),
+                    "adversarial_answer": str(q.get("adversarial_answer") or ""),
+                    "category": int(q["category"]),
+                    "evidence": good,
+                    "evidence_malformed": bad,
+                    "now_h": float(now_h),
+                }
+            )
     return datasets.Dataset.from_list(rows)
 
 
@@ -173,8 +194,13 @@ def load_stsb(root: str | Path, split: str = "dev") -> Any:
     import datasets
 
     ds = datasets.load_dataset(
-        "csv", data_files={split: str(Path(root) / f"pairs/stsb/sts-{split}.csv")},
-        delimiter="\t", quoting=3, header=None, names=_STSB_COLS, split=split,
+        "csv",
+        data_files={split: str(Path(root) / f"pairs/stsb/sts-{split}.csv")},
+        delimiter="\t",
+        quoting=3,
+        header=None,
+        names=_STSB_COLS,
+        split=split,
     )
     return ds.map(lambda r: {"label": int(float(r["score"]) >= 4.0)})
 
@@ -185,15 +211,21 @@ def load_sick(root: str | Path, split: str | None = None) -> Any:
     ``split``: ``TRAIN``/``TRIAL``/``TEST`` or ``None`` for all 9,840."""
     import datasets
 
-    ds = datasets.load_dataset("csv", data_files=str(Path(root) / "pairs/sick/SICK.txt"),
-                               delimiter="\t", split="train")
+    ds = datasets.load_dataset(
+        "csv", data_files=str(Path(root) / "pairs/sick/SICK.txt"), delimiter="\t", split="train"
+    )
     if split:
         ds = ds.filter(lambda r: r["SemEval_set"] == split)
-    return ds.map(lambda r: {
-        "sentence1": r["sentence_A"], "sentence2": r["sentence_B"],
-        "label": int(r["entailment_AB"] == "A_entails_B" and r["entailment_BA"] == "B_entails_A"),
-        "contradiction": int(r["entailment_label"] == "CONTRADICTION"),
-    })
+    return ds.map(
+        lambda r: {
+            "sentence1": r["sentence_A"],
+            "sentence2": r["sentence_B"],
+            "label": int(
+                r["entailment_AB"] == "A_entails_B" and r["entailment_BA"] == "B_entails_A"
+            ),
+            "contradiction": int(r["entailment_label"] == "CONTRADICTION"),
+        }
+    )
 
 
 @dataclass
@@ -220,8 +252,13 @@ class MemoryTask:
     category_names: dict[int, str]
 
 
-def locomo_task(path: str | Path, root: str | Path, allow_hash_mismatch: bool = False,
-                conversations: int | None = None, importance: Any = None) -> MemoryTask:
+def locomo_task(
+    path: str | Path,
+    root: str | Path,
+    allow_hash_mismatch: bool = False,
+    conversations: int | None = None,
+    importance: Any = None,
+) -> MemoryTask:
     """LOCOMO observations and questions -> :class:`MemoryTask` (groups = conversations;
     categories labelled in both LOCOMO's and Mem0's conventions).
 
@@ -241,20 +278,35 @@ def locomo_task(path: str | Path, root: str | Path, allow_hash_mismatch: bool = 
     else:
         got = sha256_file(path)
         if got != spec.files["locomo/locomo10.json"] and not allow_hash_mismatch:
-            raise DatasetHashError(f"{path} has sha256 {got}, not LOCOMO's; pass "
-                                   f"allow_hash_mismatch=true to use it")
+            raise DatasetHashError(
+                f"{path} has sha256 {got}, not LOCOMO's; pass allow_hash_mismatch=true to use it"
+            )
         shas = {str(path): got}
     imp = importance or ImportanceConfig()
     obs, _ = read_locomo_observations(path, conversations)
-    memories = [{"id": o.id, "namespace": o.namespace, "text": o.text,
-                 "source_ids": o.source_ids, "created_at": o.time_h,
-                 "importance": heuristic_importance(o.text, imp)} for o in obs]
+    memories = [
+        {
+            "id": o.id,
+            "namespace": o.namespace,
+            "text": o.text,
+            "source_ids": o.source_ids,
+            "created_at": o.time_h,
+            "importance": heuristic_importance(o.text, imp),
+        }
+        for o in obs
+    ]
     qa = load_locomo_qa(path).to_pandas()
     convs = {o.conversation for o in obs}
     qa = qa[qa["conversation"].isin(convs)].reset_index(drop=True)
     qa["group"] = qa["conversation"]
-    return MemoryTask(spec, shas, memories, qa, lambda ns: str(ns).split("/")[0],
-                      {c: category_label(c) for c in LOCOMO_CATEGORY})
+    return MemoryTask(
+        spec,
+        shas,
+        memories,
+        qa,
+        lambda ns: str(ns).split("/")[0],
+        {c: category_label(c) for c in LOCOMO_CATEGORY},
+    )
 
 
 def _lme_time(s: str) -> float:
@@ -264,8 +316,9 @@ def _lme_time(s: str) -> float:
     return d.replace(tzinfo=timezone.utc).timestamp() / 3600
 
 
-def longmemeval_task(path: str | Path, spec: TaskSpec | None = None,
-                     allow_hash_mismatch: bool = False) -> MemoryTask:
+def longmemeval_task(
+    path: str | Path, spec: TaskSpec | None = None, allow_hash_mismatch: bool = False
+) -> MemoryTask:
     """LongMemEval-format file -> :class:`MemoryTask`. Each question has its own haystack, so
     its namespace (and group) is its ``question_id``; every user turn becomes a memory with
     ``source_ids = [session_id, "<session_id>:<turn>"]``. Evidence: the turns flagged
@@ -287,11 +340,16 @@ def longmemeval_task(path: str | Path, spec: TaskSpec | None = None,
     memories, questions = [], []
     for row in ds:
         qid = row["question_id"]
-        sess, dates, ids = row["haystack_sessions"], row["haystack_dates"], \
-            row["haystack_session_ids"]
+        sess, dates, ids = (
+            row["haystack_sessions"],
+            row["haystack_dates"],
+            row["haystack_session_ids"],
+        )
         if not len(sess) == len(dates) == len(ids):
-            raise ValueError(f"{path}: question {qid!r} has {len(sess)} sessions, "
-                             f"{len(dates)} dates and {len(ids)} session ids")
+            raise ValueError(
+                f"{path}: question {qid!r} has {len(sess)} sessions, "
+                f"{len(dates)} dates and {len(ids)} session ids"
+            )
         evidence = []
         for sid, date, turns in zip(ids, dates, sess, strict=True):
             t_h = _lme_time(date)
@@ -300,22 +358,43 @@ def longmemeval_task(path: str | Path, spec: TaskSpec | None = None,
                     evidence.append(f"{sid}:{k}")
                 if turn["role"] != "user":
                     continue
-                memories.append({"id": f"{qid}/{sid}/t{k}", "namespace": qid,
-                                 "text": turn["content"], "source_ids": [sid, f"{sid}:{k}"],
-                                 "created_at": t_h})
-        questions.append({
-            "qid": qid, "group": qid, "question": row["question"], "answer": str(row["answer"]),
-            "category": code[row["question_type"]],
-            "evidence": evidence or list(row["answer_session_ids"]),
-            "now_h": _lme_time(row["question_date"]),
-        })
+                memories.append(
+                    {
+                        "id": f"{qid}/{sid}/t{k}",
+                        "namespace": qid,
+                        "text": turn["content"],
+                        "source_ids": [sid, f"{sid}:{k}"],
+                        "created_at": t_h,
+                    }
+                )
+        questions.append(
+            {
+                "qid": qid,
+                "group": qid,
+                "question": row["question"],
+                "answer": str(row["answer"]),
+                "category": code[row["question_type"]],
+                "evidence": evidence or list(row["answer_session_ids"]),
+                "now_h": _lme_time(row["question_date"]),
+            }
+        )
     import pandas as pd
 
-    spec = spec or TaskSpec("longmemeval", "1.0", {str(path): ""},
-                            main_score=TASKS["longmemeval-fixture"].main_score,
-                            source=f"a file in LongMemEval's format: {path}")
-    return MemoryTask(spec, {str(path): got}, memories,
-                      pd.DataFrame(questions), lambda ns: ns, {v: k for k, v in code.items()})
+    spec = spec or TaskSpec(
+        "longmemeval",
+        "1.0",
+        {str(path): ""},
+        main_score=TASKS["longmemeval-fixture"].main_score,
+        source=f"a file in LongMemEval's format: {path}",
+    )
+    return MemoryTask(
+        spec,
+        {str(path): got},
+        memories,
+        pd.DataFrame(questions),
+        lambda ns: ns,
+        {v: k for k, v in code.items()},
+    )
 
 
 def load_longmemeval(path: str | Path) -> Any:

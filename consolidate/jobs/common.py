@@ -27,8 +27,7 @@ def typed(cfg: DictConfig, key: str, cls: type) -> Any:
     allowed = {f.name for f in dataclasses.fields(cls)}
     extra = sorted(set(node.keys()) - allowed)
     if extra:
-        raise ValueError(f"unknown key(s) {extra} in '{key}' (a typo? allowed: "
-                         f"{sorted(allowed)})")
+        raise ValueError(f"unknown key(s) {extra} in '{key}' (a typo? allowed: {sorted(allowed)})")
     obj = OmegaConf.to_object(node)
     if isinstance(obj, cls):
         return obj
@@ -56,10 +55,17 @@ def open_store(cfg: DictConfig, *, build: bool = True) -> tuple[Store, dict[str,
     """
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
     name = scfg.name
-    if not (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name
-            and "\\" not in name and "\0" not in name):
-        raise ValueError(f"store.name must be a plain folder name (no '/', not '..'), got "
-                         f"{name!r}; use store.dir=PATH for a store elsewhere")
+    if not (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and "\\" not in name
+        and "\0" not in name
+    ):
+        raise ValueError(
+            f"store.name must be a plain folder name (no '/', not '..'), got "
+            f"{name!r}; use store.dir=PATH for a store elsewhere"
+        )
     store = make_store(scfg)
     if store.exists() or not build or scfg.init_from is None:
         if not store.exists():
@@ -70,7 +76,8 @@ def open_store(cfg: DictConfig, *, build: bool = True) -> tuple[Store, dict[str,
         raise FileExistsError(  # before any model is loaded (Store.create checks it again)
             f"{root} is not empty and holds no store (CURRENT is missing): a store is built "
             f"only in a new or empty directory; if it held a store, restore its CURRENT or "
-            f"move the folder aside")
+            f"move the folder aside"
+        )
     if scfg.init_from != "locomo":
         raise ValueError(f"store.init_from must be 'locomo' or null, got {scfg.init_from!r}")
     from ..store.locomo import locomo_records
@@ -93,8 +100,11 @@ def make_store(scfg: StoreConfig) -> Store:
     """
     from ..store.lance_store import LanceStore, open_store_dir
 
-    kw: dict[str, Any] = {"keep_snapshots": scfg.keep_snapshots,
-                          "quarantine": scfg.quarantine, "vector_dtype": scfg.vector_dtype}
+    kw: dict[str, Any] = {
+        "keep_snapshots": scfg.keep_snapshots,
+        "quarantine": scfg.quarantine,
+        "vector_dtype": scfg.vector_dtype,
+    }
     store = open_store_dir(scfg.dir, format=scfg.format, **kw)
     if isinstance(store, LanceStore):
         store.retention_h = float(scfg.retention_h)
@@ -105,8 +115,16 @@ def make_embedder(ecfg: EmbedderConfig) -> Any:
     """An :class:`~consolidate.embed.Embedder` from its config."""
     from ..embed import Embedder
 
-    return Embedder(ecfg.model_path, ecfg.device, ecfg.batch_size, ecfg.show_progress,
-                    ecfg.dtype, ecfg.pipeline, ecfg.batch_tokens, ecfg.long_text)
+    return Embedder(
+        ecfg.model_path,
+        ecfg.device,
+        ecfg.batch_size,
+        ecfg.show_progress,
+        ecfg.dtype,
+        ecfg.pipeline,
+        ecfg.batch_tokens,
+        ecfg.long_text,
+    )
 
 
 def write_summary(out_dir: str | Path, summary: dict[str, Any]) -> Path:
@@ -117,8 +135,8 @@ def write_summary(out_dir: str | Path, summary: dict[str, Any]) -> Path:
     return p
 
 
-#: ``configs/`` at the repository root (the package is installed editable from the checkout).
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+#: The jobs' Hydra configs, shipped inside the package (``consolidate/conf/``).
+CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 @contextlib.contextmanager
@@ -138,9 +156,19 @@ def user_errors() -> Iterator[None]:
         StoreNotFoundError,
     )
 
-    user = (InvalidRecordsError, MassDropError, LockTimeoutError, CorruptStoreError,
-            StoreNotFoundError, ConcurrentCommitError, DatasetHashError, FileNotFoundError,
-            KeyError, ValueError, ImportError)
+    user = (
+        InvalidRecordsError,
+        MassDropError,
+        LockTimeoutError,
+        CorruptStoreError,
+        StoreNotFoundError,
+        ConcurrentCommitError,
+        DatasetHashError,
+        FileNotFoundError,
+        KeyError,
+        ValueError,
+        ImportError,
+    )
     from omegaconf.errors import MissingMandatoryValue
 
     try:
@@ -152,8 +180,7 @@ def user_errors() -> Iterator[None]:
             raise
         except MissingMandatoryValue as e:  # a `???` in the config the user did not set
             key = getattr(e, "full_key", None) or str(e)
-            raise ValueError(f"{key} has no value: set it on the command line "
-                             f"({key}=...)") from e
+            raise ValueError(f"{key} has no value: set it on the command line ({key}=...)") from e
     except user as e:
         if os.environ.get("CONSOLIDATE_DEBUG"):
             raise
@@ -163,8 +190,9 @@ def user_errors() -> Iterator[None]:
     except OSError as e:
         # a full disk, a read-only or forbidden folder, a folder that is in the way
         if os.environ.get("CONSOLIDATE_DEBUG") or not (
-                isinstance(e, (FileExistsError, PermissionError))
-                or e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)):
+            isinstance(e, (FileExistsError, PermissionError))
+            or e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+        ):
             raise
         print(f"error: {e}\n(set CONSOLIDATE_DEBUG=1 for the traceback)", file=sys.stderr)
         sys.exit(2)

@@ -73,34 +73,39 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
     # a fleet run's actors build their own merger and reflector (from these configs)
     merger = None if fleet else instantiate(cfg.merge)
     reflector = instantiate(cfg.reflect) if pc.reflect and not fleet else None
-    src: SourceConfig = typed(cfg, "source", SourceConfig) if "source" in cfg else \
-        SourceConfig()
+    src: SourceConfig = typed(cfg, "source", SourceConfig) if "source" in cfg else SourceConfig()
     if src.kind != "store":
         if fleet:
             raise ValueError(f"source={src.kind} runs in this process: use runner=local")
         summary = _external_run(cfg, src, pc, sc, merger, reflector, out_dir)
-        summary["policy"] = ({**policy, "calibrated": True} if policy is not None
-                             else {"calibrated": False})
+        summary["policy"] = (
+            {**policy, "calibrated": True} if policy is not None else {"calibrated": False}
+        )
         return _finish(summary, t0, out_dir)
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
     t = time.perf_counter()
     store, report = open_store(cfg)
     t_build = time.perf_counter() - t
-    summary: dict[str, Any] = {"store": str(store.root),
-                               "config": OmegaConf.to_container(cfg, resolve=True)}
+    summary: dict[str, Any] = {
+        "store": str(store.root),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
     if calibration is not None:
         summary["calibration"] = calibration
     # the retention policy: calibrated (from policy.json, with its measured cost) or not
-    summary["policy"] = ({**policy, "calibrated": True} if policy is not None
-                         else {"calibrated": False})
+    summary["policy"] = (
+        {**policy, "calibrated": True} if policy is not None else {"calibrated": False}
+    )
     if report is not None:
         summary["import"] = {k: report[k] for k in ("observations", "conversations", "sha256")}
         for k in ("malformed_evidence", "malformed_items", "bad_times"):
             summary["import"][k] = len(report[k])
         summary["import"]["time_s"] = round(t_build, 3)
     if fleet and not isinstance(store, LanceStore):
-        raise ValueError(f"runner=ray needs a Lance store; {store.root} is a Parquet store "
-                         f"(consolidate-convert src=... dst=... makes a Lance copy)")
+        raise ValueError(
+            f"runner=ray needs a Lance store; {store.root} is a Parquet store "
+            f"(consolidate-convert src=... dst=... makes a Lance copy)"
+        )
     with store.lock(timeout_s=scfg.lock_timeout_s):
         if fleet:
             summary.update(_fleet_run(cfg, store, pc, sc, rc))
@@ -124,22 +129,30 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
             summary["ran"] = False
         else:
             wall = hours_now()
-            res = run_pass(snap.records, cfg=pc, sim_cfg=sc, merger=merger,
-                           version=snap.version + 1, wall_h=wall, reflector=reflector)
+            res = run_pass(
+                snap.records,
+                cfg=pc,
+                sim_cfg=sc,
+                merger=merger,
+                version=snap.version + 1,
+                wall_h=wall,
+                reflector=reflector,
+            )
             t = time.perf_counter()
-            commit = store.commit(res.records, res.events, base=snap, dry_run=pc.dry_run,
-                                  pass_time_h=wall)
+            commit = store.commit(
+                res.records, res.events, base=snap, dry_run=pc.dry_run, pass_time_h=wall
+            )
             res.stats.time_s["load"] = round(t_load, 4)
             res.stats.time_s["commit"] = round(time.perf_counter() - t, 4)
             if isinstance(store, LanceStore) and not pc.dry_run:
                 _cleanup(store, commit, res.stats.time_s)
-            summary.update(ran=True, dry_run=pc.dry_run, commit=commit,
-                           stats=res.stats.as_dict())
+            summary.update(ran=True, dry_run=pc.dry_run, commit=commit, stats=res.stats.as_dict())
     return _finish(summary, t0, out_dir)
 
 
-def _external_run(cfg: DictConfig, src: Any, pc: Any, sc: Any, merger: Any, reflector: Any,
-                  out_dir: str | None) -> dict[str, Any]:
+def _external_run(
+    cfg: DictConfig, src: Any, pc: Any, sc: Any, merger: Any, reflector: Any, out_dir: str | None
+) -> dict[str, Any]:
     """The pass over an external store (``source=pgvector``: :mod:`consolidate.sources.
     pgvector`; ``source=mem0``: :mod:`consolidate.sources.mem0`; ``source=jsonl``:
     :class:`consolidate.sources.files.FileSource`; ``source=lance``:
@@ -153,40 +166,54 @@ def _external_run(cfg: DictConfig, src: Any, pc: Any, sc: Any, merger: Any, refl
     from ..config import EmbedderConfig
     from ..sources.open import open_source, source_records
 
-    source, name = open_source(src, lambda: make_embedder(typed(cfg, "embedder",
-                                                                EmbedderConfig)))
+    source, name = open_source(src, lambda: make_embedder(typed(cfg, "embedder", EmbedderConfig)))
     t = time.perf_counter()
     snap = source.read(src.namespaces)
     records = source_records(source, snap)
     t_load = time.perf_counter() - t
     no_vector = getattr(snap, "no_vector", 0)
     if no_vector:
-        log.warning("%s: %d live rows have no vector yet (left out of the pass, untouched), "
-                    "e.g. %s", name, no_vector, snap.no_vector_ids[:5])
+        log.warning(
+            "%s: %d live rows have no vector yet (left out of the pass, untouched), e.g. %s",
+            name,
+            no_vector,
+            snap.no_vector_ids[:5],
+        )
     fire, new_imp = trigger(records, pc.trigger_importance)
     summary: dict[str, Any] = {
-        "store": name, "config": OmegaConf.to_container(cfg, resolve=True),
+        "store": name,
+        "config": OmegaConf.to_container(cfg, resolve=True),
         "trigger": _trigger_summary(pc, new_imp, fire, {}),
-        "records_read": len(records), "records_without_vector": no_vector}
+        "records_read": len(records),
+        "records_without_vector": no_vector,
+    }
     if not (fire or pc.force) or not len(records):
         summary["ran"] = False
         return summary
     wall = hours_now()
-    res = run_pass(records, cfg=pc, sim_cfg=sc, merger=merger,
-                   version=content_version(records), wall_h=wall, reflector=reflector)
+    res = run_pass(
+        records,
+        cfg=pc,
+        sim_cfg=sc,
+        merger=merger,
+        version=content_version(records),
+        wall_h=wall,
+        reflector=reflector,
+    )
     if out_dir is None:
-        out_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() \
-            else "outputs"
+        out_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else "outputs"
     dry = pc.dry_run or not src.apply
     t = time.perf_counter()
     if src.kind == "mem0":
         plan = source.plan(snap, res.records, drops=src.drops)
-        rep = source.apply(plan, snap, dry_run=dry,
-                           undo_file=None if dry else Path(out_dir) / "undo.jsonl")
+        rep = source.apply(
+            plan, snap, dry_run=dry, undo_file=None if dry else Path(out_dir) / "undo.jsonl"
+        )
     elif src.kind == "jsonl":
         plan = source.plan(snap, res.records)
-        rep = source.apply(plan, dry_run=dry,
-                           out=Path(out_dir) / f"consolidated{Path(src.path).suffix}")
+        rep = source.apply(
+            plan, dry_run=dry, out=Path(out_dir) / f"consolidated{Path(src.path).suffix}"
+        )
     else:
         plan = source.plan(snap, res.records)
         rep = source.apply(plan, dry_run=dry)
@@ -195,18 +222,36 @@ def _external_run(cfg: DictConfig, src: Any, pc: Any, sc: Any, merger: Any, refl
     events = Path(out_dir) / "events.jsonl"
     events.parent.mkdir(parents=True, exist_ok=True)
     events.write_text("".join(json.dumps(e, default=str) + "\n" for e in res.events))
-    (Path(out_dir) / "plan.json").write_text(json.dumps(
-        {"plan_id": plan.plan_id, "dry_run": rep.dry_run, "units": plan.units,
-         "skipped": rep.skipped}, indent=1, default=str))
-    summary.update(ran=True, dry_run=rep.dry_run, stats=res.stats.as_dict(),
-                   external={"plan_id": plan.plan_id, "units": plan.counts(),
-                       "applied": rep.applied, "skipped": rep.skipped[:100],
-                       "n_skipped": len(rep.skipped), "events": str(events),
-                       "undo": getattr(rep, "undo_file", None),
-                       "written": getattr(rep, "written", None),
-                       "version": getattr(rep, "version", None),
-                       "previous_version": getattr(rep, "previous", None),
-                       "backup": getattr(rep, "backup", None)})
+    (Path(out_dir) / "plan.json").write_text(
+        json.dumps(
+            {
+                "plan_id": plan.plan_id,
+                "dry_run": rep.dry_run,
+                "units": plan.units,
+                "skipped": rep.skipped,
+            },
+            indent=1,
+            default=str,
+        )
+    )
+    summary.update(
+        ran=True,
+        dry_run=rep.dry_run,
+        stats=res.stats.as_dict(),
+        external={
+            "plan_id": plan.plan_id,
+            "units": plan.counts(),
+            "applied": rep.applied,
+            "skipped": rep.skipped[:100],
+            "n_skipped": len(rep.skipped),
+            "events": str(events),
+            "undo": getattr(rep, "undo_file", None),
+            "written": getattr(rep, "written", None),
+            "version": getattr(rep, "version", None),
+            "previous_version": getattr(rep, "previous", None),
+            "backup": getattr(rep, "backup", None),
+        },
+    )
     return summary
 
 
@@ -224,14 +269,21 @@ def content_version(records: Any) -> int:
     return 1 + mixed % (2**31 - 1)
 
 
-def _trigger_summary(pc: Any, new_imp: float, fire: bool, scope: dict[str, Any]
-                     ) -> dict[str, Any]:
+def _trigger_summary(pc: Any, new_imp: float, fire: bool, scope: dict[str, Any]) -> dict[str, Any]:
     """The summary's ``trigger`` block (and a log line when it did not fire)."""
     if not (fire or pc.force):
-        log.info("trigger did not fire: new importance %.3f < %.3f (use pass.force=true)",
-                 new_imp, pc.trigger_importance)
-    return {"new_importance": round(new_imp, 4), "threshold": pc.trigger_importance,
-            "fired": fire, "forced": pc.force, **scope}
+        log.info(
+            "trigger did not fire: new importance %.3f < %.3f (use pass.force=true)",
+            new_imp,
+            pc.trigger_importance,
+        )
+    return {
+        "new_importance": round(new_imp, 4),
+        "threshold": pc.trigger_importance,
+        "fired": fire,
+        "forced": pc.force,
+        **scope,
+    }
 
 
 def _cleanup(store: LanceStore, commit: dict[str, Any], times: dict[str, float]) -> None:
@@ -250,8 +302,7 @@ def _finish(summary: dict[str, Any], t0: float, out_dir: str | None) -> dict[str
     return summary
 
 
-def _fleet_run(cfg: DictConfig, store: LanceStore, pc: Any, sc: Any, rc: Any
-               ) -> dict[str, Any]:
+def _fleet_run(cfg: DictConfig, store: LanceStore, pc: Any, sc: Any, rc: Any) -> dict[str, Any]:
     """The pass on Ray Data (:func:`consolidate.fleet.run_fleet_pass`), under the store's
     lock: the trigger per namespace (``pass.incremental``) or over the store, then the
     shards, then one commit and the cleanup. Returns the summary's fields."""
@@ -274,15 +325,30 @@ def _fleet_run(cfg: DictConfig, store: LanceStore, pc: Any, sc: Any, rc: Any
     t_trigger = time.perf_counter() - t
     merge = OmegaConf.to_container(cfg.merge, resolve=True)
     reflect = OmegaConf.to_container(cfg.reflect, resolve=True) if pc.reflect else None
-    res = run_fleet_pass(store, namespaces=namespaces, pass_cfg=pc, sim_cfg=sc, runner=rc,
-                         merge=merge, reflect=reflect, wall_h=hours_now(), dry_run=pc.dry_run)
+    res = run_fleet_pass(
+        store,
+        namespaces=namespaces,
+        pass_cfg=pc,
+        sim_cfg=sc,
+        runner=rc,
+        merge=merge,
+        reflect=reflect,
+        wall_h=hours_now(),
+        dry_run=pc.dry_run,
+    )
     stats, commit = res["stats"], res["commit"]
     stats.time_s["trigger"] = round(t_trigger, 4)
     if not pc.dry_run:
         _cleanup(store, commit, stats.time_s)
-    out.update(ran=True, dry_run=pc.dry_run, commit=commit, stats=stats.as_dict(),
-               base_version=res["base_version"], records_read=res["records_read"],
-               fleet=res["fleet"])
+    out.update(
+        ran=True,
+        dry_run=pc.dry_run,
+        commit=commit,
+        stats=stats.as_dict(),
+        base_version=res["base_version"],
+        records_read=res["records_read"],
+        fleet=res["fleet"],
+    )
     return out
 
 
@@ -291,19 +357,27 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = [f"store            {s['store']}"]
     if "import" in s:
         i = s["import"]
-        lines.append(f"imported         {i['observations']} observations from "
-                     f"{i['conversations']} conversations ({i['time_s']} s)")
-        problems = {k: i[k] for k in ("malformed_evidence", "malformed_items", "bad_times")
-                    if i.get(k)}
+        lines.append(
+            f"imported         {i['observations']} observations from "
+            f"{i['conversations']} conversations ({i['time_s']} s)"
+        )
+        problems = {
+            k: i[k] for k in ("malformed_evidence", "malformed_items", "bad_times") if i.get(k)
+        }
         if problems:
             lines.append(f"import problems  {problems} (listed in import_report.json)")
     tr = s["trigger"]
-    per_ns = (f" in {tr['namespaces_fired']} of {tr['namespaces_with_new']} namespaces with "
-              f"new memories" if "namespaces_fired" in tr else "")
-    lines.append(f"trigger          new importance {tr['new_importance']} vs "
-                 f"{tr['threshold']}{' per namespace' if per_ns else ''}: "
-                 f"{'fired' if tr['fired'] else 'not fired'}{per_ns}"
-                 f"{' (forced)' if tr['forced'] else ''}")
+    per_ns = (
+        f" in {tr['namespaces_fired']} of {tr['namespaces_with_new']} namespaces with new memories"
+        if "namespaces_fired" in tr
+        else ""
+    )
+    lines.append(
+        f"trigger          new importance {tr['new_importance']} vs "
+        f"{tr['threshold']}{' per namespace' if per_ns else ''}: "
+        f"{'fired' if tr['fired'] else 'not fired'}{per_ns}"
+        f"{' (forced)' if tr['forced'] else ''}"
+    )
     lines.append(_policy_line(s))
     if not s.get("ran"):
         lines.append("pass             skipped (nothing to do; pass.force=true to run anyway)")
@@ -311,70 +385,118 @@ def format_summary(s: dict[str, Any]) -> str:
         st = s["stats"]
         rows = [
             ("records in", st["records_in"], st["time_s"]["load"]),
-            ("exact duplicates", f"{st['exact_duplicates']} in {st['exact_groups']} groups",
-             st["time_s"]["exact"]),
+            (
+                "exact duplicates",
+                f"{st['exact_duplicates']} in {st['exact_groups']} groups",
+                st["time_s"]["exact"],
+            ),
             ("pairs >= thresh", st["pairs"], st["time_s"]["similarity"]),
             ("clusters", st["clusters"], st["time_s"]["cluster"]),
-            ("merges", f"{st['merges']} clusters + {st['exact_merges']} exact "
-                       f"({st['merged_members']} records)", st["time_s"]["merge"]),
+            (
+                "merges",
+                f"{st['merges']} clusters + {st['exact_merges']} exact "
+                f"({st['merged_members']} records)",
+                st["time_s"]["merge"],
+            ),
             ("merge texts", _merge_texts(st), ""),
             ("review pairs", st["review_pairs"], ""),
             ("superseded", f"{st['superseded']} older facts closed (valid_to)", ""),
-            ("dropped", f"{st['dropped_floor']} below floor, {st['dropped_cap']} over cap",
-             st["time_s"]["score"]),
+            (
+                "dropped",
+                f"{st['dropped_floor']} below floor, {st['dropped_cap']} over cap",
+                st["time_s"]["score"],
+            ),
             ("records out", st["records_out"], st["time_s"]["commit"]),
-            ("model calls", _calls(st, "merge", st["model_calls"], "prompt_tokens",
-                                   "completion_tokens"), ""),
+            (
+                "model calls",
+                _calls(st, "merge", st["model_calls"], "prompt_tokens", "completion_tokens"),
+                "",
+            ),
         ]
         if "reflections" in st:
-            rows.insert(-2, ("reflections", f"{st['reflections']} of {st['reflect_groups']} "
-                                            f"groups", st["time_s"]["reflect"]))
-            rows.append(("reflect calls", _calls(st, "reflect", st["reflect_calls"],
-                                                 "reflect_prompt_tokens",
-                                                 "reflect_completion_tokens"), ""))
+            rows.insert(
+                -2,
+                (
+                    "reflections",
+                    f"{st['reflections']} of {st['reflect_groups']} groups",
+                    st["time_s"]["reflect"],
+                ),
+            )
+            rows.append(
+                (
+                    "reflect calls",
+                    _calls(
+                        st,
+                        "reflect",
+                        st["reflect_calls"],
+                        "reflect_prompt_tokens",
+                        "reflect_completion_tokens",
+                    ),
+                    "",
+                )
+            )
         lines.append(f"{'stage':<17}{'result':<44}time_s")
         lines += [f"{a:<17}{b!s:<44}{t}" for a, b, t in rows]
         if "external" in s:
             g = s["external"]
-            done = ", ".join(f"{n} {k}{'' if n == 1 else 's'}"
-                             for k, n in sorted(g["applied"].items())) or "nothing"
-            lines.append(f"{'would apply' if s['dry_run'] else 'applied':<17}{done} "
-                         f"(plan {g['plan_id'][:12]} in plan.json; {g['n_skipped']} units "
-                         f"skipped; events {g['events']})"
-                         + ("; source.apply=true writes it" if s["dry_run"] and g["applied"]
-                            else ""))
+            done = (
+                ", ".join(
+                    f"{n} {k}{'' if n == 1 else 's'}" for k, n in sorted(g["applied"].items())
+                )
+                or "nothing"
+            )
+            lines.append(
+                f"{'would apply' if s['dry_run'] else 'applied':<17}{done} "
+                f"(plan {g['plan_id'][:12]} in plan.json; {g['n_skipped']} units "
+                f"skipped; events {g['events']})"
+                + ("; source.apply=true writes it" if s["dry_run"] and g["applied"] else "")
+            )
             if s.get("records_without_vector"):
-                lines.append(f"{'no vector yet':<17}{s['records_without_vector']} live rows "
-                             f"left out of the pass, untouched (named in the log)")
+                lines.append(
+                    f"{'no vector yet':<17}{s['records_without_vector']} live rows "
+                    f"left out of the pass, untouched (named in the log)"
+                )
             if g.get("version") is not None:
-                lines.append(f"{'lance version':<17}{g['version']} written (the version "
-                             f"read, {g['previous_version']}, stays in the history)")
+                lines.append(
+                    f"{'lance version':<17}{g['version']} written (the version "
+                    f"read, {g['previous_version']}, stays in the history)"
+                )
             if g.get("written"):
-                lines.append(f"{'result file':<17}{g['written']}"
-                             + (f" (the file as it was: {g['backup']})" if g.get("backup")
-                                else ""))
+                lines.append(
+                    f"{'result file':<17}{g['written']}"
+                    + (f" (the file as it was: {g['backup']})" if g.get("backup") else "")
+                )
         else:
             c = s["commit"]
-            where = (f"version {c['version']}" if c["snapshot"]
-                     else "dry run, nothing written")
-            rows_w = (f", {c['rows_written']} rows written" if "rows_written" in c else "")
-            lines.append(f"written          {where}, changelog {c['changelog']}{rows_w}, "
-                         f"carried {c['carried_records']} late records")
-        lines.append(f"device           {st['device']}, engine {st.get('engine', 'torch')} "
-                     f"(merger: {st['merger']})")
+            where = f"version {c['version']}" if c["snapshot"] else "dry run, nothing written"
+            rows_w = f", {c['rows_written']} rows written" if "rows_written" in c else ""
+            lines.append(
+                f"written          {where}, changelog {c['changelog']}{rows_w}, "
+                f"carried {c['carried_records']} late records"
+            )
+        lines.append(
+            f"device           {st['device']}, engine {st.get('engine', 'torch')} "
+            f"(merger: {st['merger']})"
+        )
         if "fleet" in s:
             f = s["fleet"]
-            lines.append(f"runner           ray: {f['shards']} shards of whole namespaces on "
-                         f"{f['workers']} actors, {f['ray_s']} s on Ray (stage times are "
-                         f"summed over actors)")
+            lines.append(
+                f"runner           ray: {f['shards']} shards of whole namespaces on "
+                f"{f['workers']} actors, {f['ray_s']} s on Ray (stage times are "
+                f"summed over actors)"
+            )
             if "commits" in f:
-                lines.append(f"commits          {len(f['commits'])} versions "
-                             f"({', '.join(map(str, f['commits']))}), one per group of shards")
+                lines.append(
+                    f"commits          {len(f['commits'])} versions "
+                    f"({', '.join(map(str, f['commits']))}), one per group of shards"
+                )
             if "llm" in f:
                 q = f["llm"]
-                lines.append(f"llm stage        ray.data.llm: {q['requests']} requests in "
-                             f"{q['rounds']} rounds ({q['cached']} from the cache), "
-                             f"{q['seconds']} s")
+                lines.append(
+                    f"llm stage        ray.data.llm: {q['requests']} requests in "
+                    f"{q['rounds']} rounds ({q['cached']} from the cache), "
+                    f"{q['seconds']} s"
+                )
     lines.append(f"wall time        {s['wall_time_s']} s; summary {s['summary_path']}")
     return "\n".join(lines)
 
@@ -390,24 +512,33 @@ def _policy_line(s: dict[str, Any]) -> str:
         pol = None
     if pol is not None:
         p.update(pol["pass"])
+
     def num(x: Any) -> str:
         return f"{x:g}" if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
 
-    cur = (f"threshold {num(p.get('threshold'))}, tau {num(p.get('tau_hours'))} h, floor "
-           f"{num(p.get('floor'))}, cap {num(p.get('cap'))}")
+    cur = (
+        f"threshold {num(p.get('threshold'))}, tau {num(p.get('tau_hours'))} h, floor "
+        f"{num(p.get('floor'))}, cap {num(p.get('cap'))}"
+    )
     if pol is None:
         if "calibration" in s:
             c = s["calibration"]
-            return (f"policy           {cur}: threshold from {c.get('file', 'a calibration')}"
-                    f" ({c.get('rule', '?')} on {c.get('dataset', '?')}); tau, floor and cap "
-                    f"uncalibrated (consolidate-policy measures what they cost in recall)")
-        return (f"policy           {cur}: uncalibrated (consolidate-policy measures what a "
-                f"policy costs in recall)")
+            return (
+                f"policy           {cur}: threshold from {c.get('file', 'a calibration')}"
+                f" ({c.get('rule', '?')} on {c.get('dataset', '?')}); tau, floor and cap "
+                f"uncalibrated (consolidate-policy measures what they cost in recall)"
+            )
+        return (
+            f"policy           {cur}: uncalibrated (consolidate-policy measures what a "
+            f"policy costs in recall)"
+        )
     keeps = ", ".join(f"{m} {v:.1%}" for m, v in pol["keeps"].items())
     task = (pol.get("task") or {}).get("name", "?")
-    return (f"policy           {cur} from {pol['file']}: on {task} it kept {keeps} of the "
-            f"recall of keeping every memory, with {pol['tokens_vs_baseline']:.0%} of the "
-            f"stored tokens (target {pol['target']['share']:.0%})")
+    return (
+        f"policy           {cur} from {pol['file']}: on {task} it kept {keeps} of the "
+        f"recall of keeping every memory, with {pol['tokens_vs_baseline']:.0%} of the "
+        f"stored tokens (target {pol['target']['share']:.0%})"
+    )
 
 
 def _merge_texts(st: dict[str, Any]) -> str:
@@ -416,8 +547,10 @@ def _merge_texts(st: dict[str, Any]) -> str:
     refused = f"{lost} merges refused for losing a fact" if lost else "no fact lost"
     if "merge_text_ratio_mean" not in st:
         return refused
-    return (f"{st['merge_text_ratio_mean']:.2f}x the longest member on average (max "
-            f"{st['merge_text_ratio_max']:.2f}x); {refused}")
+    return (
+        f"{st['merge_text_ratio_mean']:.2f}x the longest member on average (max "
+        f"{st['merge_text_ratio_max']:.2f}x); {refused}"
+    )
 
 
 def _calls(st: dict[str, Any], stage: str, calls: int, pt: str, ct: str) -> str:
@@ -426,8 +559,9 @@ def _calls(st: dict[str, Any], stage: str, calls: int, pt: str, ct: str) -> str:
         return "0"
     out = f"{calls} ({st.get(pt, 0)}+{st.get(ct, 0)} tokens"
     if f"{stage}_latency_p50_s" in st:
-        out += (f", p50 {st[f'{stage}_latency_p50_s']:.2f} s, "
-                f"p95 {st[f'{stage}_latency_p95_s']:.2f} s")
+        out += (
+            f", p50 {st[f'{stage}_latency_p50_s']:.2f} s, p95 {st[f'{stage}_latency_p95_s']:.2f} s"
+        )
     return out + ")"
 
 

@@ -29,8 +29,10 @@ def run_convert(cfg: DictConfig) -> dict[str, Any]:
 def _main(cfg: DictConfig) -> None:
     with user_errors():
         out = run_convert(cfg)
-    print(f"converted {out['src']} (version {out['source_version']}) into the Lance store "
-          f"{out['dst']}: {out['records']} records, version {out['version']}")
+    print(
+        f"converted {out['src']} (version {out['source_version']}) into the Lance store "
+        f"{out['dst']}: {out['records']} records, version {out['version']}"
+    )
 
 
 def main() -> None:

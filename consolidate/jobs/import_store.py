@@ -1,5 +1,5 @@
 """``consolidate-import``: build a store from LOCOMO observations, or add the memories of a
-JSONL, Parquet or CSV file to a store (Hydra job; see ``configs/import.yaml``)."""
+JSONL, Parquet or CSV file to a store (Hydra job; see ``consolidate/conf/import.yaml``)."""
 
 from __future__ import annotations
 
@@ -52,9 +52,16 @@ def run_import(cfg: DictConfig) -> dict:
         store.create(got.records, source=got.path)
     else:
         store.append(got.records)
-    return {"store": str(store.root), "version": store.head().version, "file": got.path,
-            "memories": len(got.records), "created": created, "embedded": got.embedded,
-            "generated_ids": got.generated_ids, "ignored_columns": got.ignored_columns}
+    return {
+        "store": str(store.root),
+        "version": store.head().version,
+        "file": got.path,
+        "memories": len(got.records),
+        "created": created,
+        "embedded": got.embedded,
+        "generated_ids": got.generated_ids,
+        "ignored_columns": got.ignored_columns,
+    }
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="import")
@@ -68,12 +75,16 @@ def _main(cfg: DictConfig) -> None:
             extra.append("texts embedded")
         if out["ignored_columns"]:
             extra.append(f"columns ignored: {', '.join(out['ignored_columns'])}")
-        print(f"{how} {out['store']} (version {out['version']}): {out['memories']} memories "
-              f"from {out['file']}" + (f" ({'; '.join(extra)})" if extra else ""))
+        print(
+            f"{how} {out['store']} (version {out['version']}): {out['memories']} memories "
+            f"from {out['file']}" + (f" ({'; '.join(extra)})" if extra else "")
+        )
     elif "observations" in out:
-        print(f"built {out['store']}: {out['observations']} memories from "
-              f"{out['conversations']} conversations; {len(out['malformed_evidence'])} with "
-              f"malformed evidence (kept, listed in import_report.json)")
+        print(
+            f"built {out['store']}: {out['observations']} memories from "
+            f"{out['conversations']} conversations; {len(out['malformed_evidence'])} with "
+            f"malformed evidence (kept, listed in import_report.json)"
+        )
     else:
         print(f"{out['store']} already exists (snapshot {out['version']}); nothing to do")
 

@@ -24,17 +24,25 @@ def run_ingest(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
     """Read turns, run :func:`consolidate.write_path.ingest`, write ``ingest_summary.json``
     and ``ingest_log.jsonl`` (every decision with the raw model answer) to ``out_dir``."""
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
-    turns = read_locomo_turns(scfg.locomo_file, scfg.conversations, cfg.ingest.sessions,
-                              cfg.ingest.max_turns)
-    backend = make_backend(cfg.ingest.backend,
-                           **OmegaConf.to_container(cfg.ingest.backend_kwargs))
+    turns = read_locomo_turns(
+        scfg.locomo_file, scfg.conversations, cfg.ingest.sessions, cfg.ingest.max_turns
+    )
+    backend = make_backend(cfg.ingest.backend, **OmegaConf.to_container(cfg.ingest.backend_kwargs))
     emb = make_embedder(typed(cfg, "embedder", EmbedderConfig))
-    icfg = IngestConfig(**{k: cfg.ingest[k] for k in ("top_s", "add_below", "allow_untrusted",
-                                                       "require_grounding",
-                                                       "extract_max_tokens",
-                                                       "decide_max_tokens")})
-    out = ingest(make_store(scfg), turns, backend, emb,
-                 icfg, device=sim_cfg(cfg).device)
+    icfg = IngestConfig(
+        **{
+            k: cfg.ingest[k]
+            for k in (
+                "top_s",
+                "add_below",
+                "allow_untrusted",
+                "require_grounding",
+                "extract_max_tokens",
+                "decide_max_tokens",
+            )
+        }
+    )
+    out = ingest(make_store(scfg), turns, backend, emb, icfg, device=sim_cfg(cfg).device)
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     events = out.pop("events")

@@ -27,9 +27,17 @@ def run_recall(cfg: DictConfig) -> Recalled:
     """
     store, _ = open_store(cfg, build=False)
     emb = make_embedder(typed(cfg, "embedder", EmbedderConfig))
-    (out,) = recall(store, str(cfg.namespace), [str(cfg.query)], emb, k=int(cfg.k),
-                    max_tokens=int(cfg.max_tokens), mark_used=bool(cfg.mark_used),
-                    strength_cap=cfg.strength_cap, device=sim_cfg(cfg).device)
+    (out,) = recall(
+        store,
+        str(cfg.namespace),
+        [str(cfg.query)],
+        emb,
+        k=int(cfg.k),
+        max_tokens=int(cfg.max_tokens),
+        mark_used=bool(cfg.mark_used),
+        strength_cap=cfg.strength_cap,
+        device=sim_cfg(cfg).device,
+    )
     return out
 
 
@@ -42,9 +50,11 @@ def _main(cfg: DictConfig) -> None:
         return
     for i, t, s in zip(out.ids, out.texts, out.scores, strict=True):
         print(f"{s:6.3f}  {i}  {t}")
-    print(f"{len(out.ids)} memories, {out.tokens} tokens (cap {cfg.max_tokens}; "
-          f"{out.cut_by_tokens} more of the top {cfg.k} did not fit)"
-          + ("; marked used" if cfg.mark_used else ""))
+    print(
+        f"{len(out.ids)} memories, {out.tokens} tokens (cap {cfg.max_tokens}; "
+        f"{out.cut_by_tokens} more of the top {cfg.k} did not fit)"
+        + ("; marked used" if cfg.mark_used else "")
+    )
 
 
 def main() -> None:

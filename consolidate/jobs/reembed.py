@@ -1,6 +1,6 @@
 """``consolidate-reembed``: re-embed a store with another embedding model, calibrate the
 merge threshold for that model, and switch the store to the new vectors atomically (Hydra
-job; see ``configs/reembed.yaml`` and :mod:`consolidate.reembed`).
+job; see ``consolidate/conf/reembed.yaml`` and :mod:`consolidate.reembed`).
 
 Examples::
 
@@ -35,14 +35,18 @@ def run_reembed(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str,
     from ..reembed import check_backup, reembed_store, switch_stores
     from ..store.lance_store import open_store_dir
 
-    out = Path(out_dir or (HydraConfig.get().runtime.output_dir if HydraConfig.initialized()
-                           else "outputs"))
+    out = Path(
+        out_dir
+        or (HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else "outputs")
+    )
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
     if cfg.action == "switch":
         if not cfg.other:
             raise ValueError("action=switch needs other=PATH (the store to switch to)")
-        summary = {"action": "switch", **switch_stores(scfg.dir, cfg.other,
-                                                       lock_timeout_s=scfg.lock_timeout_s)}
+        summary = {
+            "action": "switch",
+            **switch_stores(scfg.dir, cfg.other, lock_timeout_s=scfg.lock_timeout_s),
+        }
         write_summary(out, summary)
         return summary
     if cfg.action != "reembed":
@@ -51,8 +55,7 @@ def run_reembed(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str,
     if cfg.backup:
         check_backup(scfg.dir, cfg.backup)
     ecfg: EmbedderConfig = typed(cfg, "embedder", EmbedderConfig)
-    summary: dict[str, Any] = {"action": "reembed",
-                               "model": str(ecfg.model_path or ecfg.name)}
+    summary: dict[str, Any] = {"action": "reembed", "model": str(ecfg.model_path or ecfg.name)}
     if cfg.calibrate:
         from .calibrate import run_calibrate
 
@@ -62,11 +65,20 @@ def run_reembed(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str,
             ccfg.embedder = OmegaConf.merge(ccfg.embedder, cfg.embedder)
             ccfg.paths = cfg.paths
         calib = run_calibrate(ccfg, out / "calibration")
-        summary["calibration"] = {**calib["recommended"],
-                                  "file": str(out / "calibration" / "calibration.json")}
+        summary["calibration"] = {
+            **calib["recommended"],
+            "file": str(out / "calibration" / "calibration.json"),
+        }
     emb = make_embedder(ecfg)
-    summary.update(reembed_store(scfg.dir, emb, model=summary["model"],
-                                 lock_timeout_s=scfg.lock_timeout_s, backup=cfg.backup))
+    summary.update(
+        reembed_store(
+            scfg.dir,
+            emb,
+            model=summary["model"],
+            lock_timeout_s=scfg.lock_timeout_s,
+            backup=cfg.backup,
+        )
+    )
     summary["summary_path"] = str(write_summary(out, summary))
     return summary
 
@@ -86,19 +98,27 @@ def _main(cfg: DictConfig) -> None:
     with user_errors():
         s = run_reembed(cfg)
     if s["action"] == "switch":
-        print(f"{s['store']} now holds the store that was at {s['other']} (version "
-              f"{s['now_version']}, d={s['now_dim']}); the other is at {s['other']}")
+        print(
+            f"{s['store']} now holds the store that was at {s['other']} (version "
+            f"{s['now_version']}, d={s['now_dim']}); the other is at {s['other']}"
+        )
         return
-    print(f"re-embedded {s['records']} memories of {s['store']} with {s['model']} "
-          f"(d {s['old_dim']} -> {s['dim']}; {s['texts_embedded']} texts, {s['late_texts']} "
-          f"appended during the run) in {s['seconds']} s; the old store is at {s['backup']}")
+    print(
+        f"re-embedded {s['records']} memories of {s['store']} with {s['model']} "
+        f"(d {s['old_dim']} -> {s['dim']}; {s['texts_embedded']} texts, {s['late_texts']} "
+        f"appended during the run) in {s['seconds']} s; the old store is at {s['backup']}"
+    )
     if "calibration" in s:
         c = s["calibration"]
-        print(f"threshold for the new model: {c['threshold']:.4f} ({c['rule']} on "
-              f"{c['dataset']}); a pass with it: consolidate store.dir={s['store']} "
-              f"pass.calibration_file={c['file']} pass.force=true")
-    print(f"switch back with: consolidate-reembed store.dir={s['store']} action=switch "
-          f"other={s['backup']}")
+        print(
+            f"threshold for the new model: {c['threshold']:.4f} ({c['rule']} on "
+            f"{c['dataset']}); a pass with it: consolidate store.dir={s['store']} "
+            f"pass.calibration_file={c['file']} pass.force=true"
+        )
+    print(
+        f"switch back with: consolidate-reembed store.dir={s['store']} action=switch "
+        f"other={s['backup']}"
+    )
 
 
 def main() -> None:

@@ -27,8 +27,9 @@ def run_report(cfg: DictConfig, out_dir: str | Path) -> dict[str, Path]:
         dirs += [p.parent for p in Path(cfg.root).rglob("summary.json")]
     dirs = sorted({d.resolve() for d in dirs if d.resolve() != Path(out_dir).resolve()})
     if not dirs:
-        raise FileNotFoundError(f"no results.json or summary.json under runs={list(cfg.runs)} "
-                                f"root={cfg.root!r}")
+        raise FileNotFoundError(
+            f"no results.json or summary.json under runs={list(cfg.runs)} root={cfg.root!r}"
+        )
     table = collect(dirs)
     if not cfg.get("allow_mixed", False):
         check_comparable(table)

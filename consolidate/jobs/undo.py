@@ -39,8 +39,10 @@ def run_undo(cfg: DictConfig) -> dict[str, Any]:
 def _main(cfg: DictConfig) -> None:
     with user_errors():
         out = run_undo(cfg)
-    print(f"undid {out['undone']}: restored {len(out['restored'])} records "
-          f"({', '.join(out['restored'][:5])}); now at snapshot {out['version']}")
+    print(
+        f"undid {out['undone']}: restored {len(out['restored'])} records "
+        f"({', '.join(out['restored'][:5])}); now at snapshot {out['version']}"
+    )
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """``consolidate-versions``: list, compare, roll back, restore and export a Lance store's
-versions, and rebuild its indexes (Hydra job; see ``configs/versions.yaml``)."""
+versions, and rebuild its indexes (Hydra job; see ``consolidate/conf/versions.yaml``)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,10 @@ def run_versions(cfg: DictConfig) -> dict[str, Any]:
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
     store, _ = open_store(cfg, build=False)
     if not isinstance(store, LanceStore):
-        raise ValueError(f"{store.root} is a Parquet store: versions need a Lance store "
-                         f"(consolidate-convert src={store.root} dst=NEW)")
+        raise ValueError(
+            f"{store.root} is a Parquet store: versions need a Lance store "
+            f"(consolidate-convert src={store.root} dst=NEW)"
+        )
     act = cfg.action
     if act == "list":
         return {"versions": store.versions()}
@@ -39,8 +41,9 @@ def run_versions(cfg: DictConfig) -> dict[str, Any]:
     if act == "rollback":
         if cfg.version is None:
             raise ValueError("action=rollback needs version=N")
-        return store.rollback(int(cfg.version), dry_run=bool(cfg.dry_run),
-                              lock_timeout_s=scfg.lock_timeout_s)
+        return store.rollback(
+            int(cfg.version), dry_run=bool(cfg.dry_run), lock_timeout_s=scfg.lock_timeout_s
+        )
     if act == "restore":
         ids = OmegaConf.to_container(cfg.ids) if cfg.ids is not None else []
         if not ids:
@@ -53,8 +56,9 @@ def run_versions(cfg: DictConfig) -> dict[str, Any]:
     if act == "reindex":
         with store.lock(timeout_s=scfg.lock_timeout_s):
             return store.reindex()
-    raise ValueError(f"action must be list, diff, rollback, restore, export or reindex, got "
-                     f"{act!r}")
+    raise ValueError(
+        f"action must be list, diff, rollback, restore, export or reindex, got {act!r}"
+    )
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="versions")
@@ -65,8 +69,10 @@ def _main(cfg: DictConfig) -> None:
         print(f"{'version':>7}  {'time (UTC)':<26} {'op':<9} {'rows':>9}  summary")
         for v in out["versions"]:
             summ = ", ".join(f"{k} {n}" for k, n in sorted(v["summary"].items()))
-            print(f"{v['version']:>7}  {str(v['timestamp']):<26} {v['op'] or '(lance)':<9} "
-                  f"{v['rows']:>9}  {summ}")
+            print(
+                f"{v['version']:>7}  {str(v['timestamp']):<26} {v['op'] or '(lance)':<9} "
+                f"{v['rows']:>9}  {summ}"
+            )
     elif "diff" in out:
         print(out["diff"].to_string())
     elif cfg.action == "export":

@@ -152,9 +152,23 @@ def _block_k(d: int, block_m: int, block_n: int, elem_bytes: int) -> int:
 
 
 @triton.jit
-def _dot_tile(a_base, b_base, rows, cols, rmask, cmask, d, stride_a, stride_b,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              IS_FP32: tl.constexpr, ALLOW_TF32: tl.constexpr, UPCAST: tl.constexpr):
+def _dot_tile(
+    a_base,
+    b_base,
+    rows,
+    cols,
+    rmask,
+    cmask,
+    d,
+    stride_a,
+    stride_b,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    IS_FP32: tl.constexpr,
+    ALLOW_TF32: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """float32 ``[BLOCK_M, BLOCK_N]`` block of ``a[rows] @ b[cols].T`` (masked rows are 0).
 
     ``UPCAST`` multiplies in float32 (exact for 16-bit inputs, same fp32 accumulation): set
@@ -185,10 +199,24 @@ def _dot_tile(a_base, b_base, rows, cols, rmask, cmask, d, stride_a, stride_b,
 
 @triton.jit
 def _threshold_join_kernel(
-    v_ptr, ends_ptr, tile_r_ptr, tile_c_ptr, out_i_ptr, out_j_ptr, counter_ptr,
-    n, d, stride_v, cand, capacity,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    IS_FP32: tl.constexpr, ALLOW_TF32: tl.constexpr, UPCAST: tl.constexpr,
+    v_ptr,
+    ends_ptr,
+    tile_r_ptr,
+    tile_c_ptr,
+    out_i_ptr,
+    out_j_ptr,
+    counter_ptr,
+    n,
+    d,
+    stride_v,
+    cand,
+    capacity,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    IS_FP32: tl.constexpr,
+    ALLOW_TF32: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rt = tl.load(tile_r_ptr + pid)
@@ -197,8 +225,23 @@ def _threshold_join_kernel(
     cols = ct * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < n
     cmask = cols < n
-    s = _dot_tile(v_ptr, v_ptr, rows, cols, rmask, cmask, d, stride_v, stride_v,
-                  BLOCK_M, BLOCK_N, BLOCK_K, IS_FP32, ALLOW_TF32, UPCAST)
+    s = _dot_tile(
+        v_ptr,
+        v_ptr,
+        rows,
+        cols,
+        rmask,
+        cmask,
+        d,
+        stride_v,
+        stride_v,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        IS_FP32,
+        ALLOW_TF32,
+        UPCAST,
+    )
     # end (exclusive) of each row's segment; rows are sorted by segment, so
     # row < col < end[row] means "upper triangle, same segment" (and col < n)
     end_r = tl.load(ends_ptr + rows, mask=rmask, other=0)
@@ -227,10 +270,24 @@ def _pack(score, low):
 
 @triton.jit
 def _topk_kernel(
-    q_ptr, k_ptr, lo_ptr, hi_ptr, tlo_ptr, thi_ptr, out_ptr,
-    nq, d, stride_q, stride_k,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    KP: tl.constexpr, IS_FP32: tl.constexpr, ALLOW_TF32: tl.constexpr, UPCAST: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    lo_ptr,
+    hi_ptr,
+    tlo_ptr,
+    thi_ptr,
+    out_ptr,
+    nq,
+    d,
+    stride_q,
+    stride_k,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    KP: tl.constexpr,
+    IS_FP32: tl.constexpr,
+    ALLOW_TF32: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -244,14 +301,31 @@ def _topk_kernel(
     # enter. Real keys are (score, 2^31 - 1 - col): distinct per row, lower col wins ties.
     slots = tl.broadcast_to(tl.arange(0, KP)[None, :] + 1, (BLOCK_M, KP))
     best = _pack(tl.full((BLOCK_M, KP), float("-inf"), tl.float32), slots)
-    floor = _pack(tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32),
-                  tl.zeros((BLOCK_M, BLOCK_N), tl.int32))
+    floor = _pack(
+        tl.full((BLOCK_M, BLOCK_N), float("-inf"), tl.float32),
+        tl.zeros((BLOCK_M, BLOCK_N), tl.int32),
+    )
     thr = tl.min(best, axis=1)  # the current k-th best key of each row
     for c0 in range(c_lo, c_hi, BLOCK_N):
         cols = c0 + tl.arange(0, BLOCK_N)
         cmask = cols < c_hi
-        s = _dot_tile(q_ptr, k_ptr, rows, cols, rmask, cmask, d, stride_q, stride_k,
-                      BLOCK_M, BLOCK_N, BLOCK_K, IS_FP32, ALLOW_TF32, UPCAST)
+        s = _dot_tile(
+            q_ptr,
+            k_ptr,
+            rows,
+            cols,
+            rmask,
+            cmask,
+            d,
+            stride_q,
+            stride_k,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            IS_FP32,
+            ALLOW_TF32,
+            UPCAST,
+        )
         inside = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
         key = tl.where(inside, _pack(s, 2147483647 - cols[None, :]), floor)
         m = tl.max(key, axis=1)
@@ -270,8 +344,13 @@ def _topk_kernel(
 # --------------------------------------------------------------------------- host side
 
 
-def tile_list(ends: np.ndarray, block_m: int, block_n: int, group_m: int = 8,
-              max_tiles: int = MAX_TILES_PER_LAUNCH):
+def tile_list(
+    ends: np.ndarray,
+    block_m: int,
+    block_n: int,
+    group_m: int = 8,
+    max_tiles: int = MAX_TILES_PER_LAUNCH,
+):
     """Tile pairs of the upper triangle of each segment's diagonal block, in launch chunks.
 
     Row tile ``rt`` covers rows ``[rt*block_m, (rt+1)*block_m)``; it is paired with the
@@ -379,8 +458,11 @@ def threshold_candidates(
     vt = _kernel_input(vt)
     n, d = vt.shape
     dev = vt.device
-    bk = (_check_block("block_k", block_k) if block_k
-          else _block_k(d, block_m, block_n, vt.element_size()))
+    bk = (
+        _check_block("block_k", block_k)
+        if block_k
+        else _block_k(d, block_m, block_n, vt.element_size())
+    )
     ends_np = torch.as_tensor(ends).cpu().numpy().astype(np.int64)
     chunks = tile_list(ends_np, block_m, block_n, group_m)
     tiles = [(torch.from_numpy(rt).to(dev), torch.from_numpy(ct).to(dev)) for rt, ct in chunks]
@@ -401,19 +483,40 @@ def threshold_candidates(
         with _on(dev):
             for rt, ct in tiles:
                 _threshold_join_kernel[(int(rt.shape[0]),)](
-                    vt, ends_dev, rt, ct, out_i, out_j, counter,
-                    n, d, vt.stride(0), float(cand), capacity,
-                    BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=bk,
-                    IS_FP32=is_fp32, ALLOW_TF32=bool(allow_tf32 and is_fp32),
-                    UPCAST=_upcast(vt), num_warps=num_warps,
+                    vt,
+                    ends_dev,
+                    rt,
+                    ct,
+                    out_i,
+                    out_j,
+                    counter,
+                    n,
+                    d,
+                    vt.stride(0),
+                    float(cand),
+                    capacity,
+                    BLOCK_M=block_m,
+                    BLOCK_N=block_n,
+                    BLOCK_K=bk,
+                    IS_FP32=is_fp32,
+                    ALLOW_TF32=bool(allow_tf32 and is_fp32),
+                    UPCAST=_upcast(vt),
+                    num_warps=num_warps,
                 )
         count = int(counter.item())
         if count <= capacity:
             break
         capacity = count  # the counter counted every survivor: one rerun suffices
-    LAST_JOIN_STATS = JoinStats(launches=len(tiles), passes=passes, tiles=n_tiles,
-                                capacity=capacity, candidates=count, block_m=block_m,
-                                block_n=block_n, block_k=bk)
+    LAST_JOIN_STATS = JoinStats(
+        launches=len(tiles),
+        passes=passes,
+        tiles=n_tiles,
+        capacity=capacity,
+        candidates=count,
+        block_m=block_m,
+        block_n=block_n,
+        block_k=bk,
+    )
     return out_i[:count].long(), out_j[:count].long()
 
 
@@ -476,15 +579,29 @@ def topk_candidates(
     is_fp32 = qv.dtype == torch.float32
     with _on(dev):
         _topk_kernel[(n_prog,)](
-            qv, kv, lo_c.to(dev, torch.int32), hi_c.to(dev, torch.int32),
-            t_lo.to(dev, torch.int32), t_hi.to(dev, torch.int32), keys,
-            nq, d, qv.stride(0), kv.stride(0),
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, KP=kp,
-            IS_FP32=is_fp32, ALLOW_TF32=bool(allow_tf32 and is_fp32), UPCAST=_upcast(qv),
+            qv,
+            kv,
+            lo_c.to(dev, torch.int32),
+            hi_c.to(dev, torch.int32),
+            t_lo.to(dev, torch.int32),
+            t_hi.to(dev, torch.int32),
+            keys,
+            nq,
+            d,
+            qv.stride(0),
+            kv.stride(0),
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+            KP=kp,
+            IS_FP32=is_fp32,
+            ALLOW_TF32=bool(allow_tf32 and is_fp32),
+            UPCAST=_upcast(qv),
             num_warps=num_warps,
         )
-    LAST_TOPK_STATS = TopKStats(launches=1, programs=n_prog, block_m=bm, block_n=bn,
-                                block_k=bk, kp=kp)
+    LAST_TOPK_STATS = TopKStats(
+        launches=1, programs=n_prog, block_m=bm, block_n=bn, block_k=bk, kp=kp
+    )
     # the kernel leaves each row's KP best keys unordered: sort them (q x KP, cheap)
     keys = torch.sort(keys, dim=1, descending=True).values[:, :k]
     enc = (keys >> 32).to(torch.int32)

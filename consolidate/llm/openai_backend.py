@@ -39,9 +39,18 @@ class OpenAIBackend:
 
     name = "openai"
 
-    def __init__(self, base_url: str, model: str, api_key: str | None = None,
-                 concurrency: int = 8, timeout_s: float = 60.0, retries: int = 3,
-                 backoff_s: float = 0.5, structured: bool = True, **_: object) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        concurrency: int = 8,
+        timeout_s: float = 60.0,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+        structured: bool = True,
+        **_: object,
+    ) -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
@@ -52,12 +61,18 @@ class OpenAIBackend:
         self.structured = structured
 
     def _one(self, r: ChatRequest) -> ChatResponse:
-        body = {"model": self.model, "messages": list(r.messages), "max_tokens": r.max_tokens,
-                "temperature": r.temperature, "seed": r.seed}
+        body = {
+            "model": self.model,
+            "messages": list(r.messages),
+            "max_tokens": r.max_tokens,
+            "temperature": r.temperature,
+            "seed": r.seed,
+        }
         if self.structured and r.json_schema is not None:
-            body["response_format"] = {"type": "json_schema",
-                                       "json_schema": {"name": "answer", "strict": True,
-                                                       "schema": r.json_schema}}
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "strict": True, "schema": r.json_schema},
+            }
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
@@ -70,10 +85,13 @@ class OpenAIBackend:
                 with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                     out = json.loads(resp.read())
                 usage = out.get("usage") or {}
-                return ChatResponse(out["choices"][0]["message"]["content"] or "",
-                                    int(usage.get("prompt_tokens", 0)),
-                                    int(usage.get("completion_tokens", 0)),
-                                    time.perf_counter() - t, {"attempts": attempt + 1})
+                return ChatResponse(
+                    out["choices"][0]["message"]["content"] or "",
+                    int(usage.get("prompt_tokens", 0)),
+                    int(usage.get("completion_tokens", 0)),
+                    time.perf_counter() - t,
+                    {"attempts": attempt + 1},
+                )
             except urllib.error.HTTPError as e:
                 last = e
                 if e.code != 429 and e.code < 500:
@@ -85,8 +103,7 @@ class OpenAIBackend:
                 break
             if attempt < self.retries:
                 time.sleep(self.backoff_s * 2**attempt)
-        raise BackendError(f"{self.url}: request failed after {attempt + 1} attempt(s): "
-                           f"{last!r}")
+        raise BackendError(f"{self.url}: request failed after {attempt + 1} attempt(s): {last!r}")
 
     def chat(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
         """Send every request (at most ``concurrency`` at once); order is preserved.

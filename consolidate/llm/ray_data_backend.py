@@ -52,25 +52,38 @@ class RayDataVLLM:
 
     name = "vllm"
 
-    def __init__(self, model_path: str | None = None, cache_dir: str = ".cache/models",
-                 dtype: str = "bfloat16", tensor_parallel_size: int = 1,
-                 gpu_memory_utilization: float = 0.3, max_model_len: int = 2048,
-                 enforce_eager: bool = True, engine_kwargs: dict | None = None,
-                 concurrency: int = 1, batch_size: int = 16,
-                 gpus_per_engine: float = 0.0) -> None:
+    def __init__(
+        self,
+        model_path: str | None = None,
+        cache_dir: str = ".cache/models",
+        dtype: str = "bfloat16",
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.3,
+        max_model_len: int = 2048,
+        enforce_eager: bool = True,
+        engine_kwargs: dict | None = None,
+        concurrency: int = 1,
+        batch_size: int = 16,
+        gpus_per_engine: float = 0.0,
+    ) -> None:
         from .transformers_backend import resolve_model_path
 
         for key, v in (("concurrency", concurrency), ("batch_size", batch_size)):
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
                 raise ValueError(f"runner.llm_{key} must be an integer >= 1, got {v!r}")
         if not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
-                             f"{gpu_memory_utilization}")
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
+            )
         self.model = str(resolve_model_path(model_path, cache_dir))
-        self.engine_kwargs = dict(dtype=dtype, tensor_parallel_size=int(tensor_parallel_size),
-                                  gpu_memory_utilization=float(gpu_memory_utilization),
-                                  max_model_len=int(max_model_len),
-                                  enforce_eager=bool(enforce_eager), **dict(engine_kwargs or {}))
+        self.engine_kwargs = dict(
+            dtype=dtype,
+            tensor_parallel_size=int(tensor_parallel_size),
+            gpu_memory_utilization=float(gpu_memory_utilization),
+            max_model_len=int(max_model_len),
+            enforce_eager=bool(enforce_eager),
+            **dict(engine_kwargs or {}),
+        )
         self.concurrency, self.batch_size = concurrency, batch_size
         self.gpus_per_engine = float(gpus_per_engine)
         self.calls = 0
@@ -87,22 +100,29 @@ class RayDataVLLM:
             engine.setdefault("distributed_executor_backend", "mp")
             kw.update(accelerator_type=None, placement_group_config={"bundles": [{"CPU": 1}]})
         cfg = vLLMEngineProcessorConfig(
-            model_source=self.model, engine_kwargs=engine, concurrency=self.concurrency,
-            batch_size=self.batch_size, log_engine_metrics=False, **kw)
+            model_source=self.model,
+            engine_kwargs=engine,
+            concurrency=self.concurrency,
+            batch_size=self.batch_size,
+            log_engine_metrics=False,
+            **kw,
+        )
 
         def pre(row: dict[str, Any]) -> dict[str, Any]:
             sp = json.loads(row["sampling"])
             schema = sp.pop("json_schema", None)
             if schema is not None:
                 sp["structured_outputs"] = {"json": schema}
-            return {"i": row["i"], "messages": json.loads(row["messages"]),
-                    "sampling_params": sp}
+            return {"i": row["i"], "messages": json.loads(row["messages"]), "sampling_params": sp}
 
         def post(row: dict[str, Any]) -> dict[str, Any]:
-            return {"i": row["i"], "text": row["generated_text"],
-                    "prompt_tokens": int(row["num_input_tokens"]),
-                    "completion_tokens": int(row["num_generated_tokens"]),
-                    "latency_s": float(row.get("time_taken_llm") or 0.0)}
+            return {
+                "i": row["i"],
+                "text": row["generated_text"],
+                "prompt_tokens": int(row["num_input_tokens"]),
+                "completion_tokens": int(row["num_generated_tokens"]),
+                "latency_s": float(row.get("time_taken_llm") or 0.0),
+            }
 
         return build_processor(cfg, preprocess=pre, postprocess=post)
 
@@ -120,12 +140,21 @@ class RayDataVLLM:
         import ray
 
         # the schema travels as a JSON string: rows of differing schemas share one column
-        rows = [{"i": k, "messages": json.dumps(list(r.messages)),
-                 "sampling": json.dumps({"temperature": r.temperature,
-                                         "max_tokens": r.max_tokens, "seed": r.seed,
-                                         "json_schema": None if r.json_schema is None
-                                         else json.dumps(r.json_schema)})}
-                for k, r in enumerate(requests)]
+        rows = [
+            {
+                "i": k,
+                "messages": json.dumps(list(r.messages)),
+                "sampling": json.dumps(
+                    {
+                        "temperature": r.temperature,
+                        "max_tokens": r.max_tokens,
+                        "seed": r.seed,
+                        "json_schema": None if r.json_schema is None else json.dumps(r.json_schema),
+                    }
+                ),
+            }
+            for k, r in enumerate(requests)
+        ]
         t = time.perf_counter()
         out = self._processor()(ray.data.from_items(rows)).take_all()
         wall = time.perf_counter() - t
@@ -133,10 +162,17 @@ class RayDataVLLM:
         self.seconds += wall
         got = {int(o["i"]): o for o in out}
         if sorted(got) != list(range(len(requests))) or len(out) != len(requests):
-            raise RuntimeError(f"ray.data.llm returned {len(out)} rows for {len(requests)} "
-                               f"requests")
+            raise RuntimeError(
+                f"ray.data.llm returned {len(out)} rows for {len(requests)} requests"
+            )
         log.info("ray.data.llm answered %d requests in %.1f s", len(requests), wall)
-        return [ChatResponse(str(got[k]["text"]).strip(), got[k]["prompt_tokens"],
-                             got[k]["completion_tokens"], got[k]["latency_s"],
-                             {"batch_s": wall, "batch_size": len(requests)})
-                for k in range(len(requests))]
+        return [
+            ChatResponse(
+                str(got[k]["text"]).strip(),
+                got[k]["prompt_tokens"],
+                got[k]["completion_tokens"],
+                got[k]["latency_s"],
+                {"batch_s": wall, "batch_size": len(requests)},
+            )
+            for k in range(len(requests))
+        ]

@@ -29,14 +29,15 @@ from .base import ChatRequest, json_request, parse_json_model, quote
 from .cache import backend_from
 from .merger import invented
 
-__all__ = ["REFLECT_PROMPT_VERSION", "ReflectOut", "reflect_request", "invented",
-           "LLMReflector"]
+__all__ = ["REFLECT_PROMPT_VERSION", "ReflectOut", "reflect_request", "invented", "LLMReflector"]
 
 REFLECT_PROMPT_VERSION = "reflect-v2"
-_SYSTEM = ("You read notes about one person and write ONE short, general insight that the "
-           "notes support together (a trait, habit, goal or relationship), not a summary of "
-           "each note. Use only names and numbers that appear in the notes. Reply with JSON "
-           'only: {"text": "<the insight>"}')
+_SYSTEM = (
+    "You read notes about one person and write ONE short, general insight that the "
+    "notes support together (a trait, habit, goal or relationship), not a summary of "
+    "each note. Use only names and numbers that appear in the notes. Reply with JSON "
+    'only: {"text": "<the insight>"}'
+)
 
 
 class ReflectOut(BaseModel):
@@ -45,14 +46,14 @@ class ReflectOut(BaseModel):
     text: str
 
 
-def reflect_request(req: MergeRequest, max_tokens: int = 64, retry_note: str = "",
-                    seed: int = 0) -> ChatRequest:
+def reflect_request(
+    req: MergeRequest, max_tokens: int = 64, retry_note: str = "", seed: int = 0
+) -> ChatRequest:
     """The chat request for one group (notes most important first)."""
     notes = "\n".join(f"- {quote(m.text)}" for m in canonical_order(req.members))
-    return json_request(_SYSTEM, f"Notes:\n{notes}\n\nInsight as JSON:", ReflectOut,
-                        max_tokens, retry_note, seed)
-
-
+    return json_request(
+        _SYSTEM, f"Notes:\n{notes}\n\nInsight as JSON:", ReflectOut, max_tokens, retry_note, seed
+    )
 
 
 class LLMReflector:
@@ -65,11 +66,14 @@ class LLMReflector:
         max_tokens: new tokens per reflection.
     """
 
-    def __init__(self, backend: str | Any = "transformers", backend_kwargs: dict | None = None,
-                 cache_path: str | None = ".cache/llm_cache.sqlite",
-                 max_tokens: int = 64) -> None:
-        self.backend, be = backend_from(backend, backend_kwargs, cache_path,
-                                        REFLECT_PROMPT_VERSION)
+    def __init__(
+        self,
+        backend: str | Any = "transformers",
+        backend_kwargs: dict | None = None,
+        cache_path: str | None = ".cache/llm_cache.sqlite",
+        max_tokens: int = 64,
+    ) -> None:
+        self.backend, be = backend_from(backend, backend_kwargs, cache_path, REFLECT_PROMPT_VERSION)
         self.name = f"llm:{be.name}"
         self.max_tokens = max_tokens
 
@@ -87,22 +91,34 @@ class LLMReflector:
         retry: list[tuple[int, str]] = []
         for k, (req, resp) in enumerate(zip(requests, first, strict=True)):
             text, why = self._check(req, resp.text)
-            out.append(MergeResponse(text if not why else None, resp.text, 1,
-                                     resp.prompt_tokens, resp.completion_tokens,
-                                     extra={"latency_s": resp.latency_s}))
+            out.append(
+                MergeResponse(
+                    text if not why else None,
+                    resp.text,
+                    1,
+                    resp.prompt_tokens,
+                    resp.completion_tokens,
+                    extra={"latency_s": resp.latency_s},
+                )
+            )
             if why:
                 retry.append((k, why))
         if retry:
-            second = self.backend.chat([reflect_request(requests[k], self.max_tokens, why, 1)
-                                        for k, why in retry])
+            second = self.backend.chat(
+                [reflect_request(requests[k], self.max_tokens, why, 1) for k, why in retry]
+            )
             for (k, why), resp in zip(retry, second, strict=True):
                 text, why2 = self._check(requests[k], resp.text)
                 p0 = first[k]
                 out[k] = MergeResponse(
-                    None if why2 else text, json.dumps([p0.text, resp.text]), 2,
+                    None if why2 else text,
+                    json.dumps([p0.text, resp.text]),
+                    2,
                     p0.prompt_tokens + resp.prompt_tokens,
                     p0.completion_tokens + resp.completion_tokens,
-                    note=f"rejected twice: {why}; then {why2}" if why2 else
-                    f"accepted on retry (first: {why})",
-                    extra={"latency_s": p0.latency_s + resp.latency_s})
+                    note=f"rejected twice: {why}; then {why2}"
+                    if why2
+                    else f"accepted on retry (first: {why})",
+                    extra={"latency_s": p0.latency_s + resp.latency_s},
+                )
         return out

@@ -50,15 +50,13 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
     tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
     log.info("converting %s -> %s (once)", gguf, out_dir)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    q = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                             dtype=torch.float32)
+    q = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # a GGUF-loaded model is marked quantised and will not save: copy its (dequantised)
     # weights into a plain model of the same config
     model = AutoModelForCausalLM.from_config(q.config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(q.state_dict(), strict=False)
     if unexpected or [m for m in missing if "lm_head" not in m]:
-        raise RuntimeError(f"GGUF conversion: missing {missing[:5]}, unexpected "
-                           f"{unexpected[:5]}")
+        raise RuntimeError(f"GGUF conversion: missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.tie_weights()
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
@@ -100,8 +98,14 @@ class TransformersBackend:
 
     name = "transformers"
 
-    def __init__(self, model_path: str | None = None, cache_dir: str = ".cache/models",
-                 device: str = "auto", dtype: str = "fp32", batch_size: int = 8) -> None:
+    def __init__(
+        self,
+        model_path: str | None = None,
+        cache_dir: str = ".cache/models",
+        device: str = "auto",
+        dtype: str = "fp32",
+        batch_size: int = 8,
+    ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -121,35 +125,50 @@ class TransformersBackend:
         import torch
 
         out: list[ChatResponse | None] = [None] * len(requests)
-        order = sorted(range(len(requests)),
-                       key=lambda k: (requests[k].temperature, requests[k].seed,
-                                      requests[k].max_tokens))
+        order = sorted(
+            range(len(requests)),
+            key=lambda k: (requests[k].temperature, requests[k].seed, requests[k].max_tokens),
+        )
         for b in range(0, len(order), self.batch_size):
             idx = order[b : b + self.batch_size]
             r0 = requests[idx[0]]
-            same = [k for k in idx if (requests[k].temperature, requests[k].seed,
-                                       requests[k].max_tokens) ==
-                    (r0.temperature, r0.seed, r0.max_tokens)]
+            same = [
+                k
+                for k in idx
+                if (requests[k].temperature, requests[k].seed, requests[k].max_tokens)
+                == (r0.temperature, r0.seed, r0.max_tokens)
+            ]
             for group in (same, [k for k in idx if k not in same]):
                 if not group:
                     continue
                 rq = [requests[k] for k in group]
-                texts = [self.tok.apply_chat_template(list(r.messages), tokenize=False,
-                                                      add_generation_prompt=True) for r in rq]
+                texts = [
+                    self.tok.apply_chat_template(
+                        list(r.messages), tokenize=False, add_generation_prompt=True
+                    )
+                    for r in rq
+                ]
                 enc = self.tok(texts, return_tensors="pt", padding=True).to(self.device)
                 t = time.perf_counter()
                 torch.manual_seed(rq[0].seed)
                 with torch.no_grad():
                     gen = self.lm.generate(
-                        **enc, max_new_tokens=rq[0].max_tokens,
+                        **enc,
+                        max_new_tokens=rq[0].max_tokens,
                         do_sample=rq[0].temperature > 0,
                         temperature=rq[0].temperature if rq[0].temperature > 0 else None,
-                        top_p=None, top_k=None, pad_token_id=self.tok.pad_token_id)
+                        top_p=None,
+                        top_k=None,
+                        pad_token_id=self.tok.pad_token_id,
+                    )
                 dt = (time.perf_counter() - t) / len(rq)
-                new = gen[:, enc["input_ids"].shape[1]:]
+                new = gen[:, enc["input_ids"].shape[1] :]
                 for j, k in enumerate(group):
                     ids = [x for x in new[j].tolist() if x != self.tok.pad_token_id]
                     out[k] = ChatResponse(
                         self.tok.decode(ids, skip_special_tokens=True).strip(),
-                        int(enc["attention_mask"][j].sum()), len(ids), dt)
+                        int(enc["attention_mask"][j].sum()),
+                        len(ids),
+                        dt,
+                    )
         return [o for o in out if o is not None]

@@ -59,25 +59,36 @@ class VLLMBackend:
 
     name = "vllm"
 
-    def __init__(self, model_path: str | None = None, cache_dir: str = ".cache/models",
-                 dtype: str = "bfloat16", tensor_parallel_size: int = 1,
-                 gpu_memory_utilization: float = 0.3, max_model_len: int = 2048,
-                 enforce_eager: bool = True, engine_kwargs: dict | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str | None = None,
+        cache_dir: str = ".cache/models",
+        dtype: str = "bfloat16",
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.3,
+        max_model_len: int = 2048,
+        enforce_eager: bool = True,
+        engine_kwargs: dict | None = None,
+    ) -> None:
         if not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
-                             f"{gpu_memory_utilization}")
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
+            )
         self.model = str(resolve_model_path(model_path, cache_dir))
-        settings = dict(model=self.model, dtype=dtype,
-                        tensor_parallel_size=int(tensor_parallel_size),
-                        gpu_memory_utilization=float(gpu_memory_utilization),
-                        max_model_len=int(max_model_len), enforce_eager=bool(enforce_eager),
-                        **dict(engine_kwargs or {}))
+        settings = dict(
+            model=self.model,
+            dtype=dtype,
+            tensor_parallel_size=int(tensor_parallel_size),
+            gpu_memory_utilization=float(gpu_memory_utilization),
+            max_model_len=int(max_model_len),
+            enforce_eager=bool(enforce_eager),
+            **dict(engine_kwargs or {}),
+        )
         key = tuple(sorted((k, repr(v)) for k, v in settings.items()))
         if key not in _ENGINES:
             t = time.perf_counter()
             _ENGINES[key] = vllm.LLM(**settings)
-            log.info("vllm engine for %s started in %.1f s", self.model,
-                     time.perf_counter() - t)
+            log.info("vllm engine for %s started in %.1f s", self.model, time.perf_counter() - t)
         self.engine = _ENGINES[key]
         self.max_model_len = int(max_model_len)
 
@@ -88,8 +99,9 @@ class VLLMBackend:
         extra: dict[str, Any] = {}
         if r.json_schema is not None:
             extra["structured_outputs"] = StructuredOutputsParams(json=r.json_schema)
-        return SamplingParams(temperature=r.temperature, max_tokens=r.max_tokens,
-                              seed=r.seed, **extra)
+        return SamplingParams(
+            temperature=r.temperature, max_tokens=r.max_tokens, seed=r.seed, **extra
+        )
 
     def chat(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
         """Complete every request in one ``LLM.chat`` call; order is preserved.
@@ -101,17 +113,28 @@ class VLLMBackend:
         if not requests:
             return []
         t = time.perf_counter()
-        outs = self.engine.chat([list(r.messages) for r in requests],
-                                [self._params(r) for r in requests], use_tqdm=False)
+        outs = self.engine.chat(
+            [list(r.messages) for r in requests],
+            [self._params(r) for r in requests],
+            use_tqdm=False,
+        )
         wall = time.perf_counter() - t
         if len(outs) != len(requests):
-            raise RuntimeError(f"vllm returned {len(outs)} outputs for {len(requests)} "
-                               f"requests")
+            raise RuntimeError(f"vllm returned {len(outs)} outputs for {len(requests)} requests")
         res = []
         for o in outs:
             c = o.outputs[0]
-            res.append(ChatResponse(c.text.strip(), len(o.prompt_token_ids or ()),
-                                    len(c.token_ids), wall / len(requests),
-                                    {"batch_s": wall, "batch_size": len(requests),
-                                     "finish_reason": c.finish_reason}))
+            res.append(
+                ChatResponse(
+                    c.text.strip(),
+                    len(o.prompt_token_ids or ()),
+                    len(c.token_ids),
+                    wall / len(requests),
+                    {
+                        "batch_s": wall,
+                        "batch_size": len(requests),
+                        "finish_reason": c.finish_reason,
+                    },
+                )
+            )
         return res

@@ -25,5 +25,14 @@ from .run import run_pass
 from .state import PassResult, PassState, PassStats, merged_id
 from .undo import undo_merge
 
-__all__ = ["run_pass", "PassResult", "PassState", "PassStats", "MassDropError", "merged_id",
-           "resolve_now", "trigger", "undo_merge"]
+__all__ = [
+    "run_pass",
+    "PassResult",
+    "PassState",
+    "PassStats",
+    "MassDropError",
+    "merged_id",
+    "resolve_now",
+    "trigger",
+    "undo_merge",
+]

@@ -12,8 +12,9 @@ from ..store.schema import Records, hours_from_datetime
 __all__ = ["resolve_now", "trigger"]
 
 
-def resolve_now(spec: str | float, meta: pd.DataFrame, wall_h: float,
-                ns: np.ndarray | None = None) -> np.ndarray:
+def resolve_now(
+    spec: str | float, meta: pd.DataFrame, wall_h: float, ns: np.ndarray | None = None
+) -> np.ndarray:
     """Per-row "now" in hours since the epoch.
 
     Args:
@@ -44,15 +45,15 @@ def resolve_now(spec: str | float, meta: pd.DataFrame, wall_h: float,
         if ns is None:
             ns = pd.factorize(meta["namespace"].to_numpy(object))[0]
         live = meta["deleted_at"].isna().to_numpy()
-        t = np.fmax(meta["last_used"].to_numpy(np.float64),
-                    meta["created_at"].to_numpy(np.float64))
+        t = np.fmax(meta["last_used"].to_numpy(np.float64), meta["created_at"].to_numpy(np.float64))
         s = pd.Series(np.where(live, t, np.nan)).groupby(ns).transform("max").to_numpy()
         return np.where(np.isnan(s), wall_h, s)
     try:
         return np.full(n, hours_from_datetime(spec))
     except (ValueError, TypeError) as e:
-        raise ValueError(f"pass.now must be 'wall', 'latest', hours or an ISO datetime; "
-                         f"got {spec!r}") from e
+        raise ValueError(
+            f"pass.now must be 'wall', 'latest', hours or an ISO datetime; got {spec!r}"
+        ) from e
 
 
 def trigger(records: Records, threshold: float) -> tuple[bool, float]:

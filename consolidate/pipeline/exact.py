@@ -62,16 +62,21 @@ def exact_stage(st: PassState, cfg: PassConfig) -> PassState:
     strength = st.col("strength")
     weight = group_sums(strength[rows], size)
     vec = _unit_vectors(st, rows, ustart, seg, size, strength)
-    st.units = Units(rows=rows, start=ustart, ns=st.ns[rows[ustart[:-1]]], vec=vec,
-                     weight=weight)
+    st.units = Units(rows=rows, start=ustart, ns=st.ns[rows[ustart[:-1]]], vec=vec, weight=weight)
     multi = size > 1
     st.stats.exact_groups = int(multi.sum())
     st.stats.exact_duplicates = int((size[multi] - 1).sum())
     return st
 
 
-def _unit_vectors(st: PassState, rows: np.ndarray, ustart: np.ndarray, seg: np.ndarray,
-                  size: np.ndarray, strength: np.ndarray) -> torch.Tensor:
+def _unit_vectors(
+    st: PassState,
+    rows: np.ndarray,
+    ustart: np.ndarray,
+    seg: np.ndarray,
+    size: np.ndarray,
+    strength: np.ndarray,
+) -> torch.Tensor:
     """``float32 [U, d]``: a one-row unit's stored vector as it is (so the pass's pairs are
     those of the stored vectors), a group's strength-weighted centroid
     (:func:`~consolidate.pipeline.state.segment_centroids`)."""
@@ -82,7 +87,8 @@ def _unit_vectors(st: PassState, rows: np.ndarray, ustart: np.ndarray, seg: np.n
         keep = np.repeat(size > 1, size)
         mseg = np.repeat(np.arange(len(multi)), size[multi])
         out[torch.from_numpy(multi).to(dev)] = segment_centroids(
-            st.vec, rows[keep], mseg, len(multi), strength[rows][keep])
+            st.vec, rows[keep], mseg, len(multi), strength[rows][keep]
+        )
     return out
 
 
@@ -96,8 +102,9 @@ def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + offs
 
 
-def _split_apart(st: PassState, rows: np.ndarray, start: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def _split_apart(
+    st: PassState, rows: np.ndarray, start: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Split every exact group that holds a row with ``keep_apart`` so that no subgroup holds
     two rows an undo marked apart (first fit, in id order: deterministic). Only groups of
     two or more rows with such a row are visited."""

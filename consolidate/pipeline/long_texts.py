@@ -58,24 +58,33 @@ def long_text_stage(st: PassState, cfg: PassConfig) -> PassState:
     if u is None or len(u) < 2:
         return st
     texts = pa.array(st.meta["text"].to_numpy(object)[u.first], pa.string())
-    long_ = np.flatnonzero(np.asarray(
-        pc.greater_equal(pc.utf8_length(texts), cfg.minhash_min_chars), dtype=bool))
+    long_ = np.flatnonzero(
+        np.asarray(pc.greater_equal(pc.utf8_length(texts), cfg.minhash_min_chars), dtype=bool)
+    )
     stats.minhash_units = len(long_)
     if len(long_) < 2:
         return st
     skipped: dict[str, int] = {}
-    i, j, _ = minhash_pairs(texts.take(pa.array(long_)), u.ns[long_],
-                            threshold=cfg.minhash_threshold, num_perm=MINHASH_PERM,
-                            fn_weight=MINHASH_FN_WEIGHT, max_bucket=MINHASH_MAX_BUCKET,
-                            skipped=skipped)
+    i, j, _ = minhash_pairs(
+        texts.take(pa.array(long_)),
+        u.ns[long_],
+        threshold=cfg.minhash_threshold,
+        num_perm=MINHASH_PERM,
+        fn_weight=MINHASH_FN_WEIGHT,
+        max_bucket=MINHASH_MAX_BUCKET,
+        skipped=skipped,
+    )
     stats.minhash_pairs = len(i)
     stats.minhash_skipped_buckets = skipped.get("buckets", 0)
     if not len(i):
         return st
     ci, cj = long_[i], long_[j]  # unit positions, ci < cj (long_ is sorted)
     n_units = len(u)
-    old = st.pairs if st.pairs is not None else Pairs(np.zeros(0, np.int64),
-                                                      np.zeros(0, np.int64), np.zeros(0))
+    old = (
+        st.pairs
+        if st.pairs is not None
+        else Pairs(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+    )
     old_key = old.i * n_units + old.j
     new = ~np.isin(ci * n_units + cj, old_key)
     ci, cj = ci[new], cj[new]

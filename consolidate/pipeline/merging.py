@@ -77,18 +77,32 @@ def members(st: PassState, groups: list[np.ndarray]) -> list[tuple[MergeMember, 
         return []
     rows = np.concatenate(groups).astype(np.int64)
     m = st.meta.iloc[rows]
-    cols = [m[c].tolist() for c in ("id", "text")] + [
-        m[c].to_numpy(np.float64).tolist() for c in ("importance", "last_used", "strength",
-                                                      "created_at")] + [
-        m["source_ids"].tolist(), m["valid_from"].to_numpy(np.float64).tolist()]
+    cols = (
+        [m[c].tolist() for c in ("id", "text")]
+        + [
+            m[c].to_numpy(np.float64).tolist()
+            for c in ("importance", "last_used", "strength", "created_at")
+        ]
+        + [m["source_ids"].tolist(), m["valid_from"].to_numpy(np.float64).tolist()]
+    )
     src = source_texts(st, [str(i) for i in cols[0]])
-    flat = [MergeMember(id=str(i), text=str(t), importance=imp, last_used=lu, strength=s,
-                        created_at=c, source_ids=tuple(src_ids), valid_from=vf,
-                        sources=src.get(str(i), ()))
-            for i, t, imp, lu, s, c, src_ids, vf in zip(*cols, strict=True)]
+    flat = [
+        MergeMember(
+            id=str(i),
+            text=str(t),
+            importance=imp,
+            last_used=lu,
+            strength=s,
+            created_at=c,
+            source_ids=tuple(src_ids),
+            valid_from=vf,
+            sources=src.get(str(i), ()),
+        )
+        for i, t, imp, lu, s, c, src_ids, vf in zip(*cols, strict=True)
+    ]
     out, k = [], 0
     for g in groups:
-        out.append(tuple(flat[k:k + len(g)]))
+        out.append(tuple(flat[k : k + len(g)]))
         k += len(g)
     return out
 
@@ -100,8 +114,15 @@ def _canonical_texts(st: PassState, groups: list[np.ndarray]) -> list[str]:
         return []
     rows = np.concatenate(groups)
     gid = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
-    order = np.lexsort((st.id_rank[rows], -st.col("strength")[rows],
-                        -st.col("last_used")[rows], -st.col("importance")[rows], gid))
+    order = np.lexsort(
+        (
+            st.id_rank[rows],
+            -st.col("strength")[rows],
+            -st.col("last_used")[rows],
+            -st.col("importance")[rows],
+            gid,
+        )
+    )
     first = order[np.r_[0, np.flatnonzero(np.diff(gid[order])) + 1]]
     return [str(t) for t in st.meta["text"].to_numpy(object)[rows[first]]]
 
@@ -128,12 +149,13 @@ def _requests(st: PassState, version: int) -> list[MergeRequest]:
         x = cluster_of.get(a)
         if x is not None and cluster_of.get(b) == x:
             confl_of.setdefault(x, []).extend(
-                (str(ids[ra]), str(ids[rb]), r) for ra in u.members(a) for rb in u.members(b))
+                (str(ids[ra]), str(ids[rb]), r) for ra in u.members(a) for rb in u.members(b)
+            )
     pair_key = (p.i * len(u) + p.j) if p is not None else np.zeros(0, np.int64)
     # cosine of every member pair of the small clusters, looked up at once in the
     # (i, j)-sorted pairs (no dict of every pair: millions in a dense namespace)
     small = [c for c in st.clusters if len(c) <= PAIRWISE_SIMILARITIES_MAX]
-    combos = [(a, b) for c in small for y, a in enumerate(c) for b in c[y + 1:]]
+    combos = [(a, b) for c in small for y, a in enumerate(c) for b in c[y + 1 :]]
     ca = np.array([a for a, _ in combos], np.int64)
     cb = np.array([b for _, b in combos], np.int64)
     want = np.minimum(ca, cb) * len(u) + np.maximum(ca, cb)
@@ -147,25 +169,35 @@ def _requests(st: PassState, version: int) -> list[MergeRequest]:
     for c in st.clusters:
         rows = np.concatenate([u.members(k) for k in c])
         groups.append(rows[np.argsort(st.id_rank[rows])])
-    for x, (c, rows, mem) in enumerate(zip(st.clusters, groups, members(st, groups),
-                                           strict=True)):
+    for x, (c, rows, mem) in enumerate(zip(st.clusters, groups, members(st, groups), strict=True)):
         if len(c) <= PAIRWISE_SIMILARITIES_MAX:
             k = len(c) * (len(c) - 1) // 2
-            sims = tuple((keys[a], keys[b], round(float(sv), 6)) for (a, b), sv in zip(
-                combos[next_combo:next_combo + k], sim_of[next_combo:next_combo + k].tolist(),
-                strict=True) if sv == sv)
+            sims = tuple(
+                (keys[a], keys[b], round(float(sv), 6))
+                for (a, b), sv in zip(
+                    combos[next_combo : next_combo + k],
+                    sim_of[next_combo : next_combo + k].tolist(),
+                    strict=True,
+                )
+                if sv == sv
+            )
             next_combo += k
         else:
             uv = u.vec[c].cpu().numpy().astype(np.float64)
             cen = (u.weight[c, None] * uv).sum(0)
             cen /= np.linalg.norm(cen)
-            sims = tuple((keys[a], "centroid", round(float(uv[y] @ cen), 6))
-                         for y, a in enumerate(c))
-        out.append(MergeRequest(
-            cluster_id=merged_id(version, ids[rows].tolist()),
-            namespace=str(st.ns_names[u.ns[c[0]]]),
-            members=mem,
-            similarities=sims, conflicts=tuple(confl_of.get(x, ()))))
+            sims = tuple(
+                (keys[a], "centroid", round(float(uv[y] @ cen), 6)) for y, a in enumerate(c)
+            )
+        out.append(
+            MergeRequest(
+                cluster_id=merged_id(version, ids[rows].tolist()),
+                namespace=str(st.ns_names[u.ns[c[0]]]),
+                members=mem,
+                similarities=sims,
+                conflicts=tuple(confl_of.get(x, ())),
+            )
+        )
     return out
 
 
@@ -192,8 +224,10 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     requests = _requests(st, version)
     responses = merger.merge_batch(requests) if requests else []
     if len(responses) != len(requests):
-        raise ValueError(f"merger {merger.name!r} returned {len(responses)} responses for "
-                         f"{len(requests)} requests")
+        raise ValueError(
+            f"merger {merger.name!r} returned {len(responses)} responses for "
+            f"{len(requests)} requests"
+        )
     in_cluster = {k for c in st.clusters for k in c}
     row_of = {str(ids[r]): r for c in st.clusters for k in c for r in u.members(k).tolist()}
     valid_to = st.col("valid_to").copy()
@@ -217,13 +251,25 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
             if valid_to[r] == old_vt:
                 continue  # already closed there (a fact that becomes true later): no event
             n_closed += 1
-            st.events.append({
-                "op": "supersede", "id": x, "namespace": req.namespace,
-                "valid_to": float(valid_to[r]), "cluster_id": req.cluster_id,
-                "by": sorted({b if a == x else a for a, b, _ in req.conflicts
-                              if x in (a, b) and ftime[b if a == x else a] > ftime[x]}),
-                "reasons": sorted({w for a, b, w in req.conflicts if x in (a, b)}),
-                "merger": merger.name, "raw": resp.raw})
+            st.events.append(
+                {
+                    "op": "supersede",
+                    "id": x,
+                    "namespace": req.namespace,
+                    "valid_to": float(valid_to[r]),
+                    "cluster_id": req.cluster_id,
+                    "by": sorted(
+                        {
+                            b if a == x else a
+                            for a, b, _ in req.conflicts
+                            if x in (a, b) and ftime[b if a == x else a] > ftime[x]
+                        }
+                    ),
+                    "reasons": sorted({w for a, b, w in req.conflicts if x in (a, b)}),
+                    "merger": merger.name,
+                    "raw": resp.raw,
+                }
+            )
         rest = [r for k in c for r in u.members(k).tolist() if r not in superseded]
         text = resp.text.strip() if resp.text is not None else ""
         lost: list[str] = []
@@ -234,24 +280,51 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
         if not bad and text and len(rest) > 1 and not lost:
             ratio = len(text) / max(max(len(t) for t in member_texts), 1)
             ratios.append(ratio)
-            merges.append((np.array(rest, np.int64), text, "merge",
-                           {"similarities": [list(s) for s in req.similarities],
-                            "raw": resp.raw, "note": resp.note, "length_ratio": round(ratio, 4),
-                            **({"superseded": sup} if sup else {})}))
+            merges.append(
+                (
+                    np.array(rest, np.int64),
+                    text,
+                    "merge",
+                    {
+                        "similarities": [list(s) for s in req.similarities],
+                        "raw": resp.raw,
+                        "note": resp.note,
+                        "length_ratio": round(ratio, 4),
+                        **({"superseded": sup} if sup else {}),
+                    },
+                )
+            )
         else:
-            note = (f"merger superseded {bad}, which no newer conflicting member contradicts"
-                    if bad else f"merged text loses {', '.join(lost)}" if lost else resp.note)
+            note = (
+                f"merger superseded {bad}, which no newer conflicting member contradicts"
+                if bad
+                else f"merged text loses {', '.join(lost)}"
+                if lost
+                else resp.note
+            )
             n_lost += bool(lost)
             if not sup:
-                st.events.append({"op": "merge_declined", "cluster_id": req.cluster_id,
-                                  "ids": [m.id for m in req.members], "note": note,
-                                  "raw": resp.raw})
+                st.events.append(
+                    {
+                        "op": "merge_declined",
+                        "cluster_id": req.cluster_id,
+                        "ids": [m.id for m in req.members],
+                        "note": note,
+                        "raw": resp.raw,
+                    }
+                )
             in_cluster -= set(c)  # fall back to exact-only merges of its groups
-    exact = [g for k in np.flatnonzero(u.size > 1).tolist() if k not in in_cluster
-             and len(g := np.array([r for r in u.members(k).tolist() if r not in superseded],
-                                   np.int64)) > 1]
-    merges += [(g, text, "exact_merge", {}) for g, text in zip(
-        exact, _canonical_texts(st, exact), strict=True)]
+    exact = [
+        g
+        for k in np.flatnonzero(u.size > 1).tolist()
+        if k not in in_cluster
+        and len(g := np.array([r for r in u.members(k).tolist() if r not in superseded], np.int64))
+        > 1
+    ]
+    merges += [
+        (g, text, "exact_merge", {})
+        for g, text in zip(exact, _canonical_texts(st, exact), strict=True)
+    ]
     st.meta["valid_to"] = valid_to
     st.stats.superseded = n_closed
     st.stats.merges_losing_facts = n_lost
@@ -268,18 +341,29 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     return st
 
 
-def _write_merges(st: PassState, cfg: PassConfig, merger: Merger, version: int,
-                  merges: list[tuple[np.ndarray, str, str, dict[str, Any]]]) -> None:
+def _write_merges(
+    st: PassState,
+    cfg: PassConfig,
+    merger: Merger,
+    version: int,
+    merges: list[tuple[np.ndarray, str, str, dict[str, Any]]],
+) -> None:
     """New merged records (ordered by their lowest member id), tombstones, events."""
     ids = st.meta["id"].to_numpy(object)
     rank = st.id_rank
-    merges = [(rows[np.argsort(rank[rows])], text, op, extra)
-              for rows, text, op, extra in merges]
+    merges = [(rows[np.argsort(rank[rows])], text, op, extra) for rows, text, op, extra in merges]
     merges.sort(key=lambda m: rank[m[0][0]])
     groups = [m[0] for m in merges]
     mids = [merged_id(version, ids[g].tolist()) for g in groups]
-    meta, vec = new_records(st, groups, [m[1] for m in merges], mids, kind="merge",
-                            version=version, strength_cap=cfg.strength_cap)
+    meta, vec = new_records(
+        st,
+        groups,
+        [m[1] for m in merges],
+        mids,
+        kind="merge",
+        version=version,
+        strength_cap=cfg.strength_cap,
+    )
     if groups:
         flat = np.concatenate(groups)
         into = np.repeat(np.array(mids, dtype=object), [len(g) for g in groups])
@@ -295,9 +379,17 @@ def _write_merges(st: PassState, cfg: PassConfig, merger: Merger, version: int,
     st.append(meta, vec)
     ns = meta["namespace"].tolist()
     for (rows, text, op, extra), mid, n in zip(merges, mids, ns, strict=True):
-        st.events.append({"op": op, "id": mid, "namespace": n,
-                          "members": ids[rows].tolist(), "text": text,
-                          "merger": merger.name if op == "merge" else None, **extra})
+        st.events.append(
+            {
+                "op": op,
+                "id": mid,
+                "namespace": n,
+                "members": ids[rows].tolist(),
+                "text": text,
+                "merger": merger.name if op == "merge" else None,
+                **extra,
+            }
+        )
     _follow_merges(st)
     st.stats.merges = sum(1 for m in merges if m[2] == "merge")
     st.stats.exact_merges = sum(1 for m in merges if m[2] == "exact_merge")
@@ -312,10 +404,15 @@ def _follow_merges(st: PassState) -> None:
     refl = np.flatnonzero((list_lengths(derived) > 0) & ~st.gone)
     if not len(refl):
         return
-    merged = (st.meta["deleted_reason"].to_numpy(object) == "merged") & \
-        st.meta["merged_into"].notna().to_numpy() & ~st.gone
-    moved = pd.Series(st.meta["merged_into"].to_numpy(object)[merged],
-                      index=st.meta["id"].to_numpy(object)[merged])
+    merged = (
+        (st.meta["deleted_reason"].to_numpy(object) == "merged")
+        & st.meta["merged_into"].notna().to_numpy()
+        & ~st.gone
+    )
+    moved = pd.Series(
+        st.meta["merged_into"].to_numpy(object)[merged],
+        index=st.meta["id"].to_numpy(object)[merged],
+    )
     if not len(moved):
         return
     out = derived.copy()
@@ -324,4 +421,3 @@ def _follow_merges(st: PassState) -> None:
         got = moved.reindex(list(d))
         out[r] = sorted({m if isinstance(m, str) else x for x, m in zip(d, got, strict=True)})
     st.meta["derived_from"] = pd.Series(out, dtype=object)
-

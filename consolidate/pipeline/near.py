@@ -25,16 +25,23 @@ from .state import PassState, list_lengths
 __all__ = ["similar_pairs", "similarity_stage", "cluster_stage", "compact_clusters"]
 
 
-def similar_pairs(vec: torch.Tensor, seg: np.ndarray, threshold: float,
-                  sim_cfg: SimilarityConfig) -> Pairs:
+def similar_pairs(
+    vec: torch.Tensor, seg: np.ndarray, threshold: float, sim_cfg: SimilarityConfig
+) -> Pairs:
     """Every pair ``i < j`` of rows of ``vec`` (``float32 [m, d]``) in one segment
     (``int64 [m]`` namespace codes) with cosine ``>= threshold``, with the engine settings of
     ``sim_cfg`` (the one similarity call of the pass; merges and reflections both use it)."""
     return threshold_pairs(
-        vec, threshold, segments=torch.from_numpy(np.ascontiguousarray(seg, np.int64)),
-        device=sim_cfg.device, dtype=sim_cfg.dtype, tile_rows=sim_cfg.tile_rows,
-        tile_cols=sim_cfg.tile_cols, engine=sim_cfg.engine,
-        budget_bytes=None if sim_cfg.budget_mb is None else int(sim_cfg.budget_mb * 2**20))
+        vec,
+        threshold,
+        segments=torch.from_numpy(np.ascontiguousarray(seg, np.int64)),
+        device=sim_cfg.device,
+        dtype=sim_cfg.dtype,
+        tile_rows=sim_cfg.tile_rows,
+        tile_cols=sim_cfg.tile_cols,
+        engine=sim_cfg.engine,
+        budget_bytes=None if sim_cfg.budget_mb is None else int(sim_cfg.budget_mb * 2**20),
+    )
 
 
 def similarity_stage(st: PassState, cfg: PassConfig, sim_cfg: SimilarityConfig) -> PassState:
@@ -43,18 +50,25 @@ def similarity_stage(st: PassState, cfg: PassConfig, sim_cfg: SimilarityConfig) 
     than two units."""
     u = st.units
     assert u is not None, "the exact stage runs first"
-    st.pairs = (similar_pairs(u.vec, u.ns, cfg.threshold, sim_cfg)
-                if cfg.near_dedup and len(u) > 1 else None)
+    st.pairs = (
+        similar_pairs(u.vec, u.ns, cfg.threshold, sim_cfg)
+        if cfg.near_dedup and len(u) > 1
+        else None
+    )
     st.stats.pairs = 0 if st.pairs is None else len(st.pairs)
     st.stats.device = str(resolve_device(sim_cfg.device))
     st.stats.engine = sim_cfg.engine
     return st
 
 
-def compact_clusters(pairs: Pairs, vec: torch.Tensor, weight: np.ndarray, keys: np.ndarray,
-                     threshold: float,
-                     conflicts: Callable[[np.ndarray], dict[str, Any]] | None = None
-                     ) -> tuple[np.ndarray, ClusterResult]:
+def compact_clusters(
+    pairs: Pairs,
+    vec: torch.Tensor,
+    weight: np.ndarray,
+    keys: np.ndarray,
+    threshold: float,
+    conflicts: Callable[[np.ndarray], dict[str, Any]] | None = None,
+) -> tuple[np.ndarray, ClusterResult]:
     """:func:`~consolidate.cluster.centroid_clusters` over only the items that appear in a
     pair.
 
@@ -75,8 +89,9 @@ def compact_clusters(pairs: Pairs, vec: torch.Tensor, weight: np.ndarray, keys: 
     ci, cj = np.searchsorted(items, pairs.i), np.searchsorted(items, pairs.j)
     sub = vec.index_select(0, torch.from_numpy(items).to(vec.device)).cpu().numpy()
     kw = conflicts(items) if conflicts is not None else {}
-    cr = centroid_clusters(ci, cj, pairs.sim, sub, weight[items], keys[items].tolist(),
-                           threshold, **kw)
+    cr = centroid_clusters(
+        ci, cj, pairs.sim, sub, weight[items], keys[items].tolist(), threshold, **kw
+    )
     return items, cr
 
 
@@ -108,8 +123,7 @@ def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> Pa
     def conflicts(items: np.ndarray) -> dict[str, Any]:
         texts = st.meta["text"].to_numpy(object)[first[items]].tolist()
         memo: dict[str, ConflictSignature] = {}
-        sig = [memo[t] if t in memo else memo.setdefault(t, conflict_signature(t))
-               for t in texts]
+        sig = [memo[t] if t in memo else memo.setdefault(t, conflict_signature(t)) for t in texts]
         # undo constraints: only units holding a keep_apart, or holding a named id, need sets
         apart: dict[int, set[str]] = {}
         members: dict[int, set[str]] = {}
@@ -127,12 +141,18 @@ def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> Pa
 
         def conflict(a: int, b: int) -> str | None:
             return conflict_between(sig[a], sig[b]) or (
-                "undone merge" if (apart.get(a, empty) & members.get(b, empty))
-                or (apart.get(b, empty) & members.get(a, empty)) else None)
+                "undone merge"
+                if (apart.get(a, empty) & members.get(b, empty))
+                or (apart.get(b, empty) & members.get(a, empty))
+                else None
+            )
 
-        return {"conflict": conflict, "conflict_class": cls,
-                "allow_conflicts": handles_conflicts,
-                "blocking": lambda reason: reason == "undone merge"}
+        return {
+            "conflict": conflict,
+            "conflict_class": cls,
+            "allow_conflicts": handles_conflicts,
+            "blocking": lambda reason: reason == "undone merge",
+        }
 
     items, cr = compact_clusters(p, u.vec, u.weight, keys, cfg.threshold, conflicts)
     st.clusters = [[int(items[x]) for x in c] for c in cr.clusters]
@@ -147,15 +167,20 @@ def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> Pa
     st.review = review
     texts = st.meta["text"].to_numpy(object)
     for a, b, s, reason in review[: cfg.max_review_events]:
-        st.events.append({
-            "op": "review", "reason": reason,
-            "similarity": None if math.isnan(s) else round(s, 6),
-            "ids": [keys[a], keys[b]], "texts": [texts[first[a]], texts[first[b]]],
-            "namespace": st.ns_names[u.ns[a]],
-        })
+        st.events.append(
+            {
+                "op": "review",
+                "reason": reason,
+                "similarity": None if math.isnan(s) else round(s, 6),
+                "ids": [keys[a], keys[b]],
+                "texts": [texts[first[a]], texts[first[b]]],
+                "namespace": st.ns_names[u.ns[a]],
+            }
+        )
     if len(review) > cfg.max_review_events:
-        st.events.append({"op": "review_truncated", "listed": cfg.max_review_events,
-                          "total": len(review)})
+        st.events.append(
+            {"op": "review_truncated", "listed": cfg.max_review_events, "total": len(review)}
+        )
     st.stats.clusters = len(st.clusters)
     st.stats.review_pairs = len(review)
     return st

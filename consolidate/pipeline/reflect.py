@@ -18,8 +18,9 @@ from .state import PassState, list_lengths, merged_id
 __all__ = ["reflect_stage"]
 
 
-def reflect_stage(st: PassState, cfg: PassConfig, sim_cfg: SimilarityConfig, reflector: Any,
-                  version: int) -> PassState:
+def reflect_stage(
+    st: PassState, cfg: PassConfig, sim_cfg: SimilarityConfig, reflector: Any, version: int
+) -> PassState:
     """Group open, live, non-reflection memories (pairs at ``cfg.reflect_threshold``,
     centroid-checked clusters of at least ``cfg.reflect_min_size``), skip groups a
     reflection still in the store covers (live, or dropped by floor or cap: reflecting it
@@ -43,14 +44,18 @@ def reflect_stage(st: PassState, cfg: PassConfig, sim_cfg: SimilarityConfig, ref
     derived = st.meta["derived_from"].to_numpy(object)
     refl = np.flatnonzero((list_lengths(derived) > 0) & ~st.gone)  # purged rows count for nothing
     reason = st.meta["deleted_reason"].to_numpy(object)[refl]
-    covered = [set(derived[r]) for r, why in zip(refl.tolist(), reason.tolist(), strict=True)
-               if not isinstance(why, str) or why in ("floor", "cap")]
+    covered = [
+        set(derived[r])
+        for r, why in zip(refl.tolist(), reason.tolist(), strict=True)
+        if not isinstance(why, str) or why in ("floor", "cap")
+    ]
     vec = st.vectors(cand)
     pairs = similar_pairs(vec, st.ns[cand], cfg.reflect_threshold, sim_cfg)
     if not len(pairs):
         return st
-    items, cr = compact_clusters(pairs, vec, st.col("strength")[cand], ids[cand],
-                                 cfg.reflect_threshold)
+    items, cr = compact_clusters(
+        pairs, vec, st.col("strength")[cand], ids[cand], cfg.reflect_threshold
+    )
     groups = [cand[items[c]] for c in cr.clusters if len(c) >= cfg.reflect_min_size]
     groups = [g for g in groups if not any(set(ids[g].tolist()) <= c for c in covered)]
     rank = st.id_rank
@@ -64,25 +69,45 @@ def reflect_stage(st: PassState, cfg: PassConfig, sim_cfg: SimilarityConfig, ref
             chosen.append(g[np.argsort(rank[g])])
     if not chosen:
         return st
-    reqs = [MergeRequest(cluster_id="rf-" + merged_id(version, ids[g].tolist())[2:],
-                         namespace=str(st.ns_names[st.ns[g[0]]]), members=mem)
-            for g, mem in zip(chosen, members(st, chosen), strict=True)]
+    reqs = [
+        MergeRequest(
+            cluster_id="rf-" + merged_id(version, ids[g].tolist())[2:],
+            namespace=str(st.ns_names[st.ns[g[0]]]),
+            members=mem,
+        )
+        for g, mem in zip(chosen, members(st, chosen), strict=True)
+    ]
     resps = reflector.reflect_batch(reqs)
     if len(resps) != len(reqs):
         raise ValueError(f"reflector returned {len(resps)} responses for {len(reqs)} groups")
     kept, texts = [], []
     for g, req, resp in zip(chosen, reqs, resps, strict=True):
         if not (resp.text and resp.text.strip()):
-            st.events.append({"op": "reflect_declined", "ids": [m.id for m in req.members],
-                              "note": resp.note, "raw": resp.raw, "namespace": req.namespace})
+            st.events.append(
+                {
+                    "op": "reflect_declined",
+                    "ids": [m.id for m in req.members],
+                    "note": resp.note,
+                    "raw": resp.raw,
+                    "namespace": req.namespace,
+                }
+            )
             continue
         text = resp.text.strip()
         kept.append((g, req))
         texts.append(text)
-        st.events.append({"op": "reflect", "id": req.cluster_id, "namespace": req.namespace,
-                          "derived_from": [m.id for m in req.members], "text": text,
-                          "reflector": getattr(reflector, "name", "?"), "raw": resp.raw,
-                          "note": resp.note})
+        st.events.append(
+            {
+                "op": "reflect",
+                "id": req.cluster_id,
+                "namespace": req.namespace,
+                "derived_from": [m.id for m in req.members],
+                "text": text,
+                "reflector": getattr(reflector, "name", "?"),
+                "raw": resp.raw,
+                "note": resp.note,
+            }
+        )
     stats.reflect_groups, stats.reflections = len(reqs), len(kept)
     stats.reflect_calls = sum(r.calls for r in resps)
     stats.reflect_prompt_tokens = sum(r.prompt_tokens for r in resps)
@@ -90,7 +115,13 @@ def reflect_stage(st: PassState, cfg: PassConfig, sim_cfg: SimilarityConfig, ref
     lat = latency_stats(resps)
     if lat:
         stats.reflect_latency_p50_s, stats.reflect_latency_p95_s = lat
-    meta, v = new_records(st, [g for g, _ in kept], texts, [r.cluster_id for _, r in kept],
-                          kind="reflection", version=version)
+    meta, v = new_records(
+        st,
+        [g for g, _ in kept],
+        texts,
+        [r.cluster_id for _, r in kept],
+        kind="reflection",
+        version=version,
+    )
     st.append(meta, v)
     return st

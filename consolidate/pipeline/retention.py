@@ -22,8 +22,9 @@ class MassDropError(RuntimeError):
     """The pass would drop more than ``pass.max_drop_fraction`` of the live memories."""
 
 
-def _namespace_stop(st: PassState, cfg: PassConfig, live: np.ndarray,
-                    floor_drop: np.ndarray) -> None:
+def _namespace_stop(
+    st: PassState, cfg: PassConfig, live: np.ndarray, floor_drop: np.ndarray
+) -> None:
     """The per-namespace safety stop: a store-wide share can hide one namespace that the
     floor would empty (a wrong clock or ``now`` for that namespace). Cap drops do not count:
     a cap is a deliberate size."""
@@ -32,8 +33,9 @@ def _namespace_stop(st: PassState, cfg: PassConfig, live: np.ndarray,
     n_ns = len(st.ns_names)
     alive = np.bincount(st.ns[live], minlength=n_ns)
     dropped = np.bincount(st.ns[floor_drop], minlength=n_ns)
-    bad = np.flatnonzero((alive >= cfg.namespace_stop_min_live)
-                         & (dropped > cfg.max_namespace_drop_fraction * alive))
+    bad = np.flatnonzero(
+        (alive >= cfg.namespace_stop_min_live) & (dropped > cfg.max_namespace_drop_fraction * alive)
+    )
     if not len(bad):
         return
     worst = bad[np.argsort(-dropped[bad] / alive[bad], kind="stable")][:3]
@@ -42,11 +44,13 @@ def _namespace_stop(st: PassState, cfg: PassConfig, live: np.ndarray,
         f"the floor would drop more than {cfg.max_namespace_drop_fraction:.0%} of the live "
         f"memories of {len(bad)} namespace(s) ({which}). Check pass.now (now={cfg.now!r}) and "
         f"the times of those namespaces, tau_hours ({cfg.tau_hours}) and floor "
-        f"({cfg.floor}), or set pass.max_namespace_drop_fraction=1.0")
+        f"({cfg.floor}), or set pass.max_namespace_drop_fraction=1.0"
+    )
 
 
-def mass_drop_error(dropped: int, live: int, namespaces: Sequence[Any],
-                    cfg: PassConfig) -> MassDropError:
+def mass_drop_error(
+    dropped: int, live: int, namespaces: Sequence[Any], cfg: PassConfig
+) -> MassDropError:
     """The store-wide safety stop's error: ``dropped`` of ``live`` rows would go,
     ``namespaces`` holds the namespace of each dropped row (the three most named)."""
     worst = {str(k): int(v) for k, v in pd.Series(namespaces).value_counts().head(3).items()}
@@ -54,7 +58,8 @@ def mass_drop_error(dropped: int, live: int, namespaces: Sequence[Any],
         f"the pass would drop {dropped} of {live} live memories "
         f"({dropped / live:.0%} > pass.max_drop_fraction={cfg.max_drop_fraction}); "
         f"most in {worst}. Check pass.now (now={cfg.now!r}), tau_hours "
-        f"({cfg.tau_hours}) and floor ({cfg.floor}), or set pass.max_drop_fraction=1.0")
+        f"({cfg.tau_hours}) and floor ({cfg.floor}), or set pass.max_drop_fraction=1.0"
+    )
 
 
 def retention_stage(st: PassState, cfg: PassConfig, version: int) -> PassState:
@@ -75,15 +80,23 @@ def retention_stage(st: PassState, cfg: PassConfig, version: int) -> PassState:
     imp = st.col("importance")[li]
     if cfg.decay:
         dev = st.vec.device
-        score = retention_score(
-            torch.from_numpy(imp).to(dev), torch.from_numpy(st.col("last_used")[li]).to(dev),
-            torch.from_numpy(st.col("strength")[li]).to(dev),
-            torch.from_numpy(st.now[li]).to(dev), cfg.tau_hours).cpu().numpy()
+        score = (
+            retention_score(
+                torch.from_numpy(imp).to(dev),
+                torch.from_numpy(st.col("last_used")[li]).to(dev),
+                torch.from_numpy(st.col("strength")[li]).to(dev),
+                torch.from_numpy(st.now[li]).to(dev),
+                cfg.tau_hours,
+            )
+            .cpu()
+            .numpy()
+        )
         floor = cfg.floor
     else:
         score, floor = imp, -math.inf
-    sel = select_survivors(score, st.col("pinned").astype(bool)[li], st.ns[li],
-                           st.id_rank[li], floor, cfg.cap)
+    sel = select_survivors(
+        score, st.col("pinned").astype(bool)[li], st.ns[li], st.id_rank[li], floor, cfg.cap
+    )
     drop = li[~sel.keep]
     _namespace_stop(st, cfg, li, li[sel.reason == "floor"])
     if len(li) and len(drop) / len(li) > cfg.max_drop_fraction:
@@ -101,9 +114,10 @@ def retention_stage(st: PassState, cfg: PassConfig, version: int) -> PassState:
     st.meta["last_pass"] = last_pass
     ids = st.meta["id"].to_numpy(object)[drop].tolist()
     names = st.ns_names[st.ns[drop]].tolist()
-    st.events += [{"op": "drop", "id": i, "reason": w, "score": s, "namespace": n}
-                  for i, w, s, n in zip(ids, why.tolist(), score[~sel.keep].tolist(), names,
-                                        strict=True)]
+    st.events += [
+        {"op": "drop", "id": i, "reason": w, "score": s, "namespace": n}
+        for i, w, s, n in zip(ids, why.tolist(), score[~sel.keep].tolist(), names, strict=True)
+    ]
     st.stats.dropped_floor = int((sel.reason == "floor").sum())
     st.stats.dropped_cap = int((sel.reason == "cap").sum())
     st.stats.records_out = len(kept)

@@ -24,9 +24,16 @@ def _union(lists: Sequence[Sequence[str]]) -> list[str]:
     return sorted(out)
 
 
-def new_records(st: PassState, groups: Sequence[np.ndarray], texts: Sequence[str],
-                ids: Sequence[str], *, kind: Literal["merge", "reflection"], version: int,
-                strength_cap: float = 20.0) -> tuple[pd.DataFrame, torch.Tensor]:
+def new_records(
+    st: PassState,
+    groups: Sequence[np.ndarray],
+    texts: Sequence[str],
+    ids: Sequence[str],
+    *,
+    kind: Literal["merge", "reflection"],
+    version: int,
+    strength_cap: float = 20.0,
+) -> tuple[pd.DataFrame, torch.Tensor]:
     """Rows (store columns) and vectors of new records, one per group of snapshot rows.
 
     Every new record gets the strength-weighted centroid of its group's vectors
@@ -53,8 +60,9 @@ def new_records(st: PassState, groups: Sequence[np.ndarray], texts: Sequence[str
     """
     k = len(groups)
     if not k:
-        return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in COLUMNS.items()}), \
-            torch.zeros((0, st.vec.shape[1]), dtype=torch.float32, device=st.vec.device)
+        return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in COLUMNS.items()}), torch.zeros(
+            (0, st.vec.shape[1]), dtype=torch.float32, device=st.vec.device
+        )
     sizes = np.fromiter(map(len, groups), np.int64, k)
     rows = np.concatenate(groups).astype(np.int64)
     seg = np.repeat(np.arange(k), sizes)
@@ -72,30 +80,38 @@ def new_records(st: PassState, groups: Sequence[np.ndarray], texts: Sequence[str
         any_open = np.add.reduceat(np.isnan(vt).astype(np.int64), starts) > 0
         apart = st.meta["keep_apart"].to_numpy(object)
         derived = st.meta["derived_from"].to_numpy(object)
-    meta = pd.DataFrame({
-        "id": pd.Series(list(ids), dtype=object),
-        "namespace": pd.Series(st.meta["namespace"].to_numpy(object)[rows[starts]],
-                               dtype=object),
-        "text": pd.Series(list(texts), dtype=object),
-        "importance": np.maximum.reduceat(st.col("importance")[rows], starts),
-        "created_at": (np.minimum if merge else np.maximum).reduceat(created, starts),
-        "last_used": np.maximum.reduceat(st.col("last_used")[rows], starts),
-        "strength": np.minimum(w_sum, np.maximum(strength_cap, w_max)) if merge else
-        np.ones(k),
-        "pinned": np.zeros(k, bool),
-        "source_ids": pd.Series([_union(src[g]) for g in groups], dtype=object),
-        "valid_from": nan_reduce(vf, starts, "min") if merge else np.full(k, np.nan),
-        "valid_to": np.where(any_open, np.nan, np.maximum.reduceat(vt, starts)) if merge
-        else np.full(k, np.nan),
-        "deleted_at": np.full(k, np.nan),
-        "deleted_reason": pd.Series([None] * k, dtype=object),
-        "merged_into": pd.Series([None] * k, dtype=object),
-        "text_hash": pd.Series([text_hash(t) for t in texts], dtype=object),
-        "last_pass": np.full(k, float(version)),
-        "keep_apart": pd.Series([_union(apart[g]) for g in groups] if merge else
-                                [[] for _ in range(k)], dtype=object),
-        "derived_from": pd.Series(
-            [_union(derived[g]) for g in groups] if merge else
-            [list(st.meta["id"].to_numpy(object)[g]) for g in groups], dtype=object),
-    })
+    meta = pd.DataFrame(
+        {
+            "id": pd.Series(list(ids), dtype=object),
+            "namespace": pd.Series(
+                st.meta["namespace"].to_numpy(object)[rows[starts]], dtype=object
+            ),
+            "text": pd.Series(list(texts), dtype=object),
+            "importance": np.maximum.reduceat(st.col("importance")[rows], starts),
+            "created_at": (np.minimum if merge else np.maximum).reduceat(created, starts),
+            "last_used": np.maximum.reduceat(st.col("last_used")[rows], starts),
+            "strength": np.minimum(w_sum, np.maximum(strength_cap, w_max)) if merge else np.ones(k),
+            "pinned": np.zeros(k, bool),
+            "source_ids": pd.Series([_union(src[g]) for g in groups], dtype=object),
+            "valid_from": nan_reduce(vf, starts, "min") if merge else np.full(k, np.nan),
+            "valid_to": np.where(any_open, np.nan, np.maximum.reduceat(vt, starts))
+            if merge
+            else np.full(k, np.nan),
+            "deleted_at": np.full(k, np.nan),
+            "deleted_reason": pd.Series([None] * k, dtype=object),
+            "merged_into": pd.Series([None] * k, dtype=object),
+            "text_hash": pd.Series([text_hash(t) for t in texts], dtype=object),
+            "last_pass": np.full(k, float(version)),
+            "keep_apart": pd.Series(
+                [_union(apart[g]) for g in groups] if merge else [[] for _ in range(k)],
+                dtype=object,
+            ),
+            "derived_from": pd.Series(
+                [_union(derived[g]) for g in groups]
+                if merge
+                else [list(st.meta["id"].to_numpy(object)[g]) for g in groups],
+                dtype=object,
+            ),
+        }
+    )
     return meta, vec

@@ -104,25 +104,33 @@ def run_pass(
         st.now = refresh_now(st)  # "latest" depends on the live rows: after every change
         return st
 
-    st = timed("purge", lambda: purge_stage(
-        with_now(_start(records, sim_cfg, wall_h, merger.name, version)), cfg))
+    st = timed(
+        "purge",
+        lambda: purge_stage(with_now(_start(records, sim_cfg, wall_h, merger.name, version)), cfg),
+    )
     st = timed("exact", lambda: exact_stage(st, cfg))
     st = timed("similarity", lambda: similarity_stage(st, cfg, sim_cfg))
     st = timed("minhash", lambda: long_text_stage(st, cfg))
-    st = timed("cluster", lambda: cluster_stage(st, cfg, bool(getattr(
-        merger, "handles_conflicts", False))))
+    st = timed(
+        "cluster", lambda: cluster_stage(st, cfg, bool(getattr(merger, "handles_conflicts", False)))
+    )
     st = timed("merge", lambda: merge_stage(st, cfg, merger, version))
     st.units = st.pairs = None  # unit vectors (as large as the store's) are not needed now
-    st = timed("reflect", lambda: reflect_stage(with_now(st), cfg, sim_cfg, reflector, version)
-               if cfg.reflect else st)
+    st = timed(
+        "reflect",
+        lambda: (
+            reflect_stage(with_now(st), cfg, sim_cfg, reflector, version) if cfg.reflect else st
+        ),
+    )
     st = timed("score", lambda: retention_stage(with_now(st), cfg, version))
     out = timed("score", st.records)
     st.stats.time_s = {k: round(v, 4) for k, v in times.items()}
     return PassResult(out, st.events, st.stats)
 
 
-def _start(records: Records, sim_cfg: SimilarityConfig, wall_h: float, merger: str,
-           version: int) -> PassState:
+def _start(
+    records: Records, sim_cfg: SimilarityConfig, wall_h: float, merger: str, version: int
+) -> PassState:
     """The initial state: a copy of the row table, the vectors on the pass device (one
     transfer; no copy on cpu unless rows need rescaling, see :func:`_unit_rows`), namespace
     codes and id ranks."""
@@ -137,11 +145,18 @@ def _start(records: Records, sim_cfg: SimilarityConfig, wall_h: float, merger: s
         vec = vec.to(dev)
     ns, names = pd.factorize(meta["namespace"].to_numpy(object), sort=True)
     n = len(meta)
-    return PassState(meta=meta, vec=vec, ns=ns.astype(np.int64),
-                     ns_names=np.asarray(names, dtype=object),
-                     id_rank=id_ranks(meta["id"].to_numpy(object)), wall_h=wall_h,
-                     now=np.zeros(n), gone=np.zeros(n, bool),
-                     stats=PassStats(merger=merger, version=version), origin=records.origin)
+    return PassState(
+        meta=meta,
+        vec=vec,
+        ns=ns.astype(np.int64),
+        ns_names=np.asarray(names, dtype=object),
+        id_rank=id_ranks(meta["id"].to_numpy(object)),
+        wall_h=wall_h,
+        now=np.zeros(n),
+        gone=np.zeros(n, bool),
+        stats=PassStats(merger=merger, version=version),
+        origin=records.origin,
+    )
 
 
 #: rows further than this from unit length are rescaled by the pass (not in the store)
@@ -169,8 +184,9 @@ def _unit_rows(v: np.ndarray) -> np.ndarray:
     return out
 
 
-def _now_fn(cfg: PassConfig, wall_h: float, now_by_namespace: dict[str, float] | None
-            ) -> Callable[[PassState], np.ndarray]:
+def _now_fn(
+    cfg: PassConfig, wall_h: float, now_by_namespace: dict[str, float] | None
+) -> Callable[[PassState], np.ndarray]:
     """``f(state) -> float64 [n]``: "now" per row for ``cfg.now``, with the per-namespace
     overrides; recomputed after stages that add or remove live rows ("latest" depends on
     them)."""
@@ -188,6 +204,7 @@ def _now_fn(cfg: PassConfig, wall_h: float, now_by_namespace: dict[str, float] |
 
 def _check_settings(cfg: PassConfig) -> None:
     """Refuse settings that would silently do the wrong thing (NaN compares false)."""
+
     def real(x: Any) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -197,30 +214,33 @@ def _check_settings(cfg: PassConfig) -> None:
         raise ValueError(f"pass.tau_hours must be > 0 hours, got {cfg.tau_hours!r}")
     if not (real(cfg.floor) and 0.0 <= cfg.floor <= 1.0):
         raise ValueError(f"pass.floor must be in [0, 1], got {cfg.floor!r}")
-    if cfg.cap is not None and not (isinstance(cfg.cap, int) and not isinstance(cfg.cap, bool)
-                                    and cfg.cap >= 0):
+    if cfg.cap is not None and not (
+        isinstance(cfg.cap, int) and not isinstance(cfg.cap, bool) and cfg.cap >= 0
+    ):
         raise ValueError(f"pass.cap must be an integer >= 0 or null, got {cfg.cap!r}")
     if not (real(cfg.strength_cap) and cfg.strength_cap >= 1):
         raise ValueError(f"pass.strength_cap must be >= 1, got {cfg.strength_cap!r}")
-    if not (real(cfg.max_namespace_drop_fraction)
-            and 0.0 <= cfg.max_namespace_drop_fraction <= 1.0):
-        raise ValueError(f"pass.max_namespace_drop_fraction must be in [0, 1], got "
-                         f"{cfg.max_namespace_drop_fraction!r}")
+    if not (
+        real(cfg.max_namespace_drop_fraction) and 0.0 <= cfg.max_namespace_drop_fraction <= 1.0
+    ):
+        raise ValueError(
+            f"pass.max_namespace_drop_fraction must be in [0, 1], got "
+            f"{cfg.max_namespace_drop_fraction!r}"
+        )
     m = cfg.namespace_stop_min_live
     if not (isinstance(m, int) and not isinstance(m, bool) and m >= 1):
         raise ValueError(f"pass.namespace_stop_min_live must be an integer >= 1, got {m!r}")
     if not (real(cfg.max_drop_fraction) and 0.0 <= cfg.max_drop_fraction <= 1.0):
-        raise ValueError(f"pass.max_drop_fraction must be in [0, 1], got "
-                         f"{cfg.max_drop_fraction!r}")
+        raise ValueError(f"pass.max_drop_fraction must be in [0, 1], got {cfg.max_drop_fraction!r}")
     if not (real(cfg.reflect_threshold) and -1.0 <= cfg.reflect_threshold <= 1.0):
-        raise ValueError(f"pass.reflect_threshold must be in [-1, 1], got "
-                         f"{cfg.reflect_threshold!r}")
+        raise ValueError(
+            f"pass.reflect_threshold must be in [-1, 1], got {cfg.reflect_threshold!r}"
+        )
     mc = cfg.minhash_min_chars
     if mc is not None and not (isinstance(mc, int) and not isinstance(mc, bool) and mc >= 1):
         raise ValueError(f"pass.minhash_min_chars must be an integer >= 1 or null, got {mc!r}")
     if not (real(cfg.minhash_threshold) and 0.0 < cfg.minhash_threshold <= 1.0):
-        raise ValueError(f"pass.minhash_threshold must be in (0, 1], got "
-                         f"{cfg.minhash_threshold!r}")
+        raise ValueError(f"pass.minhash_threshold must be in (0, 1], got {cfg.minhash_threshold!r}")
     for key in ("reflect_min_size", "reflect_max_per_namespace"):
         v = getattr(cfg, key)
         if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
@@ -232,5 +252,3 @@ def _check_settings(cfg: PassConfig) -> None:
             val = None
         if val is not None and not math.isfinite(val):
             raise ValueError(f"pass.now must be finite, got {cfg.now!r}")
-
-

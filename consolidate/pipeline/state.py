@@ -25,8 +25,17 @@ from ..similarity import Pairs
 from ..store.schema import COLUMNS, Records
 from ..text import utf8_ok
 
-__all__ = ["PassResult", "PassStats", "PassState", "Units", "merged_id", "list_lengths",
-           "id_ranks", "group_sums", "segment_centroids"]
+__all__ = [
+    "PassResult",
+    "PassStats",
+    "PassState",
+    "Units",
+    "merged_id",
+    "list_lengths",
+    "id_ranks",
+    "group_sums",
+    "segment_centroids",
+]
 
 
 def merged_id(version: int, member_ids: Sequence[str]) -> str:
@@ -51,7 +60,7 @@ def group_sums(values: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     out = np.bincount(gid, weights=values, minlength=len(sizes)).astype(np.float64)
     starts = np.r_[0, np.cumsum(sizes)[:-1]].astype(np.int64)
     for k in np.flatnonzero(sizes >= 8).tolist():
-        out[k] = values[starts[k]:starts[k] + sizes[k]].sum()
+        out[k] = values[starts[k] : starts[k] + sizes[k]].sum()
     return out
 
 
@@ -64,10 +73,10 @@ def id_ranks(ids: np.ndarray | pd.Series) -> np.ndarray:
         arr = pa.array(np.asarray(ids, dtype=object), pa.string())
     except (UnicodeEncodeError, pa.ArrowException) as e:
         bad = [repr(x) for x in ids if not isinstance(x, str) or not utf8_ok(x)][:5]
-        raise ValueError(f"record ids must be strings of valid UTF-8; these are not: "
-                         f"{', '.join(bad)}") from e
-    return pc.rank(arr,
-                   sort_keys="ascending", tiebreaker="first").to_numpy().astype(np.int64) - 1
+        raise ValueError(
+            f"record ids must be strings of valid UTF-8; these are not: {', '.join(bad)}"
+        ) from e
+    return pc.rank(arr, sort_keys="ascending", tiebreaker="first").to_numpy().astype(np.int64) - 1
 
 
 def _merge_ranks(rank: np.ndarray, ids: np.ndarray, n_old: int) -> np.ndarray:
@@ -85,8 +94,14 @@ def _merge_ranks(rank: np.ndarray, ids: np.ndarray, n_old: int) -> np.ndarray:
     return out
 
 
-def segment_centroids(vec: torch.Tensor, rows: np.ndarray, seg: np.ndarray, n_seg: int,
-                      weight: np.ndarray, chunk: int = 1 << 16) -> torch.Tensor:
+def segment_centroids(
+    vec: torch.Tensor,
+    rows: np.ndarray,
+    seg: np.ndarray,
+    n_seg: int,
+    weight: np.ndarray,
+    chunk: int = 1 << 16,
+) -> torch.Tensor:
     """Strength-weighted mean of unit vectors per segment, renormalised, computed in float64 on
     ``vec``'s device.
 
@@ -113,8 +128,12 @@ def segment_centroids(vec: torch.Tensor, rows: np.ndarray, seg: np.ndarray, n_se
     starts = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])
     w = w / np.repeat(np.maximum.reduceat(w, starts), np.diff(np.r_[starts, len(seg)]))
     # whole segments per block of about `chunk` entries
-    cut = np.unique(np.r_[starts[np.searchsorted(starts, np.arange(0, len(seg), chunk),
-                                                 side="right") - 1], len(seg)])
+    cut = np.unique(
+        np.r_[
+            starts[np.searchsorted(starts, np.arange(0, len(seg), chunk), side="right") - 1],
+            len(seg),
+        ]
+    )
     for a, b in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True):
         x = vec.index_select(0, torch.from_numpy(rows[a:b]).to(dev)).double()
         x *= torch.from_numpy(w[a:b]).to(dev)[:, None]
@@ -205,8 +224,11 @@ class PassStats:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict of the fields that were set (``score_min`` always present)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if getattr(self, f.name) is not None or f.name in self._ALWAYS}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) is not None or f.name in self._ALWAYS
+        }
 
     def __getitem__(self, key: str) -> Any:
         if key not in self:
@@ -214,8 +236,7 @@ class PassStats:
         return getattr(self, key)
 
     def __contains__(self, key: object) -> bool:
-        return key in _STAT_FIELDS and (getattr(self, key) is not None
-                                        or key in self._ALWAYS)
+        return key in _STAT_FIELDS and (getattr(self, key) is not None or key in self._ALWAYS)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.as_dict().get(key, default)
@@ -280,7 +301,7 @@ class Units:
 
     def members(self, u: int) -> np.ndarray:
         """Row positions of unit ``u`` (id order)."""
-        return self.rows[self.start[u]:self.start[u + 1]]
+        return self.rows[self.start[u] : self.start[u + 1]]
 
 
 @dataclass
@@ -352,8 +373,7 @@ class PassState:
         out = torch.empty((len(rows), self.vec.shape[1]), dtype=torch.float32, device=dev)
         m = torch.from_numpy(old).to(dev)
         out[m] = self.vec.index_select(0, torch.from_numpy(rows[old]).to(dev))
-        out[~m] = torch.cat(self.new_vec).index_select(
-            0, torch.from_numpy(rows[~old] - n0).to(dev))
+        out[~m] = torch.cat(self.new_vec).index_select(0, torch.from_numpy(rows[~old] - n0).to(dev))
         return out
 
     def append(self, meta: pd.DataFrame, vec: torch.Tensor) -> None:
@@ -363,22 +383,24 @@ class PassState:
             return
         self.meta = pd.concat([self.meta, meta], ignore_index=True)
         self.new_vec.append(vec)
-        self.ns = np.r_[self.ns, np.searchsorted(self.ns_names,
-                                                 meta["namespace"].to_numpy(object))]
+        self.ns = np.r_[self.ns, np.searchsorted(self.ns_names, meta["namespace"].to_numpy(object))]
         self.gone = np.r_[self.gone, np.zeros(len(meta), bool)]
-        self.id_rank = _merge_ranks(self.id_rank, self.meta["id"].to_numpy(object),
-                                    len(self.meta) - len(meta))
+        self.id_rank = _merge_ranks(
+            self.id_rank, self.meta["id"].to_numpy(object), len(self.meta) - len(meta)
+        )
 
     def records(self) -> Records:
         """The next snapshot: surviving rows in their order (snapshot rows, then the rows the
         pass wrote), with one copy of the vectors."""
         keep = np.flatnonzero(~self.gone)
-        meta = (self.meta.iloc[keep] if len(keep) < self.n else self.meta).reset_index(
-            drop=True)
+        meta = (self.meta.iloc[keep] if len(keep) < self.n else self.meta).reset_index(drop=True)
         base, n0 = self.vec, self.vec.shape[0]
         kb = keep[keep < n0]
-        origin = (None if self.origin is None else
-                  np.concatenate([self.origin[kb], np.full(len(keep) - len(kb), -1, np.int64)]))
+        origin = (
+            None
+            if self.origin is None
+            else np.concatenate([self.origin[kb], np.full(len(keep) - len(kb), -1, np.int64)])
+        )
         if base.device.type == "cpu" and len(kb) == n0 and not self.new_vec:
             return Records(meta, base.numpy(), origin=origin)  # nothing purged or written
         out = np.empty((len(meta), base.shape[1]), np.float32)
@@ -387,10 +409,11 @@ class PassState:
         elif base.device.type == "cpu":
             np.take(base.numpy(), kb, axis=0, out=out[: len(kb)])
         else:
-            out[: len(kb)] = base.index_select(0, torch.from_numpy(kb).to(base.device)).cpu(
-            ).numpy()
+            out[: len(kb)] = (
+                base.index_select(0, torch.from_numpy(kb).to(base.device)).cpu().numpy()
+            )
         if self.new_vec:
-            out[len(kb):] = torch.cat(self.new_vec).cpu().numpy()[keep[keep >= n0] - n0]
+            out[len(kb) :] = torch.cat(self.new_vec).cpu().numpy()[keep[keep >= n0] - n0]
         return Records(meta, out, origin=origin)
 
 

@@ -17,5 +17,13 @@ from .api import (
     topk_neighbours,
 )
 
-__all__ = ["Pairs", "TopK", "threshold_pairs", "topk_neighbours", "auto_tile", "DTYPE_MARGIN",
-           "ENGINES", "check_engine"]
+__all__ = [
+    "Pairs",
+    "TopK",
+    "threshold_pairs",
+    "topk_neighbours",
+    "auto_tile",
+    "DTYPE_MARGIN",
+    "ENGINES",
+    "check_engine",
+]

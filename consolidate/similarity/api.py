@@ -48,8 +48,16 @@ from .engines import get_engine, names
 from .tiling import auto_tile
 from .types import DTYPE_MARGIN, TORCH_DTYPE, Engine, Pairs, TopK
 
-__all__ = ["Pairs", "TopK", "threshold_pairs", "topk_neighbours", "auto_tile", "DTYPE_MARGIN",
-           "ENGINES", "check_engine"]
+__all__ = [
+    "Pairs",
+    "TopK",
+    "threshold_pairs",
+    "topk_neighbours",
+    "auto_tile",
+    "DTYPE_MARGIN",
+    "ENGINES",
+    "check_engine",
+]
 
 #: values of the ``engine`` keyword: ``"auto"`` and every registered engine.
 ENGINES = ("auto", *names())
@@ -58,8 +66,9 @@ ENGINES = ("auto", *names())
 def _check_tiles(tile_rows: int | None, tile_cols: int | None) -> None:
     """Raise ``ValueError`` unless each tile size is ``None`` or an integer >= 1."""
     for name, val in (("tile_rows", tile_rows), ("tile_cols", tile_cols)):
-        if val is not None and (isinstance(val, bool) or not isinstance(val, (int, np.integer))
-                                or val < 1):
+        if val is not None and (
+            isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1
+        ):
             raise ValueError(f"{name} must be an integer >= 1 or None, got {val!r}")
 
 
@@ -128,19 +137,23 @@ def _check_unit(x: torch.Tensor, what: str) -> None:
     if not x.numel() or not (x.is_floating_point() or x.is_complex()):
         return
     norm = torch.linalg.vector_norm(
-        x, dim=1, dtype=None if x.dtype in (torch.float64, torch.float32) else torch.float32)
+        x, dim=1, dtype=None if x.dtype in (torch.float64, torch.float32) else torch.float32
+    )
     bad = ~(torch.abs(norm - 1) <= UNIT_TOLERANCE)  # NaN compares false
     if not bool(bad.any()):
         return
     rows = bad.nonzero()[:, 0]
     nonfinite = rows[~torch.isfinite(x.index_select(0, rows)).all(dim=1)]
     if nonfinite.numel():
-        raise ValueError(f"{what}: {nonfinite.numel()} row(s) contain NaN or inf, e.g. rows "
-                         f"{nonfinite[:10].tolist()}")
+        raise ValueError(
+            f"{what}: {nonfinite.numel()} row(s) contain NaN or inf, e.g. rows "
+            f"{nonfinite[:10].tolist()}"
+        )
     raise ValueError(
         f"{what}: {rows.numel()} row(s) are not unit vectors (|norm - 1| > "
         f"{UNIT_TOLERANCE:g}), e.g. rows {rows[:10].tolist()} with norms "
-        f"{[round(float(v), 6) for v in norm[rows[:10]].tolist()]}; normalise them first")
+        f"{[round(float(v), 6) for v in norm[rows[:10]].tolist()]}; normalise them first"
+    )
 
 
 def _grouped(seg: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -230,9 +243,15 @@ def threshold_pairs(
     v32 = _take(v.to(dev, torch.float32), grp)
     # rows per namespace, in sorted order
     _, counts = torch.unique_consecutive(seg_sorted, return_counts=True)
-    ci_, cj_ = eng.threshold_candidates(v32, counts, threshold, dtype=dtype,
-                                        tile_rows=tile_rows, tile_cols=tile_cols,
-                                        budget_bytes=budget_bytes)
+    ci_, cj_ = eng.threshold_candidates(
+        v32,
+        counts,
+        threshold,
+        dtype=dtype,
+        tile_rows=tile_rows,
+        tile_cols=tile_cols,
+        budget_bytes=budget_bytes,
+    )
     if not ci_.numel():
         return empty
     # float64 input is re-scored from itself, not from its float32 rounding
@@ -240,9 +259,14 @@ def threshold_pairs(
     return _pairs_from_candidates(v32, order.to(dev), ci_, cj_, threshold, src=src)
 
 
-def _pairs_from_candidates(v32: torch.Tensor, order: torch.Tensor, ci_: torch.Tensor,
-                           cj_: torch.Tensor, threshold: float,
-                           src: torch.Tensor | None = None) -> Pairs:
+def _pairs_from_candidates(
+    v32: torch.Tensor,
+    order: torch.Tensor,
+    ci_: torch.Tensor,
+    cj_: torch.Tensor,
+    threshold: float,
+    src: torch.Tensor | None = None,
+) -> Pairs:
     """Re-score candidates in float64, keep ``>= threshold``, map back to input positions
     and sort by ``(i, j)`` (shared by every engine, so their results are identical).
     ``v32``: sorted float32 rows; ``order``: input position of each sorted row; ``ci_`` /
@@ -259,8 +283,9 @@ def _pairs_from_candidates(v32: torch.Tensor, order: torch.Tensor, ci_: torch.Te
     return Pairs(lo[srt].astype(np.int64), hi[srt].astype(np.int64), sim[srt])
 
 
-def _rescore64(v32: torch.Tensor, i: torch.Tensor, j: torch.Tensor,
-               chunk: int = 1 << 16) -> torch.Tensor:
+def _rescore64(
+    v32: torch.Tensor, i: torch.Tensor, j: torch.Tensor, chunk: int = 1 << 16
+) -> torch.Tensor:
     """float64 dot products of rows ``i`` and ``j`` of ``v32`` (deterministic per pair)."""
     out = torch.empty(i.shape[0], dtype=torch.float64, device=v32.device)
     for k in range(0, i.shape[0], chunk):
@@ -333,8 +358,9 @@ def topk_neighbours(
     _check_dtype(dtype)
     q, key = torch.as_tensor(queries).detach(), torch.as_tensor(keys).detach()
     if q.ndim != 2 or key.ndim != 2 or q.shape[1] != key.shape[1]:
-        raise ValueError(f"queries {tuple(q.shape)} and keys {tuple(key.shape)} must be "
-                         f"[q, d] and [n, d]")
+        raise ValueError(
+            f"queries {tuple(q.shape)} and keys {tuple(key.shape)} must be [q, d] and [n, d]"
+        )
     _check_unit(q, "queries")
     _check_unit(key, "keys")
     nq, n = q.shape[0], key.shape[0]
@@ -345,8 +371,10 @@ def topk_neighbours(
         qs = _codes(query_segments, "query_segments")
         ks = _codes(key_segments, "key_segments")
         if qs.shape != (nq,) or ks.shape != (n,):
-            raise ValueError(f"query_segments {tuple(qs.shape)} and key_segments "
-                             f"{tuple(ks.shape)} must have shapes ({nq},) and ({n},)")
+            raise ValueError(
+                f"query_segments {tuple(qs.shape)} and key_segments "
+                f"{tuple(ks.shape)} must have shapes ({nq},) and ({n},)"
+            )
     eng = get_engine(name)
     dev = eng.place(device, dev)
     q, key = q.to(dev, torch.float32), key.to(dev, torch.float32)
@@ -356,17 +384,28 @@ def topk_neighbours(
     limit = eng.max_topk(dev)
     if limit is not None and kk > limit:
         if engine != "auto":
-            raise ValueError(f"engine={name!r} supports min(k, n) <= {limit} on {dev.type}, "
-                             f"got {kk}; use engine='torch'")
+            raise ValueError(
+                f"engine={name!r} supports min(k, n) <= {limit} on {dev.type}, "
+                f"got {kk}; use engine='torch'"
+            )
         eng = get_engine("torch")
     qord, qs_s = _grouped(qs)
     kord, ks_s = _grouped(ks)
     # key range [lo, hi) of each segment value, looked up by searchsorted
     lo_of = torch.searchsorted(ks_s, qs_s, side="left")
     hi_of = torch.searchsorted(ks_s, qs_s, side="right")
-    best_s, best_i = eng.topk(_take(q, qord), _take(key, kord), qs_s, lo_of, hi_of, kk,
-                              dtype=dtype, tile_rows=tile_rows, tile_cols=tile_cols,
-                              budget_bytes=budget_bytes)
+    best_s, best_i = eng.topk(
+        _take(q, qord),
+        _take(key, kord),
+        qs_s,
+        lo_of,
+        hi_of,
+        kk,
+        dtype=dtype,
+        tile_rows=tile_rows,
+        tile_cols=tile_cols,
+        budget_bytes=budget_bytes,
+    )
     bi_valid = (best_i >= 0) & torch.isfinite(best_s)
     if kord is not None:  # back to the callers' key positions
         best_i = kord.to(dev)[best_i.clamp(min=0)]

@@ -1,5 +1,4 @@
-"""Tile shapes from a memory budget (a leaf module: the torch engine and the public API use it).
-"""
+"""Tile shapes from a memory budget (a leaf module: the torch engine and the public API use it)."""
 
 from __future__ import annotations
 
@@ -24,8 +23,9 @@ def _available_bytes(device: torch.device) -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
 
 
-def auto_tile(n: int, device: torch.device, budget_bytes: int | None = None,
-              cache_sized: bool = True) -> tuple[int, int]:
+def auto_tile(
+    n: int, device: torch.device, budget_bytes: int | None = None, cache_sized: bool = True
+) -> tuple[int, int]:
     """Tile shape ``(rows, cols)`` whose working set fits the memory budget.
 
     The working set of a tile is about 16 bytes per score (float32 scores, the boolean mask

@@ -18,8 +18,12 @@ __all__ = ["DTYPE_MARGIN", "TORCH_DTYPE", "Pairs", "TopK", "Engine"]
 #: product in that dtype for d <= 4096, with headroom); candidates are re-scored in float64.
 DTYPE_MARGIN = {"fp32": 1e-4, "tf32": 4e-3, "bf16": 3e-2, "fp16": 6e-3}
 #: torch dtype of the tiles per ``dtype`` name (tf32: float32 inputs, tf32 matmuls).
-TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
-               "fp16": torch.float16}
+TORCH_DTYPE = {
+    "fp32": torch.float32,
+    "tf32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
 
 
 @dataclass

@@ -56,8 +56,14 @@ class ApplyReport:
     skipped: list[dict[str, Any]] = field(default_factory=list)
 
 
-def as_stored(recs: Records, source: str, *, now_h: float | None = None,
-              first_line: int | None = None, unit: str = "line") -> Records:
+def as_stored(
+    recs: Records,
+    source: str,
+    *,
+    now_h: float | None = None,
+    first_line: int | None = None,
+    unit: str = "line",
+) -> Records:
     """``recs`` checked and shaped as a store holds them: validated
     (:func:`~consolidate.store.schema.validate`), vectors at unit length, times in whole
     microseconds (through the store's Arrow schema).
@@ -76,8 +82,10 @@ def as_stored(recs: Records, source: str, *, now_h: float | None = None,
     if problems:
         if first_line is not None:
             ids = recs.meta["id"].tolist()
-            problems = [Problem(p.kind, p.rows, [f"{ids[k]} ({unit} {k + first_line})"
-                                                 for k in p.rows]) for p in problems]
+            problems = [
+                Problem(p.kind, p.rows, [f"{ids[k]} ({unit} {k + first_line})" for k in p.rows])
+                for p in problems
+            ]
         raise InvalidRecordsError(source, problems)
     normalise_vectors(recs)
     return records_from_arrow(records_to_arrow(recs))

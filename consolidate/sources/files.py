@@ -43,16 +43,31 @@ import numpy as np
 from ..store.schema import COLUMNS, Records, records_from_arrow, records_from_rows
 from .common import ApplyReport, Plan, as_stored
 
-__all__ = ["FILE_SUFFIXES", "FileImport", "read_memories", "FileSource", "FileSnapshot",
-           "FilePlan", "FileApplyReport"]
+__all__ = [
+    "FILE_SUFFIXES",
+    "FileImport",
+    "read_memories",
+    "FileSource",
+    "FileSnapshot",
+    "FilePlan",
+    "FileApplyReport",
+]
 
 #: file suffixes :func:`read_memories` reads
 FILE_SUFFIXES = (".jsonl", ".parquet", ".csv")
 
 _KNOWN = set(COLUMNS) | {"vector"}
 _LISTS = ("source_ids", "keep_apart", "derived_from")
-_NUMBERS = ("importance", "strength", "last_pass", "created_at", "last_used", "valid_from",
-            "valid_to", "deleted_at")
+_NUMBERS = (
+    "importance",
+    "strength",
+    "last_pass",
+    "created_at",
+    "last_used",
+    "valid_from",
+    "valid_to",
+    "deleted_at",
+)
 
 
 @dataclass
@@ -93,12 +108,17 @@ def _stored_vectors(table: Any, path: Path) -> np.ndarray | None:
     if "vector" not in table.column_names:
         return None
     t = table.schema.field("vector").type
-    if not pa.types.is_fixed_size_list(t) or pa.types.is_floating(t.value_type) and \
-            not pa.types.is_float16(t.value_type):
+    if (
+        not pa.types.is_fixed_size_list(t)
+        or pa.types.is_floating(t.value_type)
+        and not pa.types.is_float16(t.value_type)
+    ):
         return None
     try:
-        return decode_vectors(table.column("vector"), table.column("vector_scale")
-                              if "vector_scale" in table.column_names else None)
+        return decode_vectors(
+            table.column("vector"),
+            table.column("vector_scale") if "vector_scale" in table.column_names else None,
+        )
     except ValueError as e:
         raise ValueError(f"{path}: the vector column cannot be decoded ({e})") from None
 
@@ -107,8 +127,9 @@ def _jsonl_rows(path: Path) -> Iterator[dict[str, Any]]:
     with path.open(encoding="utf-8-sig") as f:  # a byte-order mark is skipped
         for k, line in enumerate(_lines(f, path)):
             if not line.strip():
-                raise ValueError(f"{path} line {k + 1}: an empty line (one JSON object a "
-                                 f"line, none empty)")
+                raise ValueError(
+                    f"{path} line {k + 1}: an empty line (one JSON object a line, none empty)"
+                )
             try:
                 row = json.loads(line, parse_int=_int)
             except json.JSONDecodeError as e:
@@ -116,8 +137,7 @@ def _jsonl_rows(path: Path) -> Iterator[dict[str, Any]]:
             except (RecursionError, ValueError) as e:
                 raise ValueError(f"{path} line {k + 1}: {str(e).splitlines()[0]}") from None
             if not isinstance(row, dict):
-                raise ValueError(f"{path} line {k + 1}: a JSON {type(row).__name__}, not an "
-                                 f"object")
+                raise ValueError(f"{path} line {k + 1}: a JSON {type(row).__name__}, not an object")
             yield row
 
 
@@ -197,8 +217,13 @@ def _generated_ids(rows: list[dict[str, Any]], namespace: str) -> int:
     return n
 
 
-def read_memories(path: str | Path, *, namespace: str = "default", embedder: Any = None,
-                  now_h: float | None = None) -> FileImport:
+def read_memories(
+    path: str | Path,
+    *,
+    namespace: str = "default",
+    embedder: Any = None,
+    now_h: float | None = None,
+) -> FileImport:
     """Read the memories in a JSONL, Parquet or CSV file (schema: the module docstring).
 
     Args:
@@ -232,16 +257,24 @@ def read_memories(path: str | Path, *, namespace: str = "default", embedder: Any
         table = pq.read_table(p)
         if set(COLUMNS) <= set(table.column_names) and "vector" in table.column_names:
             # an export of a store: its own schema, vectors decoded from the stored dtype
-            recs = as_stored(records_from_arrow(table), str(p), now_h=now_h, first_line=0,
-                             unit="row")
+            recs = as_stored(
+                records_from_arrow(table), str(p), now_h=now_h, first_line=0, unit="row"
+            )
             ignored = sorted(set(table.column_names) - _KNOWN - {"vector_scale"})
-            extra = (table.select(ignored).to_pandas().set_axis(recs.meta["id"].to_numpy())
-                     if ignored else None)
+            extra = (
+                table.select(ignored).to_pandas().set_axis(recs.meta["id"].to_numpy())
+                if ignored
+                else None
+            )
             return FileImport(recs, str(p), ignored_columns=ignored, extra=extra)
         decoded = _stored_vectors(table, p)
-        rows = table.drop_columns([c for c in ("vector", "vector_scale")
-                                   if decoded is not None and c in table.column_names]
-                                  ).to_pylist()
+        rows = table.drop_columns(
+            [
+                c
+                for c in ("vector", "vector_scale")
+                if decoded is not None and c in table.column_names
+            ]
+        ).to_pylist()
         if decoded is not None:
             for r, v in zip(rows, decoded, strict=True):
                 r["vector"] = v
@@ -254,13 +287,16 @@ def read_memories(path: str | Path, *, namespace: str = "default", embedder: Any
     ignored = sorted({c for r in rows for c in r} - _KNOWN)
     for k, r in enumerate(rows):
         if not isinstance(r.get("text"), str):
-            raise ValueError(f"{_where(p, k, header)}: "
-                             f"{'no text' if r.get('text') is None else 'text is not a string'}")
+            raise ValueError(
+                f"{_where(p, k, header)}: "
+                f"{'no text' if r.get('text') is None else 'text is not a string'}"
+            )
         try:
             r["text"].encode("utf-8")
         except UnicodeEncodeError:
-            raise ValueError(f"{_where(p, k, header)}: the text holds a lone surrogate (not "
-                             f"encodable as UTF-8)") from None
+            raise ValueError(
+                f"{_where(p, k, header)}: the text holds a lone surrogate (not encodable as UTF-8)"
+            ) from None
         v = r.get("vector")
         if isinstance(v, (list, tuple)) and not len(v):
             raise ValueError(f"{_where(p, k, header)}: an empty vector")
@@ -279,19 +315,34 @@ def read_memories(path: str | Path, *, namespace: str = "default", embedder: Any
             r["vector"] = v
     elif not has.all():
         k = int(np.flatnonzero(~has)[0])
-        raise ValueError(f"{_where(p, k, header)}: no vector, while {int(has.sum())} other "
-                         f"rows have one (either every row has a vector or none has)")
-    recs = as_stored(records_from_rows(rows), str(p), now_h=now_h,
-                     first_line=0 if p.suffix == ".parquet" else 1 + header,
-                     unit="row" if p.suffix == ".parquet" else "line")
+        raise ValueError(
+            f"{_where(p, k, header)}: no vector, while {int(has.sum())} other "
+            f"rows have one (either every row has a vector or none has)"
+        )
+    recs = as_stored(
+        records_from_rows(rows),
+        str(p),
+        now_h=now_h,
+        first_line=0 if p.suffix == ".parquet" else 1 + header,
+        unit="row" if p.suffix == ".parquet" else "line",
+    )
     extra = None
     if ignored:
         import pandas as pd
 
-        extra = pd.DataFrame([{c: r.get(c) for c in ignored} for r in rows],
-                             index=[r["id"] for r in rows], columns=ignored)
-    return FileImport(recs, str(p), generated_ids=generated, embedded=embedded,
-                      ignored_columns=ignored, extra=extra)
+        extra = pd.DataFrame(
+            [{c: r.get(c) for c in ignored} for r in rows],
+            index=[r["id"] for r in rows],
+            columns=ignored,
+        )
+    return FileImport(
+        recs,
+        str(p),
+        generated_ids=generated,
+        embedded=embedded,
+        ignored_columns=ignored,
+        extra=extra,
+    )
 
 
 @dataclass
@@ -364,8 +415,7 @@ class FileSource:
         embedder: for a file without vectors (see :func:`read_memories`).
     """
 
-    def __init__(self, path: str | Path, namespace: str = "default",
-                 embedder: Any = None) -> None:
+    def __init__(self, path: str | Path, namespace: str = "default", embedder: Any = None) -> None:
         self.path = Path(path)
         self.namespace = namespace
         self.embedder = embedder
@@ -382,8 +432,9 @@ class FileSource:
         if _sha256(self.path) != digest:
             raise ValueError(f"{self.path} changed while it was read: run again")
         ns = got.records.meta["namespace"]
-        scope = (np.ones(len(ns), bool) if namespaces is None
-                 else ns.isin(list(namespaces)).to_numpy())
+        scope = (
+            np.ones(len(ns), bool) if namespaces is None else ns.isin(list(namespaces)).to_numpy()
+        )
         return FileSnapshot(got.records, digest, scope, got.extra)
 
     def records(self, snap: FileSnapshot) -> Records:
@@ -397,20 +448,37 @@ class FileSource:
         gone = res[res["deleted_at"].notna() & res["id"].isin(was_live)]
         units = []
         for into, g in gone[gone["deleted_reason"] == "merged"].groupby("merged_into"):
-            units.append({"kind": "merge", "namespace": g["namespace"].iloc[0],
-                          "ids": sorted(g["id"]), "into": into})
+            units.append(
+                {
+                    "kind": "merge",
+                    "namespace": g["namespace"].iloc[0],
+                    "ids": sorted(g["id"]),
+                    "into": into,
+                }
+            )
         drops = gone[gone["deleted_reason"] != "merged"]
-        units += [{"kind": "drop", "namespace": ns, "ids": [i]}
-                  for i, ns in zip(drops["id"], drops["namespace"], strict=True)]
+        units += [
+            {"kind": "drop", "namespace": ns, "ids": [i]}
+            for i, ns in zip(drops["id"], drops["namespace"], strict=True)
+        ]
         rest = snap.records.mask(~snap.scope) if not snap.scope.all() else None
         content = result if rest is None else Records.concat([result, rest], result.dim)
-        blob = json.dumps({"file": str(self.path), "sha256": snap.sha256, "units": units},
-                          sort_keys=True, default=str)
-        return FilePlan(hashlib.sha256(blob.encode()).hexdigest()[:32], units,
-                        content=content, sha256=snap.sha256, extra=snap.extra)
+        blob = json.dumps(
+            {"file": str(self.path), "sha256": snap.sha256, "units": units},
+            sort_keys=True,
+            default=str,
+        )
+        return FilePlan(
+            hashlib.sha256(blob.encode()).hexdigest()[:32],
+            units,
+            content=content,
+            sha256=snap.sha256,
+            extra=snap.extra,
+        )
 
-    def apply(self, plan: FilePlan, *, dry_run: bool = True, out: str | Path | None = None
-              ) -> FileApplyReport:
+    def apply(
+        self, plan: FilePlan, *, dry_run: bool = True, out: str | Path | None = None
+    ) -> FileApplyReport:
         """Write the plan's content: to ``out`` in a dry run (default
         ``<file>.consolidated<suffix>`` beside the file), else over the file (after the
         copy).
@@ -427,15 +495,19 @@ class FileSource:
 
         assert plan.content is not None
         if dry_run:
-            target = Path(out) if out is not None else self.path.with_name(
-                f"{self.path.stem}.consolidated{self.path.suffix}")
+            target = (
+                Path(out)
+                if out is not None
+                else self.path.with_name(f"{self.path.stem}.consolidated{self.path.suffix}")
+            )
             write_records_file(plan.content, target, extra=plan.extra)
             return FileApplyReport(True, plan.counts(), written=str(target))
         real = self.path.resolve()  # a symlink: the file it names is replaced
         data = real.read_bytes()
         if hashlib.sha256(data).hexdigest() != plan.sha256:
-            raise ValueError(f"{self.path} changed since it was read: nothing written; run "
-                             f"the pass again")
+            raise ValueError(
+                f"{self.path} changed since it was read: nothing written; run the pass again"
+            )
         mode = stat.S_IMODE(os.stat(real).st_mode)
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
         backup = real.with_name(f"{real.stem}.pre-consolidate-{stamp}{real.suffix}")
@@ -450,8 +522,10 @@ class FileSource:
             os.chmod(tmp, mode)
             # checked again just before the rename: a writer since the first check wins
             if _sha256(real) != plan.sha256:
-                raise ValueError(f"{self.path} changed while the result was written: nothing "
-                                 f"written; run the pass again")
+                raise ValueError(
+                    f"{self.path} changed while the result was written: nothing "
+                    f"written; run the pass again"
+                )
             os.replace(tmp, real)
         except BaseException:
             tmp.unlink(missing_ok=True)

@@ -37,8 +37,14 @@ import pyarrow.compute as pc
 from ..store.schema import Records, records_from_rows
 from .common import ApplyReport, Plan, as_stored
 
-__all__ = ["LanceColumns", "LanceTable", "LanceSnapshot", "LancePlan", "LanceApplyReport",
-           "LanceSourceError"]
+__all__ = [
+    "LanceColumns",
+    "LanceTable",
+    "LanceSnapshot",
+    "LancePlan",
+    "LanceApplyReport",
+    "LanceSourceError",
+]
 
 
 class LanceSourceError(ValueError):
@@ -132,11 +138,13 @@ def _hours(col: pa.ChunkedArray, name: str, where: str) -> np.ndarray:
         try:
             s = pd.to_datetime(pd.Series(col.to_pylist()), utc=True, format="ISO8601")
         except (ValueError, TypeError) as e:
-            raise LanceSourceError(f"{where}: column {name!r} holds text that is not ISO 8601 "
-                                   f"({e})") from None
+            raise LanceSourceError(
+                f"{where}: column {name!r} holds text that is not ISO 8601 ({e})"
+            ) from None
         return np.where(s.isna(), np.nan, s.astype("int64") / 3.6e12)
-    raise LanceSourceError(f"{where}: column {name!r} is {t}; times must be a timestamp or "
-                           f"ISO 8601 text")
+    raise LanceSourceError(
+        f"{where}: column {name!r} is {t}; times must be a timestamp or ISO 8601 text"
+    )
 
 
 def _canon(row: dict[str, Any]) -> str:
@@ -167,8 +175,10 @@ class LanceTable:
         real = self.path.resolve()
         for anc in (real, *real.parents):
             if (anc / "CURRENT").is_file():
-                raise LanceSourceError(f"{self.path} is in the consolidate store {anc}: run "
-                                       f"the pass on it with store.dir={anc} (source=store)")
+                raise LanceSourceError(
+                    f"{self.path} is in the consolidate store {anc}: run "
+                    f"the pass on it with store.dir={anc} (source=store)"
+                )
 
     def _mapped(self) -> dict[str, str]:
         return {k: v for k, v in asdict(self.cols).items() if v is not None}
@@ -181,9 +191,11 @@ class LanceTable:
             return ds if version is None else ds.checkout_version(int(version))
         except (OSError, ValueError, RuntimeError) as e:
             why = re.sub(r",\s*/\S+\.rs:\d+:\d+", "", str(e).splitlines()[0])
-            raise LanceSourceError(f"{self.path} is not a readable Lance dataset"
-                                   f"{'' if version is None else f' at version {version}'}: "
-                                   f"{why}") from None
+            raise LanceSourceError(
+                f"{self.path} is not a readable Lance dataset"
+                f"{'' if version is None else f' at version {version}'}: "
+                f"{why}"
+            ) from None
 
     def _check_columns(self, ds: Any) -> None:
         """Every mapped column exists with a usable type, and no ``deleted_at`` column is
@@ -196,21 +208,29 @@ class LanceTable:
         names = set(ds.schema.names)
         missing = {k: v for k, v in m.items() if v not in names}
         if missing:
-            raise LanceSourceError(f"{self.path}: no column {sorted(missing.values())} "
-                                   f"(mapped as {sorted(missing)}; columns: "
-                                   f"{sorted(names)}); map them with source.columns.*")
+            raise LanceSourceError(
+                f"{self.path}: no column {sorted(missing.values())} "
+                f"(mapped as {sorted(missing)}; columns: "
+                f"{sorted(names)}); map them with source.columns.*"
+            )
         if "deleted_at" not in m and "deleted_at" in names:
-            raise LanceSourceError(f"{self.path} has a column 'deleted_at' that is not mapped:"
-                                   f" the rows deleted there would be read as live; map it "
-                                   f"(source.columns.deleted_at=deleted_at)")
-        kinds = {"importance": (pa.types.is_floating, pa.types.is_integer),
-                 "strength": (pa.types.is_floating, pa.types.is_integer),
-                 "pinned": (pa.types.is_boolean,)}
+            raise LanceSourceError(
+                f"{self.path} has a column 'deleted_at' that is not mapped:"
+                f" the rows deleted there would be read as live; map it "
+                f"(source.columns.deleted_at=deleted_at)"
+            )
+        kinds = {
+            "importance": (pa.types.is_floating, pa.types.is_integer),
+            "strength": (pa.types.is_floating, pa.types.is_integer),
+            "pinned": (pa.types.is_boolean,),
+        }
         for k, tests in kinds.items():
             if k in m and not any(t(ds.schema.field(m[k]).type) for t in tests):
-                raise LanceSourceError(f"{self.path}: column {m[k]!r} ({k}) is "
-                                       f"{ds.schema.field(m[k]).type}, not "
-                                       f"{'a boolean' if k == 'pinned' else 'a number'}")
+                raise LanceSourceError(
+                    f"{self.path}: column {m[k]!r} ({k}) is "
+                    f"{ds.schema.field(m[k]).type}, not "
+                    f"{'a boolean' if k == 'pinned' else 'a number'}"
+                )
 
     def _filter(self, namespaces: Sequence[str] | None) -> Any:
         m = self._mapped()
@@ -237,38 +257,56 @@ class LanceTable:
         ds = self._open()
         self._check_columns(ds)
         m = self._mapped()
-        t = ds.to_table(columns=list(dict.fromkeys(m.values())),
-                        filter=self._filter(namespaces))
+        t = ds.to_table(columns=list(dict.fromkeys(m.values())), filter=self._filter(namespaces))
         where = f"{self.path} (version {ds.version})"
         n = t.num_rows
-        meta: dict[str, Any] = {"id": t.column(m["id"]).to_pylist(),
-                                "namespace": t.column(m["namespace"]).to_pylist(),
-                                "text": t.column(m["text"]).to_pylist()}
+        meta: dict[str, Any] = {
+            "id": t.column(m["id"]).to_pylist(),
+            "namespace": t.column(m["namespace"]).to_pylist(),
+            "text": t.column(m["text"]).to_pylist(),
+        }
         meta["created_at"] = _hours(t.column(m["created_at"]), m["created_at"], where)
-        meta["last_used"] = (_hours(t.column(m["last_used"]), m["last_used"], where)
-                             if "last_used" in m else meta["created_at"])
-        meta["last_used"] = np.where(np.isnan(meta["last_used"]), meta["created_at"],
-                                     meta["last_used"])
+        meta["last_used"] = (
+            _hours(t.column(m["last_used"]), m["last_used"], where)
+            if "last_used" in m
+            else meta["created_at"]
+        )
+        meta["last_used"] = np.where(
+            np.isnan(meta["last_used"]), meta["created_at"], meta["last_used"]
+        )
         for k, default in (("importance", 0.5), ("strength", 1.0)):
-            meta[k] = (pd.Series(t.column(m[k]).to_pylist(), dtype=float).fillna(default)
-                       .to_numpy() if k in m else np.full(n, default))
-        meta["pinned"] = (pd.Series(t.column(m["pinned"]).to_pylist(), dtype=object)
-                          .fillna(False).astype(bool).to_numpy() if "pinned" in m
-                          else np.zeros(n, bool))
-        meta["source_ids"] = ([[] if x is None else x for x in
-                               t.column(m["source_ids"]).to_pylist()]
-                              if "source_ids" in m else [[] for _ in range(n)])
+            meta[k] = (
+                pd.Series(t.column(m[k]).to_pylist(), dtype=float).fillna(default).to_numpy()
+                if k in m
+                else np.full(n, default)
+            )
+        meta["pinned"] = (
+            pd.Series(t.column(m["pinned"]).to_pylist(), dtype=object)
+            .fillna(False)
+            .astype(bool)
+            .to_numpy()
+            if "pinned" in m
+            else np.zeros(n, bool)
+        )
+        meta["source_ids"] = (
+            [[] if x is None else x for x in t.column(m["source_ids"]).to_pylist()]
+            if "source_ids" in m
+            else [[] for _ in range(n)]
+        )
         vec = t.column(m["vector"])
         if not pa.types.is_fixed_size_list(vec.type):
-            raise LanceSourceError(f"{where}: column {m['vector']!r} is {vec.type}, not a "
-                                   f"fixed-size list of floats")
+            raise LanceSourceError(
+                f"{where}: column {m['vector']!r} is {vec.type}, not a fixed-size list of floats"
+            )
         d = vec.type.list_size
         has = pc.is_valid(vec).to_numpy(zero_copy_only=False)
         no_vec = [meta["id"][k] for k in np.flatnonzero(~has)]
         if len(no_vec):  # not embedded yet: left out of the pass, untouched
             keep = np.flatnonzero(has)
-            meta = {k: ([v[j] for j in keep] if isinstance(v, list) else v[keep])
-                    for k, v in meta.items()}
+            meta = {
+                k: ([v[j] for j in keep] if isinstance(v, list) else v[keep])
+                for k, v in meta.items()
+            }
             vec, n = vec.filter(pa.array(has)), int(has.sum())
         flat = pc.list_flatten(vec.combine_chunks())
         vectors = flat.to_numpy(zero_copy_only=False).astype(np.float32).reshape(n, d)
@@ -278,9 +316,13 @@ class LanceTable:
         recs = records_from_rows(rows, dim=d) if rows else Records.empty(d)
         if len(recs):
             recs = as_stored(recs, where)
-        return LanceSnapshot(recs, ds.version,
-                             None if namespaces is None else sorted(namespaces),
-                             no_vector=len(no_vec), no_vector_ids=sorted(no_vec)[:20])
+        return LanceSnapshot(
+            recs,
+            ds.version,
+            None if namespaces is None else sorted(namespaces),
+            no_vector=len(no_vec),
+            no_vector_ids=sorted(no_vec)[:20],
+        )
 
     # ------------------------------------------------------------ plan
     def plan(self, snap: LanceSnapshot, result: Records) -> LancePlan:
@@ -305,9 +347,12 @@ class LanceTable:
                 members.setdefault(into[k], []).append(int(k))
 
         def retire(k: int) -> dict[str, Any]:
-            return {"id": ids[k], "reason": reason[k],
-                    "merged_into": into[k] if isinstance(into[k], str) else None,
-                    "deleted_at": float(res.at[k, "deleted_at"])}
+            return {
+                "id": ids[k],
+                "reason": reason[k],
+                "merged_into": into[k] if isinstance(into[k], str) else None,
+                "deleted_at": float(res.at[k, "deleted_at"]),
+            }
 
         units: list[dict[str, Any]] = []
         done: set[int] = set()
@@ -317,16 +362,42 @@ class LanceTable:
                 continue  # a reflection: not written back to a user's table
             done.update(mem)
             r = res.iloc[int(k)]
-            row = {c: r[c] for c in ("id", "namespace", "text", "created_at", "last_used",
-                                     "importance", "strength", "pinned", "deleted_at")}
+            row = {
+                c: r[c]
+                for c in (
+                    "id",
+                    "namespace",
+                    "text",
+                    "created_at",
+                    "last_used",
+                    "importance",
+                    "strength",
+                    "pinned",
+                    "deleted_at",
+                )
+            }
             row["source_ids"] = [str(x) for x in r["source_ids"]]
             row["vector"] = result.vectors[int(k)].astype(np.float32).tolist()
-            units.append({"kind": "merge", "namespace": r["namespace"], "insert": row,
-                          "retire": [retire(j) for j in mem],
-                          "ids": sorted(ids[j] for j in mem)})
-        units += [{"kind": "drop", "namespace": res.at[k, "namespace"], "insert": None,
-                   "retire": [retire(int(k))], "ids": [ids[k]]}
-                  for k in retired if int(k) not in done]
+            units.append(
+                {
+                    "kind": "merge",
+                    "namespace": r["namespace"],
+                    "insert": row,
+                    "retire": [retire(j) for j in mem],
+                    "ids": sorted(ids[j] for j in mem),
+                }
+            )
+        units += [
+            {
+                "kind": "drop",
+                "namespace": res.at[k, "namespace"],
+                "insert": None,
+                "retire": [retire(int(k))],
+                "ids": [ids[k]],
+            }
+            for k in retired
+            if int(k) not in done
+        ]
         units.sort(key=lambda u: (u["namespace"], u["kind"], u["ids"]))
         if any(u["insert"] is not None for u in units):
             mapped = set(self._mapped().values())
@@ -336,15 +407,19 @@ class LanceTable:
                 raise LanceSourceError(
                     f"{self.path}: merged rows cannot fill the non-nullable column(s) "
                     f"{unfillable}, which the pass does not know; make them nullable, or run "
-                    f"with pass.near_dedup=false pass.exact_dedup=false (drops only)")
-        blob = json.dumps({"path": str(self.path), "version": snap.version, "units": units},
-                          sort_keys=True, default=str)
-        return LancePlan(hashlib.sha256(blob.encode()).hexdigest()[:32], units,
-                         version=snap.version)
+                    f"with pass.near_dedup=false pass.exact_dedup=false (drops only)"
+                )
+        blob = json.dumps(
+            {"path": str(self.path), "version": snap.version, "units": units},
+            sort_keys=True,
+            default=str,
+        )
+        return LancePlan(
+            hashlib.sha256(blob.encode()).hexdigest()[:32], units, version=snap.version
+        )
 
     # ------------------------------------------------------------ apply
-    def apply(self, plan: LancePlan, *, dry_run: bool = True, retries: int = 3
-              ) -> LanceApplyReport:
+    def apply(self, plan: LancePlan, *, dry_run: bool = True, retries: int = 3) -> LanceApplyReport:
         """Write ``plan`` as one new version (see the module docstring). A unit is skipped
         (and reported) when its rows changed since the version read, are no longer live,
         are stored twice, or its merged row's id is taken. A commit that loses a race with
@@ -364,33 +439,50 @@ class LanceTable:
             from ..store.lance_store import commit_update
 
             try:
-                new = commit_update(str(self.path), ds, table, gone,
-                                    {"consolidate.plan_id": plan.plan_id,
-                                     "consolidate.based_on": str(plan.version)})
+                new = commit_update(
+                    str(self.path),
+                    ds,
+                    table,
+                    gone,
+                    {
+                        "consolidate.plan_id": plan.plan_id,
+                        "consolidate.based_on": str(plan.version),
+                    },
+                )
             except (OSError, RuntimeError, ValueError) as e:
                 why = re.sub(r",\s*/\S+\.rs:\d+:\d+", "", str(e).splitlines()[0])
                 if "conflict" in why.lower() and attempt < retries:
                     continue  # another writer committed first: check the units again
-                raise LanceSourceError(f"{self.path}: the commit failed ({why}); nothing "
-                                       f"written") from None
+                raise LanceSourceError(
+                    f"{self.path}: the commit failed ({why}); nothing written"
+                ) from None
             rep.version = new.version
             return rep
         raise AssertionError("unreachable")
 
-    def _units_now(self, ds: Any, plan: LancePlan, dry_run: bool
-                   ) -> tuple[LanceApplyReport, list[dict[str, Any]]]:
+    def _units_now(
+        self, ds: Any, plan: LancePlan, dry_run: bool
+    ) -> tuple[LanceApplyReport, list[dict[str, Any]]]:
         """The report and the units of ``plan`` that still apply to ``ds``."""
         m = self._mapped()
         rep = LanceApplyReport(dry_run=dry_run, previous=ds.version)
         idc = m["id"]
         touched = sorted({i for u in plan.units for i in u["ids"]})
         new_ids = sorted({u["insert"]["id"] for u in plan.units if u["insert"]})
-        taken = set(ds.to_table(columns=[idc], filter=pc.field(idc).isin(
-            pa.array(new_ids, pa.string()))).column(idc).to_pylist()) if new_ids else set()
+        taken = (
+            set(
+                ds.to_table(
+                    columns=[idc], filter=pc.field(idc).isin(pa.array(new_ids, pa.string()))
+                )
+                .column(idc)
+                .to_pylist()
+            )
+            if new_ids
+            else set()
+        )
         now = self._live_rows(ds, touched)
         ids_now = now.column(idc).to_pylist() if now.num_rows else []
-        twice = {i for i, n in pd.Series(ids_now, dtype=object).value_counts().items()
-                 if n > 1}
+        twice = {i for i, n in pd.Series(ids_now, dtype=object).value_counts().items() if n > 1}
         after = {r[idc]: _canon(r) for r in now.drop_columns(["_rowaddr"]).to_pylist()}
         before = after
         if ds.version != plan.version:
@@ -399,8 +491,9 @@ class LanceTable:
             before = {r[idc]: _canon(r) for r in was.drop_columns(["_rowaddr"]).to_pylist()}
         units = []
         for u in plan.units:
-            changed = [i for i in u["ids"]
-                       if i not in after or i in twice or before.get(i) != after[i]]
+            changed = [
+                i for i in u["ids"] if i not in after or i in twice or before.get(i) != after[i]
+            ]
             if u["insert"] and u["insert"]["id"] in taken:
                 why = f"the merged row's id {u['insert']['id']} is taken already"
             elif changed:
@@ -449,8 +542,9 @@ class LanceTable:
         try:
             table = pa.Table.from_pylist(new_rows, schema=ds.schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
-            raise LanceSourceError(f"{self.path}: the new rows do not fit the dataset's "
-                                   f"schema ({e}); nothing written") from None
+            raise LanceSourceError(
+                f"{self.path}: the new rows do not fit the dataset's schema ({e}); nothing written"
+            ) from None
         return table, np.asarray(gone, np.uint64)
 
     def _row(self, r: dict[str, Any], schema: pa.Schema) -> dict[str, Any]:

@@ -107,9 +107,13 @@ class Mem0Source:
         if provider == "qdrant":
             out, offset = [], None
             while True:
-                points, offset = vs.client.scroll(collection_name=vs.collection_name,
-                                                  limit=1024, offset=offset,
-                                                  with_payload=True, with_vectors=True)
+                points, offset = vs.client.scroll(
+                    collection_name=vs.collection_name,
+                    limit=1024,
+                    offset=offset,
+                    with_payload=True,
+                    with_vectors=True,
+                )
                 out += [(str(p.id), p.vector, dict(p.payload or {})) for p in points]
                 if offset is None:
                     return out
@@ -117,11 +121,13 @@ class Mem0Source:
             from psycopg import sql
 
             with vs._get_cursor() as cur:  # Mem0's own connection and table name
-                cur.execute(sql.SQL("SELECT id::text, vector::text, payload FROM {}")
-                            .format(vs._col()))
+                cur.execute(
+                    sql.SQL("SELECT id::text, vector::text, payload FROM {}").format(vs._col())
+                )
                 return [(r[0], json.loads(r[1]), dict(r[2] or {})) for r in cur.fetchall()]
-        raise ValueError(f"the Mem0 source reads Qdrant and pgvector vector stores, not "
-                         f"{provider!r}")
+        raise ValueError(
+            f"the Mem0 source reads Qdrant and pgvector vector stores, not {provider!r}"
+        )
 
     def read(self, namespaces: Sequence[str] | None = None) -> Mem0Snapshot:
         """Every memory of ``namespaces`` (all when ``None``).
@@ -138,9 +144,17 @@ class Mem0Source:
             created = _hours(p.get("created_at"))
             used = _hours(p.get("updated_at")) or created
             v = np.asarray(vec, np.float32)
-            rows.append({"id": i, "namespace": str(ns), "text": p.get("data"), "vector": v,
-                         "created_at": created, "last_used": used,
-                         "source_ids": p.get("source_ids") or []})
+            rows.append(
+                {
+                    "id": i,
+                    "namespace": str(ns),
+                    "text": p.get("data"),
+                    "vector": v,
+                    "created_at": created,
+                    "last_used": used,
+                    "source_ids": p.get("source_ids") or [],
+                }
+            )
             payloads[i], vectors[i] = p, v
         recs = records_from_rows(rows) if rows else Records.empty(0)
         if len(recs):
@@ -161,32 +175,56 @@ class Mem0Source:
         for k in np.flatnonzero(~live):
             if ids[k] in known and reason[k] == "merged" and isinstance(into[k], str):
                 members.setdefault(into[k], []).append(ids[k])
-        created = dict(zip(snap.records.meta["id"], snap.records.meta["created_at"],
-                           strict=True))
+        created = dict(zip(snap.records.meta["id"], snap.records.meta["created_at"], strict=True))
         units = []
         for k in np.flatnonzero(live):
             mem = members.get(ids[k])
             if not mem or ids[k] in known:
                 continue
             mem = sorted(mem, key=lambda i: (created[i], i))
-            units.append({"kind": "merge", "namespace": res.at[k, "namespace"],
-                          "keep": mem[0], "text": res.at[k, "text"], "delete": mem[1:],
-                          "ids": sorted(mem)})
+            units.append(
+                {
+                    "kind": "merge",
+                    "namespace": res.at[k, "namespace"],
+                    "keep": mem[0],
+                    "text": res.at[k, "text"],
+                    "delete": mem[1:],
+                    "ids": sorted(mem),
+                }
+            )
         if drops:
             for k in np.flatnonzero(~live):
                 if ids[k] in known and reason[k] in ("floor", "cap"):
-                    units.append({"kind": "drop", "namespace": res.at[k, "namespace"],
-                                  "keep": None, "text": None, "delete": [ids[k]],
-                                  "ids": [ids[k]]})
+                    units.append(
+                        {
+                            "kind": "drop",
+                            "namespace": res.at[k, "namespace"],
+                            "keep": None,
+                            "text": None,
+                            "delete": [ids[k]],
+                            "ids": [ids[k]],
+                        }
+                    )
         units.sort(key=lambda u: (u["namespace"], u["kind"], u["ids"]))
-        blob = json.dumps({"units": units, "hashes": {i: snap.payloads[i].get("hash")
-                                                      for u in units for i in u["ids"]}},
-                          sort_keys=True, default=str)
+        blob = json.dumps(
+            {
+                "units": units,
+                "hashes": {i: snap.payloads[i].get("hash") for u in units for i in u["ids"]},
+            },
+            sort_keys=True,
+            default=str,
+        )
         return Mem0Plan(hashlib.sha256(blob.encode()).hexdigest()[:32], units)
 
     # ------------------------------------------------------------ apply
-    def apply(self, plan: Mem0Plan, snap: Mem0Snapshot, *, dry_run: bool = True,
-              undo_file: str | Path | None = None) -> Mem0ApplyReport:
+    def apply(
+        self,
+        plan: Mem0Plan,
+        snap: Mem0Snapshot,
+        *,
+        dry_run: bool = True,
+        undo_file: str | Path | None = None,
+    ) -> Mem0ApplyReport:
         """Apply ``plan`` unit by unit through Mem0's API (see the module docstring).
 
         Args:
@@ -208,23 +246,39 @@ class Mem0Source:
             for i in u["ids"]:
                 now = vs.get(vector_id=i)
                 p = snap.payloads[i]
-                if now is None or (now.payload or {}).get("hash") != p.get("hash") or \
-                        (now.payload or {}).get("updated_at") != p.get("updated_at"):
+                if (
+                    now is None
+                    or (now.payload or {}).get("hash") != p.get("hash")
+                    or (now.payload or {}).get("updated_at") != p.get("updated_at")
+                ):
                     changed.append(i)
             if changed:
-                rep.skipped.append({"unit": n, "namespace": u["namespace"],
-                                    "why": f"changed since the read: {changed[:5]}"})
+                rep.skipped.append(
+                    {
+                        "unit": n,
+                        "namespace": u["namespace"],
+                        "why": f"changed since the read: {changed[:5]}",
+                    }
+                )
                 continue
             if not dry_run:
                 with open(undo_file, "a", encoding="utf-8") as f:
                     for i in u["ids"]:
-                        f.write(json.dumps({"plan_id": plan.plan_id, "unit": n, "id": i,
-                                            "kept": i == u["keep"],
-                                            "merged_text": u["text"] if i == u["keep"]
-                                            else None,
-                                            "payload": snap.payloads[i],
-                                            "vector": snap.vectors[i].tolist()},
-                                           default=str) + "\n")
+                        f.write(
+                            json.dumps(
+                                {
+                                    "plan_id": plan.plan_id,
+                                    "unit": n,
+                                    "id": i,
+                                    "kept": i == u["keep"],
+                                    "merged_text": u["text"] if i == u["keep"] else None,
+                                    "payload": snap.payloads[i],
+                                    "vector": snap.vectors[i].tolist(),
+                                },
+                                default=str,
+                            )
+                            + "\n"
+                        )
                 if u["keep"] is not None:
                     self.m.update(u["keep"], text=u["text"])
                 for i in u["delete"]:
@@ -259,10 +313,10 @@ def undo(memory: Any, undo_file: str | Path, plan_id: str) -> dict[str, Any]:
         if r["kept"]:
             merged = r.get("merged_text")
             cur = None if now is None else (now.payload or {}).get("hash")
-            if now is None or merged is None or \
-                    cur != hashlib.md5(merged.encode()).hexdigest():
-                out["skipped"].append({"id": r["id"], "why": "changed or deleted since the "
-                                       "apply: left as it is"})
+            if now is None or merged is None or cur != hashlib.md5(merged.encode()).hexdigest():
+                out["skipped"].append(
+                    {"id": r["id"], "why": "changed or deleted since the apply: left as it is"}
+                )
                 continue
             memory.update(r["id"], text=r["payload"].get("data"))
             vs.update(vector_id=r["id"], vector=r["vector"], payload=r["payload"])

@@ -1,4 +1,4 @@
-"""The external source a ``source`` config names (``configs/source/*.yaml``)."""
+"""The external source a ``source`` config names (``consolidate/conf/source/*.yaml``)."""
 
 from __future__ import annotations
 
@@ -35,16 +35,21 @@ def open_source(src: Any, embedder: Callable[[], Any] | None = None) -> tuple[An
 
         if not src.path:
             raise ValueError("source=jsonl needs source.path=FILE (.jsonl, .parquet or .csv)")
-        return (FileSource(src.path, src.namespace, _Lazy(embedder) if embedder else None),
-                f"file {src.path}")
+        return (
+            FileSource(src.path, src.namespace, _Lazy(embedder) if embedder else None),
+            f"file {src.path}",
+        )
     if src.kind == "lance":
         from .lance_table import LanceColumns, LanceTable
 
         if not src.path:
-            raise ValueError("source=lance needs source.path=DATASET (a LanceDB table: "
-                             "<db>/<table>.lance)")
-        return (LanceTable(src.path, LanceColumns(**_columns(src, LanceColumns))),
-                f"Lance dataset {src.path}")
+            raise ValueError(
+                "source=lance needs source.path=DATASET (a LanceDB table: <db>/<table>.lance)"
+            )
+        return (
+            LanceTable(src.path, LanceColumns(**_columns(src, LanceColumns))),
+            f"Lance dataset {src.path}",
+        )
     if src.kind == "mem0":
         os.environ.setdefault("MEM0_TELEMETRY", "False")
         from .mem0 import Mem0Source
@@ -54,8 +59,7 @@ def open_source(src: Any, embedder: Callable[[], Any] | None = None) -> tuple[An
         try:
             from mem0 import Memory
         except ImportError as e:
-            raise ImportError('source=mem0 needs mem0ai: pip install "consolidate[mem0]"') \
-                from e
+            raise ImportError('source=mem0 needs mem0ai: pip install "consolidate[mem0]"') from e
         try:
             memory = Memory.from_config(dict(src.mem0))
         except Exception as e:  # noqa: BLE001 - Mem0 raises its providers' own errors
@@ -65,7 +69,8 @@ def open_source(src: Any, embedder: Callable[[], Any] | None = None) -> tuple[An
                 f"Mem0 could not build the LLM client of its config ({str(e).splitlines()[0]})"
                 f": the pass never calls Mem0's LLM, but Mem0 builds one (OpenAI unless "
                 f"source.mem0.llm says otherwise); give it its key (OPENAI_API_KEY) or "
-                f"source.mem0.llm as your Mem0 uses it") from None
+                f"source.mem0.llm as your Mem0 uses it"
+            ) from None
         return Mem0Source(memory, src.namespace_key), "mem0 store"
     if src.kind != "pgvector":
         raise ValueError(f"source must be store, {', '.join(SOURCE_KINDS)}; got {src.kind!r}")
@@ -73,8 +78,10 @@ def open_source(src: Any, embedder: Callable[[], Any] | None = None) -> tuple[An
 
     if not src.dsn or not src.table:
         raise ValueError("source=pgvector needs source.dsn=... and source.table=...")
-    return (PgVectorTable(src.dsn, src.table, PgColumns(**_columns(src, PgColumns))),
-            f"pgvector table {src.table}")
+    return (
+        PgVectorTable(src.dsn, src.table, PgColumns(**_columns(src, PgColumns))),
+        f"pgvector table {src.table}",
+    )
 
 
 def _columns(src: Any, cls: type) -> dict[str, Any]:
@@ -85,8 +92,7 @@ def _columns(src: Any, cls: type) -> dict[str, Any]:
     known = {f.name for f in dataclasses.fields(cls)}
     extra = sorted(set(src.columns) - known)
     if extra:
-        raise ValueError(f"unknown key(s) {extra} in 'source.columns' (allowed: "
-                         f"{sorted(known)})")
+        raise ValueError(f"unknown key(s) {extra} in 'source.columns' (allowed: {sorted(known)})")
     return dict(src.columns)
 
 

@@ -46,8 +46,15 @@ import pandas as pd
 from ..store.schema import Records, records_from_rows
 from .common import ApplyReport, Plan, as_stored
 
-__all__ = ["PgColumns", "PgSnapshot", "PgPlan", "PgApplyReport", "PgVectorTable",
-           "PgSourceError", "timestamp"]
+__all__ = [
+    "PgColumns",
+    "PgSnapshot",
+    "PgPlan",
+    "PgApplyReport",
+    "PgVectorTable",
+    "PgSourceError",
+    "timestamp",
+]
 
 #: our tables beside the user's: each changed row's previous state, and the (plan,
 #: namespace) pairs applied
@@ -147,8 +154,9 @@ def _psycopg() -> Any:
         import psycopg
         from pgvector.psycopg import register_vector  # noqa: F401
     except ImportError as e:
-        raise ImportError('the pgvector source needs psycopg 3 and pgvector: pip install '
-                          '"consolidate[pgvector]"') from e
+        raise ImportError(
+            'the pgvector source needs psycopg 3 and pgvector: pip install "consolidate[pgvector]"'
+        ) from e
     return psycopg
 
 
@@ -196,14 +204,17 @@ class PgVectorTable:
         try:
             conn = self.psycopg.connect(self.dsn)
         except self.psycopg.OperationalError as e:
-            raise PgSourceError(f"cannot connect to the database of table {self.table}: "
-                                f"{str(e).strip().splitlines()[0]}") from None
+            raise PgSourceError(
+                f"cannot connect to the database of table {self.table}: "
+                f"{str(e).strip().splitlines()[0]}"
+            ) from None
         try:
             register_vector(conn)
         except self.psycopg.ProgrammingError as e:
             conn.close()
-            raise PgSourceError(f"the database of table {self.table} has no pgvector "
-                                f"extension ({e})") from None
+            raise PgSourceError(
+                f"the database of table {self.table} has no pgvector extension ({e})"
+            ) from None
         return conn
 
     def _ident(self, *names: str) -> Any:
@@ -238,45 +249,57 @@ class PgVectorTable:
 
         m = self._mapped()
         want = ["id", "namespace", "text", "vector", "created_at", "updated_at"] + [
-            k for k in ("last_used", "importance", "strength", "pinned", "source_ids")
-            if k in m]
+            k for k in ("last_used", "importance", "strength", "pinned", "source_ids") if k in m
+        ]
         cols = sql.SQL(", ").join(
-            sql.SQL("{}::text").format(self._ident(m[k])) if k == "id"
-            else self._ident(m[k]) for k in want)
+            sql.SQL("{}::text").format(self._ident(m[k])) if k == "id" else self._ident(m[k])
+            for k in want
+        )
         live = sql.SQL("{} IS NULL").format(self._ident(m["deleted_at"]))
         args: list[Any] = []
         if namespaces is not None:
             live += sql.SQL(" AND {} = ANY(%s)").format(self._ident(m["namespace"]))
             args.append(list(namespaces))
         q = sql.SQL("SELECT {}, now() FROM {} WHERE {} AND {} IS NOT NULL").format(
-            cols, self._tab(), live, self._ident(m["vector"]))
+            cols, self._tab(), live, self._ident(m["vector"])
+        )
         q_null = sql.SQL("SELECT {}::text FROM {} WHERE {} AND {} IS NULL ORDER BY 1").format(
-            self._ident(m["id"]), self._tab(), live, self._ident(m["vector"]))
-        q += sql.SQL(" ORDER BY {}, {}").format(self._ident(m["namespace"]),
-                                                 self._ident(m["id"]))
+            self._ident(m["id"]), self._tab(), live, self._ident(m["vector"])
+        )
+        q += sql.SQL(" ORDER BY {}, {}").format(self._ident(m["namespace"]), self._ident(m["id"]))
         with self._connect() as conn:
             conn.isolation_level = IsolationLevel.REPEATABLE_READ
             conn.read_only = True
             try:
                 # every mapped column, also those only the apply writes (merged_into)
-                conn.execute(sql.SQL("SELECT {} FROM {} LIMIT 0").format(
-                    sql.SQL(", ").join(self._ident(c) for c in m.values()), self._tab()))
+                conn.execute(
+                    sql.SQL("SELECT {} FROM {} LIMIT 0").format(
+                        sql.SQL(", ").join(self._ident(c) for c in m.values()), self._tab()
+                    )
+                )
                 rows = conn.execute(q, args).fetchall()
                 no_vec = [r[0] for r in conn.execute(q_null, args).fetchall()]
-            except (self.psycopg.errors.UndefinedTable,
-                    self.psycopg.errors.UndefinedColumn) as e:
-                raise PgSourceError(f"table {self.table}: {str(e).splitlines()[0]} (map "
-                                    f"the table's columns with source.columns.*)") from None
+            except (self.psycopg.errors.UndefinedTable, self.psycopg.errors.UndefinedColumn) as e:
+                raise PgSourceError(
+                    f"table {self.table}: {str(e).splitlines()[0]} (map "
+                    f"the table's columns with source.columns.*)"
+                ) from None
             read_at = conn.execute("SELECT now()").fetchone()[0]
-            id_type = conn.execute(sql.SQL("SELECT pg_typeof({}) FROM {} LIMIT 1").format(
-                self._ident(m["id"]), self._tab())).fetchone()
+            id_type = conn.execute(
+                sql.SQL("SELECT pg_typeof({}) FROM {} LIMIT 1").format(
+                    self._ident(m["id"]), self._tab()
+                )
+            ).fetchone()
         out, versions = [], {}
         for r in rows:
             d = dict(zip(want, r[:-1], strict=True))
             versions[d["id"]] = _iso(d.pop("updated_at"))
             v = d["vector"]
-            d["vector"] = None if v is None else np.asarray(
-                v.to_numpy() if hasattr(v, "to_numpy") else v, np.float32)
+            d["vector"] = (
+                None
+                if v is None
+                else np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v, np.float32)
+            )
             if "last_used" not in d or d["last_used"] is None:
                 d["last_used"] = d["created_at"]
             for k, default in (("importance", 0.5), ("strength", 1.0)):
@@ -288,10 +311,15 @@ class PgVectorTable:
         recs = records_from_rows(out) if out else Records.empty(0)
         if len(recs):
             recs = as_stored(recs, f"table {self.table}")
-        return PgSnapshot(recs, versions, _iso(read_at),
-                          None if namespaces is None else sorted(namespaces),
-                          uuid_ids=bool(id_type) and str(id_type[0]) == "uuid",
-                          no_vector=len(no_vec), no_vector_ids=no_vec[:20])
+        return PgSnapshot(
+            recs,
+            versions,
+            _iso(read_at),
+            None if namespaces is None else sorted(namespaces),
+            uuid_ids=bool(id_type) and str(id_type[0]) == "uuid",
+            no_vector=len(no_vec),
+            no_vector_ids=no_vec[:20],
+        )
 
     # ------------------------------------------------------------ plan
     def plan(self, snap: PgSnapshot, result: Records) -> PgPlan:
@@ -307,8 +335,9 @@ class PgVectorTable:
         known = pd.Index(before.index)
         missing = sorted(set(known) - set(ids))
         if missing:
-            raise ValueError(f"the pass's records lack {len(missing)} snapshot rows, e.g. "
-                             f"{missing[:3]}")
+            raise ValueError(
+                f"the pass's records lack {len(missing)} snapshot rows, e.g. {missing[:3]}"
+            )
         stored = np.asarray(known.get_indexer(ids) >= 0)
         live = res["deleted_at"].isna().to_numpy()
         units: list[dict[str, Any]] = []
@@ -320,13 +349,17 @@ class PgVectorTable:
                 members.setdefault(into[k], []).append(int(k))
 
         def new_id(i: str) -> str:  # a merged record's id as the table's id type
-            return str(uuid.UUID(hashlib.sha256(i.encode()).hexdigest()[:32])) \
-                if snap.uuid_ids else i
+            return (
+                str(uuid.UUID(hashlib.sha256(i.encode()).hexdigest()[:32])) if snap.uuid_ids else i
+            )
 
         def retire(k: int) -> dict[str, Any]:
-            return {"id": ids[k], "reason": res.at[k, "deleted_reason"],
-                    "merged_into": new_id(into[k]) if isinstance(into[k], str) else None,
-                    "deleted_at": float(res.at[k, "deleted_at"])}
+            return {
+                "id": ids[k],
+                "reason": res.at[k, "deleted_reason"],
+                "merged_into": new_id(into[k]) if isinstance(into[k], str) else None,
+                "deleted_at": float(res.at[k, "deleted_at"]),
+            }
 
         done: set[int] = set()
         for k in np.flatnonzero(~stored):
@@ -339,14 +372,29 @@ class PgVectorTable:
             # members' merged_into names a row of the table
             row = self._row(new, result.vectors[int(k)])
             row["id"] = new_id(row["id"])
-            units.append({"kind": "merge", "namespace": new["namespace"], "insert": row,
-                          "retire": [retire(j) for j in mem], "update": {},
-                          "ids": sorted(ids[j] for j in mem)})
+            units.append(
+                {
+                    "kind": "merge",
+                    "namespace": new["namespace"],
+                    "insert": row,
+                    "retire": [retire(j) for j in mem],
+                    "update": {},
+                    "ids": sorted(ids[j] for j in mem),
+                }
+            )
         for k in retired_at:
             if int(k) in done:
                 continue
-            units.append({"kind": "drop", "namespace": res.at[k, "namespace"], "insert": None,
-                          "retire": [retire(int(k))], "update": {}, "ids": [ids[k]]})
+            units.append(
+                {
+                    "kind": "drop",
+                    "namespace": res.at[k, "namespace"],
+                    "insert": None,
+                    "retire": [retire(int(k))],
+                    "update": {},
+                    "ids": [ids[k]],
+                }
+            )
         upd_cols = [c for c in ("strength", "last_used", "importance", "pinned") if c in m]
         kept = np.flatnonzero(stored & live)
         if upd_cols and len(kept):
@@ -360,26 +408,42 @@ class PgVectorTable:
                     i = ids[kept[j]]
                     u = upd.get(i)
                     if u is None:
-                        u = upd[i] = {"kind": "update",
-                                      "namespace": res.at[kept[j], "namespace"],
-                                      "insert": None, "retire": [], "update": {i: {}},
-                                      "ids": [i]}
+                        u = upd[i] = {
+                            "kind": "update",
+                            "namespace": res.at[kept[j], "namespace"],
+                            "insert": None,
+                            "retire": [],
+                            "update": {i: {}},
+                            "ids": [i],
+                        }
                         units.append(u)
                     v = new[j]
                     u["update"][i][c] = bool(v) if c == "pinned" else float(v)
         units.sort(key=lambda u: (u["namespace"], u["kind"], u["ids"]))
-        blob = json.dumps({"table": self.table, "read_at": snap.read_at,
-                           "versions": {i: snap.versions[i] for u in units for i in u["ids"]},
-                           "units": units}, sort_keys=True, default=str)
-        return PgPlan(hashlib.sha256(blob.encode()).hexdigest()[:32], units,
-                      versions=dict(snap.versions))
+        blob = json.dumps(
+            {
+                "table": self.table,
+                "read_at": snap.read_at,
+                "versions": {i: snap.versions[i] for u in units for i in u["ids"]},
+                "units": units,
+            },
+            sort_keys=True,
+            default=str,
+        )
+        return PgPlan(
+            hashlib.sha256(blob.encode()).hexdigest()[:32], units, versions=dict(snap.versions)
+        )
 
     def _row(self, r: pd.Series, vec: np.ndarray) -> dict[str, Any]:
         """A merged record as the table's columns (mapped ones only)."""
         m = self._mapped()
-        out = {"id": r["id"], "namespace": r["namespace"], "text": r["text"],
-               "vector": np.asarray(vec, np.float32).tolist(),
-               "created_at": float(r["created_at"])}
+        out = {
+            "id": r["id"],
+            "namespace": r["namespace"],
+            "text": r["text"],
+            "vector": np.asarray(vec, np.float32).tolist(),
+            "created_at": float(r["created_at"]),
+        }
         for c in ("last_used", "importance", "strength", "pinned"):
             if c in m:
                 out[c] = bool(r[c]) if c == "pinned" else float(r[c])
@@ -393,14 +457,18 @@ class PgVectorTable:
     def _ensure_tables(self, conn: Any) -> None:
         from psycopg import sql
 
-        conn.execute(sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} (plan_id text, namespace text, applied_at "
-            "timestamptz DEFAULT now(), PRIMARY KEY (plan_id, namespace))").format(
-                self._tab(_APPLIED)))
-        conn.execute(sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} (plan_id text, unit_kind text, row_id text, "
-            "change text, before jsonb, at timestamptz DEFAULT now())").format(
-                self._tab(_HISTORY)))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (plan_id text, namespace text, applied_at "
+                "timestamptz DEFAULT now(), PRIMARY KEY (plan_id, namespace))"
+            ).format(self._tab(_APPLIED))
+        )
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (plan_id text, unit_kind text, row_id text, "
+                "change text, before jsonb, at timestamptz DEFAULT now())"
+            ).format(self._tab(_HISTORY))
+        )
 
     def apply(self, plan: PgPlan, *, dry_run: bool = True) -> PgApplyReport:
         """Apply ``plan`` namespace by namespace (see the module docstring); with
@@ -435,127 +503,204 @@ class PgVectorTable:
                         self._apply_namespace(conn, plan, ns, ks, rep, dry_run, m, sql)
                 except self.psycopg.Error as e:
                     if conn.broken:
-                        applied = sorted(rep.namespaces[:done[2]])
+                        applied = sorted(rep.namespaces[: done[2]])
                         raise PgSourceError(
                             f"table {self.table}: the connection was lost while namespace "
                             f"{ns!r} was applied ({str(e).strip().splitlines()[0]}); that "
                             f"namespace committed whole or not at all, those before it "
                             f"({len(applied)}: {applied[:5]}) are applied, the rest are not; "
                             f"applying the same plan again applies only what is missing "
-                            f"(consolidate_applied records each namespace)") from None
+                            f"(consolidate_applied records each namespace)"
+                        ) from None
                     # the namespace's transaction rolled back: none of its units applied
-                    del rep.skipped[done[0]:], rep.namespaces[done[2]:]
+                    del rep.skipped[done[0] :], rep.namespaces[done[2] :]
                     rep.applied = done[1]
                     why = f"rolled back: {str(e).strip().splitlines()[0]}"
                     rep.skipped += [{"unit": k, "namespace": ns, "why": why} for k in ks]
         return rep
 
-    def _apply_namespace(self, conn: Any, plan: PgPlan, ns: str, ks: list[int],
-                         rep: PgApplyReport, dry_run: bool, m: dict[str, str],
-                         sql: Any) -> None:
+    def _apply_namespace(
+        self,
+        conn: Any,
+        plan: PgPlan,
+        ns: str,
+        ks: list[int],
+        rep: PgApplyReport,
+        dry_run: bool,
+        m: dict[str, str],
+        sql: Any,
+    ) -> None:
         """One namespace's units, in the caller's transaction."""
         key = f"consolidate|{self.table}|{ns}"
-        got = conn.execute("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))",
-                           (key,)).fetchone()[0]
+        got = conn.execute(
+            "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))", (key,)
+        ).fetchone()[0]
         if not got:
-            rep.skipped += [{"unit": k, "namespace": ns, "why": "another job holds the "
-                             "namespace"} for k in ks]
+            rep.skipped += [
+                {"unit": k, "namespace": ns, "why": "another job holds the namespace"} for k in ks
+            ]
             return
         if not dry_run:
-            done = conn.execute(sql.SQL("SELECT 1 FROM {} WHERE plan_id = %s AND namespace "
-                                        "= %s").format(self._tab(_APPLIED)),
-                                (plan.plan_id, ns)).fetchone()
+            done = conn.execute(
+                sql.SQL("SELECT 1 FROM {} WHERE plan_id = %s AND namespace = %s").format(
+                    self._tab(_APPLIED)
+                ),
+                (plan.plan_id, ns),
+            ).fetchone()
             if done:
-                rep.skipped += [{"unit": k, "namespace": ns, "why": "plan already applied"}
-                                for k in ks]
+                rep.skipped += [
+                    {"unit": k, "namespace": ns, "why": "plan already applied"} for k in ks
+                ]
                 return
         new_ids = {plan.units[k]["insert"]["id"] for k in ks if plan.units[k]["insert"]}
         ids = sorted({i for k in ks for i in plan.units[k]["ids"]} | new_ids)
-        rows = conn.execute(sql.SQL(
-            "SELECT {}::text, {}, {} FROM {} WHERE {}::text = ANY(%s) FOR UPDATE").format(
-                self._ident(m["id"]), self._ident(m["updated_at"]),
-                self._ident(m["deleted_at"]), self._tab(), self._ident(m["id"])),
-            (ids,)).fetchall()
+        rows = conn.execute(
+            sql.SQL("SELECT {}::text, {}, {} FROM {} WHERE {}::text = ANY(%s) FOR UPDATE").format(
+                self._ident(m["id"]),
+                self._ident(m["updated_at"]),
+                self._ident(m["deleted_at"]),
+                self._tab(),
+                self._ident(m["id"]),
+            ),
+            (ids,),
+        ).fetchall()
         now_state = {r[0]: (_iso(r[1]), r[2]) for r in rows}
         for k in ks:
             u = plan.units[k]
-            changed = [i for i in u["ids"] if i not in now_state
-                       or now_state[i][0] != plan.versions.get(i)
-                       or now_state[i][1] is not None]
+            changed = [
+                i
+                for i in u["ids"]
+                if i not in now_state
+                or now_state[i][0] != plan.versions.get(i)
+                or now_state[i][1] is not None
+            ]
             if u["insert"] and u["insert"]["id"] in now_state:
-                rep.skipped.append({"unit": k, "namespace": ns, "kind": u["kind"],
-                                    "why": f"the merged row's id {u['insert']['id']} is "
-                                           f"taken already"})
+                rep.skipped.append(
+                    {
+                        "unit": k,
+                        "namespace": ns,
+                        "kind": u["kind"],
+                        "why": f"the merged row's id {u['insert']['id']} is taken already",
+                    }
+                )
                 continue
             if changed:
-                rep.skipped.append({"unit": k, "namespace": ns, "kind": u["kind"],
-                                    "why": f"rows changed since the plan: {changed[:5]}"})
+                rep.skipped.append(
+                    {
+                        "unit": k,
+                        "namespace": ns,
+                        "kind": u["kind"],
+                        "why": f"rows changed since the plan: {changed[:5]}",
+                    }
+                )
                 continue
             if not dry_run:
                 self._write_unit(conn, plan.plan_id, u, m, sql)
             rep.applied[u["kind"]] = rep.applied.get(u["kind"], 0) + 1
         if not dry_run:
-            conn.execute(sql.SQL("INSERT INTO {} (plan_id, namespace) VALUES (%s, %s)").format(
-                self._tab(_APPLIED)), (plan.plan_id, ns))
+            conn.execute(
+                sql.SQL("INSERT INTO {} (plan_id, namespace) VALUES (%s, %s)").format(
+                    self._tab(_APPLIED)
+                ),
+                (plan.plan_id, ns),
+            )
         rep.namespaces.append(ns)
 
-    def _write_unit(self, conn: Any, plan_id: str, u: dict[str, Any], m: dict[str, str],
-                    sql: Any) -> None:
+    def _write_unit(
+        self, conn: Any, plan_id: str, u: dict[str, Any], m: dict[str, str], sql: Any
+    ) -> None:
         """The statements of one unit, each changed row's previous state into history."""
         tab, idc = self._tab(), self._ident(m["id"])
 
         def history(row_id: str, change: str) -> None:
-            conn.execute(sql.SQL(
-                "INSERT INTO {} (plan_id, unit_kind, row_id, change, before) SELECT %s, %s, "
-                "%s, %s, to_jsonb(t) - {} FROM {} t WHERE {}::text = %s").format(
-                    self._tab(_HISTORY), sql.Literal(m["vector"]), tab, idc),
-                (plan_id, u["kind"], row_id, change, row_id))
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (plan_id, unit_kind, row_id, change, before) SELECT %s, %s, "
+                    "%s, %s, to_jsonb(t) - {} FROM {} t WHERE {}::text = %s"
+                ).format(self._tab(_HISTORY), sql.Literal(m["vector"]), tab, idc),
+                (plan_id, u["kind"], row_id, change, row_id),
+            )
 
         if u["insert"] is not None:
             r = u["insert"]
-            names = [k for k in ("id", "namespace", "text", "vector", "created_at",
-                                 "last_used", "importance", "strength", "pinned",
-                                 "source_ids", "deleted_at") if k in r and k in m]
+            names = [
+                k
+                for k in (
+                    "id",
+                    "namespace",
+                    "text",
+                    "vector",
+                    "created_at",
+                    "last_used",
+                    "importance",
+                    "strength",
+                    "pinned",
+                    "source_ids",
+                    "deleted_at",
+                )
+                if k in r and k in m
+            ]
             vals = [self._value(k, r[k]) for k in names]
             if "source_ids" in names and self._json_column(conn, m["source_ids"]):
                 from psycopg.types.json import Jsonb
 
                 vals[names.index("source_ids")] = Jsonb(r["source_ids"])
             names.append("updated_at")
-            conn.execute(sql.SQL("INSERT INTO {} ({}) VALUES ({}, now())").format(
-                tab, sql.SQL(", ").join(self._ident(m[k]) for k in names),
-                sql.SQL(", ").join(sql.Placeholder() for _ in vals)), vals)
-            conn.execute(sql.SQL(
-                "INSERT INTO {} (plan_id, unit_kind, row_id, change) VALUES (%s, %s, %s, "
-                "'insert')").format(self._tab(_HISTORY)), (plan_id, u["kind"], r["id"]))
+            conn.execute(
+                sql.SQL("INSERT INTO {} ({}) VALUES ({}, now())").format(
+                    tab,
+                    sql.SQL(", ").join(self._ident(m[k]) for k in names),
+                    sql.SQL(", ").join(sql.Placeholder() for _ in vals),
+                ),
+                vals,
+            )
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (plan_id, unit_kind, row_id, change) VALUES (%s, %s, %s, "
+                    "'insert')"
+                ).format(self._tab(_HISTORY)),
+                (plan_id, u["kind"], r["id"]),
+            )
         for x in u["retire"]:
             history(x["id"], f"retire:{x['reason']}")
-            sets = [sql.SQL("{} = %s").format(self._ident(m["deleted_at"])),
-                    sql.SQL("{} = now()").format(self._ident(m["updated_at"]))]
+            sets = [
+                sql.SQL("{} = %s").format(self._ident(m["deleted_at"])),
+                sql.SQL("{} = now()").format(self._ident(m["updated_at"])),
+            ]
             vals: list[Any] = [timestamp(x["deleted_at"])]
             if "merged_into" in m and x["merged_into"] is not None:
                 sets.append(sql.SQL("{} = %s").format(self._ident(m["merged_into"])))
                 vals.append(x["merged_into"])
-            conn.execute(sql.SQL("UPDATE {} SET {} WHERE {}::text = %s").format(
-                tab, sql.SQL(", ").join(sets), idc), [*vals, x["id"]])
+            conn.execute(
+                sql.SQL("UPDATE {} SET {} WHERE {}::text = %s").format(
+                    tab, sql.SQL(", ").join(sets), idc
+                ),
+                [*vals, x["id"]],
+            )
         for i, changes in u["update"].items():
             history(i, "update:" + ",".join(sorted(changes)))
             sets = [sql.SQL("{} = %s").format(self._ident(m[c])) for c in changes]
             sets.append(sql.SQL("{} = now()").format(self._ident(m["updated_at"])))
-            conn.execute(sql.SQL("UPDATE {} SET {} WHERE {}::text = %s").format(
-                tab, sql.SQL(", ").join(sets), idc),
-                [*(self._value(c, v) for c, v in changes.items()), i])
+            conn.execute(
+                sql.SQL("UPDATE {} SET {} WHERE {}::text = %s").format(
+                    tab, sql.SQL(", ").join(sets), idc
+                ),
+                [*(self._value(c, v) for c, v in changes.items()), i],
+            )
 
     def _json_column(self, conn: Any, column: str) -> bool:
         """Is ``column`` of the table ``json``/``jsonb`` (else an array)?"""
         from psycopg import sql
 
-        t = conn.execute(sql.SQL("SELECT pg_typeof({}) FROM {} LIMIT 1").format(
-            self._ident(column), self._tab())).fetchone()
+        t = conn.execute(
+            sql.SQL("SELECT pg_typeof({}) FROM {} LIMIT 1").format(self._ident(column), self._tab())
+        ).fetchone()
         if t is None:  # an empty table: the catalogue says
-            t = conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
-                             "WHERE attrelid = %s::regclass AND attname = %s",
-                             (self.table, column)).fetchone()
+            t = conn.execute(
+                "SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
+                "WHERE attrelid = %s::regclass AND attname = %s",
+                (self.table, column),
+            ).fetchone()
         return t is not None and str(t[0]) in ("json", "jsonb")
 
     @staticmethod

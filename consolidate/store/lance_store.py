@@ -177,14 +177,19 @@ def _read_table(ds: Any, **kw: Any) -> tuple[pa.Table, bool]:
             out = ds.scanner(**kw, use_scalar_index=False).to_table()
         except Exception:
             raise e from None
-        log.warning("%s: a scalar index (under _indices) cannot be read (%s); reading "
-                    "without it, slower. The rows are intact; `consolidate-versions "
-                    "action=reindex` rebuilds the indexes", ds.uri, e)
+        log.warning(
+            "%s: a scalar index (under _indices) cannot be read (%s); reading "
+            "without it, slower. The rows are intact; `consolidate-versions "
+            "action=reindex` rebuilds the indexes",
+            ds.uri,
+            e,
+        )
         return out, False
 
 
-def _scan(ds: Any, flt: Any, dim: int, found: Callable[[np.ndarray], None] | None = None
-          ) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+def _scan(
+    ds: Any, flt: Any, dim: int, found: Callable[[np.ndarray], None] | None = None
+) -> tuple[pa.Table, np.ndarray, np.ndarray]:
     """Read the rows of the Lance dataset ``ds`` that match ``flt`` (all when ``None``):
     first every column but the vectors, then the vectors batch by batch (:data:`SCAN_BATCH`
     rows) decoded into one ``float32`` array allocated up front. Two scans, because the
@@ -208,8 +213,12 @@ def _scan(ds: Any, flt: Any, dim: int, found: Callable[[np.ndarray], None] | Non
     vtype = ds.schema.field("vector").type
     if not pa.types.is_fixed_size_list(vtype) or vtype.list_size != dim:
         raise ValueError(f"the vector column is {vtype}, not {dim} wide")
-    meta, indexed = _read_table(ds, columns=[c for c in ds.schema.names if c not in vcols],
-                                filter=flt, with_row_address=True)
+    meta, indexed = _read_table(
+        ds,
+        columns=[c for c in ds.schema.names if c not in vcols],
+        filter=flt,
+        with_row_address=True,
+    )
     addr = meta.column("_rowaddr").to_numpy()
     meta = meta.drop_columns(["_rowaddr"])
     n = len(addr)
@@ -220,23 +229,30 @@ def _scan(ds: Any, flt: Any, dim: int, found: Callable[[np.ndarray], None] | Non
     at = 0
     # Lance's default read-ahead holds about 1.3 GB of pages over a 10^6 x 384 fp32 scan;
     # one fragment at a time with 32 MiB of I/O buffer holds about half that, as fast
-    for b in ds.to_batches(columns=vcols, filter=flt, with_row_address=True,
-                           batch_size=SCAN_BATCH, fragment_readahead=1,
-                           io_buffer_size=32 << 20, use_scalar_index=indexed):
+    for b in ds.to_batches(
+        columns=vcols,
+        filter=flt,
+        with_row_address=True,
+        batch_size=SCAN_BATCH,
+        fragment_readahead=1,
+        io_buffer_size=32 << 20,
+        use_scalar_index=indexed,
+    ):
         k = b.num_rows
         got = b.column("_rowaddr").to_numpy()
-        block = decode_vectors(b.column("vector"), b.column(SCALE_COLUMN)
-                               if SCALE_COLUMN in vcols else None)
-        if at + k <= n and np.array_equal(got, addr[at:at + k]):
-            vecs[at:at + k] = block
+        block = decode_vectors(
+            b.column("vector"), b.column(SCALE_COLUMN) if SCALE_COLUMN in vcols else None
+        )
+        if at + k <= n and np.array_equal(got, addr[at : at + k]):
+            vecs[at : at + k] = block
         else:
             if order is None:
                 order = np.argsort(addr, kind="stable")
             j = np.searchsorted(addr, got, sorter=order)
-            if at + k > n or np.any(j >= n) or np.any(addr[order[np.minimum(j, n - 1)]]
-                                                      != got):
-                raise ValueError(f"the vector scan returned rows the first scan of {n} "
-                                 "rows did not")
+            if at + k > n or np.any(j >= n) or np.any(addr[order[np.minimum(j, n - 1)]] != got):
+                raise ValueError(
+                    f"the vector scan returned rows the first scan of {n} rows did not"
+                )
             vecs[order[j]] = block
         at += k
     if at != n:
@@ -299,8 +315,9 @@ class LanceStore(Store):
         **kwargs: see :class:`Store`.
     """
 
-    def __init__(self, root: str | os.PathLike, *, retention_h: float = 7 * 24,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, root: str | os.PathLike, *, retention_h: float = 7 * 24, **kwargs: Any
+    ) -> None:
         super().__init__(root, **kwargs)
         if not retention_h >= 0:
             raise ValueError(f"retention_h must be >= 0, got {retention_h!r}")
@@ -331,9 +348,10 @@ class LanceStore(Store):
                 raise ValueError(f"dim {dim!r} is not a positive integer")
             return d
         except ValueError as e:
-            raise CorruptStoreError(f"{self.pointer_path} is not a valid Lance store marker "
-                                    f"({e}); the dataset {self.dataset_path} is untouched"
-                                    ) from None
+            raise CorruptStoreError(
+                f"{self.pointer_path} is not a valid Lance store marker "
+                f"({e}); the dataset {self.dataset_path} is untouched"
+            ) from None
 
     def _open(self, version: int | None = None) -> Any:
         lance = _lance()
@@ -345,10 +363,13 @@ class LanceStore(Store):
                 raise CorruptStoreError(
                     f"version {version} of {self.dataset_path} is not retained (removed by "
                     f"cleanup after store.retention_h, or never written); "
-                    f"`consolidate-versions` lists the versions kept") from e
-            raise CorruptStoreError(f"cannot open the Lance dataset {self.dataset_path}"
-                                    f"{'' if version is None else f' at version {version}'}: "
-                                    f"{e}") from e
+                    f"`consolidate-versions` lists the versions kept"
+                ) from e
+            raise CorruptStoreError(
+                f"cannot open the Lance dataset {self.dataset_path}"
+                f"{'' if version is None else f' at version {version}'}: "
+                f"{e}"
+            ) from e
 
     def _props(self, ds: Any) -> dict[str, str]:
         """consolidate's properties of ``ds``'s version, or of the newest older version that
@@ -368,20 +389,25 @@ class LanceStore(Store):
         raise CorruptStoreError(
             f"{self.dataset_path}: no version at or before {ds.version} carries consolidate's "
             f"properties (within {_MAX_LOOKBACK} versions); the dataset was written by "
-            f"another tool")
+            f"another tool"
+        )
 
     @staticmethod
     def _folded(props: Mapping[str, str]) -> tuple[str, ...]:
         try:
             names = json.loads(props.get(_P + "folded", "[]"))
-            if not (isinstance(names, list) and all(
-                    _plain_name(n) and n.endswith((".touch.json", ".patch.json"))
-                    for n in names)):
+            if not (
+                isinstance(names, list)
+                and all(
+                    _plain_name(n) and n.endswith((".touch.json", ".patch.json")) for n in names
+                )
+            ):
                 raise ValueError
         except ValueError:
             # a crafted name must not make a commit delete a file outside deltas/
-            raise CorruptStoreError("consolidate.folded is not a JSON list of delta file "
-                                    "names") from None
+            raise CorruptStoreError(
+                "consolidate.folded is not a JSON list of delta file names"
+            ) from None
         return tuple(names)
 
     @staticmethod
@@ -400,15 +426,19 @@ class LanceStore(Store):
             CorruptStoreError: a path that leaves the dataset folder.
         """
         t = ds.tracked_files(min_version=ds.version).read_all().to_pandas()
-        t = t[(t["version"] == ds.version) & t["type"].astype(str).isin(
-            ["data file", "deletion file"])]
+        t = t[
+            (t["version"] == ds.version)
+            & t["type"].astype(str).isin(["data file", "deletion file"])
+        ]
         root = self.dataset_path.resolve()
         out = []
         for p in sorted(set(t["path"].astype(str))):
             full = (root / p).resolve()
             if root not in full.parents:
-                raise CorruptStoreError(f"{self.dataset_path} (version {ds.version}) names "
-                                        f"a file outside its folder: {p!r}")
+                raise CorruptStoreError(
+                    f"{self.dataset_path} (version {ds.version}) names "
+                    f"a file outside its folder: {p!r}"
+                )
             out.append(p)
         return out
 
@@ -426,21 +456,35 @@ class LanceStore(Store):
         except FileNotFoundError:
             return {}, {}
         except (OSError, ValueError) as e:
-            raise CorruptStoreError(f"{path} cannot be read ({e}); move it aside to load "
-                                    f"without checking the data files") from None
+            raise CorruptStoreError(
+                f"{path} cannot be read ({e}); move it aside to load "
+                f"without checking the data files"
+            ) from None
         files, versions = d, {}
         if isinstance(d, dict) and set(d) == {"files", "versions"}:
             files, versions = d["files"], d["versions"]
-        if not (isinstance(files, dict) and all(
-                isinstance(k, str) and not k.startswith("/") and ".." not in k.split("/")
-                and isinstance(v, int) and not isinstance(v, bool) for k, v in files.items())
-                and isinstance(versions, dict) and all(
-                    isinstance(k, str) and k.isdigit() and isinstance(v, str)
-                    for k, v in versions.items())):
-            raise CorruptStoreError(f"{path} is not a map of file names (under "
-                                    f"{DATASET}) to CRC32 values and of versions to "
-                                    f"digests; move it aside to load without checking the "
-                                    f"data files")
+        if not (
+            isinstance(files, dict)
+            and all(
+                isinstance(k, str)
+                and not k.startswith("/")
+                and ".." not in k.split("/")
+                and isinstance(v, int)
+                and not isinstance(v, bool)
+                for k, v in files.items()
+            )
+            and isinstance(versions, dict)
+            and all(
+                isinstance(k, str) and k.isdigit() and isinstance(v, str)
+                for k, v in versions.items()
+            )
+        ):
+            raise CorruptStoreError(
+                f"{path} is not a map of file names (under "
+                f"{DATASET}) to CRC32 values and of versions to "
+                f"digests; move it aside to load without checking the "
+                f"data files"
+            )
         return files, versions
 
     def _check_present(self, ds: Any) -> list[str]:
@@ -455,7 +499,8 @@ class LanceStore(Store):
             raise CorruptStoreError(
                 f"{self.dataset_path} (version {ds.version}) is missing {missing[:3]}: "
                 f"nothing written; restore the files from a backup or roll back to a version "
-                f"without them")
+                f"without them"
+            )
         return files
 
     def _record_checksums(self, ds: Any, *, prune: bool = False) -> None:
@@ -472,20 +517,21 @@ class LanceStore(Store):
         files = self._check_present(ds)
         known.update({p: _crc32(self.dataset_path / p) for p in files if p not in known})
         current = set(files)
-        for p in [p for p in known if p not in current
-                  and not (self.dataset_path / p).exists()]:
+        for p in [p for p in known if p not in current and not (self.dataset_path / p).exists()]:
             del known[p]
         versions[str(ds.version)] = _digest(files, known)
         if prune:
             kept = {str(v["version"]) for v in ds.versions()}
             versions = {k: v for k, v in versions.items() if k in kept}
-        _write_atomic(self.root / CHECKSUMS,
-                      lambda f: f.write_text(json.dumps({"files": known,
-                                                         "versions": versions})),
-                      crash_tag="checksums")
+        _write_atomic(
+            self.root / CHECKSUMS,
+            lambda f: f.write_text(json.dumps({"files": known, "versions": versions})),
+            crash_tag="checksums",
+        )
 
-    def verify(self, version: int | None = None, *,
-               fragments: Iterable[int] | None = None) -> dict[str, Any]:
+    def verify(
+        self, version: int | None = None, *, fragments: Iterable[int] | None = None
+    ) -> dict[str, Any]:
         """Check a version (default: the newest) against what was recorded when it was
         written: its list of data and deletion files and their CRC32s against the
         version's content digest (so a fragment dropped from or added to the version is
@@ -515,13 +561,15 @@ class LanceStore(Store):
                 f"{self.dataset_path}: version {newest} was written, but the dataset's newest "
                 f"version is {self._open().version} (its newest versions were lost or an "
                 f"older copy of the dataset was put in place): restore the dataset folder "
-                f"from the same backup as {CHECKSUMS}")
+                f"from the same backup as {CHECKSUMS}"
+            )
         want = versions.get(str(ds.version))
         if want is not None and _digest(files, known) != want:
             raise CorruptStoreError(
                 f"{self.dataset_path} (version {ds.version}) does not hold the files it held "
                 f"when it was written (a data or deletion file added, dropped or replaced): "
-                f"roll back to an earlier version, or restore the dataset from a backup")
+                f"roll back to an earlier version, or restore the dataset from a backup"
+            )
         read = files
         if fragments is not None:
             sel = set(fragments)
@@ -539,19 +587,26 @@ class LanceStore(Store):
             try:
                 got = _crc32(self.dataset_path / p)
             except FileNotFoundError:
-                raise CorruptStoreError(f"{self.dataset_path / p} of version {ds.version} is "
-                                        f"missing") from None
+                raise CorruptStoreError(
+                    f"{self.dataset_path / p} of version {ds.version} is missing"
+                ) from None
             if got != known[p]:
                 raise CorruptStoreError(
                     f"{self.dataset_path / p} of version {ds.version} does not match the "
                     f"CRC32 recorded when it was written (a flipped bit, a partial copy): "
-                    f"restore it from a backup, or roll back to a version without it")
+                    f"restore it from a backup, or roll back to a version without it"
+                )
             checked += 1
-        return {"files": len(read), "checked": checked,
-                "unrecorded": sum(p not in known for p in read), "digest": want is not None}
+        return {
+            "files": len(read),
+            "checked": checked,
+            "unrecorded": sum(p not in known for p in read),
+            "digest": want is not None,
+        }
 
-    def verify_in_thread(self, version: int, fragments: Iterable[int] | None = None
-                         ) -> tuple[threading.Thread, dict[str, Any]]:
+    def verify_in_thread(
+        self, version: int, fragments: Iterable[int] | None = None
+    ) -> tuple[threading.Thread, dict[str, Any]]:
         """Start :meth:`verify` of ``version`` (of ``fragments``) in a thread (CRC32
         releases the GIL, so it runs while Lance reads the same files). Returns ``(thread,
         result)``: after ``thread.join()``, ``result["error"]`` holds the exception it
@@ -576,10 +631,18 @@ class LanceStore(Store):
         ds = self._open()
         props = self._props(ds)
         lp = props.get(_P + "last_pass_at")
-        return Pointer(ds.version, DATASET, props.get(_P + "changelog"), d["dim"],
-                       self._folded(props), float(d.get("created_at", 0.0)),
-                       float(lp) if lp else None, self._vector_dtype(ds.schema), None,
-                       ds.count_rows())
+        return Pointer(
+            ds.version,
+            DATASET,
+            props.get(_P + "changelog"),
+            d["dim"],
+            self._folded(props),
+            float(d.get("created_at", 0.0)),
+            float(lp) if lp else None,
+            self._vector_dtype(ds.schema),
+            None,
+            ds.count_rows(),
+        )
 
     def snapshots(self) -> list[int]:
         """Lance versions present (retained history), ascending."""
@@ -593,13 +656,20 @@ class LanceStore(Store):
         out = []
         for v in ds.versions():
             props = _txn_props(ds, v["version"])
-            out.append({"version": int(v["version"]), "timestamp": v["timestamp"],
-                        "op": props.get(_P + "op"),
-                        "rows": int(v.get("metadata", {}).get("total_rows", -1)),
-                        "changelog": props.get(_P + "changelog")
-                        if props.get(_P + "op") in _LOGGED else None,
-                        "summary": json.loads(props.get(_P + "summary") or "{}")
-                        if props.get(_P + "op") in _LOGGED else {}})
+            out.append(
+                {
+                    "version": int(v["version"]),
+                    "timestamp": v["timestamp"],
+                    "op": props.get(_P + "op"),
+                    "rows": int(v.get("metadata", {}).get("total_rows", -1)),
+                    "changelog": props.get(_P + "changelog")
+                    if props.get(_P + "op") in _LOGGED
+                    else None,
+                    "summary": json.loads(props.get(_P + "summary") or "{}")
+                    if props.get(_P + "op") in _LOGGED
+                    else {},
+                }
+            )
         return out
 
     # ------------------------------------------------------------ history
@@ -614,8 +684,13 @@ class LanceStore(Store):
         ds = self._open(version)
         self.verify(version)
         recs = records_from_arrow(ds.to_table(), dim=marker["dim"])
-        return self._checked(recs, dim=marker["dim"], source=f"{self.dataset_path} "
-                             f"(version {version})", existing=None, reading=True)
+        return self._checked(
+            recs,
+            dim=marker["dim"],
+            source=f"{self.dataset_path} (version {version})",
+            existing=None,
+            reading=True,
+        )
 
     def diff(self, a: int, b: int | None = None) -> pd.DataFrame:
         """What changed from version ``a`` to ``b`` (default: the newest), per namespace.
@@ -631,8 +706,15 @@ class LanceStore(Store):
         Raises:
             CorruptStoreError: a version is not retained.
         """
-        cols = ["id", "namespace", "deleted_at", "deleted_reason", "valid_to", "last_used",
-                "strength"]
+        cols = [
+            "id",
+            "namespace",
+            "deleted_at",
+            "deleted_reason",
+            "valid_to",
+            "last_used",
+            "strength",
+        ]
         ta = self._open(a).to_table(columns=cols).to_pandas()
         tb = self._open(b).to_table(columns=cols).to_pandas()
         j = ta.merge(tb, on="id", how="outer", suffixes=("_a", "_b"), indicator=True)
@@ -650,13 +732,24 @@ class LanceStore(Store):
         kind[both & ~live_a & live_b] = "restored"
         closed = both & j["valid_to_a"].isna() & j["valid_to_b"].notna()
         kind[kind.isna() & closed] = "closed"
-        touched = both & ((j["last_used_a"] != j["last_used_b"])
-                          | (j["strength_a"] != j["strength_b"]))
+        touched = both & (
+            (j["last_used_a"] != j["last_used_b"]) | (j["strength_a"] != j["strength_b"])
+        )
         kind[kind.isna() & touched] = "touched"
-        kinds = ["added", "purged", "merged", "dropped", "deleted", "updated", "superseded",
-                 "undone", "restored", "closed", "touched"]
-        t = pd.crosstab(ns[kind.notna()], kind[kind.notna()]).reindex(columns=kinds,
-                                                                       fill_value=0)
+        kinds = [
+            "added",
+            "purged",
+            "merged",
+            "dropped",
+            "deleted",
+            "updated",
+            "superseded",
+            "undone",
+            "restored",
+            "closed",
+            "touched",
+        ]
+        t = pd.crosstab(ns[kind.notna()], kind[kind.notna()]).reindex(columns=kinds, fill_value=0)
         t.loc["(all)"] = t.sum()
         t.index.name = "namespace"
         return t.astype(int)
@@ -674,21 +767,27 @@ class LanceStore(Store):
                 continue
             name = v["changelog"]
             if not _plain_name(name):
-                raise CorruptStoreError(f"version {v['version']} names the changelog "
-                                        f"{name!r}, not a file name in changelogs/")
+                raise CorruptStoreError(
+                    f"version {v['version']} names the changelog "
+                    f"{name!r}, not a file name in changelogs/"
+                )
             path = self.root / "changelogs" / name
             if not path.is_file():
-                raise CorruptStoreError(f"the changelog of version {v['version']} "
-                                        f"({path}) is missing: cannot tell its rows apart")
+                raise CorruptStoreError(
+                    f"the changelog of version {v['version']} "
+                    f"({path}) is missing: cannot tell its rows apart"
+                )
             for line in path.read_text().splitlines():
                 e = json.loads(line)
-                if e.get("op") in ("merge", "exact_merge", "reflect") and \
-                        isinstance(e.get("id"), str):
+                if e.get("op") in ("merge", "exact_merge", "reflect") and isinstance(
+                    e.get("id"), str
+                ):
                     made.add(e["id"])
         return made
 
-    def rollback(self, version: int, *, dry_run: bool = False,
-                 lock_timeout_s: float = 0.0) -> dict[str, Any]:
+    def rollback(
+        self, version: int, *, dry_run: bool = False, lock_timeout_s: float = 0.0
+    ) -> dict[str, Any]:
         """Make version ``version``'s records current again, as a new version (history is
         kept). Records appended since then are kept (revived if a later pass merged or
         dropped them); rows that later passes made (merges, reflections) are left out;
@@ -723,8 +822,14 @@ class LanceStore(Store):
             out = Records.concat([old, Records(m, app.vectors)], snap.dim)
             for name in snap.deltas:
                 out, _ = self._apply_delta(out, name, snap.dim)
-            events = [{"op": "rollback", "to_version": int(version),
-                       "kept_appended": m["id"].tolist(), "revived": m["id"][revive].tolist()}]
+            events = [
+                {
+                    "op": "rollback",
+                    "to_version": int(version),
+                    "kept_appended": m["id"].tolist(),
+                    "revived": m["id"][revive].tolist(),
+                }
+            ]
             info = self.commit(out, events, base=snap, dry_run=dry_run, op="rollback")
         if not dry_run:
             info["diff"] = self.diff(snap.version, info["version"]).to_dict(orient="index")
@@ -746,12 +851,15 @@ class LanceStore(Store):
             m = snap.records.meta.copy()
             pos = pd.Index(m["id"]).get_indexer(list(ids))
             if (pos < 0).any():
-                raise KeyError(f"restore: unknown id(s) in {self.root}: "
-                               f"{[i for i, p in zip(ids, pos, strict=True) if p < 0][:5]}")
+                raise KeyError(
+                    f"restore: unknown id(s) in {self.root}: "
+                    f"{[i for i, p in zip(ids, pos, strict=True) if p < 0][:5]}"
+                )
             live = m["deleted_at"].isna().to_numpy()[pos]
             if live.any():
-                raise ValueError(f"restore: {[ids[k] for k in np.flatnonzero(live)][:5]} "
-                                 f"are live already")
+                raise ValueError(
+                    f"restore: {[ids[k] for k in np.flatnonzero(live)][:5]} are live already"
+                )
             into = m["merged_into"].to_numpy(object)[pos]
             ka = m["keep_apart"].copy()
             for k, p in enumerate(pos):
@@ -761,10 +869,14 @@ class LanceStore(Store):
             m.loc[pos, "deleted_at"] = np.nan
             m.loc[pos, "deleted_reason"] = None
             m.loc[pos, "merged_into"] = None
-            events = [{"op": "restore", "ids": list(ids),
-                       "were_merged_into": [x if isinstance(x, str) else None for x in into]}]
-            return self.commit(Records(m, snap.records.vectors), events, base=snap,
-                               op="restore")
+            events = [
+                {
+                    "op": "restore",
+                    "ids": list(ids),
+                    "were_merged_into": [x if isinstance(x, str) else None for x in into],
+                }
+            ]
+            return self.commit(Records(m, snap.records.vectors), events, base=snap, op="restore")
 
     def export(self, path: str | os.PathLike, version: int | None = None) -> dict[str, Any]:
         """Write one version's records (default: the newest, pending deltas included) to
@@ -795,48 +907,65 @@ class LanceStore(Store):
         records.meta["text_hash"] = text_hashes(records.meta["text"].tolist())
         self._dirs()
         with self.lock():
-            log = self._changelog([{"op": "create", "source": source,
-                                    "records": len(records)}], 1)
+            log = self._changelog([{"op": "create", "source": source, "records": len(records)}], 1)
             table = records_to_arrow(records, self.vector_dtype or "fp32")
             ds = _lance().write_dataset(
-                table, str(self.dataset_path), mode="create",
+                table,
+                str(self.dataset_path),
+                mode="create",
                 max_rows_per_file=ROWS_PER_FRAGMENT,
-                transaction_properties=self._new_props("create", (), log, None))
+                transaction_properties=self._new_props("create", (), log, None),
+            )
             _crashpoint("lance:after_create")
             _index(ds)
             _crashpoint("lance:after_index")
             self._record_checksums(self._open())
-            marker = {"format": FORMAT, "dataset": DATASET, "dim": records.dim,
-                      "created_at": hours_now()}
-            _write_atomic(self.pointer_path, lambda p: p.write_text(json.dumps(marker)),
-                          crash_tag="marker")
+            marker = {
+                "format": FORMAT,
+                "dataset": DATASET,
+                "dim": records.dim,
+                "created_at": hours_now(),
+            }
+            _write_atomic(
+                self.pointer_path, lambda p: p.write_text(json.dumps(marker)), crash_tag="marker"
+            )
 
     def _dirs(self) -> None:
         super()._dirs()
         with contextlib.suppress(OSError):
             (self.root / "snapshots").rmdir()  # the Parquet layout's; unused here
 
-    def _changelog(self, events: list[dict[str, Any]], version: int, dry_run: bool = False
-                   ) -> str:
+    def _changelog(self, events: list[dict[str, Any]], version: int, dry_run: bool = False) -> str:
         """Write the changelog of the commit expected to become ``version`` (writes are
         serialised, so it does; the version's properties name the file either way)."""
-        name = (f"dry-run-{version:06d}-{time.time_ns()}.jsonl" if dry_run
-                else f"changelog-{version:06d}.jsonl")
+        name = (
+            f"dry-run-{version:06d}-{time.time_ns()}.jsonl"
+            if dry_run
+            else f"changelog-{version:06d}.jsonl"
+        )
         (self.root / "changelogs").mkdir(exist_ok=True)
-        _write_atomic(self.root / "changelogs" / name, lambda p: _write_jsonl(p, events),
-                      crash_tag="changelog")
+        _write_atomic(
+            self.root / "changelogs" / name,
+            lambda p: _write_jsonl(p, events),
+            crash_tag="changelog",
+        )
         return name
 
     @staticmethod
-    def _new_props(op: str, folded: Iterable[str], changelog: str | None,
-                   last_pass_at: float | None) -> dict[str, str]:
-        return {_P + "op": op, _P + "folded": json.dumps(list(folded)),
-                _P + "changelog": changelog or "",
-                _P + "last_pass_at": "" if last_pass_at is None else repr(float(last_pass_at))}
+    def _new_props(
+        op: str, folded: Iterable[str], changelog: str | None, last_pass_at: float | None
+    ) -> dict[str, str]:
+        return {
+            _P + "op": op,
+            _P + "folded": json.dumps(list(folded)),
+            _P + "changelog": changelog or "",
+            _P + "last_pass_at": "" if last_pass_at is None else repr(float(last_pass_at)),
+        }
 
     # ------------------------------------------------------------ read
-    def load(self, *, validate_records: bool = True,
-             namespaces: Sequence[str] | None = None) -> Snapshot:
+    def load(
+        self, *, validate_records: bool = True, namespaces: Sequence[str] | None = None
+    ) -> Snapshot:
         """Read the newest version and replay the pending deltas.
 
         Args:
@@ -863,8 +992,9 @@ class LanceStore(Store):
                     raise
         raise AssertionError("unreachable")
 
-    def _load(self, *, validate_records: bool = True,
-              namespaces: Sequence[str] | None = None) -> Snapshot:
+    def _load(
+        self, *, validate_records: bool = True, namespaces: Sequence[str] | None = None
+    ) -> Snapshot:
         """The body of :meth:`load` (one attempt)."""
         marker = self._marker()
         listed = self._listed()  # before the version is opened: see the module docstring
@@ -875,14 +1005,18 @@ class LanceStore(Store):
         # (zlib's CRC32 and Lance's reader both release the GIL): all files for a whole
         # load, from the start; for some namespaces, the files of the fragments that hold
         # their rows, once the first scan found them
-        checker, check = (self.verify_in_thread(ds.version)
-                          if validate_records and namespaces is None else (None, {}))
+        checker, check = (
+            self.verify_in_thread(ds.version)
+            if validate_records and namespaces is None
+            else (None, {})
+        )
         started: dict[str, Any] = {}
 
         def found(addr: np.ndarray) -> None:
             if validate_records and namespaces is not None:
                 started["checker"] = self.verify_in_thread(
-                    ds.version, np.unique(addr >> np.uint64(32)).tolist())
+                    ds.version, np.unique(addr >> np.uint64(32)).tolist()
+                )
 
         flt = None
         if namespaces is not None:
@@ -896,23 +1030,37 @@ class LanceStore(Store):
                 checker, check = started.get("checker", (checker, check))
                 raise _read_error(e, source, checker, check) from e
             checker, check = started.get("checker", (checker, check))
-            return self._rows_snapshot(scanned, version=ds.version, dim=marker["dim"],
-                                       props=props, deltas=listed,
-                                       validate_records=validate_records, source=source,
-                                       namespaces=namespaces, checker=checker, check=check)
+            return self._rows_snapshot(
+                scanned,
+                version=ds.version,
+                dim=marker["dim"],
+                props=props,
+                deltas=listed,
+                validate_records=validate_records,
+                source=source,
+                namespaces=namespaces,
+                checker=checker,
+                check=check,
+            )
         finally:
             if checker is not None:
                 checker.join()
 
-    def _rows_snapshot(self, scanned: list[tuple[pa.Table, np.ndarray | None,
-                                                 np.ndarray | None]], *, version: int,
-                       dim: int,
-                       props: Mapping[str, str], deltas: Sequence[str],
-                       validate_records: bool, source: str,
-                       namespaces: Sequence[str] | None,
-                       checker: threading.Thread | None = None,
-                       check: dict[str, Any] | None = None,
-                       apply_all: bool = False) -> Snapshot:
+    def _rows_snapshot(
+        self,
+        scanned: list[tuple[pa.Table, np.ndarray | None, np.ndarray | None]],
+        *,
+        version: int,
+        dim: int,
+        props: Mapping[str, str],
+        deltas: Sequence[str],
+        validate_records: bool,
+        source: str,
+        namespaces: Sequence[str] | None,
+        checker: threading.Thread | None = None,
+        check: dict[str, Any] | None = None,
+        apply_all: bool = False,
+    ) -> Snapshot:
         """A :class:`Snapshot` of stored rows read from version ``version``: decoded,
         validated, with those of ``deltas`` applied that are not folded as of that version
         and (``namespaces`` not ``None``, unless ``apply_all``) whose replay reads only rows
@@ -934,8 +1082,7 @@ class LanceStore(Store):
         # (a copy-on-write view), the vectors (read-only)
         recs.vectors.setflags(write=False)
         recs.origin = np.arange(len(recs), dtype=np.int64)
-        stored = _Stored(table.column("id"), recs.meta.copy(deep=False), recs.vectors,
-                         rowaddr)
+        stored = _Stored(table.column("id"), recs.meta.copy(deep=False), recs.vectors, rowaddr)
         del table
         if checker is not None:
             checker.join()
@@ -954,17 +1101,30 @@ class LanceStore(Store):
             recs, _ = self._apply_delta(recs, name, dim, validate_records)
             applied.append(name)
         lp = props.get(_P + "last_pass_at")
-        return Snapshot(version, recs, dim, tuple(applied), [],
-                        self.dataset_path, float(lp) if lp else None,
-                        stored=stored, namespaces=namespaces)
+        return Snapshot(
+            version,
+            recs,
+            dim,
+            tuple(applied),
+            [],
+            self.dataset_path,
+            float(lp) if lp else None,
+            stored=stored,
+            namespaces=namespaces,
+        )
 
     @staticmethod
     def _into(recs: Records) -> dict[str, str]:
         """``{id: merged_into}`` of the rows of ``recs`` merged into another."""
         mi = recs.meta["merged_into"]
         sel = mi.notna().to_numpy()
-        return dict(zip(recs.meta["id"].to_numpy(object)[sel].tolist(),
-                        mi.to_numpy(object)[sel].tolist(), strict=True))
+        return dict(
+            zip(
+                recs.meta["id"].to_numpy(object)[sel].tolist(),
+                mi.to_numpy(object)[sel].tolist(),
+                strict=True,
+            )
+        )
 
     def _covers(self, known: set[str] | None, name: str, into: Mapping[str, str]) -> bool:
         """Every record a delta's replay reads is in ``known`` (``None``: the whole store is
@@ -991,10 +1151,10 @@ class LanceStore(Store):
             ``(fired, new_importance)``: the namespaces whose sum reaches ``threshold``
             (sorted), and every namespace's sum (namespaces with new records only).
         """
-        t = self._open().to_table(columns=["namespace", "importance", "last_pass",
-                                           "deleted_at"],
-                                  filter=pc.field("last_pass").is_null()
-                                  & pc.field("deleted_at").is_null())
+        t = self._open().to_table(
+            columns=["namespace", "importance", "last_pass", "deleted_at"],
+            filter=pc.field("last_pass").is_null() & pc.field("deleted_at").is_null(),
+        )
         per = t.group_by("namespace").aggregate([("importance", "sum")]).to_pandas()
         sums = dict(zip(per["namespace"], per["importance_sum"].astype(float), strict=True))
         return sorted(n for n, v in sums.items() if v >= threshold), sums
@@ -1003,22 +1163,26 @@ class LanceStore(Store):
         d = self.root / "deltas"
         if not d.exists():
             return []
-        return sorted(p.name for p in d.iterdir() if not p.name.startswith(".")
-                      and p.name.endswith((".touch.json", ".patch.json")))
+        return sorted(
+            p.name
+            for p in d.iterdir()
+            if not p.name.startswith(".") and p.name.endswith((".touch.json", ".patch.json"))
+        )
 
     def _stored(self, ids: Sequence[Any]) -> pd.DataFrame:
         wanted = sorted({i for i in ids if isinstance(i, str)})
         if not wanted:
-            return pd.DataFrame({"id": pd.Series([], dtype=object),
-                                 "pinned": pd.Series([], dtype=bool)})
+            return pd.DataFrame(
+                {"id": pd.Series([], dtype=object), "pinned": pd.Series([], dtype=bool)}
+            )
         ds = self._open()
         try:
-            t, _ = _read_table(ds, columns=["id", "pinned"],
-                               filter=pc.field("id").isin(wanted))
+            t, _ = _read_table(ds, columns=["id", "pinned"], filter=pc.field("id").isin(wanted))
         except (OSError, pa.ArrowException) as e:
             self._check_present(ds)  # names a missing file
-            raise CorruptStoreError(f"cannot read the ids of {self.dataset_path} (version "
-                                    f"{ds.version}): {e}") from e
+            raise CorruptStoreError(
+                f"cannot read the ids of {self.dataset_path} (version {ds.version}): {e}"
+            ) from e
         return t.to_pandas()
 
     # ------------------------------------------------------------ write
@@ -1040,8 +1204,9 @@ class LanceStore(Store):
             ds = self._open()
             self._check_present(ds)
             clash = set(self._stored(list(m["id"]))["id"]) if len(m) else set()
-            records = self._checked(records, dim=dim, source=f"append() to {self.root}",
-                                    existing=clash)
+            records = self._checked(
+                records, dim=dim, source=f"append() to {self.root}", existing=clash
+            )
             if not len(records):
                 return []
             normalise_vectors(records)
@@ -1050,8 +1215,7 @@ class LanceStore(Store):
             props[_P + "op"] = "append"
             table = records_to_arrow(records, self._vector_dtype(ds.schema))
             _crashpoint("lance:before_append")
-            new = _lance().write_dataset(table, ds, mode="append",
-                                         transaction_properties=props)
+            new = _lance().write_dataset(table, ds, mode="append", transaction_properties=props)
             _crashpoint("lance:after_append")
             self._record_checksums(new)
         return list(records.meta["id"])
@@ -1109,8 +1273,9 @@ class LanceStore(Store):
             ds = self._open()
             self._check_present(ds)
             props = self._unchanged_since(ds, base.version)
-            late_table, late_vecs, late_addr = self._appended_since(ds, base.version,
-                                                                    stored, part, dim)
+            late_table, late_vecs, late_addr = self._appended_since(
+                ds, base.version, stored, part, dim
+            )
             late_rows = Records.empty(dim)
             if late_table.num_rows:
                 late_rows = records_from_arrow(late_table, dim=dim, vectors=late_vecs)
@@ -1121,49 +1286,64 @@ class LanceStore(Store):
             known = None if part is None else set(final.meta["id"])
             seen = already | set(base.deltas)
             into = self._into(final) if known is not None else {}
-            late = [n for n in self._listed()
-                    if n not in seen and self._covers(known, n, into)]
+            late = [n for n in self._listed() if n not in seen and self._covers(known, n, into)]
             n_touch = 0
             for name in late:
                 final, _ = self._apply_delta(final, name, dim)
                 n_touch += 1
             if late or len(late_rows):
-                events = events + [{"op": "carried", "deltas": late,
-                                    "record_ids": late_rows.meta["id"].tolist()}]
+                events = events + [
+                    {"op": "carried", "deltas": late, "record_ids": late_rows.meta["id"].tolist()}
+                ]
             if dry_run:
                 log = self._changelog(events, ds.version + 1, dry_run=True)
-                return {"version": ds.version, "snapshot": None, "changelog": log,
-                        "carried_records": len(late_rows), "carried_touches": n_touch}
+                return {
+                    "version": ds.version,
+                    "snapshot": None,
+                    "changelog": log,
+                    "carried_records": len(late_rows),
+                    "carried_touches": n_touch,
+                }
             dtype = self.vector_dtype or self._vector_dtype(ds.schema)
             lance = _lance()
             upsert = removed = dead = None
             unique = False
             if dtype == self._vector_dtype(ds.schema):
                 stored_ids = pa.chunked_array(
-                    [*stored.ids.chunks, *late_table.column("id").chunks], pa.string())
-                got = _diff(final, [stored.frame, late_frame],
-                            [stored.vectors, late_vecs], stored_ids)
+                    [*stored.ids.chunks, *late_table.column("id").chunks], pa.string()
+                )
+                got = _diff(
+                    final, [stored.frame, late_frame], [stored.vectors, late_vecs], stored_ids
+                )
                 if got is not None:
                     (upsert, dead, removed), unique = got, True
                 else:
                     upsert, removed, dead = _changes(
                         records_to_arrow(final, dtype, with_vectors=False),
                         final.vectors.reshape(len(final), dim),
-                        pa.concat_tables([stored.arrow(), records_to_arrow(
-                            late_rows, with_vectors=False)]) if len(late_rows)
+                        pa.concat_tables(
+                            [stored.arrow(), records_to_arrow(late_rows, with_vectors=False)]
+                        )
+                        if len(late_rows)
                         else stored.arrow(),
-                        [stored.vectors.reshape(-1, dim), late_vecs])
+                        [stored.vectors.reshape(-1, dim), late_vecs],
+                    )
             # rows equal to a stored row were validated when they were read: validate the
             # rest, and the ids of all (unless the comparison proved them unique)
-            self._check_new(final if upsert is None else final.take(upsert), final, dim,
-                            ids_checked=unique)
+            self._check_new(
+                final if upsert is None else final.take(upsert), final, dim, ids_checked=unique
+            )
             if upsert is None and part is not None:
-                raise ValueError("a vector dtype conversion rewrites the whole store: run it "
-                                 "over every namespace (pass.force=true)")
+                raise ValueError(
+                    "a vector dtype conversion rewrites the whole store: run it "
+                    "over every namespace (pass.force=true)"
+                )
             folded, log, new_props = self._new_version(
-                ds, already, tuple(base.deltas) + tuple(late), events, op, pass_time_h)
-            rewrite = upsert is None or (part is None and len(upsert) + len(removed)
-                                         > REWRITE_FRACTION * max(len(final), 1))
+                ds, already, tuple(base.deltas) + tuple(late), events, op, pass_time_h
+            )
+            rewrite = upsert is None or (
+                part is None and len(upsert) + len(removed) > REWRITE_FRACTION * max(len(final), 1)
+            )
             addresses = None
             if not rewrite and stored.rowaddr is not None:
                 addresses = np.concatenate([stored.rowaddr, late_addr])[dead]
@@ -1172,12 +1352,21 @@ class LanceStore(Store):
                 if rewrite:
                     table = records_to_arrow(final, dtype)
                     written, deleted = len(final), len(removed or [])
-                    new = lance.write_dataset(table, ds, mode="overwrite",
-                                              max_rows_per_file=ROWS_PER_FRAGMENT,
-                                              transaction_properties=new_props)
+                    new = lance.write_dataset(
+                        table,
+                        ds,
+                        mode="overwrite",
+                        max_rows_per_file=ROWS_PER_FRAGMENT,
+                        transaction_properties=new_props,
+                    )
                 else:
-                    new = self._upsert(ds, records_to_arrow(final.take(upsert), dtype),
-                                       removed, new_props, addresses=addresses)
+                    new = self._upsert(
+                        ds,
+                        records_to_arrow(final.take(upsert), dtype),
+                        removed,
+                        new_props,
+                        addresses=addresses,
+                    )
                     written, deleted = len(upsert), len(removed)
             except BaseException:
                 self._drop_changelog(log, ds)
@@ -1187,10 +1376,16 @@ class LanceStore(Store):
             _crashpoint("lance:after_commit")
             self._record_checksums(self._open())
         self._cleanup_deltas(folded)
-        return {"version": new.version, "snapshot": f"{DATASET}@{new.version}",
-                "changelog": log, "carried_records": len(late_rows),
-                "carried_touches": n_touch, "rows_written": written, "rows_deleted": deleted,
-                "rewrite": rewrite}
+        return {
+            "version": new.version,
+            "snapshot": f"{DATASET}@{new.version}",
+            "changelog": log,
+            "carried_records": len(late_rows),
+            "carried_touches": n_touch,
+            "rows_written": written,
+            "rows_deleted": deleted,
+            "rewrite": rewrite,
+        }
 
     def _drop_changelog(self, log: str, ds: Any) -> None:
         """A commit failed (a full disk, a read-only file system): remove the changelog it
@@ -1207,22 +1402,31 @@ class LanceStore(Store):
             ConcurrentCommitError: one did."""
         props = self._props(ds)
         if props.get(_P + "changelog") != self._props(self._open(base_version)).get(
-                _P + "changelog"):
+            _P + "changelog"
+        ):
             raise ConcurrentCommitError(
                 f"{self.root}: another pass or undo committed since version "
-                f"{base_version} was read (now at {ds.version}); rerun the pass")
+                f"{base_version} was read (now at {ds.version}); rerun the pass"
+            )
         return props
 
-    def _appended_since(self, ds: Any, base_version: int, stored: _Stored,
-                        namespaces: Sequence[str] | None, dim: int
-                        ) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    def _appended_since(
+        self,
+        ds: Any,
+        base_version: int,
+        stored: _Stored,
+        namespaces: Sequence[str] | None,
+        dim: int,
+    ) -> tuple[pa.Table, np.ndarray, np.ndarray]:
         """The rows appended to ``ds`` (the newest version) since ``base_version`` was read
         into ``stored``, in ``namespaces`` (all when ``None``), as :func:`_scan` returns
         them. Only fragments that ``base_version`` does not hold are read (appends add
         fragments; rows a compaction moved into new fragments are recognised by id)."""
-        empty = (records_to_arrow(Records.empty(dim), with_vectors=False),
-                 np.zeros((0, dim), np.float32),
-                 np.zeros(0, np.uint64))
+        empty = (
+            records_to_arrow(Records.empty(dim), with_vectors=False),
+            np.zeros((0, dim), np.float32),
+            np.zeros(0, np.uint64),
+        )
         try:
             had = {f.fragment_id for f in self._open(base_version).get_fragments()}
         except Exception:  # noqa: BLE001 - a version no longer kept: read every fragment
@@ -1230,8 +1434,11 @@ class LanceStore(Store):
         newer = [f for f in ds.get_fragments() if f.fragment_id not in had]
         if not newer:
             return empty
-        scope = (None if namespaces is None
-                 else pc.field("namespace").isin(pa.array(namespaces, pa.string())))
+        scope = (
+            None
+            if namespaces is None
+            else pc.field("namespace").isin(pa.array(namespaces, pa.string()))
+        )
         ids = _read_table(ds, columns=["id"], filter=scope, fragments=newer)[0].column("id")
         if not len(ids):
             return empty
@@ -1242,26 +1449,32 @@ class LanceStore(Store):
             return empty
         return _scan(ds, pc.field("id").isin(appended), dim)
 
-    def _check_new(self, changed: Records, every: Records, dim: int, *,
-                   ids_checked: bool = False) -> None:
+    def _check_new(
+        self, changed: Records, every: Records, dim: int, *, ids_checked: bool = False
+    ) -> None:
         """Validate the rows a commit writes (``changed``) and the uniqueness of the ids of
         ``every`` row it leaves (unless ``ids_checked``: the caller proved them unique).
 
         Raises:
             InvalidRecordsError: nothing is written."""
-        problems = validate(changed, dim=dim,
-                            future_tolerance_h=READ_SKEW * self.future_tolerance_h)
-        dup = ([] if ids_checked
-               else every.meta["id"][every.meta["id"].duplicated()].tolist())
+        problems = validate(
+            changed, dim=dim, future_tolerance_h=READ_SKEW * self.future_tolerance_h
+        )
+        dup = [] if ids_checked else every.meta["id"][every.meta["id"].duplicated()].tolist()
         if dup:
             problems.append(Problem("duplicate id", [], dup[:20]))
         if problems:
-            raise InvalidRecordsError(f"the new version of {self.root} (nothing written)",
-                                      problems)
+            raise InvalidRecordsError(f"the new version of {self.root} (nothing written)", problems)
 
-    def _new_version(self, ds: Any, already: set[str], folded: tuple[str, ...],
-                     events: list[dict[str, Any]], op: str, pass_time_h: float | None
-                     ) -> tuple[tuple[str, ...], str, dict[str, str]]:
+    def _new_version(
+        self,
+        ds: Any,
+        already: set[str],
+        folded: tuple[str, ...],
+        events: list[dict[str, Any]],
+        op: str,
+        pass_time_h: float | None,
+    ) -> tuple[tuple[str, ...], str, dict[str, str]]:
         """Write the changelog of the version after ``ds`` and return ``(folded, changelog
         name, transaction properties)``; ``folded`` adds the deltas an earlier commit folded
         whose removal did not finish (so they are never applied twice)."""
@@ -1271,12 +1484,20 @@ class LanceStore(Store):
         _crashpoint("lance:after_changelog")
         last = pass_time_h if pass_time_h is not None else hours_now()
         props = self._new_props(op, folded, log, last)
-        props[_P + "summary"] = json.dumps(dict(Counter(str(e.get("op")) for e in events)),
-                                           sort_keys=True)
+        props[_P + "summary"] = json.dumps(
+            dict(Counter(str(e.get("op")) for e in events)), sort_keys=True
+        )
         return folded, log, props
 
-    def _upsert(self, ds: Any, table: pa.Table, removed: Sequence[str],
-                props: dict[str, str], *, addresses: np.ndarray | None = None) -> Any:
+    def _upsert(
+        self,
+        ds: Any,
+        table: pa.Table,
+        removed: Sequence[str],
+        props: dict[str, str],
+        *,
+        addresses: np.ndarray | None = None,
+    ) -> Any:
         """Commit ``table`` (rows upserted on ``id``) and the deletion of the ids
         ``removed`` as one Lance version on top of ``ds`` carrying ``props``.
 
@@ -1304,21 +1525,27 @@ class LanceStore(Store):
         if addresses is None:
             ids = table.column("id")
             if removed:
-                ids = pa.concat_arrays([ids.combine_chunks()
-                                        if isinstance(ids, pa.ChunkedArray) else ids,
-                                        pa.array(list(removed), pa.string())])
+                ids = pa.concat_arrays(
+                    [
+                        ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids,
+                        pa.array(list(removed), pa.string()),
+                    ]
+                )
             addresses = np.zeros(0, np.uint64)
             if len(ids):
-                hit, _ = _read_table(ds, columns=["id"], filter=pc.field("id").isin(ids),
-                                     with_row_address=True)
+                hit, _ = _read_table(
+                    ds, columns=["id"], filter=pc.field("id").isin(ids), with_row_address=True
+                )
                 if hit.num_rows != pc.count_distinct(hit.column("id")).as_py() or (
-                        expected is not None and hit.num_rows != expected):
+                    expected is not None and hit.num_rows != expected
+                ):
                     # an id stored twice (a copy quarantined at load): by id alone the
                     # commit cannot tell the copy it keeps from the one it drops
                     raise ConcurrentCommitError(
                         f"{self.root}: the rows this commit replaces were moved since they "
                         f"were read (a compaction) and an id among them is stored more than "
-                        f"once; nothing written: rerun the pass")
+                        f"once; nothing written: rerun the pass"
+                    )
                 addresses = hit.column("_rowaddr").to_numpy()
         return commit_update(str(self.dataset_path), ds, table, addresses, props)
 
@@ -1352,30 +1579,47 @@ class LanceStore(Store):
             if not all(isinstance(i, str) for i in ids):
                 raise TypeError("ids are not strings")
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise CorruptStoreError(f"cannot read delta {path}: {e}; move it out of the "
-                                    f"folder to go on without it") from e
+            raise CorruptStoreError(
+                f"cannot read delta {path}: {e}; move it out of the folder to go on without it"
+            ) from e
         return ids
 
-    def read_rows(self, version: int, namespaces: Sequence[str] | None = None,
-                  columns: Sequence[str] | None = None) -> pa.Table:
+    def read_rows(
+        self,
+        version: int,
+        namespaces: Sequence[str] | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
         """The stored rows of ``version`` (all columns unless ``columns``), of the
         ``namespaces`` given or of all; pending deltas are not applied.
 
         Raises:
             CorruptStoreError: the version is not retained or a file cannot be read."""
         ds = self._open(version)
-        flt = (None if namespaces is None
-               else pc.field("namespace").isin(pa.array(sorted(namespaces), pa.string())))
+        flt = (
+            None
+            if namespaces is None
+            else pc.field("namespace").isin(pa.array(sorted(namespaces), pa.string()))
+        )
         try:
-            return _read_table(ds, columns=None if columns is None else list(columns),
-                               filter=flt)[0]
+            return _read_table(ds, columns=None if columns is None else list(columns), filter=flt)[
+                0
+            ]
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
             self._check_present(ds)
-            raise CorruptStoreError(f"cannot read {self.dataset_path} (version {version}): "
-                                    f"{e}") from e
+            raise CorruptStoreError(
+                f"cannot read {self.dataset_path} (version {version}): {e}"
+            ) from e
 
-    def shard_snapshot(self, table: pa.Table, *, version: int, namespaces: Sequence[str],
-                       deltas: Sequence[str], validate_records: bool = True) -> Snapshot:
+    def shard_snapshot(
+        self,
+        table: pa.Table,
+        *,
+        version: int,
+        namespaces: Sequence[str],
+        deltas: Sequence[str],
+        validate_records: bool = True,
+    ) -> Snapshot:
         """A snapshot of one shard of namespaces from rows :meth:`read_rows` returned:
         the rows decoded and validated, with the given pending deltas applied (the plan
         puts every namespace a delta's replay reads into its shard; ids it names that are
@@ -1394,12 +1638,21 @@ class LanceStore(Store):
         marker = self._marker()
         props = self._props(self._open(version))
         names = sorted({str(n) for n in namespaces})
-        source = (f"{self.dataset_path} (version {version}), namespaces "
-                  f"{names[:3]}{'...' if len(names) > 3 else ''}")
-        return self._rows_snapshot([(table, None, None)], version=version,
-                                   dim=marker["dim"], props=props,
-                                   deltas=list(deltas), validate_records=validate_records,
-                                   source=source, namespaces=names, apply_all=True)
+        source = (
+            f"{self.dataset_path} (version {version}), namespaces "
+            f"{names[:3]}{'...' if len(names) > 3 else ''}"
+        )
+        return self._rows_snapshot(
+            [(table, None, None)],
+            version=version,
+            dim=marker["dim"],
+            props=props,
+            deltas=list(deltas),
+            validate_records=validate_records,
+            source=source,
+            namespaces=names,
+            apply_all=True,
+        )
 
     def changes(self, records: Records, base: Snapshot) -> tuple[pa.Table, list[str]]:
         """What a commit of ``records`` over ``base`` would write: the rows (all columns, in
@@ -1417,15 +1670,26 @@ class LanceStore(Store):
         if got is not None:
             rows, _, removed = got
         else:
-            rows, removed, _ = _changes(records_to_arrow(records, dtype, with_vectors=False),
-                                        records.vectors.reshape(len(records), dim),
-                                        stored.arrow(), [stored.vectors.reshape(-1, dim)])
+            rows, removed, _ = _changes(
+                records_to_arrow(records, dtype, with_vectors=False),
+                records.vectors.reshape(len(records), dim),
+                stored.arrow(),
+                [stored.vectors.reshape(-1, dim)],
+            )
         return records_to_arrow(records.take(rows), dtype), removed
 
-    def commit_changes(self, upsert: pa.Table, removed: Sequence[str],
-                       events: list[dict[str, Any]], *, base_version: int,
-                       folded: Sequence[str], namespaces: Sequence[str] | None,
-                       pass_time_h: float | None = None, op: str = "pass") -> dict[str, Any]:
+    def commit_changes(
+        self,
+        upsert: pa.Table,
+        removed: Sequence[str],
+        events: list[dict[str, Any]],
+        *,
+        base_version: int,
+        folded: Sequence[str],
+        namespaces: Sequence[str] | None,
+        pass_time_h: float | None = None,
+        op: str = "pass",
+    ) -> dict[str, Any]:
         """Commit the changes of a pass run in shards (:meth:`changes` of each) as one new
         version: ``upsert`` rows upserted on ``id`` and ``removed`` ids deleted, in one
         Lance ``Update`` transaction (:meth:`_upsert`). Must be called while holding
@@ -1462,25 +1726,36 @@ class LanceStore(Store):
             self._check_present(ds)
             props = self._unchanged_since(ds, base_version)
             recs = records_from_arrow(upsert, dim=dim)
-            if namespaces is not None and not recs.meta["namespace"].isin(
-                    list(namespaces)).all():
+            if namespaces is not None and not recs.meta["namespace"].isin(list(namespaces)).all():
                 raise ValueError("commit_changes(): rows outside the namespaces read")
             self._check_new(recs, recs, dim)
             all_folded, log, new_props = self._new_version(
-                ds, set(self._folded(props)), tuple(folded), events, op, pass_time_h)
+                ds, set(self._folded(props)), tuple(folded), events, op, pass_time_h
+            )
             _crashpoint("lance:before_commit")
             try:
-                new = self._upsert(ds, records_to_arrow(recs, self._vector_dtype(ds.schema)),
-                                   list(removed), new_props)
+                new = self._upsert(
+                    ds,
+                    records_to_arrow(recs, self._vector_dtype(ds.schema)),
+                    list(removed),
+                    new_props,
+                )
             except BaseException:
                 self._drop_changelog(log, ds)
                 raise
             _crashpoint("lance:after_commit")
             self._record_checksums(self._open())
         self._cleanup_deltas(all_folded)
-        return {"version": new.version, "snapshot": f"{DATASET}@{new.version}",
-                "changelog": log, "carried_records": 0, "carried_touches": 0,
-                "rows_written": len(recs), "rows_deleted": len(removed), "rewrite": False}
+        return {
+            "version": new.version,
+            "snapshot": f"{DATASET}@{new.version}",
+            "changelog": log,
+            "carried_records": 0,
+            "carried_touches": 0,
+            "rows_written": len(recs),
+            "rows_deleted": len(removed),
+            "rewrite": False,
+        }
 
     def _cleanup_deltas(self, folded: Iterable[str]) -> None:
         d = self.root / "deltas"
@@ -1503,8 +1778,7 @@ class LanceStore(Store):
         b = ds.merge_insert("id").when_matched_update_all()
         txn, _ = b.execute_uncommitted(ds.to_table(limit=0))
         txn.transaction_properties = {**props, _P + "op": "compact"}
-        return _lance().LanceDataset.commit(str(self.dataset_path), txn,
-                                            read_version=ds.version)
+        return _lance().LanceDataset.commit(str(self.dataset_path), txn, read_version=ds.version)
 
     def cleanup(self, *, compact: bool = True) -> dict[str, Any]:
         """Compact small fragments (when more than :data:`COMPACT_AFTER` are below
@@ -1537,13 +1811,11 @@ class LanceStore(Store):
             old = [v["version"] for v in ds.versions() if v["version"] < keep_from]
             if old:
                 age = dt.timedelta(hours=self.retention_h)
-                stats = ds.cleanup_old_versions(older_than=age, retain_versions=
-                                                self.keep_snapshots)
+                stats = ds.cleanup_old_versions(older_than=age, retain_versions=self.keep_snapshots)
                 out["removed_versions"] = int(getattr(stats, "old_versions", 0))
                 out["bytes_removed"] = int(getattr(stats, "bytes_removed", 0))
                 self._record_checksums(ds, prune=True)  # forgets the removed files
         return out
-
 
     def reindex(self) -> dict[str, Any]:
         """Rebuild the scalar indexes (``id`` and ``namespace``, :func:`_index`) over every
@@ -1565,8 +1837,9 @@ class LanceStore(Store):
         return {"version": ds.version, "indexes": ["id", "namespace"]}
 
 
-def commit_update(uri: str, ds: Any, table: pa.Table, addresses: np.ndarray,
-                  props: dict[str, str] | None = None) -> Any:
+def commit_update(
+    uri: str, ds: Any, table: pa.Table, addresses: np.ndarray, props: dict[str, str] | None = None
+) -> Any:
     """One Lance ``Update`` transaction on top of ``ds`` (the version read): the rows at
     ``addresses`` marked deleted in the fragments that hold them (deletion files) and the
     rows of ``table`` written as new fragments. Its cost follows the rows changed; one step
@@ -1597,18 +1870,29 @@ def commit_update(uri: str, ds: Any, table: pa.Table, addresses: np.ndarray,
         for f, a, b in zip(frags.tolist(), starts.tolist(), ends.tolist(), strict=True):
             meta = ds.get_fragment(int(f)).delete_rows(offsets[a:b].tolist())
             (gone.append(int(f)) if meta is None else updated.append(meta))
-    new = (lance.fragment.write_fragments(table, ds, max_rows_per_file=ROWS_PER_FRAGMENT)
-           if table.num_rows else [])
+    new = (
+        lance.fragment.write_fragments(table, ds, max_rows_per_file=ROWS_PER_FRAGMENT)
+        if table.num_rows
+        else []
+    )
     _crashpoint("lance:after_fragments")  # files written, not yet in any version
-    op = lance.LanceOperation.Update(removed_fragment_ids=gone, updated_fragments=updated,
-                                     new_fragments=new)
-    txn = lance.Transaction(read_version=ds.version, operation=op,
-                            transaction_properties=props or {})
+    op = lance.LanceOperation.Update(
+        removed_fragment_ids=gone, updated_fragments=updated, new_fragments=new
+    )
+    txn = lance.Transaction(
+        read_version=ds.version, operation=op, transaction_properties=props or {}
+    )
     return lance.LanceDataset.commit(uri, txn, read_version=ds.version)
 
 
-def write_records_file(recs: Records, path: str | os.PathLike, dtype: str = "fp32", *,
-                       extra: pd.DataFrame | None = None, suffix: str | None = None) -> None:
+def write_records_file(
+    recs: Records,
+    path: str | os.PathLike,
+    dtype: str = "fp32",
+    *,
+    extra: pd.DataFrame | None = None,
+    suffix: str | None = None,
+) -> None:
     """Write ``recs`` (every record, tombstones included) to ``path``: ``.parquet`` (the
     store's Arrow schema, vectors in ``dtype``), ``.jsonl`` (one JSON object a line; times
     ISO 8601 UTC, vectors as float lists, each float written exactly) or ``.csv`` (as JSONL,
@@ -1632,19 +1916,21 @@ def write_records_file(recs: Records, path: str | os.PathLike, dtype: str = "fp3
     suffix = suffix or path.suffix
     if suffix not in (".parquet", ".jsonl", ".csv"):
         raise ValueError(f"{path} must end in .parquet, .jsonl or .csv")
-    aligned = (None if extra is None or not len(extra.columns)
-               else extra.reindex(recs.meta["id"].to_numpy()))
+    aligned = (
+        None
+        if extra is None or not len(extra.columns)
+        else extra.reindex(recs.meta["id"].to_numpy())
+    )
     if suffix == ".parquet":
         table = records_to_arrow(recs, dtype)
-        for c in ([] if aligned is None else aligned.columns):
+        for c in [] if aligned is None else aligned.columns:
             if c not in table.column_names:
-                table = table.append_column(str(c), pa.array(aligned[c].tolist(),
-                                                             from_pandas=True))
+                table = table.append_column(str(c), pa.array(aligned[c].tolist(), from_pandas=True))
         _write_atomic(path, lambda p: pq.write_table(table, p))
         return
     df = records_to_arrow(recs, dtype, with_vectors=False).to_pandas()
     df.insert(3, "vector", list(recs.vectors.astype(np.float64)))
-    for c in ([] if aligned is None else aligned.columns):
+    for c in [] if aligned is None else aligned.columns:
         if c not in df.columns:
             df[c] = aligned[c].to_numpy(object)
     for c in df.columns:  # times as ISO 8601 UTC (microseconds, as stored)
@@ -1656,14 +1942,14 @@ def write_records_file(recs: Records, path: str | os.PathLike, dtype: str = "fp3
         _write_atomic(path, lambda p: _write_table_jsonl(df, p))
         return
     for c in ("vector", "source_ids", "keep_apart", "derived_from"):
-        df[c] = [json.dumps([float(x) for x in v] if c == "vector" else list(v))
-                 for v in df[c]]
+        df[c] = [json.dumps([float(x) for x in v] if c == "vector" else list(v)) for v in df[c]]
     # every cell quoted: a text with a bare carriage return reads back whole
     _write_atomic(path, lambda p: df.to_csv(p, index=False, quoting=csv.QUOTE_ALL))
 
 
 def _write_table_jsonl(df: pd.DataFrame, path: Path) -> None:
     """``df`` as JSON lines: NaN and None as null, arrays as lists, floats exact."""
+
     def plain(v: Any) -> Any:
         if isinstance(v, np.ndarray):
             return v.tolist()
@@ -1678,12 +1964,17 @@ def _write_table_jsonl(df: pd.DataFrame, path: Path) -> None:
     cols = list(df.columns)
     with open(path, "w", encoding="utf-8") as f:
         for row in df.itertuples(index=False, name=None):
-            f.write(json.dumps({c: plain(v) for c, v in zip(cols, row, strict=True)},
-                               ensure_ascii=False) + "\n")
+            f.write(
+                json.dumps(
+                    {c: plain(v) for c, v in zip(cols, row, strict=True)}, ensure_ascii=False
+                )
+                + "\n"
+            )
 
 
-def _read_error(e: BaseException, source: str, checker: threading.Thread | None,
-                check: dict[str, Any]) -> BaseException:
+def _read_error(
+    e: BaseException, source: str, checker: threading.Thread | None, check: dict[str, Any]
+) -> BaseException:
     """The error to raise when reading ``source`` failed with ``e``: the checksum thread's
     error if it found one (it names the damaged file), else a :class:`CorruptStoreError`."""
     if checker is not None:
@@ -1742,8 +2033,7 @@ def _same(a: pa.Array, b: pa.Array) -> pa.Array:
         same_len = pc.fill_null(pc.equal(la, lb), False)
         ja = pc.binary_join(a, "\x1f")
         jb = pc.binary_join(b, "\x1f")
-        return pc.and_(pc.or_(same_len, pc.and_(pc.is_null(a), pc.is_null(b))),
-                       _same(ja, jb))
+        return pc.and_(pc.or_(same_len, pc.and_(pc.is_null(a), pc.is_null(b))), _same(ja, jb))
     eq = pc.fill_null(pc.equal(a, b), False)
     both = pc.and_(pc.is_null(a), pc.is_null(b))
     if pa.types.is_floating(a.type):
@@ -1751,8 +2041,13 @@ def _same(a: pa.Array, b: pa.Array) -> pa.Array:
     return pc.or_(eq, both)
 
 
-def _vector_diff(final_vecs: np.ndarray, have: np.ndarray, sp: np.ndarray,
-                 parts: Sequence[np.ndarray], chunk: int = 65536) -> np.ndarray:
+def _vector_diff(
+    final_vecs: np.ndarray,
+    have: np.ndarray,
+    sp: np.ndarray,
+    parts: Sequence[np.ndarray],
+    chunk: int = 65536,
+) -> np.ndarray:
     """``bool [len(have)]``: whether row ``have[i]`` of ``final_vecs`` differs in any
     component from stored row ``sp[i]``, the stored vectors given in ``parts`` (``(m_k, d)``
     float32 each, stored rows in order).
@@ -1776,18 +2071,19 @@ def _vector_diff(final_vecs: np.ndarray, have: np.ndarray, sp: np.ndarray,
             for s in range(s0, e0, chunk):
                 k = min(chunk, e0 - s)
                 r0, a0 = int(have[s]), int(sp[s]) - int(bounds[q])
-                f, v = final_vecs[r0:r0 + k], parts[q][a0:a0 + k]
-                if (f.__array_interface__["data"][0] != v.__array_interface__["data"][0]
-                        or f.strides != v.strides):  # the very same memory needs no compare
-                    diff[s:s + k] = np.any(f != v, axis=1)
+                f, v = final_vecs[r0 : r0 + k], parts[q][a0 : a0 + k]
+                if (
+                    f.__array_interface__["data"][0] != v.__array_interface__["data"][0]
+                    or f.strides != v.strides
+                ):  # the very same memory needs no compare
+                    diff[s : s + k] = np.any(f != v, axis=1)
         return diff
     for s in range(0, len(have), chunk):
-        rows, at, pt = have[s:s + chunk], sp[s:s + chunk], part[s:s + chunk]
+        rows, at, pt = have[s : s + chunk], sp[s : s + chunk], part[s : s + chunk]
         for q, vecs in enumerate(parts):
             sel = np.flatnonzero(pt == q)
             if len(sel):
-                diff[s + sel] = np.any(final_vecs[rows[sel]] != vecs[at[sel] - bounds[q]],
-                                       axis=1)
+                diff[s + sel] = np.any(final_vecs[rows[sel]] != vecs[at[sel] - bounds[q]], axis=1)
     return diff
 
 
@@ -1814,9 +2110,12 @@ def _column_equal(a: np.ndarray, b: np.ndarray, kind: str) -> np.ndarray:
     return eq
 
 
-def _diff(final: Records, frames: Sequence[pd.DataFrame], vectors: Sequence[np.ndarray],
-          stored_ids: pa.ChunkedArray
-          ) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
+def _diff(
+    final: Records,
+    frames: Sequence[pd.DataFrame],
+    vectors: Sequence[np.ndarray],
+    stored_ids: pa.ChunkedArray,
+) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
     """Which rows of the new records differ from the stored rows, compared as decoded
     (the columns the load produced, kept in ``frames``), with row matching taken from
     ``final.origin`` (or, without it, from new records that begin with the stored rows in
@@ -1841,8 +2140,11 @@ def _diff(final: Records, frames: Sequence[pd.DataFrame], vectors: Sequence[np.n
     m, n = sum(len(f) for f in frames), len(final)
 
     def col(c: str) -> np.ndarray:
-        return (frames[0][c].to_numpy() if len(frames) == 1 or not len(frames[1])
-                else np.concatenate([f[c].to_numpy() for f in frames]))
+        return (
+            frames[0][c].to_numpy()
+            if len(frames) == 1 or not len(frames[1])
+            else np.concatenate([f[c].to_numpy() for f in frames])
+        )
 
     f_ids, s_ids = final.meta["id"].to_numpy(object), col("id")
     o = final.origin
@@ -1868,27 +2170,35 @@ def _diff(final: Records, frames: Sequence[pd.DataFrame], vectors: Sequence[np.n
             nid = pa.array(new_ids, pa.string())
         except (pa.ArrowException, TypeError, ValueError):
             return None
-        if (nid.null_count or pd.Series(new_ids).duplicated().any()
-                or pc.any(pc.is_in(stored_ids, value_set=nid)).as_py()):
+        if (
+            nid.null_count
+            or pd.Series(new_ids).duplicated().any()
+            or pc.any(pc.is_in(stored_ids, value_set=nid)).as_py()
+        ):
             return None  # a repeated, missing or stored id: the Arrow path decides
     k = len(have)
     # both exactly 0..k-1 (have is increasing by construction; sp must be too)
-    straight = (k > 0 and increasing and int(have[-1]) == k - 1 and int(sp[0]) == 0
-                and int(sp[-1]) == k - 1)
+    straight = (
+        k > 0 and increasing and int(have[-1]) == k - 1 and int(sp[0]) == 0 and int(sp[-1]) == k - 1
+    )
     same = np.ones(k, bool)
     try:
         for c, kind in COLUMNS.items():
             if c == "id":
                 continue
             a, b = final.meta[c].to_numpy(), col(c)
-            same &= (_column_equal(a[:k], b[:k], kind) if straight
-                     else _column_equal(a[have], b[sp], kind))
+            same &= (
+                _column_equal(a[:k], b[:k], kind)
+                if straight
+                else _column_equal(a[have], b[sp], kind)
+            )
     except (TypeError, ValueError, KeyError, Warning):
         return None
     diff = ~same
     d = final.dim
-    diff |= _vector_diff(final.vectors.reshape(n, d), have, sp,
-                         [v.reshape(len(v), d) for v in vectors])
+    diff |= _vector_diff(
+        final.vectors.reshape(n, d), have, sp, [v.reshape(len(v), d) for v in vectors]
+    )
     kept = np.zeros(m, bool)
     kept[sp] = True
     gone = np.flatnonzero(~kept)
@@ -1897,9 +2207,13 @@ def _diff(final: Records, frames: Sequence[pd.DataFrame], vectors: Sequence[np.n
     return upsert, dead, s_ids[gone].tolist()
 
 
-def _changes(final_meta: pa.Table, final_vecs: np.ndarray, stored_meta: pa.Table,
-             stored_vecs: Sequence[np.ndarray], chunk: int = 65536
-             ) -> tuple[np.ndarray, list[str], np.ndarray]:
+def _changes(
+    final_meta: pa.Table,
+    final_vecs: np.ndarray,
+    stored_meta: pa.Table,
+    stored_vecs: Sequence[np.ndarray],
+    chunk: int = 65536,
+) -> tuple[np.ndarray, list[str], np.ndarray]:
     """Which rows of the new records differ from the stored rows, and which stored ids are
     gone, compared as Arrow columns (a hash join over the ids where the rows do not line
     up); every comparison is an array operation (Arrow kernels, NumPy blocks).
@@ -1954,8 +2268,7 @@ def _changes(final_meta: pa.Table, final_vecs: np.ndarray, stored_meta: pa.Table
         return upsert, [], np.sort(sp[diff])
     gone = np.ones(m, dtype=bool)
     gone[sp] = False
-    return upsert, sid[gone].tolist(), np.sort(np.concatenate([sp[diff],
-                                                               np.flatnonzero(gone)]))
+    return upsert, sid[gone].tolist(), np.sort(np.concatenate([sp[diff], np.flatnonzero(gone)]))
 
 
 def convert(src: Store, dst: LanceStore) -> dict[str, Any]:
@@ -1973,8 +2286,5 @@ def convert(src: Store, dst: LanceStore) -> dict[str, Any]:
         if not len(snap.records):
             raise ValueError(f"{src.root} holds no records to convert")
         dst.vector_dtype = dst.vector_dtype or src.head().vector_dtype
-        out = dst.create(snap.records, source=f"convert from {src.root} (version "
-                                                f"{snap.version})")
-    return {"records": len(out.records), "version": out.version,
-            "source_version": snap.version}
-
+        out = dst.create(snap.records, source=f"convert from {src.root} (version {snap.version})")
+    return {"records": len(out.records), "version": out.version, "source_version": snap.version}

@@ -23,8 +23,15 @@ from ..config import ImportanceConfig
 from ..text import _date_terms, _numbers, content_tokens
 from .schema import Records, records_from_rows
 
-__all__ = ["LocomoObservation", "ImportReport", "read_locomo_observations",
-           "heuristic_importance", "parse_session_time", "parse_evidence", "locomo_records"]
+__all__ = [
+    "LocomoObservation",
+    "ImportReport",
+    "read_locomo_observations",
+    "heuristic_importance",
+    "parse_session_time",
+    "parse_evidence",
+    "locomo_records",
+]
 
 _EVID = re.compile(r"^D\d+:\d+$")
 _SESSION_OBS = re.compile(r"^session_(\d+)_observation$")
@@ -64,8 +71,12 @@ def parse_session_time(s: str) -> datetime:
         ValueError: no known format matches.
     """
     s = " ".join(s.replace(",", ", ").split()).replace(" ,", ",")
-    for fmt in ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y", "%I:%M %p on %B %d, %Y",
-                "%I:%M%p on %d %B, %Y"):
+    for fmt in (
+        "%I:%M %p on %d %B, %Y",
+        "%I:%M %p on %d %b, %Y",
+        "%I:%M %p on %B %d, %Y",
+        "%I:%M%p on %d %B, %Y",
+    ):
         try:
             return datetime.strptime(s, fmt).replace(tzinfo=timezone.utc)
         except ValueError:
@@ -152,10 +163,14 @@ def read_locomo_observations(
     for ci, conv in enumerate(data[:conversations]):
         sid = conv.get("sample_id") if isinstance(conv, dict) else None
         where = f"{path}: conversation #{ci} ({sid!r})"
-        if not isinstance(sid, str) or not isinstance(conv.get("observation"), dict) \
-                or not isinstance(conv.get("conversation"), dict):
-            raise ValueError(f"{where}: needs a string sample_id and dicts 'conversation' "
-                             f"and 'observation'")
+        if (
+            not isinstance(sid, str)
+            or not isinstance(conv.get("observation"), dict)
+            or not isinstance(conv.get("conversation"), dict)
+        ):
+            raise ValueError(
+                f"{where}: needs a string sample_id and dicts 'conversation' and 'observation'"
+            )
         report.conversations += 1
         sessions = sorted(
             (int(m.group(1)), k) for k in conv["observation"] if (m := _SESSION_OBS.match(k))
@@ -183,8 +198,12 @@ def read_locomo_observations(
                     raise ValueError(f"{where}: {key}/{speaker} is not a list of observations")
                 for k, item in enumerate(items):
                     rid = f"{sid}/{speaker}/s{num}/{k}"
-                    ok = (isinstance(item, list) and 1 <= len(item) <= 2
-                          and isinstance(item[0], str) and item[0].strip())
+                    ok = (
+                        isinstance(item, list)
+                        and 1 <= len(item) <= 2
+                        and isinstance(item[0], str)
+                        and item[0].strip()
+                    )
                     if not ok:
                         report.malformed_items.append({"id": rid, "item": repr(item)[:200]})
                         continue
@@ -192,14 +211,19 @@ def read_locomo_observations(
                     good, bad = parse_evidence(evid) if evid is not None else ([], [])
                     if bad or not good:
                         report.malformed_evidence.append({"id": rid, "evidence": evid})
-                    out.append(LocomoObservation(rid, f"{sid}/{speaker}", text, good + bad, t_h,
-                                                 sid, str(speaker), num))
+                    out.append(
+                        LocomoObservation(
+                            rid, f"{sid}/{speaker}", text, good + bad, t_h, sid, str(speaker), num
+                        )
+                    )
     report.observations = len(out)
     return out, report
 
 
 def locomo_records(
-    path: str | Path, embedder: Any, importance: ImportanceConfig | None = None,
+    path: str | Path,
+    embedder: Any,
+    importance: ImportanceConfig | None = None,
     conversations: int | None = None,
 ) -> tuple[Records, ImportReport]:
     """Observations -> embedded :class:`Records` (created_at = last_used = session time).
@@ -214,16 +238,27 @@ def locomo_records(
     obs, report = read_locomo_observations(path, conversations)
     vecs = embedder.encode([o.text for o in obs])
     rows = [
-        {"id": o.id, "namespace": o.namespace, "text": o.text, "vector": vecs[k],
-         "importance": heuristic_importance(o.text, importance), "created_at": o.time_h,
-         "last_used": o.time_h, "source_ids": o.source_ids}
+        {
+            "id": o.id,
+            "namespace": o.namespace,
+            "text": o.text,
+            "vector": vecs[k],
+            "importance": heuristic_importance(o.text, importance),
+            "created_at": o.time_h,
+            "last_used": o.time_h,
+            "source_ids": o.source_ids,
+        }
         for k, o in enumerate(obs)
     ]
     return records_from_rows(rows, dim=int(vecs.shape[1]) if len(obs) else embedder.dim), report
 
 
-def read_locomo_turns(path: str | Path, conversations: int | None = None,
-                      sessions: int | None = None, max_turns: int | None = None) -> list[Any]:
+def read_locomo_turns(
+    path: str | Path,
+    conversations: int | None = None,
+    sessions: int | None = None,
+    max_turns: int | None = None,
+) -> list[Any]:
     """LOCOMO dialogue turns as :class:`~consolidate.llm.extract.Turn` (id = dia_id prefixed
     by the conversation, namespace = ``<sample_id>/<speaker>``, time = the session's time).
 
@@ -248,9 +283,16 @@ def read_locomo_turns(path: str | Path, conversations: int | None = None,
             except (KeyError, ValueError) as e:
                 raise ValueError(f"{path}: {sid} session {num}: {e}") from e
             for turn in c[f"session_{num}"]:
-                out.append(Turn(f"{sid}/{turn['dia_id']}", f"{sid}/{turn['speaker']}",
-                                turn["speaker"], str(turn.get("text", "")), t_h,
-                                source="user"))  # both LOCOMO speakers are people
+                out.append(
+                    Turn(
+                        f"{sid}/{turn['dia_id']}",
+                        f"{sid}/{turn['speaker']}",
+                        turn["speaker"],
+                        str(turn.get("text", "")),
+                        t_h,
+                        source="user",
+                    )
+                )  # both LOCOMO speakers are people
                 if max_turns is not None and len(out) >= max_turns:
                     return out
     return out

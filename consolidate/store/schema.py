@@ -112,8 +112,11 @@ class Records:
             self.meta = self.meta.reset_index(drop=True)
         if self.origin is not None:
             o = np.asarray(self.origin)
-            self.origin = (o.astype(np.int64, copy=False)
-                           if o.shape == (len(self.meta),) and o.dtype.kind in "iu" else None)
+            self.origin = (
+                o.astype(np.int64, copy=False)
+                if o.shape == (len(self.meta),) and o.dtype.kind in "iu"
+                else None
+            )
 
     def __len__(self) -> int:
         return len(self.meta)
@@ -125,8 +128,11 @@ class Records:
     def take(self, idx: np.ndarray | list[int]) -> Records:
         """Rows ``idx`` (int positions) as new ``Records``."""
         idx = np.asarray(idx, dtype=np.int64)
-        return Records(self.meta.iloc[idx].reset_index(drop=True), self.vectors[idx],
-                       origin=None if self.origin is None else self.origin[idx])
+        return Records(
+            self.meta.iloc[idx].reset_index(drop=True),
+            self.vectors[idx],
+            origin=None if self.origin is None else self.origin[idx],
+        )
 
     def mask(self, m: np.ndarray) -> Records:
         return self.take(np.flatnonzero(m))
@@ -139,10 +145,12 @@ class Records:
         meta = pd.concat([p.meta for p in parts], ignore_index=True)
         origin = None
         if any(p.origin is not None for p in parts):
-            origin = np.concatenate([p.origin if p.origin is not None
-                                     else np.full(len(p), -1, np.int64) for p in parts])
-        return Records(meta, np.concatenate([p.vectors for p in parts]).astype(np.float32),
-                       origin=origin)
+            origin = np.concatenate(
+                [p.origin if p.origin is not None else np.full(len(p), -1, np.int64) for p in parts]
+            )
+        return Records(
+            meta, np.concatenate([p.vectors for p in parts]).astype(np.float32), origin=origin
+        )
 
     @staticmethod
     def empty(dim: int) -> Records:
@@ -259,8 +267,11 @@ class _RowParser:
         src = row.get("source_ids", [])
         if src is None:
             src = []
-        if isinstance(src, (str, bytes)) or not isinstance(src, (list, tuple, np.ndarray)) or \
-                not all(isinstance(x, str) for x in src):
+        if (
+            isinstance(src, (str, bytes))
+            or not isinstance(src, (list, tuple, np.ndarray))
+            or not all(isinstance(x, str) for x in src)
+        ):
             self.bad("source_ids is not a list of strings", k)
             src = []
         r["source_ids"] = list(src)
@@ -274,8 +285,9 @@ class _RowParser:
         for c in ("keep_apart", "derived_from"):
             v = row.get(c)
             v = [] if v is None else v
-            if not isinstance(v, (list, tuple, np.ndarray)) or \
-                    not all(isinstance(x, str) for x in v):
+            if not isinstance(v, (list, tuple, np.ndarray)) or not all(
+                isinstance(x, str) for x in v
+            ):
                 self.bad(f"{c} is not a list of strings", k)
                 v = []
             r[c] = list(v)
@@ -323,8 +335,13 @@ def records_from_rows(rows: Iterable[Mapping[str, Any]], dim: int | None = None)
             bad_dim.append(k)
         else:
             vecs[k] = a
-    meta = pd.DataFrame({c: pd.Series([r.get(c) for r in parsed], dtype=object)
-                         for c in COLUMNS if c != "text_hash"})
+    meta = pd.DataFrame(
+        {
+            c: pd.Series([r.get(c) for r in parsed], dtype=object)
+            for c in COLUMNS
+            if c != "text_hash"
+        }
+    )
     meta["text_hash"] = text_hashes(meta["text"].tolist())
     meta = _coerce(meta)
     return Records(meta, vecs, bad_dim=bad_dim, input_problems=parser.problems)
@@ -347,8 +364,17 @@ def _coerce_column(c: str, s: pd.Series) -> Any:
     if t == "bool":
         return s.fillna(False).astype(bool).to_numpy()
     if c in _LIST_COLUMNS:  # anything that is not a list stays as it is: validation names it
-        return pd.Series([list(x) if isinstance(x, (list, tuple, np.ndarray))
-                          else [] if x is None or x is pd.NA else x for x in s], dtype=object)
+        return pd.Series(
+            [
+                list(x)
+                if isinstance(x, (list, tuple, np.ndarray))
+                else []
+                if x is None or x is pd.NA
+                else x
+                for x in s
+            ],
+            dtype=object,
+        )
     return pd.Series(list(s), dtype=object)
 
 
@@ -375,8 +401,9 @@ def _arrow_column(c: str, arr: pa.ChunkedArray) -> Any:
         return pd.Series(_frozen_lists(arr), dtype=object)
     if c == "namespace" and pa.types.is_string(typ) and not arr.null_count:
         # few distinct values: one Python string per namespace, shared by its rows
-        enc = (arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-               ).dictionary_encode()
+        enc = (
+            arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+        ).dictionary_encode()
         names = np.asarray(enc.dictionary.to_pylist() + [None], dtype=object)[:-1]
         return pd.Series(names[enc.indices.to_numpy(zero_copy_only=False)], dtype=object)
     if t == "object" and pa.types.is_string(typ):
@@ -399,8 +426,10 @@ class FrozenList(list):
     __slots__ = ()
 
     def _refuse(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError("a record's list cell cannot be changed in place (it is shared "
-                        "with the snapshot it was read from): assign a new list instead")
+        raise TypeError(
+            "a record's list cell cannot be changed in place (it is shared "
+            "with the snapshot it was read from): assign a new list instead"
+        )
 
     append = extend = insert = remove = pop = clear = sort = reverse = _refuse
     __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
@@ -422,8 +451,7 @@ def _frozen_lists(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
     full = np.flatnonzero(np.asarray(pc.fill_null(pc.list_value_length(arr), 0)) > 0)
     if len(full):
         vals = arr.take(pa.array(full)).to_pylist()
-        out[full] = np.fromiter((FrozenList(v) for v in vals), dtype=object,
-                                count=len(vals))
+        out[full] = np.fromiter((FrozenList(v) for v in vals), dtype=object, count=len(vals))
     return out
 
 
@@ -484,8 +512,9 @@ def _str_lists(s: pd.Series) -> pa.Array:
         return pa.array([list(x) for x in s], t)
 
 
-def records_to_arrow(recs: Records, vector_dtype: str = "fp32", *,
-                     with_vectors: bool = True) -> pa.Table:
+def records_to_arrow(
+    recs: Records, vector_dtype: str = "fp32", *, with_vectors: bool = True
+) -> pa.Table:
     """Convert to an Arrow table with :func:`arrow_schema` (times as UTC timestamps), the
     vectors stored in ``vector_dtype`` (``with_vectors=False``: the other columns only).
 
@@ -498,8 +527,11 @@ def records_to_arrow(recs: Records, vector_dtype: str = "fp32", *,
         "id": _opt_str(m["id"]),
         "namespace": _opt_str(m["namespace"]),
         "text": _opt_str(m["text"]),
-        **(encode_vectors(recs.vectors.reshape(len(recs), dim), vector_dtype)
-           if with_vectors else {}),
+        **(
+            encode_vectors(recs.vectors.reshape(len(recs), dim), vector_dtype)
+            if with_vectors
+            else {}
+        ),
         "importance": pa.array(m["importance"].to_numpy(np.float64)),
         "strength": pa.array(m["strength"].to_numpy(np.float64)),
         "pinned": pa.array(m["pinned"].to_numpy(bool)),
@@ -544,9 +576,13 @@ def _decode_texts(col: pa.ChunkedArray) -> tuple[list[str | None], list[int]]:
     return out, bad
 
 
-def records_from_arrow(table: pa.Table, dim: int | None = None, *,
-                       stored_hashes: bool = False, vectors: np.ndarray | None = None
-                       ) -> Records:
+def records_from_arrow(
+    table: pa.Table,
+    dim: int | None = None,
+    *,
+    stored_hashes: bool = False,
+    vectors: np.ndarray | None = None,
+) -> Records:
     """Inverse of :func:`records_to_arrow`. ``text_hash`` is recomputed from the text,
     unless ``stored_hashes`` (a table this package wrote, e.g. a Lance store's): then the
     stored column is used and only its missing values are computed. Rows with invalid
@@ -576,10 +612,16 @@ def records_from_arrow(table: pa.Table, dim: int | None = None, *,
     n = table.num_rows
     bad_dim: list[int] = []
     if vectors is not None:
-        if (vectors.dtype != np.float32 or vectors.ndim != 2 or vectors.shape[0] != n
-                or (dim is not None and vectors.shape[1] != dim)):
-            raise ValueError(f"vectors of shape {vectors.shape} and dtype {vectors.dtype} "
-                             f"for {n} rows of dimension {dim}: float32 [n, dim] expected")
+        if (
+            vectors.dtype != np.float32
+            or vectors.ndim != 2
+            or vectors.shape[0] != n
+            or (dim is not None and vectors.shape[1] != dim)
+        ):
+            raise ValueError(
+                f"vectors of shape {vectors.shape} and dtype {vectors.dtype} "
+                f"for {n} rows of dimension {dim}: float32 [n, dim] expected"
+            )
         vecs = vectors
     else:
         vecs, bad_dim, dim = _vectors_of(table, names, n, dim)
@@ -596,8 +638,9 @@ def records_from_arrow(table: pa.Table, dim: int | None = None, *,
     return Records(meta, vecs, bad_dim=bad_dim, bad_utf8=bad_utf8)
 
 
-def _vectors_of(table: pa.Table, names: set[str], n: int, dim: int | None
-                ) -> tuple[np.ndarray, list[int], int]:
+def _vectors_of(
+    table: pa.Table, names: set[str], n: int, dim: int | None
+) -> tuple[np.ndarray, list[int], int]:
     """``(float32 [n, dim] vectors, rows of the wrong length, dim)`` of a table's vector
     column (see :func:`records_from_arrow`)."""
     col = table.column("vector")
@@ -609,20 +652,19 @@ def _vectors_of(table: pa.Table, names: set[str], n: int, dim: int | None
         at = 0
         for chunk in col.chunks:
             k = len(chunk)
-            vecs[at:at + k] = decode_vectors(chunk, None if scale is None
-                                             else scale.slice(at, k))
+            vecs[at : at + k] = decode_vectors(chunk, None if scale is None else scale.slice(at, k))
             at += k
         return vecs, [], dim
     vcol = col.combine_chunks()
     vt = getattr(vcol.type, "value_type", None)
-    if vt is None or not pa.types.is_floating(vt) or vt == pa.float16() \
-            or SCALE_COLUMN in names:
+    if vt is None or not pa.types.is_floating(vt) or vt == pa.float16() or SCALE_COLUMN in names:
         # int8 codes or bf16 bits in a variable-length list (a round trip through
         # pandas) would decode as raw integers: refuse rather than guess
         raise ValueError(
             f"vector column of type {vcol.type} is not a stored vector column: vectors "
             f"are fixed-size lists, or variable-length lists of float32/float64 (int8 and "
-            f"bf16 need their fixed-size type and int8 its {SCALE_COLUMN!r})")
+            f"bf16 need their fixed-size type and int8 its {SCALE_COLUMN!r})"
+        )
     lists = vcol.to_pylist()
     lens = [len(v) if v is not None else -1 for v in lists]
     if dim is None:
@@ -692,16 +734,24 @@ def validate(
 
     for kind, rows in recs.input_problems.items():
         add(kind, rows)
-    add("source_ids, keep_apart or derived_from is not a list of strings",
-        np.unique(np.concatenate([_not_str_lists(m[c]) for c in _LIST_COLUMNS])))
+    add(
+        "source_ids, keep_apart or derived_from is not a list of strings",
+        np.unique(np.concatenate([_not_str_lists(m[c]) for c in _LIST_COLUMNS])),
+    )
     id_arr, ns_arr = _str_column(m["id"]), _str_column(m["namespace"])
     add("id is missing or empty", _blank_or_missing(m["id"], id_arr))
     add("namespace is missing or empty", _blank_or_missing(m["namespace"], ns_arr))
     if id_arr is None or ns_arr is None or not _all_utf8_lists(m["source_ids"]):
-        add("id, namespace or source_ids not valid UTF-8",
-            [k for k, (i, n, src) in enumerate(zip(m["id"], m["namespace"], m["source_ids"],
-                                                   strict=True))
-             if not all(utf8_ok(x) for x in [i, n, *src] if isinstance(x, str))])
+        add(
+            "id, namespace or source_ids not valid UTF-8",
+            [
+                k
+                for k, (i, n, src) in enumerate(
+                    zip(m["id"], m["namespace"], m["source_ids"], strict=True)
+                )
+                if not all(utf8_ok(x) for x in [i, n, *src] if isinstance(x, str))
+            ],
+        )
     v = recs.vectors
     bad_dim = set(recs.bad_dim)
     if dim is not None and v.ndim == 2 and v.shape[1] != dim:
@@ -722,14 +772,21 @@ def validate(
             if isinstance(t, str) and not utf8_ok(t):
                 bad_utf8.add(k)
     add("text is not valid UTF-8", bad_utf8)
-    add("empty or whitespace-only text",
-        [k for k in _blank_or_missing(m["text"], text_arr) if k not in bad_utf8])
+    add(
+        "empty or whitespace-only text",
+        [k for k in _blank_or_missing(m["text"], text_arr) if k not in bad_utf8],
+    )
     if text_arr is not None:
-        long_ = np.flatnonzero(np.asarray(pc.fill_null(pc.greater(
-            pc.utf8_length(text_arr), MAX_TEXT_CHARS), False), dtype=bool))
+        long_ = np.flatnonzero(
+            np.asarray(
+                pc.fill_null(pc.greater(pc.utf8_length(text_arr), MAX_TEXT_CHARS), False),
+                dtype=bool,
+            )
+        )
     else:
-        long_ = [k for k, t in enumerate(m["text"])
-                 if isinstance(t, str) and len(t) > MAX_TEXT_CHARS]
+        long_ = [
+            k for k, t in enumerate(m["text"]) if isinstance(t, str) and len(t) > MAX_TEXT_CHARS
+        ]
     add(f"text longer than {MAX_TEXT_CHARS:,} characters", long_)
     imp = m["importance"].to_numpy(np.float64)
     add("importance outside [0, 1]", np.flatnonzero(~((imp >= 0) & (imp <= 1))))
@@ -745,8 +802,10 @@ def validate(
         add(f"{c} missing", np.flatnonzero(np.isnan(m[c].to_numpy(np.float64))))
     for c in TIME_COLUMNS:
         t = m[c].to_numpy(np.float64)
-        add(f"{c} out of range (|hours since epoch| > {MAX_ABS_HOURS:g})",
-            np.flatnonzero(~np.isnan(t) & ~(np.abs(t) <= MAX_ABS_HOURS)))
+        add(
+            f"{c} out of range (|hours since epoch| > {MAX_ABS_HOURS:g})",
+            np.flatnonzero(~np.isnan(t) & ~(np.abs(t) <= MAX_ABS_HOURS)),
+        )
     id_index = pd.Index(ids, dtype=object)
     dup = id_index.duplicated(keep="first")
     if existing_ids:
@@ -756,8 +815,10 @@ def validate(
 
 
 # every character for which str.isspace() holds (Python 3.11, Unicode 14)
-_SPACE_SUPERSET = ("^[\\x{9}-\\x{d}\\x{1c}-\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}"
-                   "\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}]*$")
+_SPACE_SUPERSET = (
+    "^[\\x{9}-\\x{d}\\x{1c}-\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}"
+    "\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}]*$"
+)
 
 
 def _str_column(s: pd.Series) -> pa.Array | None:
@@ -782,8 +843,9 @@ def _blank_or_missing(s: pd.Series, arr: pa.Array | None) -> np.ndarray:
     else:
         blank = pc.match_substring_regex(arr, _SPACE_SUPERSET)
         cand = np.flatnonzero(np.asarray(pc.fill_null(blank, True), dtype=bool))
-    return np.asarray([k for k in cand.tolist()
-                       if not isinstance(vals[k], str) or not vals[k].strip()], np.int64)
+    return np.asarray(
+        [k for k in cand.tolist() if not isinstance(vals[k], str) or not vals[k].strip()], np.int64
+    )
 
 
 def _not_str_lists(s: pd.Series) -> np.ndarray:
@@ -792,19 +854,32 @@ def _not_str_lists(s: pd.Series) -> np.ndarray:
     value-by-value pass only when that conversion fails."""
     vals = s.to_numpy(object)
     types = np.fromiter(map(type, vals), object, len(vals))  # C-level map, no bytecode
-    not_list = ~(np.equal(types, np.array(list, dtype=object)).astype(bool)
-                 | np.equal(types, np.array(FrozenList, dtype=object)).astype(bool))
+    not_list = ~(
+        np.equal(types, np.array(list, dtype=object)).astype(bool)
+        | np.equal(types, np.array(FrozenList, dtype=object)).astype(bool)
+    )
     ok = np.flatnonzero(~not_list)
     try:
         arr = pa.array(vals[ok], pa.list_(pa.string()))
         flat = pc.list_flatten(arr)
-        null_rows = ok[np.unique(pc.list_parent_indices(arr).filter(flat.is_null()))] \
-            if flat.null_count else np.zeros(0, np.int64)
+        null_rows = (
+            ok[np.unique(pc.list_parent_indices(arr).filter(flat.is_null()))]
+            if flat.null_count
+            else np.zeros(0, np.int64)
+        )
         bad = np.union1d(np.flatnonzero(not_list), null_rows)
     except (pa.ArrowException, TypeError, ValueError, UnicodeEncodeError):
-        bad = np.flatnonzero(not_list | np.fromiter(
-            (not all(isinstance(x, str) for x in v) if isinstance(v, list) else True
-             for v in vals), bool, len(vals)))  # FrozenList is a list
+        bad = np.flatnonzero(
+            not_list
+            | np.fromiter(
+                (
+                    not all(isinstance(x, str) for x in v) if isinstance(v, list) else True
+                    for v in vals
+                ),
+                bool,
+                len(vals),
+            )
+        )  # FrozenList is a list
     return bad.astype(np.int64)
 
 

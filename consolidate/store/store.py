@@ -66,8 +66,14 @@ from .schema import (
 )
 from .vectors import check_vector_dtype
 
-__all__ = ["Store", "Snapshot", "StoreNotFoundError", "CorruptStoreError",
-           "ConcurrentCommitError", "LockTimeoutError"]
+__all__ = [
+    "Store",
+    "Snapshot",
+    "StoreNotFoundError",
+    "CorruptStoreError",
+    "ConcurrentCommitError",
+    "LockTimeoutError",
+]
 
 POINTER = "CURRENT"
 _SNAP = re.compile(r"snapshot-(\d{6,})\.parquet$")
@@ -82,8 +88,13 @@ _DELTA_EXT = (".parquet", ".touch.json", ".patch.json")
 def _plain_name(name: object) -> bool:
     """A file name that stays in its folder: a non-empty ``str`` with no path separator,
     not ``.`` or ``..``, no NUL."""
-    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name
-            and "\\" not in name and "\0" not in name)
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and "\\" not in name
+        and "\0" not in name
+    )
 
 
 def _check_pointer_values(ptr: Pointer) -> None:
@@ -96,15 +107,20 @@ def _check_pointer_values(ptr: Pointer) -> None:
     for key in ("version", "dim"):
         if isinstance(getattr(ptr, key), bool):
             raise ValueError(f"{key} {getattr(ptr, key)!r} is not an integer")
-    if ptr.rows is not None and not (isinstance(ptr.rows, int) and not isinstance(ptr.rows, bool)
-                                     and ptr.rows >= 0):
+    if ptr.rows is not None and not (
+        isinstance(ptr.rows, int) and not isinstance(ptr.rows, bool) and ptr.rows >= 0
+    ):
         raise ValueError(f"rows {ptr.rows!r} is not a count")
     for key in ("created_at", "last_pass_at"):
         t = getattr(ptr, key)
         if key == "last_pass_at" and t is None:
             continue
-        if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
-                and abs(t) <= MAX_ABS_HOURS):
+        if not (
+            isinstance(t, (int, float))
+            and not isinstance(t, bool)
+            and math.isfinite(t)
+            and abs(t) <= MAX_ABS_HOURS
+        ):
             raise ValueError(f"{key} {t!r} is not hours since the epoch")
     sha = ptr.snapshot_sha256
     if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
@@ -127,8 +143,9 @@ def _check_pointer_names(ptr: Pointer) -> None:
     """
     if not (_plain_name(ptr.snapshot) and _SNAP.fullmatch(ptr.snapshot)):
         raise ValueError(f"snapshot {ptr.snapshot!r} is not a snapshot file name")
-    if ptr.changelog is not None and not (_plain_name(ptr.changelog)
-                                          and _CHANGELOG.fullmatch(ptr.changelog)):
+    if ptr.changelog is not None and not (
+        _plain_name(ptr.changelog) and _CHANGELOG.fullmatch(ptr.changelog)
+    ):
         raise ValueError(f"changelog {ptr.changelog!r} is not a changelog file name")
     for name in ptr.folded:
         if not (_plain_name(name) and name.endswith(_DELTA_EXT)):
@@ -158,8 +175,9 @@ def _crashpoint(name: str) -> None:
 
 
 @contextlib.contextmanager
-def _flock(path: Path, timeout_s: float, poll_s: float, message: Any,
-           stamp: bool = False) -> Iterator[None]:
+def _flock(
+    path: Path, timeout_s: float, poll_s: float, message: Any, stamp: bool = False
+) -> Iterator[None]:
     """Exclusive ``fcntl.flock`` on ``path`` (created if missing), polling until
     ``timeout_s``; the kernel releases it if the process dies. ``stamp`` writes the holder's
     pid and host into the file for the error message of the next waiter.
@@ -259,8 +277,10 @@ class Pointer:
         if not isinstance(d, dict):
             raise ValueError(f"expected a JSON object, got {type(d).__name__}")
         if d.get("format") == "lance":
-            raise ValueError("this is a Lance store: open it with "
-                             "consolidate.store.lance_store.open_store_dir or LanceStore")
+            raise ValueError(
+                "this is a Lance store: open it with "
+                "consolidate.store.lance_store.open_store_dir or LanceStore"
+            )
         names = {f.name for f in dataclasses.fields(Pointer)}
         d = {k: v for k, v in d.items() if k in names}
         d["folded"] = tuple(d.get("folded", ()))
@@ -367,24 +387,31 @@ class Store:
             raise StoreNotFoundError(f"{self.root} is not a directory") from None
         except IsADirectoryError:
             raise CorruptStoreError(
-                f"{self.pointer_path} is a folder, not a pointer file") from None
+                f"{self.pointer_path} is a folder, not a pointer file"
+            ) from None
         except UnicodeDecodeError as e:
-            raise CorruptStoreError(f"{self.pointer_path} is not a valid pointer (not UTF-8: "
-                                    f"{e})") from None
+            raise CorruptStoreError(
+                f"{self.pointer_path} is not a valid pointer (not UTF-8: {e})"
+            ) from None
         try:
             ptr = Pointer.from_json(text)
-            if not (isinstance(ptr.version, int) and isinstance(ptr.dim, int)
-                    and isinstance(ptr.snapshot, str) and ptr.version >= 1 and ptr.dim >= 1):
+            if not (
+                isinstance(ptr.version, int)
+                and isinstance(ptr.dim, int)
+                and isinstance(ptr.snapshot, str)
+                and ptr.version >= 1
+                and ptr.dim >= 1
+            ):
                 raise ValueError("version, dim or snapshot has the wrong type")
             check_vector_dtype(ptr.vector_dtype)
             _check_pointer_names(ptr)
             _check_pointer_values(ptr)
             return ptr
         except (ValueError, TypeError, AttributeError, KeyError) as e:  # incl. not UTF-8
-            raise CorruptStoreError(f"{self.pointer_path} is not a valid pointer ({e}); the "
-                                    f"snapshots in {self.root / 'snapshots'} are untouched"
-                                    ) from e
-
+            raise CorruptStoreError(
+                f"{self.pointer_path} is not a valid pointer ({e}); the "
+                f"snapshots in {self.root / 'snapshots'} are untouched"
+            ) from e
 
     # ------------------------------------------------------------ create
     def create(self, records: Records, *, source: str = "records") -> Snapshot:
@@ -402,8 +429,9 @@ class Store:
             InvalidRecordsError: a record is invalid (not in quarantine mode); nothing written.
         """
         records = self._create_checked(records, source)
-        tmp = self.root.with_name(f".{self.root.name}.creating-{os.getpid()}-"
-                                  f"{uuid.uuid4().hex[:8]}")
+        tmp = self.root.with_name(
+            f".{self.root.name}.creating-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        )
         other = copy.copy(self)
         other.root = tmp
         try:
@@ -414,9 +442,10 @@ class Store:
                 os.rename(tmp, self.root)  # over a new name or an empty folder: atomic
             except OSError as e:
                 if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
-                    raise FileExistsError(f"{self.root} was filled by another process while "
-                                          f"this store was being created; nothing written"
-                                          ) from None
+                    raise FileExistsError(
+                        f"{self.root} was filled by another process while "
+                        f"this store was being created; nothing written"
+                    ) from None
                 raise
             _fsync_dir(self.root.parent)
         finally:
@@ -429,8 +458,14 @@ class Store:
         self._dirs()
         with self.lock():
             ev = [{"op": "create", "source": source, "records": len(records)}]
-            self._write_version(1, records, events=ev, folded=(), last_pass_at=None,
-                                vector_dtype=self.vector_dtype or "fp32")
+            self._write_version(
+                1,
+                records,
+                events=ev,
+                folded=(),
+                last_pass_at=None,
+                vector_dtype=self.vector_dtype or "fp32",
+            )
 
     def _create_checked(self, records: Records, source: str) -> Records:
         """The checks every :meth:`create` makes before it writes: no store and an empty
@@ -442,13 +477,16 @@ class Store:
             raise FileExistsError(
                 f"{self.root} is not empty and holds no store ({POINTER} is missing): a "
                 f"store is created only in a new or empty directory; if it held a store, "
-                f"restore its {POINTER} or move the folder aside")
+                f"restore its {POINTER} or move the folder aside"
+            )
         if not len(records) or records.dim < 1:
             raise ValueError(f"create(): no records (or no vector dimension) for {self.root}")
         # the caller's records stay as they were (create rescales, stamps columns)
         records = dataclasses.replace(
-            records, meta=records.meta.copy(),
-            input_problems={k: list(v) for k, v in records.input_problems.items()})
+            records,
+            meta=records.meta.copy(),
+            input_problems={k: list(v) for k, v in records.input_problems.items()},
+        )
         records = self._checked(records, dim=records.dim, source=source, existing=None)
         normalise_vectors(records)
         return records
@@ -464,16 +502,19 @@ class Store:
             records = records_from_rows(records, dim=dim)
         else:  # the caller's records stay as they were (append rescales, stamps columns)
             records = dataclasses.replace(
-                records, meta=records.meta.copy(),
-                input_problems={k: list(v) for k, v in records.input_problems.items()})
+                records,
+                meta=records.meta.copy(),
+                input_problems={k: list(v) for k, v in records.input_problems.items()},
+            )
         m = records.meta
-        not_live = np.flatnonzero(~np.isnan(m["deleted_at"].to_numpy(np.float64))
-                                  | m["merged_into"].map(lambda x: isinstance(x, str)).to_numpy(
-                                      bool))
+        not_live = np.flatnonzero(
+            ~np.isnan(m["deleted_at"].to_numpy(np.float64))
+            | m["merged_into"].map(lambda x: isinstance(x, str)).to_numpy(bool)
+        )
         if len(not_live):
             records.input_problems.setdefault(
-                "not a live record (append takes new memories; deleted_at/merged_into set)",
-                []).extend(not_live.tolist())
+                "not a live record (append takes new memories; deleted_at/merged_into set)", []
+            ).extend(not_live.tolist())
         records.meta["last_pass"] = np.nan
         return records
 
@@ -497,26 +538,28 @@ class Store:
                         f"snapshot {path} does not match the sha256 recorded in "
                         f"{self.pointer_path} (the file changed after it was written: a "
                         f"flipped bit, a partial copy); restore it from a backup or point "
-                        f"CURRENT at an older snapshot")
+                        f"CURRENT at an older snapshot"
+                    )
             table = _read_parquet(path)
             if ptr.rows is not None and table.num_rows != ptr.rows:
-                raise CorruptStoreError(f"snapshot {path} has {table.num_rows} rows, "
-                                        f"{self.pointer_path} records {ptr.rows}")
+                raise CorruptStoreError(
+                    f"snapshot {path} has {table.num_rows} rows, "
+                    f"{self.pointer_path} records {ptr.rows}"
+                )
             recs = records_from_arrow(table, dim=ptr.dim)
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
-            raise CorruptStoreError(f"cannot read snapshot {path} named by {self.pointer_path}: "
-                                    f"{e}") from e
+            raise CorruptStoreError(
+                f"cannot read snapshot {path} named by {self.pointer_path}: {e}"
+            ) from e
         del table  # its columns are decoded: do not hold both through validation
         if validate_records:
-            recs = self._checked(recs, dim=ptr.dim, source=str(path), existing=None,
-                                 reading=True)
+            recs = self._checked(recs, dim=ptr.dim, source=str(path), existing=None, reading=True)
         applied, new_ids = [], []
         for name in self._pending(ptr):
             recs, added = self._apply_delta(recs, name, ptr.dim, validate_records)
             applied.append(name)
             new_ids += added
-        return Snapshot(ptr.version, recs, ptr.dim, tuple(applied), new_ids, path,
-                        ptr.last_pass_at)
+        return Snapshot(ptr.version, recs, ptr.dim, tuple(applied), new_ids, path, ptr.last_pass_at)
 
     def _pending(self, ptr: Pointer) -> list[str]:
         d = self.root / "deltas"
@@ -524,8 +567,10 @@ class Store:
             return []
         folded = set(ptr.folded)
         names = [
-            p.name for p in d.iterdir()
-            if not p.name.startswith(".") and p.name not in folded
+            p.name
+            for p in d.iterdir()
+            if not p.name.startswith(".")
+            and p.name not in folded
             and p.name.endswith((".parquet", ".touch.json", ".patch.json"))
         ]
         return sorted(names)
@@ -543,11 +588,13 @@ class Store:
             table = _read_parquet(path)
             new = records_from_arrow(table, dim=dim)
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
-            raise CorruptStoreError(f"cannot read delta {path}: {e}; move it out of "
-                                    f"{path.parent} to go on without it") from e
+            raise CorruptStoreError(
+                f"cannot read delta {path}: {e}; move it out of {path.parent} to go on without it"
+            ) from e
         if validate_records:
-            new = self._checked(new, dim=dim, source=str(path), reading=True,
-                                existing=set(recs.meta["id"]))
+            new = self._checked(
+                new, dim=dim, source=str(path), reading=True, existing=set(recs.meta["id"])
+            )
         return Records.concat([recs, new], dim), list(new.meta["id"])
 
     # ------------------------------------------------------------ write (no lock)
@@ -574,26 +621,37 @@ class Store:
             view = self.load(validate_records=False)
             if view.dim != ptr.dim:  # re-embedded meanwhile: checked against the new store
                 ptr = self.head()
-            records = self._checked(records, dim=view.dim, source=f"append() to {self.root}",
-                                    existing=set(view.records.meta["id"]))
+            records = self._checked(
+                records,
+                dim=view.dim,
+                source=f"append() to {self.root}",
+                existing=set(view.records.meta["id"]),
+            )
             if not len(records):
                 return []
             normalise_vectors(records)
             name = self._delta_name("parquet")
-            _write_atomic(self.root / "deltas" / name,
-                          lambda p: _write_parquet(
-                              records_to_arrow(records, ptr.vector_dtype), p))
+            _write_atomic(
+                self.root / "deltas" / name,
+                lambda p: _write_parquet(records_to_arrow(records, ptr.vector_dtype), p),
+            )
         return list(records.meta["id"])
 
     @contextlib.contextmanager
     def _writers_lock(self, timeout_s: float = 60.0) -> Iterator[None]:
-        with _flock(self.root / "WRITERS.LOCK", timeout_s, 0.01,
-                    lambda _: f"{self.root}: another writer holds WRITERS.LOCK for over "
-                              f"{timeout_s} s"):
+        with _flock(
+            self.root / "WRITERS.LOCK",
+            timeout_s,
+            0.01,
+            lambda _: f"{self.root}: another writer holds WRITERS.LOCK for over {timeout_s} s",
+        ):
             yield
 
     def mark_used(
-        self, ids: Sequence[str], *, now: float | None = None,
+        self,
+        ids: Sequence[str],
+        *,
+        now: float | None = None,
         strength_cap: float | None = DEFAULT_STRENGTH_CAP,
     ) -> None:
         """Recall bookkeeping: each id's ``last_used = now`` and ``strength += 1`` (capped).
@@ -621,12 +679,14 @@ class Store:
         known = set(self._stored(ids)["id"])
         missing = [i for i in ids if i not in known]
         if missing:
-            raise KeyError(f"mark_used: {len(missing)} unknown id(s) in {self.root}: "
-                           f"{missing[:5]}")
+            raise KeyError(f"mark_used: {len(missing)} unknown id(s) in {self.root}: {missing[:5]}")
         now = float(now)
         payload = json.dumps({"ids": list(ids), "now": now, "strength_cap": strength_cap})
-        _write_atomic(self.root / "deltas" / self._delta_name("touch.json"),
-                      lambda p: p.write_text(payload), crash_tag="touch")
+        _write_atomic(
+            self.root / "deltas" / self._delta_name("touch.json"),
+            lambda p: p.write_text(payload),
+            crash_tag="touch",
+        )
 
     def patch(self, patches: Sequence[Mapping[str, Any]], *, now: float | None = None) -> None:
         """Write-path changes to stored records, as one delta (safe while a pass runs).
@@ -653,8 +713,7 @@ class Store:
         self._check_time("patch: now", now, wall)
         if isinstance(patches, Mapping) or not all(isinstance(p, Mapping) for p in patches):
             raise TypeError("patch() takes a list of dicts ({'id': ..., 'op': ...})")
-        m = self._stored([x for p in patches for x in (p.get("id"), p.get("into"))]
-                         ).set_index("id")
+        m = self._stored([x for p in patches for x in (p.get("id"), p.get("into"))]).set_index("id")
         out = []
         for p in patches:
             i, op = p.get("id"), p.get("op")
@@ -663,8 +722,9 @@ class Store:
             into = p.get("into")
             if into is not None and (into == i or into not in m.index):
                 # a touch of ``i`` follows ``into``: it must name another stored record
-                raise KeyError(f"patch: 'into' of {i!r} must name another stored record, "
-                               f"got {into!r}")
+                raise KeyError(
+                    f"patch: 'into' of {i!r} must name another stored record, got {into!r}"
+                )
             at = p.get("at", now)
             self._check_time(f"patch: at for {i!r}", at, wall)
             if op == "delete":
@@ -672,22 +732,36 @@ class Store:
                     raise ValueError(f"patch: {i!r} is pinned and is never deleted")
                 why = p.get("reason")
                 if why not in (None, "deleted", "updated", "superseded"):
-                    raise ValueError(f"patch: reason for {i!r} must be deleted, updated or "
-                                     f"superseded, got {why!r}")
-                out.append({"id": i, "op": op, "into": p.get("into"), "at": float(at),
-                            **({"reason": why} if why else {})})
+                    raise ValueError(
+                        f"patch: reason for {i!r} must be deleted, updated or "
+                        f"superseded, got {why!r}"
+                    )
+                out.append(
+                    {
+                        "id": i,
+                        "op": op,
+                        "into": p.get("into"),
+                        "at": float(at),
+                        **({"reason": why} if why else {}),
+                    }
+                )
             elif op == "close":
                 vt = p.get("valid_to", now)
-                if not (isinstance(vt, (int, float)) and math.isfinite(vt)
-                        and abs(vt) <= MAX_ABS_HOURS):
-                    raise ValueError(f"patch: valid_to={vt!r} for {i!r} is not hours since "
-                                     f"the epoch")
+                if not (
+                    isinstance(vt, (int, float)) and math.isfinite(vt) and abs(vt) <= MAX_ABS_HOURS
+                ):
+                    raise ValueError(
+                        f"patch: valid_to={vt!r} for {i!r} is not hours since the epoch"
+                    )
                 out.append({"id": i, "op": op, "valid_to": float(vt)})
             else:
                 raise ValueError(f"patch: op must be 'delete' or 'close', got {op!r}")
         payload = json.dumps({"patches": out})
-        _write_atomic(self.root / "deltas" / self._delta_name("patch.json"),
-                      lambda p: p.write_text(payload), crash_tag="patch")
+        _write_atomic(
+            self.root / "deltas" / self._delta_name("patch.json"),
+            lambda p: p.write_text(payload),
+            crash_tag="patch",
+        )
 
     def _stored(self, ids: Sequence[Any]) -> pd.DataFrame:
         """``id`` and ``pinned`` of the stored records among ``ids`` (pending deltas
@@ -700,18 +774,30 @@ class Store:
         """Refuse a write time that is not finite hours since the epoch or lies in the
         future beyond ``future_tolerance_h`` (it would stamp a tombstone that every later
         commit refuses)."""
-        if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
-                and abs(t) <= MAX_ABS_HOURS and t <= wall + self.future_tolerance_h):
-            raise ValueError(f"{what}={t!r} must be hours since the epoch, finite and not in "
-                             f"the future (wall clock {wall:.1f} h); seconds divided by 3600 "
-                             f"give hours")
+        if not (
+            isinstance(t, (int, float))
+            and not isinstance(t, bool)
+            and math.isfinite(t)
+            and abs(t) <= MAX_ABS_HOURS
+            and t <= wall + self.future_tolerance_h
+        ):
+            raise ValueError(
+                f"{what}={t!r} must be hours since the epoch, finite and not in "
+                f"the future (wall clock {wall:.1f} h); seconds divided by 3600 "
+                f"give hours"
+            )
 
     def _delta_name(self, ext: str) -> str:
         return f"{time.time_ns():020d}-{os.getpid()}-{uuid.uuid4().hex[:8]}.{ext}"
 
     # ------------------------------------------------------------ validation
     def _checked(
-        self, recs: Records, *, dim: int, source: str, existing: set[str] | None,
+        self,
+        recs: Records,
+        *,
+        dim: int,
+        source: str,
+        existing: set[str] | None,
         reading: bool = False,
     ) -> Records:
         # what was written under one clock is read under another: both may be off by the
@@ -728,8 +814,9 @@ class Store:
         self._quarantine(recs, bad, problems, source)
         return recs.mask(keep)
 
-    def _quarantine(self, recs: Records, rows: list[int], problems: list[Problem],
-                    source: str) -> None:
+    def _quarantine(
+        self, recs: Records, rows: list[int], problems: list[Problem], source: str
+    ) -> None:
         qdir = self.root / "quarantine"
         qdir.mkdir(parents=True, exist_ok=True)
         bad = recs.take(rows)
@@ -738,12 +825,19 @@ class Store:
             for r in p.rows:
                 reasons.setdefault(r, []).append(p.kind)
         table = records_to_arrow(
-            Records(bad.meta.assign(text=[t if isinstance(t, str) and utf8_ok(t) else None
-                                          for t in bad.meta["text"]]),
-                    bad.vectors),  # as given: NaN and inf stay (fp32 keeps them)
-            "fp32")
-        table = table.append_column("quarantine_reason",
-                                    pa.array(["; ".join(reasons[r]) for r in rows]))
+            Records(
+                bad.meta.assign(
+                    text=[
+                        t if isinstance(t, str) and utf8_ok(t) else None for t in bad.meta["text"]
+                    ]
+                ),
+                bad.vectors,
+            ),  # as given: NaN and inf stay (fp32 keeps them)
+            "fp32",
+        )
+        table = table.append_column(
+            "quarantine_reason", pa.array(["; ".join(reasons[r]) for r in rows])
+        )
         table = table.append_column("quarantine_source", pa.array([source] * len(rows)))
         # one file per (source, bad ids): loading the same bad snapshot twice adds nothing
         key = hashlib.sha256((source + "\n" + "\n".join(map(str, bad.meta["id"]))).encode())
@@ -767,9 +861,13 @@ class Store:
                 names its pid and host.
         """
         self.root.mkdir(parents=True, exist_ok=True)
-        with _flock(self.root / "LOCK", timeout_s, poll_s,
-                    lambda holder: f"store {self.root} is locked by another pass "
-                                   f"({holder or '?'})", stamp=True):
+        with _flock(
+            self.root / "LOCK",
+            timeout_s,
+            poll_s,
+            lambda holder: f"store {self.root} is locked by another pass ({holder or '?'})",
+            stamp=True,
+        ):
             yield
 
     def commit(
@@ -807,11 +905,13 @@ class Store:
                 f"{self.root}: pointer is at version {ptr.version}, the pass read "
                 f"{base.version}; rerun the pass"
             )
-        problems = validate(records, dim=ptr.dim,
-                            future_tolerance_h=READ_SKEW * self.future_tolerance_h)
+        problems = validate(
+            records, dim=ptr.dim, future_tolerance_h=READ_SKEW * self.future_tolerance_h
+        )
         if problems:
-            raise InvalidRecordsError(f"the new snapshot for {self.root} (nothing written)",
-                                      problems)
+            raise InvalidRecordsError(
+                f"the new snapshot for {self.root} (nothing written)", problems
+            )
         late = [n for n in self._pending(ptr) if n not in set(base.deltas)]
         carried_ids: list[str] = []
         n_touch = 0
@@ -825,22 +925,42 @@ class Store:
         if dry_run:
             name = f"dry-run-{version:06d}-{time.time_ns()}.jsonl"
             _write_atomic(self.root / "changelogs" / name, lambda p: _write_jsonl(p, events))
-            return {"version": ptr.version, "snapshot": None, "changelog": name,
-                    "carried_records": len(carried_ids), "carried_touches": n_touch}
+            return {
+                "version": ptr.version,
+                "snapshot": None,
+                "changelog": name,
+                "carried_records": len(carried_ids),
+                "carried_touches": n_touch,
+            }
         # deltas folded by the previous commit whose cleanup did not finish (crash) stay
         # listed, so they are never applied twice
         leftover = tuple(n for n in ptr.folded if (self.root / "deltas" / n).exists())
         folded = leftover + tuple(base.deltas) + tuple(late)
-        snap, log = self._write_version(version, records, events, folded,
-                                        pass_time_h if pass_time_h is not None else hours_now(),
-                                        self.vector_dtype or ptr.vector_dtype)
+        snap, log = self._write_version(
+            version,
+            records,
+            events,
+            folded,
+            pass_time_h if pass_time_h is not None else hours_now(),
+            self.vector_dtype or ptr.vector_dtype,
+        )
         self._cleanup(folded)
-        return {"version": version, "snapshot": snap, "changelog": log,
-                "carried_records": len(carried_ids), "carried_touches": n_touch}
+        return {
+            "version": version,
+            "snapshot": snap,
+            "changelog": log,
+            "carried_records": len(carried_ids),
+            "carried_touches": n_touch,
+        }
 
     def _write_version(
-        self, version: int, records: Records, events: list[dict[str, Any]],
-        folded: tuple[str, ...], last_pass_at: float | None, vector_dtype: str,
+        self,
+        version: int,
+        records: Records,
+        events: list[dict[str, Any]],
+        folded: tuple[str, ...],
+        last_pass_at: float | None,
+        vector_dtype: str,
     ) -> tuple[str, str]:
         snap = f"snapshot-{version:06d}.parquet"
         log = f"changelog-{version:06d}.jsonl"
@@ -854,13 +974,27 @@ class Store:
         try:
             _write_atomic(self.root / "snapshots" / snap, write_snapshot, crash_tag="snapshot")
             _crashpoint("after_snapshot")
-            _write_atomic(self.root / "changelogs" / log, lambda p: _write_jsonl(p, events),
-                          crash_tag="changelog")
+            _write_atomic(
+                self.root / "changelogs" / log,
+                lambda p: _write_jsonl(p, events),
+                crash_tag="changelog",
+            )
             _crashpoint("after_changelog")
-            ptr = Pointer(version, snap, log, records.dim, folded, hours_now(), last_pass_at,
-                          vector_dtype, digest["sha256"], table.num_rows)
-            _write_atomic(self.pointer_path, lambda p: p.write_text(ptr.to_json()),
-                          crash_tag="pointer")
+            ptr = Pointer(
+                version,
+                snap,
+                log,
+                records.dim,
+                folded,
+                hours_now(),
+                last_pass_at,
+                vector_dtype,
+                digest["sha256"],
+                table.num_rows,
+            )
+            _write_atomic(
+                self.pointer_path, lambda p: p.write_text(ptr.to_json()), crash_tag="pointer"
+            )
         except Exception:
             # e.g. a full disk: leave no snapshot or changelog that CURRENT does not name
             with contextlib.suppress(Exception):
@@ -936,8 +1070,9 @@ def apply_patch(recs: Records, patches: Sequence[Mapping[str, Any]]) -> Records:
     for p in patches:
         k = pos.get(p["id"])
         seen: set[int] = set()
-        while (k is not None and k not in seen and reason[k] == "merged"
-               and isinstance(into[k], str)):
+        while (
+            k is not None and k not in seen and reason[k] == "merged" and isinstance(into[k], str)
+        ):
             seen.add(k)
             k = pos.get(into[k])
         if k is None:

@@ -32,14 +32,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["VECTOR_DTYPES", "check_vector_dtype", "encode_vectors", "decode_vectors",
-           "empty_vectors", "vector_dtype_of", "stored_vectors", "bytes_per_vector"]
+__all__ = [
+    "VECTOR_DTYPES",
+    "check_vector_dtype",
+    "encode_vectors",
+    "decode_vectors",
+    "empty_vectors",
+    "vector_dtype_of",
+    "stored_vectors",
+    "bytes_per_vector",
+]
 
 #: storage dtypes, most to least precise
 VECTOR_DTYPES = ("fp32", "fp16", "bf16", "int8")
 SCALE_COLUMN = "vector_scale"
-_VALUE_TYPE = {"fp32": pa.float32(), "fp16": pa.float16(), "bf16": pa.uint16(),
-               "int8": pa.int8()}
+_VALUE_TYPE = {"fp32": pa.float32(), "fp16": pa.float16(), "bf16": pa.uint16(), "int8": pa.int8()}
 
 
 def check_vector_dtype(dtype: object) -> str:
@@ -49,15 +56,15 @@ def check_vector_dtype(dtype: object) -> str:
         ValueError: any other value (the message lists the choices).
     """
     if dtype not in VECTOR_DTYPES:
-        raise ValueError(f"vector dtype must be one of {', '.join(VECTOR_DTYPES)}; "
-                         f"got {dtype!r}")
+        raise ValueError(f"vector dtype must be one of {', '.join(VECTOR_DTYPES)}; got {dtype!r}")
     return str(dtype)
 
 
 def bytes_per_vector(dim: int, dtype: str) -> int:
     """Stored bytes of one ``dim``-dimensional vector in ``dtype`` (values plus scale)."""
-    return {"fp32": 4 * dim, "fp16": 2 * dim, "bf16": 2 * dim,
-            "int8": dim + 4}[check_vector_dtype(dtype)]
+    return {"fp32": 4 * dim, "fp16": 2 * dim, "bf16": 2 * dim, "int8": dim + 4}[
+        check_vector_dtype(dtype)
+    ]
 
 
 def _bf16_bits(v: np.ndarray) -> np.ndarray:
@@ -111,8 +118,10 @@ def encode_vectors(vectors: np.ndarray, dtype: str = "fp32") -> dict[str, pa.Arr
     else:
         bad = np.flatnonzero(~np.isfinite(v).all(axis=1))
         if len(bad):
-            raise ValueError(f"int8 storage needs finite vectors; row {int(bad[0])} has NaN "
-                             f"or inf ({len(bad)} rows in all)")
+            raise ValueError(
+                f"int8 storage needs finite vectors; row {int(bad[0])} has NaN "
+                f"or inf ({len(bad)} rows in all)"
+            )
         q, scale = _int8(v)
         flat = q.reshape(-1)
         out[SCALE_COLUMN] = pa.array(scale, pa.float32())
@@ -143,8 +152,9 @@ def empty_vectors(n: int, d: int) -> np.ndarray:
     return np.frombuffer(buf, dtype=np.float32, count=n * d).reshape(n, d)
 
 
-def decode_vectors(column: pa.Array | pa.ChunkedArray, scale: pa.Array | pa.ChunkedArray | None
-                   = None) -> np.ndarray:
+def decode_vectors(
+    column: pa.Array | pa.ChunkedArray, scale: pa.Array | pa.ChunkedArray | None = None
+) -> np.ndarray:
     """``float32 [n, d]`` vectors from a stored fixed-size list column.
 
     Args:
@@ -166,14 +176,19 @@ def decode_vectors(column: pa.Array | pa.ChunkedArray, scale: pa.Array | pa.Chun
         raise ValueError(f"vector column must be a fixed-size list, got {col.type}")
     dtype = vector_dtype_of(col.type.value_type)
     if dtype is None:
-        raise ValueError(f"vector values of type {col.type.value_type} are not a stored "
-                         f"vector dtype ({', '.join(VECTOR_DTYPES)})")
+        raise ValueError(
+            f"vector values of type {col.type.value_type} are not a stored "
+            f"vector dtype ({', '.join(VECTOR_DTYPES)})"
+        )
     n, d = len(col), col.type.list_size
     # .values ignores the parent's nulls and offset: slice to this array's rows
     vals = col.values.slice(col.offset * d, n * d)
     # null elements are read as 0 here and their rows set to NaN below
-    raw = (pc.fill_null(vals, 0) if vals.null_count else vals).to_numpy(
-        zero_copy_only=False).reshape(n, d)
+    raw = (
+        (pc.fill_null(vals, 0) if vals.null_count else vals)
+        .to_numpy(zero_copy_only=False)
+        .reshape(n, d)
+    )
     if dtype in ("fp32", "fp16"):
         out = raw.astype(np.float32)
     elif dtype == "bf16":

@@ -39,8 +39,7 @@ import torch
 from ...device import resolve_device
 from ..types import DTYPE_MARGIN, Engine, TopK
 
-__all__ = ["ENGINE", "threshold_candidates", "topk", "ApproxIndex", "recall_at_k",
-           "GPU_MAX_K"]
+__all__ = ["ENGINE", "threshold_candidates", "topk", "ApproxIndex", "recall_at_k", "GPU_MAX_K"]
 
 #: largest ``k`` of faiss's GPU brute-force k-selection (without cuVS)
 GPU_MAX_K = 2048
@@ -72,14 +71,14 @@ def _faiss_on(device: str | torch.device | None) -> tuple[Any, torch.device]:
     faiss = _import_faiss()
     has_gpu = hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0
     if device is None or str(device) == "auto":
-        return faiss, resolve_device("cuda" if has_gpu and torch.cuda.is_available()
-                                     else "cpu")
+        return faiss, resolve_device("cuda" if has_gpu and torch.cuda.is_available() else "cpu")
     dev = resolve_device(device)
     if dev.type == "cuda" and not has_gpu:
         raise ValueError(
             "device='cuda' with the faiss engine needs a faiss build with GPU support "
             "(pip install 'consolidate[faiss-gpu]'); this faiss sees no GPU. Use device=cpu "
-            "or auto, or engine=torch")
+            "or auto, or engine=torch"
+        )
     return faiss, dev
 
 
@@ -124,12 +123,14 @@ class _Gpu:
     def knn(self, xq: np.ndarray, xb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         if self.half:
             xq, xb = xq.astype(np.float16), xb.astype(np.float16)
-        return self.faiss.knn_gpu(self.res, xq, xb, k, metric=self.faiss.METRIC_INNER_PRODUCT,
-                                  device=self.ordinal)
+        return self.faiss.knn_gpu(
+            self.res, xq, xb, k, metric=self.faiss.METRIC_INNER_PRODUCT, device=self.ordinal
+        )
 
 
-def _range_cpu(faiss: Any, xq: np.ndarray, xb: np.ndarray,
-               radius: float) -> tuple[np.ndarray, np.ndarray]:
+def _range_cpu(
+    faiss: Any, xq: np.ndarray, xb: np.ndarray, radius: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Candidates ``(query row, base row)`` with inner product ``> radius`` (local indices)."""
     index = faiss.IndexFlatIP(xb.shape[1])
     index.add(xb)
@@ -138,9 +139,14 @@ def _range_cpu(faiss: Any, xq: np.ndarray, xb: np.ndarray,
     return rows, cols.astype(np.int64)
 
 
-def _range_by_knn(knn: Any, xq: np.ndarray, xb: np.ndarray, radius: float,
-                  ks: tuple[int, ...] = _GPU_KS,
-                  fallback: Any = None) -> tuple[np.ndarray, np.ndarray]:
+def _range_by_knn(
+    knn: Any,
+    xq: np.ndarray,
+    xb: np.ndarray,
+    radius: float,
+    ks: tuple[int, ...] = _GPU_KS,
+    fallback: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Range search from k-NN searches with a growing ``k`` (for GPU faiss).
 
     A query whose ``k``-th neighbour still scores ``> radius`` may have more candidates: it
@@ -203,10 +209,16 @@ def _packs(seg_sorted: np.ndarray, pack_rows: int) -> list[tuple[int, int]]:
     return packs
 
 
-def threshold_candidates(v32: torch.Tensor, counts: torch.Tensor, threshold: float, *,
-                         dtype: str = "fp32", tile_rows: int | None = None,
-                         tile_cols: int | None = None, budget_bytes: int | None = None,
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+def threshold_candidates(
+    v32: torch.Tensor,
+    counts: torch.Tensor,
+    threshold: float,
+    *,
+    dtype: str = "fp32",
+    tile_rows: int | None = None,
+    tile_cols: int | None = None,
+    budget_bytes: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidate pairs of the join (the :class:`~consolidate.similarity.types.Engine`
     interface) from faiss searches over packs of whole segments.
 
@@ -242,8 +254,9 @@ def threshold_candidates(v32: torch.Tensor, counts: torch.Tensor, threshold: flo
         cand = threshold - gpu.margin
 
         def search(xq: np.ndarray, xb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            return _range_by_knn(gpu.knn, xq, xb, cand,
-                                 fallback=lambda q, b, r: _range_cpu(faiss, q, b, r))
+            return _range_by_knn(
+                gpu.knn, xq, xb, cand, fallback=lambda q, b, r: _range_cpu(faiss, q, b, r)
+            )
     else:
         cand = threshold - DTYPE_MARGIN["fp32"]
 
@@ -268,18 +281,26 @@ def threshold_candidates(v32: torch.Tensor, counts: torch.Tensor, threshold: flo
     return torch.from_numpy(ci).to(dev), torch.from_numpy(cj).to(dev)
 
 
-def _knn_cpu(faiss: Any, xq: np.ndarray, xb: np.ndarray,
-             k: int) -> tuple[np.ndarray, np.ndarray]:
+def _knn_cpu(faiss: Any, xq: np.ndarray, xb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Exact ``IndexFlatIP`` search: ``float32 [q, k]`` scores and ``int64 [q, k]`` ids."""
     index = faiss.IndexFlatIP(xb.shape[1])
     index.add(xb)
     return index.search(xq, k)
 
 
-def topk(qv: torch.Tensor, kv: torch.Tensor, qs_s: torch.Tensor, lo_of: torch.Tensor,
-         hi_of: torch.Tensor, kk: int, *, dtype: str = "fp32", tile_rows: int | None = None,
-         tile_cols: int | None = None, budget_bytes: int | None = None,
-         ) -> tuple[torch.Tensor, torch.Tensor]:
+def topk(
+    qv: torch.Tensor,
+    kv: torch.Tensor,
+    qs_s: torch.Tensor,
+    lo_of: torch.Tensor,
+    hi_of: torch.Tensor,
+    kk: int,
+    *,
+    dtype: str = "fp32",
+    tile_rows: int | None = None,
+    tile_cols: int | None = None,
+    budget_bytes: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-``kk`` (the :class:`~consolidate.similarity.types.Engine` interface): one
     ``IndexFlatIP`` search per segment, ``knn_gpu`` on cuda (float16 inputs for
     ``fp16``/``bf16``, ``kk <=`` :data:`GPU_MAX_K`); the tile sizes and ``budget_bytes`` are
@@ -316,8 +337,9 @@ def topk(qv: torch.Tensor, kv: torch.Tensor, qs_s: torch.Tensor, lo_of: torch.Te
     return torch.from_numpy(best_s).to(dev), torch.from_numpy(best_i).to(dev)
 
 
-ENGINE = Engine("faiss", threshold_candidates=threshold_candidates, topk=topk, place=place,
-                max_topk=max_topk)
+ENGINE = Engine(
+    "faiss", threshold_candidates=threshold_candidates, topk=topk, place=place, max_topk=max_topk
+)
 
 
 class ApproxIndex:
@@ -342,10 +364,19 @@ class ApproxIndex:
         ValueError: unknown ``kind``, HNSW on cuda, or a cuda device where torch sees no CUDA.
     """
 
-    def __init__(self, kind: str = "ivf", *, nlist: int | None = None, nprobe: int = 16,
-                 m: int = 32, ef_search: int = 128, ef_construction: int = 200,
-                 train_size: int | None = None, device: str | torch.device = "cpu",
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        kind: str = "ivf",
+        *,
+        nlist: int | None = None,
+        nprobe: int = 16,
+        m: int = 32,
+        ef_search: int = 128,
+        ef_construction: int = 200,
+        train_size: int | None = None,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+    ) -> None:
         if kind not in ("ivf", "hnsw"):
             raise ValueError(f"kind must be 'ivf' or 'hnsw', got {kind!r}")
         self.kind = kind

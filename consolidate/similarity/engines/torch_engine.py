@@ -23,10 +23,16 @@ from ..types import DTYPE_MARGIN, TORCH_DTYPE, Engine
 __all__ = ["ENGINE", "threshold_candidates", "topk"]
 
 
-def threshold_candidates(v32: torch.Tensor, counts: torch.Tensor, threshold: float, *,
-                         dtype: str = "fp32", tile_rows: int | None = None,
-                         tile_cols: int | None = None, budget_bytes: int | None = None,
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+def threshold_candidates(
+    v32: torch.Tensor,
+    counts: torch.Tensor,
+    threshold: float,
+    *,
+    dtype: str = "fp32",
+    tile_rows: int | None = None,
+    tile_cols: int | None = None,
+    budget_bytes: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidate pairs of the join (the :class:`~consolidate.similarity.types.Engine`
     interface): the tiles in ``dtype``, kept ``>= threshold - DTYPE_MARGIN[dtype]``.
 
@@ -41,21 +47,47 @@ def threshold_candidates(v32: torch.Tensor, counts: torch.Tensor, threshold: flo
     Returns:
         ``(ci, cj)``: ``int64 [p]`` sorted positions ``ci < cj`` on ``v32``'s device.
     """
-    return _torch_candidates(v32.to(TORCH_DTYPE[dtype]), counts, threshold - DTYPE_MARGIN[dtype],
-                             dtype, tile_rows, tile_cols, budget_bytes)
+    return _torch_candidates(
+        v32.to(TORCH_DTYPE[dtype]),
+        counts,
+        threshold - DTYPE_MARGIN[dtype],
+        dtype,
+        tile_rows,
+        tile_cols,
+        budget_bytes,
+    )
 
 
-def topk(qv: torch.Tensor, kv: torch.Tensor, qs_s: torch.Tensor, lo_of: torch.Tensor,
-         hi_of: torch.Tensor, kk: int, *, dtype: str = "fp32", tile_rows: int | None = None,
-         tile_cols: int | None = None, budget_bytes: int | None = None,
-         ) -> tuple[torch.Tensor, torch.Tensor]:
+def topk(
+    qv: torch.Tensor,
+    kv: torch.Tensor,
+    qs_s: torch.Tensor,
+    lo_of: torch.Tensor,
+    hi_of: torch.Tensor,
+    kk: int,
+    *,
+    dtype: str = "fp32",
+    tile_rows: int | None = None,
+    tile_cols: int | None = None,
+    budget_bytes: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Running top-``kk`` (the :class:`~consolidate.similarity.types.Engine` interface) on
     tiles in ``dtype``: ``tile_rows`` query rows per tile (default 4096), ``tile_cols`` key
     columns (default from :func:`auto_tile` and ``budget_bytes``). See :func:`_topk_torch`.
     """
     tdt = TORCH_DTYPE[dtype]
-    return _topk_torch(qv.to(tdt), kv.to(tdt), qs_s, lo_of, hi_of, kk, dtype,
-                       4096 if tile_rows is None else tile_rows, tile_cols, budget_bytes)
+    return _topk_torch(
+        qv.to(tdt),
+        kv.to(tdt),
+        qs_s,
+        lo_of,
+        hi_of,
+        kk,
+        dtype,
+        4096 if tile_rows is None else tile_rows,
+        tile_cols,
+        budget_bytes,
+    )
 
 
 def _block_size(size: torch.Tensor) -> torch.Tensor:
@@ -88,8 +120,9 @@ def _blocks(x: torch.Tensor, starts: torch.Tensor, p: int) -> torch.Tensor:
     return x.index_select(0, ix.reshape(-1)).view(-1, p, x.shape[1])
 
 
-def _small_block_candidates(vt: torch.Tensor, starts: torch.Tensor, sizes: torch.Tensor,
-                            cand: float, block_scores: int) -> list[tuple[torch.Tensor, ...]]:
+def _small_block_candidates(
+    vt: torch.Tensor, starts: torch.Tensor, sizes: torch.Tensor, cand: float, block_scores: int
+) -> list[tuple[torch.Tensor, ...]]:
     """Candidates of namespaces that fit one row tile: each namespace is one padded ``P x P``
     block, and the namespaces of one padded size go through batched matmuls (``bmm`` over a
     ``[B, P, d]`` gather) of about ``block_scores`` scores each. Rows past a namespace's end
@@ -140,9 +173,15 @@ def _tile_hits(s: torch.Tensor, cand: float, row_prefilter: bool) -> torch.Tenso
     return nz
 
 
-def _torch_candidates(vt: torch.Tensor, counts: torch.Tensor, cand: float, dtype: str,
-                      tile_rows: int | None, tile_cols: int | None,
-                      budget_bytes: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _torch_candidates(
+    vt: torch.Tensor,
+    counts: torch.Tensor,
+    cand: float,
+    dtype: str,
+    tile_rows: int | None,
+    tile_cols: int | None,
+    budget_bytes: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidate pairs (sorted positions, ``int64``) of the tiled torch path.
 
     ``counts`` (cpu ``int64``): rows per namespace, in sorted order. A namespace of at most
@@ -172,8 +211,7 @@ def _torch_candidates(vt: torch.Tensor, counts: torch.Tensor, cand: float, dtype
     parts: list[tuple[torch.Tensor, ...]] = []
     try:
         if bool(small.any()):
-            parts += _small_block_candidates(vt, starts[small], counts[small], cand,
-                                             block_scores)
+            parts += _small_block_candidates(vt, starts[small], counts[small], cand, block_scores)
         for g in large:
             s0, s1 = int(starts[g]), int(starts[g] + counts[g])
             for r0 in range(s0, s1, tile_rows):
@@ -234,9 +272,18 @@ def _tile_topk(s: torch.Tensor, kt: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.gather(v, 1, top), torch.gather(ix, 1, top)
 
 
-def _topk_small_blocks(qv: torch.Tensor, kv: torch.Tensor, qst: torch.Tensor,
-                       qcnt: torch.Tensor, kst: torch.Tensor, kcnt: torch.Tensor, kk: int,
-                       best_s: torch.Tensor, best_i: torch.Tensor, block_scores: int) -> None:
+def _topk_small_blocks(
+    qv: torch.Tensor,
+    kv: torch.Tensor,
+    qst: torch.Tensor,
+    qcnt: torch.Tensor,
+    kst: torch.Tensor,
+    kcnt: torch.Tensor,
+    kk: int,
+    best_s: torch.Tensor,
+    best_i: torch.Tensor,
+    block_scores: int,
+) -> None:
     """Top-``kk`` of namespaces whose queries fit one row tile and keys one column tile,
     written into ``best_s`` / ``best_i`` (sorted query rows, sorted key positions).
 
@@ -275,14 +322,23 @@ def _topk_small_blocks(qv: torch.Tensor, kv: torch.Tensor, qst: torch.Tensor,
             v, ix = v[flat], ix[flat]
             rows = qs0[b] + r
             best_s[rows, :kt] = v
-            best_i[rows, :kt] = torch.where(torch.isfinite(v), ix + ks0[b, None],
-                                            torch.full_like(ix, -1))
+            best_i[rows, :kt] = torch.where(
+                torch.isfinite(v), ix + ks0[b, None], torch.full_like(ix, -1)
+            )
 
 
-def _topk_torch(qv: torch.Tensor, kv: torch.Tensor, qs_s: torch.Tensor, lo_of: torch.Tensor,
-                hi_of: torch.Tensor, kk: int, dtype: str, tile_rows: int,
-                tile_cols: int | None, budget_bytes: int | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def _topk_torch(
+    qv: torch.Tensor,
+    kv: torch.Tensor,
+    qs_s: torch.Tensor,
+    lo_of: torch.Tensor,
+    hi_of: torch.Tensor,
+    kk: int,
+    dtype: str,
+    tile_rows: int,
+    tile_cols: int | None,
+    budget_bytes: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Running top-``kk`` of the tiled torch path: ``float32 [q, kk]`` scores and ``int64
     [q, kk]`` sorted key positions (``-1``/``-inf`` where missing), queries sorted.
 
@@ -301,15 +357,29 @@ def _topk_torch(qv: torch.Tensor, kv: torch.Tensor, qs_s: torch.Tensor, lo_of: t
     qst = torch.cumsum(qcnt, 0) - qcnt
     kst, kcnt = lo_of[qst], hi_of[qst] - lo_of[qst]
     block_scores = max(tile_rows * tile_cols, 1 << 16)
-    small = (kcnt > 0) & (qcnt <= tile_rows) & (kcnt <= tile_cols) & (
-        _block_size(qcnt) * _block_size(kcnt) <= block_scores)
+    small = (
+        (kcnt > 0)
+        & (qcnt <= tile_rows)
+        & (kcnt <= tile_cols)
+        & (_block_size(qcnt) * _block_size(kcnt) <= block_scores)
+    )
     large = ((kcnt > 0) & ~small).nonzero()[:, 0].tolist()
     tf32_prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     try:
         if bool(small.any()):
-            _topk_small_blocks(qv, kv, qst[small], qcnt[small], kst[small], kcnt[small], kk,
-                               best_s, best_i, block_scores)
+            _topk_small_blocks(
+                qv,
+                kv,
+                qst[small],
+                qcnt[small],
+                kst[small],
+                kcnt[small],
+                kk,
+                best_s,
+                best_i,
+                block_scores,
+            )
         for g in large:
             a, b = int(qst[g]), int(qst[g] + qcnt[g])
             lo, hi = int(kst[g]), int(kst[g] + kcnt[g])

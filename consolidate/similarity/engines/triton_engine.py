@@ -57,11 +57,14 @@ def check(dev: torch.device) -> None:
         ImportError: triton is not installed.
     """
     if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"the triton engine needs CUDA or TRITON_INTERPRET=1 (set before "
-                         f"triton is imported); device is {dev}")
+        raise ValueError(
+            f"the triton engine needs CUDA or TRITON_INTERPRET=1 (set before "
+            f"triton is imported); device is {dev}"
+        )
     if not _triton_importable():
-        raise ImportError("engine='triton' needs triton: pip install triton "
-                          "(or pip install 'consolidate[gpu]')")
+        raise ImportError(
+            "engine='triton' needs triton: pip install triton (or pip install 'consolidate[gpu]')"
+        )
 
 
 def max_topk(dev: torch.device) -> int:
@@ -69,10 +72,16 @@ def max_topk(dev: torch.device) -> int:
     return int(_triton_join().MAX_TOPK)
 
 
-def threshold_candidates(v32: torch.Tensor, counts: torch.Tensor, threshold: float, *,
-                         dtype: str = "fp32", tile_rows: int | None = None,
-                         tile_cols: int | None = None, budget_bytes: int | None = None,
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+def threshold_candidates(
+    v32: torch.Tensor,
+    counts: torch.Tensor,
+    threshold: float,
+    *,
+    dtype: str = "fp32",
+    tile_rows: int | None = None,
+    tile_cols: int | None = None,
+    budget_bytes: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidate pairs of the join (the :class:`~consolidate.similarity.types.Engine`
     interface) from :func:`~consolidate.kernels.triton_join.threshold_candidates`, kept
     ``>= threshold - DTYPE_MARGIN[dtype]``; ``budget_bytes`` is not used (scores stay on
@@ -84,23 +93,44 @@ def threshold_candidates(v32: torch.Tensor, counts: torch.Tensor, threshold: flo
     # end (exclusive) of each row's segment, in sorted positions
     ends = torch.repeat_interleave(torch.cumsum(counts, 0), counts)
     return _triton_join().threshold_candidates(
-        v32.to(TORCH_DTYPE[dtype]), ends, threshold - DTYPE_MARGIN[dtype],
+        v32.to(TORCH_DTYPE[dtype]),
+        ends,
+        threshold - DTYPE_MARGIN[dtype],
         block_m=_triton_block(tile_rows, _TRITON_TILE[0]),
-        block_n=_triton_block(tile_cols, _TRITON_TILE[1]), allow_tf32=dtype == "tf32")
+        block_n=_triton_block(tile_cols, _TRITON_TILE[1]),
+        allow_tf32=dtype == "tf32",
+    )
 
 
-def topk(qv: torch.Tensor, kv: torch.Tensor, qs_s: torch.Tensor, lo_of: torch.Tensor,
-         hi_of: torch.Tensor, kk: int, *, dtype: str = "fp32", tile_rows: int | None = None,
-         tile_cols: int | None = None, budget_bytes: int | None = None,
-         ) -> tuple[torch.Tensor, torch.Tensor]:
+def topk(
+    qv: torch.Tensor,
+    kv: torch.Tensor,
+    qs_s: torch.Tensor,
+    lo_of: torch.Tensor,
+    hi_of: torch.Tensor,
+    kk: int,
+    *,
+    dtype: str = "fp32",
+    tile_rows: int | None = None,
+    tile_cols: int | None = None,
+    budget_bytes: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Running top-``kk`` (the :class:`~consolidate.similarity.types.Engine` interface) from
     :func:`~consolidate.kernels.triton_join.topk_candidates`, ``kk <= MAX_TOPK``; the 16-bit
     products are accumulated in float32."""
     tdt = TORCH_DTYPE[dtype]
     return _triton_join().topk_candidates(
-        qv.to(tdt), kv.to(tdt), lo_of, hi_of, kk, block_m=_triton_block(tile_rows, None),
-        block_n=_triton_block(tile_cols, 64), allow_tf32=dtype == "tf32")
+        qv.to(tdt),
+        kv.to(tdt),
+        lo_of,
+        hi_of,
+        kk,
+        block_m=_triton_block(tile_rows, None),
+        block_n=_triton_block(tile_cols, 64),
+        allow_tf32=dtype == "tf32",
+    )
 
 
-ENGINE = Engine("triton", threshold_candidates=threshold_candidates, topk=topk, check=check,
-                max_topk=max_topk)
+ENGINE = Engine(
+    "triton", threshold_candidates=threshold_candidates, topk=topk, check=check, max_topk=max_topk
+)
