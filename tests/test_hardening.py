@@ -430,8 +430,10 @@ def test_a_failed_commit_leaves_no_orphan(store, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(st_mod, "_write_jsonl", full_disk)
+    changed = snap.records.take(np.arange(len(snap.records)))
+    changed.meta.loc[0, "importance"] = 0.25  # a change, so the commit writes
     with store.lock(), pytest.raises(OSError, match="No space left"):
-        store.commit(snap.records, [], base=snap)
+        store.commit(changed, [], base=snap)
     assert tree_digest(store.root) == before  # no snapshot-000002, no temp file
     assert store.load().version == 1
 

@@ -71,13 +71,13 @@ def test_pass_commit_writes_only_changed_rows(store):
     assert sorted(i[:2] for i in live_ids(after)) == ["c", "d", "m-"]
     log = (store.root / "changelogs" / info["changelog"]).read_text().splitlines()
     assert json.loads(log[0])["op"] == "exact_merge"
-    # a second pass over unchanged records rewrites nothing
+    # a second pass over unchanged records writes nothing, and no version
     _, _, info2 = commit_pass(store, force=True)
-    assert info2["rows_written"] == 0 and info2["rows_deleted"] == 0
+    assert info2["rows_written"] == 0 and info2["rows_deleted"] == 0 and info2["unchanged"]
     assert store.load().records.meta.equals(after.records.meta)
     v = store.versions()
-    assert [x["op"] for x in v][-2:] == ["pass", "pass"]
-    assert v[-1]["changelog"] == info2["changelog"]
+    assert v[-1]["op"] == "pass" and v[-1]["version"] == info["version"] == info2["version"]
+    assert v[-1]["changelog"] == info["changelog"]
     # time travel: the version before the first pass still reads as it was
     old = store._open(info["version"] - 1).to_table()
     assert old.num_rows == 4
@@ -208,6 +208,28 @@ def test_diff_matches_the_arrow_comparison_on_random_passes():
     )
     reuse.origin = np.array([1, -1])
     assert _diff(reuse, [frame], [recs.vectors], stored.column("id")) is None
+
+
+def test_a_pass_with_nothing_to_change_writes_no_version(store):
+    with store.lock():
+        snap = store.load()
+        res = run_pass(snap.records, cfg=PassConfig(threshold=0.95, now="200"), version=2)
+        first = store.commit(res.records, res.events, base=snap)
+    v = store.head().version
+    assert first["version"] == v and not first.get("unchanged")
+    with store.lock():
+        snap = store.load()
+        res = run_pass(snap.records, cfg=PassConfig(threshold=0.95, now="200"), version=v + 1)
+        again = store.commit(res.records, res.events, base=snap)
+    assert again["unchanged"] is True and again["version"] == v and again["rows_written"] == 0
+    assert again["changelog"] is None and store.head().version == v
+    # one changed importance is a change
+    with store.lock():
+        snap = store.load()
+        recs = snap.records.take(np.arange(len(snap.records)))
+        recs.meta.loc[0, "importance"] = 0.123
+        changed = store.commit(recs, [], base=snap)
+    assert changed["version"] == v + 1 and changed["rows_written"] == 1
 
 
 def test_dry_run_commits_nothing(store):

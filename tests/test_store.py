@@ -119,9 +119,16 @@ def test_pass_commit_swaps_pointer_and_keeps_history(store):
     assert res.stats["exact_merges"] == 1 and res.stats["model_calls"] == 0
     log = (store.root / "changelogs" / info["changelog"]).read_text().splitlines()
     assert json.loads(log[0])["op"] == "exact_merge"
-    # retention: keep_snapshots=2
-    commit_pass(store, force=True)
-    commit_pass(store, force=True)
+    # a pass with nothing to change writes no new version
+    _, _, same = commit_pass(store, force=True)
+    assert same == {"version": 2, "snapshot": None, "changelog": None, "carried_records": 0,
+                    "carried_touches": 0, "unchanged": True}  # fmt: skip
+    assert store.snapshots() == [1, 2] and store.head().version == 2
+    # retention: keep_snapshots=2 (each pass has a new memory to keep)
+    for k in (3, 4):
+        store.append([{**base_rows()[2], "id": f"new{k}", "text": f"fact {k}", "created_at": 250.0,
+                       "last_used": 250.0}])  # fmt: skip
+        assert commit_pass(store, force=True)[2]["version"] == k
     assert store.snapshots() == [3, 4]
     assert sorted(p.name for p in (store.root / "changelogs").iterdir()) == [
         "changelog-000003.jsonl",

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
@@ -34,7 +33,8 @@ from ..evaluation.results import (
     write_results,
 )
 from ..evaluation.tasks import TASKS, load_sick, load_stsb, verify
-from .common import CONFIG_DIR, make_embedder, typed, user_errors
+from .cli import job
+from .common import make_embedder, typed, user_errors
 
 log = logging.getLogger("consolidate")
 
@@ -309,8 +309,8 @@ def _guard_table(entries: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows).round(4)
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="calibrate")
-def _main(cfg: DictConfig) -> None:
+@job("calibrate")
+def main(cfg: DictConfig) -> None:
     with user_errors():
         calib = run_calibrate(cfg)
     for e in calib["entries"]:
@@ -331,10 +331,6 @@ def _main(cfg: DictConfig) -> None:
         f"recommended threshold {r['threshold']:.4f}; use it with: consolidate "
         f"pass.calibration_file={out}/calibration.json"
     )
-
-
-def main() -> None:
-    _main()
 
 
 if __name__ == "__main__":

@@ -27,7 +27,15 @@ def typed(cfg: DictConfig, key: str, cls: type) -> Any:
     allowed = {f.name for f in dataclasses.fields(cls)}
     extra = sorted(set(node.keys()) - allowed)
     if extra:
-        raise ValueError(f"unknown key(s) {extra} in '{key}' (a typo? allowed: {sorted(allowed)})")
+        import difflib
+
+        hints = {x: difflib.get_close_matches(x, sorted(allowed), n=1, cutoff=0.7) for x in extra}
+        said = "; ".join(f"did you mean {key}.{h[0]}?" for h in hints.values() if h)
+        raise ValueError(
+            f"unknown key(s) {extra} in '{key}'"
+            + (f": {said}" if said else "")
+            + f" (allowed: {sorted(allowed)})"
+        )
     obj = OmegaConf.to_object(node)
     if isinstance(obj, cls):
         return obj
@@ -139,6 +147,15 @@ def write_summary(out_dir: str | Path, summary: dict[str, Any]) -> Path:
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
+def _log_to_files(msg: str) -> None:
+    """Write ``msg`` as an ERROR record to the log files only (the job's ``<job>.log``), so
+    a failed run's folder says why; the console gets the ``error:`` line alone."""
+    rec = logging.LogRecord("consolidate", logging.ERROR, __file__, 0, msg, None, None)
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler):
+            h.handle(rec)
+
+
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """Turn the errors a user can fix (bad input, bad settings, a locked or corrupt store, a
@@ -185,6 +202,7 @@ def user_errors() -> Iterator[None]:
         if os.environ.get("CONSOLIDATE_DEBUG"):
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        _log_to_files(f"error: {msg}")
         print(f"error: {msg}\n(set CONSOLIDATE_DEBUG=1 for the traceback)", file=sys.stderr)
         sys.exit(2)
     except OSError as e:
@@ -194,5 +212,6 @@ def user_errors() -> Iterator[None]:
             or e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
         ):
             raise
+        _log_to_files(f"error: {e}")
         print(f"error: {e}\n(set CONSOLIDATE_DEBUG=1 for the traceback)", file=sys.stderr)
         sys.exit(2)

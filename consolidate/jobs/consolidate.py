@@ -14,7 +14,6 @@ import logging
 import time
 from typing import Any
 
-import hydra
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
@@ -25,8 +24,8 @@ from ..pipeline import run_pass, trigger
 from ..similarity import check_engine
 from ..store import hours_now
 from ..store.lance_store import LanceStore
+from .cli import job
 from .common import (
-    CONFIG_DIR,
     make_embedder,
     open_store,
     pass_cfg,
@@ -144,7 +143,7 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
             )
             res.stats.time_s["load"] = round(t_load, 4)
             res.stats.time_s["commit"] = round(time.perf_counter() - t, 4)
-            if isinstance(store, LanceStore) and not pc.dry_run:
+            if isinstance(store, LanceStore) and not pc.dry_run and not commit.get("unchanged"):
                 _cleanup(store, commit, res.stats.time_s)
             summary.update(ran=True, dry_run=pc.dry_run, commit=commit, stats=res.stats.as_dict())
     return _finish(summary, t0, out_dir)
@@ -468,12 +467,20 @@ def format_summary(s: dict[str, Any]) -> str:
                 )
         else:
             c = s["commit"]
-            where = f"version {c['version']}" if c["snapshot"] else "dry run, nothing written"
+            if c.get("unchanged"):
+                where = f"nothing changed: no new version (still version {c['version']})"
+            elif c["snapshot"]:
+                where = f"version {c['version']}"
+            else:
+                where = "dry run, nothing written"
             rows_w = f", {c['rows_written']} rows written" if "rows_written" in c else ""
-            lines.append(
-                f"written          {where}, changelog {c['changelog']}{rows_w}, "
-                f"carried {c['carried_records']} late records"
-            )
+            if c.get("unchanged"):
+                lines.append(f"written          {where}")
+            else:
+                lines.append(
+                    f"written          {where}, changelog {c['changelog']}{rows_w}, "
+                    f"carried {c['carried_records']} late records"
+                )
         lines.append(
             f"device           {st['device']}, engine {st.get('engine', 'torch')} "
             f"(merger: {st['merger']})"
@@ -565,15 +572,11 @@ def _calls(st: dict[str, Any], stage: str, calls: int, pt: str, ct: str) -> str:
     return out + ")"
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="consolidate")
-def _main(cfg: DictConfig) -> None:
+@job("consolidate")
+def main(cfg: DictConfig) -> None:
     with user_errors():
         summary = run_consolidate(cfg)
     print(format_summary(summary))
-
-
-def main() -> None:
-    _main()
 
 
 if __name__ == "__main__":

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import hydra
 from omegaconf import DictConfig
 
-from .common import CONFIG_DIR, user_errors
+from .cli import job
+from .common import user_errors
 
 
 def run_convert(cfg: DictConfig) -> dict[str, Any]:
@@ -25,18 +25,14 @@ def run_convert(cfg: DictConfig) -> dict[str, Any]:
     return {"src": str(cfg.src), "dst": str(cfg.dst), **out}
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="convert")
-def _main(cfg: DictConfig) -> None:
+@job("convert")
+def main(cfg: DictConfig) -> None:
     with user_errors():
         out = run_convert(cfg)
     print(
         f"converted {out['src']} (version {out['source_version']}) into the Lance store "
         f"{out['dst']}: {out['records']} records, version {out['version']}"
     )
-
-
-def main() -> None:
-    _main()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
@@ -42,7 +41,8 @@ from ..pipeline import run_pass
 from ..recall import fit_token_cap
 from ..store.schema import InvalidRecordsError, Records, records_from_rows, validate
 from ..store.vectors import check_vector_dtype, stored_vectors
-from .common import CONFIG_DIR, make_embedder, sim_cfg, typed, user_errors
+from .cli import job
+from .common import make_embedder, sim_cfg, typed, user_errors
 
 log = logging.getLogger("consolidate")
 
@@ -574,8 +574,8 @@ def _report(res: Results, abl: pd.DataFrame, per_cat: pd.DataFrame, cols: list[s
     return "\n".join(lines) + "\n"
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="evaluate")
-def _main(cfg: DictConfig) -> None:
+@job("evaluate")
+def main(cfg: DictConfig) -> None:
     with user_errors():
         res = run_evaluate(cfg)
     abl = pd.DataFrame(res.tables["ablation"])
@@ -600,10 +600,6 @@ def _main(cfg: DictConfig) -> None:
     if full:
         print(f"left out of this table, full context for most questions: {sorted(full)}")
     print(f"results in {HydraConfig.get().runtime.output_dir}")
-
-
-def main() -> None:
-    _main()
 
 
 if __name__ == "__main__":

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import hydra
 from omegaconf import DictConfig
 
-from .common import CONFIG_DIR, make_embedder, make_store, open_store, typed, user_errors
+from .cli import job
+from .common import make_embedder, make_store, open_store, typed, user_errors
 
 
 class _EmbedOnUse:
@@ -64,8 +64,8 @@ def run_import(cfg: DictConfig) -> dict:
     }
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="import")
-def _main(cfg: DictConfig) -> None:
+@job("import")
+def main(cfg: DictConfig) -> None:
     with user_errors():
         out = run_import(cfg)
     if "file" in out:
@@ -87,10 +87,6 @@ def _main(cfg: DictConfig) -> None:
         )
     else:
         print(f"{out['store']} already exists (snapshot {out['version']}); nothing to do")
-
-
-def main() -> None:
-    _main()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
@@ -17,7 +16,8 @@ from ..config import EmbedderConfig, StoreConfig
 from ..llm import make_backend
 from ..store.locomo import read_locomo_turns
 from ..write_path import IngestConfig, ingest
-from .common import CONFIG_DIR, make_embedder, make_store, sim_cfg, typed, user_errors
+from .cli import job
+from .common import make_embedder, make_store, sim_cfg, typed, user_errors
 
 
 def run_ingest(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
@@ -53,15 +53,11 @@ def run_ingest(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
     return out
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="ingest")
-def _main(cfg: DictConfig) -> None:
+@job("ingest")
+def main(cfg: DictConfig) -> None:
     with user_errors():
         out = run_ingest(cfg, HydraConfig.get().runtime.output_dir)
     print(json.dumps(out, indent=1))
-
-
-def main() -> None:
-    _main()
 
 
 if __name__ == "__main__":

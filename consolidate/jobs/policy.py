@@ -15,7 +15,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import hydra
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -23,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ..evaluation.plots import plot_frontier
 from ..evaluation.policy import frontier_mask, policy_grid, policy_name, recommend
 from ..evaluation.results import now_iso
-from .common import CONFIG_DIR, user_errors
+from .cli import job
+from .common import user_errors
 from .evaluate import run_evaluate
 
 BASELINE = "keep-all"
@@ -202,8 +202,8 @@ def load_policy(path: str | Path) -> dict[str, Any]:
     }
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="policy")
-def _main(cfg: DictConfig) -> None:
+@job("policy")
+def main(cfg: DictConfig) -> None:
     with user_errors():
         doc = run_policy(cfg)
     out = HydraConfig.get().runtime.output_dir
@@ -211,10 +211,6 @@ def _main(cfg: DictConfig) -> None:
     if doc["recommended"] is not None:
         print(f"use it with: consolidate pass.policy_file={out}/policy.json")
     print(f"results in {out}")
-
-
-def main() -> None:
-    _main()
 
 
 if __name__ == "__main__":

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 
-import hydra
 from omegaconf import DictConfig
 
 from ..config import EmbedderConfig
 from ..recall import Recalled, recall
-from .common import CONFIG_DIR, make_embedder, open_store, sim_cfg, typed, user_errors
+from .cli import job
+from .common import make_embedder, open_store, sim_cfg, typed, user_errors
 
 log = logging.getLogger("consolidate")
 
@@ -41,8 +41,8 @@ def run_recall(cfg: DictConfig) -> Recalled:
     return out
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="recall")
-def _main(cfg: DictConfig) -> None:
+@job("recall")
+def main(cfg: DictConfig) -> None:
     with user_errors():
         out = run_recall(cfg)
     if not out.ids:
@@ -55,10 +55,6 @@ def _main(cfg: DictConfig) -> None:
         f"{out.cut_by_tokens} more of the top {cfg.k} did not fit)"
         + ("; marked used" if cfg.mark_used else "")
     )
-
-
-def main() -> None:
-    _main()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..config import EmbedderConfig, StoreConfig
+from .cli import job
 from .common import CONFIG_DIR, make_embedder, typed, user_errors, write_summary
 
 
@@ -93,8 +94,8 @@ def _compose(name: str) -> DictConfig:
         return hydra.compose(config_name=name)
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="reembed")
-def _main(cfg: DictConfig) -> None:
+@job("reembed")
+def main(cfg: DictConfig) -> None:
     with user_errors():
         s = run_reembed(cfg)
     if s["action"] == "switch":
@@ -119,10 +120,6 @@ def _main(cfg: DictConfig) -> None:
         f"switch back with: consolidate-reembed store.dir={s['store']} action=switch "
         f"other={s['backup']}"
     )
-
-
-def main() -> None:
-    _main()
 
 
 if __name__ == "__main__":

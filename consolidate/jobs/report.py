@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from ..evaluation.sweep import check_comparable, collect, write_report
-from .common import CONFIG_DIR, user_errors
+from .cli import job
+from .common import user_errors
 
 
 def run_report(cfg: DictConfig, out_dir: str | Path) -> dict[str, Path]:
@@ -36,15 +36,11 @@ def run_report(cfg: DictConfig, out_dir: str | Path) -> dict[str, Path]:
     return write_report(table, out_dir, cfg.title)
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="report")
-def _main(cfg: DictConfig) -> None:
+@job("report")
+def main(cfg: DictConfig) -> None:
     with user_errors():
         paths = run_report(cfg, HydraConfig.get().runtime.output_dir)
     print("\n".join(f"{k}: {v}" for k, v in paths.items()))
-
-
-def main() -> None:
-    _main()
 
 
 if __name__ == "__main__":

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import hydra
 from omegaconf import DictConfig
 
 from ..config import StoreConfig
 from ..pipeline import undo_merge
 from ..store import hours_now
-from .common import CONFIG_DIR, open_store, typed, user_errors
+from .cli import job
+from .common import open_store, typed, user_errors
 
 log = logging.getLogger("consolidate")
 
@@ -23,30 +23,27 @@ def run_undo(cfg: DictConfig) -> dict[str, Any]:
         KeyError / ValueError: see :func:`consolidate.pipeline.undo_merge`.
     """
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
+    merge_id = cfg.merge_id  # a missing id is the user's error before the store's
     store, _ = open_store(cfg, build=False)
     with store.lock(timeout_s=scfg.lock_timeout_s):
         snap = store.load()
-        recs = undo_merge(snap.records, cfg.merge_id)
+        recs = undo_merge(snap.records, merge_id)
         restored = recs.meta["id"][
-            snap.records.meta["merged_into"].eq(cfg.merge_id).to_numpy()
+            snap.records.meta["merged_into"].eq(merge_id).to_numpy()
         ].tolist()
-        ev = [{"op": "undo", "id": cfg.merge_id, "restored": restored}]
+        ev = [{"op": "undo", "id": merge_id, "restored": restored}]
         commit = store.commit(recs, ev, base=snap, pass_time_h=snap.last_pass_at or hours_now())
-    return {"undone": cfg.merge_id, "restored": restored, **commit}
+    return {"undone": merge_id, "restored": restored, **commit}
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="undo")
-def _main(cfg: DictConfig) -> None:
+@job("undo")
+def main(cfg: DictConfig) -> None:
     with user_errors():
         out = run_undo(cfg)
     print(
         f"undid {out['undone']}: restored {len(out['restored'])} records "
         f"({', '.join(out['restored'][:5])}); now at snapshot {out['version']}"
     )
-
-
-def main() -> None:
-    _main()
 
 
 if __name__ == "__main__":

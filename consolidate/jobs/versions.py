@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import StoreConfig
-from .common import CONFIG_DIR, open_store, typed, user_errors
+from .cli import job
+from .common import open_store, typed, user_errors
 
 
 def run_versions(cfg: DictConfig) -> dict[str, Any]:
@@ -61,8 +61,8 @@ def run_versions(cfg: DictConfig) -> dict[str, Any]:
     )
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="versions")
-def _main(cfg: DictConfig) -> None:
+@job("versions")
+def main(cfg: DictConfig) -> None:
     with user_errors():
         out = run_versions(cfg)
     if "versions" in out:
@@ -79,10 +79,6 @@ def _main(cfg: DictConfig) -> None:
         print(f"wrote version {out['version']} ({out['records']} records) to {out['path']}")
     else:
         print(json.dumps(out, indent=1, default=str))
-
-
-def main() -> None:
-    _main()
 
 
 if __name__ == "__main__":

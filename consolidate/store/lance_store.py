@@ -61,7 +61,6 @@ import logging
 import math
 import os
 import threading
-import time
 import warnings
 import zlib
 from collections import Counter
@@ -101,6 +100,7 @@ from .store import (
     _plain_name,
     _write_atomic,
     _write_jsonl,
+    dry_run_stamp,
 )
 from .vectors import SCALE_COLUMN, decode_vectors, empty_vectors
 
@@ -939,7 +939,7 @@ class LanceStore(Store):
         """Write the changelog of the commit expected to become ``version`` (writes are
         serialised, so it does; the version's properties name the file either way)."""
         name = (
-            f"dry-run-{version:06d}-{time.time_ns()}.jsonl"
+            f"dry-run-{version:06d}-{dry_run_stamp()}.jsonl"
             if dry_run
             else f"changelog-{version:06d}.jsonl"
         )
@@ -1328,6 +1328,20 @@ class LanceStore(Store):
                         else stored.arrow(),
                         [stored.vectors.reshape(-1, dim), late_vecs],
                     )
+            if (op == "pass" and upsert is not None and not len(upsert) and not len(removed)
+                    and not late and not len(late_rows) and not base.deltas):  # fmt: skip
+                # nothing to change: no new version (the pass's events are in its summary)
+                return {
+                    "version": ds.version,
+                    "snapshot": None,
+                    "changelog": None,
+                    "carried_records": 0,
+                    "carried_touches": 0,
+                    "rows_written": 0,
+                    "rows_deleted": 0,
+                    "rewrite": False,
+                    "unchanged": True,
+                }
             # rows equal to a stored row were validated when they were read: validate the
             # rest, and the ids of all (unless the comparison proved them unique)
             self._check_new(

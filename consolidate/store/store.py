@@ -922,8 +922,20 @@ class Store:
         if late:
             events = events + [{"op": "carried", "deltas": late, "record_ids": carried_ids}]
         version = ptr.version + 1
+        leftover = tuple(n for n in ptr.folded if (self.root / "deltas" / n).exists())
+        if (not dry_run and not late and not base.deltas and not leftover
+                and same_records(records, base.records)):  # fmt: skip
+            # nothing to change: no new version (the pass's events are in its summary)
+            return {
+                "version": ptr.version,
+                "snapshot": None,
+                "changelog": None,
+                "carried_records": 0,
+                "carried_touches": 0,
+                "unchanged": True,
+            }
         if dry_run:
-            name = f"dry-run-{version:06d}-{time.time_ns()}.jsonl"
+            name = f"dry-run-{version:06d}-{dry_run_stamp()}.jsonl"
             _write_atomic(self.root / "changelogs" / name, lambda p: _write_jsonl(p, events))
             return {
                 "version": ptr.version,
@@ -933,8 +945,7 @@ class Store:
                 "carried_touches": n_touch,
             }
         # deltas folded by the previous commit whose cleanup did not finish (crash) stay
-        # listed, so they are never applied twice
-        leftover = tuple(n for n in ptr.folded if (self.root / "deltas" / n).exists())
+        # listed (``leftover``), so they are never applied twice
         folded = leftover + tuple(base.deltas) + tuple(late)
         snap, log = self._write_version(
             version,
@@ -1036,6 +1047,22 @@ def _read_parquet(path: Path) -> pa.Table:
     """Read a snapshot or delta, verifying the page checksums written by
     :func:`_write_parquet` (a flipped bit raises instead of loading silently)."""
     return pq.read_table(path, page_checksum_verification=True)
+
+
+def dry_run_stamp() -> str:
+    """The UTC time of a dry run for its changelog's name (``20261202T045712.123456Z``;
+    microseconds keep two dry runs in one second apart)."""
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f".{time.time_ns() // 1000 % 10**6:06d}Z"
+
+
+def same_records(a: Records, b: Records) -> bool:
+    """Whether two record sets hold the same rows in the same order, every column and
+    vector equal (one Arrow comparison; ``False`` on any difference)."""
+    if len(a) != len(b) or a.dim != b.dim or not np.array_equal(a.vectors, b.vectors):
+        return False
+    return bool(
+        records_to_arrow(a, with_vectors=False).equals(records_to_arrow(b, with_vectors=False))
+    )
 
 
 def _write_jsonl(path: Path, events: list[dict[str, Any]]) -> None:

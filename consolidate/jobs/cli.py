@@ -1,0 +1,291 @@
+"""The command-line face of the jobs: one decorator turns a task function into a console
+script that composes its Hydra config, answers ``--help`` with what the job does, its config
+groups and their choices, and reports every user error (an unknown key, a bad value, an
+unknown choice, an override that does not parse) as one ``error:`` line with exit status 2.
+
+``CONSOLIDATE_DEBUG=1`` re-raises instead, with the traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import functools
+import io
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from .common import CONFIG_DIR
+
+__all__ = ["job", "suggest", "config_keys", "help_text"]
+
+
+def job(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[], None]]:
+    """Decorate ``task(cfg)`` as the console script of the job ``config_name``.
+
+    Args:
+        config_name: the primary config, ``consolidate/conf/<config_name>.yaml``.
+
+    Returns:
+        A ``main()`` that reads ``sys.argv``: ``--help``/``-h`` prints :func:`help_text`
+        and exits 0; otherwise Hydra composes the config (overrides, ``--cfg``,
+        ``--multirun`` and Hydra's other flags as usual) and calls ``task``. A config that
+        does not compose prints one ``error:`` line on stderr and exits 2.
+    """
+    import hydra
+
+    def deco(task: Callable[[DictConfig], Any]) -> Callable[[], None]:
+        @functools.wraps(task)
+        def logged(cfg: DictConfig) -> Any:
+            with _stdout_to_log():
+                return task(cfg)
+
+        hydra_main = hydra.main(version_base="1.3", config_path=CONFIG_DIR,
+                                config_name=config_name)(logged)  # fmt: skip
+        about = sys.modules[task.__module__].__doc__ or ""
+
+        @functools.wraps(task)
+        def main() -> None:
+            args = sys.argv[1:]
+            if "--help" in args or "-h" in args:
+                overrides = [a for a in args if not a.startswith("-")]
+                try:
+                    text = help_text(config_name, about, overrides)
+                except Exception as e:  # an override the help cannot compose
+                    _fail(config_name, e)
+                print(text)
+                sys.exit(0)
+            # Hydra re-raises instead of printing its multi-line report (and exiting 1)
+            os.environ["HYDRA_FULL_ERROR"] = "1"
+            try:
+                hydra_main()
+            except Exception as e:
+                if not _is_config_error(e):
+                    raise
+                _fail(config_name, e)
+
+        return main
+
+    return deco
+
+
+class _Tee(io.TextIOBase):
+    """Writes to the console stream and to the open log files of the run."""
+
+    def __init__(self, console: Any, files: list[logging.FileHandler]):
+        self.console, self.files = console, files
+
+    def write(self, s: str) -> int:
+        self.console.write(s)
+        for h in self.files:
+            h.acquire()
+            try:
+                if h.stream is None:
+                    h.stream = h._open()
+                h.stream.write(s)
+                h.stream.flush()
+            finally:
+                h.release()
+        return len(s)
+
+    def flush(self) -> None:
+        self.console.flush()
+
+    def isatty(self) -> bool:
+        return bool(getattr(self.console, "isatty", lambda: False)())
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.console, "encoding", "utf-8")
+
+
+@contextlib.contextmanager
+def _stdout_to_log() -> Iterator[None]:
+    """While the job runs, what it prints (its summary and stage table) also goes to the
+    run's ``<job>.log``, so the log holds the whole result."""
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    if not files:
+        yield
+        return
+    console = sys.stdout
+    sys.stdout = _Tee(console, files)
+    try:
+        yield
+    finally:
+        sys.stdout = console
+
+
+def _is_config_error(e: BaseException) -> bool:
+    from hydra.errors import HydraException, InstantiationException
+    from omegaconf.errors import OmegaConfBaseException
+
+    return isinstance(e, (HydraException, OmegaConfBaseException)) and not isinstance(
+        e, InstantiationException
+    )
+
+
+def _fail(config_name: str, e: BaseException) -> None:
+    if os.environ.get("CONSOLIDATE_DEBUG"):
+        raise e
+    print(f"error: {describe(config_name, e)}\n(set CONSOLIDATE_DEBUG=1 for the traceback)",
+          file=sys.stderr)  # fmt: skip
+    sys.exit(2)
+
+
+def describe(config_name: str, e: BaseException) -> str:
+    """One line for a config that did not compose: what is wrong, and a close match.
+
+    Args:
+        config_name: the job's primary config (to list its groups and keys).
+        e: the exception Hydra or OmegaConf raised while composing.
+    """
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
+
+    cause = e.__cause__ if e.__cause__ is not None else e
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if isinstance(e, MissingConfigException):
+        group, _, value = (e.missing_cfg_file or "").rpartition("/")
+        choices = [o for o in (e.options or []) if o != "base"]
+        if group and choices:
+            hint = suggest(value, choices)
+            return (f"{group}={value}: no such choice (choices: {', '.join(choices)})"
+                    + (f"; did you mean {group}={hint}?" if hint else ""))  # fmt: skip
+        return text.removeprefix(f"In '{config_name}': ")
+    if isinstance(e, OverrideParseException):
+        lines = str(e).strip().splitlines()
+        detail = lines[1] if len(lines) > 1 else ""
+        return (f"{lines[0].removeprefix('Error parsing override ')} does not parse: {detail} "
+                f"(quote values holding '=', ']' or spaces)")  # fmt: skip
+    if "No match in the defaults list" in text:
+        group = text.split("'")[1] if "'" in text else "?"
+        groups = sorted(_groups(config_name))
+        hint = suggest(group, groups)
+        return (f"{group}: no such config group in {config_name} (groups: {', '.join(groups)})"
+                + (f"; did you mean {hint}?" if hint else ""))  # fmt: skip
+    if isinstance(cause, MissingMandatoryValue):
+        key = getattr(cause, "full_key", "") or text
+        return f"{key} has no value: set it on the command line ({key}=...)"
+    if isinstance(cause, ValidationError) and not isinstance(cause, ConfigKeyError):
+        key = getattr(cause, "full_key", "")
+        msg = str(getattr(cause, "msg", "") or cause).strip().splitlines()[0]
+        return f"{key}: {msg}" if key else msg
+    if isinstance(cause, (ConfigKeyError, AttributeError, KeyError)):
+        bad = _override_key(e) or getattr(cause, "full_key", "") or ""
+        keys = config_keys(config_name)
+        hint = suggest(bad, keys)
+        return (
+            f"unknown key '{bad}' in {config_name}'s config"
+            + (f"; did you mean {hint}?" if hint else "")
+            + f" ({config_name} --help lists its settings; +{bad}=... adds a new key)"
+        )
+    return text
+
+
+def _override_key(e: BaseException) -> str | None:
+    """The key of the override Hydra names in ``Could not override 'KEY'``."""
+    msg = str(e)
+    if msg.startswith("Could not override '"):
+        return msg.split("'")[1]
+    return None
+
+
+def suggest(bad: str, known: Iterable[str]) -> str | None:
+    """The known name closest to ``bad`` (``difflib`` ratio >= 0.7), or ``None``.
+
+    ``bad`` is compared whole and by its last dotted part, so ``treshold`` finds
+    ``pass.threshold``.
+    """
+    known = list(known)
+    hit = difflib.get_close_matches(bad, known, n=1, cutoff=0.7)
+    if hit:
+        return hit[0]
+    last = bad.rsplit(".", 1)[-1]
+    by_last: dict[str, str] = {}
+    for k in known:
+        by_last.setdefault(k.rsplit(".", 1)[-1], k)
+    hit = difflib.get_close_matches(last, list(by_last), n=1, cutoff=0.7)
+    return by_last[hit[0]] if hit else None
+
+
+def _compose(config_name: str, overrides: list[str] | None = None) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name, overrides=overrides or [], return_hydra_config=True)
+
+
+def config_keys(config_name: str) -> list[str]:
+    """Every dotted key of the job's composed default config (Hydra's own left out)."""
+    cfg = _compose(config_name)
+    tree = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(tree, dict)
+    tree.pop("hydra", None)
+    out: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                key = f"{prefix}{k}"
+                out.append(key)
+                walk(v, key + ".")
+
+    walk(tree, "")
+    return out
+
+
+def _groups(config_name: str, cfg: DictConfig | None = None) -> dict[str, str | None]:
+    """The user-facing config groups of the job, with their selected choice."""
+    cfg = cfg if cfg is not None else _compose(config_name)
+    choices = OmegaConf.to_container(cfg.hydra.runtime.choices, resolve=False)
+    assert isinstance(choices, dict)
+    return {g: c for g, c in choices.items() if not str(g).startswith("hydra")}
+
+
+def _options(group: str, config_name: str) -> list[str]:
+    """The choices of ``group`` for the job: its YAML files, less those whose header says
+    ``# jobs: a, b`` without the job."""
+    out = []
+    for p in sorted((Path(CONFIG_DIR) / group).glob("*.yaml")):
+        head = [ln for ln in p.read_text().splitlines()[:5] if ln.startswith("# jobs:")]
+        jobs = {j.strip() for j in head[0].removeprefix("# jobs:").split(",")} if head else None
+        if jobs is None or config_name in jobs:
+            out.append(p.stem)
+    return out
+
+
+def help_text(config_name: str, about: str, overrides: list[str] | None = None) -> str:
+    """The ``--help`` page of a job: its description, its config groups with their choices
+    (the selected one marked ``*``), and its settings as composed with ``overrides``."""
+    cfg = _compose(config_name, overrides)
+    groups = _groups(config_name, cfg)
+    prog = Path(sys.argv[0]).name or config_name
+    lines = [about.strip().replace("``", "`"), "",
+             f"Usage: {prog} [GROUP=CHOICE ...] [KEY=VALUE ...]"]  # fmt: skip
+    if groups:
+        lines += ["", "Config groups (* = the default or the one chosen):"]
+    width = max((len(g) for g in groups), default=0)
+    for g, chosen in reversed(groups.items()):  # in the order of the defaults list
+        opts = [("*" if o == chosen else "") + o for o in _options(g, config_name)]
+        if chosen is None:
+            opts.append("*null")
+        elif f"*{chosen}" not in opts:
+            opts.append(f"*{chosen}")
+        lines.append(f"  {g.ljust(width)}  {', '.join(opts)}")
+    body = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(body, dict)
+    body.pop("hydra", None)
+    lines += ["", "Settings (KEY=VALUE overrides any of them):", "",
+              OmegaConf.to_yaml(body).rstrip(), "",
+              f"`{prog} --cfg job` prints the composed config; `{prog} --hydra-help` lists "
+              f"Hydra's own flags (--multirun, --cfg, --info). Configs: {CONFIG_DIR}"]  # fmt: skip
+    return "\n".join(lines)
