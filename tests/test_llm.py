@@ -308,6 +308,31 @@ def test_consolidate_with_smollm2_as_the_merger(tmp_path):
         )
 
 
+def test_the_model_loads_only_when_a_pass_has_work_for_it(tmp_path):
+    """Building the merger reads no weights; a pass with no cluster never loads them; the
+    first cluster does."""
+    require_smollm2()
+    from tests.helpers import REPO
+
+    merger = LLMMerger(
+        "transformers",
+        {"cache_dir": str(REPO / ".cache" / "models")},
+        cache_path=str(tmp_path / "cache.sqlite"),
+        max_tokens=32,
+    )
+    model = merger.backend.inner
+    assert model.loaded is False
+    apart = [{**cluster_rows()[0]}, {**cluster_rows()[1], "vector": [0.0, 1.0]}]
+    res = run_pass(make_records(apart), cfg=PassConfig(threshold=0.9, now="6", decay=False),
+                   merger=merger, wall_h=7.0)  # fmt: skip
+    assert res.stats["clusters"] == 0 and res.stats["model_calls"] == 0
+    assert model.loaded is False
+    res = run_pass(make_records(cluster_rows()), cfg=PassConfig(threshold=0.9, now="6",
+                   decay=False), merger=merger, wall_h=7.0)  # fmt: skip
+    assert res.stats["clusters"] == 1 and res.stats["model_calls"] >= 1
+    assert model.loaded is True
+
+
 # ---------------------------------------------------------------- decide parser
 from consolidate.llm.decide import (  # noqa: E402
     Neighbour,

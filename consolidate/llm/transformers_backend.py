@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..device import resolve_device
 from .base import ChatRequest, ChatResponse
@@ -107,18 +108,43 @@ class TransformersBackend:
         batch_size: int = 8,
     ) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = resolve_model_path(model_path, cache_dir)
         self.model = str(path)
         self.device = resolve_device(device)
-        dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-        self.tok = AutoTokenizer.from_pretrained(path)
-        self.tok.padding_side = "left"
-        if self.tok.pad_token is None:
-            self.tok.pad_token = self.tok.eos_token
-        self.lm = AutoModelForCausalLM.from_pretrained(path, dtype=dt).to(self.device).eval()
+        self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
         self.batch_size = batch_size
+        self._tok: Any = None
+        self._lm: Any = None
+
+    def _load(self) -> None:
+        """Load the tokenizer and the weights, at the first request (a pass with nothing
+        for the model never loads it)."""
+        if self._lm is not None:
+            return
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(self.model)
+        tok.padding_side = "left"
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        lm = AutoModelForCausalLM.from_pretrained(self.model, dtype=self.dtype)
+        self._tok, self._lm = tok, lm.to(self.device).eval()
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the weights are in memory (after the first request)."""
+        return self._lm is not None
+
+    @property
+    def tok(self) -> Any:
+        self._load()
+        return self._tok
+
+    @property
+    def lm(self) -> Any:
+        self._load()
+        return self._lm
 
     def chat(self, requests: Sequence[ChatRequest]) -> list[ChatResponse]:
         """Greedy or seeded sampling per request; batches group equal sampling settings."""

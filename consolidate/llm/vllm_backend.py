@@ -84,13 +84,24 @@ class VLLMBackend:
             enforce_eager=bool(enforce_eager),
             **dict(engine_kwargs or {}),
         )
-        key = tuple(sorted((k, repr(v)) for k, v in settings.items()))
-        if key not in _ENGINES:
-            t = time.perf_counter()
-            _ENGINES[key] = vllm.LLM(**settings)
-            log.info("vllm engine for %s started in %.1f s", self.model, time.perf_counter() - t)
-        self.engine = _ENGINES[key]
+        self._settings = settings
+        self._key = tuple(sorted((k, repr(v)) for k, v in settings.items()))
         self.max_model_len = int(max_model_len)
+
+    @property
+    def loaded(self) -> bool:
+        """Whether this backend's engine is running (it starts at the first request, so a
+        pass with nothing for the model never starts it)."""
+        return self._key in _ENGINES
+
+    @property
+    def engine(self) -> Any:
+        """The ``vllm.LLM`` engine, started at first use (one per settings, per process)."""
+        if self._key not in _ENGINES:
+            t = time.perf_counter()
+            _ENGINES[self._key] = vllm.LLM(**self._settings)
+            log.info("vllm engine for %s started in %.1f s", self.model, time.perf_counter() - t)
+        return _ENGINES[self._key]
 
     def _params(self, r: ChatRequest) -> Any:
         from vllm import SamplingParams
