@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -142,7 +143,7 @@ def text_hashes(texts: Sequence[object]) -> list[str]:
     valid UTF-8 (validation reports those records); normalisation as in
     :func:`normalise_many`, then one SHA-256 per text."""
     ok = [isinstance(t, str) and utf8_ok(t) for t in texts]
-    norm = iter(normalise_many([t for t, k in zip(texts, ok, strict=True) if k]))
+    norm = iter(normalise_many([str(t) for t, k in zip(texts, ok, strict=True) if k]))
     return [hashlib.sha256(next(norm).encode("utf-8")).hexdigest() if k else "" for k in ok]
 
 
@@ -688,7 +689,9 @@ def conflict_signature(text: str) -> ConflictSignature:
     poles = sorted({gp for t in word_set for gp in _POLES.get(t, ())})
     # the multisets, from content_tokens, skipped where the text has none of their words
     # (most texts)
-    negs = nums = dates = ()
+    negs: tuple[tuple[Any, int], ...] = ()
+    nums: tuple[tuple[Any, int], ...] = ()
+    dates: tuple[tuple[Any, int], ...] = ()
     has_num = _DIGIT.search(low) is not None or not _NUMBER_WORDS.keys().isdisjoint(word_set)
     has_neg = "n't" in low or not _NEGATIONS.isdisjoint(word_set)
     has_date = not _DATE_WORDS.isdisjoint(word_set)
@@ -797,7 +800,7 @@ def _values_differ(a: ConflictSignature, b: ConflictSignature) -> bool:
             ("replace", max(i, len(wa) - j - 3), len(wa) - j, max(i, len(wb) - j - 3), len(wb) - j),
         ]
     else:
-        spans = difflib.SequenceMatcher(a=wa, b=wb, autojunk=False).get_opcodes()
+        spans = list(difflib.SequenceMatcher(a=wa, b=wb, autojunk=False).get_opcodes())
     for op, i1, i2, j1, j2 in spans:
         if op != "replace" or i2 - i1 > 3 or j2 - j1 > 3 or i1 == i2 or j1 == j2:
             continue

@@ -278,9 +278,9 @@ def _pairs_from_candidates(
     keep = sim >= threshold
     oi, oj, sim = oi[keep], oj[keep], sim[keep]
     lo, hi = torch.minimum(oi, oj), torch.maximum(oi, oj)
-    lo, hi, sim = lo.cpu().numpy(), hi.cpu().numpy(), sim.cpu().numpy()
-    srt = np.lexsort((hi, lo))
-    return Pairs(lo[srt].astype(np.int64), hi[srt].astype(np.int64), sim[srt])
+    lo_, hi_, sim_ = lo.cpu().numpy(), hi.cpu().numpy(), sim.cpu().numpy()
+    srt = np.lexsort((hi_, lo_))
+    return Pairs(lo_[srt].astype(np.int64), hi_[srt].astype(np.int64), sim_[srt])
 
 
 def _rescore64(
@@ -368,6 +368,7 @@ def topk_neighbours(
         qs = torch.zeros(nq, dtype=torch.int64)
         ks = torch.zeros(n, dtype=torch.int64)
     else:
+        assert key_segments is not None  # both or neither, checked above
         qs = _codes(query_segments, "query_segments")
         ks = _codes(key_segments, "key_segments")
         if qs.shape != (nq,) or ks.shape != (n,):

@@ -858,7 +858,7 @@ class LanceStore(Store):
             live = m["deleted_at"].isna().to_numpy()[pos]
             if live.any():
                 raise ValueError(
-                    f"restore: {[ids[k] for k in np.flatnonzero(live)][:5]} are live already"
+                    f"restore: {[ids[int(k)] for k in np.flatnonzero(live)][:5]} are live already"
                 )
             into = m["merged_into"].to_numpy(object)[pos]
             ka = m["keep_apart"].copy()
@@ -1025,7 +1025,9 @@ class LanceStore(Store):
             source += f", namespaces {namespaces[:3]}{'...' if len(namespaces) > 3 else ''}"
         try:
             try:
-                scanned = [_scan(ds, flt, marker["dim"], found)]
+                scanned: list[tuple[pa.Table, np.ndarray | None, np.ndarray | None]] = [
+                    _scan(ds, flt, marker["dim"], found)
+                ]
             except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
                 checker, check = started.get("checker", (checker, check))
                 raise _read_error(e, source, checker, check) from e
@@ -1110,7 +1112,7 @@ class LanceStore(Store):
             self.dataset_path,
             float(lp) if lp else None,
             stored=stored,
-            namespaces=namespaces,
+            namespaces=None if namespaces is None else list(namespaces),
         )
 
     @staticmethod
@@ -1133,7 +1135,8 @@ class LanceStore(Store):
         was merged into)."""
         if known is None:
             return True
-        for i in self.delta_ids(name):
+        for first in self.delta_ids(name):
+            i: str | None = first
             for _ in range(_MAX_CHAIN):
                 if i not in known:
                     return False
@@ -1306,7 +1309,9 @@ class LanceStore(Store):
                 }
             dtype = self.vector_dtype or self._vector_dtype(ds.schema)
             lance = _lance()
-            upsert = removed = dead = None
+            upsert: np.ndarray | None = None
+            removed: list[str] = []
+            dead = None
             unique = False
             if dtype == self._vector_dtype(ds.schema):
                 stored_ids = pa.chunked_array(
@@ -1374,6 +1379,7 @@ class LanceStore(Store):
                         transaction_properties=new_props,
                     )
                 else:
+                    assert upsert is not None  # not a rewrite: the diff was computed
                     new = self._upsert(
                         ds,
                         records_to_arrow(final.take(upsert), dtype),
@@ -1937,14 +1943,16 @@ def write_records_file(
     )
     if suffix == ".parquet":
         table = records_to_arrow(recs, dtype)
-        for c in [] if aligned is None else aligned.columns:
+        for c in [] if aligned is None else list(aligned.columns):
+            assert aligned is not None
             if c not in table.column_names:
                 table = table.append_column(str(c), pa.array(aligned[c].tolist(), from_pandas=True))
         _write_atomic(path, lambda p: pq.write_table(table, p))
         return
     df = records_to_arrow(recs, dtype, with_vectors=False).to_pandas()
     df.insert(3, "vector", list(recs.vectors.astype(np.float64)))
-    for c in [] if aligned is None else aligned.columns:
+    for c in [] if aligned is None else list(aligned.columns):
+        assert aligned is not None
         if c not in df.columns:
             df[c] = aligned[c].to_numpy(object)
     for c in df.columns:  # times as ISO 8601 UTC (microseconds, as stored)

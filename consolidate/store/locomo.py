@@ -91,7 +91,8 @@ def parse_evidence(e: Any) -> tuple[list[str], list[str]]:
         ``(valid dia_ids, malformed tokens)``.
     """
     items = e if isinstance(e, list) else [e]
-    good, bad = [], []
+    good: list[str] = []
+    bad: list[str] = []
     for it in items:
         for tok in re.split(r"[,;\s]+", str(it).strip()):
             if not tok:

@@ -281,7 +281,7 @@ class _RowParser:
             if v is not None and not isinstance(v, str):
                 self.bad(f"{c} is not a string", k)
         lp = row.get("last_pass")
-        r["last_pass"] = float(lp) if _is_real(lp) else math.nan
+        r["last_pass"] = float(lp) if lp is not None and _is_real(lp) else math.nan
         for c in ("keep_apart", "derived_from"):
             v = row.get(c)
             v = [] if v is None else v
@@ -328,13 +328,13 @@ def records_from_rows(rows: Iterable[Mapping[str, Any]], dim: int | None = None)
         dim = next((len(a) for a in arrays if a is not None), 0)
     vecs = np.full((len(raw), dim), np.nan, dtype=np.float32)
     bad_dim = []
-    for k, a in enumerate(arrays):
-        if a is None:
+    for k, got in enumerate(arrays):
+        if got is None:
             continue
-        if a.shape[0] != dim:
+        if got.shape[0] != dim:
             bad_dim.append(k)
         else:
-            vecs[k] = a
+            vecs[k] = got
     meta = pd.DataFrame(
         {
             c: pd.Series([r.get(c) for r in parsed], dtype=object)
@@ -763,7 +763,7 @@ def validate(
         # a row's float64 sum of squares is finite exactly when every float32 component is
         # (each square is below 1.2e77): no [n, d] temporary
         finite = np.isfinite(sq)
-        add("NaN or inf in vector", [k for k in np.flatnonzero(~finite) if k not in bad_dim])
+        add("NaN or inf in vector", [int(k) for k in np.flatnonzero(~finite) if k not in bad_dim])
         add("zero vector", np.flatnonzero(finite & (sq < 1e-24)))
     bad_utf8 = set(recs.bad_utf8)
     text_arr = _str_column(m["text"])
@@ -784,9 +784,10 @@ def validate(
             )
         )
     else:
-        long_ = [
-            k for k, t in enumerate(m["text"]) if isinstance(t, str) and len(t) > MAX_TEXT_CHARS
-        ]
+        long_ = np.array(
+            [k for k, t in enumerate(m["text"]) if isinstance(t, str) and len(t) > MAX_TEXT_CHARS],
+            dtype=np.int64,
+        )
     add(f"text longer than {MAX_TEXT_CHARS:,} characters", long_)
     imp = m["importance"].to_numpy(np.float64)
     add("importance outside [0, 1]", np.flatnonzero(~((imp >= 0) & (imp <= 1))))

@@ -140,7 +140,7 @@ def _small_block_candidates(
     """
     d = vt.shape[1]
     dev = vt.device
-    out = []
+    out: list[tuple[torch.Tensor, ...]] = []
     padded = _block_size(sizes)
     for p in torch.unique(padded).tolist():
         sel = (padded == p).nonzero()[:, 0]
