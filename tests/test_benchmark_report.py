@@ -1,6 +1,5 @@
 """The benchmark's target lines: measured ratios and verdicts from a results table."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -9,12 +8,9 @@ import pytest
 
 
 def load_benchmark():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
-    spec = importlib.util.spec_from_file_location("benchmark_script", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    from consolidate.bench import benchmark
+
+    return benchmark
 
 
 def row(method, family, time_s, **case):
@@ -223,12 +219,9 @@ def test_pass_ratio_lines_and_report_table():
 
 
 def load_pass_bench():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "pass_bench.py"
-    spec = importlib.util.spec_from_file_location("pass_bench_script", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    from consolidate.bench import pass_bench
+
+    return pass_bench
 
 
 def test_pass_store_plants_what_it_says():
@@ -309,23 +302,19 @@ def test_pass_store_plants_what_it_says():
 
 @pytest.mark.slow
 def test_tiny_pass_cases_run_end_to_end(tmp_path):
+    from consolidate.config import BenchConfig
+    from consolidate.evaluation.results import read_results
+
     bm = load_benchmark()
-    assert (
-        bm.main(
-            [
-                "--preset",
-                "tiny",
-                "--only",
-                "pass",
-                "--out",
-                str(tmp_path),
-                "--pass-warm-rows",
-                "200",
-            ]
-        )
-        == 0
-    )
+    opts = BenchConfig(preset="tiny", only="pass", out=str(tmp_path), pass_warm_rows=200)
+    assert bm.run_benchmark(opts) == tmp_path
     df = pd.read_parquet(tmp_path / "results.parquet")
+    # results.json: the evaluation jobs' schema, one time_s metric per pass case
+    res = read_results(tmp_path / "results.json")
+    assert res.job == "bench" and res.task.name == "benchmark-tiny" and res.config["only"] == "pass"
+    times = {m.variant: m.value for m in res.metrics if m.name == "time_s"}
+    assert times == {f"{c} | {m}": t for c, m, t in zip(df.case, df.method, df.time_s, strict=True)}
+    assert len(res.tables["results"]) == len(df)
     assert (df.kind == "pass").all() and (df.status == "ok").all() and len(df) == 2
     assert (df.records_out == df.expected_out).all()
     assert (df.clusters == df.planted_clusters).all()
@@ -342,7 +331,7 @@ def test_baseline_child_imports_only_the_exported_package(tmp_path):
 
     (tmp_path / "consolidate").mkdir()
     (tmp_path / "consolidate" / "__init__.py").write_text("")
-    script = Path(__file__).resolve().parents[1] / "scripts" / "pass_bench.py"
+    script = Path(__file__).resolve().parents[1] / "consolidate" / "bench" / "pass_bench.py"
     code = (
         "import importlib.util as u, sys\n"
         f"s = u.spec_from_file_location('pb', {str(script)!r})\n"

@@ -103,6 +103,17 @@ def test_evaluate_help_offers_only_its_own_presets(monkeypatch, capsys):
     assert "sweep_decay" in groups and "nightly" not in groups and "runner" not in groups
 
 
+def test_bench_help_lists_its_presets(monkeypatch, capsys):
+    from consolidate.jobs import bench as bench_job
+
+    text = _help(bench_job.main, ["bench=tiny"], monkeypatch, capsys)
+    assert text.startswith("`consolidate-bench`: ours against what a user would write instead")
+    groups = text.split("Config groups")[1].split("Settings")[0]
+    rows = {ln.split()[0]: ln.split(None, 1)[1] for ln in groups.strip().splitlines()[1:]}
+    assert rows["bench"] == "cpu, gpu, *tiny"
+    assert "  preset: tiny\n" in text and "  pass_baseline: null\n" in text
+
+
 def test_suggest_and_keys():
     keys = config_keys("consolidate")
     assert {"pass.threshold", "store.dir", "merge._target_", "task_name"} <= set(keys)

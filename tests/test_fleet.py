@@ -2,7 +2,6 @@
 single-process pass's, shards hold whole namespaces, deltas are applied once, the safety
 stops hold across shards."""
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -27,12 +26,9 @@ SIM = SimilarityConfig(device="cpu")
 
 
 def _pass_bench():
-    spec = importlib.util.spec_from_file_location(
-        "pass_bench_script", REPO / "scripts" / "pass_bench.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from consolidate.bench import pass_bench
+
+    return pass_bench
 
 
 def fleet_records(n=3000, ns_size=100, seed=3, stale_every=9):

@@ -25,7 +25,7 @@ in the source's segment and 10% in another one (never a true pair).
 
 Usage::
 
-    .venv/bin/python scripts/minhash_bench.py --n 2000 20000 --out eval/minhash_bench
+    .venv/bin/python -m consolidate.bench.minhash_bench --n 2000 20000 --out eval/minhash_bench
 
 Times are the best of ``--repeat`` runs (default 3), after one warm-up call of each method.
 Writes ``report.md`` and ``results.json`` to ``--out`` when given. Without datasketch
@@ -44,8 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parents[2]
 
 from consolidate.minhash import choose_bands, minhash_signatures, signature_pairs  # noqa: E402
 from consolidate.text import normalise  # noqa: E402
@@ -332,7 +331,7 @@ def main(argv=None):
     import pyarrow
 
     env = {
-        "command": "python scripts/minhash_bench.py " + " ".join(argv or sys.argv[1:]),
+        "command": "python -m consolidate.bench.minhash_bench " + " ".join(argv or sys.argv[1:]),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "numpy": np.__version__,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Whole-pass benchmark children: a synthetic store generator and the measuring run.
 
-``scripts/benchmark.py`` (the parent) starts each step in its own process so that the peak
+``consolidate-bench`` (:mod:`consolidate.bench.benchmark`, the parent) starts each step in its own process so that the peak
 resident memory (``VmHWM``) of the measuring process holds only what the job itself holds:
 
 * ``pass_bench.py generate SPEC_JSON``: builds the synthetic store (:func:`make_pass_store`)
@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+#: the folder holding the ``consolidate`` package (a checkout or site-packages)
+REPO = Path(__file__).resolve().parents[2]
 PKG_ENV = "PASS_BENCH_PKG"
 
 # ----------------------------------------------------------------------------- texts

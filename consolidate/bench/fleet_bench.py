@@ -2,10 +2,10 @@
 
 Usage::
 
-    python scripts/fleet_bench.py [--n 200000] [--ns-size 100] [--actors 2] [--cpus 2]
+    python -m consolidate.bench.fleet_bench [--n 200000] [--ns-size 100] [--actors 2] [--cpus 2]
                                   [--out eval/fleet_bench]
 
-Builds one synthetic Lance store (``scripts/pass_bench.py``'s generator: d=384,
+Builds one synthetic Lance store (``consolidate.bench.pass_bench``'s generator: d=384,
 ``n / ns_size`` namespaces, planted exact and near duplicates) and copies it. Then, on the
 two copies:
 
@@ -31,9 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _single(store, pc, sc, wall, namespaces=None):
@@ -93,11 +91,11 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
 
     import numpy as np
-    import pass_bench
     import ray
     import torch
 
     import consolidate.store.lance_store as ls
+    from consolidate.bench import pass_bench
     from consolidate.config import PassConfig, RunnerConfig, SimilarityConfig
     from consolidate.store.schema import hours_now
 

@@ -2,9 +2,9 @@
 
 Usage::
 
-    python scripts/store_bench.py [--n 1000000] [--ns-size 100] [--out eval/store_bench]
+    python -m consolidate.bench.store_bench [--n 1000000] [--ns-size 100] [--out eval/store_bench]
 
-For each format it builds a synthetic store (``scripts/pass_bench.py``'s generator: d=384,
+For each format it builds a synthetic store (``consolidate.bench.pass_bench``'s generator: d=384,
 ``n / ns_size`` namespaces), then times each operation in a fresh process (so each peak
 RSS is that operation's own): ``load`` (into the pass's columns), ``append`` of 10
 records, ``mark_used`` of 10 ids, and a commit that changes 1% of the rows against one that
@@ -28,21 +28,19 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _hwm() -> int:
     """Peak RSS of this process in bytes (``VmHWM``)."""
-    import pass_bench
+    from consolidate.bench import pass_bench
 
     return pass_bench._proc_status("VmHWM")
 
 
 def _rss() -> int:
     """RSS of this process in bytes (``VmRSS``)."""
-    import pass_bench
+    from consolidate.bench import pass_bench
 
     return pass_bench._proc_status("VmRSS")
 
@@ -57,8 +55,8 @@ def _open(fmt: str, root: str):
 def step(name: str, fmt: str, root: str, n: int, ns_size: int) -> dict:
     """One timed operation in this process; returns seconds and memory in bytes."""
     import numpy as np
-    import pass_bench
 
+    from consolidate.bench import pass_bench
     from consolidate.store import Records
 
     out: dict = {"step": name, "format": fmt}

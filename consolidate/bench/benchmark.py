@@ -51,8 +51,8 @@ lines of our engine against each baseline are printed last.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import importlib.util
 import json
@@ -75,10 +75,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+#: the folder a git checkout of this package is in (for ``pass_baseline`` and the git state)
+REPO = Path(__file__).resolve().parents[2]
 
 from consolidate.cluster import centroid_clusters  # noqa: E402
+from consolidate.config import BenchConfig  # noqa: E402
 from consolidate.device import resolve_device  # noqa: E402
 from consolidate.similarity import TopK, threshold_pairs, topk_neighbours  # noqa: E402
 from consolidate.similarity.engines.faiss_engine import recall_at_k  # noqa: E402
@@ -316,7 +317,7 @@ def locomo_store(
         with np.load(npz) as z:  # the store as saved (its conversations, not ``conversations``)
             v, codes = z["vectors"].astype(np.float32), z["codes"].astype(np.int64)
         return torch.from_numpy(np.ascontiguousarray(v)), codes
-    data = Path(os.environ.get("CONSOLIDATE_DATA_DIR", REPO.parent / "shared" / "data"))
+    data = Path(os.environ.get("CONSOLIDATE_DATA_DIR", Path("..") / "shared" / "data"))
     path = data / "locomo" / "locomo10.json"
     if not path.exists():
         raise Skip(f"LOCOMO not found at {path} (set CONSOLIDATE_DATA_DIR)")
@@ -411,7 +412,7 @@ class Ctx:
     device: torch.device
     v: torch.Tensor  # float32 [n, d] on device
     seg: np.ndarray | None  # int64 [n] namespace codes
-    args: argparse.Namespace
+    args: BenchConfig
     cache: dict[str, Any] = field(default_factory=dict)
     _host: np.ndarray | None = None
 
@@ -903,7 +904,7 @@ REF_NAME = "torch float64 tiles (reference)"
 
 
 class Runner:
-    def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
+    def __init__(self, args: BenchConfig, device: torch.device) -> None:
         self.args = args
         self.device = device
         self.rows: list[dict[str, Any]] = []
@@ -1407,7 +1408,8 @@ def target_lines(df: pd.DataFrame) -> list[str]:
 
 # --------------------------------------------------------------------------- whole pass
 
-PASS_SCRIPT = REPO / "scripts" / "pass_bench.py"
+#: run by path, so that a baseline package first on PYTHONPATH is the one measured
+PASS_SCRIPT = Path(__file__).resolve().with_name("pass_bench.py")
 #: the pass before the rewrite (5244916) on n=10^6 in 100-row namespaces, 2-core cpu
 PASS_BASELINE_MEASURED_S = 219.0
 #: stage names of ``stats["time_s"]`` that are the similarity search
@@ -2013,124 +2015,98 @@ def report(runner: Runner, meta: dict[str, Any], out: Path, final: bool) -> list
         (out / "pass_results.json").write_text(
             json.dumps(runner.pass_raw, indent=1, default=str) + "\n"
         )
-    return write_report(df, meta, out)
+    lines = write_report(df, meta, out)
+    write_results_json(df, meta, out)
+    return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", choices=["cpu", "gpu", "tiny"], default="cpu")
-    ap.add_argument("--out", default=None, help="output folder (default eval/benchmark_<preset>)")
-    ap.add_argument("--device", default="auto", help="auto | cpu | cuda[:k]")
-    ap.add_argument(
-        "--cases",
-        default=None,
-        help="comma-separated case numbers of the preset to run (default all)",
+#: columns of a results row reported as metrics in ``results.json`` (name -> higher is better)
+METRIC_COLUMNS = {"time_s": False, "recall": True, "precision": True, "tflops": True,
+                  "share_of_peak": True, "peak_rss_mb": False, "similarity_s": False,
+                  "nonsim_s": False, "load_s": False}  # fmt: skip
+
+
+def write_results_json(df: pd.DataFrame, meta: dict[str, Any], out: Path) -> Path:
+    """``results.json`` in the schema of the evaluation jobs
+    (:class:`consolidate.evaluation.results.Results`): one metric per measured method and
+    column of :data:`METRIC_COLUMNS` (``variant`` = ``"<case> | <method>"``), the whole
+    table under ``tables["results"]``, the run's settings as ``config``."""
+    from consolidate.evaluation.results import Metric, Results, TaskInfo, environment, now_iso
+
+    ok = df[df.status == "ok"] if "status" in df.columns else df
+    metrics = []
+    for rec in ok.to_dict("records"):
+        for col, higher in METRIC_COLUMNS.items():
+            v = rec.get(col)
+            if isinstance(v, (int, float)) and math.isfinite(float(v)):
+                metrics.append(Metric(name=col, value=float(v), higher_is_better=higher,
+                                      variant=f"{rec['case']} | {rec['method']}", n=1))  # fmt: skip
+    env = environment(str(meta.get("device", "")))
+    rows = json.loads(df.to_json(orient="records"))  # NaN -> null
+    res = Results(
+        job="bench",
+        created_at=str(meta.get("date") or now_iso()),
+        task=TaskInfo(
+            name=f"benchmark-{meta.get('preset')}",
+            version="1",
+            files_sha256={},
+            hash_verified=False,
+            counts={"rows": len(df), "ok": len(ok)},
+            main_score="time_s",
+        ),  # fmt: skip
+        config=dict(meta.get("args", {})),
+        git_commit=env["git_commit"],
+        packages=env["packages"],
+        device=env["device"],
+        python=env["python"],
+        timings_s={"wall": round(float(meta.get("wall_s", 0.0)), 3)},
+        metrics=metrics,
+        tables={"results": rows},
     )
-    ap.add_argument("--budget-s", type=float, default=None, help="time budget for all cases")
-    ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--slow-s", type=float, default=None)
-    ap.add_argument("--warm-rows", type=int, default=None)
-    ap.add_argument(
-        "--cpu-cap-tflop",
-        type=float,
-        default=None,
-        help="largest case (useful TFLOP) for the cpu methods (numpy, faiss-cpu)",
-    )
-    ap.add_argument(
-        "--st-cap-n",
-        type=int,
-        default=None,
-        help="largest n for the sentence-transformers baselines",
-    )
-    ap.add_argument(
-        "--locomo-conv",
-        type=int,
-        default=None,
-        help="LOCOMO conversations to embed (0 = skip the LOCOMO case)",
-    )
-    ap.add_argument(
-        "--locomo-npz",
-        default=os.environ.get("LOCOMO_NPZ"),
-        help="read the LOCOMO vectors from this .npz (see --save-locomo-npz) "
-        "instead of embedding them (env LOCOMO_NPZ)",
-    )
-    ap.add_argument(
-        "--save-locomo-npz",
-        default=None,
-        help="save the embedded LOCOMO vectors and namespace codes to this .npz",
-    )
-    ap.add_argument(
-        "--full-ref-max",
-        type=int,
-        default=20_000,
-        help="largest n with an all-pairs float64 reference",
-    )
-    ap.add_argument("--ref-sample", type=int, default=2000)
-    ap.add_argument("--cpu-peak-size", type=int, default=3072)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--only",
-        choices=["all", "sim", "pass"],
-        default="all",
-        help="run only the similarity cases (sim) or only the whole-pass cases (pass)",
-    )
-    ap.add_argument(
-        "--pass-sizes",
-        default=None,
-        help="comma-separated n of the whole-pass cases to run (default all of "
-        "the preset), e.g. 100000",
-    )
-    ap.add_argument(
-        "--pass-cases",
-        default=None,
-        help="comma-separated numbers of the preset's whole-pass cases to run "
-        "(cpu: 0 = 10^5 in 100-row namespaces, 1 = 10^5 in 10^4-row namespaces, "
-        "2 = one 10^5 namespace with 10^4 clusters, 3 = 10^6 in 100-row namespaces)",
-    )
-    ap.add_argument(
-        "--pass-baseline",
-        default=None,
-        metavar="REV",
-        help="also run the pass of this git revision's consolidate/ package "
-        "(git archive) on the same stores, e.g. 5244916 (before the rewrite)",
-    )
-    ap.add_argument(
-        "--pass-baseline-max-n",
-        type=int,
-        default=10**9,
-        help="run the baseline pass only up to this n (the old pass takes ~220 s "
-        "and ~10 GB at n=10^6)",
-    )
-    ap.add_argument(
-        "--pass-device",
-        default=None,
-        help="similarity device of the pass (default: auto for the gpu preset, else cpu)",
-    )
-    ap.add_argument("--pass-dtype", default="fp32", help="similarity tile dtype of the pass")
-    ap.add_argument(
-        "--pass-warm-rows",
-        type=int,
-        default=2000,
-        help="rows of the untimed warm-up pass before the timed one (0 = none)",
-    )
-    ap.add_argument(
-        "--pass-timeout-s",
-        type=float,
-        default=3600.0,
-        help="time limit of each whole-pass child process",
-    )
-    ap.add_argument(
-        "--pass-tmp",
-        default=None,
-        help="folder for the temporary stores (default: the system's temp)",
-    )
-    args = ap.parse_args(argv)
+    path = out / "results.json"
+    path.write_text(res.model_dump_json(indent=1))
+    return path
+
+
+def _numbers(x: Any, what: str) -> list[int]:
+    """``[0, 2]``, ``2`` or ``"0,2"`` (or ``"1e5"``) as a list of ints."""
+    items = x.split(",") if isinstance(x, str) else list(x) if isinstance(x, (list, tuple)) else [x]
+    try:
+        return [int(float(v)) for v in items]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be numbers (e.g. {what}=[0,2]), got {x!r}") from None
+
+
+def run_benchmark(args: BenchConfig) -> Path:
+    """Run the preset's cases and write the report (see the module docstring).
+
+    Args:
+        args: the settings (changed in place: the preset's defaults fill the ``None`` ones).
+
+    Returns:
+        The output folder: ``results.json`` (the results schema of the evaluation jobs),
+        ``results.parquet``, ``report.md``, ``benchmark.png``, ``meta.json``.
+
+    Raises:
+        ValueError: an unknown preset, ``only`` or case number.
+    """
+    if args.preset not in ("cpu", "gpu", "tiny"):
+        raise ValueError(f"preset must be cpu, gpu or tiny, got {args.preset!r}")
+    if args.only not in ("all", "sim", "pass"):
+        raise ValueError(f"only must be all, sim or pass, got {args.only!r}")
+    if args.locomo_npz is None:
+        args.locomo_npz = os.environ.get("LOCOMO_NPZ")
     cases, defaults = preset_cases(args.preset)
     pass_cases = preset_pass_cases(args.preset)
-    if args.pass_cases:
-        pass_cases = [pass_cases[int(x)] for x in args.pass_cases.split(",")]
-    if args.pass_sizes:
-        sizes = {int(float(x)) for x in args.pass_sizes.split(",")}
+    if args.pass_cases is not None:
+        pick = _numbers(args.pass_cases, "pass_cases")
+        if any(not 0 <= k < len(pass_cases) for k in pick):
+            raise ValueError(
+                f"pass_cases: the {args.preset} preset has cases 0-{len(pass_cases) - 1}"
+            )
+        pass_cases = [pass_cases[k] for k in pick]
+    if args.pass_sizes is not None:
+        sizes = set(_numbers(args.pass_sizes, "pass_sizes"))
         pass_cases = [c for c in pass_cases if c.n in sizes]
     if args.pass_device is None:
         args.pass_device = "auto" if args.preset == "gpu" else "cpu"
@@ -2138,11 +2114,11 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, k) is None:
             setattr(args, k, v)
     if args.out is None:
-        args.out = str(Path("eval") / f"benchmark_{args.preset}")
-        if Path.cwd().resolve() != REPO:
-            args.out = str(REPO / args.out)
-    if args.cases:
-        pick = [int(x) for x in args.cases.split(",")]
+        args.out = str(Path("outputs") / "bench" / time.strftime("%Y-%m-%d_%H-%M-%S"))
+    if args.cases is not None:
+        pick = _numbers(args.cases, "cases")
+        if any(not 0 <= k < len(cases) for k in pick):
+            raise ValueError(f"cases: the {args.preset} preset has cases 0-{len(cases) - 1}")
         cases = [cases[i] for i in pick]
     if args.locomo_conv == 0:
         cases = [c for c in cases if c.source != "locomo"]
@@ -2162,7 +2138,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "versions": versions(),
-        "args": vars(args),
+        "args": dataclasses.asdict(args),
         "preset": args.preset,
         "loadavg_start": [round(x, 2) for x in load0],
         "git": git_state(),
@@ -2215,8 +2191,4 @@ def main(argv: list[str] | None = None) -> int:
     )
     for line in ratios:
         print(line)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return out

@@ -1,7 +1,7 @@
 """Embedding throughput: the packed pipeline against a plain ``SentenceTransformer.encode``
 call, same model, same texts (the LOCOMO observations), same run.
 
-Usage: .venv/bin/python scripts/bench_embed.py [--device auto] [--dtype fp32|fp16|bf16]
+Usage: .venv/bin/python -m consolidate.bench.embed_bench [--device auto] [--dtype fp32|fp16|bf16]
            [--n 2541] [--out eval/embed_cpu]
 Writes ``<out>/embed.json`` and prints texts/s and the ratio last.
 """
