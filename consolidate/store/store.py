@@ -923,7 +923,8 @@ class Store:
             events = events + [{"op": "carried", "deltas": late, "record_ids": carried_ids}]
         version = ptr.version + 1
         leftover = tuple(n for n in ptr.folded if (self.root / "deltas" / n).exists())
-        if (not dry_run and not late and not base.deltas and not leftover
+        same_dtype = (self.vector_dtype or ptr.vector_dtype) == ptr.vector_dtype
+        if (not dry_run and not late and not base.deltas and not leftover and same_dtype
                 and same_records(records, base.records)):  # fmt: skip
             # nothing to change: no new version (the pass's events are in its summary)
             return {
