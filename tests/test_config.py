@@ -46,22 +46,22 @@ def test_presets():
 
 def test_mistyped_override_fails():
     with pytest.raises(ConfigCompositionException, match="treshold"):
-        _compose("consolidate", ["pass.treshold=0.5"])
+        _compose("consolidate", ["sleep.treshold=0.5"])
     with pytest.raises(ConfigCompositionException):
-        _compose("consolidate", ["pass.tau_hours=many"])
+        _compose("consolidate", ["sleep.tau_hours=many"])
 
 
 def test_mistyped_key_in_a_yaml_file_fails(tmp_path):
     d = tmp_path / "configs"
     shutil.copytree(CONFIG_DIR, d)
-    (d / "pass" / "typo.yaml").write_text("defaults:\n  - base\n  - _self_\ntreshold: 0.5\n")
+    (d / "sleep" / "typo.yaml").write_text("defaults:\n  - base\n  - _self_\ntreshold: 0.5\n")
     with pytest.raises((ConfigCompositionException, ConfigKeyError), match="treshold"):
-        _compose("consolidate", ["pass=typo"], config_dir=d)
+        _compose("consolidate", ["sleep=typo"], config_dir=d)
 
 
 def test_plus_added_typo_is_refused_when_the_job_reads_the_config():
-    cfg = _compose("consolidate", ["+pass.treshold=0.5"])
-    with pytest.raises(ValueError, match=r"unknown key\(s\) \['treshold'\] in 'pass'"):
+    cfg = _compose("consolidate", ["+sleep.treshold=0.5"])
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['treshold'\] in 'sleep'"):
         pass_cfg(cfg)
 
 
