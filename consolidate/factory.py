@@ -121,19 +121,16 @@ def make_store(scfg: StoreConfig) -> Store:
 
 
 def make_embedder(ecfg: EmbedderConfig) -> Any:
-    """An :class:`~consolidate.embed.Embedder` from its config."""
-    from .embed import Embedder
+    """The embedder of ``ecfg._target_`` (:class:`~consolidate.embed.Embedder` by default),
+    built with the config's other fields as keyword arguments (``hydra.utils.instantiate``).
 
-    return Embedder(
-        ecfg.model_path,
-        ecfg.device,
-        ecfg.batch_size,
-        ecfg.show_progress,
-        ecfg.dtype,
-        ecfg.pipeline,
-        ecfg.batch_tokens,
-        ecfg.long_text,
-    )
+    Raises:
+        ImportError / ValueError: a ``_target_`` that does not import, or settings the
+            embedder refuses.
+    """
+    from hydra.utils import instantiate
+
+    return instantiate(dataclasses.asdict(ecfg))
 
 
 def write_summary(out_dir: str | Path, summary: dict[str, Any]) -> Path:

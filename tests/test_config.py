@@ -70,3 +70,32 @@ def test_nightly_requires_a_store_dir():
 
     cfg = _compose("consolidate", ["experiment=nightly"])
     assert OmegaConf.is_missing(cfg.store, "dir")
+
+
+class KwargsEmbedder:
+    """Records the keyword arguments it was built with (for the ``_target_`` test)."""
+
+    def __init__(self, **kw):
+        self.kw = kw
+
+
+def test_the_embedder_and_llm_backends_are_built_from_target():
+    from consolidate.config import EmbedderConfig
+    from consolidate.factory import make_embedder
+    from consolidate.llm.merger import LLMMerger
+
+    emb = make_embedder(EmbedderConfig(_target_=f"{__name__}.KwargsEmbedder", device="cpu"))
+    assert isinstance(emb, KwargsEmbedder)
+    assert emb.kw == {
+        "name": "all-MiniLM-L6-v2", "model_path": None, "device": "cpu", "batch_size": 128,
+        "show_progress": True, "dtype": "fp32", "pipeline": "packed", "batch_tokens": 16384,
+        "long_text": "error",
+    }  # fmt: skip
+    cfg = _compose("consolidate", ["merge=llm", "+merge.backend._target_=tests.helpers.Scripted",
+                                   "+merge.backend.answers=[]", "merge.cache_path=null"])  # fmt: skip
+    from hydra.utils import instantiate
+
+    merger = instantiate(cfg.merge)
+    assert isinstance(merger, LLMMerger) and merger.name == "llm:scripted"
+    direct = LLMMerger({"_target_": "tests.helpers.Scripted"}, {"answers": ["x"]}, cache_path=None)
+    assert direct.backend.answers == ["x"]
