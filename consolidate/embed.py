@@ -54,6 +54,7 @@ class Embedder:
             (``max_seq_length`` tokens, 256 for all-MiniLM-L6-v2, special tokens included):
             ``"error"`` (default) refuses it, naming the text; ``"truncate"`` embeds its
             first ``max_seq_length`` tokens and counts it in :attr:`truncated`.
+        name: a label for reports (``embedder.name`` of the config); not used otherwise.
 
     Raises:
         FileNotFoundError: ``model_path`` does not exist.
@@ -70,7 +71,10 @@ class Embedder:
         pipeline: str = "packed",
         batch_tokens: int = 16384,
         long_text: str = "error",
+        name: str | None = None,
     ) -> None:
+        #: a label for reports (the config's ``embedder.name``)
+        self.name = name
         if long_text not in ("error", "truncate"):
             raise ValueError(f"long_text must be 'error' or 'truncate', got {long_text!r}")
         self.long_text = long_text

@@ -5,6 +5,7 @@ scripts run)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,25 +27,30 @@ def _run(main, args, monkeypatch, capsys, tmp_path):
 @pytest.mark.parametrize(
     ("main", "args", "want"),
     [
-        (consolidate_job.main, ["pass.treshold=0.8"],
-         "unknown key 'pass.treshold' in consolidate's config; did you mean pass.threshold?"),
+        (consolidate_job.main, ["sleep.treshold=0.8"],
+         "unknown key 'sleep.treshold' in consolidate's config; did you mean sleep.threshold?"),
         (consolidate_job.main, ["treshold=0.8"],
-         "unknown key 'treshold' in consolidate's config; did you mean pass.threshold?"),
-        (consolidate_job.main, ["pass.threshold=abc"],
-         "pass.threshold: Value 'abc' of type 'str' could not be converted to Float"),
+         "unknown key 'treshold' in consolidate's config; did you mean sleep.threshold?"),
+        (consolidate_job.main, ["sleep.threshold=abc"],
+         "sleep.threshold: Value 'abc' of type 'str' could not be converted to Float"),
         (consolidate_job.main, ["merge=vlm"],
          "merge=vlm: no such choice (choices: extractive, llm, vllm); did you mean merge=vllm?"),
         (consolidate_job.main, ["store=nope"],
          "store=nope: no such choice (choices: existing, locomo)"),
-        (consolidate_job.main, ["pass.threshold=0.9]"],
-         "'pass.threshold=0.9]' does not parse: extraneous input ']'"),
+        (consolidate_job.main, ["sleep.threshold=0.9]"],
+         "'sleep.threshold=0.9]' does not parse: extraneous input ']'"),
         (consolidate_job.main, ["experiment=nightly"],
          "store.dir has no value: set it on the command line (store.dir=...)"),
-        (consolidate_job.main, ["+pass.treshold=0.8"],
-         "unknown key(s) ['treshold'] in 'pass': did you mean pass.threshold?"),
+        (consolidate_job.main, ["+sleep.treshold=0.8"],
+         "unknown key(s) ['treshold'] in 'sleep': did you mean sleep.threshold?"),
         (undo_job.main, ["merge=vllm"],
          "merge: no such config group in undo (groups: debug, paths, store)"),
         (undo_job.main, [], "merge_id has no value: set it on the command line (merge_id=...)"),
+        (evaluate_job.main, ["answer.questions=abc"],
+         "answer.questions: Value 'abc' of type 'str' could not be converted to Integer"),
+        (evaluate_job.main, ["answer.questons=3"],
+         "unknown key 'answer.questons' in evaluate's config; did you mean answer.questions?"),
+        (evaluate_job.main, ["ks=[1,x]"], "ks[1]: Value 'x' of type 'str' could not be converted"),
     ],
 )  # fmt: skip
 def test_user_errors_are_one_line_and_exit_2(main, args, want, monkeypatch, capsys, tmp_path):
@@ -64,7 +70,7 @@ def test_user_errors_are_one_line_and_exit_2(main, args, want, monkeypatch, caps
 
 
 def test_debug_env_gives_the_traceback(monkeypatch, tmp_path):
-    monkeypatch.setattr(sys, "argv", ["prog", "pass.treshold=0.8"])
+    monkeypatch.setattr(sys, "argv", ["prog", "sleep.treshold=0.8"])
     monkeypatch.setenv("CONSOLIDATE_DEBUG", "1")
     monkeypatch.setenv("HYDRA_FULL_ERROR", "0")
     from hydra.errors import ConfigCompositionException
@@ -93,7 +99,7 @@ def test_help_shows_the_job_its_groups_and_choices(monkeypatch, capsys):
     assert "base" not in groups and "hydra" not in rows
     assert "  threshold: 0.9\n" in text and "hydra:" not in text
     # the overrides given with --help are applied to what it shows
-    text = _help(consolidate_job.main, ["merge=vllm", "pass.threshold=0.8"], monkeypatch, capsys)
+    text = _help(consolidate_job.main, ["merge=vllm", "sleep.threshold=0.8"], monkeypatch, capsys)
     assert "*vllm" in text and "  threshold: 0.8\n" in text
 
 
@@ -116,7 +122,40 @@ def test_bench_help_lists_its_presets(monkeypatch, capsys):
 
 def test_suggest_and_keys():
     keys = config_keys("consolidate")
-    assert {"pass.threshold", "store.dir", "merge._target_", "task_name"} <= set(keys)
-    assert suggest("pass.treshold", keys) == "pass.threshold"
-    assert suggest("tau", ["pass.tau_hours", "store.dir"]) is None
-    assert suggest("tau_hour", ["pass.tau_hours", "store.dir"]) == "pass.tau_hours"
+    assert {"sleep.threshold", "store.dir", "merge._target_", "task_name"} <= set(keys)
+    assert suggest("sleep.treshold", keys) == "sleep.threshold"
+    assert suggest("tau", ["sleep.tau_hours", "store.dir"]) is None
+    assert suggest("tau_hour", ["sleep.tau_hours", "store.dir"]) == "sleep.tau_hours"
+
+
+def test_the_old_pass_group_name_is_read_as_sleep(capsys):
+    from consolidate.jobs.cli import renamed_overrides
+
+    got = renamed_overrides(
+        ["pass.threshold=0.8", "+pass.x=1", "~pass", "pass=default", "bypass.x=1", "passes=2",
+         "sleep.floor=0.1"]
+    )  # fmt: skip
+    assert got == ["sleep.threshold=0.8", "+sleep.x=1", "~sleep", "sleep=default", "bypass.x=1",
+                   "passes=2", "sleep.floor=0.1"]  # fmt: skip
+    notes = capsys.readouterr().err.strip().splitlines()
+    assert len(notes) == 4 and notes[0].startswith("note: the config group 'pass' is now 'sleep'")
+
+
+def test_every_job_config_has_a_schema(tmp_path, monkeypatch, capsys):
+    """Each primary config starts from its schema (``<job>_schema``, or evaluate's for the
+    policy job), so a key a YAML file adds without one is an error naming the file."""
+    from consolidate.config import JOB_SCHEMAS
+    from consolidate.jobs.common import CONFIG_DIR
+
+    primaries = sorted(p.stem for p in Path(CONFIG_DIR).glob("*.yaml"))
+    assert set(primaries) == set(JOB_SCHEMAS) | {"policy"}
+    for job in JOB_SCHEMAS:
+        head = (Path(CONFIG_DIR) / f"{job}.yaml").read_text().split("defaults:")[1]
+        assert head.lstrip().startswith(f"- {job}_schema"), job
+    (tmp_path / "sleep").mkdir()
+    (tmp_path / "sleep" / "mine.yaml").write_text(
+        "defaults:\n  - base\n  - _self_\ntreshold: 0.5\n"
+    )
+    code, out = _run(consolidate_job.main, [f"hydra.searchpath=[file://{tmp_path}]", "sleep=mine"],
+                     monkeypatch, capsys, tmp_path)  # fmt: skip
+    assert code == 2 and "error: In 'sleep/mine': Key 'treshold' not in 'PassConfig'" in out.err

@@ -46,22 +46,22 @@ def test_presets():
 
 def test_mistyped_override_fails():
     with pytest.raises(ConfigCompositionException, match="treshold"):
-        _compose("consolidate", ["pass.treshold=0.5"])
+        _compose("consolidate", ["sleep.treshold=0.5"])
     with pytest.raises(ConfigCompositionException):
-        _compose("consolidate", ["pass.tau_hours=many"])
+        _compose("consolidate", ["sleep.tau_hours=many"])
 
 
 def test_mistyped_key_in_a_yaml_file_fails(tmp_path):
     d = tmp_path / "configs"
     shutil.copytree(CONFIG_DIR, d)
-    (d / "pass" / "typo.yaml").write_text("defaults:\n  - base\n  - _self_\ntreshold: 0.5\n")
+    (d / "sleep" / "typo.yaml").write_text("defaults:\n  - base\n  - _self_\ntreshold: 0.5\n")
     with pytest.raises((ConfigCompositionException, ConfigKeyError), match="treshold"):
-        _compose("consolidate", ["pass=typo"], config_dir=d)
+        _compose("consolidate", ["sleep=typo"], config_dir=d)
 
 
 def test_plus_added_typo_is_refused_when_the_job_reads_the_config():
-    cfg = _compose("consolidate", ["+pass.treshold=0.5"])
-    with pytest.raises(ValueError, match=r"unknown key\(s\) \['treshold'\] in 'pass'"):
+    cfg = _compose("consolidate", ["+sleep.treshold=0.5"])
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['treshold'\] in 'sleep'"):
         pass_cfg(cfg)
 
 
@@ -70,3 +70,32 @@ def test_nightly_requires_a_store_dir():
 
     cfg = _compose("consolidate", ["experiment=nightly"])
     assert OmegaConf.is_missing(cfg.store, "dir")
+
+
+class KwargsEmbedder:
+    """Records the keyword arguments it was built with (for the ``_target_`` test)."""
+
+    def __init__(self, **kw):
+        self.kw = kw
+
+
+def test_the_embedder_and_llm_backends_are_built_from_target():
+    from consolidate.config import EmbedderConfig
+    from consolidate.factory import make_embedder
+    from consolidate.llm.merger import LLMMerger
+
+    emb = make_embedder(EmbedderConfig(_target_=f"{__name__}.KwargsEmbedder", device="cpu"))
+    assert isinstance(emb, KwargsEmbedder)
+    assert emb.kw == {
+        "name": "all-MiniLM-L6-v2", "model_path": None, "device": "cpu", "batch_size": 128,
+        "show_progress": True, "dtype": "fp32", "pipeline": "packed", "batch_tokens": 16384,
+        "long_text": "error",
+    }  # fmt: skip
+    cfg = _compose("consolidate", ["merge=llm", "+merge.backend._target_=tests.helpers.Scripted",
+                                   "+merge.backend.answers=[]", "merge.cache_path=null"])  # fmt: skip
+    from hydra.utils import instantiate
+
+    merger = instantiate(cfg.merge)
+    assert isinstance(merger, LLMMerger) and merger.name == "llm:scripted"
+    direct = LLMMerger({"_target_": "tests.helpers.Scripted"}, {"answers": ["x"]}, cache_path=None)
+    assert direct.backend.answers == ["x"]

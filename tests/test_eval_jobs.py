@@ -116,7 +116,7 @@ def test_evaluate_locomo_two_conversations(tmp_path):
             "embedder.show_progress=false",
             "latency_sample=5",
             "variants=[{name: append-all, consolidate: false},"
-            "{name: p90, pass: {threshold: 0.9, decay: false}},"
+            "{name: p90, sleep: {threshold: 0.9, decay: false}},"
             "{name: int8, consolidate: false, vectors: int8}]",
         ],
     )
@@ -197,7 +197,7 @@ def test_multirun_sweep_collects_a_table(tmp_path):
             "embedder.show_progress=false",
             "latency_sample=3",
             "experiment=sweep_decay",
-            "pass.tau_hours=24,720",
+            "sleep.tau_hours=24,720",
             f"hydra.sweep.dir={tmp_path}",
         ],
         cwd=REPO,
@@ -208,7 +208,7 @@ def test_multirun_sweep_collects_a_table(tmp_path):
     )
     assert p.returncode == 0, p.stderr[-2000:]
     md = (tmp_path / "runs.md").read_text()
-    assert "pass.tau_hours=24" in md and "pass.tau_hours=720" in md
+    assert "sleep.tau_hours=24" in md and "sleep.tau_hours=720" in md
     import pandas as pd
 
     t = pd.read_parquet(tmp_path / "runs.parquet")

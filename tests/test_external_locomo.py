@@ -37,9 +37,7 @@ pytestmark = [
 ]
 
 COLS = PgColumns(importance="importance", source_ids="source_ids", merged_into="merged_into")
-VARIANTS = (
-    "variants=[{name: append-all, consolidate: false}, {name: pass-t0.90, pass: {threshold: 0.90}}]"
-)
+VARIANTS = "variants=[{name: append-all, consolidate: false}, {name: pass-t0.90, sleep: {threshold: 0.90}}]"
 
 
 @pytest.fixture(scope="module")

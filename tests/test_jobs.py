@@ -63,7 +63,7 @@ def test_consolidate_trigger_undo(tmp_path):
     snap = open_store_dir(store_dir).load()
     assert int(snap.records.live_mask().sum()) == st["records_out"]
     # nothing new: the trigger does not fire
-    out = run("consolidate", tmp_path, "debug=default", f"store.dir={store_dir}", "pass.cap=5")
+    out = run("consolidate", tmp_path, "debug=default", f"store.dir={store_dir}", "sleep.cap=5")
     assert "not fired" in out and "skipped" in out
     assert open_store_dir(store_dir).head().version == v
     # undo one merge from the changelog
@@ -100,12 +100,12 @@ def test_consolidate_trigger_undo(tmp_path):
 
 def test_dry_run_and_bad_override(tmp_path):
     store_dir = tmp_path / "store"
-    run("consolidate", tmp_path, "debug=default", f"store.dir={store_dir}", "pass.dry_run=true")
+    run("consolidate", tmp_path, "debug=default", f"store.dir={store_dir}", "sleep.dry_run=true")
     summary = json.loads(next(tmp_path.glob("run-*/summary.json")).read_text())
     assert open_store_dir(store_dir).head().version == summary["base_version"]
     assert list((store_dir / "changelogs").glob("dry-run-*.jsonl"))
     p = subprocess.run(
-        [str(BIN / "consolidate"), "pass.treshold=0.5"],
+        [str(BIN / "consolidate"), "sleep.treshold=0.5"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -954,3 +954,24 @@ def test_nothing_is_written_on_a_store_missing_a_data_file(store, tmp_path):
         store.cleanup(compact=False)
     with pytest.raises(CorruptStoreError, match="not retained"):
         store.diff(1)
+
+
+def test_transact_is_lock_load_change_commit(store):
+    cfg = PassConfig(threshold=0.95, now="200")
+    v = store.head().version
+    info = store.transact(lambda snap: run_pass(snap.records, cfg=cfg, version=snap.version + 1))
+    assert info["version"] == v + 1 and info["rows_written"] > 0
+    again = store.transact(lambda snap: run_pass(snap.records, cfg=cfg, version=snap.version + 1))
+    assert again["unchanged"] is True and store.head().version == v + 1
+
+    def broken(snap):
+        raise ValueError("no")
+
+    with pytest.raises(ValueError, match="no"):
+        store.transact(broken)
+    assert store.head().version == v + 1
+    with store.lock():  # released after the failed change
+        pass
+    # a (records, events) pair works too
+    info = store.transact(lambda snap: (snap.records.take(np.arange(1, len(snap.records))), []))
+    assert info["version"] == v + 2 and info["rows_deleted"] == 1

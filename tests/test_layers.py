@@ -37,6 +37,21 @@ RULES = {
             "consolidate.jobs",
         ],
     ),
+    "library": (
+        [
+            "factory.py",
+            "nightly.py",
+            "evaluation",
+            "pipeline",
+            "sources",
+            "bench",
+            "fleet.py",
+            "reembed.py",
+            "write_path.py",
+            "recall.py",
+        ],
+        ["consolidate.jobs"],
+    ),
     "models": (
         ["llm", "embed.py"],
         [

@@ -223,7 +223,13 @@ def test_the_consolidate_job_on_a_mem0_store(tmp_path, monkeypatch):
         with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
             cfg = compose(
                 config_name="consolidate",
-                overrides=["source=mem0", *over, "similarity.device=cpu", "pass.force=true", *more],
+                overrides=[
+                    "source=mem0",
+                    *over,
+                    "similarity.device=cpu",
+                    "sleep.force=true",
+                    *more,
+                ],
             )
         return run_consolidate(cfg, out_dir=str(tmp_path / f"run{len(more)}"))
 

@@ -286,8 +286,8 @@ def test_the_consolidate_job_on_a_pgvector_table(pg, tmp_path):
                     "source.columns.importance=importance",
                     "source.columns.merged_into=merged_into",
                     "similarity.device=cpu",
-                    "pass.force=true",
-                    "pass.max_drop_fraction=0.5",
+                    "sleep.force=true",
+                    "sleep.max_drop_fraction=0.5",
                     *more,
                 ],
             )

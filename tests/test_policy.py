@@ -28,7 +28,7 @@ def test_policy_grid_in_order_and_checked():
 def test_policy_grid_refuses_bad_values_before_anything_runs():
     from consolidate.evaluation.policy import check_policy
 
-    with pytest.raises(ValueError, match="pass.threshold must be in \\[-1, 1\\]"):
+    with pytest.raises(ValueError, match="sleep.threshold must be in \\[-1, 1\\]"):
         policy_grid({"threshold": [0.9, 2.0]})
     with pytest.raises(ValueError, match="must be lists"):
         policy_grid({"threshold": 0.9})
@@ -36,7 +36,7 @@ def test_policy_grid_refuses_bad_values_before_anything_runs():
         policy_grid({"threshold": "abc"})
     with pytest.raises(ValueError, match="the same policy twice"):
         policy_grid({"threshold": [0.9, 0.9]})
-    with pytest.raises(ValueError, match="pass.cap"):
+    with pytest.raises(ValueError, match="sleep.cap"):
         policy_grid({"cap": [float("nan")]})
     with pytest.raises(ValueError, match="decay must be true or false"):
         check_policy({"decay": "false"})
@@ -181,7 +181,7 @@ def test_policy_job_on_two_locomo_conversations(tmp_path):
                 "store.conversations=2",
                 f"store.dir={tmp_path / 'store'}",
                 "embedder.show_progress=false",
-                f"pass.policy_file={tmp_path / 'policy.json'}",
+                f"sleep.policy_file={tmp_path / 'policy.json'}",
             ],
         )
     s = run_consolidate(ccfg, str(tmp_path / "out"))

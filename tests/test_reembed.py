@@ -242,7 +242,7 @@ def test_reembed_job_calibrates_then_switches(tmp_path, model96):
     assert {e["dataset"] for e in calib["entries"]} == {"stsb-dev", "stsb-test", "sick-all"}
     assert all(e["pairs"] == 300 for e in calib["entries"])
     assert calib["recommended"]["threshold"] == s["calibration"]["threshold"]
-    assert f"pass.calibration_file={s['calibration']['file']}" in p.stdout
+    assert f"sleep.calibration_file={s['calibration']['file']}" in p.stdout
     assert open_store_dir(root).load().dim == D_NEW
     back = p.stdout.strip().splitlines()[-1].split("with: ", 1)[1].split()
     assert back[0] == "consolidate-reembed"
@@ -276,7 +276,7 @@ def test_the_readme_example_runs_as_written(tmp_path, model96):
     _store(tmp_path / "stores" / "alice", "lance")
     p = run_readme_example("reembed", tmp_path, {"NEW_MODEL": str(model96)})
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    assert "d 384 -> 96" in p.stdout and "pass.calibration_file=" in p.stdout
+    assert "d 384 -> 96" in p.stdout and "sleep.calibration_file=" in p.stdout
     assert open_store_dir(tmp_path / "stores" / "alice").load().dim == D_NEW
     assert len(list((tmp_path / "stores").glob("alice.pre-reembed-*"))) == 1
 

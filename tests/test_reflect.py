@@ -172,7 +172,7 @@ def test_derived_from_follows_merges():
     ],
 )
 def test_bad_reflect_settings_are_refused(bad):
-    with pytest.raises(ValueError, match="pass.reflect"):
+    with pytest.raises(ValueError, match="sleep.reflect"):
         run_pass(
             make_records(rows()),
             cfg=dataclasses.replace(CFG, **bad),

@@ -76,7 +76,7 @@ def test_wheel_runs_the_main_job_from_an_unrelated_directory(tmp_path):
     assert found.startswith(site), found  # the installed wheel, not this checkout
 
     r = subprocess.run(
-        [str(env_dir / "bin" / "consolidate"), "debug=default", "pass.force=true"],
+        [str(env_dir / "bin" / "consolidate"), "debug=default", "sleep.force=true"],
         cwd=where, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]

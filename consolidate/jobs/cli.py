@@ -52,7 +52,7 @@ def job(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[]
 
         @functools.wraps(task)
         def main() -> None:
-            args = sys.argv[1:]
+            args = sys.argv[1:] = renamed_overrides(sys.argv[1:])
             if "--help" in args or "-h" in args:
                 overrides = [a for a in args if not a.startswith("-")]
                 try:
@@ -121,6 +121,28 @@ def _stdout_to_log() -> Iterator[None]:
         sys.stdout = console
 
 
+#: config groups renamed: old name -> new name (``pass`` is a Python keyword)
+RENAMED_GROUPS = {"pass": "sleep"}
+
+
+def renamed_overrides(args: list[str]) -> list[str]:
+    """``args`` with overrides of a renamed group spelled with its new name
+    (``pass.threshold=0.8`` -> ``sleep.threshold=0.8``, ``+pass.x``, ``~pass``,
+    ``pass=default``), and a note on stderr for each; other arguments unchanged."""
+    out = []
+    for a in args:
+        for old, new in RENAMED_GROUPS.items():
+            prefix = a[: len(a) - len(a.lstrip("+~"))]
+            rest = a[len(prefix) :]
+            if rest.startswith((f"{old}.", f"{old}=")) or rest == old:
+                fixed = prefix + new + rest[len(old) :]
+                print(f"note: the config group {old!r} is now {new!r}: read {a} as {fixed}",
+                      file=sys.stderr)  # fmt: skip
+                a = fixed
+        out.append(a)
+    return out
+
+
 def _is_config_error(e: BaseException) -> bool:
     from hydra.errors import HydraException, InstantiationException
     from omegaconf.errors import OmegaConfBaseException
@@ -167,7 +189,7 @@ def describe(config_name: str, e: BaseException) -> str:
         group = text.split("'")[1] if "'" in text else "?"
         groups = sorted(_groups(config_name))
         hint = suggest(group, groups)
-        return (f"{group}: no such config group in {config_name} (groups: {', '.join(groups)})"
+        return (f"{group}: no such config group in {config_name} (groups: {', '.join(groups) or 'none'})"
                 + (f"; did you mean {hint}?" if hint else ""))  # fmt: skip
     if isinstance(cause, MissingMandatoryValue):
         key = getattr(cause, "full_key", "") or text
@@ -185,6 +207,10 @@ def describe(config_name: str, e: BaseException) -> str:
             + (f"; did you mean {hint}?" if hint else "")
             + f" ({config_name} --help lists its settings; +{bad}=... adds a new key)"
         )
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    if len(lines) > 1 and lines[0].endswith("raised while composing config:"):
+        # a config file of the run that does not fit the schema: name the file and the key
+        return f"{lines[0].split(':')[0]}: {lines[1]}"
     return text
 
 
@@ -200,7 +226,7 @@ def suggest(bad: str, known: Iterable[str]) -> str | None:
     """The known name closest to ``bad`` (``difflib`` ratio >= 0.7), or ``None``.
 
     ``bad`` is compared whole and by its last dotted part, so ``treshold`` finds
-    ``pass.threshold``.
+    ``sleep.threshold``.
     """
     known = list(known)
     hit = difflib.get_close_matches(bad, known, n=1, cutoff=0.7)

@@ -114,7 +114,7 @@ def main(cfg: DictConfig) -> None:
         print(
             f"threshold for the new model: {c['threshold']:.4f} ({c['rule']} on "
             f"{c['dataset']}); a pass with it: consolidate store.dir={s['store']} "
-            f"pass.calibration_file={c['file']} pass.force=true"
+            f"sleep.calibration_file={c['file']} sleep.force=true"
         )
     print(
         f"switch back with: consolidate-reembed store.dir={s['store']} action=switch "

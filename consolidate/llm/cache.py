@@ -11,7 +11,7 @@ import hashlib
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,9 +123,16 @@ def backend_from(
     backend: str | Any, backend_kwargs: dict | None, cache_path: str | None, prompt_version: str
 ) -> tuple[Any, Any]:
     """``(backend to call, the model backend itself)``: ``backend`` is a name for
-    :func:`~consolidate.llm.base.make_backend` (with ``backend_kwargs``) or a backend object;
-    with a ``cache_path`` the first is wrapped in a :class:`CachedBackend`."""
-    be = (
-        make_backend(backend, **dict(backend_kwargs or {})) if isinstance(backend, str) else backend
-    )
+    :func:`~consolidate.llm.base.make_backend` (with ``backend_kwargs``), a config with a
+    ``_target_`` (a class of your own with ``name``, ``model`` and ``chat``, built by
+    ``hydra.utils.instantiate`` with the config's other keys and ``backend_kwargs``), or a
+    backend object; with a ``cache_path`` the first is wrapped in a :class:`CachedBackend`."""
+    if isinstance(backend, str):
+        be = make_backend(backend, **dict(backend_kwargs or {}))
+    elif isinstance(backend, Mapping) and "_target_" in backend:
+        from hydra.utils import instantiate
+
+        be = instantiate({**dict(backend), **dict(backend_kwargs or {})})
+    else:
+        be = backend
     return (CachedBackend(be, cache_path, prompt_version) if cache_path else be), be

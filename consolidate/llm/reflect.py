@@ -1,6 +1,6 @@
 """Reflection: one higher-level fact per cluster of related memories, through any backend.
 
-The pass groups related live memories (cosine at ``pass.reflect.threshold``, looser than the
+The pass groups related live memories (cosine at ``sleep.reflect_threshold``, looser than the
 merge threshold) and sends each group here in one batch. The model answers one general
 statement the notes support together ("Gina cares for animals" over notes about her cats,
 her dog and her volunteering at a shelter). The pass stores it as a NEW memory linked to its

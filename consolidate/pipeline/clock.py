@@ -52,7 +52,7 @@ def resolve_now(
         return np.full(n, hours_from_datetime(spec))
     except (ValueError, TypeError) as e:
         raise ValueError(
-            f"pass.now must be 'wall', 'latest', hours or an ISO datetime; got {spec!r}"
+            f"sleep.now must be 'wall', 'latest', hours or an ISO datetime; got {spec!r}"
         ) from e
 
 

@@ -1,4 +1,4 @@
-"""Stage 6 (``pass.reflect``), reflection: groups of related live memories get one
+"""Stage 6 (``sleep.reflect``), reflection: groups of related live memories get one
 higher-level memory each from the reflector, linked to its members by ``derived_from``."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def reflect_stage(
         ValueError: no reflector, or it returned the wrong number of responses.
     """
     if reflector is None:
-        raise ValueError("pass.reflect=true needs a reflector (config group `reflect`)")
+        raise ValueError("sleep.reflect=true needs a reflector (config group `reflect`)")
     stats = st.stats
     stats.reflect_groups = stats.reflections = stats.reflect_calls = 0
     ok, _ = open_facts(st)

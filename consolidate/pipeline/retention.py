@@ -19,7 +19,7 @@ __all__ = ["retention_stage", "MassDropError", "mass_drop_error"]
 
 
 class MassDropError(RuntimeError):
-    """The pass would drop more than ``pass.max_drop_fraction`` of the live memories."""
+    """The pass would drop more than ``sleep.max_drop_fraction`` of the live memories."""
 
 
 def _namespace_stop(
@@ -42,9 +42,9 @@ def _namespace_stop(
     which = ", ".join(f"{st.ns_names[k]!s}: {dropped[k]} of {alive[k]}" for k in worst)
     raise MassDropError(
         f"the floor would drop more than {cfg.max_namespace_drop_fraction:.0%} of the live "
-        f"memories of {len(bad)} namespace(s) ({which}). Check pass.now (now={cfg.now!r}) and "
+        f"memories of {len(bad)} namespace(s) ({which}). Check sleep.now (now={cfg.now!r}) and "
         f"the times of those namespaces, tau_hours ({cfg.tau_hours}) and floor "
-        f"({cfg.floor}), or set pass.max_namespace_drop_fraction=1.0"
+        f"({cfg.floor}), or set sleep.max_namespace_drop_fraction=1.0"
     )
 
 
@@ -56,9 +56,9 @@ def mass_drop_error(
     worst = {str(k): int(v) for k, v in pd.Series(namespaces).value_counts().head(3).items()}
     return MassDropError(
         f"the pass would drop {dropped} of {live} live memories "
-        f"({dropped / live:.0%} > pass.max_drop_fraction={cfg.max_drop_fraction}); "
-        f"most in {worst}. Check pass.now (now={cfg.now!r}), tau_hours "
-        f"({cfg.tau_hours}) and floor ({cfg.floor}), or set pass.max_drop_fraction=1.0"
+        f"({dropped / live:.0%} > sleep.max_drop_fraction={cfg.max_drop_fraction}); "
+        f"most in {worst}. Check sleep.now (now={cfg.now!r}), tau_hours "
+        f"({cfg.tau_hours}) and floor ({cfg.floor}), or set sleep.max_drop_fraction=1.0"
     )
 
 

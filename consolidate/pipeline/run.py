@@ -209,38 +209,42 @@ def _check_settings(cfg: PassConfig) -> None:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
     if not (real(cfg.threshold) and -1.0 <= cfg.threshold <= 1.0):
-        raise ValueError(f"pass.threshold must be in [-1, 1], got {cfg.threshold!r}")
+        raise ValueError(f"sleep.threshold must be in [-1, 1], got {cfg.threshold!r}")
     if not (real(cfg.tau_hours) and cfg.tau_hours > 0):
-        raise ValueError(f"pass.tau_hours must be > 0 hours, got {cfg.tau_hours!r}")
+        raise ValueError(f"sleep.tau_hours must be > 0 hours, got {cfg.tau_hours!r}")
     if not (real(cfg.floor) and 0.0 <= cfg.floor <= 1.0):
-        raise ValueError(f"pass.floor must be in [0, 1], got {cfg.floor!r}")
+        raise ValueError(f"sleep.floor must be in [0, 1], got {cfg.floor!r}")
     if cfg.cap is not None and not (
         isinstance(cfg.cap, int) and not isinstance(cfg.cap, bool) and cfg.cap >= 0
     ):
-        raise ValueError(f"pass.cap must be an integer >= 0 or null, got {cfg.cap!r}")
+        raise ValueError(f"sleep.cap must be an integer >= 0 or null, got {cfg.cap!r}")
     if not (real(cfg.strength_cap) and cfg.strength_cap >= 1):
-        raise ValueError(f"pass.strength_cap must be >= 1, got {cfg.strength_cap!r}")
+        raise ValueError(f"sleep.strength_cap must be >= 1, got {cfg.strength_cap!r}")
     if not (
         real(cfg.max_namespace_drop_fraction) and 0.0 <= cfg.max_namespace_drop_fraction <= 1.0
     ):
         raise ValueError(
-            f"pass.max_namespace_drop_fraction must be in [0, 1], got "
+            f"sleep.max_namespace_drop_fraction must be in [0, 1], got "
             f"{cfg.max_namespace_drop_fraction!r}"
         )
     m = cfg.namespace_stop_min_live
     if not (isinstance(m, int) and not isinstance(m, bool) and m >= 1):
-        raise ValueError(f"pass.namespace_stop_min_live must be an integer >= 1, got {m!r}")
+        raise ValueError(f"sleep.namespace_stop_min_live must be an integer >= 1, got {m!r}")
     if not (real(cfg.max_drop_fraction) and 0.0 <= cfg.max_drop_fraction <= 1.0):
-        raise ValueError(f"pass.max_drop_fraction must be in [0, 1], got {cfg.max_drop_fraction!r}")
+        raise ValueError(
+            f"sleep.max_drop_fraction must be in [0, 1], got {cfg.max_drop_fraction!r}"
+        )
     if not (real(cfg.reflect_threshold) and -1.0 <= cfg.reflect_threshold <= 1.0):
         raise ValueError(
-            f"pass.reflect_threshold must be in [-1, 1], got {cfg.reflect_threshold!r}"
+            f"sleep.reflect_threshold must be in [-1, 1], got {cfg.reflect_threshold!r}"
         )
     mc = cfg.minhash_min_chars
     if mc is not None and not (isinstance(mc, int) and not isinstance(mc, bool) and mc >= 1):
-        raise ValueError(f"pass.minhash_min_chars must be an integer >= 1 or null, got {mc!r}")
+        raise ValueError(f"sleep.minhash_min_chars must be an integer >= 1 or null, got {mc!r}")
     if not (real(cfg.minhash_threshold) and 0.0 < cfg.minhash_threshold <= 1.0):
-        raise ValueError(f"pass.minhash_threshold must be in (0, 1], got {cfg.minhash_threshold!r}")
+        raise ValueError(
+            f"sleep.minhash_threshold must be in (0, 1], got {cfg.minhash_threshold!r}"
+        )
     for key in ("reflect_min_size", "reflect_max_per_namespace"):
         v = getattr(cfg, key)
         if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
@@ -251,4 +255,4 @@ def _check_settings(cfg: PassConfig) -> None:
         except (TypeError, ValueError):
             val = None
         if val is not None and not math.isfinite(val):
-            raise ValueError(f"pass.now must be finite, got {cfg.now!r}")
+            raise ValueError(f"sleep.now must be finite, got {cfg.now!r}")

@@ -161,7 +161,7 @@ class PassStats:
             similarity ran.
         minhash_units, minhash_pairs, minhash_added: units with long texts, their MinHash
             candidates, and the pairs those added to the similarity join's (``None`` when
-            ``pass.minhash_min_chars`` is off); minhash_skipped_buckets: LSH band buckets
+            ``sleep.minhash_min_chars`` is off); minhash_skipped_buckets: LSH band buckets
             too large to search (templated texts), left out.
         clusters: clusters found. review_pairs: conflicting pairs kept apart or flagged.
         superseded: older facts whose ``valid_to`` this pass closed.

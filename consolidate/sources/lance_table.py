@@ -407,7 +407,7 @@ class LanceTable:
                 raise LanceSourceError(
                     f"{self.path}: merged rows cannot fill the non-nullable column(s) "
                     f"{unfillable}, which the pass does not know; make them nullable, or run "
-                    f"with pass.near_dedup=false pass.exact_dedup=false (drops only)"
+                    f"with sleep.near_dedup=false sleep.exact_dedup=false (drops only)"
                 )
         blob = json.dumps(
             {"path": str(self.path), "version": snap.version, "units": units},

@@ -1355,7 +1355,7 @@ class LanceStore(Store):
             if upsert is None and part is not None:
                 raise ValueError(
                     "a vector dtype conversion rewrites the whole store: run it "
-                    "over every namespace (pass.force=true)"
+                    "over every namespace (sleep.force=true)"
                 )
             folded, log, new_props = self._new_version(
                 ds, already, tuple(base.deltas) + tuple(late), events, op, pass_time_h

@@ -39,7 +39,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -869,6 +869,40 @@ class Store:
             stamp=True,
         ):
             yield
+
+    def transact(
+        self,
+        change: Callable[[Snapshot], Any],
+        *,
+        timeout_s: float = 0.0,
+        dry_run: bool = False,
+        pass_time_h: float | None = None,
+    ) -> dict[str, Any]:
+        """One transaction: take :meth:`lock`, :meth:`load`, apply ``change``, :meth:`commit`.
+
+        Args:
+            change: called with the snapshot read; returns the new records and their
+                changelog events, as ``(records, events)`` or an object with ``.records``
+                and ``.events`` (a :class:`~consolidate.pipeline.PassResult`), e.g.
+                ``lambda snap: run_pass(snap.records, cfg=cfg, version=snap.version + 1)``.
+            timeout_s: seconds to wait for the lock.
+            dry_run, pass_time_h: as for :meth:`commit`.
+
+        Returns:
+            What :meth:`commit` returns (``unchanged: True`` and no new version when the
+            change left every record as it was).
+
+        Raises:
+            LockTimeoutError, ConcurrentCommitError, InvalidRecordsError: as :meth:`lock`
+                and :meth:`commit`; ``change``'s own errors leave the store as it was.
+        """
+        with self.lock(timeout_s=timeout_s):
+            snap = self.load()
+            out = change(snap)
+            records, events = (out.records, out.events) if hasattr(out, "events") else out
+            return self.commit(
+                records, list(events), base=snap, dry_run=dry_run, pass_time_h=pass_time_h
+            )
 
     def commit(
         self,

@@ -1,0 +1,303 @@
+"""The calibration run of ``consolidate-calibrate``: labelled pairs embedded per dtype,
+precision-recall curves, the conflict guard's rates, the recommended threshold in
+``calibration.json`` (:func:`run_calibrate`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from ..config import EmbedderConfig
+from ..factory import make_embedder, typed
+from .calibrate import pr_curve
+from .plots import plot_histograms, plot_pr
+from .results import (
+    Metric,
+    Results,
+    TaskInfo,
+    environment,
+    hashes_verified,
+    now_iso,
+    write_results,
+)
+from .tasks import TASKS, load_sick, load_stsb, verify
+
+log = logging.getLogger("consolidate")
+
+
+def _pairs(name: str, split: str | None, root: str) -> pd.DataFrame:
+    if name == "stsb":
+        df = load_stsb(root, split or "dev").to_pandas()
+        df["contradiction"] = 0
+    elif name == "sick":
+        df = load_sick(root, split).to_pandas()
+    else:
+        raise ValueError(f"unknown pair dataset {name!r} (stsb, sick)")
+    return df[["sentence1", "sentence2", "label", "contradiction"]]
+
+
+def _guard_rates(
+    key: str,
+    df: pd.DataFrame,
+    cos: np.ndarray,
+    threshold: float,
+    memo: dict[tuple[str, int], str | None],
+) -> dict[str, Any]:
+    """Flag rates of the conflict guard (:func:`consolidate.text.conflict_reason`) among the
+    pairs a pass at ``threshold`` would merge: contradiction pairs (should be flagged) and
+    duplicate pairs (should not), with the count of each reason among the flagged
+    contradictions. One guard call per pair, shared across dtypes and thresholds through
+    ``memo`` (``(dataset, pair) -> reason``)."""
+    from ..text import conflict_reason
+
+    above = np.flatnonzero(cos >= threshold)
+    s1, s2 = df["sentence1"].astype(str).to_numpy(), df["sentence2"].astype(str).to_numpy()
+    why = [
+        memo[(key, k)]
+        if (key, k) in memo
+        else memo.setdefault((key, k), conflict_reason(s1[k], s2[k]))
+        for k in above.tolist()
+    ]
+    flag = np.array([w is not None for w in why], dtype=bool)
+    contra = df["contradiction"].to_numpy()[above] == 1
+    dup = df["label"].to_numpy()[above] == 1
+    reasons = pd.Series(
+        [w for w, c in zip(why, contra.tolist(), strict=True) if c and w is not None], dtype=object
+    ).value_counts()
+    return {
+        "contradictions_above": int(contra.sum()),
+        "guard_flags_contradictions": float(flag[contra].mean()) if contra.any() else None,
+        "duplicates_above": int(dup.sum()),
+        "guard_flags_duplicates": float(flag[dup].mean()) if dup.any() else None,
+        "guard_reasons": {str(k): int(v) for k, v in reasons.items()},
+    }
+
+
+def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, Any]:
+    """Calibrate on every ``cfg.datasets`` entry for every ``cfg.dtypes``; returns the
+    ``calibration.json`` content (also written to ``out_dir``)."""
+    out = Path(out_dir or HydraConfig.get().runtime.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    root = cfg.paths.data_dir
+    shas: dict[str, str] = {}
+    for d in cfg.datasets:
+        shas.update(verify(TASKS[d.name], root, cfg.allow_hash_mismatch))
+    data = {f"{d.name}-{d.split or 'all'}": _pairs(d.name, d.split, root) for d in cfg.datasets}
+    if cfg.max_pairs:  # a deterministic subset (first N pairs) for quick checks
+        data = {k: v.head(int(cfg.max_pairs)) for k, v in data.items()}
+    base: EmbedderConfig = typed(cfg, "embedder", EmbedderConfig)
+    entries: list[dict[str, Any]] = []
+    metrics: list[Metric] = []
+    curves: dict[str, tuple] = {}
+    samples: list[dict[str, Any]] = []
+    guard: dict[tuple[str, int], str | None] = {}  # (dataset, pair) -> the guard's reason
+    for dtype in cfg.dtypes:
+        emb = make_embedder(EmbedderConfig(**{**base.__dict__, "dtype": dtype}))
+        for key, df in data.items():
+            sents = pd.unique(pd.concat([df["sentence1"], df["sentence2"]]).astype(str))
+            pos = {s: k for k, s in enumerate(sents)}
+            v = emb.encode(list(sents)).astype(np.float64)
+            a = v[[pos[s] for s in df["sentence1"].astype(str)]]
+            b = v[[pos[s] for s in df["sentence2"].astype(str)]]
+            cos = (a * b).sum(1)
+            c = pr_curve(cos, df["label"].to_numpy())
+            contra = cos[df["contradiction"].to_numpy() == 1]
+            e = {
+                "dataset": key,
+                "model": str(base.model_path or base.name),
+                "dtype": dtype,
+                "pairs": int(c.n),
+                "duplicates": int(c.positives),
+                "average_precision": c.average_precision,
+                "best_f1": c.best_f1,
+                "best_f1_threshold": c.best_f1_threshold,
+                "threshold_at_precision": {
+                    str(p): c.threshold_at_precision(p) for p in cfg.target_precisions
+                },
+                "contradiction_pairs": int(len(contra)),
+                "contradictions_above_best_f1_threshold": (
+                    float((contra >= c.best_f1_threshold).mean()) if len(contra) else None
+                ),
+                **_guard_rates(key, df, cos, c.best_f1_threshold, guard),
+                "guard_at": {
+                    f"{t:.2f}": _guard_rates(key, df, cos, float(t), guard)
+                    for t in cfg.guard_thresholds
+                },
+            }
+            samples += [
+                {
+                    "dataset": key,
+                    "dtype": dtype,
+                    "sentence1": s1,
+                    "sentence2": s2,
+                    "label": int(lab),
+                    "contradiction": int(con),
+                    "score": float(x),
+                }
+                for s1, s2, lab, con, x in zip(
+                    df["sentence1"].astype(str),
+                    df["sentence2"].astype(str),
+                    df["label"],
+                    df["contradiction"],
+                    cos,
+                    strict=True,
+                )
+            ]
+            entries.append(e)
+            label = f"{key} {dtype}"
+            curves[label] = (c.recall, c.precision, c.average_precision)
+            for name, val in (
+                ("average_precision", c.average_precision),
+                ("best_f1", c.best_f1),
+                ("best_f1_threshold", c.best_f1_threshold),
+            ):
+                metrics.append(
+                    Metric(
+                        name=name,
+                        value=val,
+                        higher_is_better=name != "best_f1_threshold",
+                        variant=label,
+                        n=c.n,
+                    )
+                )
+            lab = df["label"].to_numpy() == 1
+            groups = {
+                "duplicates": cos[lab],
+                "non-duplicates": cos[~lab & (df["contradiction"].to_numpy() == 0)],
+                "contradictions": contra,
+            }
+            ths = {"best F1": c.best_f1_threshold}
+            tp = e["threshold_at_precision"].get(str(cfg.recommend.precision))
+            if tp is not None:
+                ths[f"P>={cfg.recommend.precision}"] = tp
+            plot_histograms(groups, out / f"hist_{key}_{dtype}.png", f"{label}: cosine", ths)
+            log.info(
+                "%s: AP %.4f, best F1 %.4f at %.4f",
+                label,
+                c.average_precision,
+                c.best_f1,
+                c.best_f1_threshold,
+            )
+    plot_pr(curves, out / "pr_curves.png")
+    rec_entry = next(
+        (
+            e
+            for e in entries
+            if e["dataset"] == cfg.recommend.dataset and e["dtype"] == cfg.recommend.dtype
+        ),
+        None,
+    )
+    if rec_entry is None:
+        raise ValueError(
+            f"recommend.dataset={cfg.recommend.dataset!r} with dtype "
+            f"{cfg.recommend.dtype!r} was not calibrated"
+        )
+    if cfg.recommend.rule == "best_f1":
+        thr = rec_entry["best_f1_threshold"]
+    else:
+        thr = rec_entry["threshold_at_precision"][str(cfg.recommend.precision)]
+    calib = {
+        "schema_version": 1,
+        "created_at": now_iso(),
+        "entries": entries,
+        "recommended": {
+            "threshold": thr,
+            "dataset": cfg.recommend.dataset,
+            "dtype": cfg.recommend.dtype,
+            "rule": cfg.recommend.rule,
+            "precision": cfg.recommend.precision,
+            "model": str(base.model_path or base.name),
+        },
+    }
+    (out / "calibration.json").write_text(json.dumps(calib, indent=1))
+    res = Results(
+        job="calibrate",
+        created_at=calib["created_at"],
+        task=TaskInfo(
+            name="+".join(d.name for d in cfg.datasets),
+            version="1.0",
+            files_sha256=shas,
+            hash_verified=hashes_verified(
+                {f: h for d in cfg.datasets for f, h in TASKS[d.name].files.items()}, shas
+            ),
+            main_score="average_precision",
+        ),
+        config=OmegaConf.to_container(cfg, resolve=False),
+        **environment(str(emb.device)),
+        timings_s={"total": round(time.perf_counter() - t0, 3)},
+        metrics=metrics,
+        tables={"calibration": entries},
+    )
+    table = pd.DataFrame(
+        [
+            {
+                k: v
+                for k, v in e.items()
+                if k not in ("threshold_at_precision", "guard_at", "guard_reasons")
+            }
+            | {f"t@P{p}": e["threshold_at_precision"][p] for p in e["threshold_at_precision"]}
+            for e in entries
+        ]
+    )
+    report = "\n".join(
+        [
+            "# Threshold calibration",
+            "",
+            f"- created {res.created_at}; git {res.git_commit}; device {res.device}",
+            "- duplicate = STS-B score >= 4; SICK mutual entailment. `contradictions_above_best_"
+            "f1_threshold`: share of SICK contradiction pairs a pass at that threshold would "
+            "merge without the conflict guard. `guard_flags_contradictions` / `guard_flags_"
+            "duplicates`: of the contradiction / duplicate pairs at or above that threshold, the "
+            "share the conflict guard keeps apart (negation, number, date, opposite, value, "
+            "roles; see `consolidate.text.conflict_reason`): the first should be high (target "
+            ">= 0.9), the second low (target <= 0.1).",
+            f"- recommended threshold: {thr:.4f} ({cfg.recommend.rule} on {cfg.recommend.dataset},"
+            f" {cfg.recommend.dtype})",
+            "",
+            table.round(4).to_markdown(index=False),
+            "",
+            "## Conflict guard at other thresholds",
+            "",
+            "Pairs at or above each threshold; `reasons`: what flagged the contradiction pairs.",
+            "",
+            _guard_table(entries).to_markdown(index=False),
+            "",
+            "![PR curves](pr_curves.png)",
+            "",
+        ]
+    )
+    write_results(out, res, samples, report)
+    return calib
+
+
+def _guard_table(entries: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per dataset with contradiction pairs, dtype and threshold (the best-F1 one,
+    then ``guard_thresholds``)."""
+    rows = []
+    for e in entries:
+        if not e["contradiction_pairs"]:
+            continue
+        at = {f"best F1 {e['best_f1_threshold']:.4f}": e} | e["guard_at"]
+        for t, g in at.items():
+            rows.append(
+                {
+                    "dataset": e["dataset"],
+                    "dtype": e["dtype"],
+                    "threshold": t,
+                    "contradictions": g["contradictions_above"],
+                    "flagged": g["guard_flags_contradictions"],
+                    "duplicates": g["duplicates_above"],
+                    "flagged ": g["guard_flags_duplicates"],
+                    "reasons": ", ".join(f"{k} {v}" for k, v in sorted(g["guard_reasons"].items())),
+                }
+            )
+    return pd.DataFrame(rows).round(4)

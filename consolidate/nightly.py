@@ -1,0 +1,557 @@
+"""The nightly run over one store or an external source, as ``consolidate`` runs it: open
+or build the store, check the trigger, run the pass (in this process or on Ray Data),
+commit, and summarise (``run_consolidate``, ``format_summary``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from .evaluation.calibrate import load_calibration
+from .factory import make_embedder, open_store, pass_cfg, sim_cfg, typed, write_summary
+from .pipeline import run_pass, trigger
+from .similarity import check_engine
+from .store import hours_now
+from .store.lance_store import LanceStore
+
+log = logging.getLogger("consolidate")
+
+
+def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, Any]:
+    """Open (or build) the store, check the trigger, run the pass, commit, write a summary.
+
+    Args:
+        cfg: composed ``consolidate`` config.
+        out_dir: where ``summary.json`` goes (default: Hydra's output dir or ``outputs/``).
+
+    Returns:
+        The run summary (also written to ``<out_dir>/summary.json``).
+    """
+    from .config import RunnerConfig, SourceConfig, StoreConfig
+
+    t0 = time.perf_counter()
+    pc = pass_cfg(cfg)
+    calibration = None
+    if pc.calibration_file:
+        calibration = load_calibration(pc.calibration_file)
+        pc.threshold = calibration["threshold"]
+    policy = None
+    if pc.policy_file:
+        from .policy import load_policy
+
+        policy = load_policy(pc.policy_file)
+        for k, v in policy["pass"].items():
+            setattr(pc, k, v)
+    sc = sim_cfg(cfg)
+    check_engine(sc.engine, sc.device)  # settings errors before any store is built
+    rc: RunnerConfig = typed(cfg, "runner", RunnerConfig) if "runner" in cfg else RunnerConfig()
+    if rc.kind not in ("local", "ray"):
+        raise ValueError(f"runner.kind must be 'local' or 'ray', got {rc.kind!r}")
+    fleet = rc.kind == "ray"
+    # a fleet run's actors build their own merger and reflector (from these configs)
+    merger = None if fleet else instantiate(cfg.merge)
+    reflector = instantiate(cfg.reflect) if pc.reflect and not fleet else None
+    src: SourceConfig = typed(cfg, "source", SourceConfig) if "source" in cfg else SourceConfig()
+    if src.kind != "store":
+        if fleet:
+            raise ValueError(f"source={src.kind} runs in this process: use runner=local")
+        summary = _external_run(cfg, src, pc, sc, merger, reflector, out_dir)
+        summary["policy"] = (
+            {**policy, "calibrated": True} if policy is not None else {"calibrated": False}
+        )
+        return _finish(summary, t0, out_dir)
+    scfg: StoreConfig = typed(cfg, "store", StoreConfig)
+    t = time.perf_counter()
+    store, report = open_store(cfg)
+    t_build = time.perf_counter() - t
+    summary: dict[str, Any] = {
+        "store": str(store.root),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+    if calibration is not None:
+        summary["calibration"] = calibration
+    # the retention policy: calibrated (from policy.json, with its measured cost) or not
+    summary["policy"] = (
+        {**policy, "calibrated": True} if policy is not None else {"calibrated": False}
+    )
+    if report is not None:
+        summary["import"] = {k: report[k] for k in ("observations", "conversations", "sha256")}
+        for k in ("malformed_evidence", "malformed_items", "bad_times"):
+            summary["import"][k] = len(report[k])
+        summary["import"]["time_s"] = round(t_build, 3)
+    if fleet and not isinstance(store, LanceStore):
+        raise ValueError(
+            f"runner=ray needs a Lance store; {store.root} is a Parquet store "
+            f"(consolidate-convert src=... dst=... makes a Lance copy)"
+        )
+    with store.lock(timeout_s=scfg.lock_timeout_s):
+        if fleet:
+            summary.update(_fleet_run(cfg, store, pc, sc, rc))
+            return _finish(summary, t0, out_dir)
+        t = time.perf_counter()
+        if isinstance(store, LanceStore) and pc.incremental and not pc.force:
+            # per namespace: read only the namespaces whose new memories fired
+            fired, per_ns = store.trigger(pc.trigger_importance)
+            new_imp, fire = float(sum(per_ns.values())), bool(fired)
+            snap = store.load(namespaces=fired)
+            scope = {"namespaces_fired": len(fired), "namespaces_with_new": len(per_ns)}
+        else:
+            snap = store.load()
+            fire, new_imp = trigger(snap.records, pc.trigger_importance)
+            scope = {}
+        t_load = time.perf_counter() - t
+        summary["trigger"] = _trigger_summary(pc, new_imp, fire, scope)
+        summary["base_version"] = snap.version
+        summary["records_read"] = len(snap.records)
+        if not (fire or pc.force):
+            summary["ran"] = False
+        else:
+            wall = hours_now()
+            res = run_pass(
+                snap.records,
+                cfg=pc,
+                sim_cfg=sc,
+                merger=merger,
+                version=snap.version + 1,
+                wall_h=wall,
+                reflector=reflector,
+            )
+            t = time.perf_counter()
+            commit = store.commit(
+                res.records, res.events, base=snap, dry_run=pc.dry_run, pass_time_h=wall
+            )
+            res.stats.time_s["load"] = round(t_load, 4)
+            res.stats.time_s["commit"] = round(time.perf_counter() - t, 4)
+            if isinstance(store, LanceStore) and not pc.dry_run and not commit.get("unchanged"):
+                _cleanup(store, commit, res.stats.time_s)
+            summary.update(ran=True, dry_run=pc.dry_run, commit=commit, stats=res.stats.as_dict())
+    return _finish(summary, t0, out_dir)
+
+
+def _external_run(
+    cfg: DictConfig, src: Any, pc: Any, sc: Any, merger: Any, reflector: Any, out_dir: str | None
+) -> dict[str, Any]:
+    """The pass over an external store (``source=pgvector``: :mod:`consolidate.sources.
+    pgvector`; ``source=mem0``: :mod:`consolidate.sources.mem0`; ``source=jsonl``:
+    :class:`consolidate.sources.files.FileSource`; ``source=lance``:
+    :mod:`consolidate.sources.lance_table`): read a snapshot, run the pass with
+    nothing held open, plan, apply (a dry run unless ``source.apply``). The
+    pass's events go to ``events.jsonl`` beside the summary (they keep the members of every
+    merge; a Mem0 apply also writes ``undo.jsonl``). Returns the summary's fields."""
+    import json
+    from pathlib import Path
+
+    from .config import EmbedderConfig
+    from .sources.open import open_source, source_records
+
+    source, name = open_source(src, lambda: make_embedder(typed(cfg, "embedder", EmbedderConfig)))
+    t = time.perf_counter()
+    snap = source.read(src.namespaces)
+    records = source_records(source, snap)
+    t_load = time.perf_counter() - t
+    no_vector = getattr(snap, "no_vector", 0)
+    if no_vector:
+        log.warning(
+            "%s: %d live rows have no vector yet (left out of the pass, untouched), e.g. %s",
+            name,
+            no_vector,
+            snap.no_vector_ids[:5],
+        )
+    fire, new_imp = trigger(records, pc.trigger_importance)
+    summary: dict[str, Any] = {
+        "store": name,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "trigger": _trigger_summary(pc, new_imp, fire, {}),
+        "records_read": len(records),
+        "records_without_vector": no_vector,
+    }
+    if not (fire or pc.force) or not len(records):
+        summary["ran"] = False
+        return summary
+    wall = hours_now()
+    res = run_pass(
+        records,
+        cfg=pc,
+        sim_cfg=sc,
+        merger=merger,
+        version=content_version(records),
+        wall_h=wall,
+        reflector=reflector,
+    )
+    if out_dir is None:
+        out_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else "outputs"
+    dry = pc.dry_run or not src.apply
+    t = time.perf_counter()
+    if src.kind == "mem0":
+        plan = source.plan(snap, res.records, drops=src.drops)
+        rep = source.apply(
+            plan, snap, dry_run=dry, undo_file=None if dry else Path(out_dir) / "undo.jsonl"
+        )
+    elif src.kind == "jsonl":
+        plan = source.plan(snap, res.records)
+        rep = source.apply(
+            plan, dry_run=dry, out=Path(out_dir) / f"consolidated{Path(src.path).suffix}"
+        )
+    else:
+        plan = source.plan(snap, res.records)
+        rep = source.apply(plan, dry_run=dry)
+    res.stats.time_s["load"] = round(t_load, 4)
+    res.stats.time_s["commit"] = round(time.perf_counter() - t, 4)
+    events = Path(out_dir) / "events.jsonl"
+    events.parent.mkdir(parents=True, exist_ok=True)
+    events.write_text("".join(json.dumps(e, default=str) + "\n" for e in res.events))
+    (Path(out_dir) / "plan.json").write_text(
+        json.dumps(
+            {
+                "plan_id": plan.plan_id,
+                "dry_run": rep.dry_run,
+                "units": plan.units,
+                "skipped": rep.skipped,
+            },
+            indent=1,
+            default=str,
+        )
+    )
+    summary.update(
+        ran=True,
+        dry_run=rep.dry_run,
+        stats=res.stats.as_dict(),
+        external={
+            "plan_id": plan.plan_id,
+            "units": plan.counts(),
+            "applied": rep.applied,
+            "skipped": rep.skipped[:100],
+            "n_skipped": len(rep.skipped),
+            "events": str(events),
+            "undo": getattr(rep, "undo_file", None),
+            "written": getattr(rep, "written", None),
+            "version": getattr(rep, "version", None),
+            "previous_version": getattr(rep, "previous", None),
+            "backup": getattr(rep, "backup", None),
+        },
+    )
+    return summary
+
+
+def content_version(records: Any) -> int:
+    """A pass version for records read from an external source: a hash of which memories
+    were read (ids, texts, importance, strength, pinned; not times, which a source without
+    them fills with the time of the read), in ``[1, 2**31)``. Merged ids mix in the version,
+    so a dry run and the apply that follows on the same memories plan the same merged ids,
+    and other memories plan others."""
+    import pandas as pd
+
+    cols = ["id", "text", "importance", "strength", "pinned"]
+    h = pd.util.hash_pandas_object(records.meta[cols], index=False).to_numpy()
+    mixed = int((h * np.uint64(0x9E3779B97F4A7C15)).sum(dtype=np.uint64) ^ np.uint64(len(h)))
+    return 1 + mixed % (2**31 - 1)
+
+
+def _trigger_summary(pc: Any, new_imp: float, fire: bool, scope: dict[str, Any]) -> dict[str, Any]:
+    """The summary's ``trigger`` block (and a log line when it did not fire)."""
+    if not (fire or pc.force):
+        log.info(
+            "trigger did not fire: new importance %.3f < %.3f (use sleep.force=true)",
+            new_imp,
+            pc.trigger_importance,
+        )
+    return {
+        "new_importance": round(new_imp, 4),
+        "threshold": pc.trigger_importance,
+        "fired": fire,
+        "forced": pc.force,
+        **scope,
+    }
+
+
+def _cleanup(store: LanceStore, commit: dict[str, Any], times: dict[str, float]) -> None:
+    """Compaction and version cleanup after a commit (:meth:`LanceStore.cleanup`), timed."""
+    t = time.perf_counter()
+    commit["cleanup"] = store.cleanup()
+    times["cleanup"] = round(time.perf_counter() - t, 4)
+
+
+def _finish(summary: dict[str, Any], t0: float, out_dir: str | None) -> dict[str, Any]:
+    """Stamp the wall time and write ``summary.json``."""
+    summary["wall_time_s"] = round(time.perf_counter() - t0, 3)
+    if out_dir is None:
+        out_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else "outputs"
+    summary["summary_path"] = str(write_summary(out_dir, summary))
+    return summary
+
+
+def _fleet_run(cfg: DictConfig, store: LanceStore, pc: Any, sc: Any, rc: Any) -> dict[str, Any]:
+    """The pass on Ray Data (:func:`consolidate.fleet.run_fleet_pass`), under the store's
+    lock: the trigger per namespace (``sleep.incremental``) or over the store, then the
+    shards, then one commit and the cleanup. Returns the summary's fields."""
+    from .fleet import run_fleet_pass
+
+    out: dict[str, Any] = {}
+    t = time.perf_counter()
+    fired, per_ns = store.trigger(pc.trigger_importance)
+    new_imp = float(sum(per_ns.values()))
+    if pc.incremental and not pc.force:
+        namespaces: list[str] | None = fired
+        fire = bool(fired)
+        scope = {"namespaces_fired": len(fired), "namespaces_with_new": len(per_ns)}
+    else:
+        namespaces, fire, scope = None, new_imp >= pc.trigger_importance, {}
+    out["trigger"] = _trigger_summary(pc, new_imp, fire, scope)
+    if not (fire or pc.force):
+        out.update(ran=False, base_version=store.head().version, records_read=0)
+        return out
+    t_trigger = time.perf_counter() - t
+    merge = OmegaConf.to_container(cfg.merge, resolve=True)
+    reflect = OmegaConf.to_container(cfg.reflect, resolve=True) if pc.reflect else None
+    res = run_fleet_pass(
+        store,
+        namespaces=namespaces,
+        pass_cfg=pc,
+        sim_cfg=sc,
+        runner=rc,
+        merge=merge,
+        reflect=reflect,
+        wall_h=hours_now(),
+        dry_run=pc.dry_run,
+    )
+    stats, commit = res["stats"], res["commit"]
+    stats.time_s["trigger"] = round(t_trigger, 4)
+    if not pc.dry_run:
+        _cleanup(store, commit, stats.time_s)
+    out.update(
+        ran=True,
+        dry_run=pc.dry_run,
+        commit=commit,
+        stats=stats.as_dict(),
+        base_version=res["base_version"],
+        records_read=res["records_read"],
+        fleet=res["fleet"],
+    )
+    return out
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The short table printed at the end of a run."""
+    lines = [f"store            {s['store']}"]
+    if "import" in s:
+        i = s["import"]
+        lines.append(
+            f"imported         {i['observations']} observations from "
+            f"{i['conversations']} conversations ({i['time_s']} s)"
+        )
+        problems = {
+            k: i[k] for k in ("malformed_evidence", "malformed_items", "bad_times") if i.get(k)
+        }
+        if problems:
+            lines.append(f"import problems  {problems} (listed in import_report.json)")
+    tr = s["trigger"]
+    per_ns = (
+        f" in {tr['namespaces_fired']} of {tr['namespaces_with_new']} namespaces with new memories"
+        if "namespaces_fired" in tr
+        else ""
+    )
+    lines.append(
+        f"trigger          new importance {tr['new_importance']} vs "
+        f"{tr['threshold']}{' per namespace' if per_ns else ''}: "
+        f"{'fired' if tr['fired'] else 'not fired'}{per_ns}"
+        f"{' (forced)' if tr['forced'] else ''}"
+    )
+    lines.append(_policy_line(s))
+    if not s.get("ran"):
+        lines.append("pass             skipped (nothing to do; sleep.force=true to run anyway)")
+    else:
+        st = s["stats"]
+        rows = [
+            ("records in", st["records_in"], st["time_s"]["load"]),
+            (
+                "exact duplicates",
+                f"{st['exact_duplicates']} in {st['exact_groups']} groups",
+                st["time_s"]["exact"],
+            ),
+            ("pairs >= thresh", st["pairs"], st["time_s"]["similarity"]),
+            ("clusters", st["clusters"], st["time_s"]["cluster"]),
+            (
+                "merges",
+                f"{st['merges']} clusters + {st['exact_merges']} exact "
+                f"({st['merged_members']} records)",
+                st["time_s"]["merge"],
+            ),
+            ("merge texts", _merge_texts(st), ""),
+            ("review pairs", st["review_pairs"], ""),
+            ("superseded", f"{st['superseded']} older facts closed (valid_to)", ""),
+            (
+                "dropped",
+                f"{st['dropped_floor']} below floor, {st['dropped_cap']} over cap",
+                st["time_s"]["score"],
+            ),
+            ("records out", st["records_out"], st["time_s"]["commit"]),
+            (
+                "model calls",
+                _calls(st, "merge", st["model_calls"], "prompt_tokens", "completion_tokens"),
+                "",
+            ),
+        ]
+        if "reflections" in st:
+            rows.insert(
+                -2,
+                (
+                    "reflections",
+                    f"{st['reflections']} of {st['reflect_groups']} groups",
+                    st["time_s"]["reflect"],
+                ),
+            )
+            rows.append(
+                (
+                    "reflect calls",
+                    _calls(
+                        st,
+                        "reflect",
+                        st["reflect_calls"],
+                        "reflect_prompt_tokens",
+                        "reflect_completion_tokens",
+                    ),
+                    "",
+                )
+            )
+        lines.append(f"{'stage':<17}{'result':<44}time_s")
+        lines += [f"{a:<17}{b!s:<44}{t}" for a, b, t in rows]
+        if "external" in s:
+            g = s["external"]
+            done = (
+                ", ".join(
+                    f"{n} {k}{'' if n == 1 else 's'}" for k, n in sorted(g["applied"].items())
+                )
+                or "nothing"
+            )
+            lines.append(
+                f"{'would apply' if s['dry_run'] else 'applied':<17}{done} "
+                f"(plan {g['plan_id'][:12]} in plan.json; {g['n_skipped']} units "
+                f"skipped; events {g['events']})"
+                + ("; source.apply=true writes it" if s["dry_run"] and g["applied"] else "")
+            )
+            if s.get("records_without_vector"):
+                lines.append(
+                    f"{'no vector yet':<17}{s['records_without_vector']} live rows "
+                    f"left out of the pass, untouched (named in the log)"
+                )
+            if g.get("version") is not None:
+                lines.append(
+                    f"{'lance version':<17}{g['version']} written (the version "
+                    f"read, {g['previous_version']}, stays in the history)"
+                )
+            if g.get("written"):
+                lines.append(
+                    f"{'result file':<17}{g['written']}"
+                    + (f" (the file as it was: {g['backup']})" if g.get("backup") else "")
+                )
+        else:
+            c = s["commit"]
+            if c.get("unchanged"):
+                where = f"nothing changed: no new version (still version {c['version']})"
+            elif c["snapshot"]:
+                where = f"version {c['version']}"
+            else:
+                where = "dry run, nothing written"
+            rows_w = f", {c['rows_written']} rows written" if "rows_written" in c else ""
+            if c.get("unchanged"):
+                lines.append(f"written          {where}")
+            else:
+                lines.append(
+                    f"written          {where}, changelog {c['changelog']}{rows_w}, "
+                    f"carried {c['carried_records']} late records"
+                )
+        lines.append(
+            f"device           {st['device']}, engine {st.get('engine', 'torch')} "
+            f"(merger: {st['merger']})"
+        )
+        if "fleet" in s:
+            f = s["fleet"]
+            lines.append(
+                f"runner           ray: {f['shards']} shards of whole namespaces on "
+                f"{f['workers']} actors, {f['ray_s']} s on Ray (stage times are "
+                f"summed over actors)"
+            )
+            if "commits" in f:
+                lines.append(
+                    f"commits          {len(f['commits'])} versions "
+                    f"({', '.join(map(str, f['commits']))}), one per group of shards"
+                )
+            if "llm" in f:
+                q = f["llm"]
+                lines.append(
+                    f"llm stage        ray.data.llm: {q['requests']} requests in "
+                    f"{q['rounds']} rounds ({q['cached']} from the cache), "
+                    f"{q['seconds']} s"
+                )
+    lines.append(f"wall time        {s['wall_time_s']} s; summary {s['summary_path']}")
+    return "\n".join(lines)
+
+
+def _policy_line(s: dict[str, Any]) -> str:
+    """The retention policy the pass applied, and its measured cost when a ``policy.json``
+    set it (else: uncalibrated)."""
+    p = dict(s["config"].get("sleep", s["config"].get("pass", {})))
+    if "calibration" in s:
+        p["threshold"] = s["calibration"]["threshold"]
+    pol = s.get("policy")
+    if pol is not None and not pol.get("calibrated"):
+        pol = None
+    if pol is not None:
+        p.update(pol["pass"])
+
+    def num(x: Any) -> str:
+        return f"{x:g}" if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
+
+    cur = (
+        f"threshold {num(p.get('threshold'))}, tau {num(p.get('tau_hours'))} h, floor "
+        f"{num(p.get('floor'))}, cap {num(p.get('cap'))}"
+    )
+    if pol is None:
+        if "calibration" in s:
+            c = s["calibration"]
+            return (
+                f"policy           {cur}: threshold from {c.get('file', 'a calibration')}"
+                f" ({c.get('rule', '?')} on {c.get('dataset', '?')}); tau, floor and cap "
+                f"uncalibrated (consolidate-policy measures what they cost in recall)"
+            )
+        return (
+            f"policy           {cur}: uncalibrated (consolidate-policy measures what a "
+            f"policy costs in recall)"
+        )
+    keeps = ", ".join(f"{m} {v:.1%}" for m, v in pol["keeps"].items())
+    task = (pol.get("task") or {}).get("name", "?")
+    return (
+        f"policy           {cur} from {pol['file']}: on {task} it kept {keeps} of the "
+        f"recall of keeping every memory, with {pol['tokens_vs_baseline']:.0%} of the "
+        f"stored tokens (target {pol['target']['share']:.0%})"
+    )
+
+
+def _merge_texts(st: dict[str, Any]) -> str:
+    """One line on the merged texts: length against the longest member, facts lost."""
+    lost = st.get("merges_losing_facts", 0)
+    refused = f"{lost} merges refused for losing a fact" if lost else "no fact lost"
+    if "merge_text_ratio_mean" not in st:
+        return refused
+    return (
+        f"{st['merge_text_ratio_mean']:.2f}x the longest member on average (max "
+        f"{st['merge_text_ratio_max']:.2f}x); {refused}"
+    )
+
+
+def _calls(st: dict[str, Any], stage: str, calls: int, pt: str, ct: str) -> str:
+    """``N (P+C tokens, p50/p95 latency s)`` for one model stage of the summary table."""
+    if not calls:
+        return "0"
+    out = f"{calls} ({st.get(pt, 0)}+{st.get(ct, 0)} tokens"
+    if f"{stage}_latency_p50_s" in st:
+        out += (
+            f", p50 {st[f'{stage}_latency_p50_s']:.2f} s, p95 {st[f'{stage}_latency_p95_s']:.2f} s"
+        )
+    return out + ")"
