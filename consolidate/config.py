@@ -611,6 +611,7 @@ class UndoJobConfig:
     task_name: str = "undo"
     paths: Any = None
     store: Any = None
+    embedder: Any = None  # set by the debug preset only; unused
     merge_id: str = MISSING
 
 
@@ -623,6 +624,7 @@ class VersionsJobConfig:
     task_name: str = "versions"
     paths: Any = None
     store: Any = None
+    embedder: Any = None  # set by the debug preset only; unused
     action: str = "list"
     version: int | None = None
     other: int | None = None

@@ -43,7 +43,7 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
         pc.threshold = calibration["threshold"]
     policy = None
     if pc.policy_file:
-        from .policy import load_policy
+        from .evaluation.policy_search import load_policy
 
         policy = load_policy(pc.policy_file)
         for k, v in policy["pass"].items():

@@ -54,7 +54,7 @@ def test_threshold_sweep_on_the_submitit_local_launcher(tmp_path):
     snap = store.load()
 
     def run(thr):
-        return t[t["overrides"].str.contains(rf"pass\.threshold={thr}(?: |$)")].iloc[0]
+        return t[t["overrides"].str.contains(rf"sleep\.threshold={thr}(?: |$)")].iloc[0]
 
     for thr in (0.9, 0.95):
         row = run(thr)

@@ -44,7 +44,7 @@ def test_wheel_runs_the_main_job_from_an_unrelated_directory(tmp_path):
     )  # fmt: skip
     (wheel,) = dist.glob("consolidate-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for want in ("consolidate/conf/consolidate.yaml", "consolidate/conf/pass/default.yaml",
+    for want in ("consolidate/conf/consolidate.yaml", "consolidate/conf/sleep/default.yaml",
                  "consolidate/conf/hydra/default.yaml", "consolidate/py.typed",
                  "consolidate/evaluation/longmemeval_tiny.json"):  # fmt: skip
         assert want in names, want

@@ -248,7 +248,7 @@ def _check_settings(cfg: PassConfig) -> None:
     for key in ("reflect_min_size", "reflect_max_per_namespace"):
         v = getattr(cfg, key)
         if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
-            raise ValueError(f"pass.{key} must be an integer >= 1, got {v!r}")
+            raise ValueError(f"sleep.{key} must be an integer >= 1, got {v!r}")
     if isinstance(cfg.now, (int, float)) or cfg.now not in ("wall", "latest"):
         try:
             val = float(cfg.now)
