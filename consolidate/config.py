@@ -617,9 +617,16 @@ class UndoJobConfig:
 
 @dataclass
 class VersionsJobConfig:
-    """The primary config of ``consolidate-versions``: ``action`` (``list``, ``diff``,
-    ``rollback``, ``restore``, ``export``, ``reindex``...), its ``version`` / ``other`` /
-    ``ids`` / ``out``, and ``dry_run``."""
+    """The primary config of ``consolidate-versions`` (a Lance store's history).
+
+    Actions:
+        list: every retained version: time, op, rows, changelog, summary.
+        diff version=A [other=B]: what changed from A to B (default: newest), per namespace.
+        rollback version=N [dry_run=true]: N's records current again, as a new version.
+        restore 'ids=[id1,id2]': tombstones (merged, dropped, deleted) live again.
+        export [version=N] out=FILE.parquet|FILE.jsonl: one version's records to a file.
+        reindex: rebuild the id and namespace indexes.
+    """
 
     task_name: str = "versions"
     paths: Any = None

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .evaluation.calibrate import load_calibration
 from .factory import make_embedder, open_store, pass_cfg, sim_cfg, typed, write_summary
-from .pipeline import run_pass, trigger
+from .pipeline import check_settings, run_pass, trigger
 from .similarity import check_engine
 from .store import hours_now
 from .store.lance_store import LanceStore
@@ -48,6 +48,7 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
         policy = load_policy(pc.policy_file)
         for k, v in policy["pass"].items():
             setattr(pc, k, v)
+    check_settings(pc)  # bad values fail now, not on the night the trigger fires
     sc = sim_cfg(cfg)
     check_engine(sc.engine, sc.device)  # settings errors before any store is built
     rc: RunnerConfig = typed(cfg, "runner", RunnerConfig) if "runner" in cfg else RunnerConfig()
@@ -353,6 +354,8 @@ def format_summary(s: dict[str, Any]) -> str:
     tr = s["trigger"]
     per_ns = (
         f" in {tr['namespaces_fired']} of {tr['namespaces_with_new']} namespaces with new memories"
+        if tr.get("namespaces_with_new")
+        else " (no new memories since the last pass)"
         if "namespaces_fired" in tr
         else ""
     )

@@ -38,7 +38,7 @@ def _run(main, args, monkeypatch, capsys, tmp_path):
         (consolidate_job.main, ["store=nope"],
          "store=nope: no such choice (choices: existing, locomo)"),
         (consolidate_job.main, ["sleep.threshold=0.9]"],
-         "'sleep.threshold=0.9]' does not parse: extraneous input ']'"),
+         "cannot read the override 'sleep.threshold=0.9]': extraneous input ']'"),
         (consolidate_job.main, ["experiment=nightly"],
          "store.dir has no value: set it on the command line (store.dir=...)"),
         (consolidate_job.main, ["+sleep.treshold=0.8"],
@@ -46,6 +46,9 @@ def _run(main, args, monkeypatch, capsys, tmp_path):
         (undo_job.main, ["merge=vllm"],
          "merge: no such config group in undo (groups: debug, paths, store)"),
         (undo_job.main, [], "merge_id has no value: set it on the command line (merge_id=...)"),
+        (consolidate_job.main, ["=0.8"], "'=0.8' has no key: write KEY=VALUE"),
+        (consolidate_job.main, ["sleep.threshold=1.5", "store.dir=/nonexistent/store"],
+         "sleep.threshold must be in [-1, 1], got 1.5"),
         (evaluate_job.main, ["answer.questions=abc"],
          "answer.questions: Value 'abc' of type 'str' could not be converted to Integer"),
         (evaluate_job.main, ["answer.questons=3"],
@@ -62,7 +65,8 @@ def test_user_errors_are_one_line_and_exit_2(main, args, want, monkeypatch, caps
     assert want in errors[0], errors[0]
     assert "Traceback" not in out.err and out.out == ""
     run = tmp_path / "run"
-    if "no value" in want or "unknown key(s)" in want:  # refused by the job: its log says why
+    if "no value" in want or "unknown key(s)" in want or "must be in" in want:
+        # refused by the job once it started: its log says why
         (log,) = run.glob("*.log")
         assert errors[0] in log.read_text()
     else:  # refused while composing the config, before the run started
@@ -90,7 +94,7 @@ def _help(main, args, monkeypatch, capsys):
 def test_help_shows_the_job_its_groups_and_choices(monkeypatch, capsys):
     text = _help(consolidate_job.main, [], monkeypatch, capsys)
     assert text.startswith("`consolidate`: the nightly sleep pass over one store")
-    groups = text.split("Config groups")[1].split("Settings")[0]
+    groups = text.split("Config groups")[1].split("\n\n")[0]
     rows = {ln.split()[0]: ln.split(None, 1)[1] for ln in groups.strip().splitlines()[1:]}
     assert rows["merge"] == "*extractive, llm, vllm"
     assert rows["similarity"] == "*default, faiss, torch, triton"
@@ -105,7 +109,7 @@ def test_help_shows_the_job_its_groups_and_choices(monkeypatch, capsys):
 
 def test_evaluate_help_offers_only_its_own_presets(monkeypatch, capsys):
     text = _help(evaluate_job.main, [], monkeypatch, capsys)
-    groups = text.split("Config groups")[1].split("Settings")[0]
+    groups = text.split("Config groups")[1].split("\n\n")[0]
     assert "sweep_decay" in groups and "nightly" not in groups and "runner" not in groups
 
 
@@ -114,7 +118,7 @@ def test_bench_help_lists_its_presets(monkeypatch, capsys):
 
     text = _help(bench_job.main, ["bench=tiny"], monkeypatch, capsys)
     assert text.startswith("`consolidate-bench`: ours against what a user would write instead")
-    groups = text.split("Config groups")[1].split("Settings")[0]
+    groups = text.split("Config groups")[1].split("\n\n")[0]
     rows = {ln.split()[0]: ln.split(None, 1)[1] for ln in groups.strip().splitlines()[1:]}
     assert rows["bench"] == "cpu, gpu, *tiny"
     assert "  preset: tiny\n" in text and "  pass_baseline: null\n" in text

@@ -153,3 +153,16 @@ def test_recall_cli(tmp_path):
     )
     m = Store(s.root).load().records.meta.set_index("id")
     assert m.loc["m0", "strength"] == 2.0 and m.loc["m1", "strength"] == 1.0
+    # the namespace's newest use (1970 here) is older than tau: the job says what marking
+    # recalled memories used at today's clock does to the next pass
+    assert "note: the newest memory of 'gina' was last used" in p.stdout
+    assert "use mark_used=false on a historical store" in p.stdout
+    # a namespace the store does not hold is an error with the closest one
+    q = subprocess.run(
+        [str(Path(sys.executable).parent / "consolidate-recall"), f"store.dir={s.root}",
+         "namespace=gna", "query=pets", "mark_used=false", f"hydra.run.dir={tmp_path}/run2"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert q.returncode == 2
+    assert f"\nerror: no namespace 'gna' in {s.root}; did you mean gina?\n" in q.stderr
+    assert "note: the newest" not in q.stdout

@@ -2186,8 +2186,14 @@ def run_benchmark(args: BenchConfig) -> Path:
                 report(runner, meta, out, final=False)
     ratios = report(runner, meta, out, final=True)
     print(
-        f"\nwrote {out}/results.parquet, report.md, benchmark.png, meta.json "
+        f"\nwrote {out}/results.json, results.parquet, report.md, benchmark.png, meta.json "
         f"({meta['wall_s']:.0f} s)\n"
+        + (
+            "\n(the tiny preset is a smoke test: at its sizes fixed costs dominate, and its "
+            "ratios say nothing about speed; use the cpu or gpu preset)\n"
+            if args.preset == "tiny"
+            else ""
+        )
     )
     for line in ratios:
         print(line)

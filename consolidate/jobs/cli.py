@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import inspect
 import io
 import logging
 import os
@@ -41,8 +42,11 @@ def job(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[]
     import hydra
 
     def deco(task: Callable[[DictConfig], Any]) -> Callable[[], None]:
+        started: list[bool] = []
+
         @functools.wraps(task)
         def logged(cfg: DictConfig) -> Any:
+            started.append(True)
             with _stdout_to_log():
                 return task(cfg)
 
@@ -52,6 +56,7 @@ def job(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[]
 
         @functools.wraps(task)
         def main() -> None:
+            started.clear()
             args = sys.argv[1:] = renamed_overrides(sys.argv[1:])
             if "--help" in args or "-h" in args:
                 overrides = [a for a in args if not a.startswith("-")]
@@ -66,7 +71,9 @@ def job(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[]
             try:
                 hydra_main()
             except Exception as e:
-                if not _is_config_error(e):
+                # anything raised before the job started is about the command line or a
+                # config file (Hydra raises some of those as plain ValueErrors)
+                if started and not _is_config_error(e):
                     raise
                 _fail(config_name, e)
 
@@ -170,6 +177,9 @@ def describe(config_name: str, e: BaseException) -> str:
     from hydra.errors import MissingConfigException, OverrideParseException
     from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
 
+    nokey = next((a for a in sys.argv[1:] if a.startswith("=")), None)
+    if nokey is not None:
+        return f"{nokey!r} has no key: write KEY=VALUE (e.g. sleep.threshold{nokey})"
     cause = e.__cause__ if e.__cause__ is not None else e
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     if isinstance(e, MissingConfigException):
@@ -181,10 +191,12 @@ def describe(config_name: str, e: BaseException) -> str:
                     + (f"; did you mean {group}={hint}?" if hint else ""))  # fmt: skip
         return text.removeprefix(f"In '{config_name}': ")
     if isinstance(e, OverrideParseException):
-        lines = str(e).strip().splitlines()
-        detail = lines[1] if len(lines) > 1 else ""
-        return (f"{lines[0].removeprefix('Error parsing override ')} does not parse: {detail} "
-                f"(quote values holding '=', ']' or spaces)")  # fmt: skip
+        lines = [ln for ln in str(e).strip().splitlines() if ln and not ln.startswith("See ")]
+        detail = next((ln for ln in lines if not ln.startswith("Error parsing")), "")
+        bad = _unparsable(sys.argv[1:])
+        return (f"cannot read the override {bad!r}: {detail} " if bad else f"{detail}: ") + (
+            "(quote a value that holds '=', ':', '[', ']', ',' or spaces, e.g. key='\"a: b\"')"
+        )
     if "No match in the defaults list" in text:
         group = text.split("'")[1] if "'" in text else "?"
         groups = sorted(_groups(config_name))
@@ -205,7 +217,7 @@ def describe(config_name: str, e: BaseException) -> str:
         return (
             f"unknown key '{bad}' in {config_name}'s config"
             + (f"; did you mean {hint}?" if hint else "")
-            + f" ({config_name} --help lists its settings; +{bad}=... adds a new key)"
+            + f" ({_prog(config_name)} --help lists its settings)"
         )
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
     if len(lines) > 1 and lines[0].endswith("raised while composing config:"):
@@ -214,12 +226,35 @@ def describe(config_name: str, e: BaseException) -> str:
     return text
 
 
+def _unparsable(args: list[str]) -> str | None:
+    """The first of ``args`` that Hydra's override grammar does not read."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for a in args:
+        if a.startswith("-"):
+            continue
+        try:
+            parser.parse_override(a)
+        except Exception:
+            return a
+    return None
+
+
 def _override_key(e: BaseException) -> str | None:
     """The key of the override Hydra names in ``Could not override 'KEY'``."""
     msg = str(e)
     if msg.startswith("Could not override '"):
         return msg.split("'")[1]
     return None
+
+
+def _prog(config_name: str) -> str:
+    """The console script of a job (``consolidate``, ``consolidate-<job>``)."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    if name.startswith("consolidate"):
+        return name
+    return "consolidate" if config_name == "consolidate" else f"consolidate-{config_name}"
 
 
 def suggest(bad: str, known: Iterable[str]) -> str | None:
@@ -294,7 +329,7 @@ def help_text(config_name: str, about: str, overrides: list[str] | None = None) 
     (the selected one marked ``*``), and its settings as composed with ``overrides``."""
     cfg = _compose(config_name, overrides)
     groups = _groups(config_name, cfg)
-    prog = Path(sys.argv[0]).name or config_name
+    prog = _prog(config_name)
     lines = [about.strip().replace("``", "`"), "",
              f"Usage: {prog} [GROUP=CHOICE ...] [KEY=VALUE ...]"]  # fmt: skip
     if groups:
@@ -310,6 +345,12 @@ def help_text(config_name: str, about: str, overrides: list[str] | None = None) 
     body = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(body, dict)
     body.pop("hydra", None)
+    from ..config import JOB_SCHEMAS
+
+    schema = JOB_SCHEMAS.get("evaluate" if config_name == "policy" else config_name)
+    doc = inspect.cleandoc(schema.__doc__ or "") if schema is not None else ""
+    if doc:
+        lines += ["", "About its own settings:", "", doc.replace("``", "`")]
     lines += ["", "Settings (KEY=VALUE overrides any of them):", "",
               OmegaConf.to_yaml(body).rstrip(), "",
               f"`{prog} --cfg job` prints the composed config; `{prog} --hydra-help` lists "

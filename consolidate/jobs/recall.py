@@ -7,12 +7,14 @@ recall bookkeeping unless ``mark_used=false``. Reads an existing store (never bu
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig
 
-from ..config import EmbedderConfig
+from ..config import EmbedderConfig, PassConfig
 from ..recall import Recalled, recall
-from .cli import job
+from .cli import job, suggest
 from .common import make_embedder, open_store, sim_cfg, typed, user_errors
 
 log = logging.getLogger("consolidate")
@@ -25,12 +27,15 @@ def run_recall(cfg: DictConfig) -> Recalled:
         StoreNotFoundError: no store at ``store.dir``.
         ValueError: a bad ``k`` or ``max_tokens``, an empty or over-long query.
     """
+    namespace, query = str(cfg.namespace), str(cfg.query)  # missing values before any work
     store, _ = open_store(cfg, build=False)
+    if cfg.mark_used:
+        _warn_if_historical(store, namespace)
     emb = make_embedder(typed(cfg, "embedder", EmbedderConfig))
     (out,) = recall(
         store,
-        str(cfg.namespace),
-        [str(cfg.query)],
+        namespace,
+        [query],
         emb,
         k=int(cfg.k),
         max_tokens=int(cfg.max_tokens),
@@ -38,7 +43,50 @@ def run_recall(cfg: DictConfig) -> Recalled:
         strength_cap=cfg.strength_cap,
         device=sim_cfg(cfg).device,
     )
+    if not out.ids:
+        known = _namespaces(store)
+        if namespace not in known:
+            hint = suggest(namespace, sorted(known))
+            raise ValueError(
+                f"no namespace {namespace!r} in {store.root}"
+                + (f"; did you mean {hint}?" if hint else f" ({len(known)} namespaces)")
+            )
     return out
+
+
+def _namespaces(store: Any) -> set[str]:
+    """Every namespace of the store (live or not)."""
+    from ..store.lance_store import LanceStore
+
+    if isinstance(store, LanceStore):
+        t = store._open().to_table(columns=["namespace"])
+        return set(t.column("namespace").unique().to_pylist())
+    return set(store.load().records.meta["namespace"].unique())
+
+
+def _warn_if_historical(store: Any, namespace: str) -> None:
+    """Say so when the namespace's newest activity is older than the default τ: marking
+    recalled memories used at the wall clock moves its "latest" to now, and the next pass
+    (``sleep.now=latest``) then ages the others from today."""
+    from ..store import hours_now
+    from ..store.lance_store import LanceStore
+
+    snap = store.load(namespaces=[namespace]) if isinstance(store, LanceStore) else store.load()
+    m = snap.records.meta
+    m = m[(m["namespace"] == namespace) & m["deleted_at"].isna()]
+    if not len(m):
+        return
+    latest = float(np.nanmax(np.maximum(m["last_used"].to_numpy(), m["created_at"].to_numpy())))
+    tau = PassConfig().tau_hours
+    if hours_now() - latest > tau:
+        days = (hours_now() - latest) / 24
+        msg = (
+            f"note: the newest memory of {namespace!r} was last used {days:.0f} days ago "
+            f"(more than tau, {tau / 24:.0f} days): marking recalled memories used now makes "
+            f"the next pass (sleep.now=latest) age its other memories from today; use "
+            f"mark_used=false on a historical store"
+        )
+        log.warning(msg)
 
 
 @job("recall")
@@ -46,7 +94,7 @@ def main(cfg: DictConfig) -> None:
     with user_errors():
         out = run_recall(cfg)
     if not out.ids:
-        print(f"no live memories in namespace {cfg.namespace!r}")
+        print(f"no live memories in namespace {cfg.namespace!r} (all are tombstones)")
         return
     for i, t, s in zip(out.ids, out.texts, out.scores, strict=True):
         print(f"{s:6.3f}  {i}  {t}")

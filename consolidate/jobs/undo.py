@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 from ..config import StoreConfig
 from ..pipeline import undo_merge
 from ..store import hours_now
+from ..store.lance_store import LanceStore
 from .cli import job
 from .common import open_store, typed, user_errors
 
@@ -32,7 +33,10 @@ def run_undo(cfg: DictConfig) -> dict[str, Any]:
             snap.records.meta["merged_into"].eq(merge_id).to_numpy()
         ].tolist()
         ev = [{"op": "undo", "id": merge_id, "restored": restored}]
-        commit = store.commit(recs, ev, base=snap, pass_time_h=snap.last_pass_at or hours_now())
+        extra = {"op": "undo"} if isinstance(store, LanceStore) else {}
+        commit = store.commit(
+            recs, ev, base=snap, pass_time_h=snap.last_pass_at or hours_now(), **extra
+        )
     return {"undone": merge_id, "restored": restored, **commit}
 
 

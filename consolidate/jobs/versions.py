@@ -66,12 +66,12 @@ def main(cfg: DictConfig) -> None:
     with user_errors():
         out = run_versions(cfg)
     if "versions" in out:
-        print(f"{'version':>7}  {'time (UTC)':<26} {'op':<9} {'rows':>9}  summary")
+        print(f"{'version':>7}  {'time (UTC)':<26} {'op':<9} {'rows':>9}  {'changelog':<24}summary")
         for v in out["versions"]:
             summ = ", ".join(f"{k} {n}" for k, n in sorted(v["summary"].items()))
             print(
                 f"{v['version']:>7}  {str(v['timestamp']):<26} {v['op'] or '(lance)':<9} "
-                f"{v['rows']:>9}  {summ}"
+                f"{v['rows']:>9}  {v.get('changelog') or '-':<24}{summ}"
             )
     elif "diff" in out:
         print(out["diff"].to_string())

@@ -21,12 +21,13 @@ reflections come from one constructor (:func:`~consolidate.pipeline.rows.new_rec
 
 from .clock import resolve_now, trigger
 from .retention import MassDropError
-from .run import run_pass
+from .run import check_settings, run_pass
 from .state import PassResult, PassState, PassStats, merged_id
 from .undo import undo_merge
 
 __all__ = [
     "run_pass",
+    "check_settings",
     "PassResult",
     "PassState",
     "PassStats",

@@ -89,7 +89,7 @@ def run_pass(
     sim_cfg = sim_cfg or SimilarityConfig()
     merger = merger or ExtractiveMerger()
     wall_h = time.time() / 3600 if wall_h is None else float(wall_h)
-    _check_settings(cfg)
+    check_settings(cfg)
     times: dict[str, float] = {}
 
     def timed(name: str, stage: Callable[[], Any]) -> Any:
@@ -202,8 +202,13 @@ def _now_fn(
     return now
 
 
-def _check_settings(cfg: PassConfig) -> None:
-    """Refuse settings that would silently do the wrong thing (NaN compares false)."""
+def check_settings(cfg: PassConfig) -> None:
+    """Refuse settings that would silently do the wrong thing (NaN compares false); the jobs
+    call it before any work, :func:`run_pass` again.
+
+    Raises:
+        ValueError: the first setting out of range, named as its ``sleep.*`` key.
+    """
 
     def real(x: Any) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
