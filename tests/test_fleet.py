@@ -118,6 +118,7 @@ def events(store, name):
     return sorted(out)
 
 
+@pytest.mark.slow
 def test_fleet_run_commits_what_a_single_process_pass_commits(tmp_path, cluster):
     recs = fleet_records()
     a, b = twin_stores(tmp_path, recs)
@@ -159,6 +160,7 @@ def test_fleet_run_commits_what_a_single_process_pass_commits(tmp_path, cluster)
     assert out2["stats"].purged == res2.stats.purged > 0
 
 
+@pytest.mark.slow
 def test_incremental_fleet_run_equals_the_partial_single_process_pass(tmp_path, cluster):
     recs = fleet_records(n=1200)
     a, b = twin_stores(tmp_path, recs)
@@ -203,6 +205,7 @@ def test_plan_packs_whole_namespaces_and_keeps_a_delta_in_one_shard(tmp_path):
         plan_shards(s, version=version, pending=pending, namespaces=None, max_rows=0)
 
 
+@pytest.mark.slow
 def test_store_wide_safety_stop_over_all_shards_commits_nothing(tmp_path, cluster):
     # every third row stale: a third of each namespace is dropped, under the per-namespace
     # stop (90%) but over a store-wide limit of 25%, which no single shard decides alone
@@ -227,6 +230,7 @@ def test_store_wide_safety_stop_over_all_shards_commits_nothing(tmp_path, cluste
     assert s2.head().version == before
 
 
+@pytest.mark.slow
 def test_consolidate_job_with_the_ray_runner(tmp_path, cluster):
     from hydra import compose, initialize_config_dir
 
@@ -271,6 +275,7 @@ def test_consolidate_job_with_the_ray_runner(tmp_path, cluster):
     assert live(la) == live(lb)
 
 
+@pytest.mark.slow
 def test_deltas_that_reach_other_namespaces_or_no_stored_row(tmp_path, cluster):
     """A touch of a record merged (by a write-path update) into a record of another
     namespace lands on that record in both runs; a touch naming a purged id is folded by a
@@ -296,6 +301,7 @@ def test_deltas_that_reach_other_namespaces_or_no_stored_row(tmp_path, cluster):
     assert not list((b.root / "deltas").glob("*.json"))
 
 
+@pytest.mark.slow
 def test_an_invalid_stored_row_names_itself_or_goes_to_quarantine(tmp_path, cluster):
     import lance
 
@@ -457,6 +463,7 @@ class _NoCalls:
         raise AssertionError(f"{len(requests)} requests reached the engine")
 
 
+@pytest.mark.slow
 def test_commits_per_group_of_shards_keep_the_work_done_before_a_failure(tmp_path, cluster):
     """runner.shards_per_commit=2: a version for every two shards done, the same records
     as one commit; a shard that fails leaves its namespaces as they were, and every other
@@ -547,6 +554,7 @@ class _Joiner:
         return out
 
 
+@pytest.mark.slow
 def test_a_failed_llm_stage_keeps_the_shards_done_before_it(tmp_path, cluster):
     """With commits per group, the shards done when the LLM stage fails are committed
     (a group not yet full included); nothing is lost and the error is the stage's."""

@@ -69,6 +69,7 @@ def test_append_of_one_dict_is_a_clear_error(store):
         store.append(GOOD)
 
 
+@pytest.mark.slow
 def test_concurrent_appends_of_one_id_cannot_both_succeed(store):
     code = (
         "import sys; from consolidate.store import Store\n"

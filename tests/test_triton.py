@@ -439,6 +439,7 @@ def interpreted(tmp_path_factory) -> dict[str, dict]:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CHECKS))
 def test_interpreted(name, interpreted):
     res = interpreted[name]
@@ -522,6 +523,7 @@ json.dump(out, open(sys.argv[1], "w"))
 """
 
 
+@pytest.mark.slow
 def test_kernels_compile_for_sm90(tmp_path):
     """The kernels compile (Triton -> PTX -> cubin with the wheel's ptxas) for an H100/H200
     target without a GPU, within ~99 KiB of shared memory; catches what the interpreter
