@@ -24,7 +24,11 @@ log = logging.getLogger("consolidate")
 
 def typed(cfg: DictConfig, key: str, cls: type) -> Any:
     """``cfg[key]`` as an instance of the dataclass ``cls`` (extra keys are an error)."""
-    node = cfg[key]
+    node = cfg.get(key) if key in cfg else None
+    if node is None:
+        raise ValueError(
+            f"the config has no '{key}' settings (removed with ~{key}?); this job needs them"
+        )
     allowed = {f.name for f in dataclasses.fields(cls)}
     extra = sorted(set(node.keys()) - allowed)
     if extra:

@@ -315,6 +315,14 @@ def test_tiny_pass_cases_run_end_to_end(tmp_path):
     times = {m.variant: m.value for m in res.metrics if m.name == "time_s"}
     assert times == {f"{c} | {m}": t for c, m, t in zip(df.case, df.method, df.time_s, strict=True)}
     assert len(res.tables["results"]) == len(df)
+    # consolidate-report reads it: one row per case and method
+    from consolidate.evaluation.sweep import collect
+
+    rows = collect([tmp_path])
+    assert (rows.job == "bench").all() and len(rows) == len(df)
+    assert sorted(rows.variant) == sorted(
+        f"{c} | {m}" for c, m in zip(df.case, df.method, strict=True)
+    )
     assert (df.kind == "pass").all() and (df.status == "ok").all() and len(df) == 2
     assert (df.records_out == df.expected_out).all()
     assert (df.clusters == df.planted_clusters).all()

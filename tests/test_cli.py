@@ -49,6 +49,8 @@ def _run(main, args, monkeypatch, capsys, tmp_path):
         (consolidate_job.main, ["=0.8"], "'=0.8' has no key: write KEY=VALUE"),
         (consolidate_job.main, ["sleep.threshold=1.5", "store.dir=/nonexistent/store"],
          "sleep.threshold must be in [-1, 1], got 1.5"),
+        (consolidate_job.main, ["~sleep", "store.dir=/nonexistent/store"],
+         "the config has no 'sleep' settings (removed with ~sleep?)"),
         (evaluate_job.main, ["answer.questions=abc"],
          "answer.questions: Value 'abc' of type 'str' could not be converted to Integer"),
         (evaluate_job.main, ["answer.questons=3"],
@@ -65,7 +67,7 @@ def test_user_errors_are_one_line_and_exit_2(main, args, want, monkeypatch, caps
     assert want in errors[0], errors[0]
     assert "Traceback" not in out.err and out.out == ""
     run = tmp_path / "run"
-    if "no value" in want or "unknown key(s)" in want or "must be in" in want:
+    if any(w in want for w in ("no value", "unknown key(s)", "must be in", "no 'sleep'")):
         # refused by the job once it started: its log says why
         (log,) = run.glob("*.log")
         assert errors[0] in log.read_text()
@@ -163,3 +165,21 @@ def test_every_job_config_has_a_schema(tmp_path, monkeypatch, capsys):
     code, out = _run(consolidate_job.main, [f"hydra.searchpath=[file://{tmp_path}]", "sleep=mine"],
                      monkeypatch, capsys, tmp_path)  # fmt: skip
     assert code == 2 and "error: In 'sleep/mine': Key 'treshold' not in 'PassConfig'" in out.err
+
+
+def test_an_import_error_of_our_own_is_a_bug_not_a_user_error():
+    from consolidate.jobs.common import user_errors
+
+    with pytest.raises(ImportError, match="cannot import name"), user_errors():
+        raise ImportError("cannot import name 'x' from 'consolidate.pipeline.run'",
+                          name="consolidate.pipeline.run")  # fmt: skip
+    with pytest.raises(SystemExit) as ex, user_errors():  # a missing package is the user's
+        raise ImportError("install it with pip install 'consolidate[pgvector]'", name="psycopg")
+    assert ex.value.code == 2
+
+
+def test_help_skips_the_values_of_hydras_flags(monkeypatch, capsys):
+    text = _help(consolidate_job.main, ["--cfg", "job", "sleep.threshold=0.8"], monkeypatch, capsys)
+    assert "  threshold: 0.8\n" in text
+    text = _help(consolidate_job.main, ["-m", "sleep.threshold=0.5,0.6"], monkeypatch, capsys)
+    assert "  threshold: 0.9\n" in text

@@ -280,3 +280,12 @@ def test_answer_and_judge_path_with_smollm2(tmp_path):
     )
     with pytest.raises(ValueError, match="answer.judge_backend is not set"):
         run_evaluate(bad, tmp_path / "bad")
+
+
+def test_a_results_file_of_another_schema_is_one_error_naming_it(tmp_path):
+    from consolidate.evaluation.results import read_results
+
+    bad = tmp_path / "results.json"
+    bad.write_text('{"rows": [1, 2]}')
+    with pytest.raises(ValueError, match=rf"{bad} is not a results.json of this harness's schema"):
+        read_results(bad)

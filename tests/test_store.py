@@ -456,3 +456,20 @@ def test_mark_used_caps_strength_like_the_pass_by_default(tmp_path):
     assert m.loc["a", "strength"] == 20.0 and m.loc["c", "strength"] == 4.0
     s.mark_used(["a"], now=202.0, strength_cap=None)  # an explicit opt-out
     assert s.load().records.meta.set_index("id").loc["a", "strength"] == 21.0
+
+
+def test_an_in_place_change_is_committed_and_a_no_change_is_not(store):
+    """The Parquet commit compares with the stored snapshot, not with the records read: a
+    change made in place on the snapshot's own records is a change."""
+    v = store.head().version
+
+    def pin(snap):
+        r = snap.records
+        r.meta.loc[0, "pinned"] = True  # in place
+        return r, [{"op": "pin"}]
+
+    info = store.transact(pin)
+    assert info["version"] == v + 1 and not info.get("unchanged")
+    assert bool(store.load().records.meta.loc[0, "pinned"]) is True
+    same = store.transact(lambda snap: (snap.records, []))
+    assert same["unchanged"] is True and store.head().version == v + 1

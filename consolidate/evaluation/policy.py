@@ -56,7 +56,7 @@ def check_policy(policy: Mapping[str, Any], where: str = "policy") -> dict[str, 
             starts with ``where``).
     """
     from ..config import PassConfig
-    from ..pipeline.run import _check_settings
+    from ..pipeline.run import check_settings
 
     if not isinstance(policy, Mapping):
         raise ValueError(
@@ -73,7 +73,7 @@ def check_policy(policy: Mapping[str, Any], where: str = "policy") -> dict[str, 
         if k in out and not isinstance(out[k], bool):
             raise ValueError(f"{where}: {k} must be true or false, got {out[k]!r}")
     try:
-        _check_settings(PassConfig(**out))
+        check_settings(PassConfig(**out))
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     return out

@@ -170,5 +170,20 @@ def write_results(
 
 
 def read_results(path: str | Path) -> Results:
-    """Parse a ``results.json`` (raises ``pydantic.ValidationError`` on a bad file)."""
-    return Results.model_validate_json(Path(path).read_text())
+    """Parse a ``results.json``.
+
+    Raises:
+        ValueError: the file is not JSON in this schema (names the file and the first
+            problem; e.g. the results of a benchmark script that predates the schema).
+    """
+    from pydantic import ValidationError
+
+    try:
+        return Results.model_validate_json(Path(path).read_text())
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ())) or "(top level)"
+        raise ValueError(
+            f"{path} is not a results.json of this harness's schema ({e.error_count()} "
+            f"problems; first: {where}: {first.get('msg')})"
+        ) from None

@@ -37,7 +37,8 @@ def collect(run_dirs: Iterable[str | Path]) -> pd.DataFrame:
     Columns: ``run`` (folder), ``overrides``, ``job``, ``variant``, for results files
     ``task``, ``data_sha256`` (the data files' hashes) and ``prompts`` (prompt versions),
     and the run's metrics (evaluate: its ablation table; calibrate: one row per dataset and
-    dtype; consolidate: the pass counts and wall time).
+    dtype; bench: one row per case and method measured; consolidate: the pass counts and
+    wall time).
     """
     rows: list[dict[str, Any]] = []
     for d in sorted(Path(x) for x in run_dirs):
@@ -52,6 +53,11 @@ def collect(run_dirs: Iterable[str | Path]) -> pd.DataFrame:
             }
             for t in r.tables.get("ablation", []):
                 rows.append({**head, "job": r.job, **t})
+            if r.job == "bench":  # one row per measured case and method
+                for t in r.tables.get("results", []):
+                    if t.get("status") == "ok":
+                        rows.append({**head, "job": "bench",
+                                     "variant": f"{t.get('case')} | {t.get('method')}", **t})  # fmt: skip
             for t in r.tables.get("calibration", []):
                 flat = {k: v for k, v in t.items() if k != "threshold_at_precision"}
                 flat.update({f"t@P{p}": v for p, v in t["threshold_at_precision"].items()})

@@ -59,7 +59,7 @@ def job(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[]
             started.clear()
             args = sys.argv[1:] = renamed_overrides(sys.argv[1:])
             if "--help" in args or "-h" in args:
-                overrides = [a for a in args if not a.startswith("-")]
+                overrides = _overrides_only(args)
                 try:
                     text = help_text(config_name, about, overrides)
                 except Exception as e:  # an override the help cannot compose
@@ -194,9 +194,9 @@ def describe(config_name: str, e: BaseException) -> str:
         lines = [ln for ln in str(e).strip().splitlines() if ln and not ln.startswith("See ")]
         detail = next((ln for ln in lines if not ln.startswith("Error parsing")), "")
         bad = _unparsable(sys.argv[1:])
-        return (f"cannot read the override {bad!r}: {detail} " if bad else f"{detail}: ") + (
-            "(quote a value that holds '=', ':', '[', ']', ',' or spaces, e.g. key='\"a: b\"')"
-        )
+        return (
+            f"cannot read the override {bad!r}: {detail} " if bad is not None else f"{detail}: "
+        ) + ("(quote a value that holds '=', ':', '[', ']', ',' or spaces, e.g. key='\"a: b\"')")
     if "No match in the defaults list" in text:
         group = text.split("'")[1] if "'" in text else "?"
         groups = sorted(_groups(config_name))
@@ -226,14 +226,35 @@ def describe(config_name: str, e: BaseException) -> str:
     return text
 
 
+#: Hydra's flags that take a value (the value is not an override)
+_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp",
+                "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}  # fmt: skip
+
+
+def _overrides_only(args: list[str]) -> list[str]:
+    """The overrides among ``args``: flags and the values of Hydra's value flags left out;
+    in a multirun (``-m``) the sweeps are left out too (help shows one composition)."""
+    out, skip = [], False
+    multirun = "-m" in args or "--multirun" in args
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a in _VALUE_FLAGS:
+            skip = True
+            continue
+        if a.startswith("-") or (multirun and "," in a):
+            continue
+        out.append(a)
+    return out
+
+
 def _unparsable(args: list[str]) -> str | None:
     """The first of ``args`` that Hydra's override grammar does not read."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
-    for a in args:
-        if a.startswith("-"):
-            continue
+    for a in _overrides_only(args):
         try:
             parser.parse_override(a)
         except Exception:

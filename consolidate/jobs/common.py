@@ -81,7 +81,9 @@ def user_errors() -> Iterator[None]:
             key = getattr(e, "full_key", None) or str(e)
             raise ValueError(f"{key} has no value: set it on the command line ({key}=...)") from e
     except user as e:
-        if os.environ.get("CONSOLIDATE_DEBUG"):
+        # a name this package fails to import from itself is a bug, not a missing package
+        own = isinstance(e, ImportError) and (e.name or "").split(".")[0] == "consolidate"
+        if os.environ.get("CONSOLIDATE_DEBUG") or own:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         _log_to_files(f"error: {msg}")

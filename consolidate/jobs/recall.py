@@ -94,7 +94,11 @@ def main(cfg: DictConfig) -> None:
     with user_errors():
         out = run_recall(cfg)
     if not out.ids:
-        print(f"no live memories in namespace {cfg.namespace!r} (all are tombstones)")
+        if out.cut_by_tokens:
+            print(f"nothing fits in max_tokens={cfg.max_tokens}: none of the top "
+                  f"{out.cut_by_tokens} memories of {cfg.namespace!r} is that short")  # fmt: skip
+        else:
+            print(f"no live memories in namespace {cfg.namespace!r} (all are tombstones)")
         return
     for i, t, s in zip(out.ids, out.texts, out.scores, strict=True):
         print(f"{s:6.3f}  {i}  {t}")

@@ -957,18 +957,18 @@ class Store:
             events = events + [{"op": "carried", "deltas": late, "record_ids": carried_ids}]
         version = ptr.version + 1
         leftover = tuple(n for n in ptr.folded if (self.root / "deltas" / n).exists())
-        same_dtype = (self.vector_dtype or ptr.vector_dtype) == ptr.vector_dtype
-        if (not dry_run and not late and not base.deltas and not leftover and same_dtype
-                and same_records(records, base.records)):  # fmt: skip
-            # nothing to change: no new version (the pass's events are in its summary)
-            return {
-                "version": ptr.version,
-                "snapshot": None,
-                "changelog": None,
-                "carried_records": 0,
-                "carried_touches": 0,
-                "unchanged": True,
-            }
+        if not dry_run and not late and not base.deltas and not leftover:
+            table = records_to_arrow(records, self.vector_dtype or ptr.vector_dtype)
+            if self._same_as_stored(ptr, table):
+                # nothing to change: no new version (the pass's events are in its summary)
+                return {
+                    "version": ptr.version,
+                    "snapshot": None,
+                    "changelog": None,
+                    "carried_records": 0,
+                    "carried_touches": 0,
+                    "unchanged": True,
+                }
         if dry_run:
             name = f"dry-run-{version:06d}-{dry_run_stamp()}.jsonl"
             _write_atomic(self.root / "changelogs" / name, lambda p: _write_jsonl(p, events))
@@ -998,6 +998,18 @@ class Store:
             "carried_records": len(carried_ids),
             "carried_touches": n_touch,
         }
+
+    def _same_as_stored(self, ptr: Pointer, table: pa.Table) -> bool:
+        """Whether ``table`` (records as :meth:`commit` would write them) equals the snapshot
+        ``ptr`` names, row for row: compared with the file, not with the records the pass
+        read (a change made in place, or a row quarantined at load, is a change)."""
+        if ptr.rows is not None and table.num_rows != ptr.rows:
+            return False
+        try:
+            stored = _read_parquet(self.root / "snapshots" / ptr.snapshot)
+        except (OSError, ValueError, pa.ArrowException):
+            return False
+        return stored.schema.equals(table.schema) and stored.equals(table)
 
     def _write_version(
         self,
@@ -1088,16 +1100,6 @@ def dry_run_stamp() -> str:
     """The UTC time of a dry run for its changelog's name (``20261202T045712.123456Z``;
     microseconds keep two dry runs in one second apart)."""
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f".{time.time_ns() // 1000 % 10**6:06d}Z"
-
-
-def same_records(a: Records, b: Records) -> bool:
-    """Whether two record sets hold the same rows in the same order, every column and
-    vector equal (one Arrow comparison; ``False`` on any difference)."""
-    if len(a) != len(b) or a.dim != b.dim or not np.array_equal(a.vectors, b.vectors):
-        return False
-    return bool(
-        records_to_arrow(a, with_vectors=False).equals(records_to_arrow(b, with_vectors=False))
-    )
 
 
 def _write_jsonl(path: Path, events: list[dict[str, Any]]) -> None:
