@@ -957,7 +957,8 @@ class Store:
             events = events + [{"op": "carried", "deltas": late, "record_ids": carried_ids}]
         version = ptr.version + 1
         leftover = tuple(n for n in ptr.folded if (self.root / "deltas" / n).exists())
-        if not dry_run and not late and not base.deltas and not leftover:
+        if (not dry_run and not late and not base.deltas and not leftover
+                and _maybe_same(records, base.records)):  # fmt: skip
             table = records_to_arrow(records, self.vector_dtype or ptr.vector_dtype)
             if self._same_as_stored(ptr, table):
                 # nothing to change: no new version (the pass's events are in its summary)
@@ -1100,6 +1101,23 @@ def dry_run_stamp() -> str:
     """The UTC time of a dry run for its changelog's name (``20261202T045712.123456Z``;
     microseconds keep two dry runs in one second apart)."""
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f".{time.time_ns() // 1000 % 10**6:06d}Z"
+
+
+def _maybe_same(new: Records, read: Records) -> bool:
+    """A cheap first test of a commit that may change nothing: ``False`` when ``new``
+    differs from the records the pass read (then the commit writes); ``True`` sends the
+    commit on to the exact comparison with the stored snapshot (the records read may have
+    been changed in place)."""
+    if len(new) != len(read):
+        return False
+    if new is read or new.meta is read.meta:
+        return True
+    a, b = new.meta, read.meta
+    return (
+        list(a.columns) == list(b.columns)
+        and a.equals(b)
+        and np.array_equal(new.vectors, read.vectors)
+    )
 
 
 def _write_jsonl(path: Path, events: list[dict[str, Any]]) -> None:
