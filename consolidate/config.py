@@ -82,6 +82,12 @@ class PassConfig:
             at least ``reflect_min_size`` live memories whose cosine pairs all reach
             ``reflect_threshold`` (centroid-checked like merges) get one new memory each,
             at most ``reflect_max_per_namespace`` groups per namespace, largest first.
+        fidelity: what the pass does with a merge whose text loses a member's content
+            (:mod:`consolidate.fidelity`): ``refuse`` (leave the cluster unmerged, with a
+            ``merge_declined`` event naming the lost members) or ``report`` (merge, list the
+            lost members in the event and count them as ``members lost``).
+        fidelity_threshold: term coverage a member's clause needs in the merged text to
+            survive (:data:`consolidate.fidelity.DEFAULT_THRESHOLD`, 1.0 = every term).
     """
 
     threshold: float = 0.9
@@ -110,6 +116,8 @@ class PassConfig:
     reflect_threshold: float = 0.75
     reflect_min_size: int = 3
     reflect_max_per_namespace: int = 5
+    fidelity: str = "refuse"
+    fidelity_threshold: float = 1.0
 
 
 @dataclass

@@ -350,6 +350,11 @@ def lost_facts(text: str, members: Sequence[str]) -> list[str]:
     return sorted(out)
 
 
+def _time_key(t: float) -> float:
+    """Sort key of a fact time: unknown (NaN) times last."""
+    return t if math.isfinite(t) else math.inf
+
+
 def _sentence(x: str) -> str:
     """``x`` as a sentence: a lower-case first letter made upper case, ending in ``.``,
     ``!`` or ``?`` (a trailing ``;``, ``,`` or ``:`` becomes ``.``)."""
@@ -360,23 +365,22 @@ def _sentence(x: str) -> str:
 
 
 class ExtractiveMerger:
-    """No-model merger that deduplicates sentences: it keeps one member's text whole and adds
-    only the sentences of the others that state a fact it does not yet hold.
+    """No-model merger that deduplicates clauses, not members: every distinct clause of every
+    member is kept, verbatim; only a clause that another kept clause already says is dropped.
 
-    The pass clusters members whose vectors are near-duplicates of their centroid, so what
-    their embeddings see is said twice; what embeddings do not see (numbers, date terms,
-    names, negations: :class:`Facts`) is checked word by word. The base is the member with
-    the most such facts (ties: the most distinct content words, then :func:`canonical_order`,
-    most important first). A sentence of another member is added, verbatim (a clause cut at
-    ``;`` gets a capital and a full stop), when it holds a number, date term or name the
-    merged text lacks, or a negation whose denied words (:attr:`Facts.negated_scope`) no
-    kept negated sentence holds. Sentences are never rewritten, so no number, date, name or
-    negation is changed, and a merged member's text splits back into its source sentences
-    when it is merged again.
+    Clauses and "already says" are those of the fidelity checker
+    (:func:`~consolidate.fidelity.clause_covers`: same polarity, every number, date term and
+    name, and at least ``threshold`` of the content terms), so the merged text passes the
+    checker by construction. Members are read in the order their facts became true
+    (:func:`fact_time`, then id), each from :attr:`MergeMember.merge_texts` (a record an
+    earlier pass merged is merged again from its source texts, so wording does not drift
+    across nightly passes). A clause that says more than a kept one (a superset of its terms
+    and items) takes that clause's place; several kept clauses it covers are replaced by it
+    once. Clauses with different dates or numbers are never one clause, so distinct dates stay
+    apart. A clause cut at ``;`` gets a capital and a full stop.
 
-    Before answering, the merge is checked with :func:`lost_facts` against every member; a
-    merge that would lose a fact, or be longer than ``max_chars``, is declined (the members
-    stay unmerged, and the response's note says why): nothing is cut.
+    A merge longer than ``max_chars`` is declined (the members stay unmerged and the response's
+    note says why): nothing is cut.
 
     By default it does not handle conflicts: the pass keeps conflicting pairs apart and lists
     them for review. With ``newer_wins=True`` it takes clusters with flagged pairs too and
@@ -385,23 +389,23 @@ class ExtractiveMerger:
     guard, so it applies only to the reasons in ``supersede_on`` (number and date changes by
     default; negation flags are often false on real text, e.g. "keep pushing" / "do not give
     up"): a cluster with any other flagged pair, or with a flagged pair of equal times, is left
-    unmerged for review. Two dated events ("went to Paris in 2019" / "in 2021") are still
-    treated as one fact that changed; a model-backed merger can judge that instead.
+    unmerged for review.
 
     Args:
-        separator: joins the kept sentences.
+        separator: joins the kept clauses.
         max_chars: decline merges whose text would be longer (``None`` = no limit).
         newer_wins: supersede the older member of each flagged pair (see above).
         supersede_on: conflict reasons the rule resolves (``number``, ``date``,
             ``negation``, ``opposite``, ``value``, ``roles``).
+        threshold: term coverage at which a kept clause says another
+            (:data:`~consolidate.fidelity.DEFAULT_THRESHOLD` when ``None``); in (0, 1].
 
     Raises:
-        ValueError: ``max_chars`` below 1.
+        ValueError: ``max_chars`` below 1, or ``threshold`` outside (0, 1].
     """
 
     name = "extractive"
     handles_conflicts = False
-    checks_facts = True
 
     def __init__(
         self,
@@ -409,9 +413,15 @@ class ExtractiveMerger:
         max_chars: int | None = None,
         newer_wins: bool = False,
         supersede_on: Sequence[str] = ("number", "date"),
+        threshold: float | None = None,
     ) -> None:
+        from .fidelity import DEFAULT_THRESHOLD
+
         if max_chars is not None and max_chars < 1:
             raise ValueError(f"max_chars must be >= 1 or None, got {max_chars}")
+        self.threshold = DEFAULT_THRESHOLD if threshold is None else float(threshold)
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1], got {threshold}")
         self.separator = separator
         self.max_chars = max_chars
         self.supersede_on = tuple(supersede_on)
@@ -420,62 +430,32 @@ class ExtractiveMerger:
             self.name = "extractive:newer_wins"
 
     def merge_text(self, members: Sequence[MergeMember]) -> str:
-        """The deduplicated text of ``members`` (see the class docstring), unchecked."""
-        return self._merge(members)[0]
+        """The deduplicated text of ``members`` (see the class docstring)."""
+        from .fidelity import Clause, clause_covers, clauses_of
 
-    def _merge(self, members: Sequence[MergeMember]) -> tuple[str, list[str]]:
-        """``(text, lost)``: the merged text and :func:`lost_facts` of it against the
-        members, computed from the facts of their sentences (each text read once)."""
-        ordered = canonical_order(members)
-        texts = [split_facts(m.text) or [m.text] for m in ordered]
-        sents = [[facts_of(x) for x in xs] for xs in texts]
-        whole = [frozenset().union(*(f.items for f in ss)) for ss in sents]
-        negs = [sum(f.negated for f in ss) for ss in sents]
-        content = [len(frozenset().union(*(f.words for f in ss)) - _STOP) for ss in sents]
-        # the most informative member: most facts, then most distinct content words, then
-        # the canonical order (most important first)
-        base = max(range(len(ordered)), key=lambda k: (len(whole[k]) + negs[k], content[k], -k))
-        kept = list(sents[base])
-        have = set(whole[base])
-        parts = [ordered[base].text.strip()]
-        for k, ss in enumerate(sents):
-            if k == base:
-                continue
-            for x, f in zip(texts[k], ss, strict=True):
-                new = not f.items <= have
-                if f.negated and not new:
-                    # a negated sentence is said already only by a kept negated sentence
-                    # holding what it denies
-                    new = not any(g.negated and f.negated_scope <= g.words for g in kept)
-                if new and x.strip(" \t\n.,;:!?"):
-                    kept.append(f)
-                    have |= f.items
-                    parts.append(_sentence(x))
-        if len(parts) > 1:
-            parts[0] = _sentence(parts[0])
-        # what the merged text holds: its sentences' facts (the base whole, the appended)
-        words = frozenset().union(*(f.words for f in kept))
-        numbers = frozenset().union(*(f.numbers for f in kept))
-        dates = frozenset().union(*(f.dates for f in kept))
-        negated = any(f.negated for f in kept)
-        lost: set[str] = set()
-        for ss in sents:
-            for f in ss:
-                lost |= {f"number {n}" for n in f.numbers - numbers}
-                lost |= {f"date {d}" for d in f.dates - dates}
-                lost |= {f"name {w}" for w in f.names if _name_key(w) not in words}
-                if f.negated and not negated:
-                    lost.add("a negation")
-        return self.separator.join(parts), sorted(lost)
+        ordered = sorted(members, key=lambda m: (_time_key(fact_time(m)), m.id))
+        kept: list[Clause] = []
+        for m in ordered:
+            for t in m.merge_texts:
+                for c in clauses_of(t):
+                    if any(clause_covers(k, c, self.threshold) for k in kept):
+                        continue  # said already
+                    under = [x for x, k in enumerate(kept) if clause_covers(c, k, self.threshold)]
+                    if under:  # says more than kept clauses: takes the first one's place
+                        kept[under[0]] = c
+                        kept = [k for x, k in enumerate(kept) if x not in under[1:]]
+                    else:
+                        kept.append(c)
+        if len(kept) == 1:
+            return kept[0].text.strip()
+        return self.separator.join(_sentence(k.text) for k in kept)
 
     def checked_text(self, members: Sequence[MergeMember]) -> tuple[str | None, str]:
-        """``(text, "")``, or ``(None, why)`` when the merge would lose a fact of a member
-        (:func:`lost_facts`) or exceed ``max_chars``."""
-        text, lost = self._merge(members)
+        """``(text, "")``, or ``(None, why)`` when there are no words to merge or the text
+        would exceed ``max_chars``."""
+        text = self.merge_text(members)
         if not any(c.isalnum() for c in text):
             return None, "no words to merge: left unmerged"
-        if lost:
-            return None, f"would lose {', '.join(lost)}: left unmerged"
         if self.max_chars is not None and len(text) > self.max_chars:
             return None, (
                 f"merged text of {len(text)} characters > max_chars {self.max_chars}: left unmerged"

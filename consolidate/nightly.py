@@ -537,9 +537,15 @@ def _policy_line(s: dict[str, Any]) -> str:
 
 
 def _merge_texts(st: dict[str, Any]) -> str:
-    """One line on the merged texts: length against the longest member, facts lost."""
-    lost = st.get("merges_losing_facts", 0)
-    refused = f"{lost} merges refused for losing a fact" if lost else "no fact lost"
+    """One line on the merged texts: length against the longest member, members lost (the
+    fidelity checker's count over the committed merges) and merges it refused."""
+    n = st.get("merges_losing_facts", 0)
+    refused = f"members lost {st.get('members_lost', 0)}" + (
+        f" ({n} merges refused by the fidelity check, {st.get('members_lost_refused', 0)} "
+        f"members they would have lost)"
+        if n
+        else ""
+    )
     if "merge_text_ratio_mean" not in st:
         return refused
     return (

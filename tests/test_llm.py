@@ -62,20 +62,24 @@ def test_missing_facts():
     # "May" without a day is not a date term, but it is a capitalised name: still kept
     assert missing_facts("Gina adopted cats and eats fish", members) == [
         "a negation",
+        'lost "Gina does not eat fish"',
+        'lost "In 2023 Gina adopted 2 cats in May"',
         "name May",
         "number 2",
         "number 2023",
     ]
     # a capitalised word that starts a sentence is not taken for a name
     assert missing_facts("In 2023 she adopted 2 cats in May; she does not eat fish", members) == [
-        "name Gina"
+        'lost "Gina does not eat fish"',
+        'lost "In 2023 Gina adopted 2 cats in May"',
+        "name Gina",
     ]
     # invented facts: an added number, an added name, mostly new words
     assert missing_facts(
-        "In 2023 Gina adopted 2 cats in May and 3 dogs; does not eat fish", members
+        "In 2023 Gina adopted 2 cats in May and 3 dogs; Gina does not eat fish", members
     ) == ["added number 3"]
     assert "added name Paris" in missing_facts(
-        "In 2023 Gina adopted 2 cats in May in Paris; does not eat fish", members
+        "In 2023 Gina adopted 2 cats in May in Paris; Gina does not eat fish", members
     )
     assert missing_facts(
         "In 2023 Gina adopted 2 cats in May, does not eat fish, loves "

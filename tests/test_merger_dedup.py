@@ -1,6 +1,7 @@
-"""The extractive merger deduplicates sentences and checks its own text: every number, date
-term, name and negation of every member is kept, what is said twice is not repeated, and a
-merge that cannot keep them (or exceeds max_chars) is declined, never cut."""
+"""The extractive merger deduplicates clauses, not members: every distinct clause of every
+member is kept verbatim (in the order the facts became true), what another clause already
+says is not repeated, and a merge longer than max_chars is declined, never cut. The pass's
+fidelity checker refuses any merge (from any merger) that loses a member's content."""
 
 import math
 
@@ -14,6 +15,7 @@ from consolidate.merge import (
     MergeResponse,
     lost_facts,
 )
+from consolidate.fidelity import lost_members
 from consolidate.pipeline import run_pass
 from tests.helpers import make_records
 
@@ -40,20 +42,47 @@ def test_lost_facts_hand_checked():
     assert lost_facts("Joanna thanks Nate's family", ["Joanna thanks Nate"]) == []
 
 
-def test_paraphrases_are_not_repeated():
+def test_paraphrases_with_details_of_their_own_are_all_kept():
     m = [
         mm("a", "Joanna appreciates Nate's support and expresses her gratitude for it.", 0.6),
         mm("b", "Joanna is appreciative of Nate's support and kind words."),
         mm("c", "Joanna is grateful for Nate's support and encouragement."),
     ]
-    # one name each, no number, date or negation: the most important member's text alone
-    assert ExtractiveMerger().merge_text(m) == m[0].text
+    # "kind words" and "encouragement" are said by one member each: nothing is dropped
+    assert ExtractiveMerger().merge_text(m) == " ".join(x.text for x in m)
 
 
-def test_the_member_with_most_facts_is_the_base_and_missing_facts_are_appended():
+def test_a_clause_said_twice_is_kept_once_and_the_fuller_one_wins():
+    m = [
+        MergeMember("a", "Works on the billing service", 0.9, 10.0, 1.0, 1.0),
+        MergeMember(
+            "b", "Works on the billing service with the payments team", 0.5, 10.0, 1.0, 2.0
+        ),
+        MergeMember(
+            "c", "Works on the billing service; on call every third week", 0.5, 10.0, 1.0, 3.0
+        ),
+    ]
+    text = ExtractiveMerger().merge_text(m)
+    assert text == "Works on the billing service with the payments team. On call every third week."
+    assert lost_members(text, [(x.id, (x.text,)) for x in m]) == {}
+
+
+def test_clauses_follow_the_time_their_facts_became_true():
+    later = MergeMember(
+        "a", "Caroline enjoys playing the console she bought.", 0.9, 10.0, 1.0, 50.0
+    )
+    earlier = MergeMember("b", "Caroline plans to play console games.", 0.5, 10.0, 1.0, 5.0)
+    # the earlier fact first, whatever the ids or importance
+    assert ExtractiveMerger().merge_text([later, earlier]) == (
+        "Caroline plans to play console games. Caroline enjoys playing the console she bought."
+    )
+
+
+def test_distinct_dates_and_numbers_stay_apart():
     m = [mm("a", "Gina adopted 2 cats.", 0.9), mm("b", "Gina adopted cats in May 2023.")]
-    # b states May (date and name) and 2023; a's 2 is missing from b, so a's sentence follows
-    assert ExtractiveMerger().merge_text(m) == "Gina adopted cats in May 2023. Gina adopted 2 cats."
+    assert ExtractiveMerger().merge_text(m) == "Gina adopted 2 cats. Gina adopted cats in May 2023."
+    m = [mm("a", "Went to Paris in 2019."), mm("b", "Went to Paris in 2021.")]
+    assert ExtractiveMerger().merge_text(m) == "Went to Paris in 2019. Went to Paris in 2021."
 
 
 def test_a_negated_sentence_is_kept_unless_a_kept_one_says_it():
@@ -63,6 +92,9 @@ def test_a_negated_sentence_is_kept_unless_a_kept_one_says_it():
     )
     m = [mm("a", "Gina does not eat meat, she said.", 0.9), mm("b", "Gina does not eat meat.")]
     assert ExtractiveMerger().merge_text(m) == "Gina does not eat meat, she said."
+    # the same words with the other polarity are another fact
+    m = [mm("a", "Gina eats meat."), mm("b", "Gina does not eat meat.")]
+    assert ExtractiveMerger().merge_text(m) == "Gina eats meat. Gina does not eat meat."
 
 
 def test_merging_a_merged_text_again_does_not_grow_it():
@@ -71,14 +103,32 @@ def test_merging_a_merged_text_again_does_not_grow_it():
         [mm("a", "Gina adopted 2 cats in 2021.", 0.9), mm("b", "Gina moved to Berlin.")]
     )
     assert first == "Gina adopted 2 cats in 2021. Gina moved to Berlin."
+    # the merged record's facts are older than the members that join it later
     again = merger.merge_text(
         [
-            mm("m", first, 0.9),
-            mm("c", "Gina adopted two cats in 2021."),
-            mm("d", "Gina lives in Berlin now."),
+            MergeMember("m", first, 0.9, 10.0, 2.0, 5.0),
+            MergeMember("c", "Gina adopted two cats in 2021.", 0.5, 10.0, 1.0, 10.0),
+            MergeMember("d", "Gina moved to Berlin.", 0.5, 10.0, 1.0, 10.0),
         ]
     )
     assert again == first
+
+
+def test_a_merged_member_is_merged_again_from_its_sources():
+    merged = MergeMember(
+        "m",
+        "Gina has cats.",
+        0.9,
+        10.0,
+        2.0,
+        1.0,
+        sources=("Gina adopted 2 cats.", "Gina has cats."),
+    )
+    new = MergeMember("c", "Gina has cats and a dog.", 0.5, 10.0, 1.0, 2.0)
+    # the drifted text of the merged record is not read; its sources are
+    assert ExtractiveMerger().merge_text([merged, new]) == (
+        "Gina adopted 2 cats. Gina has cats and a dog."
+    )
 
 
 def test_max_chars_declines_instead_of_cutting():
@@ -131,8 +181,13 @@ def test_the_pass_refuses_a_merge_that_loses_a_fact():
         wall_h=200.0,
     )
     assert res.stats["merges"] == 0 and res.stats["merges_losing_facts"] == 1
+    assert res.stats["members_lost"] == 0 and res.stats["members_lost_refused"] == 2
     [ev] = [e for e in res.events if e["op"] == "merge_declined"]
-    assert ev["note"] == "merged text loses number 2" and ev["ids"] == ["a", "b"]
+    assert ev["ids"] == ["a", "b"]
+    assert ev["lost_members"] == {"a": ["Gina has 2 cats"], "b": ["Gina has two cats"]}
+    assert ev["note"] == (
+        "merged text loses the content of 2 member(s): a: Gina has 2 cats; b: Gina has two cats"
+    )
     m = res.records.meta.set_index("id")
     assert math.isnan(m.loc["a", "deleted_at"]) and math.isnan(m.loc["b", "deleted_at"])
     assert "merge_text_ratio_mean" not in res.stats
@@ -203,9 +258,10 @@ def test_sources_follow_merges_of_merges_down_to_the_original_records():
             "Caroline is not going to the gym in May. Caroline is not vegan.",
         ),
         (("I don't like cats", "I don't like dogs"), "I don't like cats. I don't like dogs."),
+        # "encourages" is not "tells warmly": both are kept
         (
             ("Gina encourages Jon not to give up.", "Gina tells Jon warmly not to give up."),
-            "Gina tells Jon warmly not to give up.",
+            "Gina encourages Jon not to give up. Gina tells Jon warmly not to give up.",
         ),
         # the member that says more is the base
         (

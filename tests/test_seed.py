@@ -63,7 +63,8 @@ def test_seed_example(device):
     row = live.iloc[0]
     assert row["strength"] == 2.0
     assert row["importance"] == pytest.approx(0.8)
-    assert row["last_used"] == 100.0 and row["created_at"] == 90.0
+    # created_at: the newest member's, so no later fact in it looks older
+    assert row["last_used"] == 100.0 and row["created_at"] == 100.0
     # strength-weighted centroid of [1, 0] and [0.99, 0.1]/|.|, renormalised
     b = np.array([0.99, 0.1]) / math.hypot(0.99, 0.1)
     c = (np.array([1.0, 0.0]) + b) / np.linalg.norm(np.array([1.0, 0.0]) + b)
@@ -79,4 +80,5 @@ def test_seed_example(device):
     assert res.stats["score_min"] == pytest.approx(0.8 * math.exp(-(200 - 100) / (2 * 72)))
     # the extractive merger keeps the most important text; "uses vim" states no number,
     # date, name or negation it lacks, so it is not appended
-    assert row["text"] == "prefers vim keybindings"
+    # "uses vim" says something "prefers vim keybindings" does not: both clauses, oldest first
+    assert row["text"] == "Prefers vim keybindings. Uses vim."

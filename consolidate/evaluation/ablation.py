@@ -33,7 +33,13 @@ from .results import (
     prompt_versions,
     write_results,
 )
-from .retrieval import latency_ms, retrieval_table, summarise
+from .retrieval import (
+    faithful_source_ids,
+    latency_ms,
+    origin_texts,
+    retrieval_table,
+    summarise,
+)
 from .tasks import TASKS, MemoryTask, locomo_task, longmemeval_task
 
 log = logging.getLogger("consolidate")
@@ -131,12 +137,23 @@ def _variant_pass(base: PassConfig, overrides: dict[str, Any], name: str) -> Pas
         raise ValueError(f"variant {name!r}: {e}") from None
 
 
-def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
+def run_evaluate(
+    cfg: DictConfig,
+    out_dir: str | Path | None = None,
+    splits: dict[str, Any] | Any | None = None,
+) -> Results:
     """Run every variant and write results.json, samples.jsonl, report.md and ablation.png.
 
     Args:
         cfg: composed ``evaluate`` config.
         out_dir: output folder (default: Hydra's run dir).
+        splits: split name -> question groups (LOCOMO: conversations), or a function from
+            the task's sorted groups to such a dict (recorded in ``tables["splits"]``, one
+            row per split with its groups and question count);
+            each ablation row
+            then also has every metric over that split's questions alone, as
+            ``<metric>[<split>]`` (the pass still runs over the whole store: it works per
+            namespace, so a split's memories are consolidated as they would be alone).
 
     Returns:
         The :class:`~consolidate.evaluation.results.Results` written.
@@ -168,6 +185,8 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
         recs, source_name = read_source(
             src, emb, set(qa["group"]), task.memory_group, set(qa["evidence"].explode().dropna())
         )
+    if callable(splits):
+        splits = splits(sorted(set(qa["group"])))
     q_vecs = emb.encode(qa["question"].tolist())
     timings["build_and_embed"] = time.perf_counter() - t
     now_group = qa.groupby("group")["now_h"].max().to_dict()
@@ -181,10 +200,14 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
     merger = instantiate(cfg.merge)
     ks, budgets = list(cfg.ks), list(cfg.budgets)
     metric_cols = (
-        [f"recall@{k}" for k in ks]
+        [f"faithful_recall@{k}" for k in ks]
+        + [f"faithful_recall@{b}tok" for b in budgets]
+        + [f"recall@{k}" for k in ks]
         + [f"recall@{b}tok" for b in budgets]
         + [f"tokens@{cfg.tokens_at_k}"]
     )
+    # what each provenance id's memory said before any pass (faithful recall's reference)
+    origin = origin_texts(recs)
     ablation, samples, metrics = [], [], []
     acfg = cfg.answer
     backend, judge, answer_sample = None, None, None
@@ -264,6 +287,7 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
             tokens_at_k=cfg.tokens_at_k,
             retrieve_k=cfg.retrieve_k,
             device=sc.device,
+            faithful_sources=faithful_source_ids(live, origin),
         )
         lat = latency_ms(
             live,
@@ -276,6 +300,10 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
             memory_group=task.memory_group,
         )
         summ = summarise(table, metric_cols, label)
+        by_split = {}
+        for sname, sgroups in (splits or {}).items():
+            part = table[qa["group"].isin(set(sgroups)).to_numpy()]
+            by_split |= {f"{c}[{sname}]": float(part[c].mean()) for c in metric_cols}
         row = {
             "variant": name,
             "vectors": "store" if v.get("store") else vdt,
@@ -287,6 +315,7 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
             "mean_memory_tokens": float(tok.mean()) if len(tok) else 0.0,
             "store_tokens": int(tok.sum()),
             **{c: summ.iloc[0][c] for c in metric_cols},
+            **by_split,
             **lat,
             # share of questions whose k reaches the whole pool: full context
             **{f"full_context@{k}": round(float((table["pool"] <= k).mean()), 4) for k in ks},
@@ -352,7 +381,13 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
                 samples.append({"variant": name, "kind": "answer", **r})
         for r in table.to_dict("records"):
             samples.append({"variant": name, **r})
-        log.info("%s: %d memories, recall@10 %.4f", name, len(live), row.get("recall@10", 0))
+        log.info(
+            "%s: %d memories, faithful recall@10 %.4f (provenance %.4f)",
+            name,
+            len(live),
+            row.get("faithful_recall@10", 0),
+            row.get("recall@10", 0),
+        )
     timings["total"] = time.perf_counter() - t0
     abl = pd.DataFrame(ablation)
     per_cat = pd.DataFrame(
@@ -386,6 +421,20 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
         tables={
             "ablation": abl.round(4).to_dict("records"),
             "per_category": per_cat.round(4).to_dict("records"),
+            **(
+                {
+                    "splits": [
+                        {
+                            "split": k,
+                            "groups": sorted(v),
+                            "questions": int(qa["group"].isin(set(v)).sum()),
+                        }
+                        for k, v in splits.items()
+                    ]
+                }
+                if splits
+                else {}
+            ),
         },
         prompts=prompt_versions(),
         models={
@@ -401,7 +450,9 @@ def run_evaluate(cfg: DictConfig, out_dir: str | Path | None = None) -> Results:
     report = _report(results, abl, per_cat, metric_cols)
     write_results(out, results, samples, report)
     plot_ablation(
-        abl, out / "ablation.png", [f"recall@{k}" for k in ks] + [f"recall@{b}tok" for b in budgets]
+        abl,
+        out / "ablation.png",
+        [f"faithful_recall@{k}" for k in ks] + [f"faithful_recall@{b}tok" for b in budgets],
     )
     return results
 
@@ -532,9 +583,12 @@ def _report(res: Results, abl: pd.DataFrame, per_cat: pd.DataFrame, cols: list[s
             if res.task.memories_from
             else []
         ),
-        "- evidence recall = share of a question's evidence ids covered by the source_ids "
-        "of the retrieved memories; `@Ntok` = retrieval cut at N injected tokens "
-        "(MiniLM tokenizer).",
+        "- `faithful_recall` (the headline) = share of a question's evidence ids whose "
+        "original text survives in the text of a retrieved memory (the pass's fidelity "
+        "checker, `consolidate.fidelity`): it sees a merge that drops what a member said. "
+        "`recall` = provenance recall, the share covered by the retrieved memories' "
+        "source_ids whatever their text says: it measures retrieval alone. `@Ntok` = "
+        "retrieval cut at N injected tokens (MiniLM tokenizer).",
         "",
         "## Ablation (all questions)",
         "",

@@ -12,7 +12,8 @@ Definitions:
 
 * baseline: the variant that keeps every memory (no pass); its recall is 100%.
 * a policy *keeps the target* when, for every metric in ``metrics``, its recall is at least
-  ``share`` x the baseline's (default 0.98 on ``recall@10`` and ``recall@500tok``).
+  ``share`` x the baseline's (default 0.98 on ``faithful_recall@10`` and
+  ``faithful_recall@500tok``).
 * frontier: the policies no other policy beats on tokens and on every metric at once (at
   most as many tokens and at least the recall of each metric, one of them strictly).
 * recommendation: among policies that keep the target, the fewest stored tokens (ties: the

@@ -1,9 +1,14 @@
 """The retention-policy search of ``consolidate-policy``: every policy of a grid as an
 evaluation variant, the frontier and the recommendation in ``policy.json``
-(:func:`run_policy`, :func:`load_policy`)."""
+(:func:`run_policy`, :func:`load_policy`).
+
+The policy is chosen on one half of the task's question groups (LOCOMO: conversations) and
+reported on the other (:func:`policy_split`, a fixed rule recorded in ``policy.json``), so the
+figure a user reads was not used to pick the policy."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -18,6 +23,25 @@ from .policy import frontier_mask, policy_grid, policy_name, recommend
 from .results import now_iso
 
 BASELINE = "keep-all"
+CHOOSE, HELD_OUT = "choose", "held_out"
+
+
+def policy_split(groups: list[str]) -> dict[str, list[str]]:
+    """The fixed split of question groups: ordered by the SHA-256 of their name, the first
+    ``ceil(n / 2)`` choose the policy (``"choose"``), the rest report it (``"held_out"``).
+    The same groups always split the same way, whatever their order.
+
+    Raises:
+        ValueError: fewer than two groups (nothing to hold out).
+    """
+    if len(set(groups)) < 2:
+        raise ValueError(
+            f"the policy search needs at least two question groups to hold one out, got "
+            f"{sorted(set(groups))}"
+        )
+    order = sorted(set(groups), key=lambda g: hashlib.sha256(str(g).encode()).hexdigest())
+    n = (len(order) + 1) // 2
+    return {CHOOSE: sorted(order[:n]), HELD_OUT: sorted(order[n:])}
 
 
 def run_policy(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, Any]:
@@ -37,6 +61,7 @@ def run_policy(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, 
     share = cfg.target.share
     # the target is checked before any policy runs
     measured = {f"recall@{k}" for k in cfg.ks} | {f"recall@{b}tok" for b in cfg.budgets}
+    measured |= {"faithful_" + m for m in measured}
     if not metrics or set(metrics) - measured:
         raise ValueError(
             f"target.metrics must be a non-empty list of measured recalls "
@@ -51,16 +76,24 @@ def run_policy(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, 
     ecfg = cfg.copy()
     with open_dict(ecfg):
         ecfg.variants = variants
-    res = run_evaluate(ecfg, out)
+    res = run_evaluate(ecfg, out, splits=policy_split)
+    split = {r["split"]: r for r in res.tables["splits"]}
     abl = pd.DataFrame(res.tables["ablation"]).set_index("variant")
-    base = abl.loc[BASELINE]
+    held = [f"{m}[{HELD_OUT}]" for m in metrics]
+    chosen_on = [f"{m}[{CHOOSE}]" for m in metrics]
+    # the search sees the choosing half only, under the metrics' plain names
+    view = abl[["store_size", "store_tokens", "merges", "dropped", *held]].join(
+        abl[chosen_on].set_axis(metrics, axis=1)
+    )
+    base = view.loc[BASELINE]
     rows = pd.DataFrame(
         [
             {
                 **p,
                 "variant": policy_name(p),
-                **abl.loc[
-                    policy_name(p), ["store_size", "store_tokens", "merges", "dropped", *metrics]
+                **view.loc[
+                    policy_name(p),
+                    ["store_size", "store_tokens", "merges", "dropped", *metrics, *held],
                 ].to_dict(),
             }
             for p in policies
@@ -78,10 +111,17 @@ def run_policy(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, 
             "hash_verified": res.task.hash_verified,
         },
         "target": {"share": share, "metrics": metrics},
+        "split": {
+            "rule": "groups ordered by sha256 of their name; the first ceil(n/2) choose",
+            CHOOSE: split[CHOOSE]["groups"],
+            HELD_OUT: split[HELD_OUT]["groups"],
+            "questions": {k: split[k]["questions"] for k in (CHOOSE, HELD_OUT)},
+        },
         "baseline": {
             "store_size": int(base["store_size"]),
             "store_tokens": int(base["store_tokens"]),
             **{m: float(base[m]) for m in metrics},
+            HELD_OUT: {m: float(base[h]) for m, h in zip(metrics, held, strict=True)},
         },
         "recommended": None
         if rec is None
@@ -93,12 +133,24 @@ def run_policy(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, 
             **{m: float(rec[m]) for m in metrics},
             "keeps": rec["keeps"],
             "tokens_vs_baseline": round(rec["store_tokens"] / max(base["store_tokens"], 1), 4),
+            HELD_OUT: {
+                **{m: float(rec[h]) for m, h in zip(metrics, held, strict=True)},
+                "keeps": {
+                    m: round(float(rec[h]) / float(base[h]), 4) if base[h] else None
+                    for m, h in zip(metrics, held, strict=True)
+                },
+            },
         },
         "policies": rows.round(6).to_dict("records"),
     }
     (out / "policy.json").write_text(json.dumps(doc, indent=1, default=str))
+    both = rows.rename(columns=dict(zip(metrics, chosen_on, strict=True)))
     plot_frontier(
-        rows, base, metrics, out / "frontier.png", None if rec is None else rec["variant"]
+        both,
+        base.rename(dict(zip(metrics, chosen_on, strict=True))),
+        [*chosen_on, *held],
+        out / "frontier.png",
+        None if rec is None else rec["variant"],
     )
     with open(out / "report.md", "a") as f:
         f.write(
@@ -130,11 +182,26 @@ def policy_verdict(doc: dict[str, Any]) -> str:
             f"widen the grid or lower target.share."
         )
     keeps = ", ".join(f"{m} {r[m]:.4f} ({v:.1%} of {b[m]:.4f})" for m, v in r["keeps"].items())
-    return (
+    out = (
         f"Recommended: {r['pass']}: {r['store_size']} memories and {r['store_tokens']} "
         f"stored tokens ({r['tokens_vs_baseline']:.1%} of keeping all {b['store_size']} "
-        f"memories, {b['store_tokens']} tokens), keeping {keeps}."
+        f"memories, {b['store_tokens']} tokens), keeping {keeps} on the choosing half"
     )
+    h, hb = r.get(HELD_OUT), b.get(HELD_OUT)
+    if not h or not hb:
+        return out + "."
+    held = ", ".join(
+        f"{m} {h[m]:.4f} ({v:.1%} of {hb[m]:.4f})" for m, v in h["keeps"].items() if v is not None
+    )
+    out += f"; on the held-out half: {held}."
+    over = [m for m, v in h["keeps"].items() if v is not None and v > 1.0]
+    if over:
+        out += (
+            f" Above 1.0x on {', '.join(over)}: merged memories rank higher or fit more "
+            f"evidence in the token budget; no memory says more than before, so this is "
+            f"a retrieval effect, not a reason to pick the policy."
+        )
+    return out
 
 
 def load_policy(path: str | Path) -> dict[str, Any]:

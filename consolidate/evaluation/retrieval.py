@@ -7,7 +7,14 @@ ranked by cosine to the question; from that ranking:
 * ``recall@<B>tok``: evidence recall of the longest prefix of the ranking whose memory texts
   fit in B tokens, so that merging many facts into long memories cannot inflate recall@k
   (:func:`consolidate.recall.fit_token_cap`, the rule the product's ``recall`` applies);
-* ``tokens@k``: tokens of the top k memories, i.e. the context a reader would inject.
+* ``tokens@k``: tokens of the top k memories, i.e. the context a reader would inject;
+* ``faithful_recall@k`` and ``faithful_recall@<B>tok``: the same rankings, but a retrieved
+  memory is credited only with the provenance ids whose original text survives in the
+  memory's text (:func:`faithful_source_ids`, the pass's fidelity checker
+  :mod:`consolidate.fidelity`). Provenance recall measures retrieval (did the ranking reach
+  a memory descended from the evidence?); faithful recall also measures what consolidation
+  kept (does the memory still say it?). A merge that drops a member's text keeps its
+  provenance recall and loses its faithful recall.
 
 Tokens are counted with the embedding model's tokenizer (WordPiece for MiniLM): an
 approximation of an LLM's tokens that needs no extra model.
@@ -26,7 +33,60 @@ from ..similarity import topk_neighbours
 from ..store.schema import Records
 from .metrics import category_label, evidence_recall
 
-__all__ = ["conversation_of", "retrieval_table", "summarise", "latency_ms"]
+__all__ = [
+    "conversation_of",
+    "retrieval_table",
+    "summarise",
+    "latency_ms",
+    "origin_texts",
+    "faithful_source_ids",
+]
+
+
+def origin_texts(records: Records) -> dict[str, list[str]]:
+    """Provenance id -> the distinct texts of the records (before any pass) that carry it:
+    what a memory descended from that evidence must still say to be credited with it."""
+    m = records.meta[["source_ids", "text"]].explode("source_ids").dropna()
+    out: dict[str, list[str]] = {}
+    for sid, t in zip(m["source_ids"].tolist(), m["text"].tolist(), strict=True):
+        xs = out.setdefault(str(sid), [])
+        if t not in xs:
+            xs.append(str(t))
+    return out
+
+
+def faithful_source_ids(
+    live: Records, origin: dict[str, list[str]], threshold: float | None = None
+) -> list[list[str]]:
+    """Per live record (row order): the provenance ids it is credited with under faithful
+    recall, i.e. those of its ``source_ids`` for which some original text carrying the id
+    (``origin``, from :func:`origin_texts`) survives in the record's text
+    (:func:`consolidate.fidelity.survives`). A record whose text is one of the id's
+    original texts keeps the id without a check; an id with no original text is credited
+    (nothing to compare).
+
+    Args:
+        live: the records retrieved from (after the pass).
+        origin: provenance id -> original texts.
+        threshold: the checker's term coverage (default
+            :data:`consolidate.fidelity.DEFAULT_THRESHOLD`).
+
+    Returns:
+        ``list[list[str]]``, one list per row of ``live``.
+    """
+    from ..fidelity import DEFAULT_THRESHOLD, survives
+
+    thr = DEFAULT_THRESHOLD if threshold is None else threshold
+    out = []
+    for sids, text in zip(live.meta["source_ids"].tolist(), live.meta["text"].tolist()):
+        text = str(text)
+        keep = []
+        for s in sids:
+            texts = origin.get(str(s))
+            if not texts or text in texts or any(survives(t, text, thr) for t in texts):
+                keep.append(s)
+        out.append(keep)
+    return out
 
 
 def conversation_of(namespace: str) -> str:
@@ -51,6 +111,7 @@ def retrieval_table(
     tokens_at_k: int = 10,
     retrieve_k: int = 64,
     device: str = "cpu",
+    faithful_sources: Sequence[Sequence[str]] | None = None,
 ) -> pd.DataFrame:
     """Per-question retrieval metrics.
 
@@ -65,10 +126,13 @@ def retrieval_table(
         ks, budgets, tokens_at_k: see the module docstring.
         retrieve_k: ranking depth used for the token budgets (>= max(ks)).
         device: similarity device.
+        faithful_sources: per live record, the provenance ids faithful recall credits it
+            with (:func:`faithful_source_ids`); ``None``: no faithful columns.
 
     Returns:
         ``DataFrame`` with one row per question: ``qid``, ``category``, ``recall@k`` ...,
-        ``recall@<B>tok`` ..., ``tokens@<k>``, ``n_evidence``, ``pool`` (memories the
+        ``recall@<B>tok`` ..., ``faithful_recall@k`` and ``faithful_recall@<B>tok`` (with
+        ``faithful_sources``), ``tokens@<k>``, ``n_evidence``, ``pool`` (memories the
         question could retrieve: for ``k >= pool`` its recall@k is full context, not
         retrieval), ``top_ids`` (first 10 ids).
     """
@@ -97,6 +161,15 @@ def retrieval_table(
             n_fit = fit_token_cap(tok[ranked], b)
             r[f"recall@{b}tok"] = evidence_recall(q.evidence, [src[j] for j in ranked[:n_fit]])
             r[f"memories@{b}tok"] = n_fit
+        if faithful_sources is not None:
+            fs = faithful_sources
+            for k in ks:
+                r[f"faithful_recall@{k}"] = evidence_recall(q.evidence, [fs[j] for j in ranked[:k]])
+            for b in budgets:
+                n_fit = r[f"memories@{b}tok"]
+                r[f"faithful_recall@{b}tok"] = evidence_recall(
+                    q.evidence, [fs[j] for j in ranked[:n_fit]]
+                )
         r[f"tokens@{tokens_at_k}"] = int(tok[ranked[:tokens_at_k]].sum()) if ranked else 0
         r["top_ids"] = [ids[j] for j in ranked[:10]]
         rows.append(r)

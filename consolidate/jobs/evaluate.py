@@ -30,12 +30,18 @@ def main(cfg: DictConfig) -> None:
     cols = [
         "variant",
         "store_size",
-        "recall@1",
+        "faithful_recall@10",
+        "faithful_recall@500tok",
         "recall@10",
         "recall@500tok",
         f"tokens@{cfg.tokens_at_k}",
     ]
+    full |= {"faithful_" + c for c in full}
     print(abl[[c for c in cols if c in abl and c not in full]].to_string(index=False))
+    print(
+        "faithful_recall: evidence whose original text the retrieved memory still says "
+        "(the headline); recall: provenance only (retrieval)"
+    )
     if "answered" in abl:
         for r in abl[abl["answered"].notna()].to_dict("records"):
             print(

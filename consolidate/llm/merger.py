@@ -3,11 +3,14 @@
 One request per cluster, all clusters in one batch call. The model writes one text from the
 members' own texts (each member is shown verbatim; a member that an earlier pass merged is
 shown as the texts it was merged from, so a re-merge starts from the source facts and its
-wording does not drift from pass to pass). A merge is accepted only if it keeps
-every number, date term, negation and capitalised name of its members and adds no number,
-name or (beyond a quarter of its content words) vocabulary of its own; otherwise the request
-is retried once, and after that the cluster is left unmerged (the conservative choice). Every
-raw response goes to the changelog.
+wording does not drift from pass to pass). The prompt's contract is the extractive merger's:
+keep every distinct statement of every note, drop only what is said twice. A merge is
+accepted only if every member's content survives in it (the fidelity checker,
+:func:`consolidate.fidelity.lost_members`, which also covers numbers, date terms, negations and
+names) and it adds no number, name or (beyond a quarter of its content words) vocabulary of
+its own; otherwise the request is retried once with what was lost, and after that the
+cluster is left unmerged (the conservative choice). The pass checks the text once more with
+the same checker before committing it. Every raw response goes to the changelog.
 
 With ``handles_conflicts=True`` the pass also sends clusters whose members the conflict guard
 flagged. Those get a second prompt (``merge-conflict-v1``): the notes numbered in time order
@@ -56,12 +59,13 @@ __all__ = [
     "LLMMerger",
 ]
 
-MERGE_PROMPT_VERSION = "merge-v3"
+MERGE_PROMPT_VERSION = "merge-v4"
 CONFLICT_PROMPT_VERSION = "merge-conflict-v2"
 _SYSTEM = (
-    "You merge notes about one person into a single note. Keep every number, date, "
-    "name and negation exactly. Do not add facts. Reply with JSON only: "
-    '{"text": "<the merged note>"}'
+    "You merge notes about one person into a single note. Keep every distinct statement "
+    "of every note, in the notes' words; drop only a statement another note already makes. "
+    "Keep every number, date, name and negation exactly. Do not add facts. Reply with JSON "
+    'only: {"text": "<the merged note>"}'
 )
 
 
@@ -212,10 +216,15 @@ def invented(text: str, members: Sequence[str]) -> list[str]:
 
 def missing_facts(text: str, members: Sequence[str], max_novel: float = 0.25) -> list[str]:
     """What is wrong with a merged ``text`` given its ``members``: a dropped number, date
-    term, negation or capitalised name (:func:`~consolidate.merge.lost_facts`); an added
-    number or name (:func:`invented`); or more than ``max_novel`` of its content words found
-    in no member (invented facts). Empty list = acceptable."""
+    term, negation or capitalised name (:func:`~consolidate.merge.lost_facts`); a member
+    clause that does not survive (:func:`consolidate.fidelity.lost_clauses`, as
+    ``lost "<clause>"``); an added number or name (:func:`invented`); or more than
+    ``max_novel`` of its content words found in no member (invented facts). Empty list =
+    acceptable."""
+    from ..fidelity import lost_clauses
+
     missing = lost_facts(text, members)
+    missing += [f'lost "{c}"' for m in members for c in lost_clauses(m, text)]
     missing += invented(text, members)
     member_toks: set[str] = set()
     for m in members:

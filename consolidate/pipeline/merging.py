@@ -15,9 +15,9 @@ from ..merge import (
     MergeRequest,
     MergeResponse,
     fact_time,
-    lost_facts,
     newer_fact_times,
 )
+from ..fidelity import lost_members
 from .rows import new_records
 from .state import PassState, list_lengths, merged_id
 
@@ -206,10 +206,14 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
 
     For each cluster: superseded members (only ids that :func:`newer_fact_times` allows) get
     their ``valid_to`` closed and stay live (``supersede`` events); the rest is merged if the
-    merger wrote a text that keeps every number, date term, name and negation of those
-    members (:func:`~consolidate.merge.lost_facts`, checked here unless the merger checks it
-    itself, ``checks_facts``) and at least two remain, else a ``merge_declined`` event (unless
-    something was superseded) and its exact groups fall back to exact-only merges. Every
+    merger wrote a text and at least two remain. Every merged text, whichever merger wrote
+    it, is checked by the fidelity checker (:func:`~consolidate.fidelity.lost_members`,
+    against each member's :attr:`~consolidate.merge.MergeMember.merge_texts`): with
+    ``cfg.fidelity="refuse"`` (the default) a merge that loses a member's content is not
+    made; with ``"report"`` it is made and the lost members are listed in its event
+    (``lost_members``) and counted (``members_lost``). A merge not made gets a
+    ``merge_declined`` event (unless something was superseded; it lists ``lost_members``
+    when the checker refused it) and its exact groups fall back to exact-only merges. Every
     exact group not inside a merged cluster becomes an ``exact_merge`` with its canonical
     text (:func:`~consolidate.merge.canonical_order`). Merged rows become tombstones
     (``deleted_reason="merged"``, ``merged_into``); reflections that named a merged row
@@ -236,8 +240,8 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     merges: list[tuple[np.ndarray, str, str, dict[str, Any]]] = []  # rows, text, op, extra
     texts = st.meta["text"].to_numpy(object)
     ratios: list[float] = []  # merged text length / longest member's
-    checks = bool(getattr(merger, "checks_facts", False))  # else: checked here
-    n_lost = 0
+    n_refused = n_lost = n_lost_refused = 0
+    refuse = cfg.fidelity == "refuse"
     for req, resp, c in zip(requests, responses, st.clusters, strict=True):
         allowed = newer_fact_times(req) if resp.superseded else {}
         bad = sorted(set(resp.superseded) - set(allowed))
@@ -272,14 +276,19 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
             )
         rest = [r for k in c for r in u.members(k).tolist() if r not in superseded]
         text = resp.text.strip() if resp.text is not None else ""
-        lost: list[str] = []
+        lost: dict[str, list[str]] = {}
         if not bad and text and len(rest) > 1:
             member_texts = [str(t) for t in texts[rest]]
-            if not checks:
-                lost = lost_facts(text, member_texts)
-        if not bad and text and len(rest) > 1 and not lost:
+            rest_ids = {str(ids[r]) for r in rest}
+            lost = lost_members(
+                text,
+                ((m.id, m.merge_texts) for m in req.members if m.id in rest_ids),
+                cfg.fidelity_threshold,
+            )
+        if not bad and text and len(rest) > 1 and not (lost and refuse):
             ratio = len(text) / max(max(len(t) for t in member_texts), 1)
             ratios.append(ratio)
+            n_lost += len(lost)
             merges.append(
                 (
                     np.array(rest, np.int64),
@@ -291,6 +300,7 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
                         "note": resp.note,
                         "length_ratio": round(ratio, 4),
                         **({"superseded": sup} if sup else {}),
+                        **({"lost_members": lost} if lost else {}),
                     },
                 )
             )
@@ -298,11 +308,14 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
             note = (
                 f"merger superseded {bad}, which no newer conflicting member contradicts"
                 if bad
-                else f"merged text loses {', '.join(lost)}"
+                else f"merged text loses the content of {len(lost)} member(s): "
+                + "; ".join(f"{k}: {' / '.join(v)}" for k, v in sorted(lost.items()))
                 if lost
                 else resp.note
             )
-            n_lost += bool(lost)
+            if lost:
+                n_refused += 1
+                n_lost_refused += len(lost)
             if not sup:
                 st.events.append(
                     {
@@ -311,6 +324,7 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
                         "ids": [m.id for m in req.members],
                         "note": note,
                         "raw": resp.raw,
+                        **({"lost_members": lost} if lost else {}),
                     }
                 )
             in_cluster -= set(c)  # fall back to exact-only merges of its groups
@@ -327,7 +341,9 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     ]
     st.meta["valid_to"] = valid_to
     st.stats.superseded = n_closed
-    st.stats.merges_losing_facts = n_lost
+    st.stats.merges_losing_facts = n_refused
+    st.stats.members_lost = n_lost
+    st.stats.members_lost_refused = n_lost_refused
     if ratios:
         st.stats.merge_text_ratio_mean = float(np.mean(ratios))
         st.stats.merge_text_ratio_max = float(np.max(ratios))

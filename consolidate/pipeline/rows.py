@@ -40,9 +40,11 @@ def new_records(
     (renormalised, float64 sums on the pass device), importance = max, last_used = max,
     ``source_ids`` = union, ``text_hash`` of its text, ``last_pass = version``. Then by kind:
 
-    * ``"merge"``: created_at = min, strength = sum capped at ``max(strength_cap, max)``,
-      validity = the union interval (``valid_from`` = earliest stated, ``valid_to`` = latest,
-      open if any member is open), ``keep_apart`` and ``derived_from`` = unions.
+    * ``"merge"``: created_at = max (a merged record is as new as its newest fact, so no
+      later fact it holds looks older), strength = sum capped at ``max(strength_cap, max)``,
+      validity: ``valid_from`` = the latest stated (no later fact looks true earlier than
+      it became), ``valid_to`` = latest, open if any member is open; ``keep_apart`` and
+      ``derived_from`` = unions.
     * ``"reflection"``: created_at = max, strength 1, no validity, ``derived_from`` = the
       members' ids (in group order).
 
@@ -88,12 +90,12 @@ def new_records(
             ),
             "text": pd.Series(list(texts), dtype=object),
             "importance": np.maximum.reduceat(st.col("importance")[rows], starts),
-            "created_at": (np.minimum if merge else np.maximum).reduceat(created, starts),
+            "created_at": np.maximum.reduceat(created, starts),
             "last_used": np.maximum.reduceat(st.col("last_used")[rows], starts),
             "strength": np.minimum(w_sum, np.maximum(strength_cap, w_max)) if merge else np.ones(k),
             "pinned": np.zeros(k, bool),
             "source_ids": pd.Series([_union(src[g]) for g in groups], dtype=object),
-            "valid_from": nan_reduce(vf, starts, "min") if merge else np.full(k, np.nan),
+            "valid_from": nan_reduce(vf, starts, "max") if merge else np.full(k, np.nan),
             "valid_to": np.where(any_open, np.nan, np.maximum.reduceat(vt, starts))
             if merge
             else np.full(k, np.nan),

@@ -250,6 +250,12 @@ def check_settings(cfg: PassConfig) -> None:
         raise ValueError(
             f"sleep.minhash_threshold must be in (0, 1], got {cfg.minhash_threshold!r}"
         )
+    if cfg.fidelity not in ("refuse", "report"):
+        raise ValueError(f"sleep.fidelity must be refuse or report, got {cfg.fidelity!r}")
+    if not (real(cfg.fidelity_threshold) and 0.0 < cfg.fidelity_threshold <= 1.0):
+        raise ValueError(
+            f"sleep.fidelity_threshold must be in (0, 1], got {cfg.fidelity_threshold!r}"
+        )
     for key in ("reflect_min_size", "reflect_max_per_namespace"):
         v = getattr(cfg, key)
         if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):

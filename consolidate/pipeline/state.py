@@ -169,8 +169,11 @@ class PassStats:
         merges, exact_merges, merged_members: merged records written and their members.
         merge_text_ratio_mean, merge_text_ratio_max: length of a merge's text over its
             longest member's, mean and max over the merges (``None`` without merges).
-        merges_losing_facts: merges refused because their text lost a number, date term,
-            name or negation of a member (:func:`~consolidate.merge.lost_facts`).
+        merges_losing_facts: merges the fidelity checker refused because their text lost a
+            member's content (:func:`~consolidate.fidelity.lost_members`).
+        members_lost: members whose content a committed merge lost (0 unless
+            ``sleep.fidelity=report``). members_lost_refused: members the refused merges
+            would have lost.
         dropped_floor, dropped_cap: rows dropped by the floor and the cap.
         records_out: live rows written. score_min: lowest retention score kept.
         time_s: seconds per stage (``purge``, ``exact``, ``similarity``, ``minhash``,
@@ -214,6 +217,8 @@ class PassStats:
     merge_text_ratio_mean: float | None = None
     merge_text_ratio_max: float | None = None
     merges_losing_facts: int = 0
+    members_lost: int = 0
+    members_lost_refused: int = 0
     dropped_floor: int = 0
     dropped_cap: int = 0
     records_out: int = 0

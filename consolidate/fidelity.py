@@ -1,0 +1,226 @@
+"""The fidelity checker: does a member's content survive in a merged text?
+
+One rule, used by the pass on every merge (extractive or model-written), by the extractive
+merger to decide which clauses are said twice, and by the evaluation's faithful recall.
+
+A text is split into **clauses** (:func:`~consolidate.text.split_facts`: sentences and
+``;``-separated parts). A clause's **terms** are its content words (lower case, the
+stop-words of :data:`STOP_WORDS` removed, Porter-stemmed, so "plays"/"playing" and
+"service"/"services" are one term); its **hard items** are the numbers (digits or number
+words, which are not terms), date terms and names of :class:`~consolidate.merge.Facts`,
+which sentence embeddings do not tell apart.
+
+A member clause ``c`` **survives** in a merged text ``M`` when all of:
+
+1. every hard item of ``c`` is in ``M`` (a number or date term among ``M``'s, a name among
+   ``M``'s words, possessives folded: "Nate's" holds "Nate");
+2. its term coverage, ``|terms(c) & terms(M_k)| / |terms(c)|``, reaches ``threshold``
+   (default :data:`DEFAULT_THRESHOLD`) for the clause ``M_k`` of ``M`` that covers it best;
+   a clause with no term (``"Yes."``) is covered by any text;
+3. polarity: if exactly one of ``c`` and that best clause is negated
+   (:attr:`~consolidate.merge.Facts.negated`), the words that negation denies
+   (:attr:`~consolidate.merge.Facts.negated_scope`, stemmed) share no term with the other
+   clause: "likes fish" does not survive in "does not like fish", while "adopted 2 cats"
+   survives in "adopted 2 cats and does not eat fish".
+
+A member survives when every one of its clauses survives. The default threshold, 1.0, is
+strict containment of terms: a merge may drop a clause only when another clause says at
+least the same words. It was chosen on the hand-labelled merge cases in
+``eval/fidelity/cases.jsonl`` (member text, merged text, kept/lost), where it agrees with the
+labels at the rate recorded in ``eval/fidelity/report.md`` (the test
+``tests/test_fidelity.py`` recomputes it).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .text import _NUMBER_WORDS, content_tokens, split_facts
+
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "STOP_WORDS",
+    "Clause",
+    "clauses_of",
+    "clause_covers",
+    "coverage",
+    "polarity_ok",
+    "survives",
+    "lost_clauses",
+    "lost_members",
+]
+
+#: term coverage a clause needs in one merged clause to survive (1.0: every term)
+DEFAULT_THRESHOLD = 1.0
+
+#: words that carry no content of their own: articles, pronouns, auxiliaries, common
+#: prepositions and conjunctions (negation markers are not here: polarity is rule 3)
+STOP_WORDS = frozenset(
+    """a an the and or but of to in on at for with is was are were be been being am has had
+    have having her hers his him she he they them their theirs it its that this these those
+    as by from also who whom which what about into very so i i'm my me mine we our ours you
+    your yours do does did doing s 's just then than there here will would can could should
+    shall may might must up out over all some any each more most such own same too only
+    now still again once""".split()
+)
+
+
+@functools.cache
+def _porter():  # noqa: ANN202 - nltk's PorterStemmer
+    from nltk.stem import PorterStemmer  # lazy: nltk is slow to import
+
+    return PorterStemmer()
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def _stem(word: str) -> str:
+    return str(_porter().stem(word))
+
+
+def _is_number(t: str) -> bool:
+    return t[:1].isdigit() or t in _NUMBER_WORDS
+
+
+@dataclass(frozen=True)
+class Clause:
+    """One clause of a text.
+
+    Attributes:
+        text: the clause as written (stripped).
+        terms: its stemmed content words.
+        items: its hard items (``("number", "2")``, ``("date", "may")``, ``("name", x)``).
+        names: its names as written (looked up among a text's words).
+        negated: whether it has a negation marker.
+        scope: the stemmed content words its first negation denies (empty if none).
+    """
+
+    text: str
+    terms: frozenset
+    items: frozenset
+    names: frozenset
+    negated: bool
+    scope: frozenset = frozenset()
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def clauses_of(text: str) -> tuple[Clause, ...]:
+    """The :class:`Clause` of each part of ``text`` (``str``) that has a letter or a digit,
+    in order; cached (members recur across clusters and passes)."""
+    from .merge import facts_of
+
+    out = []
+    for part in split_facts(str(text)) or [str(text)]:
+        if not any(ch.isalnum() for ch in part):
+            continue
+        f = facts_of(part)
+        terms = frozenset(
+            _stem(t)
+            for t in content_tokens(part)
+            if t not in STOP_WORDS and t != "n't" and not _is_number(t)
+        )
+        items = frozenset(x for x in f.items if x[0] != "name")
+        scope = frozenset(_stem(t) for t in f.negated_scope if t not in STOP_WORDS)
+        out.append(Clause(part.strip(), terms, items, f.names, f.negated, scope))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _words_of(text: str) -> frozenset:
+    """Lower-case words of ``text`` (possessives also without ``'s``), for name lookup."""
+    from .merge import facts_of
+
+    return facts_of(text).words
+
+
+def coverage(c: Clause, k: Clause) -> float:
+    """Share of ``c``'s terms that ``k`` has (1.0 when ``c`` has none)."""
+    if not c.terms:
+        return 1.0
+    return len(c.terms & k.terms) / len(c.terms)
+
+
+def polarity_ok(c: Clause, k: Clause) -> bool:
+    """Rule 3 of the module docstring: ``c`` and ``k`` do not deny each other's words."""
+    if c.negated == k.negated:
+        return True
+    neg, other = (c, k) if c.negated else (k, c)
+    return not (neg.scope & other.terms)
+
+
+def clause_covers(k: Clause, c: Clause, threshold: float = DEFAULT_THRESHOLD) -> bool:
+    """Does clause ``k`` alone say clause ``c``? Rules 1-2 of the module docstring with
+    ``k`` as the whole merged text, and the same polarity (both negated or neither: the
+    extractive merger never drops a clause for one of the other polarity)."""
+    if c.negated != k.negated or not c.items <= k.items:
+        return False
+    kw = _words_of(k.text)
+    if any(_name(n) not in kw for n in c.names):
+        return False
+    return coverage(c, k) >= threshold
+
+
+def _name(n: str) -> str:
+    k = n.casefold().replace("\u2019", "'")
+    return k[:-2] if k.endswith("'s") else k
+
+
+def lost_clauses(member: str, merged: str, threshold: float = DEFAULT_THRESHOLD) -> list[str]:
+    """The clauses of ``member`` that do not survive in ``merged`` (module docstring), as
+    written, in order; empty = the member survives.
+
+    Args:
+        member: a member's text.
+        merged: the merged text.
+        threshold: term coverage a clause needs, in (0, 1].
+
+    Raises:
+        ValueError: ``threshold`` outside (0, 1].
+    """
+    if not 0.0 < threshold <= 1.0:
+        raise ValueError(f"fidelity threshold must be in (0, 1], got {threshold}")
+    have = clauses_of(merged)
+    items = frozenset().union(*(k.items for k in have)) if have else frozenset()
+    words = _words_of(merged)
+    out = []
+    for c in clauses_of(member):
+        if not c.items <= items or any(_name(n) not in words for n in c.names):
+            out.append(c.text)
+            continue
+        if not c.terms:
+            continue
+        best = max(have, key=lambda k: (coverage(c, k), polarity_ok(c, k)), default=None)
+        if best is None or coverage(c, best) < threshold or not polarity_ok(c, best):
+            out.append(c.text)
+    return out
+
+
+def survives(member: str, merged: str, threshold: float = DEFAULT_THRESHOLD) -> bool:
+    """Does every clause of ``member`` survive in ``merged``? (:func:`lost_clauses`)"""
+    return not lost_clauses(member, merged, threshold)
+
+
+def lost_members(
+    merged: str,
+    members: Iterable[tuple[str, Sequence[str]]],
+    threshold: float = DEFAULT_THRESHOLD,
+) -> dict[str, list[str]]:
+    """For a merge: each member whose content does not survive, with its lost clauses.
+
+    Args:
+        merged: the merged text.
+        members: ``(id, texts)`` per member; ``texts`` are what the member stands for (its
+            own text, or the source texts of a record an earlier pass merged).
+        threshold: see :func:`lost_clauses`.
+
+    Returns:
+        ``{member id: [lost clause, ...]}`` for the members that lose something (empty =
+        nothing lost).
+    """
+    out: dict[str, list[str]] = {}
+    for mid, texts in members:
+        lost = [c for t in texts for c in lost_clauses(t, merged, threshold)]
+        if lost:
+            out[mid] = lost
+    return out
