@@ -34,7 +34,6 @@ from .text import (
     _negation_count,
     _numbers,
     content_tokens,
-    split_facts,
     split_sentences,
 )
 

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 
 from consolidate.config import PassConfig
+from consolidate.evaluation.retrieval import faithful_source_ids, origin_texts, retrieval_table
 from consolidate.fidelity import lost_clauses, lost_members, survives
 from consolidate.merge import MergeResponse
 from consolidate.pipeline import run_pass
-from consolidate.evaluation.retrieval import faithful_source_ids, origin_texts, retrieval_table
 from tests.helpers import make_records
 
 CASES = Path(__file__).resolve().parents[1] / "eval" / "fidelity" / "cases.jsonl"

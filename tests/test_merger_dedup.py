@@ -8,6 +8,7 @@ import math
 import pytest
 
 from consolidate.config import PassConfig
+from consolidate.fidelity import lost_members
 from consolidate.merge import (
     ExtractiveMerger,
     MergeMember,
@@ -15,7 +16,6 @@ from consolidate.merge import (
     MergeResponse,
     lost_facts,
 )
-from consolidate.fidelity import lost_members
 from consolidate.pipeline import run_pass
 from tests.helpers import make_records
 

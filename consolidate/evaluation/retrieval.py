@@ -78,7 +78,9 @@ def faithful_source_ids(
 
     thr = DEFAULT_THRESHOLD if threshold is None else threshold
     out = []
-    for sids, text in zip(live.meta["source_ids"].tolist(), live.meta["text"].tolist()):
+    for sids, text in zip(
+        live.meta["source_ids"].tolist(), live.meta["text"].tolist(), strict=True
+    ):
         text = str(text)
         keep = []
         for s in sids:

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import PassConfig
+from ..fidelity import lost_members
 from ..merge import (
     MergeMember,
     Merger,
@@ -17,7 +18,6 @@ from ..merge import (
     fact_time,
     newer_fact_times,
 )
-from ..fidelity import lost_members
 from .rows import new_records
 from .state import PassState, list_lengths, merged_id
 
