@@ -171,3 +171,28 @@ def test_faithful_recall_sees_the_text_a_merge_dropped():
     )
     assert t["recall@1"].iat[0] == 1.0 and t["faithful_recall@1"].iat[0] == 1.0
     assert kept.stats["members_lost"] == 0 and kept.stats["merges"] == 1
+
+
+def test_the_judge_line_withholds_a_headline_it_cannot_back():
+    from consolidate.jobs.evaluate import judge_line
+
+    r = {
+        "variant": "v",
+        "answered": 40,
+        "judge": 0.5,
+        "judge_ci_low": 0.35,
+        "judge_ci_high": 0.65,
+        "judge_questions": 36,
+        "judge_invalid_rate": 0.1,
+        "judge_wrong_answer_acceptance": 0.05,
+        "judge_model": "m",
+        "locomo_f1": 0.25,
+    }
+    assert judge_line(r) == (
+        "v: judge 0.500 [95% CI 0.350, 0.650] over 36 of 40 questions, invalid verdicts 10%, "
+        "leniency control 5%, judge model m; LOCOMO F1 0.250"
+    )
+    bad = {**r, "judge_questions": 1, "judge_invalid_rate": 0.96, "judge": 1.0}
+    assert judge_line(bad).startswith("v: judge accuracy withheld (invalid verdicts 96% > 20%)")
+    few = {**r, "judge_questions": 12}
+    assert judge_line(few).startswith("v: judge accuracy withheld (only 12 < 30 questions)")

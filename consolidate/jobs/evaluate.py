@@ -21,6 +21,28 @@ from .cli import job
 from .common import user_errors
 
 
+def judge_line(r: dict) -> str:
+    """The judge's console line for one ablation row: accuracy with its bootstrap 95%
+    interval and the leniency control (share of deliberately wrong answers accepted); the
+    accuracy is withheld when invalid verdicts exceed 20% or fewer than 30 questions got a
+    valid verdict."""
+    n, inv = int(r.get("judge_questions") or 0), float(r.get("judge_invalid_rate") or 0.0)
+    len_ = r.get("judge_wrong_answer_acceptance")
+    lenient = "n/a" if len_ is None or len_ != len_ else f"{len_:.0%}"
+    tail = (
+        f"over {n} of {int(r['answered'])} questions, invalid verdicts {inv:.0%}, "
+        f"leniency control {lenient}, judge model {r.get('judge_model')}; LOCOMO F1 "
+        f"{r['locomo_f1']:.3f}"
+    )
+    if inv > 0.2 or n < 30:
+        why = f"invalid verdicts {inv:.0%} > 20%" if inv > 0.2 else f"only {n} < 30 questions"
+        return f"{r['variant']}: judge accuracy withheld ({why}): {tail}"
+    return (
+        f"{r['variant']}: judge {r['judge']:.3f} [95% CI {r['judge_ci_low']:.3f}, "
+        f"{r['judge_ci_high']:.3f}] {tail}"
+    )
+
+
 @job("evaluate")
 def main(cfg: DictConfig) -> None:
     with user_errors():
@@ -44,12 +66,7 @@ def main(cfg: DictConfig) -> None:
     )
     if "answered" in abl:
         for r in abl[abl["answered"].notna()].to_dict("records"):
-            print(
-                f"{r['variant']}: judge {r['judge']:.3f} over {r['judge_questions']} of "
-                f"{int(r['answered'])} questions (invalid verdicts "
-                f"{r['judge_invalid_rate']:.0%}, judge model {r['judge_model']}); LOCOMO "
-                f"F1 {r['locomo_f1']:.3f}"
-            )
+            print(judge_line(r))
     if full:
         print(f"left out of this table, full context for most questions: {sorted(full)}")
     print(f"results in {HydraConfig.get().runtime.output_dir}")
