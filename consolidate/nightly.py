@@ -527,8 +527,9 @@ def _policy_line(s: dict[str, Any]) -> str:
             f"policy           {cur}: uncalibrated (consolidate-policy measures what a "
             f"policy costs in recall)"
         )
-    keeps = ", ".join(f"{m} {v:.1%}" for m, v in pol["keeps"].items())
-    task = (pol.get("task") or {}).get("name", "?")
+    held = (pol.get("held_out") or {}).get("keeps")
+    keeps = ", ".join(f"{m} {v:.1%}" for m, v in (held or pol["keeps"]).items() if v is not None)
+    task = (pol.get("task") or {}).get("name", "?") + (" (held-out half)" if held else "")
     return (
         f"policy           {cur} from {pol['file']}: on {task} it kept {keeps} of the "
         f"recall of keeping every memory, with {pol['tokens_vs_baseline']:.0%} of the "

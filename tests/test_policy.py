@@ -159,10 +159,23 @@ def test_policy_job_on_two_locomo_conversations(tmp_path):
     assert no_drop["dropped"] == 0 and no_drop["store_size"] <= base["store_size"]
     rows = pd.DataFrame(doc["policies"])
     keep = np.ones(len(rows), bool)
-    for m in ("recall@10", "recall@500tok"):
-        keep &= rows[m].to_numpy() >= 0.98 * base[m] - 1e-12
+    # chosen on one conversation, on faithful recall; reported on the other
+    assert doc["target"]["metrics"] == ["faithful_recall@10", "faithful_recall@500tok"]
+    split = doc["split"]
+    assert len(split["choose"]) == 1 and len(split["held_out"]) == 1
+    assert set(split["choose"] + split["held_out"]) == {
+        r["groups"][0] for r in res["tables"]["splits"]
+    }
+    for m in doc["target"]["metrics"]:
+        assert doc["baseline"][m] == pytest.approx(base[f"{m}[choose]"])
+        assert doc["baseline"]["held_out"][m] == pytest.approx(base[f"{m}[held_out]"])
+        keep &= rows[m].to_numpy() >= 0.98 * base[f"{m}[choose]"] - 1e-12
     rec = doc["recommended"]
     assert rec is not None  # floor 0 at 0.95 keeps nearly everything
+    held = abl[policy_name(rec["pass"])]
+    assert rec["held_out"]["faithful_recall@10"] == pytest.approx(
+        held["faithful_recall@10[held_out]"]
+    )
     # the recommendation is the fewest tokens among the policies that keep the target
     assert rec["store_tokens"] == rows[keep]["store_tokens"].min()
     assert rows[rows["variant"] == policy_name(rec["pass"])]["frontier"].item()
@@ -187,4 +200,7 @@ def test_policy_job_on_two_locomo_conversations(tmp_path):
     s = run_consolidate(ccfg, str(tmp_path / "out"))
     assert s["policy"]["pass"] == rec["pass"] and s["policy"]["calibrated"] is True
     line = next(x for x in format_summary(s).splitlines() if x.startswith("policy"))
-    assert f"threshold {rec['pass']['threshold']}" in line and "kept recall@10" in line
+    assert (
+        f"threshold {rec['pass']['threshold']}" in line
+        and "(held-out half) it kept faithful_recall@10" in line
+    )
