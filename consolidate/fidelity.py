@@ -16,7 +16,7 @@ A member clause ``c`` **survives** in a merged text ``M`` when all of:
    ``M``'s words, possessives folded: "Nate's" holds "Nate");
 2. its term coverage, ``|terms(c) & terms(M_k)| / |terms(c)|``, reaches ``threshold``
    (default :data:`DEFAULT_THRESHOLD`) for the clause ``M_k`` of ``M`` that covers it best;
-   a clause with no term (``"Yes."``) is covered by any text;
+   a clause with no term (``"It was so."``) is covered by any text;
 3. polarity: if exactly one of ``c`` and that best clause is negated
    (:attr:`~consolidate.merge.Facts.negated`), the words that negation denies
    (:attr:`~consolidate.merge.Facts.negated_scope`, stemmed) share no term with the other
@@ -37,6 +37,8 @@ import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from .merge import _STOP as _MERGE_STOP
+from .merge import _name_key, facts_of
 from .text import _NUMBER_WORDS, content_tokens, split_facts
 
 __all__ = [
@@ -55,112 +57,60 @@ __all__ = [
 #: term coverage a clause needs in one merged clause to survive (1.0: every term)
 DEFAULT_THRESHOLD = 1.0
 
-#: words that carry no content of their own: articles, pronouns, auxiliaries, common
-#: prepositions and conjunctions (negation markers are not here: polarity is rule 3)
-STOP_WORDS = frozenset(
+#: words that carry no content of their own: the merge module's stop-words
+#: (:data:`consolidate.merge._STOP`) without its negation markers (polarity is rule 3), and
+#: more pronouns, auxiliaries, modals and quantifiers
+STOP_WORDS = (_MERGE_STOP - {"not", "no", "n't", "never"}) | frozenset(
     [
-        "a",
-        "an",
-        "the",
-        "and",
-        "or",
-        "but",
-        "of",
-        "to",
-        "in",
-        "on",
-        "at",
-        "for",
-        "with",
-        "is",
-        "was",
-        "are",
-        "were",
-        "be",
-        "been",
-        "being",
+        "'s",
+        "s",
         "am",
-        "has",
-        "had",
-        "have",
+        "being",
+        "doing",
         "having",
-        "her",
-        "hers",
-        "his",
         "him",
-        "she",
-        "he",
-        "they",
-        "them",
-        "their",
+        "hers",
+        "mine",
+        "ours",
         "theirs",
-        "it",
-        "its",
-        "that",
-        "this",
+        "yours",
+        "them",
         "these",
         "those",
-        "as",
-        "by",
-        "from",
-        "also",
-        "who",
-        "whom",
-        "which",
         "what",
-        "about",
-        "into",
-        "very",
-        "so",
-        "i",
-        "i'm",
-        "my",
-        "me",
-        "mine",
-        "we",
-        "our",
-        "ours",
-        "you",
-        "your",
-        "yours",
-        "do",
-        "does",
-        "did",
-        "doing",
-        "s",
-        "'s",
-        "just",
-        "then",
-        "than",
-        "there",
-        "here",
-        "will",
-        "would",
+        "whom",
         "can",
         "could",
-        "should",
-        "shall",
         "may",
         "might",
         "must",
-        "up",
-        "out",
-        "over",
+        "shall",
+        "should",
+        "will",
+        "would",
+        "again",
         "all",
-        "some",
         "any",
         "each",
         "more",
         "most",
-        "such",
+        "now",
+        "once",
+        "only",
+        "out",
+        "over",
         "own",
         "same",
-        "too",
-        "only",
-        "now",
+        "some",
         "still",
-        "again",
-        "once",
+        "such",
+        "than",
+        "then",
+        "there",
+        "here",
+        "too",
+        "up",
+        "just",
     ]
 )
 
@@ -206,8 +156,6 @@ class Clause:
 def clauses_of(text: str) -> tuple[Clause, ...]:
     """The :class:`Clause` of each part of ``text`` (``str``) that has a letter or a digit,
     in order; cached (members recur across clusters and passes)."""
-    from .merge import facts_of
-
     out = []
     for part in split_facts(str(text)) or [str(text)]:
         if not any(ch.isalnum() for ch in part):
@@ -222,14 +170,6 @@ def clauses_of(text: str) -> tuple[Clause, ...]:
         scope = frozenset(_stem(t) for t in f.negated_scope if t not in STOP_WORDS)
         out.append(Clause(part.strip(), terms, items, f.names, f.negated, scope))
     return tuple(out)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _words_of(text: str) -> frozenset:
-    """Lower-case words of ``text`` (possessives also without ``'s``), for name lookup."""
-    from .merge import facts_of
-
-    return facts_of(text).words
 
 
 def coverage(c: Clause, k: Clause) -> float:
@@ -253,15 +193,10 @@ def clause_covers(k: Clause, c: Clause, threshold: float = DEFAULT_THRESHOLD) ->
     extractive merger never drops a clause for one of the other polarity)."""
     if c.negated != k.negated or not c.items <= k.items:
         return False
-    kw = _words_of(k.text)
-    if any(_name(n) not in kw for n in c.names):
+    kw = facts_of(k.text).words
+    if any(_name_key(n) not in kw for n in c.names):
         return False
     return coverage(c, k) >= threshold
-
-
-def _name(n: str) -> str:
-    k = n.casefold().replace("\u2019", "'")
-    return k[:-2] if k.endswith("'s") else k
 
 
 def lost_clauses(member: str, merged: str, threshold: float = DEFAULT_THRESHOLD) -> list[str]:
@@ -280,10 +215,10 @@ def lost_clauses(member: str, merged: str, threshold: float = DEFAULT_THRESHOLD)
         raise ValueError(f"fidelity threshold must be in (0, 1], got {threshold}")
     have = clauses_of(merged)
     items = frozenset().union(*(k.items for k in have)) if have else frozenset()
-    words = _words_of(merged)
+    words = facts_of(merged).words
     out = []
     for c in clauses_of(member):
-        if not c.items <= items or any(_name(n) not in words for n in c.names):
+        if not c.items <= items or any(_name_key(n) not in words for n in c.names):
             out.append(c.text)
             continue
         if not c.terms:

@@ -127,6 +127,24 @@ def test_the_pass_refuses_or_reports_a_lossy_merge():
         run_pass(recs, cfg=PassConfig(fidelity="maybe"), wall_h=200.0)
 
 
+def _recall(live, origin):
+    """Both recalls of one question whose evidence is D1:1 and D1:2, asked along a's
+    vector, at k = 1 and within 100 tokens (5 a memory)."""
+    qa = pd.DataFrame(
+        {"qid": ["q1"], "group": ["conv"], "category": [4], "evidence": [["D1:1", "D1:2"]]}
+    )
+    qv = np.array([[1.0, 0.0, 0.0]], np.float32)
+    return retrieval_table(
+        live,
+        qa,
+        qv,
+        np.full(len(live), 5),
+        ks=[1],
+        budgets=[100],
+        faithful_sources=faithful_source_ids(live, origin),
+    )
+
+
 def test_faithful_recall_sees_the_text_a_merge_dropped():
     recs = make_records(_rows())
     origin = origin_texts(recs)
@@ -142,33 +160,13 @@ def test_faithful_recall_sees_the_text_a_merge_dropped():
     fs = dict(zip(live.meta["id"], faithful_source_ids(live, origin), strict=True))
     [mid] = [i for i in live.meta["id"] if i not in ("a", "b", "c")]
     assert fs[mid] == ["D1:1"] and fs["c"] == ["D1:3"]
-    qa = pd.DataFrame(
-        {"qid": ["q1"], "group": ["conv"], "category": [4], "evidence": [["D1:1", "D1:2"]]}
-    )
-    qv = np.array([[1.0, 0.0, 0.0]], np.float32)
-    t = retrieval_table(
-        live,
-        qa,
-        qv,
-        np.full(len(live), 5),
-        ks=[1],
-        budgets=[100],
-        faithful_sources=faithful_source_ids(live, origin),
-    )
+    t = _recall(live, origin)
     assert t["recall@1"].iat[0] == 1.0 and t["faithful_recall@1"].iat[0] == 0.5
     assert t["recall@100tok"].iat[0] == 1.0 and t["faithful_recall@100tok"].iat[0] == 0.5
     # the extractive merger keeps both clauses: both metrics agree
     kept = run_pass(recs, cfg=PassConfig(threshold=0.9, now="100", decay=False), wall_h=200.0)
     live = kept.records.mask(kept.records.live_mask())
-    t = retrieval_table(
-        live,
-        qa,
-        qv,
-        np.full(len(live), 5),
-        ks=[1],
-        budgets=[100],
-        faithful_sources=faithful_source_ids(live, origin),
-    )
+    t = _recall(live, origin)
     assert t["recall@1"].iat[0] == 1.0 and t["faithful_recall@1"].iat[0] == 1.0
     assert kept.stats["members_lost"] == 0 and kept.stats["merges"] == 1
 
