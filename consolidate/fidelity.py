@@ -142,6 +142,8 @@ class Clause:
         names: its names as written (looked up among a text's words).
         negated: whether it has a negation marker.
         scope: the stemmed content words its first negation denies (empty if none).
+        words: its lower-case words, possessives also without ``'s`` (where names are
+            looked up: :attr:`~consolidate.merge.Facts.words`).
     """
 
     text: str
@@ -150,6 +152,7 @@ class Clause:
     names: frozenset
     negated: bool
     scope: frozenset = frozenset()
+    words: frozenset = frozenset()
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -168,7 +171,7 @@ def clauses_of(text: str) -> tuple[Clause, ...]:
         )
         items = frozenset(x for x in f.items if x[0] != "name")
         scope = frozenset(_stem(t) for t in f.negated_scope if t not in STOP_WORDS)
-        out.append(Clause(part.strip(), terms, items, f.names, f.negated, scope))
+        out.append(Clause(part.strip(), terms, items, f.names, f.negated, scope, f.words))
     return tuple(out)
 
 
@@ -193,8 +196,7 @@ def clause_covers(k: Clause, c: Clause, threshold: float = DEFAULT_THRESHOLD) ->
     extractive merger never drops a clause for one of the other polarity)."""
     if c.negated != k.negated or not c.items <= k.items:
         return False
-    kw = facts_of(k.text).words
-    if any(_name_key(n) not in kw for n in c.names):
+    if any(_name_key(n) not in k.words for n in c.names):
         return False
     return coverage(c, k) >= threshold
 
@@ -214,8 +216,8 @@ def lost_clauses(member: str, merged: str, threshold: float = DEFAULT_THRESHOLD)
     if not 0.0 < threshold <= 1.0:
         raise ValueError(f"fidelity threshold must be in (0, 1], got {threshold}")
     have = clauses_of(merged)
-    items = frozenset().union(*(k.items for k in have)) if have else frozenset()
-    words = facts_of(merged).words
+    items = frozenset().union(*(k.items for k in have))
+    words = frozenset().union(*(k.words for k in have))
     out = []
     for c in clauses_of(member):
         if not c.items <= items or any(_name_key(n) not in words for n in c.names):
