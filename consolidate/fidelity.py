@@ -5,8 +5,9 @@ merger to decide which clauses are said twice, and by the evaluation's faithful 
 
 A text is split into **clauses** (:func:`~consolidate.text.split_facts`: sentences and
 ``;``-separated parts). A clause's **terms** are its content words (lower case, the
-stop-words of :data:`STOP_WORDS` removed, Porter-stemmed, so "plays"/"playing" and
-"service"/"services" are one term); its **hard items** are the numbers (digits or number
+stop-words of :data:`STOP_WORDS` removed, stemmed by Porter's algorithm (M. F. Porter,
+"An algorithm for suffix stripping", Program 14(3), 1980; the Snowball implementation in
+PyStemmer), so "plays"/"playing" and "service"/"services" are one term); its **hard items** are the numbers (digits or number
 words, which are not terms), date terms and names of :class:`~consolidate.merge.Facts`,
 which sentence embeddings do not tell apart.
 
@@ -116,15 +117,15 @@ STOP_WORDS = (_MERGE_STOP - {"not", "no", "n't", "never"}) | frozenset(
 
 
 @functools.cache
-def _porter():  # noqa: ANN202 - nltk's PorterStemmer
-    from nltk.stem import PorterStemmer  # lazy: nltk is slow to import
+def _porter():  # noqa: ANN202 - PyStemmer's Stemmer
+    import Stemmer  # PyStemmer: Snowball's C implementation, imported in a millisecond
 
-    return PorterStemmer()
+    return Stemmer.Stemmer("porter")
 
 
 @functools.lru_cache(maxsize=1 << 17)
 def _stem(word: str) -> str:
-    return str(_porter().stem(word))
+    return str(_porter().stemWord(word))
 
 
 def _is_number(t: str) -> bool:
