@@ -156,23 +156,42 @@ class Clause:
     words: frozenset = frozenset()
 
 
+def _clause_key(part: str) -> str:
+    """What a clause's analysis depends on: ``part`` without a trailing ``.``, ``;``, ``,``
+    or ``:`` and with its first letter in lower case. A merged text's clause written as a
+    sentence (:func:`~consolidate.merge._sentence`: "likes tea;" -> "Likes tea.") is then
+    the member clause it came from, and is analysed once: none of the rules reads the first
+    word's case (names skip a sentence's first word, terms and items are lower case) or a
+    trailing mark (numbers need a digit after ``.``/``,``/``:``)."""
+    key = part.rstrip(".;,:")
+    return key[:1].lower() + key[1:]
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def _analysis(key: str) -> tuple[frozenset, frozenset, frozenset, bool, frozenset, frozenset]:
+    f = facts_of(key)
+    terms = frozenset(
+        _stem(t)
+        for t in content_tokens(key)
+        if t not in STOP_WORDS and t != "n't" and not _is_number(t)
+    )
+    items = frozenset(x for x in f.items if x[0] != "name")
+    scope = frozenset(_stem(t) for t in f.negated_scope if t not in STOP_WORDS)
+    return terms, items, f.names, f.negated, scope, f.words
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def clauses_of(text: str) -> tuple[Clause, ...]:
     """The :class:`Clause` of each part of ``text`` (``str``) that has a letter or a digit,
-    in order; cached (members recur across clusters and passes)."""
+    in order; cached (members recur across clusters and passes), and each clause's analysis
+    cached apart (:func:`_clause_key`), so a merged text made of member clauses costs a
+    split and lookups."""
     out = []
     for part in split_facts(str(text)) or [str(text)]:
         if not any(ch.isalnum() for ch in part):
             continue
-        f = facts_of(part)
-        terms = frozenset(
-            _stem(t)
-            for t in content_tokens(part)
-            if t not in STOP_WORDS and t != "n't" and not _is_number(t)
-        )
-        items = frozenset(x for x in f.items if x[0] != "name")
-        scope = frozenset(_stem(t) for t in f.negated_scope if t not in STOP_WORDS)
-        out.append(Clause(part.strip(), terms, items, f.names, f.negated, scope, f.words))
+        part = part.strip()
+        out.append(Clause(part, *_analysis(_clause_key(part))))
     return tuple(out)
 
 
