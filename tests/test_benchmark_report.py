@@ -353,3 +353,43 @@ def test_baseline_child_imports_only_the_exported_package(tmp_path):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout.split()
     assert out == [str((tmp_path / "consolidate" / "__init__.py").resolve()), "isolated"]
+
+
+def test_padded_bmm_baseline_finds_every_pair_of_uneven_namespaces():
+    """The padded-bmm baseline against a float64 brute force: namespaces of 1..37 rows
+    (one of 1, several sizes per chunk), a chunk budget small enough to need many chunks,
+    and planted pairs right above the threshold."""
+    import numpy as np
+    import torch
+
+    bm = load_benchmark()
+    rng = np.random.default_rng(3)
+    sizes = np.r_[1, rng.integers(2, 38, 60)]
+    seg = np.repeat(np.arange(sizes.size), sizes)
+    rng.shuffle(seg)
+    n, d = seg.size, 16
+    x = rng.normal(size=(n, d))
+    for a in range(0, n - 1, 7):  # a near copy of the next row in the same namespace
+        b = np.flatnonzero(seg == seg[a])
+        if b.size > 1:
+            x[b[-1]] = x[a] + 0.05 * rng.normal(size=d)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    sims = x @ x.T
+    same = seg[:, None] == seg[None, :]
+    want = {
+        (int(i), int(j)) for i, j in zip(*np.nonzero(np.triu((sims >= 0.9) & same, 1)), strict=True)
+    }
+    assert len(want) > 20  # the planted pairs are there
+    case = bm.Case("namespaces", n, d, "fp32", 0.9, namespaces=int(sizes.size))
+    ctx = bm.Ctx(case, torch.device("cpu"), torch.from_numpy(x.astype(np.float32)), seg, None)
+    old = bm.BMM_CHUNK_ELEMENTS
+    try:
+        bm.BMM_CHUNK_ELEMENTS = 4096
+        i, j = bm.padded_bmm(ctx)
+    finally:
+        bm.BMM_CHUNK_ELEMENTS = old
+    got = list(zip(i.tolist(), j.tolist(), strict=True))
+    assert len(got) == len(set(got))
+    # float32 scores: pairs within 1e-6 of the threshold may fall either way
+    near = {p for p in want ^ set(got) if abs(sims[p] - 0.9) > 1e-6}
+    assert not near

@@ -240,7 +240,11 @@ def threshold_pairs(
         return empty
     grp, seg_sorted = _grouped(seg)  # None when already grouped: no copy of the store
     order = torch.arange(n) if grp is None else grp
-    v32 = _take(v.to(dev, torch.float32), grp)
+    vdev = v.to(dev, torch.float32)
+    # an engine that gathers its blocks reads the input rows through the order: no sorted
+    # copy of the whole store
+    lazy = grp is not None and eng.gathers
+    v32 = vdev if lazy else _take(vdev, grp)
     # rows per namespace, in sorted order
     _, counts = torch.unique_consecutive(seg_sorted, return_counts=True)
     ci_, cj_ = eng.threshold_candidates(
@@ -251,11 +255,13 @@ def threshold_pairs(
         tile_rows=tile_rows,
         tile_cols=tile_cols,
         budget_bytes=budget_bytes,
+        **({"rows": order.to(dev)} if lazy else {}),
     )
     if not ci_.numel():
         return empty
-    # float64 input is re-scored from itself, not from its float32 rounding
-    src = v.to(dev) if v.dtype == torch.float64 else None
+    # float64 input is re-scored from itself, not from its float32 rounding; input in
+    # input order (lazy) from the input rows by their positions
+    src = v.to(dev) if v.dtype == torch.float64 else (vdev if lazy else None)
     return _pairs_from_candidates(v32, order.to(dev), ci_, cj_, threshold, src=src)
 
 

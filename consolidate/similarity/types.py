@@ -106,6 +106,10 @@ class Engine:
             may raise ``ImportError`` / ``ValueError`` (called after the input checks).
         max_topk: ``max_topk(dev) -> int | None``: the largest ``kk`` the top-k supports
             on ``dev`` (``None``: no limit).
+        gathers: the join accepts ``rows=`` (``int64 [n]`` on the device: the row of ``v32``
+            at each sorted position), so ``v32`` may come in input order and the engine
+            gathers what it reads (no sorted copy of the whole store); the candidates are
+            sorted positions all the same.
     """
 
     name: str
@@ -114,3 +118,4 @@ class Engine:
     check: Callable[[torch.device], None] = _no_check
     place: Callable[[str | torch.device | None, torch.device], torch.device] = _same_device
     max_topk: Callable[[torch.device], int | None] = _no_limit
+    gathers: bool = False

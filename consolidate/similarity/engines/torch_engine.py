@@ -32,17 +32,23 @@ def threshold_candidates(
     tile_rows: int | None = None,
     tile_cols: int | None = None,
     budget_bytes: int | None = None,
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidate pairs of the join (the :class:`~consolidate.similarity.types.Engine`
     interface): the tiles in ``dtype``, kept ``>= threshold - DTYPE_MARGIN[dtype]``.
 
     Args:
-        v32: ``float32 [n, d]`` rows sorted by segment (cpu or cuda).
+        v32: ``float32 [n, d]`` rows sorted by segment (cpu or cuda), or in any order with
+            ``rows``.
         counts: cpu ``int64`` rows per segment, in sorted order.
         threshold: cosine threshold.
         dtype: tile precision, a key of :data:`DTYPE_MARGIN`.
         tile_rows, tile_cols: tile shape (default: :func:`auto_tile`, cpu 1024 x 2048).
         budget_bytes: memory budget for :func:`auto_tile`.
+        rows: ``int64 [n]`` on ``v32``'s device: the row of ``v32`` at each sorted
+            position (``None``: ``v32`` is sorted). The batched blocks of small namespaces
+            gather their rows through it; a namespace too big for one block needs
+            contiguous rows, so then the sorted copy is made once here.
 
     Returns:
         ``(ci, cj)``: ``int64 [p]`` sorted positions ``ci < cj`` on ``v32``'s device.
@@ -55,6 +61,7 @@ def threshold_candidates(
         tile_rows,
         tile_cols,
         budget_bytes,
+        rows,
     )
 
 
@@ -113,42 +120,54 @@ def _per_batch(block_scores: int, scores: int, gathered_bytes: int, dev: torch.d
     return per
 
 
-def _blocks(x: torch.Tensor, starts: torch.Tensor, p: int) -> torch.Tensor:
-    """``[B, p, d]`` copy of rows ``starts[b] .. starts[b] + p - 1`` of ``x`` (``[n, d]``),
-    the last row repeated past the end; the caller drops rows past each namespace's size."""
+def _blocks(
+    x: torch.Tensor, starts: torch.Tensor, p: int, rows: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[B, p, d]`` copy of sorted rows ``starts[b] .. starts[b] + p - 1`` of ``x``
+    (``[n, d]``; sorted position ``k`` is ``x[rows[k]]`` when ``rows`` is given), the last
+    row repeated past the end; the caller drops rows past each namespace's size."""
     ix = (starts[:, None] + torch.arange(p, device=x.device)[None, :]).clamp(max=x.shape[0] - 1)
-    return x.index_select(0, ix.reshape(-1)).view(-1, p, x.shape[1])
+    ix = ix.reshape(-1)
+    return x.index_select(0, ix if rows is None else rows[ix]).view(-1, p, x.shape[1])
 
 
 def _small_block_candidates(
-    vt: torch.Tensor, starts: torch.Tensor, sizes: torch.Tensor, cand: float, block_scores: int
+    vt: torch.Tensor,
+    starts: torch.Tensor,
+    sizes: torch.Tensor,
+    cand: float,
+    block_scores: int,
+    rows: torch.Tensor | None = None,
 ) -> list[tuple[torch.Tensor, ...]]:
     """Candidates of namespaces that fit one row tile: each namespace is one padded ``P x P``
-    block, and the namespaces of one padded size go through batched matmuls (``bmm`` over a
+    block (``P`` the largest namespace of its :func:`_block_size` bucket, so stores of one
+    size are not padded at all), and the namespaces of one bucket go through batched matmuls (``bmm`` over a
     ``[B, P, d]`` gather) of about ``block_scores`` scores each. Rows past a namespace's end
     (the next namespace's, or the last row repeated) are computed and dropped by the
     ``c < size`` test, so the blocks never need a mask pass.
 
     Args:
-        vt: ``[n, d]`` sorted vectors in the tile dtype.
+        vt: ``[n, d]`` sorted vectors in the tile dtype (any order with ``rows``).
         starts, sizes: ``int64`` (cpu) first sorted position and row count per namespace.
         cand: candidate threshold (threshold minus the dtype margin).
         block_scores: scores per batched matmul (the tile budget).
+        rows: the row of ``vt`` at each sorted position (``None``: ``vt`` is sorted).
 
     Returns:
-        list of ``(i, j)`` int64 tensors on ``vt``'s device, ``i < j``.
+        list of ``(i, j)`` int64 sorted positions on ``vt``'s device, ``i < j``.
     """
     d = vt.shape[1]
     dev = vt.device
     out: list[tuple[torch.Tensor, ...]] = []
     padded = _block_size(sizes)
-    for p in torch.unique(padded).tolist():
-        sel = (padded == p).nonzero()[:, 0]
+    for bucket in torch.unique(padded).tolist():
+        sel = (padded == bucket).nonzero()[:, 0]
+        p = int(sizes[sel].max())  # the bucket's largest namespace: no padding past it
         per = _per_batch(block_scores, p * p, p * d * vt.element_size(), dev)
         for b0 in range(0, sel.numel(), per):
             st = starts[sel[b0 : b0 + per]].to(dev)
             sz = sizes[sel[b0 : b0 + per]].to(dev)
-            x = _blocks(vt, st, p)
+            x = _blocks(vt, st, p, rows)
             b, r, c = (torch.bmm(x, x.transpose(1, 2)) >= cand).nonzero().unbind(1)
             keep = (r < c) & (c < sz[b])
             b, r, c = b[keep], r[keep], c[keep]
@@ -181,8 +200,10 @@ def _torch_candidates(
     tile_rows: int | None,
     tile_cols: int | None,
     budget_bytes: int | None,
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Candidate pairs (sorted positions, ``int64``) of the tiled torch path.
+    """Candidate pairs (sorted positions, ``int64``) of the tiled torch path (``rows``:
+    see :func:`threshold_candidates`).
 
     ``counts`` (cpu ``int64``): rows per namespace, in sorted order. A namespace of at most
     ``tile_rows`` rows whose padded block holds at most ``tile_rows * tile_cols`` scores is
@@ -205,13 +226,17 @@ def _torch_candidates(
     fits = (counts <= tile_rows) & (_block_size(counts) ** 2 <= block_scores)
     small = (counts >= 2) & fits
     large = ((counts >= 2) & ~fits).nonzero()[:, 0].tolist()
+    if rows is not None and large:  # the tiles below slice sorted rows
+        vt, rows = vt.index_select(0, rows), None
     prefilter = dev.type != "cuda"
     tf32_prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     parts: list[tuple[torch.Tensor, ...]] = []
     try:
         if bool(small.any()):
-            parts += _small_block_candidates(vt, starts[small], counts[small], cand, block_scores)
+            parts += _small_block_candidates(
+                vt, starts[small], counts[small], cand, block_scores, rows
+            )
         for g in large:
             s0, s1 = int(starts[g]), int(starts[g] + counts[g])
             for r0 in range(s0, s1, tile_rows):
@@ -401,4 +426,4 @@ def _topk_torch(
     return best_s, best_i
 
 
-ENGINE = Engine("torch", threshold_candidates=threshold_candidates, topk=topk)
+ENGINE = Engine("torch", threshold_candidates=threshold_candidates, topk=topk, gathers=True)
