@@ -3,12 +3,26 @@
 # run the whole test suite (slow tests included), then the vllm backend's tests with the
 # real engine in their own environment (.venv-vllm, ~4 min to set up the first time;
 # CONSOLIDATE_SKIP_VLLM=1 skips them).
+#
+#   bash scripts/test.sh                 # everything (what CI runs)
+#   bash scripts/test.sh --fast          # the fast lane: lint, then pytest -m "not slow";
+#                                        # no vllm environment
+#   bash scripts/test.sh tests/test_x.py # other arguments go to pytest
 set -euo pipefail
 cd "$(dirname "$0")/.."
+fast=0
+if [ "${1:-}" = "--fast" ]; then
+  fast=1
+  shift
+fi
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+if [ "$fast" = 1 ]; then
+  .venv/bin/python -m pytest -q -m "not slow" "$@"
+  exit 0
+fi
 .venv/bin/python -m pytest -q "$@"
 if [ "${CONSOLIDATE_SKIP_VLLM:-0}" != 1 ]; then
   bash scripts/setup_vllm.sh
