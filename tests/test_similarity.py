@@ -466,3 +466,17 @@ def test_vectors_that_are_not_unit_are_refused_by_row():
     assert np.abs(np.linalg.norm(b.astype(np.float64), axis=1) - 1).max() > 1e-4
     p = threshold_pairs(torch.from_numpy(b), 0.1, device="cpu")
     assert set(zip(p.i.tolist(), p.j.tolist(), strict=True)) == reference(b, np.zeros(300), 0.1)
+
+
+def test_float64_rescoring_is_the_same_in_any_chunk():
+    """The re-scoring's value of a pair does not depend on how many pairs share its chunk
+    (so the cpu and cuda chunk sizes give one pair set), and it is the float64 dot product."""
+    from consolidate.similarity.api import _rescore64
+
+    g = torch.Generator().manual_seed(4)
+    v = torch.nn.functional.normalize(torch.randn(300, 40, generator=g), dim=1)
+    i = torch.randint(0, 300, (2_500,), generator=g)
+    j = torch.randint(0, 300, (2_500,), generator=g)
+    ref = (v.double()[i] * v.double()[j]).sum(1)
+    for chunk in (None, 1, 7, 1024, 1 << 16):
+        assert torch.equal(_rescore64(v, i, j, chunk=chunk), ref)

@@ -290,9 +290,14 @@ def _pairs_from_candidates(
 
 
 def _rescore64(
-    v32: torch.Tensor, i: torch.Tensor, j: torch.Tensor, chunk: int = 1 << 16
+    v32: torch.Tensor, i: torch.Tensor, j: torch.Tensor, chunk: int | None = None
 ) -> torch.Tensor:
-    """float64 dot products of rows ``i`` and ``j`` of ``v32`` (deterministic per pair)."""
+    """float64 dot products of rows ``i`` and ``j`` of ``v32`` (deterministic per pair: the
+    same value whatever the chunk). ``chunk`` pairs at a time (default 2**16 on cuda; 1024 on
+    cpu, where the float64 copies of a chunk then stay in cache: 15,471 pairs of d = 384 in
+    47 ms against 283 ms with 2**16)."""
+    if chunk is None:
+        chunk = 1 << 16 if v32.device.type == "cuda" else 1024
     out = torch.empty(i.shape[0], dtype=torch.float64, device=v32.device)
     for k in range(0, i.shape[0], chunk):
         a = v32[i[k : k + chunk]].double()
