@@ -245,6 +245,10 @@ def lost_clauses(member: str, merged: str, threshold: float = DEFAULT_THRESHOLD)
             continue
         if not c.terms:
             continue
+        # a merged clause with every term of c and no polarity clash is the best one there
+        # is (the usual case: the clause is in the merged text as written)
+        if any(c.terms <= k.terms and polarity_ok(c, k) for k in have):
+            continue
         best = max(have, key=lambda k: (coverage(c, k), polarity_ok(c, k)), default=None)
         if best is None or coverage(c, best) < threshold or not polarity_ok(c, best):
             out.append(c.text)
