@@ -27,14 +27,16 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from .text import (
-    _NEGATIONS as _NEGATION_WORDS,
-)
-from .text import (
+    _DATE_WORDS,
+    _DIGIT,
+    _NUMBER_WORDS,
     _date_terms,
-    _negation_count,
     _numbers,
     content_tokens,
     split_sentences,
+)
+from .text import (
+    _NEGATIONS as _NEGATION_WORDS,
 )
 
 __all__ = [
@@ -306,6 +308,7 @@ def facts_of(text: str) -> Facts:
     several clusters or passes share repeat (and :func:`lost_facts` reads its members'
     again)."""
     toks = content_tokens(text)
+    tokset = frozenset(toks)
     uwords = [w.casefold().replace("\u2019", "'") for w in _UWORD.findall(text)]
     neg_at = next((k for k, t in enumerate(toks) if t in _NEGATION_WORDS), None)
     scope = (
@@ -313,14 +316,14 @@ def facts_of(text: str) -> Facts:
         if neg_at is None
         else frozenset(t for t in toks[neg_at + 1 : neg_at + 5] if t not in _STOP)
     )
+    # the multisets only where the text has one of their words (most texts have none)
+    has_num = _DIGIT.search(text) is not None or not _NUMBER_WORDS.keys().isdisjoint(tokset)
     return Facts(
-        frozenset(_numbers(toks, text)),
-        frozenset(_date_terms(toks)),
+        frozenset(_numbers(toks, text)) if has_num else frozenset(),
+        frozenset(_date_terms(toks)) if not _DATE_WORDS.isdisjoint(tokset) else frozenset(),
         frozenset(names_in(text)),
-        neg_at is not None or bool(_negation_count(toks)),
-        frozenset(toks)
-        | frozenset(uwords)
-        | {t.split("'")[0] for t in (*toks, *uwords) if "'" in t},
+        neg_at is not None,  # a negation word among the tokens (what _negation_count counts)
+        tokset | frozenset(uwords) | {t.split("'")[0] for t in (*toks, *uwords) if "'" in t},
         scope,
     )
 
