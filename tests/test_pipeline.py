@@ -35,6 +35,10 @@ def test_segment_centroids_match_a_float64_reference():
         ref /= np.linalg.norm(ref)
         np.testing.assert_allclose(got[s], ref, atol=1e-7)
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
+    # the block size (whole segments per block) never changes a bit of the result
+    for chunk in (None, 1, 9, 1 << 16):
+        other = segment_centroids(torch.from_numpy(v), rows, seg, len(sizes), w, chunk=chunk)
+        assert np.array_equal(other.numpy(), got)
 
 
 def test_id_ranks_follow_code_point_order():

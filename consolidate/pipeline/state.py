@@ -100,7 +100,7 @@ def segment_centroids(
     seg: np.ndarray,
     n_seg: int,
     weight: np.ndarray,
-    chunk: int = 1 << 16,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Strength-weighted mean of unit vectors per segment, renormalised, computed in float64 on
     ``vec``'s device.
@@ -114,12 +114,17 @@ def segment_centroids(
         n_seg: number of segments.
         weight: ``float64 [m]`` positive weights (strength); scaled by each segment's maximum
             first so that large strengths cannot overflow.
-        chunk: rows per float64 block (bounds the float64 temporaries to ``chunk x d``).
+        chunk: rows per float64 block (bounds the float64 temporaries to ``chunk x d``);
+            default 2**16 on cuda, 4096 on cpu, where a block's float64 copy then stays in
+            cache (30,000 segments of 2-5 rows: 243 ms against 735 ms with 2**16). Whole
+            segments go in one block, so the result does not depend on it.
 
     Returns:
         ``float32 [n_seg, d]`` unit vectors on ``vec``'s device.
     """
     dev, d = vec.device, vec.shape[1]
+    if chunk is None:
+        chunk = 1 << 16 if dev.type == "cuda" else 4096
     out = torch.empty((n_seg, d), dtype=torch.float32, device=dev)
     if not n_seg:
         return out
