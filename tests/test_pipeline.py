@@ -252,3 +252,37 @@ def test_invalid_utf8_ids_are_a_clear_error():
     recs.meta.loc[1, "id"] = "b\ud800"
     with pytest.raises(ValueError, match="valid UTF-8"):
         run_pass(recs, cfg=PassConfig(), sim_cfg=SimilarityConfig(device="cpu"))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_pass_pauses_the_garbage_collector_and_restores_it(enabled):
+    """The stages run with the cyclic collector off; afterwards it is as it was, also when a
+    stage raises."""
+    import gc
+
+    from consolidate.merge import ExtractiveMerger
+
+    seen = []
+
+    class Watching(ExtractiveMerger):
+        def merge_batch(self, requests):
+            seen.append(gc.isenabled())
+            return super().merge_batch(requests)
+
+    class Failing(ExtractiveMerger):
+        def merge_batch(self, requests):
+            raise RuntimeError("merger down")
+
+    recs = make_records(random_rows(200, 16, seed=2, namespaces=2, dup_frac=0.3, noise=0.02))
+    cfg = PassConfig(threshold=0.9, decay=False, cap=None)
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        res = run_pass(recs, cfg=cfg, sim_cfg=SimilarityConfig(device="cpu"), merger=Watching())
+        assert res.stats.merges > 0 and seen == [False]
+        assert gc.isenabled() is enabled
+        with pytest.raises(RuntimeError, match="merger down"):
+            run_pass(recs, cfg=cfg, sim_cfg=SimilarityConfig(device="cpu"), merger=Failing())
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
