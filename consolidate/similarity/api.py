@@ -239,7 +239,7 @@ def threshold_pairs(
     if n < 2:
         return empty
     grp, seg_sorted = _grouped(seg)  # None when already grouped: no copy of the store
-    order = torch.arange(n) if grp is None else grp
+    order = (torch.arange(n) if grp is None else grp).to(dev)
     vdev = v.to(dev, torch.float32)
     # an engine that gathers its blocks reads the input rows through the order: no sorted
     # copy of the whole store
@@ -255,14 +255,14 @@ def threshold_pairs(
         tile_rows=tile_rows,
         tile_cols=tile_cols,
         budget_bytes=budget_bytes,
-        **({"rows": order.to(dev)} if lazy else {}),
+        **({"rows": order} if lazy else {}),
     )
     if not ci_.numel():
         return empty
     # float64 input is re-scored from itself, not from its float32 rounding; input in
     # input order (lazy) from the input rows by their positions
     src = v.to(dev) if v.dtype == torch.float64 else (vdev if lazy else None)
-    return _pairs_from_candidates(v32, order.to(dev), ci_, cj_, threshold, src=src)
+    return _pairs_from_candidates(v32, order, ci_, cj_, threshold, src=src)
 
 
 def _pairs_from_candidates(
