@@ -214,10 +214,16 @@ def test_corrupt_pointer_names_the_file(store, content):
         store.load()
 
 
-def test_corrupt_touch_delta_names_the_file(store):
-    (store.root / "deltas" / "00000000000000000001-1-x.touch.json").write_text("{oops")
-    with pytest.raises(CorruptStoreError, match=r"touch\.json"):
-        store.load()
+def test_corrupt_touch_delta_is_quarantined_and_named(store, caplog):
+    name = "00000000000000000001-1-x.touch.json"
+    (store.root / "deltas" / name).write_text("{oops")
+    before = store.head()
+    snap = store.load()  # the rest of the store loads
+    assert snap.version == before.version and len(snap.records) == 2
+    assert (store.root / "quarantine" / name).read_text() == "{oops"
+    assert not (store.root / "deltas" / name).exists()
+    assert len(store.refused_deltas) == 1 and name in store.refused_deltas[0]
+    assert "not JSON" in store.refused_deltas[0] and name in caplog.text
 
 
 def test_create_with_no_records(tmp_path):

@@ -90,6 +90,7 @@ from .store import (
     READ_SKEW,
     ConcurrentCommitError,
     CorruptStoreError,
+    DeltaError,
     InvalidRecordsError,
     Pointer,
     Snapshot,
@@ -1584,25 +1585,27 @@ class LanceStore(Store):
         """The record ids a pending delta file names (a touch's ids; a patch's ids and the
         ids its ``into`` fields name).
 
+        A delta that fails :func:`~consolidate.store.store.read_json_delta` is moved to
+        ``quarantine/`` (one warning line) and names no ids.
+
         Raises:
-            CorruptStoreError: the file cannot be read or is malformed (names it)."""
+            CorruptStoreError: the file cannot be read or its name is not a delta's."""
         path = self.root / "deltas" / name
         if not (_plain_name(name) and name.endswith((".touch.json", ".patch.json"))):
             raise CorruptStoreError(f"{name!r} is not a delta file name of {self.root}")
         try:
-            d = json.loads(path.read_text())
-            if "ids" in d:
-                ids = list(d["ids"])
-            else:
-                ids = [p["id"] for p in d["patches"]]
-                ids += [p["into"] for p in d["patches"] if p.get("into") is not None]
-            if not all(isinstance(i, str) for i in ids):
-                raise TypeError("ids are not strings")
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            d = self._json_delta(path)
+        except DeltaError as e:
+            self._quarantine_delta(path, str(e))
+            return []
+        except OSError as e:
             raise CorruptStoreError(
                 f"cannot read delta {path}: {e}; move it out of the folder to go on without it"
             ) from e
-        return ids
+        if "ids" in d:
+            return list(d["ids"])
+        ids = [p["id"] for p in d["patches"]]
+        return ids + [p["into"] for p in d["patches"] if p.get("into") is not None]
 
     def read_rows(
         self,

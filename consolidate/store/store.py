@@ -31,6 +31,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -83,6 +84,9 @@ _SNAP = re.compile(r"snapshot-(\d{6,})\.parquet$")
 READ_SKEW = 2.0
 _CHANGELOG = re.compile(r"changelog-(\d{6,})\.jsonl$")
 _DELTA_EXT = (".parquet", ".touch.json", ".patch.json")
+
+
+_log = logging.getLogger("consolidate")
 
 
 def _plain_name(name: object) -> bool:
@@ -362,6 +366,7 @@ class Store:
         self.keep_snapshots = keep_snapshots
         self.quarantine = quarantine
         self.future_tolerance_h = future_tolerance_h
+        self.refused_deltas: list[str] = []  # one line per delta file moved to quarantine/
 
     # ------------------------------------------------------------ paths
     @property
@@ -579,12 +584,21 @@ class Store:
         self, recs: Records, name: str, dim: int, validate_records: bool = True
     ) -> tuple[Records, list[str]]:
         path = self.root / "deltas" / name
+        if name.endswith((".touch.json", ".patch.json")):
+            try:
+                d = self._json_delta(path)
+                if name.endswith(".touch.json"):
+                    return apply_touch(recs, d["ids"], d["now"], d.get("strength_cap")), []
+                return apply_patch(recs, d["patches"], d["written"]), []
+            except DeltaError as e:
+                self._quarantine_delta(path, str(e))
+                return recs, []
+            except OSError as e:
+                raise CorruptStoreError(
+                    f"cannot read delta {path}: {e}; move it out of {path.parent} to go on "
+                    f"without it"
+                ) from e
         try:
-            if name.endswith(".touch.json"):
-                d = json.loads(path.read_text())
-                return apply_touch(recs, d["ids"], float(d["now"]), d.get("strength_cap")), []
-            if name.endswith(".patch.json"):
-                return apply_patch(recs, json.loads(path.read_text())["patches"]), []
             table = _read_parquet(path)
             new = records_from_arrow(table, dim=dim)
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
@@ -596,6 +610,25 @@ class Store:
                 new, dim=dim, source=str(path), reading=True, existing=set(recs.meta["id"])
             )
         return Records.concat([recs, new], dim), list(new.meta["id"])
+
+    def _json_delta(self, path: Path) -> dict[str, Any]:
+        """:func:`read_json_delta` with this store's read skew."""
+        return read_json_delta(path, skew_h=READ_SKEW * self.future_tolerance_h)
+
+    def _quarantine_delta(self, path: Path, why: str) -> None:
+        """Move a refused delta file to ``quarantine/`` (the rest of the store still loads)
+        and say so in one line (logged as a warning, and kept in ``refused_deltas``)."""
+        qdir = self.root / "quarantine"
+        qdir.mkdir(parents=True, exist_ok=True)
+        dest = qdir / path.name
+        with contextlib.suppress(FileNotFoundError):  # another reader moved it first
+            os.replace(path, dest)
+            _fsync_dir(path.parent)
+        msg = f"{why}; moved to {dest} (the rest of the store loads without it)"
+        if not msg.startswith("delta "):
+            msg = f"delta {path}: {msg}"
+        self.refused_deltas.append(msg)
+        _log.warning("refused %s", msg)
 
     # ------------------------------------------------------------ write (no lock)
     def append(self, records: Records | Iterable[Mapping[str, Any]]) -> list[str]:
@@ -681,7 +714,7 @@ class Store:
         if missing:
             raise KeyError(f"mark_used: {len(missing)} unknown id(s) in {self.root}: {missing[:5]}")
         now = float(now)
-        payload = json.dumps({"ids": list(ids), "now": now, "strength_cap": strength_cap})
+        payload = _delta_payload({"ids": list(ids), "now": now, "strength_cap": strength_cap}, wall)
         _write_atomic(
             self.root / "deltas" / self._delta_name("touch.json"),
             lambda p: p.write_text(payload),
@@ -756,7 +789,7 @@ class Store:
                 out.append({"id": i, "op": op, "valid_to": float(vt)})
             else:
                 raise ValueError(f"patch: op must be 'delete' or 'close', got {op!r}")
-        payload = json.dumps({"patches": out})
+        payload = _delta_payload({"patches": out}, wall)
         _write_atomic(
             self.root / "deltas" / self._delta_name("patch.json"),
             lambda p: p.write_text(payload),
@@ -1136,12 +1169,160 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def apply_patch(recs: Records, patches: Sequence[Mapping[str, Any]]) -> Records:
+class DeltaError(ValueError):
+    """A recall-bookkeeping or patch delta file that fails its checksum or the rules of the
+    API that writes it (the message names the file and the entry)."""
+
+
+_PATCH_REASONS = (None, "deleted", "updated", "superseded")
+
+
+def _json_digest(body: Mapping[str, Any]) -> str:
+    """sha256 hex digest of ``body`` as canonical JSON (sorted keys, no spaces; floats
+    written by ``repr`` round-trip, so the digest of a parsed file is the digest written)."""
+    return hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()
+    ).hexdigest()
+
+
+def _delta_payload(body: Mapping[str, Any], written: float) -> str:
+    """The text of a JSON delta: ``body`` plus ``written`` (the writer's wall clock, hours
+    since the epoch) and ``sha256`` (:func:`_json_digest` of the rest)."""
+    out = {**body, "written": float(written)}
+    out["sha256"] = _json_digest(out)
+    return json.dumps(out)
+
+
+def _is_hours(t: object) -> bool:
+    return (
+        isinstance(t, (int, float))
+        and not isinstance(t, bool)
+        and math.isfinite(t)
+        and abs(t) <= MAX_ABS_HOURS
+    )
+
+
+def _name_hours(name: str) -> float | None:
+    """The wall clock a delta file name starts with (``<time_ns>-...``), hours; ``None`` if
+    the name has no such prefix."""
+    head = name.split("-", 1)[0]
+    return int(head) / 3.6e12 if head.isdigit() and len(head) == 20 else None
+
+
+def read_json_delta(path: Path, *, skew_h: float, wall: float | None = None) -> dict[str, Any]:
+    """Read and check a recall-bookkeeping (``*.touch.json``) or patch (``*.patch.json``)
+    delta with the rules :meth:`Store.mark_used` and :meth:`Store.patch` apply when they write
+    one.
+
+    Checked: the ``sha256`` of the file's content (files written before deltas carried one
+    have neither ``sha256`` nor ``written`` and are checked by the rules alone); every time
+    finite hours since the epoch and not later than ``wall + skew_h``; a touch's ids strings
+    and its ``strength_cap`` null or >= 1; a patch's ops ``delete`` or ``close`` only, its
+    reasons those :meth:`Store.patch` takes, ``into`` null or another id. Pinned records are
+    checked when the patch is applied (:func:`apply_patch`).
+
+    Args:
+        path: the delta file.
+        skew_h: allowed clock skew, hours.
+        wall: the reader's wall clock, hours since the epoch (default: now).
+
+    Returns:
+        The parsed delta, with ``written`` (hours) set: the file's own, else the time its
+        name starts with, else ``None``.
+
+    Raises:
+        OSError: the file cannot be read.
+        DeltaError: it is not valid JSON of that form, its checksum does not match, or an
+            entry breaks a rule (names the file and the entry).
+    """
+    wall = hours_now() if wall is None else wall
+    late = wall + skew_h
+    name = path.name
+
+    def bad(why: str) -> DeltaError:
+        return DeltaError(f"delta {path}: {why}")
+
+    try:
+        d = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise bad(f"not JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise bad("not a JSON object")
+    if "sha256" in d or "written" in d:
+        sha = d.pop("sha256", None)
+        if not isinstance(sha, str) or _json_digest(d) != sha:
+            raise bad("content does not match its sha256 (changed after it was written)")
+        w = d.get("written")
+        if not (_is_hours(w) and w <= late):  # type: ignore[operator]
+            raise bad(f"written={w!r} is not a time before now")
+    else:
+        d["written"] = _name_hours(name)
+
+    def when(what: str, t: object) -> float:
+        if not _is_hours(t) or t > late:  # type: ignore[operator]
+            raise bad(
+                f"{what}={t!r} is not finite hours since the epoch before now "
+                f"(wall clock {wall:.1f} h)"
+            )
+        return float(t)  # type: ignore[arg-type]
+
+    if name.endswith(".touch.json"):
+        if set(d) - {"ids", "now", "strength_cap", "written"} or "ids" not in d:
+            raise bad(f"keys {sorted(d)} are not those of a recall-bookkeeping delta")
+        ids = d["ids"]
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise bad("ids is not a list of strings")
+        d["now"] = when("now", d.get("now"))
+        cap = d.get("strength_cap")
+        if cap is not None and not (_is_hours(cap) and cap >= 1):
+            raise bad(f"strength_cap={cap!r} is not null or a number >= 1")
+        return d
+    if not name.endswith(".patch.json"):
+        raise bad("not a recall-bookkeeping or patch delta name")
+    if set(d) - {"patches", "written"} or not isinstance(d.get("patches"), list):
+        raise bad(f"keys {sorted(d)} are not those of a patch delta")
+    for k, p in enumerate(d["patches"]):
+        if not isinstance(p, dict) or not isinstance(p.get("id"), str):
+            raise bad(f"patch {k} has no string id")
+        i, op = p["id"], p.get("op")
+        if op == "delete":
+            if set(p) - {"id", "op", "into", "at", "reason"}:
+                raise bad(f"patch {k} ({i!r}) has unknown keys {sorted(set(p))}")
+            p["at"] = when(f"at of patch {k} ({i!r})", p.get("at"))
+            into = p.get("into")
+            if into is not None and (not isinstance(into, str) or into == i):
+                raise bad(f"patch {k} ({i!r}): into={into!r} is not another record's id")
+            if p.get("reason") not in _PATCH_REASONS:
+                raise bad(f"patch {k} ({i!r}): unknown reason {p.get('reason')!r}")
+        elif op == "close":
+            if set(p) - {"id", "op", "valid_to"}:
+                raise bad(f"patch {k} ({i!r}) has unknown keys {sorted(set(p))}")
+            if not _is_hours(p.get("valid_to")):
+                raise bad(f"patch {k} ({i!r}): valid_to={p.get('valid_to')!r} is not hours")
+        else:
+            raise bad(f"patch {k} ({i!r}): unknown op {op!r} (delete or close)")
+    return d
+
+
+def apply_patch(
+    recs: Records, patches: Sequence[Mapping[str, Any]], retired: float | None = None
+) -> Records:
     """Apply :meth:`Store.patch` entries (unknown ids are skipped: they may be purged).
 
     A patch aimed at a record that a pass has merged since (``deleted_reason="merged"``)
     follows ``merged_into`` to the record that now holds its fact, as recalls do: a fact the
     write path deleted or closed while a pass ran must not stay current inside the merge.
+
+    Args:
+        recs: the records.
+        patches: entries as :meth:`Store.patch` writes them.
+        retired: wall clock (hours since the epoch) at which the patch was written: a
+            deleted record's ``deleted_at``, from which the tombstone retention window
+            counts. ``None`` (a delta written before deltas recorded it): each entry's
+            ``at``.
+
+    Raises:
+        DeltaError: a delete names a pinned record (pinned records are never deleted).
     """
     meta = recs.meta.copy()
     pos = {i: k for k, i in enumerate(meta["id"])}
@@ -1149,8 +1330,11 @@ def apply_patch(recs: Records, patches: Sequence[Mapping[str, Any]]) -> Records:
     reason = meta["deleted_reason"].tolist()
     into = meta["merged_into"].tolist()
     vto = meta["valid_to"].to_numpy(np.float64).copy()
+    pinned = meta["pinned"].to_numpy(bool)
     for p in patches:
         k = pos.get(p["id"])
+        if k is not None and p["op"] == "delete" and pinned[k]:
+            raise DeltaError(f"patch deletes {p['id']!r}, which is pinned (never deleted)")
         seen: set[int] = set()
         while (
             k is not None and k not in seen and reason[k] == "merged" and isinstance(into[k], str)
@@ -1159,8 +1343,8 @@ def apply_patch(recs: Records, patches: Sequence[Mapping[str, Any]]) -> Records:
             k = pos.get(into[k])
         if k is None:
             continue
-        if p["op"] == "delete" and np.isnan(deleted[k]):
-            deleted[k] = p["at"]
+        if p["op"] == "delete" and np.isnan(deleted[k]) and not pinned[k]:
+            deleted[k] = p["at"] if retired is None else max(retired, p["at"])
             reason[k] = p.get("reason") or ("updated" if p.get("into") else "deleted")
             into[k] = p.get("into")
         elif p["op"] == "close":

@@ -1,0 +1,156 @@
+"""Recall-bookkeeping and patch deltas are checked on read by the rules of the API that writes
+them; one that fails is moved to ``quarantine/`` and the rest of the store still loads. A
+tombstone's retention window counts from when the store retired the row."""
+
+import json
+import math
+
+import pytest
+
+from consolidate.config import PassConfig
+from consolidate.pipeline import run_pass
+from consolidate.store import Store
+from consolidate.store.lance_store import LanceStore
+from consolidate.store.schema import hours_from_datetime, hours_now
+from consolidate.store.store import DeltaError, read_json_delta
+from tests.helpers import make_records
+from tests.test_store import base_rows
+
+KINDS = [Store, LanceStore]
+
+
+@pytest.fixture(params=KINDS, ids=["parquet", "lance"])
+def store(request, tmp_path):
+    if request.param is LanceStore:
+        pytest.importorskip("lance")
+    s = request.param(tmp_path / "store", keep_snapshots=2)
+    s.create(make_records(base_rows()))
+    return s
+
+
+def _only_delta(store):
+    (p,) = [p for p in (store.root / "deltas").iterdir() if not p.name.startswith(".")]
+    return p
+
+
+def _rewrite(path, edit):
+    d = json.loads(path.read_text())
+    edit(d)
+    path.write_text(json.dumps(d))
+
+
+def _meta(store):
+    return store.load().records.meta.set_index("id")
+
+
+def test_api_deltas_carry_a_checksum_and_load(store):
+    t0 = hours_now()
+    store.mark_used(["a"], now=150.0)
+    d = json.loads(_only_delta(store).read_text())
+    assert set(d) == {"ids", "now", "strength_cap", "written", "sha256"} and len(d["sha256"]) == 64
+    assert t0 <= d["written"] <= hours_now()
+    m = _meta(store)
+    assert m.loc["a", "strength"] == 2.0 and m.loc["a", "last_used"] == 150.0
+    assert store.refused_deltas == []
+
+
+@pytest.mark.parametrize(
+    "edit,why",
+    [
+        (lambda d: d.update(now=float("nan")), "sha256"),  # a changed value: checksum fails
+        (lambda d: d.update(now=1e6), "sha256"),
+        (lambda d: (d.update(now=float("nan")), d.pop("sha256"), d.pop("written")), "now=nan"),
+        (lambda d: (d.update(now=1e6), d.pop("sha256"), d.pop("written")), "now=1000000.0"),
+        (lambda d: (d.update(ids=[1]), d.pop("sha256"), d.pop("written")), "ids"),
+        (lambda d: (d.update(strength_cap=0), d.pop("sha256"), d.pop("written")), "strength_cap"),
+        (lambda d: d.pop("sha256"), "sha256"),  # written without its checksum
+    ],
+)
+def test_bad_touch_is_quarantined_and_the_rest_loads(store, edit, why):
+    store.mark_used(["a"], now=150.0)
+    p = _only_delta(store)
+    _rewrite(p, edit)
+    m = _meta(store)
+    # the touch is not applied: strength and last_used as created
+    assert m.loc["a", "strength"] == 1.0 and m.loc["a", "last_used"] == 100.0
+    assert not p.exists() and (store.root / "quarantine" / p.name).is_file()
+    (line,) = store.refused_deltas
+    assert p.name in line and why in line and "quarantine" in line
+
+
+def _legacy_patch(store, patches, name="00000000000000000001-1-legacy.patch.json"):
+    (store.root / "deltas" / name).write_text(json.dumps({"patches": patches}, allow_nan=True))
+    return store.root / "deltas" / name
+
+
+@pytest.mark.parametrize(
+    "patch,why",
+    [
+        ({"id": "a", "op": "delete", "at": float("nan")}, "at of patch 1"),
+        ({"id": "a", "op": "delete", "at": hours_now() + 48}, "at of patch 1"),
+        ({"id": "a", "op": "delete", "at": 150.0, "reason": "because"}, "unknown reason"),
+        ({"id": "a", "op": "delete", "at": 150.0, "into": "a"}, "into="),
+        ({"id": "a", "op": "purge", "at": 150.0}, "unknown op 'purge'"),
+        ({"id": "a", "op": "close", "valid_to": float("inf")}, "valid_to=inf"),
+        ({"id": "d", "op": "delete", "at": 150.0}, "pinned"),
+        ({"op": "delete", "at": 150.0}, "patch 1 has no string id"),
+    ],
+)
+def test_bad_patch_is_quarantined_and_the_rest_loads(store, patch, why):
+    store.mark_used(["b"], now=150.0)  # a good delta beside the bad one still applies
+    bad = _legacy_patch(store, [{"id": "c", "op": "delete", "at": 140.0}, patch])
+    m = _meta(store)
+    assert math.isnan(m.loc["a", "deleted_at"]) and math.isnan(m.loc["c", "deleted_at"])
+    assert math.isnan(m.loc["a", "valid_to"]) and not m.loc["d", "deleted_reason"]
+    assert m.loc["b", "strength"] == 2.0
+    assert (store.root / "quarantine" / bad.name).is_file()
+    (line,) = store.refused_deltas
+    assert bad.name in line and why in line
+    # the next pass commits cleanly (a future time no longer blocks every pass)
+    v0 = store.head().version
+    with store.lock():
+        snap = store.load()
+        cfg = PassConfig(threshold=0.95, now="200", floor=0)
+        res = run_pass(snap.records, cfg=cfg, version=snap.version + 1)
+        store.commit(res.records, res.events, base=snap)
+    assert store.head().version > v0 and len(store.refused_deltas) == 1
+    assert _meta(store).loc["b", "strength"] == 2.0
+
+
+def test_read_json_delta_rules_hand_checked(tmp_path):
+    p = tmp_path / "00000000000000000001-1-x.patch.json"
+    p.write_text(json.dumps({"patches": [{"id": "a", "op": "delete", "at": 10.0}]}))
+    d = read_json_delta(p, skew_h=0.1, wall=20.0)
+    assert d["written"] == 1e-9 / 3600  # a legacy file: the time its name starts with
+    p.write_text(json.dumps({"patches": [{"id": "a", "op": "delete", "at": 20.2}]}))
+    with pytest.raises(DeltaError, match=r"at of patch 0 \('a'\)=20.2"):
+        read_json_delta(p, skew_h=0.1, wall=20.0)
+    assert read_json_delta(p, skew_h=0.3, wall=20.0)["patches"][0]["at"] == 20.2
+    p.write_text("[1]")
+    with pytest.raises(DeltaError, match="not a JSON object"):
+        read_json_delta(p, skew_h=0.1)
+    p.write_bytes(b'{"patches": [{"id": "\xff"}]}')
+    with pytest.raises(DeltaError, match="not JSON"):
+        read_json_delta(p, skew_h=0.1)
+
+
+def test_a_2023_delete_is_kept_for_the_whole_retention_window(store):
+    """A DELETE from a turn of 2023 is retired now: the pass's purge keeps the tombstone until
+    ``tombstone_retention_hours`` after the write, not after the turn."""
+    turn = hours_from_datetime("2023-05-01T10:00:00")
+    store.patch([{"id": "c", "op": "delete", "at": turn}], now=turn + 1)
+    retired = _meta(store).loc["c", "deleted_at"]
+    assert abs(retired - hours_now()) < 0.1
+
+    snap = store.load()
+    cfg = PassConfig(threshold=0.95, now="200", floor=0, tombstone_retention_hours=2160.0)
+
+    def run(wall):
+        return run_pass(snap.records, cfg=cfg, version=snap.version + 1, wall_h=wall)
+
+    kept = run(retired + 2159.0)
+    assert kept.stats.purged == 0
+    m = kept.records.meta.set_index("id")
+    assert m.loc["c", "deleted_reason"] == "deleted" and m.loc["c", "deleted_at"] == retired
+    gone = run(retired + 2161.0)
+    assert gone.stats.purged == 1 and "c" not in set(gone.records.meta["id"])
