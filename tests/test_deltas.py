@@ -154,3 +154,34 @@ def test_a_2023_delete_is_kept_for_the_whole_retention_window(store):
     assert m.loc["c", "deleted_reason"] == "deleted" and m.loc["c", "deleted_at"] == retired
     gone = run(retired + 2161.0)
     assert gone.stats.purged == 1 and "c" not in set(gone.records.meta["id"])
+
+
+def test_appends_cannot_take_the_reserved_merged_form(store):
+    from consolidate.store import InvalidRecordsError
+
+    row = {**base_rows()[2], "id": "m-" + "0123456789abcdef01234567"}
+    with pytest.raises(InvalidRecordsError, match="reserved merged form") as e:
+        store.append([row])
+    assert "m-0123456789abcdef01234567" in str(e.value)
+    for ok in ("m-0123", "m-0123456789ABCDEF01234567", "mm-0123456789abcdef01234567"):
+        assert store.append([{**row, "id": ok}]) == [ok]
+
+
+def test_a_merged_id_taken_already_gets_another_and_is_reported():
+    """A row (written by another tool, or appended before the form was reserved) holding the
+    id the pass would give a merge: the merge takes the next salted id, reported."""
+    from consolidate.pipeline import merged_id
+
+    rows = base_rows()
+    squat = merged_id(2, ["a", "b"])
+    rows.append({**rows[2], "id": squat, "namespace": "w", "text": "squatter"})
+    res = run_pass(
+        make_records(rows), cfg=PassConfig(threshold=0.95, now="200", floor=0), version=2
+    )
+    (ev,) = [e for e in res.events if e["op"] == "merged_id_taken"]
+    assert ev["id"] == squat and ev["given"] == merged_id(2, ["a", "b"], salt=1)
+    m = res.records.meta.set_index("id")
+    assert m.loc[squat, "text"] == "squatter" and m.index.is_unique
+    assert m.loc["a", "merged_into"] == ev["given"] == m.loc["b", "merged_into"]
+    (merge,) = [e for e in res.events if e["op"] in ("merge", "exact_merge")]
+    assert merge["id"] == ev["given"]

@@ -19,7 +19,7 @@ from ..merge import (
     newer_fact_times,
 )
 from .rows import new_records
-from .state import PassState, list_lengths, merged_id
+from .state import PassState, claim_ids, list_lengths, merged_id
 
 __all__ = ["merge_stage", "members", "latency_stats", "PAIRWISE_SIMILARITIES_MAX"]
 
@@ -370,7 +370,8 @@ def _write_merges(
     merges = [(rows[np.argsort(rank[rows])], text, op, extra) for rows, text, op, extra in merges]
     merges.sort(key=lambda m: rank[m[0][0]])
     groups = [m[0] for m in merges]
-    mids = [merged_id(version, ids[g].tolist()) for g in groups]
+    member_ids = [ids[g].tolist() for g in groups]
+    mids = claim_ids(st, [merged_id(version, m) for m in member_ids], member_ids, version)
     meta, vec = new_records(
         st,
         groups,

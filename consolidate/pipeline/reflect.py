@@ -13,7 +13,7 @@ from .exact import open_facts
 from .merging import latency_stats, members
 from .near import compact_clusters, similar_pairs
 from .rows import new_records
-from .state import PassState, list_lengths, merged_id
+from .state import PassState, claim_ids, list_lengths, merged_id
 
 __all__ = ["reflect_stage"]
 
@@ -81,6 +81,7 @@ def reflect_stage(
     if len(resps) != len(reqs):
         raise ValueError(f"reflector returned {len(resps)} responses for {len(reqs)} groups")
     kept, texts = [], []
+    first_event = len(st.events)
     for g, req, resp in zip(chosen, reqs, resps, strict=True):
         if not (resp.text and resp.text.strip()):
             st.events.append(
@@ -115,11 +116,22 @@ def reflect_stage(
     lat = latency_stats(resps)
     if lat:
         stats.reflect_latency_p50_s, stats.reflect_latency_p95_s = lat
+    rids = claim_ids(
+        st,
+        [r.cluster_id for _, r in kept],
+        [[m.id for m in r.members] for _, r in kept],
+        version,
+        prefix="rf-",
+    )
+    moved = {r.cluster_id: i for (_, r), i in zip(kept, rids, strict=True) if r.cluster_id != i}
+    for ev in st.events[first_event:]:  # the reflect events name the id the row takes
+        if ev.get("op") == "reflect" and ev["id"] in moved:
+            ev["id"] = moved[ev["id"]]
     meta, v = new_records(
         st,
         [g for g, _ in kept],
         texts,
-        [r.cluster_id for _, r in kept],
+        rids,
         kind="reflection",
         version=version,
     )

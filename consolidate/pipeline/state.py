@@ -31,6 +31,7 @@ __all__ = [
     "PassState",
     "Units",
     "merged_id",
+    "claim_ids",
     "list_lengths",
     "id_ranks",
     "group_sums",
@@ -38,11 +39,58 @@ __all__ = [
 ]
 
 
-def merged_id(version: int, member_ids: Sequence[str]) -> str:
+def merged_id(version: int, member_ids: Sequence[str], salt: int = 0) -> str:
     """Deterministic id of a merged record: ``m-`` + 24 hex chars of
-    sha256(version, sorted member ids)."""
+    sha256(version, sorted member ids), with ``#salt`` mixed in when ``salt`` > 0 (the next
+    choice when the first is taken, see :func:`claim_ids`)."""
     h = hashlib.sha256(f"{version}\n".encode() + "\n".join(sorted(member_ids)).encode())
+    if salt:
+        h.update(f"\n#{salt}".encode())
     return "m-" + h.hexdigest()[:24]
+
+
+def claim_ids(
+    st: PassState,
+    proposed: list[str],
+    members: Sequence[Sequence[str]],
+    version: int,
+    prefix: str = "m-",
+) -> list[str]:
+    """The ids new merged (or reflection) rows take: each ``proposed`` id unless a row of
+    ``st`` holds it already (a record written with that id by another tool, or an id
+    appended before the reserved form was refused), then the next salted
+    :func:`merged_id` that no row and no other proposal holds. Each id taken already is
+    reported as a ``merged_id_taken`` event ``{"id", "given", "members"}``.
+
+    Args:
+        st: the pass state (its ids and their ranks).
+        proposed: ``list[str] [k]`` the first-choice ids.
+        members: ``[k]`` each new row's member ids (the hash input of a new choice).
+        version: the version the pass writes.
+        prefix: ``"m-"`` (merges) or ``"rf-"`` (reflections).
+
+    Returns:
+        ``list[str] [k]``: unique ids that no row of ``st`` holds.
+    """
+    if not proposed:
+        return proposed
+    taken = st.taken(np.asarray(proposed, dtype=object))
+    if not taken.any():
+        return proposed
+    out, used = list(proposed), set(proposed)
+    for k in np.flatnonzero(taken).tolist():  # only the ids taken already: rare
+        salt = 1
+        while True:
+            new = prefix + merged_id(version, members[k], salt)[2:]
+            if new not in used and not st.taken(np.asarray([new], dtype=object))[0]:
+                break
+            salt += 1
+        used.add(new)
+        st.events.append(
+            {"op": "merged_id_taken", "id": out[k], "given": new, "members": list(members[k])}
+        )
+        out[k] = new
+    return out
 
 
 def list_lengths(col: pd.Series | np.ndarray) -> np.ndarray:
@@ -79,12 +127,15 @@ def id_ranks(ids: np.ndarray | pd.Series) -> np.ndarray:
     return pc.rank(arr, sort_keys="ascending", tiebreaker="first").to_numpy().astype(np.int64) - 1
 
 
-def _merge_ranks(rank: np.ndarray, ids: np.ndarray, n_old: int) -> np.ndarray:
+def _merge_ranks(
+    rank: np.ndarray, ids: np.ndarray, n_old: int, old_sorted: np.ndarray | None = None
+) -> np.ndarray:
     """Ranks of all ``ids`` given the ranks ``rank`` of the first ``n_old`` (unique ids): the
     new ids are placed by binary search among the old ones, so only the new rows are
-    sorted."""
-    old_sorted = np.empty(n_old, dtype=object)
-    old_sorted[rank] = ids[:n_old]
+    sorted. ``old_sorted``: the first ``n_old`` ids in ascending order, if known."""
+    if old_sorted is None:
+        old_sorted = np.empty(n_old, dtype=object)
+        old_sorted[rank] = ids[:n_old]
     new = ids[n_old:]
     order = np.argsort(id_ranks(new))
     pos = np.searchsorted(old_sorted, new[order])  # old ids below each new id (sorted)
@@ -386,6 +437,25 @@ class PassState:
         out[~m] = torch.cat(self.new_vec).index_select(0, torch.from_numpy(rows[~old] - n0).to(dev))
         return out
 
+    def sorted_ids(self) -> np.ndarray:
+        """``object [n]``: every id of the table in ascending order (from ``id_rank``;
+        cached until the next :meth:`append`)."""
+        cache = getattr(self, "_sorted_ids", None)
+        if cache is None or len(cache) != len(self.id_rank):
+            cache = np.empty(len(self.id_rank), dtype=object)
+            cache[self.id_rank] = self.meta["id"].to_numpy(object)
+            self._sorted_ids = cache
+        return cache
+
+    def taken(self, ids: np.ndarray) -> np.ndarray:
+        """``bool [k]``: which of ``ids`` (``object [k]`` strings) a row of the table holds
+        (binary search in :meth:`sorted_ids`, ``O(k log n)``)."""
+        srt = self.sorted_ids()
+        if not len(srt) or not len(ids):
+            return np.zeros(len(ids), bool)
+        pos = np.minimum(np.searchsorted(srt, ids), len(srt) - 1)
+        return srt[pos] == ids
+
     def append(self, meta: pd.DataFrame, vec: torch.Tensor) -> None:
         """Add rows written by the pass (store columns, ``float32 [k, d]`` vectors on the
         pass device) at the end of the table; their namespaces must already be known."""
@@ -396,8 +466,12 @@ class PassState:
         self.ns = np.r_[self.ns, np.searchsorted(self.ns_names, meta["namespace"].to_numpy(object))]
         self.gone = np.r_[self.gone, np.zeros(len(meta), bool)]
         self.id_rank = _merge_ranks(
-            self.id_rank, self.meta["id"].to_numpy(object), len(self.meta) - len(meta)
+            self.id_rank,
+            self.meta["id"].to_numpy(object),
+            len(self.meta) - len(meta),
+            self.sorted_ids(),
         )
+        self._sorted_ids = None
 
     def records(self) -> Records:
         """The next snapshot: surviving rows in their order (snapshot rows, then the rows the

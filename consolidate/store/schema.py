@@ -36,6 +36,10 @@ __all__ = [
     "datetime_from_hours",
 ]
 
+MERGED_ID_FORM = r"(?:m|rf)-[0-9a-f]{24}"
+"""The reserved form of the ids passes give merged records (``m-``) and reflections
+(``rf-``), :func:`consolidate.pipeline.merged_id`: appends may not take it."""
+
 # name -> pandas dtype used in memory
 COLUMNS: dict[str, str] = {
     "id": "object",

@@ -54,6 +54,7 @@ from ..text import utf8_ok
 from .schema import (
     DEFAULT_STRENGTH_CAP,
     MAX_ABS_HOURS,
+    MERGED_ID_FORM,
     InvalidRecordsError,
     Problem,
     Records,
@@ -520,6 +521,15 @@ class Store:
             records.input_problems.setdefault(
                 "not a live record (append takes new memories; deleted_at/merged_into set)", []
             ).extend(not_live.tolist())
+        reserved = np.flatnonzero(
+            m["id"].astype("string").str.fullmatch(MERGED_ID_FORM).fillna(False).to_numpy(bool)
+        )
+        if len(reserved):
+            records.input_problems.setdefault(
+                "id of the reserved merged form (m-/rf- and 24 hex digits: the ids passes "
+                "give the rows they write)",
+                [],
+            ).extend(reserved.tolist())
         records.meta["last_pass"] = np.nan
         return records
 
