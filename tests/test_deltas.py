@@ -185,3 +185,56 @@ def test_a_merged_id_taken_already_gets_another_and_is_reported():
     assert m.loc["a", "merged_into"] == ev["given"] == m.loc["b", "merged_into"]
     (merge,) = [e for e in res.events if e["op"] in ("merge", "exact_merge")]
     assert merge["id"] == ev["given"]
+
+
+def test_stale_temp_files_are_removed_and_young_ones_kept(store):
+    import os
+    import time
+
+    old = store.root / "deltas" / ".x.parquet.tmp-dead"
+    young = store.root / "deltas" / ".y.parquet.tmp-busy"
+    for p in (old, young):
+        p.write_bytes(b"partial")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    ck = store.root / ".CHECKSUMS.json.tmp-dead"
+    ck.write_text("{")
+    store.mark_used(["c"], now=150.0)
+    with store.lock():
+        snap = store.load()
+        res = run_pass(snap.records, cfg=PassConfig(threshold=0.95, now="200", floor=0), version=2)
+        store.commit(res.records, res.events, base=snap)
+    # a writer may still be at work on a young temp file: kept; an old one is removed
+    assert not old.exists() and young.exists()
+    if isinstance(store, LanceStore):
+        assert not ck.exists()  # written under WRITERS.LOCK, which the commit holds
+
+
+def test_a_lost_index_is_rebuilt_at_the_next_commit(tmp_path, caplog, monkeypatch):
+    pytest.importorskip("lance")
+    import lance
+
+    import consolidate.store.lance_store as ls
+
+    monkeypatch.setattr(ls, "REWRITE_FRACTION", 1.01)  # an upsert: no rewrite re-indexes
+
+    def fields():
+        return {
+            f
+            for ix in lance.dataset(str(s.dataset_path)).describe_indices()
+            for f in ix.field_names
+        }
+
+    s = LanceStore(tmp_path / "s")
+    s.create(make_records(base_rows()))
+    ds = lance.dataset(str(s.dataset_path))
+    ds.drop_index("id_idx")
+    assert {
+        f for ix in lance.dataset(str(s.dataset_path)).list_indices() for f in ix["fields"]
+    } == {"namespace"}
+    s.mark_used(["c"], now=150.0)
+    with s.lock():
+        snap = s.load()
+        res = run_pass(snap.records, cfg=PassConfig(threshold=0.95, now="200", floor=0), version=2)
+        s.commit(res.records, res.events, base=snap)
+    assert fields() == {"id", "namespace"} and "no index on 'id'" in caplog.text
+    assert s.load().records.meta.set_index("id").loc["c", "strength"] == 2.0

@@ -258,7 +258,7 @@ def test_more_bad_inputs_are_one_clear_error(tmp_path):
             read_memories(path)
     latin = tmp_path / "latin.jsonl"
     latin.write_bytes(b'{"text": "ok", "vector": [1, 0]}\n{"text": "caf\xe9", "vector": [1, 0]}\n')
-    with pytest.raises(ValueError, match="latin.jsonl: not UTF-8"):
+    with pytest.raises(ValueError, match="latin.jsonl line 2: not UTF-8 at byte 14 of the line"):
         read_memories(latin)
     bom = tmp_path / "bom.jsonl"
     bom.write_bytes(b'\xef\xbb\xbf{"text": "ok", "vector": [1, 0]}\n')
@@ -434,3 +434,85 @@ def test_a_file_apply_keeps_columns_permissions_links_and_every_backup(tmp_path,
     merged = m.index[~m.index.isin([r["id"] for r in rows])]
     assert len(merged) and tags.loc[merged].isna().all()
     assert m.loc[rows[2]["id"], "text"].endswith("\r second line")
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        # a comma in an unquoted text shifts nothing: the row is refused with its line
+        (
+            'id,text,importance,vector\nc0,fine,0.5,"[1, 0]"\nc1,hello, world,0.9,"[1, 0]"\n',
+            r"x.csv line 3: 5 cells, the header has 4",
+        ),
+        ("id,text,vector\nc1,too few\n", r"x.csv line 2: 2 cells, the header has 3"),
+        # a quoted line break: the next record starts on line 4
+        ('id,text,vector\nc1,"two\nlines","[1, 0]"\nc2,"[1, 0]"\n', r"x.csv line 4: 2 cells"),
+        ('id,text,vector\nc1,"open quote,"[1, 0]"\n', r"x.csv line 2: not CSV"),
+        ("id,text,text\nc1,a,b\n", r"x.csv line 1: the header .* repeated column name"),
+        ('id,text,vector\nc1,ok,"[1, 0]"\n\nc2,ok,"[0, 1]"\n', r"x.csv line 3: an empty line"),
+        ("", r"x.csv: empty"),
+    ],
+)
+def test_csv_is_read_with_a_strict_dialect(tmp_path, text, match):
+    path = tmp_path / "x.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        read_memories(path)
+
+
+def test_csv_quoted_cells_and_line_numbers_of_records(tmp_path):
+    path = tmp_path / "ok.csv"
+    path.write_text(
+        'id,text,importance,vector\nc1,"hello, world",0.9,"[1, 0]"\n'
+        'c2,"two\nlines ""quoted""",0.4,"[0, 1]"\nc3,three,2.0,"[1, 1]"\n'
+    )
+    with pytest.raises(InvalidRecordsError, match=r"c3 \(line 5\)"):
+        read_memories(path)  # importance 2.0 on the record that starts on line 5
+    path.write_text(path.read_text().replace("2.0", "0.2"))
+    m = read_memories(path).records.meta.set_index("id")
+    assert m.loc["c1", "text"] == "hello, world" and m.loc["c1", "importance"] == 0.9
+    assert m.loc["c2", "text"] == 'two\nlines "quoted"' and len(m) == 3
+
+
+def test_a_bad_byte_is_named_by_its_own_line(tmp_path):
+    path = tmp_path / "late.csv"
+    good = "".join(f'c{k},"text {k}","[1, 0]"\n' for k in range(600))
+    raw = ("id,text,vector\n" + good).encode()
+    lines = raw.split(b"\n")
+    lines[499] = lines[499].replace(b"text", b"t\xe9xt")  # line 500 of the file
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(ValueError, match=r"late.csv line 500: not UTF-8 at byte 8 "):
+        read_memories(path)
+
+
+@pytest.mark.parametrize(
+    "row,match",
+    [
+        ({"text": "t", "vector": [True, 0.5]}, r"vector is not a flat list of numbers: 1 record"),
+        (
+            {"text": "t", "vector": [1, 0], "deleted_at": 5.0, "deleted_reason": "because"},
+            r"deleted_reason not one of merged, updated",
+        ),
+        (
+            {
+                "text": "t",
+                "vector": [1, 0],
+                "deleted_at": 5.0,
+                "deleted_reason": "merged",
+                "merged_into": "ghost",
+            },
+            r"merged_into names no record of the same input",
+        ),
+    ],
+)
+def test_import_refuses_booleans_and_unknown_tombstone_fields(tmp_path, row, match):
+    path = tmp_path / "r.jsonl"
+    path.write_text(
+        json.dumps({"id": "ok", "text": "fine", "vector": [0, 1]})
+        + "\n"
+        + json.dumps({"id": "bad", **row})
+        + "\n"
+    )
+    with pytest.raises(InvalidRecordsError, match=match) as e:
+        read_memories(path)
+    assert "bad (line 2)" in str(e.value)

@@ -1,5 +1,5 @@
 """``consolidate-versions``: list, compare, roll back, restore and export a Lance store's
-versions, and rebuild its indexes (Hydra job; see ``consolidate/conf/versions.yaml``)."""
+versions, verify every file of every retained version, and rebuild its indexes (Hydra job; see ``consolidate/conf/versions.yaml``)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ def run_versions(cfg: DictConfig) -> dict[str, Any]:
             that is not a Lance store.
         StoreNotFoundError / CorruptStoreError / LockTimeoutError: see the store.
     """
+    from ..store import CorruptStoreError
     from ..store.lance_store import LanceStore
 
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
@@ -53,11 +54,20 @@ def run_versions(cfg: DictConfig) -> dict[str, Any]:
         if not cfg.out:
             raise ValueError("action=export needs out=FILE.parquet or out=FILE.jsonl")
         return store.export(cfg.out, None if cfg.version is None else int(cfg.version))
+    if act == "verify":
+        out = store.verify_all()
+        bad = [v for v in out if "error" in v]
+        if bad:
+            lines = "; ".join(f"version {v['version']}: {v['error']}" for v in bad[:3])
+            raise CorruptStoreError(
+                f"{len(bad)} of {len(out)} retained versions of {store.root} are damaged: {lines}"
+            )
+        return {"verified": out}
     if act == "reindex":
         with store.lock(timeout_s=scfg.lock_timeout_s):
             return store.reindex()
     raise ValueError(
-        f"action must be list, diff, rollback, restore, export or reindex, got {act!r}"
+        f"action must be list, diff, rollback, restore, export, verify or reindex, got {act!r}"
     )
 
 
@@ -75,6 +85,13 @@ def main(cfg: DictConfig) -> None:
             )
     elif "diff" in out:
         print(out["diff"].to_string())
+    elif "verified" in out:
+        n = sum(v["checked"] for v in out["verified"])
+        left = sum(v["unrecorded"] for v in out["verified"])
+        print(
+            f"verified {len(out['verified'])} versions: {n} file checks matched their CRC32"
+            + (f", {left} files with no CRC32 recorded (not checked)" if left else "")
+        )
     elif cfg.action == "export":
         print(f"wrote version {out['version']} ({out['records']} records) to {out['path']}")
     else:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..store.schema import (
     InvalidRecordsError,
     Problem,
@@ -62,10 +64,12 @@ def as_stored(
     *,
     now_h: float | None = None,
     first_line: int | None = None,
+    lines: list[int] | None = None,
     unit: str = "line",
 ) -> Records:
     """``recs`` checked and shaped as a store holds them: validated
-    (:func:`~consolidate.store.schema.validate`), vectors at unit length, times in whole
+    (:func:`~consolidate.store.schema.validate`, and every ``merged_into`` names a record of
+    ``recs``), vectors at unit length, times in whole
     microseconds (through the store's Arrow schema).
 
     Args:
@@ -73,17 +77,37 @@ def as_stored(
         now_h: the clock for times in the future (hours since the epoch; default now).
         first_line: the number of the first record's line (or row: ``unit``) in its file,
             to name records by line as well as id; ``None``: by id only.
+        lines: ``[n]`` each record's line in its file (overrides ``first_line``; a CSV
+            record with a quoted line break spans several lines).
         unit: ``"line"`` or ``"row"``, the word for ``first_line``.
 
     Raises:
         InvalidRecordsError: any problem (nothing is returned).
     """
     problems = validate(recs, dim=recs.dim, now_h=now_h)
+    into = recs.meta["merged_into"]
+    ghost = np.flatnonzero((into.notna() & ~into.isin(recs.meta["id"])).to_numpy(bool))
+    if len(ghost):
+        ids = recs.meta["id"].tolist()
+        problems.append(
+            Problem(
+                "merged_into names no record of the same input",
+                ghost.tolist(),
+                [ids[k] for k in ghost],
+            )
+        )
     if problems:
         if first_line is not None:
             ids = recs.meta["id"].tolist()
             problems = [
-                Problem(p.kind, p.rows, [f"{ids[k]} ({unit} {k + first_line})" for k in p.rows])
+                Problem(
+                    p.kind,
+                    p.rows,
+                    [
+                        f"{ids[k]} ({unit} {k + first_line if lines is None else lines[k]})"
+                        for k in p.rows
+                    ],
+                )
                 for p in problems
             ]
         raise InvalidRecordsError(source, problems)

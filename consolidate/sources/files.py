@@ -29,6 +29,7 @@ as duplicate ids rather than stored twice.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import math
@@ -91,8 +92,9 @@ class FileImport:
     extra: Any = None
 
 
-def _where(path: Path, row: int, header: bool) -> str:
-    return f"{path} line {row + 1 + header}"
+def _where(path: Path, row: int, lines: list[int] | None) -> str:
+    """Where record ``row`` is: its line (``lines[row]``), or its row of a Parquet file."""
+    return f"{path} row {row}" if lines is None else f"{path} line {lines[row]}"
 
 
 def _stored_vectors(table: Any, path: Path) -> np.ndarray | None:
@@ -124,35 +126,38 @@ def _stored_vectors(table: Any, path: Path) -> np.ndarray | None:
 
 
 def _jsonl_rows(path: Path) -> Iterator[dict[str, Any]]:
-    with path.open(encoding="utf-8-sig") as f:  # a byte-order mark is skipped
-        for k, line in enumerate(_lines(f, path)):
-            if not line.strip():
-                raise ValueError(
-                    f"{path} line {k + 1}: an empty line (one JSON object a line, none empty)"
-                )
-            try:
-                row = json.loads(line, parse_int=_int)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path} line {k + 1}: not JSON ({e.msg})") from None
-            except (RecursionError, ValueError) as e:
-                raise ValueError(f"{path} line {k + 1}: {str(e).splitlines()[0]}") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path} line {k + 1}: a JSON {type(row).__name__}, not an object")
-            yield row
+    for k, line in enumerate(_lines(path)):
+        if not line.strip():
+            raise ValueError(
+                f"{path} line {k + 1}: an empty line (one JSON object a line, none empty)"
+            )
+        try:
+            row = json.loads(line, parse_int=_int)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} line {k + 1}: not JSON ({e.msg})") from None
+        except (RecursionError, ValueError) as e:
+            raise ValueError(f"{path} line {k + 1}: {str(e).splitlines()[0]}") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path} line {k + 1}: a JSON {type(row).__name__}, not an object")
+        yield row
 
 
-def _lines(f: Any, path: Path) -> Iterator[str]:
-    """The lines of a text file opened as UTF-8.
+def _lines(path: Path) -> Iterator[str]:
+    """The lines of a UTF-8 text file, each with its line ending (a byte-order mark at the
+    start is skipped). Each line is decoded by itself, so a bad byte is named by its line.
 
     Raises:
-        ValueError: a byte that is not UTF-8 (names the last line read before it)."""
-    read = 0
-    try:
-        for line in f:
-            read += 1
-            yield line
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 after line {read} ({e.reason})") from None
+        ValueError: a byte sequence that is not UTF-8 (names the file, line and column)."""
+    with path.open("rb") as f:
+        for k, raw in enumerate(f):
+            if k == 0 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{path} line {k + 1}: not UTF-8 at byte {e.start + 1} of the line ({e.reason})"
+                ) from None
 
 
 def _int(s: str) -> int | float:
@@ -189,17 +194,52 @@ def _csv_value(c: str, v: str, where: str) -> Any:
     return v
 
 
-def _csv_rows(path: Path) -> Iterator[dict[str, Any]]:
-    import pandas as pd
+def _csv_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line, record)`` for each record of a CSV file with a header row (RFC 4180:
+    ``,`` separated, ``"`` quoted, a quote inside a quoted cell doubled, line breaks only
+    inside quoted cells).
 
+    Raises:
+        ValueError: no header, a header with an empty or repeated name, a record with more
+            or fewer cells than the header, a malformed quote, or a cell of the wrong type;
+            each names the file and the line the record starts on."""
+    lines = _lines(path)
+    read = [0]  # lines the reader has taken so far
+
+    def counted() -> Iterator[str]:
+        for k, line in enumerate(lines):
+            read[0] = k + 1
+            yield line
+
+    reader = csv.reader(counted(), dialect="excel", strict=True)
     try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False)
-    except (ValueError, pd.errors.ParserError) as e:
-        raise ValueError(f"{path}: not a CSV file with a header row ({e})") from None
-    cols = list(df.columns)
-    for k, vals in enumerate(df.itertuples(index=False, name=None)):
-        where = _where(path, k, True)
-        yield {c: _csv_value(c, v, where) for c, v in zip(cols, vals, strict=True)}
+        header = next(reader)
+    except StopIteration:
+        raise ValueError(f"{path}: empty (a CSV file with a header row)") from None
+    except csv.Error as e:
+        raise ValueError(f"{path} line 1: not CSV ({e})") from None
+    names = [h.strip() for h in header]
+    if not names or any(not h for h in names) or len(set(names)) != len(names):
+        raise ValueError(
+            f"{path} line 1: the header {header[:12]!r} has an empty or repeated column name"
+        )
+    while True:
+        first = read[0] + 1
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise ValueError(f"{path} line {first}: not CSV ({e})") from None
+        where = f"{path} line {first}"
+        if not cells:
+            raise ValueError(f"{where}: an empty line (one record a line, none empty)")
+        if len(cells) != len(names):
+            raise ValueError(
+                f"{where}: {len(cells)} cells, the header has {len(names)} "
+                f"({', '.join(names)}); a cell holding a comma must be quoted"
+            )
+        yield first, {c: _csv_value(c, v, where) for c, v in zip(names, cells, strict=True)}
 
 
 def _generated_ids(rows: list[dict[str, Any]], namespace: str) -> int:
@@ -252,7 +292,7 @@ def read_memories(
         raise ValueError(f"{p}: a memory file must end in {', '.join(FILE_SUFFIXES)}")
     if not p.is_file():
         raise FileNotFoundError(f"memory file not found: {p}")
-    header = p.suffix == ".csv"
+    lines: list[int] | None = None  # each record's line (None: rows of a Parquet file)
     if p.suffix == ".parquet":
         table = pq.read_table(p)
         if set(COLUMNS) <= set(table.column_names) and "vector" in table.column_names:
@@ -280,26 +320,28 @@ def read_memories(
                 r["vector"] = v
     elif p.suffix == ".jsonl":
         rows = list(_jsonl_rows(p))
+        lines = list(range(1, len(rows) + 1))
     else:
-        rows = list(_csv_rows(p))
+        pairs = list(_csv_rows(p))
+        lines, rows = [k for k, _ in pairs], [r for _, r in pairs]
     if not rows:
         raise ValueError(f"{p}: no memories in the file")
     ignored = sorted({c for r in rows for c in r} - _KNOWN)
     for k, r in enumerate(rows):
         if not isinstance(r.get("text"), str):
             raise ValueError(
-                f"{_where(p, k, header)}: "
+                f"{_where(p, k, lines)}: "
                 f"{'no text' if r.get('text') is None else 'text is not a string'}"
             )
         try:
             r["text"].encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError(
-                f"{_where(p, k, header)}: the text holds a lone surrogate (not encodable as UTF-8)"
+                f"{_where(p, k, lines)}: the text holds a lone surrogate (not encodable as UTF-8)"
             ) from None
         v = r.get("vector")
         if isinstance(v, (list, tuple)) and not len(v):
-            raise ValueError(f"{_where(p, k, header)}: an empty vector")
+            raise ValueError(f"{_where(p, k, lines)}: an empty vector")
         if r.get("namespace") is None:
             r["namespace"] = namespace
         if isinstance(r.get("vector"), float) and math.isnan(r["vector"]):
@@ -316,14 +358,15 @@ def read_memories(
     elif not has.all():
         k = int(np.flatnonzero(~has)[0])
         raise ValueError(
-            f"{_where(p, k, header)}: no vector, while {int(has.sum())} other "
+            f"{_where(p, k, lines)}: no vector, while {int(has.sum())} other "
             f"rows have one (either every row has a vector or none has)"
         )
     recs = as_stored(
         records_from_rows(rows),
         str(p),
         now_h=now_h,
-        first_line=0 if p.suffix == ".parquet" else 1 + header,
+        first_line=0,
+        lines=lines,
         unit="row" if p.suffix == ".parquet" else "line",
     )
     extra = None

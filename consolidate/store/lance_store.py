@@ -64,7 +64,7 @@ import threading
 import warnings
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,7 @@ from .store import (
     _write_atomic,
     _write_jsonl,
     dry_run_stamp,
+    remove_stale_tmp,
 )
 from .vectors import SCALE_COLUMN, decode_vectors, empty_vectors
 
@@ -355,10 +356,27 @@ class LanceStore(Store):
             ) from None
 
     def _open(self, version: int | None = None) -> Any:
+        """The dataset at ``version`` (default: the newest), after its manifest was checked
+        against the CRC32 recorded for it (:meth:`_check_manifest`).
+
+        Raises:
+            CorruptStoreError: the manifest differs from its CRC32, the version is not
+                retained, or Lance cannot open it (a panic inside Lance included); the
+                message names the dataset and the version."""
         lance = _lance()
+        newest = self._check_manifest(version)
         try:
-            ds = lance.dataset(str(self.dataset_path))
-            return ds if version is None else ds.checkout_version(int(version))
+            with _lance_errors(self.dataset_path, version):
+                ds = lance.dataset(str(self.dataset_path))
+                if version is None and newest is not None and ds.version < newest:
+                    # Lance found its newest version by a hint file or a listing that
+                    # disagrees with the manifests on disk: never read an older version
+                    raise CorruptStoreError(
+                        f"{self.dataset_path}: Lance opened version {ds.version}, but the "
+                        f"newest manifest on disk is of version {newest} "
+                        f"(_versions/latest_version_hint.json damaged?); nothing read"
+                    )
+                return ds if version is None else ds.checkout_version(int(version))
         except (OSError, ValueError, RuntimeError) as e:
             if version is not None and "not found" in str(e).lower():
                 raise CorruptStoreError(
@@ -372,6 +390,45 @@ class LanceStore(Store):
                 f"{e}"
             ) from e
 
+    def _manifests(self) -> dict[int, str]:
+        """``{version: manifest path under the dataset folder}`` of the manifests on disk
+        (Lance's names: ``_versions/<2^64-1-version>.manifest``, or ``<version>.manifest``
+        in its first naming scheme); read without opening the dataset."""
+        out: dict[int, str] = {}
+        d = self.dataset_path / "_versions"
+        for p in d.glob("*.manifest") if d.is_dir() else ():
+            if p.stem.isdigit():
+                n = int(p.stem)
+                out[(1 << 64) - 1 - n if n >= 1 << 63 else n] = f"_versions/{p.name}"
+        return out
+
+    def _check_manifest(self, version: int | None) -> int | None:
+        """Check the manifest Lance will read for ``version`` (default: the newest on disk)
+        and that version's transaction files against the CRC32s recorded for them (files
+        written before they were recorded, or by another tool, are not checked). Returns
+        the newest version that has a manifest on disk (``None``: none).
+
+        Raises:
+            CorruptStoreError: a file differs from its CRC32 (names it and the version)."""
+        known, _ = self._checksums()
+        manifests = self._manifests()
+        if not known or not manifests:
+            return max(manifests, default=None)
+        v = max(manifests) if version is None else int(version)
+        paths = [manifests[v]] if v in manifests else []
+        paths += [
+            f"_transactions/{p.name}"
+            for p in (self.dataset_path / "_transactions").glob(f"{v - 1}-*.txn")
+        ]
+        for rel in paths:
+            if rel in known and _crc32(self.dataset_path / rel) != known[rel]:
+                raise CorruptStoreError(
+                    f"{self.dataset_path / rel} ({'manifest' if rel.endswith('.manifest') else 'transaction file'} "
+                    f"of version {v}) does not match the CRC32 recorded when it was written "
+                    f"(a flipped bit, a partial copy): nothing read; restore it from a backup"
+                )
+        return max(manifests)
+
     def _props(self, ds: Any) -> dict[str, str]:
         """consolidate's properties of ``ds``'s version, or of the newest older version that
         has them (Lance's own commits, such as compaction, carry none).
@@ -383,6 +440,8 @@ class LanceStore(Store):
         for _ in range(_MAX_LOOKBACK):
             if v < 1:
                 break
+            if v != ds.version:
+                self._check_manifest(v)  # the older version's transaction file
             props = _txn_props(ds, v)
             if _P + "folded" in props:
                 return props
@@ -455,6 +514,12 @@ class LanceStore(Store):
         try:
             d = json.loads(path.read_text())
         except FileNotFoundError:
+            if self._keeps_checksums():
+                raise CorruptStoreError(
+                    f"{path} is missing, and {self.pointer_path} records that this store keeps "
+                    f"checksums: nothing read (without it no file could be checked); restore "
+                    f"it from the same backup as {DATASET}"
+                ) from None
             return {}, {}
         except (OSError, ValueError) as e:
             raise CorruptStoreError(
@@ -488,6 +553,16 @@ class LanceStore(Store):
             )
         return files, versions
 
+    def _keeps_checksums(self) -> bool:
+        """Whether ``CURRENT`` records that :data:`CHECKSUMS` exists (every store created
+        or committed to since the marker recorded it); ``False`` while the store is being
+        created."""
+        try:
+            d = json.loads(self.pointer_path.read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(d, dict) and d.get("checksums") is True
+
     def _check_present(self, ds: Any) -> list[str]:
         """The data and deletion files of ``ds``'s version, all present on disk.
 
@@ -514,10 +589,16 @@ class LanceStore(Store):
         Raises:
             CorruptStoreError: a file of the version is missing.
         """
+        for p in self.root.glob(f".{CHECKSUMS}.tmp-*"):  # left by a killed write; we hold
+            p.unlink(missing_ok=True)  # WRITERS.LOCK, so none is being written now
         known, versions = self._checksums()
         files = self._check_present(ds)
-        known.update({p: _crc32(self.dataset_path / p) for p in files if p not in known})
-        current = set(files)
+        since = max((int(v) for v in versions), default=0) + 1
+        meta_files = self._meta_files(ds, since=min(since, ds.version))
+        known.update(
+            {p: _crc32(self.dataset_path / p) for p in files + meta_files if p not in known}
+        )
+        current = set(files) | set(meta_files)
         for p in [p for p in known if p not in current and not (self.dataset_path / p).exists()]:
             del known[p]
         versions[str(ds.version)] = _digest(files, known)
@@ -529,9 +610,34 @@ class LanceStore(Store):
             lambda f: f.write_text(json.dumps({"files": known, "versions": versions})),
             crash_tag="checksums",
         )
+        if self.pointer_path.exists() and not self._keeps_checksums():
+            marker = {**self._marker(), "checksums": True}  # a store of an older layout
+            _write_atomic(self.pointer_path, lambda p: p.write_text(json.dumps(marker)))
+
+    def _meta_files(self, ds: Any, since: int | None = None) -> list[str]:
+        """The manifest, transaction and index files of ``ds``'s version (with ``since``:
+        of every version from ``since`` to it, such as the index versions a create writes
+        after its data) that are on disk, as paths under the dataset folder (Lance reads
+        them beside the data files)."""
+        lo = ds.version if since is None else since
+        t = ds.tracked_files(min_version=lo).read_all().to_pandas()
+        t = t[
+            t["version"].between(lo, ds.version)
+            & t["type"].astype(str).isin(["manifest", "transaction file", "index file"])
+        ]
+        root = self.dataset_path.resolve()
+        return [
+            p
+            for p in sorted(set(t["path"].astype(str)))
+            if root in (root / p).resolve().parents and (self.dataset_path / p).is_file()
+        ]
 
     def verify(
-        self, version: int | None = None, *, fragments: Iterable[int] | None = None
+        self,
+        version: int | None = None,
+        *,
+        fragments: Iterable[int] | None = None,
+        meta: bool = False,
     ) -> dict[str, Any]:
         """Check a version (default: the newest) against what was recorded when it was
         written: its list of data and deletion files and their CRC32s against the
@@ -542,6 +648,9 @@ class LanceStore(Store):
             fragments: read back only the files of these fragment ids (a load of some
                 namespaces checks the fragments that hold its rows); the digest still
                 covers every file of the version.
+            meta: with ``fragments=None``, the version's manifest, transaction and index
+                files too (the manifest and transaction files of the version a load reads
+                are checked when it is opened, :meth:`_check_manifest`).
 
         Returns:
             ``{"files", "checked", "unrecorded", "digest"}``: files read back and matched,
@@ -557,10 +666,11 @@ class LanceStore(Store):
         known, versions = self._checksums()
         files = self._files(ds)
         newest = max((int(v) for v in versions), default=0)
-        if newest > self._open().version:  # digests are recorded after their commit
+        on_disk = max(self._manifests(), default=0)
+        if newest > on_disk:  # digests are recorded after their commit
             raise CorruptStoreError(
                 f"{self.dataset_path}: version {newest} was written, but the dataset's newest "
-                f"version is {self._open().version} (its newest versions were lost or an "
+                f"version is {on_disk} (its newest versions were lost or an "
                 f"older copy of the dataset was put in place): restore the dataset folder "
                 f"from the same backup as {CHECKSUMS}"
             )
@@ -581,6 +691,8 @@ class LanceStore(Store):
                     if f.deletion_file():
                         mine.add(f.deletion_file())
             read = [p for p in files if p in mine]
+        elif meta:  # the version's manifest, transaction and index files too
+            read = files + self._meta_files(ds)
         checked = 0
         for p in read:
             if p not in known:
@@ -595,7 +707,11 @@ class LanceStore(Store):
                 raise CorruptStoreError(
                     f"{self.dataset_path / p} of version {ds.version} does not match the "
                     f"CRC32 recorded when it was written (a flipped bit, a partial copy): "
-                    f"restore it from a backup, or roll back to a version without it"
+                    + (
+                        "an index (derived data): `consolidate-versions action=reindex` rebuilds it"
+                        if p.startswith("_indices/")
+                        else "restore it from a backup, or roll back to a version without it"
+                    )
                 )
             checked += 1
         return {
@@ -604,6 +720,26 @@ class LanceStore(Store):
             "unrecorded": sum(p not in known for p in read),
             "digest": want is not None,
         }
+
+    def verify_all(self) -> list[dict[str, Any]]:
+        """:meth:`verify` every retained version, oldest first: every data, deletion,
+        manifest, transaction and index file each one lists.
+
+        Returns:
+            One ``{"version", "files", "checked", "unrecorded", "digest"}`` or ``{"version",
+            "error"}`` (the one-line message of the damage found) per version.
+
+        Raises:
+            CorruptStoreError: the dataset cannot be opened at all, or
+                :data:`CHECKSUMS` cannot be read."""
+        self._checksums()
+        out: list[dict[str, Any]] = []
+        for v in sorted(int(x["version"]) for x in self._open().versions()):
+            try:
+                out.append({"version": v, **self.verify(v, meta=True)})
+            except CorruptStoreError as e:
+                out.append({"version": v, "error": str(e)})
+        return out
 
     def verify_in_thread(
         self, version: int, fragments: Iterable[int] | None = None
@@ -926,6 +1062,7 @@ class LanceStore(Store):
                 "dataset": DATASET,
                 "dim": records.dim,
                 "created_at": hours_now(),
+                "checksums": True,
             }
             _write_atomic(
                 self.pointer_path, lambda p: p.write_text(json.dumps(marker)), crash_tag="marker"
@@ -1002,22 +1139,17 @@ class LanceStore(Store):
         ds = self._open()
         props = self._props(ds)
         source = f"{self.dataset_path} (version {ds.version})"
-        # the data files' checksums are checked in a thread while Lance reads them
-        # (zlib's CRC32 and Lance's reader both release the GIL): all files for a whole
-        # load, from the start; for some namespaces, the files of the fragments that hold
-        # their rows, once the first scan found them
-        checker, check = (
-            self.verify_in_thread(ds.version)
-            if validate_records and namespaces is None
-            else (None, {})
-        )
-        started: dict[str, Any] = {}
+        # the data files' checksums are checked before Lance decodes them (a damaged data
+        # file can make Lance abort the process, which no handler catches): all files for
+        # a whole load, first; for some namespaces, the files of the fragments that hold
+        # their rows, once the first scan (of the other columns, through the namespace
+        # index) found them, before the vectors are read
+        if validate_records and namespaces is None:
+            self.verify(ds.version)
 
         def found(addr: np.ndarray) -> None:
             if validate_records and namespaces is not None:
-                started["checker"] = self.verify_in_thread(
-                    ds.version, np.unique(addr >> np.uint64(32)).tolist()
-                )
+                self.verify(ds.version, fragments=np.unique(addr >> np.uint64(32)).tolist())
 
         flt = None
         if namespaces is not None:
@@ -1025,29 +1157,25 @@ class LanceStore(Store):
             flt = pc.field("namespace").isin(pa.array(namespaces, pa.string()))
             source += f", namespaces {namespaces[:3]}{'...' if len(namespaces) > 3 else ''}"
         try:
-            try:
-                scanned: list[tuple[pa.Table, np.ndarray | None, np.ndarray | None]] = [
-                    _scan(ds, flt, marker["dim"], found)
-                ]
-            except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
-                checker, check = started.get("checker", (checker, check))
-                raise _read_error(e, source, checker, check) from e
-            checker, check = started.get("checker", (checker, check))
-            return self._rows_snapshot(
-                scanned,
-                version=ds.version,
-                dim=marker["dim"],
-                props=props,
-                deltas=listed,
-                validate_records=validate_records,
-                source=source,
-                namespaces=namespaces,
-                checker=checker,
-                check=check,
-            )
-        finally:
-            if checker is not None:
-                checker.join()
+            scanned: list[tuple[pa.Table, np.ndarray | None, np.ndarray | None]] = [
+                _scan(ds, flt, marker["dim"], found)
+            ]
+        except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
+            raise _read_error(e, source, None, {}) from e
+        except BaseException as e:  # a panic inside Lance: a damaged file, named
+            if type(e).__name__ != "PanicException":
+                raise
+            raise _read_error(e, source, None, {}) from None
+        return self._rows_snapshot(
+            scanned,
+            version=ds.version,
+            dim=marker["dim"],
+            props=props,
+            deltas=listed,
+            validate_records=validate_records,
+            source=source,
+            namespaces=namespaces,
+        )
 
     def _rows_snapshot(
         self,
@@ -1394,6 +1522,8 @@ class LanceStore(Store):
                 raise
             if rewrite:
                 _index(new)
+            else:
+                _reindex_if_lost(new)
             _crashpoint("lance:after_commit")
             self._record_checksums(self._open())
         self._cleanup_deltas(folded)
@@ -1787,9 +1917,7 @@ class LanceStore(Store):
                 (d / name).unlink()
             if k == 0:
                 _crashpoint("lance:during_delta_cleanup")
-        for p in d.iterdir():
-            if p.name.startswith(".") and ".tmp-" in p.name:
-                p.unlink(missing_ok=True)
+        remove_stale_tmp(d)
         _fsync_dir(d)
 
     def _restate(self, ds: Any, props: dict[str, str]) -> Any:
@@ -2019,6 +2147,22 @@ def _index(ds: Any) -> None:
     ds.create_scalar_index("namespace", "BTREE")
 
 
+def _reindex_if_lost(ds: Any) -> None:
+    """Rebuild the ``id`` and ``namespace`` indexes of :func:`_index` when the newest version
+    lacks one (a process killed between a rewrite and its index build), with a warning."""
+    have = {f for ix in ds.describe_indices() for f in ix.field_names}
+    for col in ("id", "namespace"):
+        if col not in have:
+            log.warning(
+                "%s (version %s) had no index on %r (a write was interrupted before it was "
+                "built): rebuilt",
+                ds.uri,
+                ds.version,
+                col,
+            )
+            ds.create_scalar_index(col, "BTREE")
+
+
 def _digest(files: Sequence[str], crc: Mapping[str, int]) -> str:
     """The content digest of a version: SHA-256 over its data and deletion files' paths and
     CRC32s, sorted (``"-"`` where a file has no recorded CRC32). Data files are immutable
@@ -2029,6 +2173,23 @@ def _digest(files: Sequence[str], crc: Mapping[str, int]) -> str:
     for p in sorted(files):
         h.update(f"{p}\t{crc.get(p, '-')}\n".encode())
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _lance_errors(dataset: Path, version: int | None) -> Iterator[None]:
+    """Turn a panic inside Lance (pyo3's ``PanicException``, a ``BaseException``) into a
+    :class:`CorruptStoreError` naming the dataset and the version."""
+    try:
+        yield
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":
+            raise
+        first = (str(e).strip().splitlines() or ["?"])[0][:300]
+        raise CorruptStoreError(
+            f"Lance cannot read {dataset}"
+            f"{'' if version is None else f' at version {version}'} (it panicked: {first}); "
+            f"a file of the dataset is damaged: `consolidate-versions action=verify` names it"
+        ) from None
 
 
 def _crc32(path: Path, block: int = 8 << 20) -> int:

@@ -63,6 +63,9 @@ COLUMNS: dict[str, str] = {
 }
 TIME_COLUMNS = ("created_at", "last_used", "valid_from", "valid_to", "deleted_at")
 _NULLABLE_STR = ("deleted_reason", "merged_into")
+#: why a row is a tombstone: merged by a pass, updated/deleted/superseded by the write path,
+#: dropped by the floor or the cap, an undone merged record
+DELETED_REASONS = ("merged", "updated", "deleted", "superseded", "floor", "cap", "undone")
 _US_PER_HOUR = 3_600_000_000
 
 
@@ -320,6 +323,10 @@ def records_from_rows(rows: Iterable[Mapping[str, Any]], dim: int | None = None)
     arrays: list[np.ndarray | None] = []
     for k, v in enumerate(vec_in):
         try:
+            if isinstance(v, (list, tuple)) and bool in set(map(type, v)):
+                raise ValueError  # JSON true/false is no vector component
+            if isinstance(v, np.ndarray) and v.dtype == np.bool_:
+                raise ValueError
             a = np.asarray(v, dtype=np.float32)
             if a.ndim != 1 or isinstance(v, (str, bytes)):
                 raise ValueError
@@ -712,8 +719,8 @@ def validate(
     text longer than :data:`MAX_TEXT_CHARS` characters, text that is not valid UTF-8,
     duplicate id (within ``recs`` and against ``existing_ids``), importance outside [0, 1]
     (or NaN), strength < 1 (or NaN), ``created_at``, ``last_used`` or ``deleted_at`` later
-    than ``now_h + future_tolerance_h``, list columns that are not lists of strings, and a
-    missing id or namespace.
+    than ``now_h + future_tolerance_h``, list columns that are not lists of strings, a
+    ``deleted_reason`` outside :data:`DELETED_REASONS`, and a missing id or namespace.
 
     Args:
         recs: the records.
@@ -811,6 +818,11 @@ def validate(
             f"{c} out of range (|hours since epoch| > {MAX_ABS_HOURS:g})",
             np.flatnonzero(~np.isnan(t) & ~(np.abs(t) <= MAX_ABS_HOURS)),
         )
+    reason = m["deleted_reason"]
+    add(
+        f"deleted_reason not one of {', '.join(DELETED_REASONS)}",
+        np.flatnonzero((reason.notna() & ~reason.isin(DELETED_REASONS)).to_numpy(bool)),
+    )
     id_index = pd.Index(ids, dtype=object)
     dup = id_index.duplicated(keep="first")
     if existing_ids:

@@ -237,6 +237,23 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+#: a temp file in ``deltas/`` older than this is left by a killed writer, not one at work
+STALE_TMP_S = 3600.0
+
+
+def remove_stale_tmp(folder: Path, min_age_s: float = STALE_TMP_S) -> int:
+    """Remove the temp files (``.<name>.tmp-<rand>``, :func:`_write_atomic`) in ``folder``
+    last modified more than ``min_age_s`` seconds ago: a writer that holds no lock may be
+    writing a younger one. Returns how many were removed."""
+    cutoff, n = time.time() - min_age_s, 0
+    for p in folder.glob(".*.tmp-*") if folder.is_dir() else ():
+        with contextlib.suppress(FileNotFoundError):
+            if p.stat().st_mtime < cutoff:
+                p.unlink()
+                n += 1
+    return n
+
+
 def _write_atomic(path: Path, write: Any, crash_tag: str = "") -> None:
     """Write ``path`` via ``path.tmp-<rand>``: write(tmp), fsync, rename, fsync dir."""
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
@@ -522,7 +539,7 @@ class Store:
                 "not a live record (append takes new memories; deleted_at/merged_into set)", []
             ).extend(not_live.tolist())
         reserved = np.flatnonzero(
-            m["id"].astype("string").str.fullmatch(MERGED_ID_FORM).fillna(False).to_numpy(bool)
+            m["id"].astype(object).str.fullmatch(MERGED_ID_FORM).eq(True).to_numpy(bool)
         )
         if len(reserved):
             records.input_problems.setdefault(
@@ -1122,6 +1139,7 @@ class Store:
                     p.unlink()
         for p in self.root.glob(f".{POINTER}.tmp-*"):
             p.unlink()
+        remove_stale_tmp(self.root / "deltas")
 
     def snapshots(self) -> list[int]:
         """Versions of the snapshot files present (retained history), ascending."""
