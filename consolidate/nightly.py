@@ -132,6 +132,7 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
             if isinstance(store, LanceStore) and not pc.dry_run and not commit.get("unchanged"):
                 _cleanup(store, commit, res.stats.time_s)
             summary.update(ran=True, dry_run=pc.dry_run, commit=commit, stats=res.stats.as_dict())
+    summary["refused_deltas"] = list(store.refused_deltas)
     return _finish(summary, t0, out_dir)
 
 
@@ -366,6 +367,11 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{' (forced)' if tr['forced'] else ''}"
     )
     lines.append(_policy_line(s))
+    if s.get("refused_deltas"):
+        lines.append(
+            f"refused deltas   {len(s['refused_deltas'])} moved to quarantine/ (failed their "
+            f"checksum or the write rules; each named in summary.json)"
+        )
     if not s.get("ran"):
         lines.append("pass             skipped (nothing to do; sleep.force=true to run anyway)")
     else:

@@ -516,3 +516,40 @@ def test_import_refuses_booleans_and_unknown_tombstone_fields(tmp_path, row, mat
     with pytest.raises(InvalidRecordsError, match=match) as e:
         read_memories(path)
     assert "bad (line 2)" in str(e.value)
+
+
+def test_import_message_for_each_kind_of_run():
+    import dataclasses
+
+    from consolidate.jobs.import_store import import_message
+    from consolidate.store.locomo import ImportReport
+
+    # a LOCOMO build: its report names the LOCOMO file, and has no "created"
+    rep = dataclasses.asdict(ImportReport(file="locomo10.json", sha256="0" * 64))
+    rep.update(observations=2509, conversations=10)
+    msg = import_message({"store": "stores/x", "version": 1, **rep})
+    assert msg == (
+        "built stores/x: 2509 memories from 10 conversations; 0 with malformed evidence "
+        "(kept, listed in import_report.json)"
+    )
+    assert import_message({"store": "s", "version": 3}) == (
+        "s already exists (snapshot 3); nothing to do"
+    )
+    out = {"store": "s", "version": 2, "file": "m.csv", "memories": 4, "created": False}
+    out.update(embedded=True, generated_ids=1, ignored_columns=["tags"])
+    assert import_message(out) == (
+        "added to s (version 2): 4 memories from m.csv (1 ids generated; texts embedded; "
+        "columns ignored: tags)"
+    )
+
+
+def test_a_parquet_column_with_invalid_utf8_is_named_by_row_and_column(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    raw = pa.array([b"ok", b"fine", b"caf\xe9"], pa.binary())
+    text = pa.Array.from_buffers(pa.string(), len(raw), raw.buffers())  # declared UTF-8
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"text": text, "vector": [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]}), path)
+    with pytest.raises(ValueError, match=r"bad.parquet row 2: column 'text' is not valid UTF-8"):
+        read_memories(path)

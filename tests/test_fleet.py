@@ -285,13 +285,14 @@ def test_deltas_that_reach_other_namespaces_or_no_stored_row(tmp_path, cluster):
     ns = sorted(set(recs.meta["namespace"]))
     x = recs.meta["id"][recs.meta["namespace"] == ns[0]].iloc[3]
     y = recs.meta["id"][recs.meta["namespace"] == ns[9]].iloc[3]
-    for s in (a, b):
-        s.patch([{"id": x, "op": "delete", "into": y, "at": WALL - 5.0}])
-        s.mark_used([x], now=WALL - 1.0)
-        # a recall of a record a pass purged meanwhile (as mark_used during a pass writes)
-        (s.root / "deltas" / "0000000000000000001-1-abcd.touch.json").write_text(
-            json.dumps({"ids": ["purged-meanwhile"], "now": WALL - 1.0})
-        )
+    a.patch([{"id": x, "op": "delete", "into": y, "at": WALL - 5.0}])
+    a.mark_used([x], now=WALL - 1.0)
+    # a recall of a record a pass purged meanwhile (as mark_used during a pass writes)
+    (a.root / "deltas" / "0000000000000000001-1-abcd.touch.json").write_text(
+        json.dumps({"ids": ["purged-meanwhile"], "now": WALL - 1.0})
+    )
+    for p in (a.root / "deltas").glob("*.json"):  # the same files: the same retired time
+        shutil.copy(p, b.root / "deltas" / p.name)
     pc = PassConfig(force=True)
     single(a, pc)
     out = fleet(b, pc, max_rows_per_shard=100)  # ns0 and ns9 would sit in other shards

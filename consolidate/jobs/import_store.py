@@ -64,29 +64,35 @@ def run_import(cfg: DictConfig) -> dict:
     }
 
 
-@job("import")
-def main(cfg: DictConfig) -> None:
-    with user_errors():
-        out = run_import(cfg)
-    if "file" in out:
+def import_message(out: dict[str, Any]) -> str:
+    """The line ``consolidate-import`` prints for what :func:`run_import` returned: a file
+    read into a store, a LOCOMO store built (its import report names the LOCOMO file too),
+    or a store that existed already."""
+    if "memories" in out:
         how = "built" if out["created"] else "added to"
         extra = [f"{out['generated_ids']} ids generated"] if out["generated_ids"] else []
         if out["embedded"]:
             extra.append("texts embedded")
         if out["ignored_columns"]:
             extra.append(f"columns ignored: {', '.join(out['ignored_columns'])}")
-        print(
+        return (
             f"{how} {out['store']} (version {out['version']}): {out['memories']} memories "
             f"from {out['file']}" + (f" ({'; '.join(extra)})" if extra else "")
         )
-    elif "observations" in out:
-        print(
+    if "observations" in out:
+        return (
             f"built {out['store']}: {out['observations']} memories from "
             f"{out['conversations']} conversations; {len(out['malformed_evidence'])} with "
             f"malformed evidence (kept, listed in import_report.json)"
         )
-    else:
-        print(f"{out['store']} already exists (snapshot {out['version']}); nothing to do")
+    return f"{out['store']} already exists (snapshot {out['version']}); nothing to do"
+
+
+@job("import")
+def main(cfg: DictConfig) -> None:
+    with user_errors():
+        out = run_import(cfg)
+    print(import_message(out))
 
 
 if __name__ == "__main__":

@@ -125,6 +125,34 @@ def _stored_vectors(table: Any, path: Path) -> np.ndarray | None:
         raise ValueError(f"{path}: the vector column cannot be decoded ({e})") from None
 
 
+def _check_utf8(table: Any, path: Path) -> None:
+    """Every string cell of a Parquet table is valid UTF-8 (Arrow trusts what the file's
+    writer declared).
+
+    Raises:
+        ValueError: names the file, the column and the first row with invalid bytes."""
+    import pyarrow as pa
+
+    for name in table.column_names:
+        col = table.column(name)
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+            continue
+        try:
+            col.validate(full=True)
+        except pa.ArrowInvalid:
+            raw = col.cast(pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary())
+            for k, b in enumerate(raw.to_pylist()):  # only on the error path
+                try:
+                    if b is not None:
+                        b.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise ValueError(
+                        f"{path} row {k}: column {name!r} is not valid UTF-8 "
+                        f"(byte {e.start + 1}: {e.reason})"
+                    ) from None
+            raise ValueError(f"{path}: column {name!r} is not valid UTF-8") from None
+
+
 def _jsonl_rows(path: Path) -> Iterator[dict[str, Any]]:
     for k, line in enumerate(_lines(path)):
         if not line.strip():
@@ -295,6 +323,7 @@ def read_memories(
     lines: list[int] | None = None  # each record's line (None: rows of a Parquet file)
     if p.suffix == ".parquet":
         table = pq.read_table(p)
+        _check_utf8(table, p)
         if set(COLUMNS) <= set(table.column_names) and "vector" in table.column_names:
             # an export of a store: its own schema, vectors decoded from the stored dtype
             recs = as_stored(
