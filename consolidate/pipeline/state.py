@@ -408,6 +408,8 @@ class PassState:
     events: list[dict[str, Any]] = field(default_factory=list)
     stats: PassStats = field(default_factory=PassStats)
     origin: np.ndarray | None = None
+    #: :meth:`sorted_ids`' cache (``None``: not built, or rows appended since)
+    _sorted_ids: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def n(self) -> int:
@@ -440,7 +442,7 @@ class PassState:
     def sorted_ids(self) -> np.ndarray:
         """``object [n]``: every id of the table in ascending order (from ``id_rank``;
         cached until the next :meth:`append`)."""
-        cache = getattr(self, "_sorted_ids", None)
+        cache = self._sorted_ids
         if cache is None or len(cache) != len(self.id_rank):
             cache = np.empty(len(self.id_rank), dtype=object)
             cache[self.id_rank] = self.meta["id"].to_numpy(object)

@@ -589,8 +589,8 @@ class LanceStore(Store):
         Raises:
             CorruptStoreError: a file of the version is missing.
         """
-        for p in self.root.glob(f".{CHECKSUMS}.tmp-*"):  # left by a killed write; we hold
-            p.unlink(missing_ok=True)  # WRITERS.LOCK, so none is being written now
+        for tmp in self.root.glob(f".{CHECKSUMS}.tmp-*"):  # left by a killed write; we
+            tmp.unlink(missing_ok=True)  # hold WRITERS.LOCK, so none is being written now
         known, versions = self._checksums()
         files = self._check_present(ds)
         since = max((int(v) for v in versions), default=0) + 1
