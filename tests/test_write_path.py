@@ -420,6 +420,28 @@ def test_ungrounded_names_and_numbers_against_the_turn():
     assert ungrounded("Zoë met Renée and McKenzie", u, when) == ["name McKenzie", "name Renée"]
 
 
+def test_ungrounded_reads_sentence_initial_words_by_content_not_capitals():
+    """A subject-less fact starts with a verb: an English word (in any inflected form) is
+    not a name there, unless the dictionary lists it as a proper noun too."""
+    from consolidate.llm.extract import ungrounded
+
+    t = Turn(
+        "D1:1", "jon", "Jon", "Honestly, I can't stand spicy noodle soup any more.", 20.0, "user"
+    )
+    when = "03 March 2023"
+    for fact in (
+        "Dislikes spicy noodle soup",
+        "Honestly dislikes spicy noodle soup",
+        "Jon dislikes spicy noodle soup. Stopped ordering it.",
+        "Will avoid spicy noodle soup",
+    ):
+        assert ungrounded(fact, t, when) == [], fact
+    assert ungrounded("Mia dislikes spicy noodle soup", t, when) == ["name Mia"]
+    assert ungrounded("Tom dislikes spicy noodle soup", t, when) == ["name Tom"]  # proper too
+    assert ungrounded("Dislikes soup. Paris has better soup", t, when) == ["name Paris"]
+    assert ungrounded("Dislikes the soup at Noodle Palace", t, when) == ["name Palace"]
+
+
 def test_facts_the_turn_does_not_ground_are_refused_and_logged(tmp_path):
     """An extracted fact naming a person, a place or a number its turn does not hold is
     never stored; the event names the fact and what it added. Off, every fact goes on."""

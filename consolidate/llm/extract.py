@@ -9,6 +9,7 @@ is skipped and logged, never guessed.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 
@@ -186,11 +187,72 @@ def _number_forms(n: str) -> set[str]:
     return {body} | {_plain_number(p) for p in re.split(r"[.,:/-]", body) if p}
 
 
+@functools.lru_cache(maxsize=1)
+def _web2() -> tuple[frozenset[str], frozenset[str]]:
+    """``(common, proper)``: the entries of Webster's Second International dictionary
+    (``web2``, via the ``english-words`` package) written in lower case ("kestrel",
+    "dislike", "tom") and those written capitalised, its proper nouns ("Tom", "Paris")."""
+    from english_words import get_english_words_set
+
+    words = get_english_words_set(["web2"], lower=False)
+    return (
+        frozenset(w for w in words if w.islower()),
+        frozenset(w for w in words if w[:1].isupper()),
+    )
+
+
+def _base_forms(w: str) -> set[str]:
+    """``w`` (lower case) and the forms it may be inflected from: -s, -es, -ies, -ed,
+    -d, -ied, -ing (also with its e or a doubled consonant restored or removed), -ly,
+    -ily ("dislikes" -> "dislike", "moved" -> "move", "studied" -> "study", "stopped" ->
+    "stop", "honestly" -> "honest")."""
+    out = {w}
+    for suf, reps in (
+        ("ies", ("y",)),
+        ("ied", ("y",)),
+        ("ily", ("y",)),
+        ("es", ("", "e")),
+        ("s", ("",)),
+        ("ed", ("", "e")),
+        ("d", ("",)),
+        ("ing", ("", "e")),
+        ("ly", ("",)),
+    ):
+        if w.endswith(suf) and len(w) > len(suf) + 1:
+            stem = w[: -len(suf)]
+            out |= {stem + r for r in reps}
+            if len(stem) > 2 and stem[-1] == stem[-2]:
+                out.add(stem[:-1])  # "stopped" -> "stop"
+    return out
+
+
+#: sentence-initial auxiliaries read as such, never as a name ("Will move to Porto")
+_MODALS = {"will", "would", "can", "could", "shall", "should", "must", "might"}
+
+
+def _is_common_word(w: str) -> bool:
+    """A capitalised word at the start of a sentence is an ordinary word, not a name: a
+    modal, or an English word in one of its inflected forms (:func:`_base_forms`) that the
+    dictionary does not also list as a proper noun ("Dislikes", "Commutes", "Honestly" are
+    words; "Mia", "Tom", "Paris" are names)."""
+    common, proper = _web2()
+    lw = w.casefold()
+    if lw in _MODALS:
+        return True
+    return w not in proper and any(b in common for b in _base_forms(lw))
+
+
+_SENTENCE_END = tuple(".!?:;\"'\u201c\u2018(")
+
+
 def ungrounded(fact: str, turn: Turn, when: str = "") -> list[str]:
     """What an extracted fact states that its turn does not: each number (digits or number
-    words) and each capitalised word (a name, a place: sentence-initial ones included,
-    unless a pronoun, article or date word) found neither in the turn's text, nor in its
-    speaker's name, nor in ``when`` (the turn's date as the extract prompt showed it).
+    words) and each name (a capitalised word that is not a pronoun, article or date word;
+    at the start of a sentence, a capitalised word is a name only when it is no English
+    word in any inflected form, :func:`_is_common_word`, so the subject-less "Dislikes
+    spicy noodle soup" or "Lives in Porto" adds no name while "Mia lives in Porto" adds
+    "Mia") found neither in the turn's text, nor in its speaker's name, nor in ``when``
+    (the turn's date as the extract prompt showed it).
     Words compare case- and accent-insensitively, split at apostrophes and hyphens
     ("Mia's" is grounded by "Mia", "Jose" by "José", "Brien" by "O'Brien"); numbers
     compare without leading zeros, and a range or time by its parts ("2019-2021" by
@@ -211,11 +273,15 @@ def ungrounded(fact: str, turn: Turn, when: str = "") -> list[str]:
         whole, forms = _plain_number(n), _number_forms(n)
         if whole not in nums and not (len(forms) > 1 and forms - {whole} <= nums):
             out.append(f"number {n}")
-    for w in _WORD.findall(fact):
+    for m in _WORD.finditer(fact):
+        w = m.group()
         if not w[0].isupper():
             continue
         lw = w.casefold()
         if lw in have or _fold(w) in have or lw in _PLAIN_WORDS or lw in _MONTHS or lw in _WEEKDAYS:
             continue
+        before = fact[: m.start()].rstrip()
+        if (not before or before.endswith(_SENTENCE_END)) and _is_common_word(w):
+            continue  # a sentence-initial English word, not a name
         out.append(f"name {w}")
     return sorted(set(out))
