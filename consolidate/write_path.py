@@ -27,11 +27,15 @@ New records are written with :meth:`Store.append` before the tombstones
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import os
 import re
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -69,6 +73,48 @@ class IngestConfig:
     require_grounding: bool = True
     extract_max_tokens: int = 192
     decide_max_tokens: int = 256
+
+
+#: the refused-facts log, beside the changelogs of the store
+REFUSED_FACTS = "refused_facts.jsonl"
+
+
+def refused_facts_path(store: Store) -> Path:
+    """``<store>/changelogs/refused_facts.jsonl``: one JSON line per extracted fact (or
+    turn) the write path did not store, ``{"turn", "namespace", "speaker", "time_h",
+    "fact", "reason", "detail", "logged_at"}`` (``reason``: ``ungrounded`` with the names and
+    numbers it added, ``untrusted_source``, ``extract_failed``; ``fact`` is ``None`` for a
+    whole turn)."""
+    return Path(store.root) / "changelogs" / REFUSED_FACTS
+
+
+def _refusal(t: Turn, fact: str | None, reason: str, detail: str) -> dict[str, Any]:
+    return {
+        "turn": t.id,
+        "namespace": t.namespace,
+        "speaker": t.speaker,
+        "time_h": t.time_h,
+        "fact": fact,
+        "reason": reason,
+        "detail": detail,
+    }
+
+
+def write_refused_facts(store: Store, entries: list[dict[str, Any]]) -> None:
+    """Append ``entries`` to :func:`refused_facts_path` in one ``write`` of whole lines
+    (``O_APPEND``: lines of concurrent writers never interleave), then fsync."""
+    path = refused_facts_path(store)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    now = time.time() / 3600.0
+    data = "".join(json.dumps({**e, "logged_at": now}) + "\n" for e in entries).encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fact_id(turn_id: str, k: int) -> str:
@@ -115,9 +161,11 @@ def ingest(
         return out
 
     ok_turns = [t for t in turns if trusted(t, cfg.allow_untrusted)]
+    refused: list[dict[str, Any]] = []  # the refused-facts log (see refused_facts_path)
     for t in turns:
         if not trusted(t, cfg.allow_untrusted):
             events.append({"op": "skip_untrusted", "turn": t.id, "source": t.source})
+            refused.append(_refusal(t, None, "untrusted_source", t.source))
     # ---- extract (one request per turn, one retry)
     when = [datetime_from_hours(t.time_h).strftime("%d %B %Y") for t in ok_turns]
     raw = chat(
@@ -143,12 +191,16 @@ def ingest(
                 events.append(
                     {"op": "extract_failed", "turn": ok_turns[k].id, "raw": [raw[k].text, r.text]}
                 )
+                refused.append(
+                    _refusal(ok_turns[k], None, "extract_failed", "no valid answer, twice")
+                )
     items = []
     for t, w, fs in zip(ok_turns, when, facts, strict=True):
         for k, f in enumerate(fs or []):  # one step per extracted fact
             why = ungrounded(f.text, t, w) if cfg.require_grounding else []
             if why:
                 events.append({"op": "ungrounded_fact", "turn": t.id, "fact": f.text, "added": why})
+                refused.append(_refusal(t, f.text, "ungrounded", ", ".join(why)))
             else:
                 items.append((t, k, f))
     # ---- embed and find neighbours
@@ -288,6 +340,9 @@ def ingest(
         }
         old = lm.iloc[row_of[d.target_id]] if d.op in ("UPDATE", "DELETE") else None
         old_vf = np.nan if old is None else float(old["valid_from"])
+        if old is not None and not np.isfinite(vf):
+            # a fact that replaces or contradicts a stored one became true by its turn
+            row["valid_from"] = vf = t.time_h
         if np.isfinite(old_vf):  # a temporal fact: close it, keep it as history
             touched.add(d.target_id)
             ends = vf if np.isfinite(vf) and vf > old_vf else t.time_h
@@ -298,7 +353,8 @@ def ingest(
             if d.op == "UPDATE":
                 row.update(text=d.text)
                 upd_texts.append(len(new_rows))
-                new_rows.append(row)
+            new_rows.append(row)  # the new fact (an UPDATE's text, or a DELETE's fact)
+            ev["closed_by"] = row["id"]
         elif d.op == "ADD":
             new_rows.append(row)
         elif d.op == "UPDATE":
@@ -337,6 +393,9 @@ def ingest(
         written = store.append(new_rows) if new_rows else []
     if patches:
         store.patch(patches)  # each patch carries the time of its own turn
+    logged = bool(refused) and store.exists()  # a store folder is made only by create
+    if logged:
+        write_refused_facts(store, refused)
     ops = Counter(e["op"] for e in events if e["op"] in ("ADD", "UPDATE", "DELETE", "NOOP"))
     by = Counter(e["by"] for e in events if "by" in e)
 
@@ -349,6 +408,9 @@ def ingest(
         "skipped_untrusted": len(turns) - len(ok_turns),
         "extract_failed": sum(e["op"] == "extract_failed" for e in events),
         "ungrounded_facts": sum(e["op"] == "ungrounded_fact" for e in events),
+        "refused_facts": len(refused),
+        "refused_facts_log": str(refused_facts_path(store)) if logged else None,
+        "refused": refused,
         "facts": len(items),
         "decisions": dict(ops),
         "decided_by": dict(by),
