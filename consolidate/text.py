@@ -667,10 +667,13 @@ def conflict_signature(text: str) -> ConflictSignature:
     for sent in split_sentences(orig):
         for k, w in enumerate(_WORD.findall(sent)):
             x = _word(w)
-            lows.append(x[0])
-            plain.append(x[1])
             later = k > 0
-            named.append(x[2] and later)
+            # inside a sentence, a lone capital letter other than "I" is an identifier
+            # ("revision A" / "revision B"), not the article: kept in its case
+            letter = later and len(w) == 1 and w.isupper() and w != "I"
+            lows.append(w if letter else x[0])
+            plain.append(x[1])
+            named.append((x[2] or letter) and later)
             if later and len(x[0]) >= 4 and x[0].isalpha():
                 longer += 1
                 caps += x[2]
@@ -857,7 +860,9 @@ def _roles_swapped(a: ConflictSignature, b: ConflictSignature) -> bool:
 
 def conflict_between(a: ConflictSignature, b: ConflictSignature) -> str | None:
     """:func:`conflict_reason` on precomputed signatures."""
-    if a.negations != b.negations:
+    if sum(c for _, c in a.negations) != sum(c for _, c in b.negations):
+        # as many negations each: "with no sugar" / "without sugar", "never" / "doesn't"
+        # say the same; one more on one side is the opposite
         return "negation"
     if a.numbers and b.numbers and a.numbers != b.numbers:
         return "number"

@@ -36,6 +36,11 @@ from consolidate.text import conflict_reason, conflict_signature
         ("Saw Dr. Smith today", "Saw Dr. Jones today", "value"),
         ("Is sixty years old", "Is seventy years old", "number"),
         ("Finished her sixth book", "Finished her seventh book", "number"),
+        # a lone capital letter inside a sentence is an identifier (a revision, a grade)
+        ("Manual revision A covers the pump", "Manual revision B covers the pump", "value"),
+        ("Is a grade A student", "Is a grade B student", "value"),
+        # one more negation on one side is the opposite
+        ("Takes coffee with no sugar", "Takes coffee with sugar", "negation"),
         # the older rules still come first
         ("Has 2 cats", "Has 3 cats", "number"),
         ("Lives in Berlin", "Does not live in Berlin", "negation"),
@@ -70,6 +75,10 @@ def test_flagged(a, b, why):
         ("Likes to organise events", "Likes to organize events"),
         # in a title-case text capitals mark no names
         ("Local Team Wins Final Match At Home", "Local Team Wins Last Match At Home"),
+        # as many negations on each side, in other words: the same polarity
+        ("Takes coffee with no sugar", "Takes her coffee without sugar"),
+        ("Never eats meat", "Does not eat meat"),
+        ("A manual covers the pump", "A manual covers the pump well"),
     ],
 )
 def test_not_flagged(a, b):

@@ -480,3 +480,30 @@ def test_float64_rescoring_is_the_same_in_any_chunk():
     ref = (v.double()[i] * v.double()[j]).sum(1)
     for chunk in (None, 1, 7, 1024, 1 << 16):
         assert torch.equal(_rescore64(v, i, j, chunk=chunk), ref)
+
+
+def test_topk_queries_that_are_not_unit_are_normalised_zero_ones_refused():
+    """A query's length carries no meaning: 3x a unit query gives the same neighbours and
+    the cosines of the unit query; a zero or NaN query is refused by row."""
+    g = np.random.default_rng(11)
+    keys = g.normal(size=(40, 16))
+    keys /= np.linalg.norm(keys, axis=1, keepdims=True)
+    q = g.normal(size=(5, 16))
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    kt = torch.from_numpy(keys).float()
+    unit = topk_neighbours(torch.from_numpy(q).float(), kt, 4, device="cpu")
+    scaled = topk_neighbours(
+        torch.from_numpy(q * [[3.0], [0.5], [1.0], [7.0], [0.9]]).float(), kt, 4, device="cpu"
+    )
+    np.testing.assert_array_equal(scaled.indices, unit.indices)
+    np.testing.assert_allclose(scaled.scores, unit.scores, atol=1e-6)
+    ref = np.sort(q @ keys.T, axis=1)[:, ::-1][:, :4]  # float64 cosines
+    np.testing.assert_allclose(scaled.scores, ref, atol=1e-5)
+    bad = q.copy()
+    bad[2] = 0.0
+    bad[4, 0] = np.nan
+    with pytest.raises(
+        ValueError,
+        match=r"queries: 2 row\(s\) are zero or contain NaN or inf, e\.g\. rows \[2, 4\]",
+    ):
+        topk_neighbours(torch.from_numpy(bad).float(), kt, 4, device="cpu")

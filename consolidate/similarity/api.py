@@ -156,6 +156,29 @@ def _check_unit(x: torch.Tensor, what: str) -> None:
     )
 
 
+def _unit_queries(q: torch.Tensor) -> torch.Tensor:
+    """``q`` (``[q, d]``) with rows rescaled to unit length where they are not unit vectors
+    (a query is asked, not stored: its length carries no meaning). Unit rows are returned
+    as they are.
+
+    Raises:
+        ValueError: a row holds NaN or inf, or is a zero vector (names the rows)."""
+    if not q.numel() or not q.is_floating_point():
+        return q
+    norm = torch.linalg.vector_norm(
+        q, dim=1, dtype=torch.float32 if q.dtype != torch.float64 else None
+    )
+    if bool((torch.abs(norm - 1) <= UNIT_TOLERANCE).all()):
+        return q
+    bad = (~torch.isfinite(norm) | (norm <= 1e-12)).nonzero()[:, 0]
+    if bad.numel():
+        raise ValueError(
+            f"queries: {bad.numel()} row(s) are zero or contain NaN or inf, e.g. rows "
+            f"{bad[:10].tolist()}"
+        )
+    return (q.to(norm.dtype) / norm[:, None]).to(q.dtype)
+
+
 def _grouped(seg: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
     """``(order, seg[order])`` grouping equal codes together (stable); ``order`` is ``None``
     when ``seg`` is already non-decreasing, so the vectors need not be copied."""
@@ -332,8 +355,8 @@ def topk_neighbours(
     ``tile_cols`` splits them unevenly.
 
     Args:
-        queries: ``float32 [q, d]`` unit vectors.
-        keys: ``float32 [n, d]`` unit vectors.
+        queries: ``float32 [q, d]`` vectors, rescaled to unit length if they are not.
+        keys: ``float32 [n, d]`` unit vectors (stored vectors: not rescaled).
         k: neighbours per query (>= 1).
         query_segments, key_segments: ``int64 [q]`` / ``[n]`` integer segment codes (both or
             neither).
@@ -348,8 +371,9 @@ def topk_neighbours(
         :class:`TopK` in the original query order with original key positions.
 
     Raises:
-        ValueError: ``queries``/``keys`` not ``[q, d]``/``[n, d]``, with NaN/inf rows or rows
-            that are not unit vectors (within :data:`UNIT_TOLERANCE`),
+        ValueError: ``queries``/``keys`` not ``[q, d]``/``[n, d]``, NaN/inf or zero query
+            rows, NaN/inf key rows or key rows that are not unit vectors (within
+            :data:`UNIT_TOLERANCE`),
             ``k`` not an integer >= 1, tile sizes that are not integers >= 1, only one of
             the segment arrays given, segments of the wrong length or not integer codes,
             unknown dtype, engine or device, a cuda device without CUDA,
@@ -372,7 +396,7 @@ def topk_neighbours(
         raise ValueError(
             f"queries {tuple(q.shape)} and keys {tuple(key.shape)} must be [q, d] and [n, d]"
         )
-    _check_unit(q, "queries")
+    q = _unit_queries(q)
     _check_unit(key, "keys")
     nq, n = q.shape[0], key.shape[0]
     if query_segments is None:
