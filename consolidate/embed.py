@@ -12,7 +12,13 @@ from tqdm.auto import tqdm
 
 from .device import resolve_device
 
-__all__ = ["Embedder", "packaged_model_path"]
+__all__ = [
+    "Embedder",
+    "EmbedInputError",
+    "EmbedTypeError",
+    "name_embed_error",
+    "packaged_model_path",
+]
 
 
 def packaged_model_path() -> Path:
@@ -31,6 +37,26 @@ def packaged_model_path() -> Path:
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"no model folder at {path}")
     return path
+
+
+class EmbedInputError(ValueError):
+    """A text the embedder refuses. ``index``: its position in the ``texts`` given;
+    ``reason``: what is wrong with it (a caller that knows the record names it by id and
+    file, :func:`name_embed_error`)."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(f"embed: texts[{index}] {reason}")
+        self.index, self.reason = index, reason
+
+
+class EmbedTypeError(EmbedInputError, TypeError):
+    """An :class:`EmbedInputError` for a text that is no ``str``."""
+
+
+def name_embed_error(e: EmbedInputError, names: Sequence[str]) -> ValueError:
+    """``e`` as a ``ValueError`` naming the record of ``names`` (one name per text given,
+    e.g. ``"a1 (memories.jsonl line 4)"``) instead of the text's position."""
+    return ValueError(f"embed: {names[e.index]}: its text {e.reason}")
 
 
 class Embedder:
@@ -160,13 +186,11 @@ class Embedder:
         vals = list(texts)
         if pd.api.types.infer_dtype(vals, skipna=False) != "string":
             k = next(k for k, t in enumerate(vals) if not isinstance(t, str))
-            raise TypeError(f"embed: texts[{k}] is {type(vals[k]).__name__}, not str")
+            raise EmbedTypeError(k, f"is {type(vals[k]).__name__}, not str")
         blank = pc.match_substring_regex(pa.array(vals, pa.string()), r"^\s*$")
         if pc.any(blank).as_py():
             k = int(np.flatnonzero(np.asarray(blank, dtype=bool))[0])
-            raise ValueError(
-                f"embed: texts[{k}] is empty or whitespace only: there is nothing to embed"
-            )
+            raise EmbedInputError(k, "is empty or whitespace only: there is nothing to embed")
         limit = int(self.model.max_seq_length)
         ids = self.model.tokenizer(vals, add_special_tokens=True, truncation=False, verbose=False)[
             "input_ids"
@@ -175,10 +199,11 @@ class Embedder:
         long_ = np.flatnonzero(n_tok > limit)
         if len(long_) and self.long_text == "error":
             k = int(long_[0])
-            raise ValueError(
-                f"embed: texts[{k}] has {int(n_tok[k])} tokens, the model reads at most "
+            raise EmbedInputError(
+                k,
+                f"has {int(n_tok[k])} tokens, the model reads at most "
                 f"{limit} ({len(long_)} text(s) too long): split it, or set "
-                f"embedder.long_text=truncate to embed its first {limit} tokens"
+                f"embedder.long_text=truncate to embed its first {limit} tokens",
             )
         self.truncated += len(long_)
         for k in long_.tolist():

@@ -50,8 +50,11 @@ def test_packed_pipeline_equals_plain_encode(emb):
 
 
 def test_inputs_the_model_cannot_embed_are_refused_by_position(emb):
-    with pytest.raises(ValueError, match=r"texts\[1\] is empty or whitespace only"):
+    from consolidate.embed import EmbedInputError
+
+    with pytest.raises(ValueError, match=r"texts\[1\] is empty or whitespace only") as e:
         emb.encode(["fine", " \t\n"])
+    assert isinstance(e.value, EmbedInputError) and e.value.index == 1
     with pytest.raises(TypeError, match=r"texts\[2\] is NoneType, not str"):
         emb.encode(["a", "b", None])
     with pytest.raises(

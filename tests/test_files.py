@@ -553,3 +553,22 @@ def test_a_parquet_column_with_invalid_utf8_is_named_by_row_and_column(tmp_path)
     pq.write_table(pa.table({"text": text, "vector": [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]}), path)
     with pytest.raises(ValueError, match=r"bad.parquet row 2: column 'text' is not valid UTF-8"):
         read_memories(path)
+
+
+def test_an_embedder_refusal_names_the_record_and_its_line(tmp_path):
+    from consolidate.embed import EmbedInputError
+
+    class Refuses:
+        dim = 2
+
+        def encode(self, texts):
+            k = next(i for i, t in enumerate(texts) if len(t) > 10)
+            raise EmbedInputError(k, "has 900 tokens, the model reads at most 256")
+
+    path = tmp_path / "m.jsonl"
+    rows = [{"id": "a1", "text": "short"}, {"id": "b2", "text": "a very long text indeed"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(
+        ValueError, match=r"embed: 'b2' \(.*m\.jsonl line 2\): its text has 900 tokens"
+    ):
+        read_memories(path, embedder=Refuses())

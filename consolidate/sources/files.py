@@ -381,7 +381,14 @@ def read_memories(
     if embedded:
         if embedder is None:
             raise ValueError(f"{p}: no row has a vector; give an embedder to embed the texts")
-        vecs = np.asarray(embedder.encode([r["text"] for r in rows]), dtype=np.float32)
+        from ..embed import EmbedInputError, name_embed_error
+
+        try:
+            vecs = np.asarray(embedder.encode([r["text"] for r in rows]), dtype=np.float32)
+        except EmbedInputError as e:
+            raise name_embed_error(
+                e, [f"{r['id']!r} ({_where(p, k, lines)})" for k, r in enumerate(rows)]
+            ) from None
         for r, v in zip(rows, vecs, strict=True):
             r["vector"] = v
     elif not has.all():
