@@ -35,7 +35,7 @@ def test_chain_through_the_pass():
         {
             "id": k,
             "namespace": "u",
-            "text": f"fact {k}",
+            "text": f"fact {k.lower()}",  # "fact A" / "fact B": two identifiers, never merged
             "vector": v[n],
             "importance": 0.5,
             "last_used": 10.0,
