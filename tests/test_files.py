@@ -572,3 +572,15 @@ def test_an_embedder_refusal_names_the_record_and_its_line(tmp_path):
         ValueError, match=r"embed: 'b2' \(.*m\.jsonl line 2\): its text has 900 tokens"
     ):
         read_memories(path, embedder=Refuses())
+
+
+def test_a_duplicate_id_is_named_with_both_lines(tmp_path):
+    path = tmp_path / "d.jsonl"
+    rows = [
+        {"id": "a", "text": "one", "vector": [1, 0]},
+        {"id": "b", "text": "two", "vector": [0, 1]},
+        {"id": "a", "text": "three", "vector": [1, 1]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(InvalidRecordsError, match=r"duplicate id.*a \(lines 1 and 3\)"):
+        read_memories(path)

@@ -99,16 +99,23 @@ def as_stored(
     if problems:
         if first_line is not None:
             ids = recs.meta["id"].tolist()
+
+            def at(k: int) -> int:
+                return k + first_line if lines is None else lines[k]
+
+            first: dict[Any, int] = {}
+            if any(p.kind == "duplicate id" for p in problems):
+                for k in range(len(ids) - 1, -1, -1):  # one pass: each id's first row
+                    first[ids[k]] = k
+
+            def name(kind: str, k: int) -> str:
+                if kind == "duplicate id" and first.get(ids[k], k) < k:
+                    # both places: the first record with the id and this one
+                    return f"{ids[k]} ({unit}s {at(first[ids[k]])} and {at(k)})"
+                return f"{ids[k]} ({unit} {at(k)})"
+
             problems = [
-                Problem(
-                    p.kind,
-                    p.rows,
-                    [
-                        f"{ids[k]} ({unit} {k + first_line if lines is None else lines[k]})"
-                        for k in p.rows
-                    ],
-                )
-                for p in problems
+                Problem(p.kind, p.rows, [name(p.kind, k) for k in p.rows]) for p in problems
             ]
         raise InvalidRecordsError(source, problems)
     normalise_vectors(recs)
