@@ -570,15 +570,22 @@ _SUFFIXES = (
 )
 
 
-def _common(word: str, vocab: frozenset[str]) -> bool:
-    """``word`` (lower case), or it without one inflection suffix, is in ``vocab``."""
+def _common(
+    word: str,
+    vocab: frozenset[str],
+    suffixes: tuple[tuple[str, str], ...] = _SUFFIXES,
+    min_stem: int = 3,
+) -> bool:
+    """``word`` (lower case), or it without one inflection suffix of ``suffixes`` (``(suffix,
+    replacement)`` pairs; a doubled consonant before a plain suffix is undone too) leaving a
+    stem of at least ``min_stem`` characters, is in ``vocab``."""
     if not vocab or word in vocab:
         return True
-    for s, r in _SUFFIXES:
+    for s, r in suffixes:
         stem = word[: -len(s)]
         if (
             word.endswith(s)
-            and len(stem) >= 3
+            and len(stem) >= min_stem
             and (stem + r in vocab or (not r and stem[-1] == stem[-2] and stem[:-1] in vocab))
         ):
             return True  # "cats", "shredded" -> "shred", "chopping" -> "chop"

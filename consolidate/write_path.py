@@ -31,7 +31,6 @@ import json
 import math
 import os
 import re
-import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,7 +44,14 @@ from .llm.base import LLMBackend
 from .llm.decide import Decision, Neighbour, decide_request, parse_decisions, prefilter
 from .llm.extract import Turn, extract_request, parse_facts, trusted, ungrounded
 from .similarity import topk_neighbours
-from .store import Records, Store, datetime_from_hours, hours_from_datetime, records_from_rows
+from .store import (
+    Records,
+    Store,
+    datetime_from_hours,
+    hours_from_datetime,
+    hours_now,
+    records_from_rows,
+)
 from .store.schema import normalise_vectors
 from .text import conflict_reason, text_hash
 
@@ -101,11 +107,12 @@ def _refusal(t: Turn, fact: str | None, reason: str, detail: str) -> dict[str, A
 
 
 def write_refused_facts(store: Store, entries: list[dict[str, Any]]) -> None:
-    """Append ``entries`` to :func:`refused_facts_path` in one ``write`` of whole lines
-    (``O_APPEND``: lines of concurrent writers never interleave), then fsync."""
+    """Append ``entries`` to :func:`refused_facts_path` as whole lines written together
+    (``O_APPEND``: lines of concurrent writers do not interleave), stamped ``logged_at``
+    (wall clock, hours since the epoch), then fsync."""
     path = refused_facts_path(store)
     path.parent.mkdir(parents=True, exist_ok=True)
-    now = time.time() / 3600.0
+    now = hours_now()
     data = "".join(json.dumps({**e, "logged_at": now}) + "\n" for e in entries).encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:

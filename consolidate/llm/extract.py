@@ -15,7 +15,7 @@ import unicodedata
 
 from pydantic import BaseModel, Field
 
-from ..text import _MONTHS, _WEEKDAYS, _numbers, content_tokens
+from ..text import _MONTHS, _SUFFIXES, _WEEKDAYS, _common, _numbers, content_tokens
 from ..turns import SOURCES, TRUSTED_SOURCES, Turn
 from .base import ChatRequest, parse_json_model, quote
 
@@ -201,29 +201,9 @@ def _web2() -> tuple[frozenset[str], frozenset[str]]:
     )
 
 
-def _base_forms(w: str) -> set[str]:
-    """``w`` (lower case) and the forms it may be inflected from: -s, -es, -ies, -ed,
-    -d, -ied, -ing (also with its e or a doubled consonant restored or removed), -ly,
-    -ily ("dislikes" -> "dislike", "moved" -> "move", "studied" -> "study", "stopped" ->
-    "stop", "honestly" -> "honest")."""
-    out = {w}
-    for suf, reps in (
-        ("ies", ("y",)),
-        ("ied", ("y",)),
-        ("ily", ("y",)),
-        ("es", ("", "e")),
-        ("s", ("",)),
-        ("ed", ("", "e")),
-        ("d", ("",)),
-        ("ing", ("", "e")),
-        ("ly", ("",)),
-    ):
-        if w.endswith(suf) and len(w) > len(suf) + 1:
-            stem = w[: -len(suf)]
-            out |= {stem + r for r in reps}
-            if len(stem) > 2 and stem[-1] == stem[-2]:
-                out.add(stem[:-1])  # "stopped" -> "stop"
-    return out
+#: inflections stripped to find a sentence-initial word in the dictionary: the conflict
+#: guard's, and "-ied"/"-ily" -> "-y" ("studied", "happily"); "-d" ("moved")
+_INFLECTIONS = (*_SUFFIXES, ("ied", "y"), ("ily", "y"), ("d", ""))
 
 
 #: sentence-initial auxiliaries read as such, never as a name ("Will move to Porto")
@@ -232,14 +212,14 @@ _MODALS = {"will", "would", "can", "could", "shall", "should", "must", "might"}
 
 def _is_common_word(w: str) -> bool:
     """A capitalised word at the start of a sentence is an ordinary word, not a name: a
-    modal, or an English word in one of its inflected forms (:func:`_base_forms`) that the
+    modal, or an English word in one of its inflected forms (:data:`_INFLECTIONS`) that the
     dictionary does not also list as a proper noun ("Dislikes", "Commutes", "Honestly" are
     words; "Mia", "Tom", "Paris" are names)."""
     common, proper = _web2()
     lw = w.casefold()
     if lw in _MODALS:
         return True
-    return w not in proper and any(b in common for b in _base_forms(lw))
+    return w not in proper and _common(lw, common, _INFLECTIONS, min_stem=2)  # "has", "goes"
 
 
 _SENTENCE_END = tuple(".!?:;\"'\u201c\u2018(")

@@ -402,15 +402,20 @@ class LanceStore(Store):
                 out[(1 << 64) - 1 - n if n >= 1 << 63 else n] = f"_versions/{p.name}"
         return out
 
-    def _check_manifest(self, version: int | None) -> int | None:
+    def _check_manifest(
+        self, version: int | None, known: Mapping[str, int] | None = None
+    ) -> int | None:
         """Check the manifest Lance will read for ``version`` (default: the newest on disk)
         and that version's transaction files against the CRC32s recorded for them (files
         written before they were recorded, or by another tool, are not checked). Returns
         the newest version that has a manifest on disk (``None``: none).
 
+        ``known``: the recorded CRC32s (:meth:`_checksums`), if read already.
+
         Raises:
             CorruptStoreError: a file differs from its CRC32 (names it and the version)."""
-        known, _ = self._checksums()
+        if known is None:
+            known, _ = self._checksums()
         manifests = self._manifests()
         if not known or not manifests:
             return max(manifests, default=None)
@@ -422,9 +427,10 @@ class LanceStore(Store):
         ]
         for rel in paths:
             if rel in known and _crc32(self.dataset_path / rel) != known[rel]:
+                kind = "manifest" if rel.endswith(".manifest") else "transaction file"
                 raise CorruptStoreError(
-                    f"{self.dataset_path / rel} ({'manifest' if rel.endswith('.manifest') else 'transaction file'} "
-                    f"of version {v}) does not match the CRC32 recorded when it was written "
+                    f"{self.dataset_path / rel} ({kind} of version {v}) does not match the "
+                    f"CRC32 recorded when it was written "
                     f"(a flipped bit, a partial copy): nothing read; restore it from a backup"
                 )
         return max(manifests)
@@ -437,11 +443,14 @@ class LanceStore(Store):
             CorruptStoreError: none within :data:`_MAX_LOOKBACK` versions.
         """
         v = ds.version
+        known: Mapping[str, int] | None = None
         for _ in range(_MAX_LOOKBACK):
             if v < 1:
                 break
-            if v != ds.version:
-                self._check_manifest(v)  # the older version's transaction file
+            if v != ds.version:  # the older version's transaction file
+                if known is None:
+                    known, _ = self._checksums()
+                self._check_manifest(v, known)
             props = _txn_props(ds, v)
             if _P + "folded" in props:
                 return props
@@ -479,17 +488,18 @@ class LanceStore(Store):
         return {pa.float32(): "fp32", pa.float16(): "fp16", pa.uint16(): "bf16"}[v]
 
     # ------------------------------------------------------------ checksums
-    def _files(self, ds: Any) -> list[str]:
-        """Data and deletion files of ``ds``'s version, as paths under the dataset folder.
+    def _tracked(self, ds: Any, kinds: Sequence[str], since: int | None = None) -> list[str]:
+        """The files of the ``kinds`` Lance tracks (``"data file"``, ``"deletion file"``,
+        ``"manifest"``, ``"transaction file"``, ``"index file"``) for ``ds``'s version (with
+        ``since``: for every version from ``since`` to it), as sorted paths under the
+        dataset folder.
 
         Raises:
             CorruptStoreError: a path that leaves the dataset folder.
         """
-        t = ds.tracked_files(min_version=ds.version).read_all().to_pandas()
-        t = t[
-            (t["version"] == ds.version)
-            & t["type"].astype(str).isin(["data file", "deletion file"])
-        ]
+        lo = ds.version if since is None else since
+        t = ds.tracked_files(min_version=lo).read_all().to_pandas()
+        t = t[t["version"].between(lo, ds.version) & t["type"].astype(str).isin(list(kinds))]
         root = self.dataset_path.resolve()
         out = []
         for p in sorted(set(t["path"].astype(str))):
@@ -501,6 +511,14 @@ class LanceStore(Store):
                 )
             out.append(p)
         return out
+
+    def _files(self, ds: Any) -> list[str]:
+        """Data and deletion files of ``ds``'s version, as paths under the dataset folder.
+
+        Raises:
+            CorruptStoreError: a path that leaves the dataset folder.
+        """
+        return self._tracked(ds, ("data file", "deletion file"))
 
     def _checksums(self) -> tuple[dict[str, int], dict[str, str]]:
         """``(files, versions)`` from :data:`CHECKSUMS`: the CRC32 of each data and
@@ -618,19 +636,12 @@ class LanceStore(Store):
         """The manifest, transaction and index files of ``ds``'s version (with ``since``:
         of every version from ``since`` to it, such as the index versions a create writes
         after its data) that are on disk, as paths under the dataset folder (Lance reads
-        them beside the data files)."""
-        lo = ds.version if since is None else since
-        t = ds.tracked_files(min_version=lo).read_all().to_pandas()
-        t = t[
-            t["version"].between(lo, ds.version)
-            & t["type"].astype(str).isin(["manifest", "transaction file", "index file"])
-        ]
-        root = self.dataset_path.resolve()
-        return [
-            p
-            for p in sorted(set(t["path"].astype(str)))
-            if root in (root / p).resolve().parents and (self.dataset_path / p).is_file()
-        ]
+        them beside the data files).
+
+        Raises:
+            CorruptStoreError: a path that leaves the dataset folder."""
+        kinds = ("manifest", "transaction file", "index file")
+        return [p for p in self._tracked(ds, kinds, since) if (self.dataset_path / p).is_file()]
 
     def verify(
         self,
@@ -1157,15 +1168,12 @@ class LanceStore(Store):
             flt = pc.field("namespace").isin(pa.array(namespaces, pa.string()))
             source += f", namespaces {namespaces[:3]}{'...' if len(namespaces) > 3 else ''}"
         try:
-            scanned: list[tuple[pa.Table, np.ndarray | None, np.ndarray | None]] = [
-                _scan(ds, flt, marker["dim"], found)
-            ]
+            with _lance_errors(self.dataset_path, ds.version):
+                scanned: list[tuple[pa.Table, np.ndarray | None, np.ndarray | None]] = [
+                    _scan(ds, flt, marker["dim"], found)
+                ]
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
-            raise _read_error(e, source, None, {}) from e
-        except BaseException as e:  # a panic inside Lance: a damaged file, named
-            if type(e).__name__ != "PanicException":
-                raise
-            raise _read_error(e, source, None, {}) from None
+            raise CorruptStoreError(f"cannot read {source}: {e}") from e
         return self._rows_snapshot(
             scanned,
             version=ds.version,
@@ -1188,8 +1196,6 @@ class LanceStore(Store):
         validate_records: bool,
         source: str,
         namespaces: Sequence[str] | None,
-        checker: threading.Thread | None = None,
-        check: dict[str, Any] | None = None,
         apply_all: bool = False,
     ) -> Snapshot:
         """A :class:`Snapshot` of stored rows read from version ``version``: decoded,
@@ -1201,24 +1207,19 @@ class LanceStore(Store):
         (all columns; or, with ``vectors`` and ``rowaddr`` given, the other columns as
         :func:`_scan` returns them); it is emptied, so the Arrow table is freed as soon as
         it is decoded."""
-        check = {} if check is None else check
         table, vectors, rowaddr = scanned.pop()
         try:
             # text_hash as written by this store (create and append compute it from the
             # text, nothing else writes the dataset): not recomputed at every load
             recs = records_from_arrow(table, dim=dim, stored_hashes=True, vectors=vectors)
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
-            raise _read_error(e, source, checker, check) from e
+            raise CorruptStoreError(f"cannot read {source}: {e}") from e
         # the stored rows as read, compared by commit: the ids (Arrow), the decoded table
         # (a copy-on-write view), the vectors (read-only)
         recs.vectors.setflags(write=False)
         recs.origin = np.arange(len(recs), dtype=np.int64)
         stored = _Stored(table.column("id"), recs.meta.copy(deep=False), recs.vectors, rowaddr)
         del table
-        if checker is not None:
-            checker.join()
-            if "error" in check:
-                raise check["error"]
         if validate_records:
             # rows moved to quarantine stay in ``stored``: the next commit deletes them
             recs = self._checked(recs, dim=dim, source=source, existing=None, reading=True)
@@ -2123,18 +2124,6 @@ def _write_table_jsonl(df: pd.DataFrame, path: Path) -> None:
                 )
                 + "\n"
             )
-
-
-def _read_error(
-    e: BaseException, source: str, checker: threading.Thread | None, check: dict[str, Any]
-) -> BaseException:
-    """The error to raise when reading ``source`` failed with ``e``: the checksum thread's
-    error if it found one (it names the damaged file), else a :class:`CorruptStoreError`."""
-    if checker is not None:
-        checker.join()
-        if "error" in check:
-            return check["error"]
-    return CorruptStoreError(f"cannot read {source}: {e}")
 
 
 def _index(ds: Any) -> None:

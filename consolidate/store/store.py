@@ -90,6 +90,17 @@ _DELTA_EXT = (".parquet", ".touch.json", ".patch.json")
 _log = logging.getLogger("consolidate")
 
 
+def _is_hours(t: object) -> bool:
+    """``t`` is a time in hours since the epoch: a real number (not a bool), finite, within
+    :data:`~consolidate.store.schema.MAX_ABS_HOURS`."""
+    return (
+        isinstance(t, (int, float))
+        and not isinstance(t, bool)
+        and math.isfinite(t)
+        and abs(t) <= MAX_ABS_HOURS
+    )
+
+
 def _plain_name(name: object) -> bool:
     """A file name that stays in its folder: a non-empty ``str`` with no path separator,
     not ``.`` or ``..``, no NUL."""
@@ -807,9 +818,7 @@ class Store:
                 )
             elif op == "close":
                 vt = p.get("valid_to", now)
-                if not (
-                    isinstance(vt, (int, float)) and math.isfinite(vt) and abs(vt) <= MAX_ABS_HOURS
-                ):
+                if not _is_hours(vt):
                     raise ValueError(
                         f"patch: valid_to={vt!r} for {i!r} is not hours since the epoch"
                     )
@@ -834,13 +843,7 @@ class Store:
         """Refuse a write time that is not finite hours since the epoch or lies in the
         future beyond ``future_tolerance_h`` (it would stamp a tombstone that every later
         commit refuses)."""
-        if not (
-            isinstance(t, (int, float))
-            and not isinstance(t, bool)
-            and math.isfinite(t)
-            and abs(t) <= MAX_ABS_HOURS
-            and t <= wall + self.future_tolerance_h
-        ):
+        if not (_is_hours(t) and t <= wall + self.future_tolerance_h):  # type: ignore[operator]
             raise ValueError(
                 f"{what}={t!r} must be hours since the epoch, finite and not in "
                 f"the future (wall clock {wall:.1f} h); seconds divided by 3600 "
@@ -1219,15 +1222,6 @@ def _delta_payload(body: Mapping[str, Any], written: float) -> str:
     out = {**body, "written": float(written)}
     out["sha256"] = _json_digest(out)
     return json.dumps(out)
-
-
-def _is_hours(t: object) -> bool:
-    return (
-        isinstance(t, (int, float))
-        and not isinstance(t, bool)
-        and math.isfinite(t)
-        and abs(t) <= MAX_ABS_HOURS
-    )
 
 
 def _name_hours(name: str) -> float | None:
