@@ -16,7 +16,7 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -737,14 +737,15 @@ def conflict_signature(text: str) -> ConflictSignature:
 EMPTY_SIGNATURE = ConflictSignature((), (), ())
 
 
-def _opposite(a: ConflictSignature, b: ConflictSignature) -> bool:
-    """Each side uses a pole of one opposite group that the other does not; or a negatively
-    prefixed word on one side has its stem on the other side, not negated there."""
+def _opposite(a: ConflictSignature, b: ConflictSignature, prefixes: bool = True) -> bool:
+    """Each side uses a pole of one opposite group that the other does not; or (when
+    ``prefixes``) a negatively prefixed word on one side has its stem on the other side, not
+    negated there."""
     if a.poles != b.poles:
         pa, pb = set(a.poles), set(b.poles)
         if {g for g, _ in pa - pb} & {g for g, _ in pb - pa}:
             return True
-    return bool(
+    return prefixes and bool(
         ((a.negated_stems - b.negated_stems) & b.stems)
         or ((b.negated_stems - a.negated_stems) & a.stems)
     )
@@ -865,19 +866,68 @@ def _roles_swapped(a: ConflictSignature, b: ConflictSignature) -> bool:
     return False
 
 
+def _without(a: ConflictSignature, stems: frozenset) -> ConflictSignature:
+    """``a`` with the poles of the words of ``stems`` (in any prefixed or inflected form)
+    left out, for :func:`_opposite`."""
+
+    def keep(t: str) -> bool:
+        return (
+            _singular(t) not in stems
+            and not any(
+                t.startswith(p) and (t[len(p) :] in stems or _singular(t[len(p) :]) in stems)
+                for p in _NEG_PREFIXES
+            )
+            and t not in stems
+        )
+
+    poles = sorted({gp for t in a.word_set if keep(t) for gp in _POLES.get(t, ())})
+    return replace(a, poles=tuple(poles))
+
+
+def _negated_word(w: str) -> bool:
+    return w in _NEGATIONS or w.endswith("n't") or w == "cannot"
+
+
+def _stems_in(stems: frozenset, other: ConflictSignature) -> set[str]:
+    """The ``stems`` that ``other`` has as a word (in the same form or singular: "likes"
+    against "like") within three words after a negation marker ("does not like", "doesn't
+    really like")."""
+    out = set()
+    wl = other.word_list
+    for k, w in enumerate(wl):
+        if (w in stems or _singular(w) in stems or w + "s" in stems) and any(
+            _negated_word(x) for x in wl[max(0, k - 3) : k]
+        ):
+            out.add(w if w in stems else (_singular(w) if _singular(w) in stems else w + "s"))
+    return out
+
+
 def conflict_between(a: ConflictSignature, b: ConflictSignature) -> str | None:
     """:func:`conflict_reason` on precomputed signatures."""
-    if sum(c for _, c in a.negations) != sum(c for _, c in b.negations):
+    na = sum(c for _, c in a.negations)
+    nb = sum(c for _, c in b.negations)
+    prefixes = True
+    if na != nb:
         # as many negations each: "with no sugar" / "without sugar", "never" / "doesn't"
-        # say the same; one more on one side is the opposite
-        return "negation"
+        # say the same; one more on one side is the opposite. A word with a negative prefix
+        # whose stem the other side has counts as a negation ("dislikes" / "does not like")
+        xa = _stems_in(a.negated_stems - b.negated_stems, b) if a.negated_stems else ()
+        xb = _stems_in(b.negated_stems - a.negated_stems, a) if b.negated_stems else ()
+        if not (xa or xb) or na + len(xa) != nb + len(xb):
+            return "negation"
+        # the prefixed words are matched by the negations: neither they nor their stems
+        # are opposites of each other
+        matched = frozenset(xa) | frozenset(xb)
+        if _opposite(_without(a, matched), _without(b, matched), prefixes=False):
+            return "opposite"
+        prefixes = False
     if a.numbers and b.numbers and a.numbers != b.numbers:
         return "number"
     if a.dates and b.dates and a.dates != b.dates:
         return "date"
     if a == b:
         return None
-    if _opposite(a, b):
+    if prefixes and _opposite(a, b):
         return "opposite"
     if _values_differ(a, b) or _values_differ(b, a):  # difflib's alignment is not symmetric
         return "value"
@@ -892,8 +942,10 @@ def conflict_reason(a: str, b: str) -> str | None:
     Sentence embeddings score such pairs as near-duplicates: each rule finds the same
     statement with one fact changed. Rules, checked in order:
 
-    * ``"negation"``: the multisets of negation markers differ ("lives in Berlin" vs
-      "doesn't live in Berlin"; "still plays" vs "stopped playing").
+    * ``"negation"``: one text has more negation markers than the other ("lives in Berlin"
+      vs "doesn't live in Berlin"; "still plays" vs "stopped playing"); a word with a
+      negative prefix whose stem the other text has counts as one ("dislikes loud music"
+      and "does not like loud music" agree).
     * ``"number"``: both texts state numbers (digits or number words) and the multisets differ
       ("has 2 cats" vs "has three cats"). A number present on one side only is extra detail,
       not a conflict.

@@ -41,6 +41,10 @@ from consolidate.text import conflict_reason, conflict_signature
         ("Is a grade A student", "Is a grade B student", "value"),
         # one more negation on one side is the opposite
         ("Takes coffee with no sugar", "Takes coffee with sugar", "negation"),
+        # a prefixed word matches a negation only where the negation governs its stem
+        ("Dislikes jazz", "Likes jazz, not rock", "negation"),
+        ("Dislikes jazz", "Does not dislike jazz", "negation"),
+        ("Dislikes hot weather", "Does not like cold weather", "opposite"),
         # the older rules still come first
         ("Has 2 cats", "Has 3 cats", "number"),
         ("Lives in Berlin", "Does not live in Berlin", "negation"),
@@ -78,6 +82,10 @@ def test_flagged(a, b, why):
         # as many negations on each side, in other words: the same polarity
         ("Takes coffee with no sugar", "Takes her coffee without sugar"),
         ("Never eats meat", "Does not eat meat"),
+        # a negative prefix against a negation of its stem: the same polarity
+        ("Dislikes loud music", "Does not like loud music"),
+        ("Is unhappy at work", "Is not happy at work"),
+        ("Dislikes jazz", "Doesn't really like jazz"),
         ("A manual covers the pump", "A manual covers the pump well"),
     ],
 )
@@ -121,3 +129,25 @@ def test_long_texts_stay_linear_enough():
     e = "He told Jon " + " ".join(words)
     f = "He told Max " + " ".join(words)
     assert conflict_reason(e, f) == "value"
+
+
+def test_hand_written_identifier_and_paraphrase_pairs():
+    """The calibration report's pair set: every identifier pair flagged, paraphrases at most
+    5% (one pair: "Is vegetarian" / "Does not eat meat", which needs world knowledge)."""
+    from consolidate.evaluation.calibration import guard_pair_rates, load_guard_pairs
+
+    df = load_guard_pairs()
+    assert (df["kind"] == "identifier").sum() >= 40 and (df["kind"] == "paraphrase").sum() >= 40
+    rates = {r["kind"]: r for r in guard_pair_rates()}
+    assert rates["identifier"]["flagged"] == rates["identifier"]["pairs"] == 45
+    assert rates["paraphrase"]["flagged"] == 1 and rates["paraphrase"]["reasons"] == "negation 1"
+    assert rates["paraphrase"]["flagged_share"] <= 0.05
+
+
+def test_guard_pairs_bad_line_is_named(tmp_path):
+    from consolidate.evaluation.calibration import load_guard_pairs
+
+    p = tmp_path / "pairs.jsonl"
+    p.write_text('{"a": "x", "b": "y", "kind": "identifier"}\n{"a": "x", "kind": "paraphrase"}\n')
+    with pytest.raises(ValueError, match=r"pairs\.jsonl: line 2: needs text a, text b"):
+        load_guard_pairs(p)

@@ -188,6 +188,7 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
                 c.best_f1_threshold,
             )
     plot_pr(curves, out / "pr_curves.png")
+    pairs = guard_pair_rates(make_embedder(EmbedderConfig(**{**base.__dict__, "dtype": "fp32"})))
     rec_entry = next(
         (
             e
@@ -209,6 +210,7 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
         "schema_version": 1,
         "created_at": now_iso(),
         "entries": entries,
+        "guard_pairs": pairs,
         "recommended": {
             "threshold": thr,
             "dataset": cfg.recommend.dataset,
@@ -271,12 +273,83 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
             "",
             _guard_table(entries).to_markdown(index=False),
             "",
+            "## Conflict guard on hand-written identifier and paraphrase pairs",
+            "",
+            "`consolidate/evaluation/guard_pairs.jsonl`: pairs that differ only in an "
+            "identifier (a revision letter, a version, a code, a seat, a name: all must be "
+            "flagged) and paraphrases (at most 5% may be flagged); cosine from the fp32 "
+            "embedder.",
+            "",
+            pd.DataFrame(pairs).to_markdown(index=False),
+            "",
             "![PR curves](pr_curves.png)",
             "",
         ]
     )
     write_results(out, res, samples, report)
     return calib
+
+
+GUARD_PAIRS = Path(__file__).with_name("guard_pairs.jsonl")
+
+
+def load_guard_pairs(path: Path = GUARD_PAIRS) -> pd.DataFrame:
+    """The hand-written conflict-guard pairs: columns ``a``, ``b`` (``str``) and ``kind``
+    (``"identifier"``: the two texts differ only in an identifier and must be flagged;
+    ``"paraphrase"``: the same statement, must stay mergeable). Written for this project.
+
+    Raises:
+        ValueError: a line without ``a``, ``b`` or a known ``kind`` (named by line).
+    """
+    rows = []
+    for k, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        d = json.loads(line)
+        if not (
+            isinstance(d.get("a"), str)
+            and isinstance(d.get("b"), str)
+            and d.get("kind") in ("identifier", "paraphrase")
+        ):
+            raise ValueError(
+                f"{path}: line {k}: needs text a, text b and kind identifier|paraphrase"
+            )
+        rows.append(d)
+    return pd.DataFrame(rows, columns=["a", "b", "kind"])
+
+
+def guard_pair_rates(embedder: Any = None, path: Path = GUARD_PAIRS) -> list[dict[str, Any]]:
+    """Per kind of :func:`load_guard_pairs`: ``pairs``, ``flagged`` (count and share the
+    conflict guard, :func:`consolidate.text.conflict_reason`, keeps apart), ``reasons`` and,
+    with an ``embedder`` (``encode(texts) -> float32 [n, d]``, unit rows), the mean and
+    minimum cosine of the pairs and the count at or above 0.9."""
+    from ..text import conflict_reason
+
+    df = load_guard_pairs(path)
+    why = [conflict_reason(a, b) for a, b in zip(df["a"], df["b"], strict=True)]
+    df["reason"] = why
+    if embedder is not None:
+        va = np.asarray(embedder.encode(list(df["a"])), np.float64)
+        vb = np.asarray(embedder.encode(list(df["b"])), np.float64)
+        df["cosine"] = (va * vb).sum(1)
+    out = []
+    for kind, g in df.groupby("kind", sort=True):
+        flagged = g["reason"].notna()
+        row: dict[str, Any] = {
+            "kind": kind,
+            "pairs": len(g),
+            "flagged": int(flagged.sum()),
+            "flagged_share": float(flagged.mean()),
+            "reasons": ", ".join(
+                f"{r} {n}" for r, n in g["reason"].value_counts().sort_index().items()
+            ),
+        }
+        if "cosine" in g:
+            row |= {
+                "cosine_mean": round(float(g["cosine"].mean()), 4),
+                "cosine_min": round(float(g["cosine"].min()), 4),
+                "at_or_above_0.9": int((g["cosine"] >= 0.9).sum()),
+            }
+        out.append(row)
+    return out
 
 
 def _guard_table(entries: list[dict[str, Any]]) -> pd.DataFrame:

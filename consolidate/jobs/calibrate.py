@@ -33,6 +33,11 @@ def main(cfg: DictConfig) -> None:
                 f"contradiction pairs, {e['guard_flags_duplicates']:.1%} of "
                 f"{e['duplicates_above']} duplicate pairs"
             )
+    for g in calib["guard_pairs"]:
+        print(
+            f"conflict guard on hand-written {g['kind']} pairs: flags {g['flagged']} of "
+            f"{g['pairs']} ({g['flagged_share']:.1%}); {g['reasons'] or 'none flagged'}"
+        )
     r = calib["recommended"]
     out = HydraConfig.get().runtime.output_dir
     print(
