@@ -7,7 +7,9 @@
    from :func:`consolidate.similarity.topk_neighbours`.
 4. Cheap filters first (exact duplicate -> NOOP, nearest neighbour below ``add_below`` ->
    ADD); the remaining facts of a turn go to the model in ONE decide request with aliased
-   neighbours (:mod:`consolidate.llm.decide`), retried once, else ADD.
+   neighbours (:mod:`consolidate.llm.decide`), retried once when the answer is not valid
+   JSON or has a malformed action (each one is logged as ``malformed_action`` naming its
+   fact and alias), else ADD.
 5. Decisions are applied in turn order, then fact order. When two facts touch the same stored
    memory in one batch, the first wins and the later one is ADDed instead (deterministic).
    ADD appends a record; UPDATE appends the new text and tombstones the old record with
@@ -41,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from .llm.base import LLMBackend
-from .llm.decide import Decision, Neighbour, decide_request, parse_decisions, prefilter
+from .llm.decide import Decision, Neighbour, decide_request, parse_answer, prefilter
 from .llm.extract import Turn, extract_request, parse_facts, trusted, ungrounded
 from .similarity import topk_neighbours
 from .store import (
@@ -266,10 +268,13 @@ def ingest(
             for _, idx, nb in asks
         ],
     )
-    parsed = [
-        parse_decisions(a.text, len(idx), nb) for a, (_, idx, nb) in zip(answers, asks, strict=True)
+    first = [
+        parse_answer(a.text, len(idx), nb) for a, (_, idx, nb) in zip(answers, asks, strict=True)
     ]
-    redo = [k for k, p in enumerate(parsed) if p is None]
+    parsed = [p.decisions for p in first]
+    malformed: dict[int, tuple[str, ...]] = {}  # ask -> malformed actions of the answer used
+    # an answer that is not valid JSON, or that has one malformed action, is asked again
+    redo = [k for k, p in enumerate(first) if p.decisions is None or p.malformed]
     retry = chat(
         "decide",
         [
@@ -284,8 +289,19 @@ def ingest(
     )
     raw_of = {k: [answers[k].text] for k in range(len(asks))}
     for k, r in zip(redo, retry, strict=True):
-        parsed[k] = parse_decisions(r.text, len(asks[k][1]), asks[k][2])
+        again = parse_answer(r.text, len(asks[k][1]), asks[k][2])
         raw_of[k].append(r.text)
+        # the retry counts when it is usable and clean, or when the first answer was not
+        # usable at all; else the valid actions of the first answer apply
+        if again.decisions is not None and (not again.malformed or parsed[k] is None):
+            parsed[k] = again.decisions
+            if again.malformed:
+                malformed[k] = again.malformed
+        elif first[k].malformed:
+            malformed[k] = first[k].malformed
+    for k, (tid, _, _) in enumerate(asks):
+        for m in malformed.get(k, ()):
+            events.append({"op": "malformed_action", "turn": tid, "action": m, "raw": raw_of[k]})
     for k, (_, idx, _) in enumerate(asks):
         ds = parsed[k] or [
             Decision(i, "ADD", source="fallback", note="unparseable twice") for i in range(len(idx))
@@ -327,7 +343,7 @@ def ingest(
             "note": d.note,
             "target": d.target_id,
         }
-        if d.source == "model" or d.note == "unparseable twice":
+        if d.source == "model" or d.note == "unparseable twice" or d.note.startswith("malformed"):
             key = next(i for i, (_, idx, _) in enumerate(asks) if n in idx)
             ev["raw"] = raw_of[key]
         events.append(ev)
@@ -415,6 +431,8 @@ def ingest(
         "skipped_untrusted": len(turns) - len(ok_turns),
         "extract_failed": sum(e["op"] == "extract_failed" for e in events),
         "ungrounded_facts": sum(e["op"] == "ungrounded_fact" for e in events),
+        "malformed_actions": sum(e["op"] == "malformed_action" for e in events),
+        "decide_retries": len(redo),
         "refused_facts": len(refused),
         "refused_facts_log": str(refused_facts_path(store)) if logged else None,
         "refused": refused,

@@ -205,6 +205,19 @@ def test_a_negating_fact_is_never_swallowed_by_noop(tmp_path):
     assert out["decisions"] == {"ADD": 1, "NOOP": 1}
 
 
+_MALFORMED = json.dumps(
+    {
+        "decisions": [
+            {"fact": 1, "op": "DELETE", "target": 1},
+            {"fact": 1, "op": "ADD"},
+            {"fact": 2, "op": "REMOVE", "target": 1},  # malformed: no such op
+            {"fact": "three", "op": "ADD"},
+            {"fact": 3, "op": "NOOP"},
+        ]
+    }
+)
+
+
 def test_delete_then_add_for_one_fact_and_malformed_actions(tmp_path):
     s, emb = _one_memory_store(tmp_path, "Gina likes spicy noodle soup")
     be = Scripted(
@@ -214,22 +227,18 @@ def test_delete_then_add_for_one_fact_and_malformed_actions(tmp_path):
                 "Gina bought a bike",
                 "Gina likes tea",
             ),
-            json.dumps(
-                {
-                    "decisions": [
-                        {"fact": 1, "op": "DELETE", "target": 1},
-                        {"fact": 1, "op": "ADD"},
-                        {"fact": 2, "op": "REMOVE", "target": 1},  # malformed: no such op
-                        {"fact": "three", "op": "ADD"},
-                        {"fact": 3, "op": "NOOP"},
-                    ]
-                }
-            ),
+            _MALFORMED,
+            _MALFORMED,  # the retry is malformed again: the first answer's valid actions apply
         ]
     )
     out = ingest(
         s, [turn(1, "I hate spicy noodle soup now")], be, emb, IngestConfig(add_below=-1.0)
     )
+    assert len(be.seen) == 3 and be.seen[2].temperature == 0.7  # one retry
+    assert out["decide_retries"] == 1 and out["malformed_actions"] == 2
+    bad = [e["action"] for e in out["events"] if e["op"] == "malformed_action"]
+    assert bad[0].startswith('fact 2: "REMOVE" of [1] (id m0): op: Input should be')
+    assert bad[1].startswith('fact "three" (not one of 1..3): "ADD": fact: Input should be')
     m = s.load().records.meta.set_index("id")
     new = m.index[m["text"] == "Gina can't stand spicy noodle soup any more"]
     assert len(new) == 1 and np.isnan(m.loc[new[0], "deleted_at"])  # stored once
@@ -545,3 +554,27 @@ def test_every_refused_fact_is_kept_in_the_refused_facts_log(store):
     # a second run appends
     ingest(store, turns[1:2], Scripted([]), WordEmbedder(), IngestConfig(add_below=2.0))
     assert len(refused_facts_path(store).read_text().splitlines()) == 4
+
+
+def test_malformed_action_is_retried_and_a_clean_retry_counts(tmp_path):
+    """One malformed action of an answer: the request is asked again, and a clean retry's
+    decisions are the ones applied (no malformed_action event)."""
+    s, emb = _one_memory_store(tmp_path, "Gina likes spicy noodle soup")
+    clean = json.dumps(
+        {"decisions": [{"fact": 1, "op": "DELETE", "target": 1}, {"fact": 2, "op": "ADD"}]}
+    )
+    first = json.dumps(
+        {"decisions": [{"fact": 1, "op": "DELET", "target": 1}, {"fact": 2, "op": "ADD"}]}
+    )
+    be = Scripted(
+        [facts("Gina can't stand spicy noodle soup any more", "Gina bought a bike"), first, clean]
+    )
+    out = ingest(
+        s, [turn(1, "I hate spicy noodle soup now")], be, emb, IngestConfig(add_below=-1.0)
+    )
+    assert out["decide_retries"] == 1 and out["malformed_actions"] == 0
+    assert out["decisions"] == {"DELETE": 1, "ADD": 1}
+    m = s.load().records.meta.set_index("id")
+    assert m.loc["m0", "deleted_reason"] == "superseded"
+    ev = next(e for e in out["events"] if e.get("superseded") == "m0")
+    assert ev["raw"] == [first, clean]

@@ -6,8 +6,9 @@ model cannot address a memory it was not shown. Before any call, cheap filters d
 needs no model: a fact whose normalised text already exists is NOOP, and a fact whose
 nearest neighbour is below ``add_below`` is ADD.
 
-Parsing is defensive (the conservative choice on every doubt): an unparseable answer is
-retried once by the caller and then every fact is ADDed; a missing decision is ADD; an alias
+Parsing is defensive (the conservative choice on every doubt): an unparseable answer, or one
+with a malformed action, is retried once by the caller (then every fact without a valid
+decision is ADDed, and each malformed action is reported by fact and alias); a missing decision is ADD; an alias
 that was not shown, or an UPDATE/DELETE aimed at a pinned memory, is rejected and the fact is
 ADDed instead; nothing is ever deleted on doubt.
 """
@@ -31,6 +32,8 @@ __all__ = [
     "prefilter",
     "decide_request",
     "parse_decisions",
+    "DecideAnswer",
+    "parse_answer",
 ]
 
 DECIDE_PROMPT_VERSION = "decide-v2"
@@ -130,6 +133,45 @@ def decide_request(
     )
 
 
+@dataclass(frozen=True)
+class DecideAnswer:
+    """One decide answer read by :func:`parse_answer`: ``decisions`` (as
+    :func:`parse_decisions` returns them, ``None`` when nothing was usable) and
+    ``malformed``, one description per malformed action naming the fact and the stored
+    memory it aimed at by alias and id (``'fact 2: DELET of [3] (id m-1): unknown op'``)."""
+
+    decisions: list[Decision] | None
+    malformed: tuple[str, ...] = ()
+
+
+def _describe(item: Any, n_facts: int, by_alias: dict[int, Neighbour], err: str) -> str:
+    if not isinstance(item, dict):
+        return f"action {json.dumps(item)[:120]}: not an object"
+    fact = item.get("fact")
+    who = (
+        f"fact {fact}"
+        if isinstance(fact, int) and not isinstance(fact, bool) and 1 <= fact <= n_facts
+        else f"fact {json.dumps(fact)[:40]} (not one of 1..{n_facts})"
+    )
+    op = json.dumps(item.get("op"))[:40]
+    tgt = item.get("target")
+    if tgt is None:
+        aim = ""
+    elif isinstance(tgt, int) and not isinstance(tgt, bool) and tgt in by_alias:
+        aim = f" of [{tgt}] (id {by_alias[tgt].id})"
+    else:
+        aim = f" of {json.dumps(tgt)[:40]} (not an alias that was shown)"
+    return f"{who}: {op}{aim}: {err}"
+
+
+def parse_answer(raw: str, n_facts: int, neighbours: Sequence[Neighbour]) -> DecideAnswer:
+    """:func:`parse_decisions` with the malformed actions described (see
+    :class:`DecideAnswer`); the write path retries an answer with any of them once."""
+    malformed: list[str] = []
+    d = _parse(raw, n_facts, neighbours, malformed)
+    return DecideAnswer(d, tuple(malformed))
+
+
 def parse_decisions(
     raw: str, n_facts: int, neighbours: Sequence[Neighbour]
 ) -> list[Decision] | None:
@@ -137,13 +179,20 @@ def parse_decisions(
     is not valid JSON of :class:`DecideOut` (the caller retries, then ADDs everything).
 
     Rules: the first valid decision per fact counts; a fact without one is ADD; a malformed
-    action (unknown op, a fact number that is not an integer) is skipped and named in the
+    action (unknown op, a fact number that is not an integer or not one of the facts) is
+    skipped and named in the
     note of the fact it names, when it names one, while the valid actions of the same answer
     apply (an answer of malformed actions only is ``None``, like invalid JSON);
     UPDATE/DELETE need a ``target`` alias that was shown (else rejected -> ADD); a pinned
     target is never updated or deleted (rejected -> ADD); UPDATE needs a non-empty text
     (else ADD).
     """
+    return _parse(raw, n_facts, neighbours, [])
+
+
+def _parse(
+    raw: str, n_facts: int, neighbours: Sequence[Neighbour], malformed_out: list[str]
+) -> list[Decision] | None:
     out = parse_json_model(raw, _DecideLoose)
     if out is None:
         return None
@@ -154,14 +203,23 @@ def parse_decisions(
     for item in out.decisions:
         try:
             d = _Op.model_validate(item)
-        except ValidationError:
+        except ValidationError as e:
             malformed += 1
+            why = "; ".join(
+                f"{'.'.join(map(str, x['loc'])) or 'action'}: {x['msg']}" for x in e.errors()
+            )[:200]
+            desc = _describe(item, n_facts, by_alias, why)
+            malformed_out.append(desc)
             fact = item.get("fact") if isinstance(item, dict) else None
             if isinstance(fact, int) and not isinstance(fact, bool) and 1 <= fact <= n_facts:
-                bad.setdefault(fact - 1, f"malformed action rejected: {json.dumps(item)[:200]}")
+                bad.setdefault(fact - 1, f"malformed action rejected: {desc}")
             continue
         k = d.fact - 1
-        if k >= n_facts or k in got:
+        if k >= n_facts:
+            malformed += 1
+            malformed_out.append(_describe(item, n_facts, by_alias, f"there are {n_facts} facts"))
+            continue
+        if k in got:
             continue
         if d.op in ("ADD", "NOOP"):
             got[k] = Decision(k, d.op)
