@@ -536,6 +536,9 @@ class IngestConfig:
             decision call.
         allow_untrusted: extract facts from turns of untrusted sources too.
         require_grounding: refuse facts naming numbers or names their turn does not hold.
+        supersede_above: a fact the model ADDs or NOOPs that negates or states the
+            opposite of its nearest stored memory at this cosine or above supersedes it
+            (``null``: never; the pair is then only logged).
         extract_max_tokens, decide_max_tokens: answer lengths of the two calls.
     """
 
@@ -547,6 +550,7 @@ class IngestConfig:
     add_below: float = 0.5
     allow_untrusted: bool = False
     require_grounding: bool = True
+    supersede_above: float | None = 0.8
     extract_max_tokens: int = 192
     decide_max_tokens: int = 256
 

@@ -17,7 +17,10 @@
    the old record becomes a tombstone ``deleted_reason="superseded"`` whose ``merged_into``
    points at it (the new fact is never lost). A model NOOP is accepted only if the fact does
    not conflict (negation, number, date) with its nearest stored memory; otherwise it is
-   ADDed. A temporal fact (one with a
+   ADDed. A NOOP names the memory that holds the fact (the exact duplicate, else the
+   nearest). An ADD that negates or opposes its nearest memory at ``supersede_above`` or
+   more supersedes it (a correction the model missed). Relative dates in a fact's text are
+   resolved against its turn (:func:`resolve_relative_dates`); vague ones are flagged. A temporal fact (one with a
    ``valid_from``) is history rather than an error once contradicted: UPDATE or DELETE of it
    closes its validity interval (``valid_to`` = when the new fact became true, else the turn's
    time) and keeps it live. Nothing is ever removed.
@@ -57,7 +60,7 @@ from .store import (
 from .store.schema import normalise_vectors
 from .text import conflict_reason, text_hash
 
-__all__ = ["IngestConfig", "ingest"]
+__all__ = ["IngestConfig", "ingest", "resolve_relative_dates"]
 
 
 @dataclass
@@ -72,6 +75,13 @@ class IngestConfig:
         require_grounding: refuse an extracted fact that states a number or a name its turn
             does not contain (:func:`~consolidate.llm.extract.ungrounded`; logged as
             ``ungrounded_fact`` with what it added, never stored).
+        supersede_above: a fact the model ADDs (or NOOPs against a memory it conflicts
+            with) whose nearest stored memory in its namespace has at least this cosine and
+            is its negation or opposite (:func:`~consolidate.text.conflict_reason`
+            ``"negation"`` / ``"opposite"``) supersedes that memory like a DELETE (decided
+            ``by="guard"``); a pinned memory, one already changed in the batch, or one newer
+            than the fact's turn stays live and the pair is logged as
+            ``contradiction_kept``. ``None``: never supersede, only log.
         extract_max_tokens, decide_max_tokens: generation limits.
     """
 
@@ -79,6 +89,7 @@ class IngestConfig:
     add_below: float = 0.5
     allow_untrusted: bool = False
     require_grounding: bool = True
+    supersede_above: float | None = 0.8
     extract_max_tokens: int = 192
     decide_max_tokens: int = 256
 
@@ -239,6 +250,11 @@ def ingest(
     stored_hashes = {
         (n, h) for n, h, o in zip(lm["namespace"], lm["text_hash"], still_open, strict=True) if o
     }
+    open_by_hash = {
+        (n, h): i
+        for n, h, i, o in zip(lm["namespace"], lm["text_hash"], lm["id"], still_open, strict=True)
+        if o
+    }
     pre = prefilter(
         [f"{t.namespace}\x00{text_hash(f.text)}" for t, _, f in items],
         {f"{n}\x00{h}" for n, h in stored_hashes},
@@ -312,6 +328,7 @@ def ingest(
     touched: set[str] = set()
     row_of = {i: k for k, i in enumerate(lm["id"])}  # decision targets -> stored rows
     new_rows, patches, upd_texts = [], [], []
+    row_fact: list[str] = []  # per new row, the text its vector was embedded from
     for n, (t, k, f) in enumerate(items):
         d = decisions[n]
         assert d is not None
@@ -335,6 +352,22 @@ def ingest(
                     source="fallback",
                     note=f"NOOP rejected: {why} against {lm['id'].iat[j]}",
                 )
+        j = int(top.indices[n][0])
+        if d.op == "ADD" and j >= 0 and float(top.scores[n][0]) >= (cfg.supersede_above or 2.0):
+            d = _supersede_guard(d, n, f.text, t.time_h, lm, j, float(top.scores[n][0]), touched)
+        elif d.op == "ADD" and j >= 0 and cfg.supersede_above is None:
+            why = conflict_reason(f.text, lm["text"].iat[j])
+            if why in ("negation", "opposite"):
+                events.append(_kept(t.id, f.text, lm["id"].iat[j], why, "supersede_above is null"))
+        if d.note.startswith("kept: "):
+            events.append(_kept(t.id, f.text, lm["id"].iat[j], *d.note[6:].split("; ", 1)))
+        if d.op == "NOOP" and d.target_id is None:
+            # NOOP names the memory that already holds the fact: the exact duplicate, else
+            # the nearest stored memory
+            same = open_by_hash.get((t.namespace, text_hash(f.text)))
+            d = Decision(
+                n, "NOOP", same or (lm["id"].iat[j] if j >= 0 else None), None, d.source, d.note
+            )
         ev = {
             "op": d.op,
             "turn": t.id,
@@ -350,10 +383,15 @@ def ingest(
         vf, why = _valid_from_hours(f.valid_from, t.time_h)
         if why:
             ev["valid_from_refused"] = why
+        text, resolved, unresolved = resolve_relative_dates(f.text, t.time_h)
+        if resolved:
+            ev["dates_resolved"] = resolved
+        if unresolved:
+            ev["dates_unresolved"] = unresolved
         row = {
             "id": _fact_id(t.id, k),
             "namespace": t.namespace,
-            "text": f.text,
+            "text": text,
             "vector": vecs[n],
             "importance": f.importance / 10.0,
             "created_at": t.time_h,
@@ -374,25 +412,29 @@ def ingest(
             )
             ev["closed"] = d.target_id
             if d.op == "UPDATE":
-                row.update(text=d.text)
+                row.update(text=resolve_relative_dates(d.text, t.time_h)[0])
                 upd_texts.append(len(new_rows))
             new_rows.append(row)  # the new fact (an UPDATE's text, or a DELETE's fact)
+            row_fact.append(f.text)
             ev["closed_by"] = row["id"]
         elif d.op == "ADD":
             new_rows.append(row)
+            row_fact.append(f.text)
         elif d.op == "UPDATE":
             touched.add(d.target_id)
             row.update(
-                text=d.text,
+                text=resolve_relative_dates(d.text, t.time_h)[0],
                 importance=max(row["importance"], float(old["importance"])),
                 source_ids=sorted(set(old["source_ids"]) | {t.id}),
             )
             upd_texts.append(len(new_rows))
             new_rows.append(row)
+            row_fact.append(f.text)
             patches.append({"id": d.target_id, "op": "delete", "into": row["id"], "at": t.time_h})
         elif d.op == "DELETE":  # a contradiction: the new fact supersedes the old one
             touched.add(d.target_id)
             new_rows.append(row)
+            row_fact.append(f.text)
             patches.append(
                 {
                     "id": d.target_id,
@@ -403,7 +445,13 @@ def ingest(
                 }
             )
             ev["superseded"] = d.target_id
-    if upd_texts:  # an UPDATE's vector is the embedding of its new text
+    # a row's vector is the embedding of its own text: an UPDATE's new text, or a text whose
+    # relative dates were resolved
+    upd_texts = sorted(
+        set(upd_texts)
+        | {i for i, (r, e) in enumerate(zip(new_rows, row_fact, strict=True)) if r["text"] != e}
+    )
+    if upd_texts:
         v = embedder.encode([new_rows[i]["text"] for i in upd_texts])
         for i, vec in zip(upd_texts, v, strict=True):
             new_rows[i]["vector"] = vec
@@ -417,6 +465,22 @@ def ingest(
     if patches:
         store.patch(patches)  # each patch carries the time of its own turn
     logged = bool(refused) and store.exists()  # a store folder is made only by create
+    applied = [e for e in events if e["op"] in ("ADD", "UPDATE", "DELETE", "NOOP")]
+    n_refused_facts = sum(r["fact"] is not None for r in refused)
+    accounting = {
+        "extracted": len(items) + n_refused_facts,
+        "added": sum(e["op"] == "ADD" and "closed" not in e for e in applied),
+        "updated": sum(e["op"] == "UPDATE" for e in applied),
+        "superseding": sum(e["op"] == "DELETE" for e in applied)
+        + sum(e["op"] == "ADD" and "closed" in e for e in applied),
+        "noop": sum(e["op"] == "NOOP" for e in applied),
+        "refused": n_refused_facts,
+        "refused_by_reason": dict(Counter(r["reason"] for r in refused if r["fact"] is not None)),
+        "turns_refused": dict(Counter(r["reason"] for r in refused if r["fact"] is None)),
+    }
+    assert accounting["extracted"] == sum(
+        accounting[k] for k in ("added", "updated", "superseding", "noop", "refused")
+    ), accounting
     if logged:
         write_refused_facts(store, refused)
     ops = Counter(e["op"] for e in events if e["op"] in ("ADD", "UPDATE", "DELETE", "NOOP"))
@@ -437,6 +501,10 @@ def ingest(
         "refused_facts_log": str(refused_facts_path(store)) if logged else None,
         "refused": refused,
         "facts": len(items),
+        "accounting": accounting,
+        "contradictions_kept": sum(e["op"] == "contradiction_kept" for e in events),
+        "valid_from_unresolved": sum("valid_from_refused" in e for e in applied),
+        "dates_unresolved": sum(len(e.get("dates_unresolved", ())) for e in applied),
         "decisions": dict(ops),
         "decided_by": dict(by),
         "records_written": len(written),
@@ -447,6 +515,137 @@ def ingest(
         "latency_s": {s: {"p50": pct(v, 50), "p95": pct(v, 95)} for s, v in lat.items()},
         "events": events,
     }
+
+
+def _kept(turn: str, fact: str, target: str, why: str, because: str) -> dict[str, Any]:
+    return {
+        "op": "contradiction_kept",
+        "turn": turn,
+        "fact_text": fact,
+        "target": target,
+        "reason": why,
+        "because": because,
+    }
+
+
+def _supersede_guard(
+    d: Decision,
+    n: int,
+    text: str,
+    turn_h: float,
+    lm: pd.DataFrame,
+    j: int,
+    score: float,
+    touched: set[str],
+) -> Decision:
+    """The ADD ``d`` of fact ``n`` turned into a DELETE of stored row ``j`` when ``text``
+    negates or opposes it (see :attr:`IngestConfig.supersede_above`); a pair that may not
+    be superseded comes back as the ADD with a note ``"kept: <reason>; <because>"``."""
+    why = conflict_reason(text, lm["text"].iat[j])
+    if why not in ("negation", "opposite"):
+        return d
+    tid = lm["id"].iat[j]
+    because = (
+        "the memory is pinned"
+        if bool(lm["pinned"].iat[j])
+        else "the memory was already changed in this batch"
+        if tid in touched
+        else "the memory is newer than the fact's turn"
+        if float(lm["created_at"].iat[j]) > turn_h
+        else None
+    )
+    if because:
+        return Decision(n, "ADD", source=d.source, note=f"kept: {why}; {because}")
+    note = f"{d.source} ADD overridden: {why} of {tid} at cosine {score:.3f}, supersedes it"
+    if d.note:
+        note = f"{d.note}; {note}"
+    return Decision(n, "DELETE", tid, None, source="guard", note=note)
+
+
+_DAY = r"(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)"
+_REL_IN_TEXT = re.compile(
+    r"\b(today|tonight|this morning|this evening|yesterday|last (?:week|month|year|" + _DAY + r")"
+    r"|(?:\d{1,4}|a|an|one|two|three|four|five|six|seven|eight|nine|ten) "
+    r"(?:day|week|month|year)s? ago)\b",
+    re.IGNORECASE,
+)
+_REL_VAGUE = re.compile(
+    r"\b(recently|the other day|a while ago|some time ago|soon|lately|earlier this "
+    r"(?:week|month|year)|next (?:week|month|year|weekend|" + _DAY + r")|last weekend"
+    r"|this (?:week|month|year|weekend))\b",
+    re.IGNORECASE,
+)
+
+
+def resolve_relative_dates(text: str, turn_h: float) -> tuple[str, list[str], list[str]]:
+    """Relative dates in a fact's text resolved against its turn's time.
+
+    ``"Went hiking yesterday"`` from a turn on 10 May 2023 becomes ``"Went hiking yesterday
+    (9 May 2023)"``: a memory read months later still says when. Resolved: today, tonight,
+    this morning/evening, yesterday, last week/month/year, last <weekday> (the latest such
+    day before the turn's day), and ``N days/weeks/months/years ago``; days are named by
+    date, weeks by their Monday, months by month and year, years by year (UTC). Vague ones
+    (recently, the other day, next week, this month...) cannot be resolved and are returned
+    so the caller flags them.
+
+    Args:
+        text: the fact (``str``).
+        turn_h: the turn's time, hours since the epoch (UTC).
+
+    Returns:
+        ``(text with each resolved phrase followed by its date in brackets, the resolved
+        phrases as "phrase -> date", the unresolved phrases)``. A text that already carries
+        a bracketed date after the phrase is left as it is.
+    """
+    resolved: list[str] = []
+
+    def fill(m: re.Match) -> str:
+        phrase = m.group(1)
+        if text[m.end() : m.end() + 2] == " (":
+            return phrase
+        label = _date_label(phrase.lower(), turn_h)
+        if label is None:
+            return phrase
+        resolved.append(f"{phrase} -> {label}")
+        return f"{phrase} ({label})"
+
+    out = _REL_IN_TEXT.sub(fill, text) if _REL_IN_TEXT.search(text) else text
+    unresolved = [m.group(1) for m in _REL_VAGUE.finditer(text)]
+    return out, resolved, unresolved
+
+
+_WEEKDAY_NO = {
+    d: k
+    for k, d in enumerate(
+        ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+    )
+}
+
+
+def _date_label(phrase: str, turn_h: float) -> str | None:
+    day0 = math.floor(turn_h / 24.0) * 24.0
+    unit = "day"
+    if phrase in ("today", "tonight", "this morning", "this evening"):
+        h = day0
+    elif phrase.startswith("last ") and phrase[5:] in _WEEKDAY_NO:
+        wd = datetime_from_hours(day0).weekday()
+        back = (wd - _WEEKDAY_NO[phrase[5:]]) % 7 or 7
+        h = day0 - 24.0 * back
+    else:
+        r = _relative_hours(phrase, turn_h)
+        if r is None:
+            return None
+        h = r
+        unit = next((u for u in ("week", "month", "year") if u in phrase), "day")
+    ts = datetime_from_hours(h)
+    if unit == "day":
+        return f"{ts.day} {ts:%B %Y}"
+    if unit == "week":
+        monday = datetime_from_hours(h - 24.0 * ts.weekday())
+        return f"week of {monday.day} {monday:%B %Y}"
+    if unit == "month":
+        return f"{ts:%B %Y}"
+    return f"{ts:%Y}"
 
 
 def _valid_from_hours(text: str | None, turn_h: float) -> tuple[float, str | None]:

@@ -169,7 +169,7 @@ def test_contradicted_temporal_fact_is_closed_not_deleted(tmp_path):
     ] == [("m0", None), (None, "m1")]
 
 
-def _one_memory_store(tmp_path, text):
+def _one_memory_store(tmp_path, text, pinned=False):
     emb = WordEmbedder()
     s = Store(tmp_path / "s")
     s.create(
@@ -181,6 +181,7 @@ def _one_memory_store(tmp_path, text):
                     "text": text,
                     "vector": emb.encode([text])[0],
                     "last_used": 10.0,
+                    "pinned": pinned,
                 }
             ]
         )
@@ -196,13 +197,76 @@ def test_a_negating_fact_is_never_swallowed_by_noop(tmp_path):
             json.dumps({"decisions": [{"fact": 1, "op": "NOOP"}]}),
         ]
     )
-    out = ingest(s, [turn(1, "no dogs any more")], be, emb, IngestConfig(add_below=-1.0))
+    out = ingest(
+        s,
+        [turn(1, "no dogs any more")],
+        be,
+        emb,
+        IngestConfig(add_below=-1.0, supersede_above=None),
+    )
     m = s.load().records.meta
     assert sorted(m["text"]) == ["Dogs are allowed in the flat", "Dogs are not allowed in the flat"]
+    assert m["deleted_at"].isna().all()  # superseding is off: both stay live, the pair is logged
     ev = [e for e in out["events"] if e.get("fact") == "Dogs are not allowed in the flat"][0]
     assert ev["op"] == "ADD" and ev["note"] == "NOOP rejected: negation against m0"
-    # the second fact is an exact duplicate (filter NOOP), the model's NOOP stands for none
+    kept = [e for e in out["events"] if e["op"] == "contradiction_kept"]
+    assert [(k["target"], k["reason"], k["because"]) for k in kept] == [
+        ("m0", "negation", "supersede_above is null")
+    ]
+    # the second fact is an exact duplicate (filter NOOP, naming m0), the model's NOOP
+    # stands for none
     assert out["decisions"] == {"ADD": 1, "NOOP": 1}
+    noop = next(e for e in out["events"] if e["op"] == "NOOP")
+    assert noop["target"] == "m0" and noop["by"] == "filter"
+    assert out["accounting"] == {
+        "extracted": 2,
+        "added": 1,
+        "updated": 0,
+        "superseding": 0,
+        "noop": 1,
+        "refused": 0,
+        "refused_by_reason": {},
+        "turns_refused": {},
+    }
+
+
+def test_a_correction_the_model_missed_supersedes_its_opposite(tmp_path):
+    """The model NOOPs (or ADDs) a fact that negates its nearest memory: the fact is stored
+    and the memory superseded (pointer to the fact), decided by the guard."""
+    s, emb = _one_memory_store(tmp_path, "Dogs are allowed in the flat")
+    be = Scripted(
+        [
+            facts("Dogs are not allowed in the flat"),
+            json.dumps({"decisions": [{"fact": 1, "op": "NOOP"}]}),
+        ]
+    )
+    out = ingest(s, [turn(1, "no dogs any more")], be, emb, IngestConfig(add_below=-1.0))
+    m = s.load().records.meta.set_index("id")
+    new = m.index[m["text"] == "Dogs are not allowed in the flat"][0]
+    assert m.loc["m0", "deleted_reason"] == "superseded" and m.loc["m0", "merged_into"] == new
+    assert np.isnan(m.loc[new, "deleted_at"])
+    ev = next(e for e in out["events"] if e.get("superseded") == "m0")
+    assert ev["op"] == "DELETE" and ev["by"] == "guard"
+    assert ev["note"].startswith(
+        "NOOP rejected: negation against m0; fallback ADD overridden: negation of m0 at cosine"
+    )
+    assert out["accounting"]["superseding"] == 1 and out["accounting"]["extracted"] == 1
+
+
+def test_a_pinned_opposite_is_kept_and_logged(tmp_path):
+    s, emb = _one_memory_store(tmp_path, "Dogs are allowed in the flat", pinned=True)
+    be = Scripted(
+        [
+            facts("Dogs are not allowed in the flat"),
+            json.dumps({"decisions": [{"fact": 1, "op": "ADD"}]}),
+        ]
+    )
+    out = ingest(s, [turn(1, "no dogs any more")], be, emb, IngestConfig(add_below=-1.0))
+    m = s.load().records.meta.set_index("id")
+    assert m["deleted_at"].isna().all() and len(m) == 2
+    kept = [e for e in out["events"] if e["op"] == "contradiction_kept"]
+    assert [(k["target"], k["because"]) for k in kept] == [("m0", "the memory is pinned")]
+    assert out["contradictions_kept"] == 1
 
 
 _MALFORMED = json.dumps(
@@ -578,3 +642,45 @@ def test_malformed_action_is_retried_and_a_clean_retry_counts(tmp_path):
     assert m.loc["m0", "deleted_reason"] == "superseded"
     ev = next(e for e in out["events"] if e.get("superseded") == "m0")
     assert ev["raw"] == [first, clean]
+
+
+def test_relative_dates_resolved_in_text_and_vague_ones_flagged(tmp_path):
+    """A relative date in a fact's text is resolved against its turn (10 May 2023, a
+    Wednesday) and written next to it; the row's vector is the embedding of the stored
+    text; a vague date is flagged; a valid_from that cannot be read is counted."""
+    s, emb = _one_memory_store(tmp_path, "Gina likes tea")
+    when = _MAY8 + 2 * 24 + 15
+    be = Scripted(
+        [
+            json.dumps(
+                {
+                    "facts": [
+                        {"text": "Gina went hiking yesterday", "importance": 5},
+                        {"text": "Gina met Jon last Friday", "importance": 5},
+                        {"text": "Gina started pottery recently", "importance": 5},
+                        {"text": "Gina moved flat", "importance": 5, "valid_from": "soonish"},
+                    ]
+                }
+            )
+        ]
+    )
+    t = Turn(
+        "D1:1", "gina", "Gina", "I went hiking yesterday and met Jon last Friday...", when, "user"
+    )
+    out = ingest(s, [t], be, emb, IngestConfig(add_below=2.0))  # every fact ADDed by filter
+    m = s.load().records.meta.set_index("text")
+    assert {
+        "Gina went hiking yesterday (9 May 2023)",
+        "Gina met Jon last Friday (5 May 2023)",
+    } <= set(m.index)
+    recs = s.load().records
+    k = list(recs.meta["text"]).index("Gina went hiking yesterday (9 May 2023)")
+    np.testing.assert_allclose(
+        recs.vectors[k], emb.encode(["Gina went hiking yesterday (9 May 2023)"])[0], atol=1e-6
+    )
+    ev = {e["fact"]: e for e in out["events"] if e.get("op") == "ADD"}
+    assert ev["Gina went hiking yesterday"]["dates_resolved"] == ["yesterday -> 9 May 2023"]
+    assert ev["Gina started pottery recently"]["dates_unresolved"] == ["recently"]
+    assert "soonish" in ev["Gina moved flat"]["valid_from_refused"]
+    assert out["dates_unresolved"] == 1 and out["valid_from_unresolved"] == 1
+    assert out["accounting"]["added"] == 4 == out["accounting"]["extracted"]

@@ -37,6 +37,7 @@ def run_ingest(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
                 "add_below",
                 "allow_untrusted",
                 "require_grounding",
+                "supersede_above",
                 "extract_max_tokens",
                 "decide_max_tokens",
             )
@@ -57,7 +58,25 @@ def run_ingest(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
 def main(cfg: DictConfig) -> None:
     with user_errors():
         out = run_ingest(cfg, HydraConfig.get().runtime.output_dir)
+    out.pop("refused", None)  # the entries are in the refused-facts log
     print(json.dumps(out, indent=1))
+    print(accounting_line(out["accounting"]))
+
+
+def accounting_line(a: dict[str, Any]) -> str:
+    """``facts: N extracted = a added + u updated (merged into a memory) + s superseding +
+    n NOOP + r refused (reason k, ...)``, from the summary's ``accounting``."""
+    why = ", ".join(f"{k} {v}" for k, v in sorted(a["refused_by_reason"].items()))
+    line = (
+        f"facts: {a['extracted']} extracted = {a['added']} added + {a['updated']} updated "
+        f"(merged into a memory) + {a['superseding']} superseding + {a['noop']} NOOP + "
+        f"{a['refused']} refused" + (f" ({why})" if why else "")
+    )
+    if a["turns_refused"]:
+        line += "; turns refused: " + ", ".join(
+            f"{k} {v}" for k, v in sorted(a["turns_refused"].items())
+        )
+    return line
 
 
 if __name__ == "__main__":
