@@ -7,6 +7,8 @@ import subprocess
 import sys
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from consolidate.config import PassConfig
@@ -975,3 +977,63 @@ def test_transact_is_lock_load_change_commit(store):
     # a (records, events) pair works too
     info = store.transact(lambda snap: (snap.records.take(np.arange(1, len(snap.records))), []))
     assert info["version"] == v + 2 and info["rows_deleted"] == 1
+
+
+def _foreign_rewrite(tmp_path, damage):
+    """A Lance store of four records whose dataset another tool rewrote: ``damage`` is
+    ``"width"`` (record r2's vector has 3 components, in a list column) or ``"utf8"``
+    (record r1's text holds the byte 0xff)."""
+    import lance
+
+    s = LanceStore(tmp_path / "s")
+    rows = [
+        {
+            "id": f"r{k}",
+            "namespace": "n" if k < 3 else "m",
+            "text": f"text {k}",
+            "vector": np.eye(4, dtype=np.float32)[k],
+            "last_used": 1.0,
+        }
+        for k in range(4)
+    ]
+    s.create(make_records(rows))
+    t = lance.dataset(str(s.dataset_path)).to_table()
+    if damage == "width":
+        vec = t.column("vector").to_pylist()
+        vec[2] = vec[2][:3]
+        col, arr = "vector", pa.array(vec, pa.list_(pa.float32()))
+    else:
+        txt = [x.encode() for x in t.column("text").to_pylist()]
+        txt[1] = b"bad \xff text"
+        col, arr = "text", pa.array(txt, pa.binary()).view(pa.string())
+    t = t.set_column(t.schema.get_field_index(col), col, arr)
+    lance.write_dataset(t, str(s.dataset_path), mode="overwrite")
+    return s
+
+
+@pytest.mark.parametrize(
+    "damage,bad,why",
+    [
+        ("width", "r2", "a vector of 3 components, the store's dim is 4"),
+        ("utf8", "r1", "text is not valid UTF-8"),
+    ],
+)
+def test_a_bad_row_is_named_and_quarantine_loads_past_it(tmp_path, damage, bad, why):
+    s = _foreign_rewrite(tmp_path, damage)
+    with pytest.raises(InvalidRecordsError) as e:
+        LanceStore(s.root).load()
+    msg = str(e.value)
+    assert "memories.lance (version" in msg and f"{why}: 1 record(s): '{bad}'" in msg
+    assert msg.count("record(s)") == 1  # the one problem, nothing derived from it
+    q = LanceStore(s.root, quarantine=True)
+    snap = q.load()
+    good = sorted({"r0", "r1", "r2", "r3"} - {bad})
+    assert sorted(snap.records.meta["id"]) == good
+    # a load of some namespaces names the row too, and skips the other namespace
+    assert sorted(q.load(namespaces=["n"]).records.meta["id"]) == [g for g in good if g != "r3"]
+    qt = pa.concat_tables(pq.read_table(p) for p in sorted((s.root / "quarantine").glob("*")))
+    assert set(qt.column("id").to_pylist()) == {bad}
+    assert all(why in r for r in qt.column("quarantine_reason").to_pylist())
+    # the next commit removes the row from the dataset: a strict load reads the rest
+    q.commit(snap.records, [], base=snap)
+    assert sorted(LanceStore(s.root).load().records.meta["id"]) == good

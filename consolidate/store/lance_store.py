@@ -189,8 +189,38 @@ def _read_table(ds: Any, **kw: Any) -> tuple[pa.Table, bool]:
         return out, False
 
 
+def _variable_width(vtype: pa.DataType) -> bool:
+    """A vector column written by another tool as a list of floats of any length."""
+    return (pa.types.is_list(vtype) or pa.types.is_large_list(vtype)) and pa.types.is_floating(
+        vtype.value_type
+    )
+
+
+def _decode_variable(column: Any, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(float32 [n, dim] vectors, int64 [n] widths)`` of a list-of-floats column: rows
+    of another width than ``dim`` (or null) get the first unit vector and their width (-1
+    for null) is reported, so the caller refuses them by record."""
+    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    n = len(col)
+    widths = pc.fill_null(pc.list_value_length(col), -1).to_numpy(zero_copy_only=False)
+    widths = widths.astype(np.int64)
+    out = np.zeros((n, dim), np.float32)
+    out[:, 0] = 1.0
+    ok = widths == dim
+    if ok.any():
+        good = col.filter(pa.array(ok))
+        out[ok] = (
+            pc.list_flatten(good).to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, dim)
+        )
+    return out, widths
+
+
 def _scan(
-    ds: Any, flt: Any, dim: int, found: Callable[[np.ndarray], None] | None = None
+    ds: Any,
+    flt: Any,
+    dim: int,
+    found: Callable[[np.ndarray], None] | None = None,
+    widths_out: dict[int, int] | None = None,
 ) -> tuple[pa.Table, np.ndarray, np.ndarray]:
     """Read the rows of the Lance dataset ``ds`` that match ``flt`` (all when ``None``):
     first every column but the vectors, then the vectors batch by batch (:data:`SCAN_BATCH`
@@ -201,6 +231,10 @@ def _scan(
     Args:
         found: called with the ``uint64`` row addresses once the first scan has them
             (before the vectors are read), or ``None``.
+        widths_out: for a vector column of variable width (a list of floats, as another
+            writer may leave it; with ``widths_out`` given, else refused), filled with
+            ``{position: width}`` of each row that is not ``dim`` wide (-1: null); those
+            rows get a placeholder vector, for the caller to refuse by record.
 
     Returns:
         ``(meta, vectors, rowaddr)``: the non-vector columns (Arrow, in scan order), the
@@ -213,7 +247,8 @@ def _scan(
     """
     vcols = [c for c in ("vector", SCALE_COLUMN) if c in ds.schema.names]
     vtype = ds.schema.field("vector").type
-    if not pa.types.is_fixed_size_list(vtype) or vtype.list_size != dim:
+    variable = widths_out is not None and _variable_width(vtype) and SCALE_COLUMN not in vcols
+    if not variable and (not pa.types.is_fixed_size_list(vtype) or vtype.list_size != dim):
         raise ValueError(f"the vector column is {vtype}, not {dim} wide")
     meta, indexed = _read_table(
         ds,
@@ -242,11 +277,15 @@ def _scan(
     ):
         k = b.num_rows
         got = b.column("_rowaddr").to_numpy()
-        block = decode_vectors(
-            b.column("vector"), b.column(SCALE_COLUMN) if SCALE_COLUMN in vcols else None
-        )
+        if variable:
+            block, widths = _decode_variable(b.column("vector"), dim)
+        else:
+            block = decode_vectors(
+                b.column("vector"), b.column(SCALE_COLUMN) if SCALE_COLUMN in vcols else None
+            )
         if at + k <= n and np.array_equal(got, addr[at : at + k]):
             vecs[at : at + k] = block
+            pos = np.arange(at, at + k)
         else:
             if order is None:
                 order = np.argsort(addr, kind="stable")
@@ -256,10 +295,130 @@ def _scan(
                     f"the vector scan returned rows the first scan of {n} rows did not"
                 )
             vecs[order[j]] = block
+            pos = order[j]
+        if variable:
+            assert widths_out is not None
+            wrong = np.flatnonzero(widths != dim)
+            widths_out.update(zip(pos[wrong].tolist(), widths[wrong].tolist(), strict=True))
         at += k
     if at != n:
         raise ValueError(f"the vector scan returned {at} rows, the first {n}")
     return meta, vecs, addr
+
+
+def _is_utf8_error(e: BaseException) -> bool:
+    m = str(e).lower()
+    return "utf-8" in m or "utf8" in m
+
+
+def _string_field(t: pa.DataType) -> bool:
+    return (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or ((pa.types.is_list(t) or pa.types.is_large_list(t)) and _string_field(t.value_type))
+    )
+
+
+#: rows read per ``take`` while looking for the rows whose strings Lance cannot decode
+_UTF8_CHUNK = 8192
+
+
+def _scan_past_bad_strings(
+    ds: Any, flt: Any, dim: int, widths_out: dict[int, int]
+) -> tuple[pa.Table, np.ndarray, np.ndarray, dict[int, list[str]]]:
+    """:func:`_scan` for a dataset with strings Lance refuses to decode (invalid UTF-8
+    written by another tool): each string column that fails is read in chunks by position,
+    and a chunk that fails is halved down to the single rows that hold the bad bytes.
+
+    Returns:
+        ``(meta, vectors, rowaddr, bad)`` as :func:`_scan`, filtered by ``flt`` after the
+        read, and ``bad``: ``{position: [columns]}`` of the rows whose strings could not be
+        decoded (their cells hold a placeholder: ``""``, or for ``id`` the row's position,
+        so the caller refuses them by record).
+
+    Raises:
+        OSError, pyarrow.ArrowException: a read fails for another reason than the strings.
+    """
+    names = ds.schema.names
+    strings = [f.name for f in ds.schema if _string_field(f.type)]
+    base = ds.to_table(columns=[c for c in names if c not in strings], with_row_address=True)
+    n = base.num_rows
+    bad: dict[int, list[str]] = {}
+    cols: dict[str, pa.Array | pa.ChunkedArray] = {}
+    for c in strings:
+        try:
+            cols[c] = ds.to_table(columns=[c]).column(c)
+            continue
+        except Exception as e:  # noqa: BLE001 - only UTF-8 failures are looked into
+            if not _is_utf8_error(e):
+                raise
+        ftype = ds.schema.field(c).type
+        values: list[Any] = [None] * n
+        todo = [(lo, min(lo + _UTF8_CHUNK, n)) for lo in range(0, n, _UTF8_CHUNK)]
+        while todo:
+            lo, hi = todo.pop()
+            try:
+                values[lo:hi] = ds.take(list(range(lo, hi)), columns=[c]).column(c).to_pylist()
+            except Exception as e:  # noqa: BLE001
+                if not _is_utf8_error(e):
+                    raise
+                if hi - lo == 1:
+                    bad.setdefault(lo, []).append(c)
+                    values[lo] = (
+                        f"<row {lo}: not UTF-8>"
+                        if c == "id"
+                        else (
+                            []
+                            if pa.types.is_list(ftype) or pa.types.is_large_list(ftype)
+                            else "\ufffd"
+                        )
+                    )
+                else:
+                    mid = (lo + hi) // 2
+                    todo += [(lo, mid), (mid, hi)]
+        cols[c] = pa.array(values, ftype)
+    addr = base.column("_rowaddr").to_numpy()
+    vtype = ds.schema.field("vector").type
+    if _variable_width(vtype) and SCALE_COLUMN not in names:
+        vecs, widths = _decode_variable(base.column("vector"), dim)
+        wrong = np.flatnonzero(widths != dim)
+        widths_out.update(zip(wrong.tolist(), widths[wrong].tolist(), strict=True))
+    elif pa.types.is_fixed_size_list(vtype) and vtype.list_size == dim:
+        vecs = decode_vectors(
+            base.column("vector"), base.column(SCALE_COLUMN) if SCALE_COLUMN in names else None
+        )
+    else:
+        raise ValueError(f"the vector column is {vtype}, not {dim} wide")
+    vcols = {"vector", SCALE_COLUMN, "_rowaddr"}
+    meta = pa.table({c: cols[c] if c in cols else base.column(c) for c in names if c not in vcols})
+    if flt is not None:
+        where = pa.table({"_pos": pa.array(np.arange(n)), "namespace": meta.column("namespace")})
+        mask = np.asarray(where.filter(flt).column("_pos").to_numpy(), np.int64)
+        remap = {int(p): k for k, p in enumerate(mask)}
+        bad = {remap[p]: c for p, c in bad.items() if p in remap}
+        moved = {remap[p]: w for p, w in widths_out.items() if p in remap}
+        widths_out.clear()
+        widths_out.update(moved)
+        meta, vecs, addr = meta.take(pa.array(mask)), vecs[mask], addr[mask]
+    return meta, vecs, addr, bad
+
+
+def _row_problems(
+    meta: pa.Table, widths: Mapping[int, int], bad: Mapping[int, list[str]], dim: int
+) -> list[Problem]:
+    """One :class:`Problem` per wrong vector width and per column of undecodable strings,
+    naming the rows (positions in ``meta``) and their ids."""
+    if not widths and not bad:
+        return []
+    ids = meta.column("id").to_pylist()
+    groups: dict[str, list[int]] = {}
+    for pos, w in sorted(widths.items()):
+        what = "a null vector" if w < 0 else f"a vector of {w} components"
+        groups.setdefault(f"{what}, the store's dim is {dim}", []).append(pos)
+    for pos, cs in sorted(bad.items()):
+        for c in cs:
+            groups.setdefault(f"{c} is not valid UTF-8", []).append(pos)
+    return [Problem(k, rows, [str(ids[r]) for r in rows]) for k, rows in groups.items()]
 
 
 def _lance() -> Any:
@@ -1167,13 +1326,32 @@ class LanceStore(Store):
             namespaces = sorted({str(n) for n in namespaces})
             flt = pc.field("namespace").isin(pa.array(namespaces, pa.string()))
             source += f", namespaces {namespaces[:3]}{'...' if len(namespaces) > 3 else ''}"
+        widths: dict[int, int] = {}  # rows of a variable-width vector column not dim wide
+        bad_strings: dict[int, list[str]] = {}
         try:
             with _lance_errors(self.dataset_path, ds.version):
-                scanned: list[tuple[pa.Table, np.ndarray | None, np.ndarray | None]] = [
-                    _scan(ds, flt, marker["dim"], found)
-                ]
+                try:
+                    scanned: list[tuple[pa.Table, np.ndarray | None, np.ndarray | None]] = [
+                        _scan(ds, flt, marker["dim"], found, widths)
+                    ]
+                except (OSError, ValueError, pa.ArrowException) as e:
+                    if not _is_utf8_error(e):
+                        raise
+                    # strings Lance cannot decode: found row by row, refused by record
+                    if validate_records and namespaces is not None:
+                        self.verify(ds.version)
+                    widths.clear()
+                    meta, vecs, addr, bad_strings = _scan_past_bad_strings(
+                        ds, flt, marker["dim"], widths
+                    )
+                    scanned = [(meta, vecs, addr)]
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
             raise CorruptStoreError(f"cannot read {source}: {e}") from e
+        extra = _row_problems(scanned[0][0], widths, bad_strings, marker["dim"])
+        if extra and not validate_records:
+            raise CorruptStoreError(
+                f"cannot read {source}: " + "; ".join(p.describe() for p in extra)
+            )
         return self._rows_snapshot(
             scanned,
             version=ds.version,
@@ -1183,6 +1361,7 @@ class LanceStore(Store):
             validate_records=validate_records,
             source=source,
             namespaces=namespaces,
+            extra=extra,
         )
 
     def _rows_snapshot(
@@ -1197,6 +1376,7 @@ class LanceStore(Store):
         source: str,
         namespaces: Sequence[str] | None,
         apply_all: bool = False,
+        extra: Sequence[Problem] = (),
     ) -> Snapshot:
         """A :class:`Snapshot` of stored rows read from version ``version``: decoded,
         validated, with those of ``deltas`` applied that are not folded as of that version
@@ -1222,7 +1402,9 @@ class LanceStore(Store):
         del table
         if validate_records:
             # rows moved to quarantine stay in ``stored``: the next commit deletes them
-            recs = self._checked(recs, dim=dim, source=source, existing=None, reading=True)
+            recs = self._checked(
+                recs, dim=dim, source=source, existing=None, reading=True, extra=extra
+            )
         folded = set(self._folded(props))
         applied = []
         known = None if namespaces is None or apply_all else set(recs.meta["id"])

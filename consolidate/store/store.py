@@ -862,11 +862,15 @@ class Store:
         source: str,
         existing: set[str] | None,
         reading: bool = False,
+        extra: Sequence[Problem] = (),
     ) -> Records:
         # what was written under one clock is read under another: both may be off by the
         # allowance, so reading allows twice the skew writing does
         skew = self.future_tolerance_h * (READ_SKEW if reading else 1.0)
-        problems = validate(recs, dim=dim, existing_ids=existing, future_tolerance_h=skew)
+        problems = [
+            *extra,
+            *validate(recs, dim=dim, existing_ids=existing, future_tolerance_h=skew),
+        ]
         if not problems:
             return recs
         if not self.quarantine:
