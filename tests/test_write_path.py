@@ -454,6 +454,11 @@ def test_ingest_locomo_turns_with_smollm2(tmp_path):
     log = [json.loads(x) for x in (tmp_path / "out" / "ingest_log.jsonl").read_text().splitlines()]
     handled = {e["turn"] for e in log}
     assert len(handled) == 4  # every turn led to facts or a logged failure
+    a = out["accounting"]  # every extracted fact ends somewhere named
+    assert a["extracted"] == sum(
+        a[k] for k in ("added", "updated", "superseding", "noop", "refused")
+    )
+    assert a["refused"] == sum(a["refused_by_reason"].values()) == out["ungrounded_facts"]
     if out["records_written"]:
         m = open_store_dir(tmp_path / "s").load().records.meta
         assert len(m) == out["records_written"]  # no record lost
@@ -684,3 +689,92 @@ def test_relative_dates_resolved_in_text_and_vague_ones_flagged(tmp_path):
     assert "soonish" in ev["Gina moved flat"]["valid_from_refused"]
     assert out["dates_unresolved"] == 1 and out["valid_from_unresolved"] == 1
     assert out["accounting"]["added"] == 4 == out["accounting"]["extracted"]
+
+
+def test_the_write_path_cases_end_to_end(tmp_path):
+    """One turn through the whole write path with scripted model answers, covering each
+    loss the write path had: a correction the model answered ADD (the guard supersedes its
+    opposite), a DELETE of a dated fact (closed; the new fact stored, valid from the turn),
+    a malformed action (asked again; the clean retry applies), a relative date (resolved in
+    the text), an invented name (refused and logged). Every fact is accounted for."""
+    emb = WordEmbedder()
+    s = Store(tmp_path / "s")
+    stored = [("m0", "Gina is happy at her job", np.nan), ("m1", "Gina works at Kestrel Ltd", 5.0)]
+    s.create(
+        make_records(
+            [
+                {
+                    "id": i,
+                    "namespace": "gina",
+                    "text": x,
+                    "vector": emb.encode([x])[0],
+                    "last_used": 10.0,
+                    "valid_from": vf,
+                }
+                for i, x, vf in stored
+            ]
+        )
+    )
+    t = Turn(
+        "D3:1",
+        "gina",
+        "Gina",
+        "I'm so unhappy at my job. I work at Osprey now, and I went to the dentist yesterday.",
+        30.0,
+        "user",
+    )
+    fs = [
+        "Gina is unhappy at her job",
+        "Gina works at Osprey",
+        "Gina went to the dentist yesterday",
+        "Gina met Tom at the dentist",
+    ]
+    first = {
+        "decisions": [
+            {"fact": 1, "op": "ADD"},
+            {"fact": 2, "op": "DELETE", "target": 2},
+            {"fact": 3, "op": "ADDD"},
+        ]
+    }
+    retry = {"decisions": [*first["decisions"][:2], {"fact": 3, "op": "ADD"}]}
+    be = Scripted([facts(*fs), json.dumps(first), json.dumps(retry)])
+    out = ingest(s, [t], be, emb, IngestConfig(add_below=-1.0, supersede_above=0.8))
+    m = s.load().records.meta.set_index("id")
+    by_text = {x: i for i, x in m["text"].items()}
+    new1 = by_text["Gina is unhappy at her job"]
+    new2 = by_text["Gina works at Osprey"]
+    new3 = by_text["Gina went to the dentist yesterday (1 January 1970)"]
+    assert len(m) == 5 and "Gina met Tom at the dentist" not in by_text
+    # the correction supersedes its opposite; the dated fact is closed and stays live
+    assert m.loc["m0", "deleted_reason"] == "superseded" and m.loc["m0", "merged_into"] == new1
+    assert m.loc["m1", "valid_to"] == 30.0 and np.isnan(m.loc["m1", "deleted_at"])
+    assert m.loc[new1, "valid_from"] == 30.0 and m.loc[new2, "valid_from"] == 30.0
+    assert np.isnan(m.loc[new3, "valid_from"])
+    assert m.loc[[new1, new2, new3], "deleted_at"].isna().all()
+    ops = [(e["op"], e.get("by"), e.get("superseded") or e.get("closed")) for e in out["events"]]
+    assert ops == [
+        ("ungrounded_fact", None, None),
+        ("DELETE", "guard", "m0"),
+        ("DELETE", "model", "m1"),
+        ("ADD", "model", None),
+    ]
+    assert out["decide_retries"] == 1 and out["malformed_actions"] == 0
+    assert out["accounting"] == {
+        "extracted": 4,
+        "added": 1,
+        "updated": 0,
+        "superseding": 2,
+        "noop": 0,
+        "refused": 1,
+        "refused_by_reason": {"ungrounded": 1},
+        "turns_refused": {},
+    }
+    from consolidate.write_path import refused_facts_path
+
+    (log,) = [json.loads(x) for x in refused_facts_path(s).read_text().splitlines()]
+    assert (log["turn"], log["fact"], log["reason"], log["detail"]) == (
+        "D3:1",
+        "Gina met Tom at the dentist",
+        "ungrounded",
+        "name Tom",
+    )
