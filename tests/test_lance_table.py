@@ -357,3 +357,96 @@ def test_a_non_nullable_column_the_pass_cannot_fill_is_refused_at_plan(tmp_path)
     )
     with pytest.raises(LanceSourceError, match=r"non-nullable column\(s\) \['tags'\]"):
         src.plan(snap, res.records)
+
+
+def _time_value(h, kind):
+    if kind == "iso":
+        return dt.datetime.fromtimestamp(h * 3600, dt.timezone.utc).replace(tzinfo=None).isoformat()
+    if kind == "iso-offset":
+        return dt.datetime.fromtimestamp(h * 3600, dt.timezone.utc).isoformat()
+    if kind == "ts-ms":
+        return to_dt(h)
+    return int(round(h * 3600))  # epoch seconds
+
+
+@pytest.mark.parametrize(
+    "kind,arrow,unit",
+    [
+        ("iso", pa.string(), None),
+        ("iso-offset", pa.string(), None),
+        ("ts-ms", pa.timestamp("ms"), None),
+        ("epoch-s", pa.int64(), "s"),
+    ],
+)
+def test_time_columns_are_read_and_written_in_their_own_type(tmp_path, kind, arrow, unit):
+    """created_at and deleted_at as ISO text (naive or with an offset), a millisecond
+    timestamp or epoch seconds: read as the same hours, and written back (tombstones and
+    merged rows) in the column's own type and style, never 1000x off."""
+    rs = rows()
+    for r in rs:  # whole seconds, so every form holds the time exactly
+        r["created_at"] = round(r["created_at"] * 3600) / 3600
+    schema = pa.schema(
+        [
+            f if f.name not in ("created_at", "deleted_at") else pa.field(f.name, arrow)
+            for f in SCHEMA
+        ]
+    )
+    db = lancedb.connect(str(tmp_path / "db"))
+    data = [
+        {
+            "id": r["id"],
+            "user_id": r["namespace"],
+            "text": r["text"],
+            "vector": r["vector"],
+            "created_at": _time_value(r["created_at"], kind),
+            "importance": r["importance"],
+            "deleted_at": None,
+            "merged_into": None,
+            "source_ids": r["source_ids"],
+            "tags": "from-agent",
+        }
+        for r in rs
+    ]
+    db.create_table("memories", data, schema=schema)
+    path = str(tmp_path / "db" / "memories.lance")
+    src = LanceTable(path, LanceColumns(**{**SOFT.__dict__, "time_unit": unit}))
+    snap = src.read()
+    got = snap.records.meta.set_index("id")["created_at"]
+    want = {r["id"]: r["created_at"] for r in rs}
+    assert np.allclose([got[i] for i in want], list(want.values()), rtol=0, atol=1e-6)
+    res = run_pass(
+        snap.records, cfg=PC, sim_cfg=SimilarityConfig(device="cpu"), version=1, wall_h=WALL
+    )
+    plan = src.plan(snap, res.records)
+    assert plan.counts().get("merge")
+    src.apply(plan, dry_run=False)
+    after = lancedb.connect(str(tmp_path / "db")).open_table("memories").to_arrow()
+    assert after.schema.field("deleted_at").type == arrow
+    assert after.schema.field("created_at").type == arrow
+    back = src.read()  # the whole table again, through the same reader
+    m = back.records.meta.set_index("id")
+    for u in plan.units:
+        if u["kind"] != "merge":
+            continue
+        new = u["insert"]["id"]
+        # the merged row's created_at is a member's, in the user's type (not 1970-01-21)
+        assert m.at[new, "created_at"] == pytest.approx(u["insert"]["created_at"], abs=1e-6)
+        assert min(want[i] for i in u["ids"]) <= m.at[new, "created_at"] <= max(want.values())
+    dl = [
+        v
+        for v, i in zip(
+            after.column("deleted_at").to_pylist(), after.column("id").to_pylist(), strict=True
+        )
+        if v is not None
+    ]
+    assert dl
+    if kind == "iso":
+        assert all(isinstance(v, str) and v[-6] != "+" and not v.endswith("Z") for v in dl)
+    if kind == "iso-offset":
+        assert all(isinstance(v, str) and v.endswith("+00:00") for v in dl)
+    if kind == "epoch-s":
+        assert all(isinstance(v, int) for v in dl)
+    from consolidate.times import hours_from_values
+
+    hd = hours_from_values(pa.array(dl, arrow), what="deleted_at", unit=unit)
+    assert np.allclose(hd, WALL, atol=1 / 3600)  # the pass's wall clock, to the second

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..store.schema import Records, records_from_rows
+from ..times import TimeColumnError, hours_from_values, iso_style, values_from_hours
 from .common import ApplyReport, Plan, as_stored
 
 __all__ = [
@@ -66,6 +67,9 @@ class LanceColumns:
         deleted_at: optional nullable ``timestamp``: the soft delete (without it, retired
             rows are deleted; earlier versions keep them).
         merged_into: optional string: the merged row of a retired member.
+        time_unit: the unit of time columns that hold epoch numbers (``s``, ``ms``, ``us``,
+            ``ns``, ``h``); ``None``: numbers are refused. Timestamps and ISO 8601 text need
+            none (:func:`consolidate.times.hours_from_values`).
     """
 
     id: str = "id"
@@ -80,6 +84,7 @@ class LanceColumns:
     source_ids: str | None = None
     deleted_at: str | None = None
     merged_into: str | None = None
+    time_unit: str | None = None
 
 
 @dataclass
@@ -128,33 +133,18 @@ class LanceApplyReport(ApplyReport):
     skipped_rows: list[str] = field(default_factory=list)
 
 
-def _hours(col: pa.ChunkedArray, name: str, where: str) -> np.ndarray:
-    """A time column as hours since the epoch (``float64``, NaN for nulls)."""
-    t = col.type
-    if pa.types.is_timestamp(t):
-        us = pc.cast(pc.cast(col, pa.timestamp("us", tz=t.tz)), pa.int64())
-        return us.to_numpy(zero_copy_only=False).astype(np.float64) / 3.6e9  # nulls: NaN
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        try:
-            s = pd.to_datetime(pd.Series(col.to_pylist()), utc=True, format="ISO8601")
-        except (ValueError, TypeError) as e:
-            raise LanceSourceError(
-                f"{where}: column {name!r} holds text that is not ISO 8601 ({e})"
-            ) from None
-        return np.where(s.isna(), np.nan, s.astype("int64") / 3.6e12)
-    raise LanceSourceError(
-        f"{where}: column {name!r} is {t}; times must be a timestamp or ISO 8601 text"
-    )
+def _hours(col: pa.ChunkedArray, name: str, where: str, unit: str | None = None) -> np.ndarray:
+    """A time column as hours since the epoch (``float64``, NaN for nulls), by
+    :func:`consolidate.times.hours_from_values`."""
+    try:
+        return hours_from_values(col, what=f"{where}: column {name!r}", unit=unit)
+    except TimeColumnError as e:
+        raise LanceSourceError(str(e)) from None
 
 
 def _canon(row: dict[str, Any]) -> str:
     """A row as comparable text (NaN equals NaN; times and vectors exactly)."""
     return json.dumps(row, sort_keys=True, default=str)
-
-
-def _timestamp(h: float) -> Any:
-    """Hours since the epoch as a UTC ``datetime`` in whole microseconds (Lance's unit)."""
-    return pd.Timestamp(round(h * 3.6e9), unit="us", tz="UTC").to_pydatetime()
 
 
 class LanceTable:
@@ -181,7 +171,9 @@ class LanceTable:
                 )
 
     def _mapped(self) -> dict[str, str]:
-        return {k: v for k, v in asdict(self.cols).items() if v is not None}
+        return {
+            k: v for k, v in asdict(self.cols).items() if v is not None and k != "time_unit"
+        }
 
     def _open(self, version: int | None = None) -> Any:
         import lance
@@ -265,9 +257,10 @@ class LanceTable:
             "namespace": t.column(m["namespace"]).to_pylist(),
             "text": t.column(m["text"]).to_pylist(),
         }
-        meta["created_at"] = _hours(t.column(m["created_at"]), m["created_at"], where)
+        tu = self.cols.time_unit
+        meta["created_at"] = _hours(t.column(m["created_at"]), m["created_at"], where, tu)
         meta["last_used"] = (
-            _hours(t.column(m["last_used"]), m["last_used"], where)
+            _hours(t.column(m["last_used"]), m["last_used"], where, tu)
             if "last_used" in m
             else meta["created_at"]
         )
@@ -525,20 +518,21 @@ class LanceTable:
         gone: list[int] = []
         new_rows: list[dict[str, Any]] = []
         soft = "deleted_at" in m
+        style = self._style(old_rows)
         for u in units:
             for x in u["retire"]:
                 k = pos[x["id"]]
                 gone.append(int(addr[k]))
                 if soft:
                     r = dict(old_rows[k])
-                    r[m["deleted_at"]] = _timestamp(x["deleted_at"])
+                    r[m["deleted_at"]] = self._time(x["deleted_at"], "deleted_at", ds.schema, style)
                     if "merged_into" in m:
                         r[m["merged_into"]] = x["merged_into"]
                     new_rows.append(r)
             ins = u["insert"]
             if ins is not None and (soft or pd.isna(ins.get("deleted_at"))):
                 # without soft deletes, a merged row the pass dropped is not written
-                new_rows.append(self._row(ins, ds.schema))
+                new_rows.append(self._row(ins, ds.schema, style))
         try:
             table = pa.Table.from_pylist(new_rows, schema=ds.schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
@@ -547,7 +541,29 @@ class LanceTable:
             ) from None
         return table, np.asarray(gone, np.uint64)
 
-    def _row(self, r: dict[str, Any], schema: pa.Schema) -> dict[str, Any]:
+    def _style(self, rows: list[dict[str, Any]]) -> str:
+        """The ISO style (:func:`consolidate.times.iso_style`) of the text time columns'
+        existing values in ``rows`` (the first one found), for writes in the same style."""
+        for k in ("created_at", "last_used", "deleted_at"):
+            col = self._mapped().get(k)
+            for r in rows:
+                v = r.get(col) if col else None
+                if isinstance(v, str) and v.strip():
+                    return iso_style(v)
+        return "offset"
+
+    def _time(self, h: Any, key: str, schema: pa.Schema, style: str) -> Any:
+        """Hours ``h`` as a value of the dataset's ``key`` time column, in its own type,
+        unit and text style (:func:`consolidate.times.values_from_hours`); ``None`` for NaN."""
+        if h is None or (isinstance(h, float) and np.isnan(h)):
+            return None
+        t = schema.field(self._mapped()[key]).type
+        try:
+            return values_from_hours([float(h)], t, unit=self.cols.time_unit, style=style)[0]
+        except TimeColumnError as e:
+            raise LanceSourceError(f"{self.path}: column {self._mapped()[key]!r}: {e}") from None
+
+    def _row(self, r: dict[str, Any], schema: pa.Schema, style: str = "offset") -> dict[str, Any]:
         """A merged record as the dataset's columns (others null)."""
         m = self._mapped()
         out: dict[str, Any] = {name: None for name in schema.names}
@@ -556,13 +572,7 @@ class LanceTable:
                 continue
             v = r.get(k)
             if k in ("created_at", "last_used", "deleted_at"):
-                if v is None or (isinstance(v, float) and np.isnan(v)):
-                    v = None
-                else:
-                    t = schema.field(col).type
-                    v = _timestamp(float(v))
-                    if pa.types.is_string(t) or pa.types.is_large_string(t):
-                        v = v.isoformat()
+                v = self._time(v, k, schema, style)
             elif k in ("importance", "strength"):
                 v = float(v)
             elif k == "pinned":

@@ -222,7 +222,9 @@ def _to_hours(v: Any) -> float:
         raise TypeError("a boolean is not a time")
     if pd.isna(v):
         return math.nan
-    return hours_from_datetime(v)
+    from ..times import hours_from_values  # the one reader of every source's times
+
+    return float(hours_from_values([v], what="time", unit="h")[0])
 
 
 class _RowParser:
