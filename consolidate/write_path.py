@@ -137,8 +137,18 @@ def write_refused_facts(store: Store, entries: list[dict[str, Any]]) -> None:
         os.close(fd)
 
 
-def _fact_id(turn_id: str, k: int) -> str:
-    return "f-" + hashlib.sha256(f"{turn_id}\n{k}".encode()).hexdigest()[:24]
+def _fact_id(turn_id: str, k: int, text: str, taken: set[str]) -> str:
+    """The id of fact ``k`` of a turn: a hash of the turn, the position and the text, salted
+    until no stored record (live or not) nor an earlier fact of the batch holds it, so a
+    turn ingested again never collides with what its first ingest stored."""
+    salt = 0
+    while True:
+        key = f"{turn_id}\n{k}\n{text}" + (f"\n{salt}" if salt else "")
+        fid = "f-" + hashlib.sha256(key.encode()).hexdigest()[:24]
+        if fid not in taken:
+            taken.add(fid)
+            return fid
+        salt += 1
 
 
 def ingest(
@@ -227,8 +237,10 @@ def ingest(
     if store.exists():
         snap = store.load()
         live = snap.records.mask(snap.records.live_mask())
+        taken = set(snap.records.meta["id"])  # every stored id, tombstones included
     else:  # a new store: created from the first ADDs
         live = Records.empty(int(embedder.dim))
+        taken = set()
     lm = live.meta
     vecs = (
         embedder.encode([f.text for _, _, f in items])
@@ -389,7 +401,7 @@ def ingest(
         if unresolved:
             ev["dates_unresolved"] = unresolved
         row = {
-            "id": _fact_id(t.id, k),
+            "id": _fact_id(t.id, k, f.text, taken),
             "namespace": t.namespace,
             "text": text,
             "vector": vecs[n],

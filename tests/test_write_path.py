@@ -778,3 +778,23 @@ def test_the_write_path_cases_end_to_end(tmp_path):
         "ungrounded",
         "name Tom",
     )
+
+
+def test_a_turn_ingested_again_never_collides_with_its_first_ingest(tmp_path):
+    """The same turn through the write path twice (a nightly window that overlaps the last
+    one): the second answer's facts get ids of their own, so nothing fails as a duplicate
+    id; an identical fact is a NOOP against the stored one."""
+    s, emb = _one_memory_store(tmp_path, "Gina likes tea")
+    t = turn(1, "I bought a bike and I like green tea")
+    ingest(s, [t], Scripted([facts("Gina bought a bike")]), emb, IngestConfig(add_below=2.0))
+    out = ingest(
+        s,
+        [t],
+        Scripted([facts("Gina bought a new bike", "Gina bought a bike")]),
+        emb,
+        IngestConfig(add_below=2.0),
+    )
+    m = s.load().records.meta
+    assert sorted(m["text"]) == ["Gina bought a bike", "Gina bought a new bike", "Gina likes tea"]
+    assert m["id"].is_unique
+    assert out["accounting"]["added"] == 1 and out["accounting"]["noop"] == 1
