@@ -171,9 +171,7 @@ class LanceTable:
                 )
 
     def _mapped(self) -> dict[str, str]:
-        return {
-            k: v for k, v in asdict(self.cols).items() if v is not None and k != "time_unit"
-        }
+        return {k: v for k, v in asdict(self.cols).items() if v is not None and k != "time_unit"}
 
     def _open(self, version: int | None = None) -> Any:
         import lance
