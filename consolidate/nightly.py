@@ -23,6 +23,18 @@ from .store.lance_store import LanceStore
 log = logging.getLogger("consolidate")
 
 
+def _settings_file(load: Any, key: str, path: str) -> Any:
+    """``load(path)`` with a missing or unreadable file named by its config key."""
+    try:
+        return load(path)
+    except FileNotFoundError:
+        raise ValueError(f"{key}={path}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"{key}={path} is a folder, not a file") from None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{key}={path}: {e}") from None
+
+
 def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, Any]:
     """Open (or build) the store, check the trigger, run the pass, commit, write a summary.
 
@@ -39,13 +51,15 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
     pc = pass_cfg(cfg)
     calibration = None
     if pc.calibration_file:
-        calibration = load_calibration(pc.calibration_file)
+        calibration = _settings_file(
+            load_calibration, "sleep.calibration_file", pc.calibration_file
+        )
         pc.threshold = calibration["threshold"]
     policy = None
     if pc.policy_file:
         from .evaluation.policy_search import load_policy
 
-        policy = load_policy(pc.policy_file)
+        policy = _settings_file(load_policy, "sleep.policy_file", pc.policy_file)
         for k, v in policy["pass"].items():
             setattr(pc, k, v)
     check_settings(pc)  # bad values fail now, not on the night the trigger fires

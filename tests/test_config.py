@@ -99,3 +99,44 @@ def test_the_embedder_and_llm_backends_are_built_from_target():
     assert isinstance(merger, LLMMerger) and merger.name == "llm:scripted"
     direct = LLMMerger({"_target_": "tests.helpers.Scripted"}, {"answers": ["x"]}, cache_path=None)
     assert direct.backend.answers == ["x"]
+
+
+@pytest.mark.parametrize("now", ["yesterday", "today", "now", "soon", "05/08/2023"])
+def test_sleep_now_that_is_no_time_is_refused_before_any_work(now):
+    from consolidate.config import PassConfig
+    from consolidate.pipeline import check_settings
+
+    with pytest.raises(ValueError, match=r"^sleep\.now must be 'wall', 'latest', hours"):
+        check_settings(PassConfig(now=now))
+
+
+@pytest.mark.parametrize(
+    "now", ["wall", "latest", "1000.5", "2023-05-08T10:00", "2023-05-08T10:00+02:00"]
+)
+def test_sleep_now_forms_accepted(now):
+    from consolidate.config import PassConfig
+    from consolidate.pipeline import check_settings
+
+    check_settings(PassConfig(now=now))
+
+
+def test_a_missing_policy_or_calibration_file_is_named_by_its_key(tmp_path):
+    from consolidate.evaluation.calibrate import load_calibration
+    from consolidate.nightly import _settings_file
+
+    with pytest.raises(ValueError, match=r"^sleep\.policy_file=/nowhere/p\.json: no such file$"):
+        _settings_file(load_calibration, "sleep.policy_file", "/nowhere/p.json")
+    with pytest.raises(ValueError, match=r"is a folder, not a file$"):
+        _settings_file(load_calibration, "sleep.calibration_file", str(tmp_path))
+    bad = tmp_path / "c.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match=r"^sleep\.calibration_file=.*c\.json: "):
+        _settings_file(load_calibration, "sleep.calibration_file", str(bad))
+
+
+def test_sleep_now_not_finite_is_refused():
+    from consolidate.config import PassConfig
+    from consolidate.pipeline import check_settings
+
+    with pytest.raises(ValueError, match=r"^sleep\.now must be finite hours"):
+        check_settings(PassConfig(now="nan"))

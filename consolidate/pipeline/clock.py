@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 import pandas as pd
 
-from ..store.schema import Records, hours_from_datetime
+from ..store.schema import Records
 
 __all__ = ["resolve_now", "trigger"]
 
@@ -37,7 +38,9 @@ def resolve_now(
     if isinstance(spec, str):
         with contextlib.suppress(ValueError):
             spec = float(spec)
-    if isinstance(spec, (int, float)):
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        if not math.isfinite(spec):
+            raise ValueError(f"sleep.now must be finite hours since the epoch; got {spec!r}")
         return np.full(n, float(spec))
     if spec == "wall":
         return np.full(n, wall_h)
@@ -48,12 +51,18 @@ def resolve_now(
         t = np.fmax(meta["last_used"].to_numpy(np.float64), meta["created_at"].to_numpy(np.float64))
         s = pd.Series(np.where(live, t, np.nan)).groupby(ns).transform("max").to_numpy()
         return np.where(np.isnan(s), wall_h, s)
+    from ..times import hours_from_values  # strict ISO 8601: "yesterday" is no time
+
     try:
-        return np.full(n, hours_from_datetime(spec))
-    except (ValueError, TypeError) as e:
+        h = float(hours_from_values([spec], what="sleep.now")[0])
+    except (ValueError, TypeError):
+        h = math.nan
+    if not math.isfinite(h):
         raise ValueError(
-            f"sleep.now must be 'wall', 'latest', hours or an ISO datetime; got {spec!r}"
-        ) from e
+            f"sleep.now must be 'wall', 'latest', hours since the epoch or an ISO 8601 "
+            f"datetime (2025-02-02T10:00:00, naive = UTC); got {spec!r}"
+        )
+    return np.full(n, h)
 
 
 def trigger(records: Records, threshold: float) -> tuple[bool, float]:

@@ -255,6 +255,10 @@ def check_settings(cfg: PassConfig) -> None:
             f"sleep.max_namespace_drop_fraction must be in [0, 1], got "
             f"{cfg.max_namespace_drop_fraction!r}"
         )
+    if not (isinstance(cfg.now, str) and cfg.now in ("wall", "latest")):
+        from .clock import resolve_now
+
+        resolve_now(cfg.now, pd.DataFrame({"namespace": []}), 0.0)  # raises naming sleep.now
     m = cfg.namespace_stop_min_live
     if not (isinstance(m, int) and not isinstance(m, bool) and m >= 1):
         raise ValueError(f"sleep.namespace_stop_min_live must be an integer >= 1, got {m!r}")
