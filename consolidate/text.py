@@ -888,17 +888,109 @@ def _negated_word(w: str) -> bool:
     return w in _NEGATIONS or w.endswith("n't") or w == "cannot"
 
 
-def _stems_in(stems: frozenset, other: ConflictSignature) -> set[str]:
-    """The ``stems`` that ``other`` has as a word (in the same form or singular: "likes"
-    against "like") within three words after a negation marker ("does not like", "doesn't
-    really like")."""
+#: stems whose negative prefix means plain "not" ("dislikes" = "does not like"); for other
+#: words a prefix changes the meaning ("uncovers" is not "does not cover")
+_PREFIX_IS_NOT = frozenset(
+    [
+        "like",
+        "happy",
+        "able",
+        "aware",
+        "sure",
+        "willing",
+        "likely",
+        "comfortable",
+        "employed",
+        "married",
+        "available",
+        "familiar",
+        "healthy",
+        "safe",
+        "fair",
+        "important",
+        "kind",
+        "lucky",
+        "usual",
+        "clear",
+        "interested",
+        "satisfied",
+        "agree",
+        "approve",
+        "pleased",
+        "certain",
+        "honest",
+        "friendly",
+        "tidy",
+        "well",
+    ]
+)
+#: words that may stand between a negation and the word it negates ("does not really like")
+_BETWEEN = frozenset(
+    [
+        "do",
+        "does",
+        "did",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "am",
+        "really",
+        "quite",
+        "very",
+        "much",
+        "so",
+        "too",
+        "at",
+        "all",
+        "particularly",
+        "exactly",
+        "that",
+    ]
+)
+
+
+def _content(sig: ConflictSignature, drop: frozenset) -> frozenset:
+    """The words of ``sig`` without negations, function words and ``drop``, prefixed words
+    of :data:`_PREFIX_IS_NOT` as their stems, plurals singular."""
+    out = set()
+    for w in sig.word_list:
+        if _negated_word(w) or w in _FUNCTION or w in _BETWEEN or w in drop:
+            continue
+        for p in _NEG_PREFIXES:
+            if w.startswith(p) and _singular(w[len(p) :]) in _PREFIX_IS_NOT:
+                w = w[len(p) :]
+                break
+        out.add(_singular(w))
+    return frozenset(out)
+
+
+def _stems_in(stems: frozenset, this: ConflictSignature, other: ConflictSignature) -> set[str]:
+    """The prefixed ``stems`` of ``this`` (those of :data:`_PREFIX_IS_NOT`) that ``other``
+    states as the stem right after a negation ("does not like", "doesn't really like";
+    only :data:`_BETWEEN` words may stand between), when the two texts otherwise say the
+    same words (:func:`_content`): "dislikes cats" and "does not like cats" agree, "does
+    not like dogs but likes cats" does not."""
+    want = {x for x in stems if _singular(x) in _PREFIX_IS_NOT}
+    if not want:
+        return set()
     out = set()
     wl = other.word_list
     for k, w in enumerate(wl):
-        if (w in stems or _singular(w) in stems or w + "s" in stems) and any(
-            _negated_word(x) for x in wl[max(0, k - 3) : k]
-        ):
-            out.add(w if w in stems else (_singular(w) if _singular(w) in stems else w + "s"))
+        x = w if w in want else (w + "s" if w + "s" in want else None)
+        if x is None and _singular(w) in {_singular(y) for y in want}:
+            x = next(y for y in want if _singular(y) == _singular(w))
+        if x is None:
+            continue
+        j = k - 1
+        while j >= 0 and wl[j] in _BETWEEN:
+            j -= 1
+        if j >= 0 and _negated_word(wl[j]):
+            out.add(x)
+    if out and _content(this, frozenset()) != _content(other, frozenset()):
+        return set()
     return out
 
 
@@ -911,8 +1003,8 @@ def conflict_between(a: ConflictSignature, b: ConflictSignature) -> str | None:
         # as many negations each: "with no sugar" / "without sugar", "never" / "doesn't"
         # say the same; one more on one side is the opposite. A word with a negative prefix
         # whose stem the other side has counts as a negation ("dislikes" / "does not like")
-        xa = _stems_in(a.negated_stems - b.negated_stems, b) if a.negated_stems else ()
-        xb = _stems_in(b.negated_stems - a.negated_stems, a) if b.negated_stems else ()
+        xa = _stems_in(a.negated_stems - b.negated_stems, a, b) if a.negated_stems else ()
+        xb = _stems_in(b.negated_stems - a.negated_stems, b, a) if b.negated_stems else ()
         if not (xa or xb) or na + len(xa) != nb + len(xb):
             return "negation"
         # the prefixed words are matched by the negations: neither they nor their stems

@@ -44,7 +44,15 @@ from consolidate.text import conflict_reason, conflict_signature
         # a prefixed word matches a negation only where the negation governs its stem
         ("Dislikes jazz", "Likes jazz, not rock", "negation"),
         ("Dislikes jazz", "Does not dislike jazz", "negation"),
-        ("Dislikes hot weather", "Does not like cold weather", "opposite"),
+        ("Dislikes hot weather", "Does not like cold weather", "negation"),
+        # ... and only where the rest says the same words (a prefix that means "not")
+        ("Tom is unhappy", "No, Tom is happy", "negation"),
+        ("Tom is unhappy", "Tom is happy and Anna is not happy", "negation"),
+        ("Tom is unhappy at work", "Tom is never anything but happy at work", "negation"),
+        ("Tom dislikes cats", "Tom does not like dogs but likes cats", "negation"),
+        ("Tom dislikes tea", "Tom doesn't like coffee; Tom likes tea", "negation"),
+        ("Anna dislikes jazz", "Not only Anna likes jazz", "negation"),
+        ("The report uncovers the fraud", "The report does not cover the fraud", "negation"),
         # the older rules still come first
         ("Has 2 cats", "Has 3 cats", "number"),
         ("Lives in Berlin", "Does not live in Berlin", "negation"),
