@@ -83,10 +83,14 @@ def hours_from_values(values: Any, *, what: str, unit: str | None = None) -> np.
         )
     if isinstance(values, pd.Series):
         values = values.to_numpy()
+    if isinstance(values, (list, tuple)):  # mixed items stay items (no common dtype)
+        return _from_objects(list(values), what, unit)
     a = np.asarray(values) if not isinstance(values, np.ndarray) else values
+    if a.ndim != 1:
+        raise TimeColumnError(f"{what}: expected a column (one dimension), got shape {a.shape}")
     if a.dtype.kind == "M":
-        ns = a.astype("datetime64[ns]").astype(np.int64).astype(np.float64)
-        return np.where(np.isnat(a), np.nan, ns / 3.6e12)
+        us = a.astype("datetime64[us]").astype(np.int64).astype(np.float64)  # +-290k years
+        return np.where(np.isnat(a), np.nan, us / 3.6e9)
     if a.dtype.kind in "iuf" and a.dtype != bool:
         return _from_numbers(a.astype(np.float64), what, unit)
     return _from_objects(list(a), what, unit)
@@ -110,11 +114,9 @@ _ISO = re.compile(r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?(Z|[+-]
 def _from_objects(items: Sequence[Any], what: str, unit: str | None) -> np.ndarray:
     out = np.full(len(items), np.nan)
     for k, x in enumerate(items):  # only for object columns (text, datetime objects)
-        if (
-            x is None
-            or (isinstance(x, float) and np.isnan(x))
-            or (isinstance(x, str) and not x.strip())
-        ):
+        if x is None or x is pd.NA or x is pd.NaT or (isinstance(x, str) and not x.strip()):
+            continue
+        if isinstance(x, (float, np.floating)) and np.isnan(x):
             continue
         if isinstance(x, bool):
             raise TimeColumnError(f"{what}: row {k}: {x!r} is not a time")
@@ -129,19 +131,44 @@ def _from_objects(items: Sequence[Any], what: str, unit: str | None) -> np.ndarr
                     f"with Z or +01:00 for a zone; naive is UTC)"
                 )
             x = s
-        if isinstance(x, (str, _dt.datetime, _dt.date, pd.Timestamp, np.datetime64)):
-            try:
-                ts = pd.Timestamp(x)
-            except (ValueError, TypeError, OverflowError) as e:
-                raise TimeColumnError(f"{what}: row {k}: {x!r} is not a time ({e})") from None
-            if pd.isna(ts):
-                continue
-            if ts.tzinfo is None:
-                ts = ts.tz_localize("UTC")
-            out[k] = (ts - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(hours=1)
+        if isinstance(x, str):
+            out[k] = _iso_hours(x, f"{what}: row {k}")
+            continue
+        if isinstance(x, np.datetime64):
+            out[k] = hours_from_values(np.array([x]), what=what)[0]
+            continue
+        if isinstance(x, (_dt.datetime, _dt.date)):  # pd.Timestamp is a datetime
+            if not isinstance(x, _dt.datetime):
+                x = _dt.datetime(x.year, x.month, x.day)
+            out[k] = _datetime_hours(x)
             continue
         raise TimeColumnError(f"{what}: row {k}: {x!r} ({type(x).__name__}) is not a time")
     return out
+
+
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+
+
+def _datetime_hours(x: _dt.datetime) -> float:
+    """Hours since the epoch of a ``datetime`` (naive = UTC), for any year 1-9999, exact to
+    the microsecond (Python's own arithmetic; pandas' nanoseconds end at 1677 and 2262)."""
+    if x.tzinfo is None:
+        x = x.replace(tzinfo=_dt.timezone.utc)
+    d = x - _EPOCH
+    return (d.days * 86400 + d.seconds) / 3600.0 + d.microseconds / 3.6e9
+
+
+def _iso_hours(s: str, what: str) -> float:
+    """Hours of ISO 8601 text already matched by :data:`_ISO` (any year 1-9999)."""
+    t = s.replace(" ", "T", 1) if len(s) > 10 else s
+    if t.endswith(("Z", "z")):
+        t = t[:-1] + "+00:00"
+    if len(t) > 16 and t[-5] in "+-" and t[-4:].isdigit():  # -0500 -> -05:00
+        t = t[:-2] + ":" + t[-2:]
+    try:
+        return _datetime_hours(_dt.datetime.fromisoformat(t))
+    except ValueError as e:
+        raise TimeColumnError(f"{what}: {s!r} is not a time ({e})") from None
 
 
 def iso_style(example: str | None) -> str:
@@ -182,6 +209,8 @@ def values_from_hours(
     if pa.types.is_timestamp(like):
         per_h = 3600.0 / _ARROW_UNIT_S[like.unit]
         ints = [None if not np.isfinite(x) else int(round(x * per_h)) for x in h]
+        if any(i is not None and not -(2**63) < i < 2**63 for i in ints):
+            raise TimeColumnError(f"a time is outside what a {like} column can hold")
         return pa.array(ints, pa.int64()).cast(like).to_pylist()
     if pa.types.is_date32(like) or pa.types.is_date64(like):
         return [
@@ -200,7 +229,10 @@ def values_from_hours(
 
 
 def _iso(h: float, style: str) -> str:
-    ts = pd.Timestamp(round(h * 3.6e12), unit="ns", tz="UTC")
-    spec = "seconds" if ts.microsecond == 0 and ts.nanosecond == 0 else "microseconds"
-    s = ts.tz_localize(None).isoformat(timespec=spec)
+    try:  # to the nearest microsecond, any year 1-9999
+        ts = _EPOCH + _dt.timedelta(microseconds=round(h * 3.6e9))
+    except OverflowError:
+        raise TimeColumnError(f"{h!r} hours since the epoch is outside the years 1-9999") from None
+    spec = "seconds" if ts.microsecond == 0 else "microseconds"
+    s = ts.replace(tzinfo=None).isoformat(timespec=spec)
     return s if style == "naive" else s + ("Z" if style == "z" else "+00:00")

@@ -575,16 +575,18 @@ def _supersede_guard(
 
 
 _DAY = r"(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)"
+_N = r"(?<![\d.,])(?:\d{1,4}|a|an|one|two|three|four|five|six|seven|eight|nine|ten)"
 _REL_IN_TEXT = re.compile(
-    r"\b(today|tonight|this morning|this evening|yesterday|last (?:week|month|year|" + _DAY + r")"
-    r"|(?:\d{1,4}|a|an|one|two|three|four|five|six|seven|eight|nine|ten) "
-    r"(?:day|week|month|year)s? ago)\b",
+    r"\b(the day before yesterday|today|tonight|this morning|this afternoon|this evening"
+    r"|yesterday|last night|last (?:week|month|year|" + _DAY + r")"
+    r"|" + _N + r" (?:hour|day|week|month|year)s? ago)\b(?!['\u2019]s\b)",
     re.IGNORECASE,
 )
 _REL_VAGUE = re.compile(
-    r"\b(recently|the other day|a while ago|some time ago|soon|lately|earlier this "
-    r"(?:week|month|year)|next (?:week|month|year|weekend|" + _DAY + r")|last weekend"
-    r"|this (?:week|month|year|weekend))\b",
+    r"\b(recently|the other (?:day|week)|a while ago|some time ago|soon|lately|tomorrow"
+    r"|(?:a few|several|a couple of|some) (?:hours|days|weeks|months|years) ago"
+    r"|earlier this (?:week|month|year)|next (?:week|month|year|weekend|" + _DAY + r")"
+    r"|last weekend|this (?:week|month|year|weekend))\b",
     re.IGNORECASE,
 )
 
@@ -593,36 +595,41 @@ def resolve_relative_dates(text: str, turn_h: float) -> tuple[str, list[str], li
     """Relative dates in a fact's text resolved against its turn's time.
 
     ``"Went hiking yesterday"`` from a turn on 10 May 2023 becomes ``"Went hiking yesterday
-    (9 May 2023)"``: a memory read months later still says when. Resolved: today, tonight,
-    this morning/evening, yesterday, last week/month/year, last <weekday> (the latest such
-    day before the turn's day), and ``N days/weeks/months/years ago``; days are named by
-    date, weeks by their Monday, months by month and year, years by year (UTC). Vague ones
-    (recently, the other day, next week, this month...) cannot be resolved and are returned
-    so the caller flags them.
+    (9 May 2023)"``: a memory read months later still says when. Resolved (UTC): today,
+    tonight, this morning/afternoon/evening, yesterday, last night, the day before
+    yesterday, last <weekday> (the latest such day before the turn's day), ``N hours/days
+    ago`` (named by date), last week and ``N weeks ago`` (by their Monday), last month and
+    ``N months ago`` (by calendar month), last year and ``N years ago`` (by calendar year).
+    Vague ones (recently, the other day, a few days ago, tomorrow, next week, this month...)
+    and ones that fall outside the years 1-9999 cannot be resolved and are returned so the
+    caller flags them.
 
     Args:
         text: the fact (``str``).
-        turn_h: the turn's time, hours since the epoch (UTC).
+        turn_h: the turn's time, hours since the epoch (UTC); not finite: nothing is
+            resolved and every relative phrase is returned as unresolved.
 
     Returns:
         ``(text with each resolved phrase followed by its date in brackets, the resolved
-        phrases as "phrase -> date", the unresolved phrases)``. A text that already carries
-        a bracketed date after the phrase is left as it is.
+        phrases as "phrase -> date", the unresolved phrases)``. A phrase already followed by
+        its own bracketed date is left as it is.
     """
     resolved: list[str] = []
+    unresolved: list[str] = []
 
     def fill(m: re.Match) -> str:
         phrase = m.group(1)
-        if text[m.end() : m.end() + 2] == " (":
-            return phrase
         label = _date_label(phrase.lower(), turn_h)
         if label is None:
+            unresolved.append(phrase)
+            return phrase
+        if text[m.end() :].startswith(f" ({label})"):
             return phrase
         resolved.append(f"{phrase} -> {label}")
         return f"{phrase} ({label})"
 
     out = _REL_IN_TEXT.sub(fill, text) if _REL_IN_TEXT.search(text) else text
-    unresolved = [m.group(1) for m in _REL_VAGUE.finditer(text)]
+    unresolved += [m.group(1) for m in _REL_VAGUE.finditer(text)]
     return out, resolved, unresolved
 
 
@@ -635,29 +642,50 @@ _WEEKDAY_NO = {
 
 
 def _date_label(phrase: str, turn_h: float) -> str | None:
-    day0 = math.floor(turn_h / 24.0) * 24.0
-    unit = "day"
-    if phrase in ("today", "tonight", "this morning", "this evening"):
-        h = day0
-    elif phrase.startswith("last ") and phrase[5:] in _WEEKDAY_NO:
-        wd = datetime_from_hours(day0).weekday()
-        back = (wd - _WEEKDAY_NO[phrase[5:]]) % 7 or 7
-        h = day0 - 24.0 * back
-    else:
-        r = _relative_hours(phrase, turn_h)
-        if r is None:
-            return None
-        h = r
-        unit = next((u for u in ("week", "month", "year") if u in phrase), "day")
-    ts = datetime_from_hours(h)
-    if unit == "day":
-        return f"{ts.day} {ts:%B %Y}"
-    if unit == "week":
-        monday = datetime_from_hours(h - 24.0 * ts.weekday())
-        return f"week of {monday.day} {monday:%B %Y}"
-    if unit == "month":
-        return f"{ts:%B %Y}"
-    return f"{ts:%Y}"
+    """The date ``phrase`` names, as written after it, or ``None`` when it cannot be told."""
+    import datetime as dt
+
+    if not math.isfinite(turn_h):
+        return None
+    try:
+        now = dt.datetime(1970, 1, 1) + dt.timedelta(hours=turn_h)
+    except OverflowError:
+        return None
+    day = now.date()
+    words = phrase.split()
+    n = 1
+    if words[-1] == "ago":
+        n = _WORD_N.get(words[0]) or int(words[0])
+    unit = words[-2].rstrip("s") if words[-1] == "ago" else words[-1]
+    try:
+        if phrase in ("today", "tonight", "this morning", "this afternoon", "this evening"):
+            return _day_label(day)
+        if phrase in ("yesterday", "last night"):
+            return _day_label(day - dt.timedelta(days=1))
+        if phrase == "the day before yesterday":
+            return _day_label(day - dt.timedelta(days=2))
+        if words[0] == "last" and words[1] in _WEEKDAY_NO:
+            back = (day.weekday() - _WEEKDAY_NO[words[1]]) % 7 or 7
+            return _day_label(day - dt.timedelta(days=back))
+        if unit == "hour":
+            return _day_label((now - dt.timedelta(hours=n)).date())
+        if unit == "day":
+            return _day_label(day - dt.timedelta(days=n))
+        if unit == "week":
+            monday = day - dt.timedelta(days=7 * n + day.weekday())
+            return f"week of {_day_label(monday)}"
+        if unit == "month":
+            k = day.year * 12 + day.month - 1 - n
+            return dt.date(k // 12, k % 12 + 1, 1).strftime("%B %Y")
+        if unit == "year":
+            return str(dt.date(day.year - n, 1, 1).year)
+    except (ValueError, OverflowError):  # before the year 1
+        return None
+    return None
+
+
+def _day_label(d: Any) -> str:
+    return f"{d.day} {d:%B %Y}"
 
 
 def _valid_from_hours(text: str | None, turn_h: float) -> tuple[float, str | None]:

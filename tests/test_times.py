@@ -98,3 +98,24 @@ def test_timestamps_keep_their_unit_and_zone():
     assert values_from_hours([H + 0.5 / 3600], pa.string(), style="naive") == [
         "2025-02-02T10:00:00.500000"
     ]
+
+
+def test_any_year_and_exact_round_trips():
+    """Years 1 and 9999 (outside pandas' nanosecond range), mixed lists, missing values of
+    every kind, and text written back to the second it was read."""
+    year1 = -17259888.0  # 0001-01-01T00:00Z: 719162 days before the epoch
+    got = hours_from_values(["0001-01-01T00:00:00", dt.datetime(1, 1, 1)], what="t")
+    assert got.tolist() == [year1, year1]
+    assert hours_from_values(np.array(["0001-01-01"], "datetime64[D]"), what="t").tolist() == [
+        year1
+    ]
+    assert values_from_hours([year1], pa.string(), style="naive") == ["0001-01-01T00:00:00"]
+    with pytest.raises(TimeColumnError, match="outside what a timestamp"):
+        values_from_hours([year1], pa.timestamp("ns"))
+    mixed = hours_from_values(
+        [float("nan"), "2025-02-02T10:00:00", S, None, pd.NA], what="t", unit="s"
+    )
+    assert np.isnan(mixed[[0, 3, 4]]).all() and mixed[1] == mixed[2] == H
+    texts = [f"20{y:02d}-07-20T00:00:{s:02d}Z" for y in (3, 30, 99) for s in range(60)]
+    h = hours_from_values(texts, what="t")
+    assert values_from_hours(h, pa.string(), style="z") == texts

@@ -798,3 +798,59 @@ def test_a_turn_ingested_again_never_collides_with_its_first_ingest(tmp_path):
     assert sorted(m["text"]) == ["Gina bought a bike", "Gina bought a new bike", "Gina likes tea"]
     assert m["id"].is_unique
     assert out["accounting"]["added"] == 1 and out["accounting"]["noop"] == 1
+
+
+def _h(y, m, d, hour=15):
+    import datetime as dt
+
+    return (dt.datetime(y, m, d, hour) - dt.datetime(1970, 1, 1)).total_seconds() / 3600
+
+
+@pytest.mark.parametrize(
+    "text,when,want,unresolved",
+    [
+        # calendar months and years, not mean lengths
+        ("1 month ago", (2023, 3, 1), "1 month ago (February 2023)", []),
+        ("last month", (2023, 3, 1), "last month (February 2023)", []),
+        ("3 months ago", (2023, 5, 1), "3 months ago (February 2023)", []),
+        ("last year", (2024, 1, 1), "last year (2023)", []),
+        ("last Sunday", (2023, 5, 14), "last Sunday (7 May 2023)", []),  # on a Sunday
+        (
+            "left the day before yesterday",
+            (2023, 5, 10),
+            "left the day before yesterday (8 May 2023)",
+            [],
+        ),
+        ("ran 2 hours ago", (2023, 5, 10, 1), "ran 2 hours ago (9 May 2023)", []),
+        # a bracket that is no date of ours is no annotation
+        (
+            "hiked yesterday (at the park)",
+            (2023, 5, 10),
+            "hiked yesterday (9 May 2023) (at the park)",
+            [],
+        ),
+        ("Today's plan", (2023, 5, 10), "Today's plan", []),
+        # parts of other numbers are no counts; what cannot be told is flagged
+        ("1,000 years ago", (2023, 5, 10), "1,000 years ago", []),
+        ("1.5 years ago", (2023, 5, 10), "1.5 years ago", []),
+        ("2023 years ago", (2023, 5, 10), "2023 years ago", ["2023 years ago"]),
+        ("a few days ago", (2023, 5, 10), "a few days ago", ["a few days ago"]),
+        ("back tomorrow", (2023, 5, 10), "back tomorrow", ["tomorrow"]),
+    ],
+)
+def test_relative_date_labels(text, when, want, unresolved):
+    from consolidate.write_path import resolve_relative_dates
+
+    out, _, flagged = resolve_relative_dates(text, _h(*when))
+    assert out == want and flagged == unresolved
+
+
+def test_relative_dates_of_a_turn_without_a_time():
+    from consolidate.write_path import resolve_relative_dates
+
+    for t in (float("nan"), float("inf"), -1e9):
+        assert resolve_relative_dates("hiked yesterday", t) == (
+            "hiked yesterday",
+            [],
+            ["yesterday"],
+        )
