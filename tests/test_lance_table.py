@@ -55,7 +55,10 @@ def to_dt(h):
     return dt.datetime.fromtimestamp(h * 3600, dt.timezone.utc)
 
 
-def table(tmp_path, rs, schema=SCHEMA):
+def table(tmp_path, rs, schema=SCHEMA, time=None):
+    """A LanceDB table of ``rs``; ``time`` writes an hours value as the table holds it
+    (default: a UTC ``datetime``)."""
+    time = time or to_dt
     db = lancedb.connect(str(tmp_path / "db"))
     data = [
         {
@@ -63,7 +66,7 @@ def table(tmp_path, rs, schema=SCHEMA):
             "user_id": r["namespace"],
             "text": r["text"],
             "vector": r["vector"],
-            "created_at": to_dt(r["created_at"]),
+            "created_at": time(r["created_at"]),
             "importance": r["importance"],
             "deleted_at": None,
             "merged_into": None,
@@ -391,24 +394,7 @@ def test_time_columns_are_read_and_written_in_their_own_type(tmp_path, kind, arr
             for f in SCHEMA
         ]
     )
-    db = lancedb.connect(str(tmp_path / "db"))
-    data = [
-        {
-            "id": r["id"],
-            "user_id": r["namespace"],
-            "text": r["text"],
-            "vector": r["vector"],
-            "created_at": _time_value(r["created_at"], kind),
-            "importance": r["importance"],
-            "deleted_at": None,
-            "merged_into": None,
-            "source_ids": r["source_ids"],
-            "tags": "from-agent",
-        }
-        for r in rs
-    ]
-    db.create_table("memories", data, schema=schema)
-    path = str(tmp_path / "db" / "memories.lance")
+    _, path = table(tmp_path, rs, schema, time=lambda h: _time_value(h, kind))
     src = LanceTable(path, LanceColumns(**{**SOFT.__dict__, "time_unit": unit}))
     snap = src.read()
     got = snap.records.meta.set_index("id")["created_at"]
