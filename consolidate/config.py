@@ -316,6 +316,8 @@ class SourceConfig:
             ``agent_id`` or ``run_id``).
         drops: also apply floor and cap drops to Mem0 (its deletes are final; the undo
             file keeps them).
+        importance_key, pinned_key: the Mem0 metadata keys that hold a memory's importance
+            (0..1) and pin (``null``: not read).
     """
 
     kind: str = "store"
@@ -329,6 +331,8 @@ class SourceConfig:
     mem0: dict[str, Any] = field(default_factory=dict)
     namespace_key: str = "user_id"
     drops: bool = False
+    importance_key: str | None = "importance"
+    pinned_key: str | None = "pinned"
 
 
 @dataclass

@@ -293,3 +293,28 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
     assert "applied          3 merge" in p.stdout
     m = open_mem0()
     assert len(m.get_all(filters={"user_id": "alice"}, top_k=100)["results"]) == 4
+
+
+def test_importance_and_pinned_from_mem0_metadata(memory):
+    """Importance and pin kept in Mem0 metadata are read (configurable keys); a value of
+    the wrong type is refused naming the memory and the key."""
+    memory.add(
+        "Bob is allergic to penicillin.",
+        user_id="bob",
+        infer=False,
+        metadata={"importance": 0.95, "pinned": True},
+    )
+    memory.add("Bob likes jazz.", user_id="bob", infer=False, metadata={"prio": "0.2"})
+    m = Mem0Source(memory).read().records.meta.set_index("text")
+    assert m.at["Bob is allergic to penicillin.", "importance"] == 0.95
+    assert bool(m.at["Bob is allergic to penicillin.", "pinned"])
+    assert m.at["Bob likes jazz.", "importance"] == 0.5 and not m.at["Bob likes jazz.", "pinned"]
+    m2 = Mem0Source(memory, importance_key="prio", pinned_key=None).read().records.meta
+    m2 = m2.set_index("text")
+    assert m2.at["Bob likes jazz.", "importance"] == 0.2
+    assert not m2.at["Bob is allergic to penicillin.", "pinned"]
+    memory.add("Bob owns a boat.", user_id="bob", infer=False, metadata={"importance": "high"})
+    with pytest.raises(
+        ValueError, match=r"Mem0 memory .+: metadata 'importance' is 'high', not a number"
+    ):
+        Mem0Source(memory).read()

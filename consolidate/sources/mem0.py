@@ -87,17 +87,29 @@ class Mem0Source:
         memory: a ``mem0.Memory`` (e.g. ``Memory.from_config({...})``).
         namespace_key: the payload key that names a namespace (``user_id``, ``agent_id`` or
             ``run_id``); memories without it are left out.
+        importance_key, pinned_key: the metadata keys (``Memory.add(..., metadata=...)``,
+            kept in the payload) that hold a memory's importance (a number in [0, 1];
+            absent: 0.5) and its pin (a boolean, or ``"true"``/``"false"``; absent: not
+            pinned); ``None``: not read.
 
     Raises:
         ValueError: another ``namespace_key``, or a vector store other than Qdrant and
             pgvector (from :meth:`read`).
     """
 
-    def __init__(self, memory: Any, namespace_key: str = "user_id") -> None:
+    def __init__(
+        self,
+        memory: Any,
+        namespace_key: str = "user_id",
+        importance_key: str | None = "importance",
+        pinned_key: str | None = "pinned",
+    ) -> None:
         if namespace_key not in _KEYS:
             raise ValueError(f"namespace_key must be one of {_KEYS}, got {namespace_key!r}")
         self.m = memory
         self.key = namespace_key
+        self.importance_key = importance_key
+        self.pinned_key = pinned_key
 
     # ------------------------------------------------------------ read
     def _scan(self) -> list[tuple[str, Any, dict[str, Any]]]:
@@ -144,22 +156,49 @@ class Mem0Source:
             created = _hours(p.get("created_at"))
             used = _hours(p.get("updated_at")) or created
             v = np.asarray(vec, np.float32)
-            rows.append(
-                {
-                    "id": i,
-                    "namespace": str(ns),
-                    "text": p.get("data"),
-                    "vector": v,
-                    "created_at": created,
-                    "last_used": used,
-                    "source_ids": p.get("source_ids") or [],
-                }
-            )
+            row = {
+                "id": i,
+                "namespace": str(ns),
+                "text": p.get("data"),
+                "vector": v,
+                "created_at": created,
+                "last_used": used,
+                "source_ids": p.get("source_ids") or [],
+            }
+            row.update(self._metadata(i, p))
+            rows.append(row)
             payloads[i], vectors[i] = p, v
         recs = records_from_rows(rows) if rows else Records.empty(0)
         if len(recs):
             recs = as_stored(recs, "the Mem0 store")
         return Mem0Snapshot(recs, payloads, vectors)
+
+    def _metadata(self, i: str, p: dict[str, Any]) -> dict[str, Any]:
+        """Importance and pin of memory ``i`` from its payload ``p`` (see the class).
+
+        Raises:
+            ValueError: a value of the wrong type, named by memory id and key."""
+        out: dict[str, Any] = {}
+        k = self.importance_key
+        if k and p.get(k) is not None:
+            x = p[k]
+            if isinstance(x, str):
+                try:
+                    x = float(x)
+                except ValueError:
+                    x = None
+            if isinstance(x, bool) or not isinstance(x, (int, float)):
+                raise ValueError(f"Mem0 memory {i}: metadata {k!r} is {p[k]!r}, not a number")
+            out["importance"] = float(x)  # the range is checked with the other rules
+        k = self.pinned_key
+        if k and p.get(k) is not None:
+            x = p[k]
+            if isinstance(x, str) and x.strip().lower() in ("true", "false"):
+                x = x.strip().lower() == "true"
+            if not isinstance(x, bool):
+                raise ValueError(f"Mem0 memory {i}: metadata {k!r} is {p[k]!r}, not true/false")
+            out["pinned"] = x
+        return out
 
     # ------------------------------------------------------------ plan
     def plan(self, snap: Mem0Snapshot, result: Records, *, drops: bool = False) -> Mem0Plan:

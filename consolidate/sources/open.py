@@ -71,7 +71,10 @@ def open_source(src: Any, embedder: Callable[[], Any] | None = None) -> tuple[An
                 f"source.mem0.llm says otherwise); give it its key (OPENAI_API_KEY) or "
                 f"source.mem0.llm as your Mem0 uses it"
             ) from None
-        return Mem0Source(memory, src.namespace_key), "mem0 store"
+        return (
+            Mem0Source(memory, src.namespace_key, src.importance_key, src.pinned_key),
+            "mem0 store",
+        )
     if src.kind != "pgvector":
         raise ValueError(f"source must be store, {', '.join(SOURCE_KINDS)}; got {src.kind!r}")
     from .pgvector import PgColumns, PgVectorTable
