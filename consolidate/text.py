@@ -976,12 +976,11 @@ def _stems_in(stems: frozenset, this: ConflictSignature, other: ConflictSignatur
     want = {x for x in stems if _singular(x) in _PREFIX_IS_NOT}
     if not want:
         return set()
+    by_form = {_singular(y): y for y in want}  # "likes" and "like" name one stem
     out = set()
     wl = other.word_list
     for k, w in enumerate(wl):
-        x = w if w in want else (w + "s" if w + "s" in want else None)
-        if x is None and _singular(w) in {_singular(y) for y in want}:
-            x = next(y for y in want if _singular(y) == _singular(w))
+        x = by_form.get(_singular(w))
         if x is None:
             continue
         j = k - 1

@@ -365,14 +365,12 @@ def ingest(
                     note=f"NOOP rejected: {why} against {lm['id'].iat[j]}",
                 )
         j = int(top.indices[n][0])
-        if d.op == "ADD" and j >= 0 and float(top.scores[n][0]) >= (cfg.supersede_above or 2.0):
-            d = _supersede_guard(d, n, f.text, t.time_h, lm, j, float(top.scores[n][0]), touched)
-        elif d.op == "ADD" and j >= 0 and cfg.supersede_above is None:
-            why = conflict_reason(f.text, lm["text"].iat[j])
-            if why in ("negation", "opposite"):
-                events.append(_kept(t.id, f.text, lm["id"].iat[j], why, "supersede_above is null"))
-        if d.note.startswith("kept: "):
-            events.append(_kept(t.id, f.text, lm["id"].iat[j], *d.note[6:].split("; ", 1)))
+        if d.op == "ADD" and j >= 0:
+            d, kept = _supersede_guard(
+                d, n, f.text, t.time_h, lm, j, float(top.scores[n][0]), touched, cfg.supersede_above
+            )
+            if kept:
+                events.append(_kept(t.id, f.text, lm["id"].iat[j], *kept))
         if d.op == "NOOP" and d.target_id is None:
             # NOOP names the memory that already holds the fact: the exact duplicate, else
             # the nearest stored memory
@@ -549,16 +547,22 @@ def _supersede_guard(
     j: int,
     score: float,
     touched: set[str],
-) -> Decision:
-    """The ADD ``d`` of fact ``n`` turned into a DELETE of stored row ``j`` when ``text``
-    negates or opposes it (see :attr:`IngestConfig.supersede_above`); a pair that may not
-    be superseded comes back as the ADD with a note ``"kept: <reason>; <because>"``."""
+    above: float | None,
+) -> tuple[Decision, tuple[str, str] | None]:
+    """The ADD ``d`` of fact ``n`` turned into a DELETE of stored row ``j`` (cosine
+    ``score``) when ``text`` negates or opposes it at ``above`` or more (see
+    :attr:`IngestConfig.supersede_above`). Returns the decision and, for a pair that stays
+    apart although it conflicts, ``(reason, because)`` for a ``contradiction_kept`` event."""
+    if above is not None and score < above:
+        return d, None
     why = conflict_reason(text, lm["text"].iat[j])
     if why not in ("negation", "opposite"):
-        return d
+        return d, None
     tid = lm["id"].iat[j]
     because = (
-        "the memory is pinned"
+        "supersede_above is null"
+        if above is None
+        else "the memory is pinned"
         if bool(lm["pinned"].iat[j])
         else "the memory was already changed in this batch"
         if tid in touched
@@ -567,11 +571,11 @@ def _supersede_guard(
         else None
     )
     if because:
-        return Decision(n, "ADD", source=d.source, note=f"kept: {why}; {because}")
+        return d, (why, because)
     note = f"{d.source} ADD overridden: {why} of {tid} at cosine {score:.3f}, supersedes it"
     if d.note:
         note = f"{d.note}; {note}"
-    return Decision(n, "DELETE", tid, None, source="guard", note=note)
+    return Decision(n, "DELETE", tid, None, source="guard", note=note), None
 
 
 _DAY = r"(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)"
