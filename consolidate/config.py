@@ -318,6 +318,10 @@ class SourceConfig:
             file keeps them).
         importance_key, pinned_key: the Mem0 metadata keys that hold a memory's importance
             (0..1) and pin (``null``: not read).
+        state_dir: the folder of the source's undo journal and keep-apart list (files,
+            Lance datasets, Mem0; see :mod:`consolidate.sources.journal`); ``null``:
+            ``<path>.consolidate`` beside the file, dataset or local Qdrant folder. A
+            pgvector table keeps them in tables of its database.
     """
 
     kind: str = "store"
@@ -333,6 +337,7 @@ class SourceConfig:
     drops: bool = False
     importance_key: str | None = "importance"
     pinned_key: str | None = "pinned"
+    state_dir: str | None = None
 
 
 @dataclass
@@ -622,13 +627,17 @@ class ReembedJobConfig:
 
 @dataclass
 class UndoJobConfig:
-    """The primary config of ``consolidate-undo``: the ``merge_id`` to undo."""
+    """The primary config of ``consolidate-undo``: ``id``, the merge id, dropped id or
+    plan id to undo (or a unique prefix; ``merge_id`` is its older name), on ``source``
+    (default: the store of ``store.*``)."""
 
     task_name: str = "undo"
     paths: Any = None
     store: Any = None
+    source: Any = None
     embedder: Any = None  # set by the debug preset only; unused
-    merge_id: str = MISSING
+    id: str | None = None
+    merge_id: str | None = None
 
 
 @dataclass

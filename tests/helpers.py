@@ -145,16 +145,22 @@ def rewrite_snapshot(store, table) -> Path:
     return path
 
 
-def run_readme_example(name: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 900):
-    """Run the README's ``<!-- example: name -->`` bash block as written, in ``cwd`` (the
-    repository's ``.venv/bin/`` made absolute), with ``env`` added to the environment;
-    returns the ``CompletedProcess``."""
+def run_readme_example(
+    name: str,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    timeout: int = 900,
+    doc: str = "README.md",
+):
+    """Run the ``<!-- example: name -->`` bash block of ``doc`` (the README, or a page such
+    as ``docs/sources.md``) as written, in ``cwd`` (the repository's ``.venv/bin/`` made
+    absolute), with ``env`` added to the environment; returns the ``CompletedProcess``."""
     import re
     import subprocess
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / doc).read_text()
     m = re.search(rf"<!-- example: {re.escape(name)} -->\n```bash\n(.*?)```", text, re.S)
-    assert m, f"README has no example {name!r}"
+    assert m, f"{doc} has no example {name!r}"
     script = m.group(1).replace(".venv/bin/", f"{REPO}/.venv/bin/")
     full = {
         **os.environ,

@@ -44,8 +44,8 @@ def _run(main, args, monkeypatch, capsys, tmp_path):
         (consolidate_job.main, ["+sleep.treshold=0.8"],
          "unknown key(s) ['treshold'] in 'sleep': did you mean sleep.threshold?"),
         (undo_job.main, ["merge=vllm"],
-         "merge: no such config group in undo (groups: debug, paths, store)"),
-        (undo_job.main, [], "merge_id has no value: set it on the command line (merge_id=...)"),
+         "merge: no such config group in undo (groups: debug, paths, source, store)"),
+        (undo_job.main, [], "consolidate-undo needs id=...: a merge id"),
         (consolidate_job.main, ["=0.8"], "'=0.8' has no key: write KEY=VALUE"),
         (consolidate_job.main, ["sleep.threshold=1.5", "store.dir=/nonexistent/store"],
          "sleep.threshold must be in [-1, 1], got 1.5"),
@@ -67,7 +67,9 @@ def test_user_errors_are_one_line_and_exit_2(main, args, want, monkeypatch, caps
     assert want in errors[0], errors[0]
     assert "Traceback" not in out.err and out.out == ""
     run = tmp_path / "run"
-    if any(w in want for w in ("no value", "unknown key(s)", "must be in", "no 'sleep'")):
+    if any(
+        w in want for w in ("no value", "unknown key(s)", "must be in", "no 'sleep'", "needs id=")
+    ):
         # refused by the job once it started: its log says why
         (log,) = run.glob("*.log")
         assert errors[0] in log.read_text()

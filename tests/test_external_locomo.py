@@ -58,16 +58,6 @@ def task_records(emb, conversations):
     )
 
 
-@pytest.fixture(scope="module")
-def pg(tmp_path_factory):
-    srv = pgserver.get_server(str(tmp_path_factory.mktemp("pgdata")), cleanup_mode="stop")
-    uri = srv.get_uri()
-    with psycopg.connect(uri, autocommit=True) as c:
-        c.execute("CREATE EXTENSION IF NOT EXISTS vector")
-    yield uri
-    srv.cleanup()
-
-
 def fill(uri, name, recs):
     from pgvector.psycopg import register_vector
     from psycopg.types.json import Jsonb

@@ -66,7 +66,7 @@ def test_consolidate_trigger_undo(tmp_path):
     out = run("consolidate", tmp_path, "debug=default", f"store.dir={store_dir}", "sleep.cap=5")
     assert "not fired" in out and "skipped" in out
     assert open_store_dir(store_dir).head().version == v
-    # undo one merge from the changelog
+    # undo one merge from the changelog, by a prefix of its id
     log = store_dir / "changelogs" / summary["commit"]["changelog"]
     merge = next(json.loads(x) for x in log.read_text().splitlines() if '"op": "merge"' in x)
     out = run(
@@ -74,27 +74,36 @@ def test_consolidate_trigger_undo(tmp_path):
         tmp_path,
         "debug=default",
         f"store.dir={store_dir}",
-        f"merge_id={merge['id']}",
+        f"id={merge['id'][:12]}",
     )
     assert f"restored {len(merge['members'])} records" in out
     m = open_store_dir(store_dir).load().records.meta.set_index("id")
     assert m.loc[merge["members"], "deleted_at"].isna().all()
     assert m.loc[merge["id"], "deleted_reason"] == "undone"
-    # a second undo is a one-line error, exit status 2, nothing written
+    # a second undo does nothing and says so (exit 0, nothing written); an id that names
+    # nothing is a one-line error, exit status 2
+    out = run(
+        "consolidate-undo", tmp_path, "debug=default", f"store.dir={store_dir}",
+        f"merge_id={merge['id']}",
+    )  # fmt: skip
+    assert f"undone before, nothing done: 1 unit(s) ({merge['id']})" in out
+    assert open_store_dir(store_dir).head().version == v + 1
     p = subprocess.run(
         [
             str(BIN / "consolidate-undo"),
             "debug=default",
             f"store.dir={store_dir}",
-            f"merge_id={merge['id']}",
-            f"hydra.run.dir={tmp_path}/undo2",
+            "id=zzzz",
+            f"hydra.run.dir={tmp_path}/undo3",
         ],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert p.returncode == 2 and "error:" in p.stderr and "already undone" in p.stderr
+    assert p.returncode == 2 and "error: no applied plan or merge has an id starting with" in (
+        p.stderr
+    )
     assert "Traceback" not in p.stderr and open_store_dir(store_dir).head().version == v + 1
 
 

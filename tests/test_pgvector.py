@@ -33,16 +33,6 @@ COLS = PgColumns(
 )
 
 
-@pytest.fixture(scope="module")
-def pg(tmp_path_factory):
-    srv = pgserver.get_server(str(tmp_path_factory.mktemp("pgdata")), cleanup_mode="stop")
-    uri = srv.get_uri()
-    with psycopg.connect(uri, autocommit=True) as c:
-        c.execute("CREATE EXTENSION IF NOT EXISTS vector")
-    yield uri
-    srv.cleanup()
-
-
 def rows(n=240):
     """3 namespaces with planted near-duplicates; every 7th row unused for a long time."""
     out = random_rows(n, DIM, namespaces=3, dup_frac=0.25, noise=0.01, seed=4, t0=WALL - 1)

@@ -1,4 +1,5 @@
-"""``consolidate-undo merge_id=m-...``: restore the members of one merge (Hydra job)."""
+"""``consolidate-undo id=...``: undo a merge (or a drop), or every unit of a plan, on the
+store or on an external source (Hydra job)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from ..config import StoreConfig
+from ..config import SourceConfig, StoreConfig
 from ..pipeline import undo_merge
 from ..store import hours_now
 from ..store.lance_store import LanceStore
@@ -17,37 +18,124 @@ from .common import open_store, typed, user_errors
 log = logging.getLogger("consolidate")
 
 
-def run_undo(cfg: DictConfig) -> dict[str, Any]:
-    """Undo ``cfg.merge_id`` in ``cfg.store.dir`` as a new snapshot; returns the commit info.
+def _target(cfg: DictConfig) -> str:
+    """``id`` (or its old name ``merge_id``).
 
     Raises:
-        KeyError / ValueError: see :func:`consolidate.pipeline.undo_merge`.
+        ValueError: neither is set, or both differ."""
+    a, b = cfg.get("id"), cfg.get("merge_id")
+    if a is None and b is None:
+        raise ValueError(
+            "consolidate-undo needs id=...: a merge id (the changelog's or events.jsonl's "
+            "merge lines), a plan id (plan.json of an external source's run), or a unique "
+            "prefix of either"
+        )
+    if a is not None and b is not None and str(a) != str(b):
+        raise ValueError(f"id={a} and merge_id={b} differ: give one")
+    return str(a if a is not None else b)
+
+
+def resolve_merge_id(target: str, merged: Any) -> str:
+    """The merge id of the store that ``target`` names, whole or by a unique prefix (4
+    characters at least).
+
+    Args:
+        target: the id or prefix.
+        merged: the store's merge ids (the distinct ``merged_into`` values, and the
+            merges undone).
+
+    Raises:
+        UndoTargetError: no match, too short, or several matches (names 5).
     """
+    from ..sources.journal import match_target
+
+    plans = [{"plan_id": f"\0{i}", "units": [{"key": i}]} for i in merged]
+    hint = f"{len(plans)} merges in the store; their ids are in the changelogs' merge lines"
+    return str(match_target(target, plans, hint)[1][0]["key"])
+
+
+def run_undo(cfg: DictConfig) -> dict[str, Any]:
+    """Undo what ``cfg.id`` names on ``cfg.source`` (default: the store of
+    ``cfg.store.dir``); returns what was undone.
+
+    On the store, ``id`` is a merge id (or a unique prefix): one new snapshot with the
+    members live and kept apart; undoing it again does nothing. On an external source it is
+    a merge id, a dropped id or a plan id (or a unique prefix of one), through the source's
+    own ``undo`` (:mod:`consolidate.sources`).
+
+    Raises:
+        UndoTargetError (a ``ValueError``): ``id`` matches nothing, or several things.
+        ValueError / KeyError: see :func:`consolidate.pipeline.undo_merge`.
+    """
+    target = _target(cfg)
+    src: SourceConfig = typed(cfg, "source", SourceConfig)
+    if src.kind != "store":
+        from ..sources.open import open_source
+
+        source, name = open_source(src)
+        rep = source.undo(target)
+        return {"source": name, **vars(rep)}
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
-    merge_id = cfg.merge_id  # a missing id is the user's error before the store's
     store, _ = open_store(cfg, build=False)
     with store.lock(timeout_s=scfg.lock_timeout_s):
         snap = store.load()
+        meta = snap.records.meta
+        merged = set(meta["merged_into"].dropna().unique().tolist())
+        merged |= set(meta["id"][meta["deleted_reason"].eq("undone").to_numpy()].tolist())
+        merge_id = resolve_merge_id(target, sorted(merged))
+        at = meta["id"].eq(merge_id).to_numpy()
+        out: dict[str, Any] = {
+            "source": f"store {scfg.dir}",
+            "target": target,
+            "plan_id": None,
+            "undone": [],
+            "restored": [],
+            "already": [],
+            "skipped": [],
+        }
+        if at.any() and meta["deleted_reason"][at].eq("undone").all():
+            out["already"] = [merge_id]
+            return out
         recs = undo_merge(snap.records, merge_id)
-        restored = recs.meta["id"][
-            snap.records.meta["merged_into"].eq(merge_id).to_numpy()
-        ].tolist()
+        restored = meta["id"][meta["merged_into"].eq(merge_id).to_numpy()].tolist()
         ev = [{"op": "undo", "id": merge_id, "restored": restored}]
         extra = {"op": "undo"} if isinstance(store, LanceStore) else {}
         commit = store.commit(
             recs, ev, base=snap, pass_time_h=snap.last_pass_at or hours_now(), **extra
         )
-    return {"undone": merge_id, "restored": restored, **commit}
+    return {**out, "undone": [merge_id], "restored": restored, **commit}
+
+
+def format_undo(out: dict[str, Any]) -> str:
+    """The job's lines for :func:`run_undo`'s result."""
+    lines = []
+    what = f"plan {out['plan_id']}" if out.get("plan_id") else "merge"
+    if out["undone"]:
+        shown = ", ".join(out["restored"][:5]) + (" ..." if len(out["restored"]) > 5 else "")
+        lines.append(
+            f"undid {len(out['undone'])} unit(s) of {what} on {out['source']}: "
+            f"{', '.join(out['undone'][:5])}{' ...' if len(out['undone']) > 5 else ''}; "
+            f"restored {len(out['restored'])} records ({shown})"
+            + (f"; now at snapshot {out['version']}" if "version" in out else "")
+        )
+    if out["already"]:
+        lines.append(
+            f"undone before, nothing done: {len(out['already'])} unit(s) "
+            f"({', '.join(out['already'][:5])})"
+        )
+    for s in out["skipped"][:20]:
+        who = f"{s['key']}" + (f" member {s['id']}" if "id" in s else "")
+        lines.append(f"left as it is: {who}: {s['why']}")
+    if not out["undone"] and not out["already"] and not out["skipped"]:
+        lines.append("nothing to undo")
+    return "\n".join(lines)
 
 
 @job("undo")
 def main(cfg: DictConfig) -> None:
     with user_errors():
         out = run_undo(cfg)
-    print(
-        f"undid {out['undone']}: restored {len(out['restored'])} records "
-        f"({', '.join(out['restored'][:5])}); now at snapshot {out['version']}"
-    )
+    print(format_undo(out))
 
 
 if __name__ == "__main__":

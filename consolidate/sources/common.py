@@ -18,7 +18,15 @@ from ..store.schema import (
     validate,
 )
 
-__all__ = ["Plan", "ApplyReport", "as_stored"]
+__all__ = [
+    "Plan",
+    "ApplyReport",
+    "UndoReport",
+    "as_stored",
+    "without_clock",
+    "with_keep_apart",
+    "undo_by_journal",
+]
 
 
 @dataclass
@@ -56,6 +64,110 @@ class ApplyReport:
     dry_run: bool
     applied: dict[str, int] = field(default_factory=dict)
     skipped: list[dict[str, Any]] = field(default_factory=list)
+
+
+def without_clock(units: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``units`` without the pass's wall-clock times (``deleted_at`` of retired and
+    inserted rows), for a plan id that a dry run and the apply after it share."""
+
+    def strip(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k != "deleted_at"}
+        if isinstance(x, list):
+            return [strip(v) for v in x]
+        return x
+
+    return [strip(u) for u in units]
+
+
+@dataclass
+class UndoReport:
+    """What an undo did.
+
+    Attributes:
+        target: the id or prefix asked for.
+        plan_id: the plan it named.
+        undone: the units undone now (their keys: merged ids, dropped ids).
+        restored: the ids live again.
+        already: units undone before (nothing done for them).
+        skipped: ``{"key", "why"}`` for each unit that could not be undone (e.g. merged
+            again by a later pass: undo that one first).
+    """
+
+    target: str
+    plan_id: str
+    undone: list[str] = field(default_factory=list)
+    restored: list[str] = field(default_factory=list)
+    already: list[str] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+
+
+def with_keep_apart(recs: Records, apart: dict[str, set[str]]) -> Records:
+    """``recs`` with each id of ``apart`` given those ids as ``keep_apart`` too (joined to
+    what it had); the loop runs over the undone merges' members, not the records."""
+    if not apart or not len(recs):
+        return recs
+    ids = recs.meta["id"].to_numpy(object)
+    idx = {i: k for k, i in enumerate(ids)} if len(apart) * 8 > len(ids) else None
+    col = recs.meta["keep_apart"].tolist()
+    changed = False
+    for i, others in apart.items():
+        if idx is not None:
+            k = idx.get(i)
+            ks = [] if k is None else [k]
+        else:
+            ks = np.flatnonzero(ids == i).tolist()
+        for k in ks:
+            col[k] = sorted(set(col[k] or []) | others)
+            changed = True
+    if not changed:
+        return recs
+    meta = recs.meta.copy()
+    meta["keep_apart"] = col
+    return Records(meta, recs.vectors, origin=recs.origin)
+
+
+def undo_by_journal(
+    journal: Any,
+    target: str,
+    restore: Any,
+) -> UndoReport:
+    """Undo what ``target`` names in a source's :class:`~consolidate.sources.journal.
+    Journal`, under its lock: units undone before are reported ``already``; the rest go to
+    ``restore(plan_id, units)``, which puts them back in the source and returns
+    ``{key: restored ids}`` for those it undid (or ``{key: {"restored": ids, "notes":
+    [{"id", "why"}]}}`` with notes on members left as they are, reported in ``skipped``)
+    and ``{key: "why"}`` (a string) for those it could not; each undone unit is then
+    recorded (its members kept apart from then on).
+
+    Raises:
+        UndoTargetError: ``target`` matches no plan or merge, or several.
+    """
+    from .journal import match_target
+
+    with journal.locked():
+        plan_id, units = match_target(target, journal.plans())
+        rep = UndoReport(str(target), plan_id)
+        done = journal.undone()
+        todo = []
+        for u in units:
+            if (plan_id, u["key"]) in done:
+                rep.already.append(u["key"])
+            else:
+                todo.append(u)
+        got = restore(plan_id, todo) if todo else {}
+        for u in todo:
+            r = got.get(u["key"], "not undone")
+            if isinstance(r, str):
+                rep.skipped.append({"key": u["key"], "why": r})
+                continue
+            if isinstance(r, dict):
+                rep.skipped += [{"key": u["key"], **x} for x in r.get("notes", [])]
+                r = r["restored"]
+            journal.record_undone(plan_id, u, list(r))
+            rep.undone.append(u["key"])
+            rep.restored += list(r)
+    return rep
 
 
 def as_stored(

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from ..store.schema import COLUMNS, Records, records_from_arrow, records_from_rows
-from .common import ApplyReport, Plan, as_stored
+from .common import ApplyReport, Plan, UndoReport, as_stored, undo_by_journal, with_keep_apart
 
 __all__ = [
     "FILE_SUFFIXES",
@@ -494,10 +494,19 @@ class FileSource:
         embedder: for a file without vectors (see :func:`read_memories`).
     """
 
-    def __init__(self, path: str | Path, namespace: str = "default", embedder: Any = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        namespace: str = "default",
+        embedder: Any = None,
+        state_dir: str | Path | None = None,
+    ) -> None:
+        from .journal import Journal, default_state_dir
+
         self.path = Path(path)
         self.namespace = namespace
         self.embedder = embedder
+        self.journal = Journal(state_dir or default_state_dir(self.path), f"file {self.path}")
 
     def read(self, namespaces: Any = None) -> FileSnapshot:
         """Every memory of the file; the pass runs on those of ``namespaces`` (all when
@@ -510,11 +519,12 @@ class FileSource:
         got = read_memories(self.path, namespace=self.namespace, embedder=self.embedder)
         if _sha256(self.path) != digest:
             raise ValueError(f"{self.path} changed while it was read: run again")
-        ns = got.records.meta["namespace"]
+        recs = with_keep_apart(got.records, self.journal.keep_apart())
+        ns = recs.meta["namespace"]
         scope = (
             np.ones(len(ns), bool) if namespaces is None else ns.isin(list(namespaces)).to_numpy()
         )
-        return FileSnapshot(got.records, digest, scope, got.extra)
+        return FileSnapshot(recs, digest, scope, got.extra)
 
     def records(self, snap: FileSnapshot) -> Records:
         """The pass's input: the memories of the namespaces read."""
@@ -533,11 +543,12 @@ class FileSource:
                     "namespace": g["namespace"].iloc[0],
                     "ids": sorted(g["id"]),
                     "into": into,
+                    "key": into,
                 }
             )
         drops = gone[gone["deleted_reason"] != "merged"]
         units += [
-            {"kind": "drop", "namespace": ns, "ids": [i]}
+            {"kind": "drop", "namespace": ns, "ids": [i], "key": i}
             for i, ns in zip(drops["id"], drops["namespace"], strict=True)
         ]
         rest = snap.records.mask(~snap.scope) if not snap.scope.all() else None
@@ -565,11 +576,6 @@ class FileSource:
         Raises:
             ValueError: the file changed since it was read (nothing written).
         """
-        import os
-        import stat
-        import uuid
-        from datetime import datetime, timezone
-
         from ..store.lance_store import write_records_file
 
         assert plan.content is not None
@@ -581,9 +587,30 @@ class FileSource:
             )
             write_records_file(plan.content, target, extra=plan.extra)
             return FileApplyReport(True, plan.counts(), written=str(target))
+        backup = self._replace(plan.content, plan.extra, plan.sha256)
+        with self.journal.locked():
+            self.journal.record_apply(plan.plan_id, plan.units)
+        return FileApplyReport(
+            False, plan.counts(), written=str(self.path.resolve()), backup=backup
+        )
+
+    def _replace(self, content: Records, extra: Any, sha256: str) -> str:
+        """Write ``content`` over the file if it is still as read (``sha256``), after a copy
+        of it; returns the copy's path.
+
+        Raises:
+            ValueError: the file changed since it was read (nothing written).
+        """
+        import os
+        import stat
+        import uuid
+        from datetime import datetime, timezone
+
+        from ..store.lance_store import write_records_file
+
         real = self.path.resolve()  # a symlink: the file it names is replaced
         data = real.read_bytes()
-        if hashlib.sha256(data).hexdigest() != plan.sha256:
+        if hashlib.sha256(data).hexdigest() != sha256:
             raise ValueError(
                 f"{self.path} changed since it was read: nothing written; run the pass again"
             )
@@ -597,10 +624,10 @@ class FileSource:
             os.fsync(f.fileno())
         tmp = real.with_name(f".{real.name}.consolidated-{uuid.uuid4().hex[:8]}")
         try:
-            write_records_file(plan.content, tmp, extra=plan.extra, suffix=real.suffix)
+            write_records_file(content, tmp, extra=extra, suffix=real.suffix)
             os.chmod(tmp, mode)
             # checked again just before the rename: a writer since the first check wins
-            if _sha256(real) != plan.sha256:
+            if _sha256(real) != sha256:
                 raise ValueError(
                     f"{self.path} changed while the result was written: nothing "
                     f"written; run the pass again"
@@ -610,7 +637,58 @@ class FileSource:
             tmp.unlink(missing_ok=True)
             backup.unlink(missing_ok=True)  # the file is as it was: no copy is needed
             raise
-        return FileApplyReport(False, plan.counts(), written=str(real), backup=str(backup))
+        return str(backup)
+
+    def undo(self, target: str) -> UndoReport:
+        """Undo a merge or a drop, or every unit of a plan, that an apply wrote to the
+        file: ``target`` is a merged id, a dropped id or a plan id (or a unique prefix, see
+        :func:`~consolidate.sources.journal.match_target`). The file is rewritten as an
+        apply writes it (checked, copied, replaced): a merged record becomes a tombstone
+        (``deleted_reason`` ``undone``), its members live again with each other in
+        ``keep_apart``; a dropped record lives again. An undone unit is recorded in the
+        journal: undoing it again does nothing.
+
+        Raises:
+            UndoTargetError: ``target`` names no applied plan or merge, or several.
+            ValueError: the file changed while the undo ran (nothing written).
+        """
+        from ..pipeline.undo import undo_merge
+
+        def restore(plan_id: str, units: list[dict[str, Any]]) -> dict[str, Any]:
+            digest = _sha256(self.path)
+            got = read_memories(self.path, namespace=self.namespace, embedder=self.embedder)
+            recs = got.records
+            out: dict[str, Any] = {}
+            for u in units:
+                meta = recs.meta
+                if u["kind"] == "merge":
+                    back = meta["id"][meta["merged_into"].eq(u["key"]).to_numpy()].tolist()
+                    hit = meta["id"].eq(u["key"]).to_numpy()
+                    if hit.any() and meta["deleted_reason"][hit].eq("undone").any():
+                        out[u["key"]] = []  # undone in the file already (not yet recorded)
+                        continue
+                    try:
+                        recs = undo_merge(recs, u["key"])
+                        out[u["key"]] = back
+                    except (KeyError, ValueError) as e:
+                        out[u["key"]] = str(e).strip("'\"")
+                    continue
+                at = np.flatnonzero(
+                    (meta["id"].eq(u["key"]) & meta["deleted_at"].notna()).to_numpy()
+                )
+                if not len(at):
+                    out[u["key"]] = "not dropped in the file now: nothing to restore"
+                    continue
+                meta = meta.copy()
+                meta.loc[at, "deleted_at"] = np.nan
+                meta.loc[at, "deleted_reason"] = None
+                recs = Records(meta, recs.vectors, origin=recs.origin)
+                out[u["key"]] = [u["key"]]
+            if any(not isinstance(v, str) for v in out.values()):
+                self._replace(recs, got.extra, digest)
+            return out
+
+        return undo_by_journal(self.journal, target, restore)
 
 
 def _sha256(path: Path) -> str:

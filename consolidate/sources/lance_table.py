@@ -36,7 +36,15 @@ import pyarrow.compute as pc
 
 from ..store.schema import Records, records_from_rows
 from ..times import TimeColumnError, hours_from_values, iso_style, values_from_hours
-from .common import ApplyReport, Plan, as_stored
+from .common import (
+    ApplyReport,
+    Plan,
+    UndoReport,
+    as_stored,
+    undo_by_journal,
+    with_keep_apart,
+    without_clock,
+)
 
 __all__ = [
     "LanceColumns",
@@ -153,15 +161,28 @@ class LanceTable:
     Args:
         path: the dataset folder (LanceDB: ``<db>/<table>.lance``).
         columns: the column mapping.
+        state_dir: the undo journal's folder
+            (:class:`~consolidate.sources.journal.Journal`; default
+            ``<path>.consolidate`` beside the dataset).
 
     Raises:
         LanceSourceError: the folder is a consolidate store (use ``store.dir``), or (from
             :meth:`read`) not a Lance dataset or a mapped column is missing.
     """
 
-    def __init__(self, path: str | Path, columns: LanceColumns | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        columns: LanceColumns | None = None,
+        state_dir: str | Path | None = None,
+    ) -> None:
+        from .journal import Journal, default_state_dir
+
         self.path = Path(path)
         self.cols = columns or LanceColumns()
+        self.journal = Journal(
+            state_dir or default_state_dir(self.path), f"Lance dataset {self.path}"
+        )
         real = self.path.resolve()
         for anc in (real, *real.parents):
             if (anc / "CURRENT").is_file():
@@ -306,7 +327,7 @@ class LanceTable:
             r["vector"] = v
         recs = records_from_rows(rows, dim=d) if rows else Records.empty(d)
         if len(recs):
-            recs = as_stored(recs, where)
+            recs = with_keep_apart(as_stored(recs, where), self.journal.keep_apart())
         return LanceSnapshot(
             recs,
             ds.version,
@@ -376,6 +397,7 @@ class LanceTable:
                     "insert": row,
                     "retire": [retire(j) for j in mem],
                     "ids": sorted(ids[j] for j in mem),
+                    "key": ids[k],
                 }
             )
         units += [
@@ -385,6 +407,7 @@ class LanceTable:
                 "insert": None,
                 "retire": [retire(int(k))],
                 "ids": [ids[k]],
+                "key": ids[k],
             }
             for k in retired
             if int(k) not in done
@@ -401,7 +424,7 @@ class LanceTable:
                     f"with sleep.near_dedup=false sleep.exact_dedup=false (drops only)"
                 )
         blob = json.dumps(
-            {"path": str(self.path), "version": snap.version, "units": units},
+            {"path": str(self.path), "version": snap.version, "units": without_clock(units)},
             sort_keys=True,
             default=str,
         )
@@ -448,8 +471,137 @@ class LanceTable:
                     f"{self.path}: the commit failed ({why}); nothing written"
                 ) from None
             rep.version = new.version
+            with self.journal.locked():
+                self.journal.record_apply(
+                    plan.plan_id,
+                    [
+                        self.journal.unit(u, previous=rep.previous, version=new.version)
+                        for u in units
+                    ],
+                )
             return rep
         raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------ undo
+    def undo(self, target: str, *, retries: int = 3) -> UndoReport:
+        """Undo a merge or a drop, or every unit of a plan, that :meth:`apply` wrote:
+        ``target`` is a merged id, a dropped id or a plan id (or a unique prefix, see
+        :func:`~consolidate.sources.journal.match_target`). One new version: the members
+        live again (with ``deleted_at`` and ``merged_into``: their retired rows, as they
+        are now, with both cleared; without: their rows from the version before the apply,
+        appended), the merged row retired (``deleted_at`` now, else deleted). A member live
+        already is left as it is. The undo is recorded in the journal (undoing it again
+        does nothing) and its members kept apart by every later read.
+
+        Raises:
+            UndoTargetError: ``target`` names no applied plan or merge, or several.
+            LanceSourceError: the dataset cannot be read or the commit failed.
+        """
+        from ..store.lance_store import commit_update
+
+        def restore(plan_id: str, units: list[dict[str, Any]]) -> dict[str, Any]:
+            for attempt in range(retries + 1):
+                ds = self._open()
+                self._check_columns(ds)
+                out, table, gone = self._undo_changes(ds, units)
+                if not len(gone) and not table.num_rows:
+                    return out
+                try:
+                    commit_update(str(self.path), ds, table, gone, {"consolidate.undo": plan_id})
+                except (OSError, RuntimeError, ValueError) as e:
+                    why = re.sub(r",\s*/\S+\.rs:\d+:\d+", "", str(e).splitlines()[0])
+                    if "conflict" in why.lower() and attempt < retries:
+                        continue
+                    raise LanceSourceError(
+                        f"{self.path}: the undo's commit failed ({why}); nothing written"
+                    ) from None
+                return out
+            raise AssertionError("unreachable")
+
+        return undo_by_journal(self.journal, target, restore)
+
+    def _undo_changes(
+        self, ds: Any, units: list[dict[str, Any]]
+    ) -> tuple[dict[str, Any], pa.Table, np.ndarray]:
+        """``({key: restored ids | why}, rows to write, addresses to retire)`` that undo
+        ``units`` on ``ds``."""
+        from ..store.schema import hours_now
+
+        m = self._mapped()
+        idc, soft = m["id"], "deleted_at" in m
+        dc, mc = m.get("deleted_at"), m.get("merged_into")
+        want = sorted({i for u in units for i in u["ids"]} | {u["key"] for u in units})
+        t = ds.to_table(
+            filter=pc.field(idc).isin(pa.array(want, pa.string())), with_row_address=True
+        )
+        addr = t.column("_rowaddr").to_numpy()
+        rows = t.drop_columns(["_rowaddr"]).to_pylist()
+        by_id: dict[str, list[int]] = {}
+        for k, r in enumerate(rows):
+            by_id.setdefault(r[idc], []).append(k)
+
+        def is_live(k: int) -> bool:
+            return not soft or rows[k][dc] is None
+
+        style = self._style(rows)
+        now_h = hours_now()
+        out: dict[str, Any] = {}
+        gone: list[int] = []
+        new_rows: list[dict[str, Any]] = []
+        old: dict[int, dict[str, dict[str, Any]]] = {}  # previous version -> id -> row
+        for u in units:
+            key = u["key"]
+            merged = [k for k in by_id.get(key, []) if is_live(k)] if u["kind"] == "merge" else []
+            members_live = all(any(is_live(k) for k in by_id.get(i, [])) for i in u["ids"])
+            if u["kind"] == "merge" and not merged:
+                if members_live:
+                    out[key] = []  # undone already (not yet recorded)
+                    continue
+                again = [rows[k][mc] for k in by_id.get(key, []) if mc and rows[k][mc]]
+                out[key] = (
+                    f"{key} was merged again into {again[0]}: undo that first"
+                    if again
+                    else f"the merged row {key} is gone or no longer live"
+                )
+                continue
+            back = []
+            for i in u["ids"]:
+                ks = by_id.get(i, [])
+                if any(is_live(k) for k in ks):
+                    continue
+                if soft and ks:
+                    r = dict(rows[ks[-1]])
+                    r[dc] = None
+                    if mc:
+                        r[mc] = None
+                    gone.append(int(addr[ks[-1]]))
+                    new_rows.append(r)
+                else:
+                    v = int(u["previous"])
+                    if v not in old:
+                        prev = self._open(v).to_table(
+                            filter=pc.field(idc).isin(pa.array(want, pa.string()))
+                        )
+                        old[v] = {r[idc]: r for r in prev.to_pylist()}
+                    if i not in old[v]:
+                        continue
+                    new_rows.append(dict(old[v][i]))
+                back.append(i)
+            for k in merged:
+                gone.append(int(addr[k]))
+                if soft:
+                    r = dict(rows[k])
+                    r[dc] = self._time(now_h, "deleted_at", ds.schema, style)
+                    new_rows.append(r)
+            out[key] = back
+        try:
+            table = pa.Table.from_pylist(new_rows, schema=ds.schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+            raise LanceSourceError(
+                f"{self.path}: the restored rows do not fit the dataset's schema ({e}); "
+                f"nothing written"
+            ) from None
+        return out, table, np.asarray(gone, np.uint64)
 
     def _units_now(
         self, ds: Any, plan: LancePlan, dry_run: bool

@@ -17,10 +17,13 @@ Mem0's API, so Mem0's ``history`` table records them and a Mem0 user sees the re
    ``drops=True`` (a Mem0 delete is final);
 4. :meth:`Mem0Source.apply` (a dry run unless ``dry_run=False``) checks each unit's
    members against the snapshot (same ``hash`` and ``updated_at``: an agent's edit since
-   the read skips the unit), writes every member as it was (payload and vector) to an
-   undo file (JSON lines), then calls ``Memory.update(kept, text=merged)`` (Mem0 embeds
-   the text with its own embedder and records an UPDATE) and ``Memory.delete`` for the
-   other members (DELETE in its history). :func:`undo` puts a unit's members back.
+   the read skips the unit), writes every member as it was (payload and vector) to the
+   undo journal (:class:`~consolidate.sources.journal.Journal`, ``<qdrant path>.consolidate``
+   beside a local Qdrant folder, else ``state_dir``), then calls ``Memory.update(kept,
+   text=merged)`` (Mem0 embeds the text with its own embedder and records an UPDATE) and
+   ``Memory.delete`` for the other members (DELETE in its history). :meth:`Mem0Source.undo`
+   puts a merge's members back, or a whole plan's, by id or unique prefix; undone members
+   are kept apart by every later read.
 """
 
 from __future__ import annotations
@@ -35,9 +38,9 @@ from typing import Any
 import numpy as np
 
 from ..store.schema import Records, hours_from_datetime, records_from_rows
-from .common import ApplyReport, Plan, as_stored
+from .common import ApplyReport, Plan, UndoReport, as_stored, undo_by_journal, with_keep_apart
 
-__all__ = ["Mem0Source", "Mem0Snapshot", "Mem0Plan", "Mem0ApplyReport", "undo"]
+__all__ = ["Mem0Source", "Mem0Snapshot", "Mem0Plan", "Mem0ApplyReport"]
 
 _KEYS = ("user_id", "agent_id", "run_id")
 
@@ -69,7 +72,8 @@ class Mem0ApplyReport(ApplyReport):
     """An :class:`~consolidate.sources.common.ApplyReport` of a Mem0 store.
 
     Attributes:
-        undo_file: the JSON lines of every member as it was (``None`` in a dry run).
+        undo_file: the undo journal's ``applied.jsonl``, which holds every member as it was
+            (``None`` in a dry run).
     """
 
     undo_file: str | None = None
@@ -91,6 +95,8 @@ class Mem0Source:
             kept in the payload) that hold a memory's importance (a number in [0, 1];
             absent: 0.5) and its pin (a boolean, or ``"true"``/``"false"``; absent: not
             pinned); ``None``: not read.
+        state_dir: the undo journal's folder (default: ``<path>.consolidate`` beside a
+            local Qdrant folder; required for an apply to a server vector store).
 
     Raises:
         ValueError: another ``namespace_key``, or a vector store other than Qdrant and
@@ -103,13 +109,22 @@ class Mem0Source:
         namespace_key: str = "user_id",
         importance_key: str | None = "importance",
         pinned_key: str | None = "pinned",
+        state_dir: str | Path | None = None,
     ) -> None:
+        from .journal import Journal, default_state_dir
+
         if namespace_key not in _KEYS:
             raise ValueError(f"namespace_key must be one of {_KEYS}, got {namespace_key!r}")
         self.m = memory
         self.key = namespace_key
         self.importance_key = importance_key
         self.pinned_key = pinned_key
+        if state_dir is None:
+            vcfg = memory.config.vector_store
+            local = getattr(vcfg.config, "path", None) if vcfg.provider == "qdrant" else None
+            if local and not getattr(vcfg.config, "url", None):
+                state_dir = default_state_dir(local)
+        self.journal = None if state_dir is None else Journal(state_dir, "mem0 store")
 
     # ------------------------------------------------------------ read
     def _scan(self) -> list[tuple[str, Any, dict[str, Any]]]:
@@ -171,6 +186,8 @@ class Mem0Source:
         recs = records_from_rows(rows) if rows else Records.empty(0)
         if len(recs):
             recs = as_stored(recs, "the Mem0 store")
+            if self.journal is not None:
+                recs = with_keep_apart(recs, self.journal.keep_apart())
         return Mem0Snapshot(recs, payloads, vectors)
 
     def _metadata(self, i: str, p: dict[str, Any]) -> dict[str, Any]:
@@ -229,6 +246,7 @@ class Mem0Source:
                     "text": res.at[k, "text"],
                     "delete": mem[1:],
                     "ids": sorted(mem),
+                    "key": ids[k],
                 }
             )
         if drops:
@@ -242,6 +260,7 @@ class Mem0Source:
                             "text": None,
                             "delete": [ids[k]],
                             "ids": [ids[k]],
+                            "key": ids[k],
                         }
                     )
         units.sort(key=lambda u: (u["namespace"], u["kind"], u["ids"]))
@@ -256,29 +275,24 @@ class Mem0Source:
         return Mem0Plan(hashlib.sha256(blob.encode()).hexdigest()[:32], units)
 
     # ------------------------------------------------------------ apply
-    def apply(
-        self,
-        plan: Mem0Plan,
-        snap: Mem0Snapshot,
-        *,
-        dry_run: bool = True,
-        undo_file: str | Path | None = None,
-    ) -> Mem0ApplyReport:
-        """Apply ``plan`` unit by unit through Mem0's API (see the module docstring).
-
-        Args:
-            undo_file: where the members' previous payloads and vectors go (JSON lines,
-                appended; required unless ``dry_run``).
+    def apply(self, plan: Mem0Plan, snap: Mem0Snapshot, *, dry_run: bool = True) -> Mem0ApplyReport:
+        """Apply ``plan`` unit by unit through Mem0's API (see the module docstring); each
+        unit's members, as they were, go to the undo journal before Mem0 is called.
 
         Raises:
-            ValueError: no ``undo_file`` for a real apply.
+            ValueError: a real apply without a journal folder (a server vector store and no
+                ``state_dir``).
         """
         rep = Mem0ApplyReport(dry_run=dry_run)
-        if not dry_run and undo_file is None:
-            raise ValueError("apply(dry_run=False) needs an undo_file for the members")
+        if not dry_run and self.journal is None:
+            raise ValueError(
+                "an apply to a Mem0 store on a server vector store needs source.state_dir="
+                "DIR: the folder of its undo journal (a local Qdrant folder gets "
+                "<path>.consolidate beside it)"
+            )
         if not dry_run:
-            rep.undo_file = str(undo_file)
-            Path(undo_file).parent.mkdir(parents=True, exist_ok=True)
+            assert self.journal is not None
+            rep.undo_file = str(self.journal.dir / "applied.jsonl")
         vs = self.m.vector_store
         for n, u in enumerate(plan.units):
             changed = []
@@ -301,23 +315,26 @@ class Mem0Source:
                 )
                 continue
             if not dry_run:
-                with open(undo_file, "a", encoding="utf-8") as f:
-                    for i in u["ids"]:
-                        f.write(
-                            json.dumps(
-                                {
-                                    "plan_id": plan.plan_id,
-                                    "unit": n,
-                                    "id": i,
-                                    "kept": i == u["keep"],
-                                    "merged_text": u["text"] if i == u["keep"] else None,
-                                    "payload": snap.payloads[i],
-                                    "vector": snap.vectors[i].tolist(),
-                                },
-                                default=str,
+                assert self.journal is not None
+                with self.journal.locked():
+                    self.journal.record_apply(
+                        plan.plan_id,
+                        [
+                            self.journal.unit(
+                                u,
+                                keep=u["keep"],
+                                merged_text=u["text"],
+                                members=[
+                                    {
+                                        "id": i,
+                                        "payload": snap.payloads[i],
+                                        "vector": snap.vectors[i].tolist(),
+                                    }
+                                    for i in u["ids"]
+                                ],
                             )
-                            + "\n"
-                        )
+                        ],
+                    )
                 if u["keep"] is not None:
                     self.m.update(u["keep"], text=u["text"])
                 for i in u["delete"]:
@@ -325,44 +342,60 @@ class Mem0Source:
             rep.applied[u["kind"]] = rep.applied.get(u["kind"], 0) + 1
         return rep
 
+    # ------------------------------------------------------------ undo
+    def undo(self, target: str) -> UndoReport:
+        """Undo a merge or a drop, or every unit of a plan, that :meth:`apply` made:
+        ``target`` is the pass's merged id (``events.jsonl``), a dropped id or a plan id
+        (or a unique prefix, see :func:`~consolidate.sources.journal.match_target`).
 
-def undo(memory: Any, undo_file: str | Path, plan_id: str) -> dict[str, Any]:
-    """Put back the members ``plan_id`` changed, as the undo file holds them.
+        A kept member whose text is still the merged text gets its old text back through
+        ``Memory.update`` (an UPDATE in Mem0's history), then its old payload and vector
+        exactly; one an agent changed since the apply keeps the agent's text (reported).
+        A deleted member is inserted again with its id, payload and vector (Mem0's API
+        cannot add with a given id, so its history shows no ADD; the journal is the
+        record); one that exists already is left as it is. An undone unit is recorded:
+        undoing it again does nothing.
 
-    A kept member whose text is still the merged text gets its old text back through
-    ``Memory.update`` (an UPDATE in Mem0's history), then its old payload and vector
-    exactly; one changed since the apply (an agent's edit) is left alone and reported. A
-    deleted member is inserted again with its id, payload and vector (Mem0's API cannot
-    add with a given id, so its history shows no ADD; the undo file is the record); one
-    that exists already (an undo run twice) is skipped.
+        Raises:
+            UndoTargetError: ``target`` names no applied plan or merge, or several.
+            ValueError: no journal folder (see the class).
+        """
+        if self.journal is None:
+            raise ValueError(
+                "undo on a Mem0 store on a server vector store needs source.state_dir=DIR "
+                "(the folder the apply's journal went to)"
+            )
+        vs = self.m.vector_store
 
-    Returns:
-        ``{"restored": n, "skipped": [{"id", "why"}]}``.
+        def restore(plan_id: str, units: list[dict[str, Any]]) -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            for u in units:
+                back, notes = [], []
+                for r in u["members"]:
+                    now = vs.get(vector_id=r["id"])
+                    if r["id"] == u["keep"]:
+                        merged = u.get("merged_text")
+                        cur = None if now is None else (now.payload or {}).get("hash")
+                        want = None if merged is None else hashlib.md5(merged.encode()).hexdigest()
+                        if now is None or cur != want:
+                            if now is not None and cur == r["payload"].get("hash"):
+                                continue  # as before the merge already
+                            notes.append(
+                                {
+                                    "id": r["id"],
+                                    "why": "changed or deleted since the apply: the agent's "
+                                    "version kept",
+                                }
+                            )
+                            continue
+                        self.m.update(r["id"], text=r["payload"].get("data"))
+                        vs.update(vector_id=r["id"], vector=r["vector"], payload=r["payload"])
+                    elif now is not None:
+                        continue  # exists already
+                    else:
+                        vs.insert(vectors=[r["vector"]], payloads=[r["payload"]], ids=[r["id"]])
+                    back.append(r["id"])
+                out[u["key"]] = {"restored": back, "notes": notes}
+            return out
 
-    Raises:
-        FileNotFoundError: no such undo file.
-    """
-    vs = memory.vector_store
-    out: dict[str, Any] = {"restored": 0, "skipped": []}
-    for line in Path(undo_file).read_text(encoding="utf-8").splitlines():
-        r = json.loads(line)
-        if r["plan_id"] != plan_id:
-            continue
-        now = vs.get(vector_id=r["id"])
-        if r["kept"]:
-            merged = r.get("merged_text")
-            cur = None if now is None else (now.payload or {}).get("hash")
-            if now is None or merged is None or cur != hashlib.md5(merged.encode()).hexdigest():
-                out["skipped"].append(
-                    {"id": r["id"], "why": "changed or deleted since the apply: left as it is"}
-                )
-                continue
-            memory.update(r["id"], text=r["payload"].get("data"))
-            vs.update(vector_id=r["id"], vector=r["vector"], payload=r["payload"])
-        elif now is not None:
-            out["skipped"].append({"id": r["id"], "why": "exists already"})
-            continue
-        else:
-            vs.insert(vectors=[r["vector"]], payloads=[r["payload"]], ids=[r["id"]])
-        out["restored"] += 1
-    return out
+        return undo_by_journal(self.journal, target, restore)

@@ -36,7 +36,9 @@ def open_source(src: Any, embedder: Callable[[], Any] | None = None) -> tuple[An
         if not src.path:
             raise ValueError("source=jsonl needs source.path=FILE (.jsonl, .parquet or .csv)")
         return (
-            FileSource(src.path, src.namespace, _Lazy(embedder) if embedder else None),
+            FileSource(
+                src.path, src.namespace, _Lazy(embedder) if embedder else None, src.state_dir
+            ),
             f"file {src.path}",
         )
     if src.kind == "lance":
@@ -47,7 +49,7 @@ def open_source(src: Any, embedder: Callable[[], Any] | None = None) -> tuple[An
                 "source=lance needs source.path=DATASET (a LanceDB table: <db>/<table>.lance)"
             )
         return (
-            LanceTable(src.path, LanceColumns(**_columns(src, LanceColumns))),
+            LanceTable(src.path, LanceColumns(**_columns(src, LanceColumns)), src.state_dir),
             f"Lance dataset {src.path}",
         )
     if src.kind == "mem0":
@@ -72,7 +74,9 @@ def open_source(src: Any, embedder: Callable[[], Any] | None = None) -> tuple[An
                 f"source.mem0.llm as your Mem0 uses it"
             ) from None
         return (
-            Mem0Source(memory, src.namespace_key, src.importance_key, src.pinned_key),
+            Mem0Source(
+                memory, src.namespace_key, src.importance_key, src.pinned_key, src.state_dir
+            ),
             "mem0 store",
         )
     if src.kind != "pgvector":

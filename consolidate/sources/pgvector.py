@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from ..store.schema import Records, records_from_rows
-from .common import ApplyReport, Plan, as_stored
+from .common import ApplyReport, Plan, UndoReport, as_stored, with_keep_apart, without_clock
 
 __all__ = [
     "PgColumns",
@@ -56,10 +56,12 @@ __all__ = [
     "timestamp",
 ]
 
-#: our tables beside the user's: each changed row's previous state, and the (plan,
-#: namespace) pairs applied
+#: our tables beside the user's: each changed row's previous state, the (plan,
+#: namespace) pairs applied, the units undone and the pairs an undo keeps apart
 _HISTORY = "consolidate_history"
 _APPLIED = "consolidate_applied"
+_UNDONE = "consolidate_undone"
+_APART = "consolidate_keep_apart"
 
 
 class PgSourceError(ValueError):
@@ -285,6 +287,7 @@ class PgVectorTable:
                     f"the table's columns with source.columns.*)"
                 ) from None
             read_at = conn.execute("SELECT now()").fetchone()[0]
+            apart = self._keep_apart(conn)
             id_type = conn.execute(
                 sql.SQL("SELECT pg_typeof({}) FROM {} LIMIT 1").format(
                     self._ident(m["id"]), self._tab()
@@ -310,7 +313,7 @@ class PgVectorTable:
             out.append(d)
         recs = records_from_rows(out) if out else Records.empty(0)
         if len(recs):
-            recs = as_stored(recs, f"table {self.table}")
+            recs = with_keep_apart(as_stored(recs, f"table {self.table}"), apart)
         return PgSnapshot(
             recs,
             versions,
@@ -380,6 +383,7 @@ class PgVectorTable:
                     "retire": [retire(j) for j in mem],
                     "update": {},
                     "ids": sorted(ids[j] for j in mem),
+                    "key": row["id"],
                 }
             )
         for k in retired_at:
@@ -393,6 +397,7 @@ class PgVectorTable:
                     "retire": [retire(int(k))],
                     "update": {},
                     "ids": [ids[k]],
+                    "key": ids[k],
                 }
             )
         upd_cols = [c for c in ("strength", "last_used", "importance", "pinned") if c in m]
@@ -415,17 +420,17 @@ class PgVectorTable:
                             "retire": [],
                             "update": {i: {}},
                             "ids": [i],
+                            "key": i,
                         }
                         units.append(u)
                     v = new[j]
                     u["update"][i][c] = bool(v) if c == "pinned" else float(v)
         units.sort(key=lambda u: (u["namespace"], u["kind"], u["ids"]))
         blob = json.dumps(
-            {
+            {  # no wall clock: a dry run and the apply after it share the plan id
                 "table": self.table,
-                "read_at": snap.read_at,
                 "versions": {i: snap.versions[i] for u in units for i in u["ids"]},
-                "units": units,
+                "units": without_clock(units),
             },
             sort_keys=True,
             default=str,
@@ -455,20 +460,62 @@ class PgVectorTable:
 
     # ------------------------------------------------------------ apply
     def _ensure_tables(self, conn: Any) -> None:
+        """Our tables beside the user's (see ``_HISTORY`` and the others), made if missing;
+        ``consolidate_history`` gets the table (``tab``) and unit (``unit``) of each change,
+        which undo reads."""
         from psycopg import sql
 
+        for name, ddl in (
+            (_APPLIED, "CREATE TABLE IF NOT EXISTS {} (plan_id text, namespace text, "
+             "applied_at timestamptz DEFAULT now(), PRIMARY KEY (plan_id, namespace))"),
+            (_HISTORY, "CREATE TABLE IF NOT EXISTS {} (plan_id text, unit_kind text, row_id "
+             "text, change text, before jsonb, at timestamptz DEFAULT now())"),
+            (_HISTORY, "ALTER TABLE {} ADD COLUMN IF NOT EXISTS tab text, "
+             "ADD COLUMN IF NOT EXISTS unit text"),
+            (_UNDONE, "CREATE TABLE IF NOT EXISTS {} (tab text, plan_id text, unit text, at "
+             "timestamptz DEFAULT now(), restored jsonb, PRIMARY KEY (tab, plan_id, unit))"),
+            (_APART, "CREATE TABLE IF NOT EXISTS {} (tab text, id text, other text, plan_id "
+             "text, unit text, PRIMARY KEY (tab, id, other))"),
+        ):  # fmt: skip
+            conn.execute(sql.SQL(ddl).format(self._tab(name)))
+
+    def _history(
+        self, conn: Any, plan_id: str, u: dict[str, Any], row_id: str, change: str
+    ) -> None:
+        """Row ``row_id`` as it is now (without its vector) into ``consolidate_history``,
+        as ``change`` of unit ``u`` of ``plan_id``."""
+        from psycopg import sql
+
+        m = self._mapped()
         conn.execute(
             sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (plan_id text, namespace text, applied_at "
-                "timestamptz DEFAULT now(), PRIMARY KEY (plan_id, namespace))"
-            ).format(self._tab(_APPLIED))
+                "INSERT INTO {} (plan_id, unit_kind, row_id, change, before, tab, unit) "
+                "SELECT %s, %s, %s, %s, to_jsonb(t) - {}, %s, %s FROM {} t "
+                "WHERE {}::text = %s"
+            ).format(
+                self._tab(_HISTORY), sql.Literal(m["vector"]), self._tab(), self._ident(m["id"])
+            ),
+            (plan_id, u["kind"], row_id, change, self.table, u["key"], row_id),
         )
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (plan_id text, unit_kind text, row_id text, "
-                "change text, before jsonb, at timestamptz DEFAULT now())"
-            ).format(self._tab(_HISTORY))
-        )
+
+    def _exists(self, conn: Any, name: str) -> bool:
+        """Does our table ``name`` exist beside the user's?"""
+        q = f"{self.schema}.{name}" if self.schema else name
+        return conn.execute("SELECT to_regclass(%s)", (q,)).fetchone()[0] is not None
+
+    def _keep_apart(self, conn: Any) -> dict[str, set[str]]:
+        """id -> the ids an undo keeps it apart from (``consolidate_keep_apart``)."""
+        from psycopg import sql
+
+        if not self._exists(conn, _APART):
+            return {}
+        out: dict[str, set[str]] = {}
+        for i, other in conn.execute(
+            sql.SQL("SELECT id, other FROM {} WHERE tab = %s").format(self._tab(_APART)),
+            (self.table,),
+        ).fetchall():
+            out.setdefault(i, set()).add(other)
+        return out
 
     def apply(self, plan: PgPlan, *, dry_run: bool = True) -> PgApplyReport:
         """Apply ``plan`` namespace by namespace (see the module docstring); with
@@ -613,13 +660,7 @@ class PgVectorTable:
         tab, idc = self._tab(), self._ident(m["id"])
 
         def history(row_id: str, change: str) -> None:
-            conn.execute(
-                sql.SQL(
-                    "INSERT INTO {} (plan_id, unit_kind, row_id, change, before) SELECT %s, %s, "
-                    "%s, %s, to_jsonb(t) - {} FROM {} t WHERE {}::text = %s"
-                ).format(self._tab(_HISTORY), sql.Literal(m["vector"]), tab, idc),
-                (plan_id, u["kind"], row_id, change, row_id),
-            )
+            self._history(conn, plan_id, u, row_id, change)
 
         if u["insert"] is not None:
             r = u["insert"]
@@ -656,10 +697,10 @@ class PgVectorTable:
             )
             conn.execute(
                 sql.SQL(
-                    "INSERT INTO {} (plan_id, unit_kind, row_id, change) VALUES (%s, %s, %s, "
-                    "'insert')"
+                    "INSERT INTO {} (plan_id, unit_kind, row_id, change, tab, unit) VALUES "
+                    "(%s, %s, %s, 'insert', %s, %s)"
                 ).format(self._tab(_HISTORY)),
-                (plan_id, u["kind"], r["id"]),
+                (plan_id, u["kind"], r["id"], self.table, u["key"]),
             )
         for x in u["retire"]:
             history(x["id"], f"retire:{x['reason']}")
@@ -687,6 +728,172 @@ class PgVectorTable:
                 ),
                 [*(self._value(c, v) for c, v in changes.items()), i],
             )
+
+    # ------------------------------------------------------------ undo
+    def undo(self, target: str) -> UndoReport:
+        """Undo a merge or a drop, or every merge and drop of a plan, that :meth:`apply`
+        wrote: ``target`` is the merged row's id, a dropped row's id or a plan id (or a
+        unique prefix, see :func:`~consolidate.sources.journal.match_target`), found in
+        ``consolidate_history``.
+
+        One transaction, after ``pg_advisory_xact_lock`` on the table's undo key and
+        ``pg_try_advisory_xact_lock`` on each namespace the apply uses: the members get
+        ``deleted_at`` (and ``merged_into``) NULL, the merged row ``deleted_at`` now; both
+        bump ``updated_at``, and their previous state goes to ``consolidate_history``. An
+        agent's edit of a member since the apply stays (only those columns change). The
+        unit goes into ``consolidate_undone`` (undoing it again does nothing) and its
+        members' pairs into ``consolidate_keep_apart``, which every later :meth:`read`
+        gives the pass as ``keep_apart``. Update units (strength, last use) are not undone.
+
+        Raises:
+            UndoTargetError: ``target`` names no applied plan or merge, or several.
+            PgSourceError: no connection, or an apply holds a namespace (nothing written).
+        """
+        from psycopg import sql
+
+        from .journal import UndoTargetError, match_target
+
+        m = self._mapped()
+        tab, idc = self._tab(), self._ident(m["id"])
+        with self._connect() as conn, conn.transaction():
+            if not self._exists(conn, _HISTORY):
+                raise UndoTargetError(f"table {self.table}: no plan was ever applied to it")
+            self._ensure_tables(conn)
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                (f"consolidate-undo|{self.table}",),
+            )
+            plans: dict[str, dict[str, Any]] = {}
+            for plan_id, unit, kind, row_id, change in conn.execute(
+                sql.SQL(
+                    "SELECT plan_id, unit, unit_kind, row_id, change FROM {} WHERE tab = %s "
+                    "AND unit IS NOT NULL AND unit_kind IN ('merge', 'drop') AND change NOT "
+                    "LIKE 'undo:%%' ORDER BY at, plan_id"
+                ).format(self._tab(_HISTORY)),
+                (self.table,),
+            ).fetchall():
+                p = plans.setdefault(plan_id, {"plan_id": plan_id, "units": {}})
+                u = p["units"].setdefault(unit, {"key": unit, "kind": kind, "ids": []})
+                if change.startswith("retire:"):
+                    u["ids"].append(row_id)
+            listed = [{"plan_id": k, "units": list(p["units"].values())} for k, p in plans.items()]
+            plan_id, units = match_target(target, listed)
+            rep = UndoReport(str(target), plan_id)
+            done = {
+                r[0]
+                for r in conn.execute(
+                    sql.SQL("SELECT unit FROM {} WHERE tab = %s AND plan_id = %s").format(
+                        self._tab(_UNDONE)
+                    ),
+                    (self.table, plan_id),
+                ).fetchall()
+            }
+            rep.already = [u["key"] for u in units if u["key"] in done]
+            todo = [u for u in units if u["key"] not in done]
+            if not todo:
+                return rep
+            ids = sorted({i for u in todo for i in u["ids"]} | {u["key"] for u in todo})
+            state = {  # id -> (deleted_at, namespace[, merged_into])
+                r[0]: r[1:]
+                for r in conn.execute(
+                    sql.SQL("SELECT {}::text, {}, {}{} FROM {} WHERE {}::text = ANY(%s)").format(
+                        idc,
+                        self._ident(m["deleted_at"]),
+                        self._ident(m["namespace"]),
+                        sql.SQL(", {}").format(self._ident(m["merged_into"]))
+                        if "merged_into" in m
+                        else sql.SQL(""),
+                        tab,
+                        idc,
+                    )
+                    + sql.SQL(" FOR UPDATE"),
+                    (ids,),
+                ).fetchall()
+            }
+            for ns in sorted({v[1] for v in state.values()}):
+                got = conn.execute(
+                    "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))",
+                    (f"consolidate|{self.table}|{ns}",),
+                ).fetchone()[0]
+                if not got:
+                    raise PgSourceError(
+                        f"table {self.table}: another job holds namespace {ns!r} (an apply "
+                        f"in progress); nothing undone: try again when it is done"
+                    )
+
+            def history(row_id: str, change: str, u: dict[str, Any]) -> None:
+                self._history(conn, plan_id, u, row_id, change)
+
+            for u in todo:
+                key = u["key"]
+                live_members = all(i in state and state[i][0] is None for i in u["ids"])
+                if u["kind"] == "merge":
+                    merged = state.get(key)
+                    if merged is None or merged[0] is not None:
+                        if not live_members:
+                            again = merged[2] if merged is not None and len(merged) > 2 else None
+                            rep.skipped.append(
+                                {
+                                    "key": key,
+                                    "why": f"{key} was merged again into {again}: undo that first"
+                                    if again
+                                    else f"the merged row {key} is gone or no longer live",
+                                }
+                            )
+                            continue
+                        # else: undone already, not yet recorded
+                    else:
+                        history(key, "undo:retire", u)
+                        conn.execute(
+                            sql.SQL(
+                                "UPDATE {} SET {} = now(), {} = now() WHERE {}::text = %s"
+                            ).format(
+                                tab,
+                                self._ident(m["deleted_at"]),
+                                self._ident(m["updated_at"]),
+                                idc,
+                            ),
+                            (key,),
+                        )
+                back = [i for i in u["ids"] if i in state and state[i][0] is not None]
+                for i in back:
+                    history(i, "undo:restore", u)
+                sets = [
+                    sql.SQL("{} = NULL").format(self._ident(m["deleted_at"])),
+                    sql.SQL("{} = now()").format(self._ident(m["updated_at"])),
+                ]
+                if "merged_into" in m:
+                    sets.append(sql.SQL("{} = NULL").format(self._ident(m["merged_into"])))
+                if back:
+                    conn.execute(
+                        sql.SQL("UPDATE {} SET {} WHERE {}::text = ANY(%s)").format(
+                            tab, sql.SQL(", ").join(sets), idc
+                        ),
+                        (back,),
+                    )
+                restored = back
+                from psycopg.types.json import Jsonb
+
+                conn.execute(
+                    sql.SQL(
+                        "INSERT INTO {} (tab, plan_id, unit, restored) VALUES (%s, %s, %s, %s)"
+                    ).format(self._tab(_UNDONE)),
+                    (self.table, plan_id, key, Jsonb(restored)),
+                )
+                if u["kind"] == "merge":
+                    pairs = [(a, b) for a in u["ids"] for b in u["ids"] if a != b]
+                    if pairs:
+                        with conn.cursor() as cur:
+                            cur.executemany(
+                                sql.SQL(
+                                    "INSERT INTO {} (tab, id, other, plan_id, unit) VALUES "
+                                    "(%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+                                ).format(self._tab(_APART)),
+                                [(self.table, a, b, plan_id, key) for a, b in pairs],
+                            )
+                rep.undone.append(key)
+                rep.restored += restored
+        return rep
 
     def _json_column(self, conn: Any, column: str) -> bool:
         """Is ``column`` of the table ``json``/``jsonb`` (else an array)?"""

@@ -1,0 +1,224 @@
+"""One undo for every external source (files, LanceDB tables, PostgreSQL + pgvector here;
+Mem0 on local Qdrant and on pgvector in test_mem0.py), against the real engines: a merge undone by a prefix of its merged
+id, then the rest of its plan by a prefix of the plan id; the members live again with their
+own texts and the merged rows retired; a second undo restores nothing; the next pass never
+merges the undone members again; an id that names nothing, or several things, is one clear
+error."""
+
+import pyarrow as pa
+import pytest
+
+from consolidate.config import PassConfig, SimilarityConfig
+from consolidate.pipeline import run_pass
+from consolidate.sources.journal import UndoTargetError, match_target
+from tests.helpers import make_records, random_rows
+
+WALL = 2000.0
+DIM = 16
+
+
+def rows(n=60, seed=7):
+    """Planted near-duplicates in 2 namespaces; every 9th row long unused (a floor drop)."""
+    out = random_rows(n, DIM, namespaces=2, dup_frac=0.3, noise=0.01, seed=seed, t0=WALL - 1)
+    for k, r in enumerate(out):
+        if k % 9 == 0:
+            r["created_at"] = r["last_used"] = WALL - 30000.0
+    return out
+
+
+def live(src):
+    """id -> text of the source's live records."""
+    recs = src.read().records
+    m = recs.meta[recs.live_mask()] if hasattr(recs, "live_mask") else recs.meta
+    return dict(zip(m["id"], m["text"], strict=True))
+
+
+def one_pass(src, apply=True, **plan_kw):
+    snap = src.read()
+    recs = src.records(snap) if hasattr(src, "records") else snap.records
+    res = run_pass(
+        recs,
+        cfg=PassConfig(force=True, max_drop_fraction=0.5),
+        sim_cfg=SimilarityConfig(device="cpu"),
+        version=1,
+        wall_h=WALL,
+    )
+    plan = src.plan(snap, res.records, **plan_kw)
+    rep = None
+    if apply:
+        rep = src.apply(plan, snap, dry_run=False) if plan_kw else src.apply(plan, dry_run=False)
+    return snap, res, plan, rep
+
+
+def check_undo(src, before, plan, member_ids=None, drops=True):
+    """The shared promise: undo one merge by a prefix of its id, then the plan by a prefix
+    of its id, then again; the next pass keeps the members apart."""
+    merges = [u for u in plan.units if u["kind"] == "merge"]
+    assert len(merges) >= 3 and any(u["kind"] == "drop" for u in plan.units) == drops
+    keys = [u["key"] for u in plan.units if u["kind"] in ("merge", "drop")]
+    members = {u["key"]: member_ids(u) if member_ids else u["ids"] for u in merges}
+    first = merges[0]["key"]
+    rep = src.undo(first[:12])
+    assert rep.undone == [first] and rep.plan_id == plan.plan_id
+    assert sorted(rep.restored) == sorted(members[first])
+    now = live(src)
+    assert all(now[i] == before[i] for i in members[first])  # their own texts
+    assert first not in now
+    rep = src.undo(plan.plan_id[:8])
+    assert rep.already == [first] and sorted(rep.undone) == sorted(set(keys) - {first})
+    assert not rep.skipped
+    now = live(src)
+    everyone = sorted(i for ids in members.values() for i in ids)
+    assert sorted(rep.restored + members[first]) == sorted(
+        everyone + [u["ids"][0] for u in plan.units if u["kind"] == "drop"]
+    )
+    assert {i: now[i] for i in before} == before  # every record back, as it was
+    assert not set(members) & set(now)  # no merged row live
+    again = src.undo(plan.plan_id[:8])
+    assert again.undone == [] and again.restored == [] and sorted(again.already) == sorted(keys)
+    # the next pass: the undone members are kept apart (not one of them merged again)
+    got = {i: set(a) for i, a in zip(*_apart(src), strict=True)}
+    for ids in members.values():
+        for i in ids:
+            assert set(ids) - {i} <= got[i]
+    _, res, _, _ = one_pass(src, apply=False)
+    for e in res.events:
+        if e["op"] == "merge":
+            for ids in members.values():
+                assert len(set(e["members"]) & set(ids)) <= 1, (e["members"], ids)
+    with pytest.raises(UndoTargetError, match="no applied plan or merge"):
+        src.undo("zzzzzzzz")
+
+
+def _apart(src):
+    m = src.read().records.meta
+    return m["id"].tolist(), m["keep_apart"].tolist()
+
+
+def test_match_target_by_whole_id_and_unique_prefix():
+    plans = [
+        {"plan_id": "abcd1111", "units": [{"key": "m-aaa1"}, {"key": "m-aab2"}]},
+        {"plan_id": "abcd2222", "units": [{"key": "x"}]},
+    ]
+    assert match_target("abcd1", plans) == ("abcd1111", plans[0]["units"])
+    assert match_target("m-aab", plans) == ("abcd1111", [{"key": "m-aab2"}])
+    assert match_target("x", plans) == ("abcd2222", [{"key": "x"}])  # whole id: any length
+    with pytest.raises(UndoTargetError, match="too short"):
+        match_target("ab", plans)
+    with pytest.raises(UndoTargetError, match="matches 2 plans"):
+        match_target("abcd", plans)
+    with pytest.raises(UndoTargetError, match="matches 2 plans"):
+        match_target("m-aa", plans)
+    with pytest.raises(UndoTargetError, match="no applied plan"):
+        match_target("m-ab", plans)
+    assert match_target("last", plans) == ("abcd2222", [{"key": "x"}])
+    with pytest.raises(UndoTargetError, match="no applied plan"):
+        match_target("last", [])
+
+
+def test_a_memory_file_undo(tmp_path):
+    from consolidate.sources import FileSource
+    from consolidate.store.lance_store import LanceStore
+
+    s = LanceStore(tmp_path / "src")
+    s.create(make_records(rows()))
+    path = tmp_path / "mem.jsonl"
+    s.export(path)
+    src = FileSource(path)
+    before = live(src)
+    _, _, plan, rep = one_pass(src)
+    assert rep.applied["merge"] >= 3
+    assert (tmp_path / "mem.jsonl.consolidate" / "applied.jsonl").exists()
+    check_undo(src, before, plan)
+
+
+@pytest.mark.parametrize("soft", [True, False], ids=["soft-deletes", "hard-deletes"])
+def test_a_lancedb_table_undo(tmp_path, soft):
+    pytest.importorskip("lancedb")
+    from consolidate.sources.lance_table import LanceTable
+    from tests.test_lance_table import SCHEMA, SOFT, table
+
+    if soft:
+        schema, cols = SCHEMA, SOFT
+    else:
+        import dataclasses
+
+        schema = pa.schema([f for f in SCHEMA if f.name not in ("deleted_at", "merged_into")])
+        cols = dataclasses.replace(SOFT, deleted_at=None, merged_into=None)
+    t, path = table(tmp_path, rows(), schema=schema)
+    src = LanceTable(path, cols)
+    before = live(src)
+    _, _, plan, rep = one_pass(src)
+    assert rep.applied["merge"] >= 3
+    v_applied = rep.version
+    check_undo(src, before, plan)
+    import lance
+
+    ds = lance.dataset(path)
+    assert ds.version > v_applied  # undo is new versions: the apply's version is kept
+    assert ds.to_table(filter="tags = 'from-agent'").num_rows >= len(before)
+
+
+def test_a_pgvector_table_undo(pg):
+    import psycopg
+
+    from consolidate.sources.pgvector import PgVectorTable
+    from tests.test_pgvector import COLS, fill
+
+    fill(pg, "mem_undo", rows())
+    src = PgVectorTable(pg, "mem_undo", COLS)
+    before = live(src)
+    snap, res, plan, _ = one_pass(src, apply=False)
+    dry = src.plan(snap, res.records)
+    assert dry.plan_id == plan.plan_id  # no wall clock in a plan id
+    rep = src.apply(plan, dry_run=False)
+    assert rep.applied["merge"] >= 3
+    with psycopg.connect(pg) as c:  # an agent edits a retired member meanwhile
+        edited = plan.units[0]["ids"][0]
+        c.execute("UPDATE mem_undo SET memory = 'edited by the agent' WHERE id = %s", (edited,))
+    before[edited] = "edited by the agent"  # undo keeps the agent's edit
+    check_undo(src, before, plan)
+    with psycopg.connect(pg) as c:
+        n = c.execute(
+            "SELECT count(*) FROM consolidate_history WHERE tab = 'mem_undo' AND change "
+            "LIKE 'undo:%%'"
+        ).fetchone()[0]
+    undone_rows = sum(len(u["ids"]) + 1 for u in plan.units if u["kind"] == "merge")
+    undone_rows += sum(1 for u in plan.units if u["kind"] == "drop")
+    assert n == undone_rows  # every row the undo changed, as it was, in the history
+
+
+def test_the_undo_job_on_a_memory_file(tmp_path, capsys):
+    """``consolidate-undo source=jsonl source.path=F id=PREFIX``: the job's lines."""
+    from hydra import compose, initialize_config_dir
+
+    from consolidate.jobs.common import CONFIG_DIR
+    from consolidate.jobs.undo import format_undo, run_undo
+    from consolidate.sources import FileSource
+    from consolidate.store.lance_store import LanceStore
+
+    s = LanceStore(tmp_path / "src")
+    s.create(make_records(rows()))
+    path = tmp_path / "mem.parquet"
+    s.export(path)
+    _, _, plan, _ = one_pass(FileSource(path))
+
+    def undo(target):
+        with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
+            cfg = compose(
+                config_name="undo",
+                overrides=["source=jsonl", f"source.path={path}", f"id={target}"],
+            )
+        return format_undo(run_undo(cfg))
+
+    n = len([u for u in plan.units if u["kind"] in ("merge", "drop")])
+    restored = sum(len(u["ids"]) for u in plan.units)
+    out = undo(plan.plan_id[:6])
+    assert out.startswith(f"undid {n} unit(s) of plan {plan.plan_id} on file {path}: ")
+    assert f"restored {restored} records" in out
+    assert (
+        undo(plan.plan_id)
+        == f"undone before, nothing done: {n} unit(s) ("
+        + ", ".join([u["key"] for u in plan.units][:5])
+        + ")"
+    )
