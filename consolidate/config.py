@@ -224,6 +224,9 @@ class StoreConfig:
         retention_h: a Lance store removes versions older than this (hours) after a pass,
             keeping at least ``keep_snapshots`` versions; small fragments are compacted.
         importance: the LOCOMO importance heuristic.
+        create: build a missing store (from ``init_from``): ``true``; ``false``: never;
+            ``null``: only at the default location ``<paths.store_root>/<name>`` (so a
+            mistyped ``store.dir`` is an error naming the closest existing store).
     """
 
     name: str = "locomo"
@@ -238,6 +241,7 @@ class StoreConfig:
     format: str = "lance"
     retention_h: float = 168.0
     importance: ImportanceConfig = field(default_factory=ImportanceConfig)
+    create: bool | None = None
 
 
 @dataclass
@@ -322,6 +326,8 @@ class SourceConfig:
             Lance datasets, Mem0; see :mod:`consolidate.sources.journal`); ``null``:
             ``<path>.consolidate`` beside the file, dataset or local Qdrant folder. A
             pgvector table keeps them in tables of its database.
+        allow_empty: run on a source that holds no memories (``false``: that is an error,
+            as a mistyped path, table or namespace reads as empty).
     """
 
     kind: str = "store"
@@ -338,6 +344,7 @@ class SourceConfig:
     importance_key: str | None = "importance"
     pinned_key: str | None = "pinned"
     state_dir: str | None = None
+    allow_empty: bool = False
 
 
 @dataclass

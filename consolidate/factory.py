@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from .config import EmbedderConfig, PassConfig, SimilarityConfig, StoreConfig
-from .store import Store
+from .store import Store, StoreNotFoundError
 
 __all__ = ["typed", "pass_cfg", "sim_cfg", "open_store", "make_store", "make_embedder",
            "write_summary"]  # fmt: skip
@@ -62,7 +62,9 @@ def open_store(cfg: DictConfig, *, build: bool = True) -> tuple[Store, dict[str,
         ``(store, import_report or None)``.
 
     Raises:
-        StoreNotFoundError: no store and ``init_from`` is null (or ``build=False``).
+        StoreNotFoundError: no store and ``init_from`` is null (or ``build=False``), or
+            ``store.dir`` is not the default location and ``store.create`` is not true
+            (names the closest existing store).
         FileExistsError: no store, but ``store.dir`` is a file or a non-empty folder.
         ValueError: ``store.name`` is not a plain folder name.
     """
@@ -91,6 +93,7 @@ def open_store(cfg: DictConfig, *, build: bool = True) -> tuple[Store, dict[str,
             f"only in a new or empty directory; if it held a store, restore its CURRENT or "
             f"move the folder aside"
         )
+    _check_create(cfg, scfg, root)
     if scfg.init_from != "locomo":
         raise ValueError(f"store.init_from must be 'locomo' or null, got {scfg.init_from!r}")
     from .store.locomo import locomo_records
@@ -103,6 +106,33 @@ def open_store(cfg: DictConfig, *, build: bool = True) -> tuple[Store, dict[str,
     rep = {**report.__dict__, "embedder": ecfg.name, "embedder_device": str(emb.device)}
     (Path(scfg.dir) / "import_report.json").write_text(json.dumps(rep, indent=1))
     return store, rep
+
+
+def _check_create(cfg: DictConfig, scfg: StoreConfig, root: Path) -> None:
+    """A new store is built at ``root`` only when ``store.create`` is true, or when it is
+    null and ``root`` is the default location ``<paths.store_root>/<store.name>`` (a
+    mistyped ``store.dir`` must not build a whole new store).
+
+    Raises:
+        StoreNotFoundError: naming the closest existing store beside ``root``.
+    """
+    import difflib
+
+    if scfg.create is True:
+        return
+    paths = cfg.get("paths") if hasattr(cfg, "get") else None
+    default = Path(paths.store_root) / scfg.name if paths is not None else None
+    if scfg.create is None and default is not None and root.resolve() == default.resolve():
+        return
+    near = []
+    parent = root.resolve().parent
+    if parent.is_dir():
+        stores = [d.name for d in parent.iterdir() if (d / "CURRENT").is_file()]
+        near = difflib.get_close_matches(root.name, stores, n=1, cutoff=0.5)
+    hint = f" (the closest existing store: {parent / near[0]})" if near else ""
+    raise StoreNotFoundError(
+        f"no store at {root}{hint}: store.create=true builds a new one there from {scfg.init_from}"
+    )
 
 
 def make_store(scfg: StoreConfig) -> Store:

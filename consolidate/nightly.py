@@ -69,18 +69,27 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
     if rc.kind not in ("local", "ray"):
         raise ValueError(f"runner.kind must be 'local' or 'ray', got {rc.kind!r}")
     fleet = rc.kind == "ray"
-    # a fleet run's actors build their own merger and reflector (from these configs)
-    merger = None if fleet else instantiate(cfg.merge)
-    reflector = instantiate(cfg.reflect) if pc.reflect and not fleet else None
     src: SourceConfig = typed(cfg, "source", SourceConfig) if "source" in cfg else SourceConfig()
     if src.kind != "store":
         if fleet:
             raise ValueError(f"source={src.kind} runs in this process: use runner=local")
-        summary = _external_run(cfg, src, pc, sc, merger, reflector, out_dir)
+        # the source is opened and read (and its errors raised) before any model loads
+        summary = _external_run(
+            cfg,
+            src,
+            pc,
+            sc,
+            lambda: instantiate(cfg.merge),
+            lambda: instantiate(cfg.reflect) if pc.reflect else None,
+            out_dir,
+        )
         summary["policy"] = (
             {**policy, "calibrated": True} if policy is not None else {"calibrated": False}
         )
         return _finish(summary, t0, out_dir)
+    # a fleet run's actors build their own merger and reflector (from these configs)
+    merger = None if fleet else instantiate(cfg.merge)
+    reflector = instantiate(cfg.reflect) if pc.reflect and not fleet else None
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
     t = time.perf_counter()
     store, report = open_store(cfg)
@@ -151,7 +160,13 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
 
 
 def _external_run(
-    cfg: DictConfig, src: Any, pc: Any, sc: Any, merger: Any, reflector: Any, out_dir: str | None
+    cfg: DictConfig,
+    src: Any,
+    pc: Any,
+    sc: Any,
+    make_merger: Any,
+    make_reflector: Any,
+    out_dir: str | None,
 ) -> dict[str, Any]:
     """The pass over an external store (``source=pgvector``: :mod:`consolidate.sources.
     pgvector`; ``source=mem0``: :mod:`consolidate.sources.mem0`; ``source=jsonl``:
@@ -180,6 +195,13 @@ def _external_run(
             no_vector,
             snap.no_vector_ids[:5],
         )
+    if not len(records) and not no_vector and not src.allow_empty:
+        where = f" in namespaces {list(src.namespaces)}" if src.namespaces is not None else ""
+        raise ValueError(
+            f"{name} holds no memories{where}: check the source's settings (a mistyped path, "
+            f"table or namespace reads as empty); source.allow_empty=true runs on an empty "
+            f"source"
+        )
     fire, new_imp = trigger(records, pc.trigger_importance)
     summary: dict[str, Any] = {
         "store": name,
@@ -196,10 +218,10 @@ def _external_run(
         records,
         cfg=pc,
         sim_cfg=sc,
-        merger=merger,
+        merger=make_merger(),
         version=content_version(records),
         wall_h=wall,
-        reflector=reflector,
+        reflector=make_reflector(),
     )
     if out_dir is None:
         out_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else "outputs"
@@ -226,7 +248,7 @@ def _external_run(
             {
                 "plan_id": plan.plan_id,
                 "dry_run": rep.dry_run,
-                "units": plan.units,
+                "units": iso_times(plan.units),
                 "skipped": rep.skipped,
             },
             indent=1,
@@ -252,6 +274,29 @@ def _external_run(
         },
     )
     return summary
+
+
+#: the keys of a plan's units that hold times (hours since the epoch in the units)
+_TIME_KEYS = frozenset(("created_at", "last_used", "deleted_at", "valid_from", "valid_to"))
+
+
+def iso_times(x: Any) -> Any:
+    """``x`` (a plan's units: dicts and lists) with every time (a ``_TIME_KEYS`` value in
+    hours since the epoch) as ISO 8601 UTC text; NaN and ``None`` as
+    ``None``. For ``plan.json``, which people and pandas read."""
+    from .store.schema import datetime_from_hours
+
+    if isinstance(x, dict):
+        out = {}
+        for k, v in x.items():
+            if k in _TIME_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[k] = None if v != v else datetime_from_hours(float(v)).isoformat()
+            else:
+                out[k] = iso_times(v)
+        return out
+    if isinstance(x, list):
+        return [iso_times(v) for v in x]
+    return x
 
 
 def content_version(records: Any) -> int:

@@ -431,8 +431,13 @@ def test_a_file_apply_keeps_columns_permissions_links_and_every_backup(tmp_path,
     m = back.records.meta.set_index("id")
     tags = back.extra["tags"]
     assert all(tags[r["id"]] == f"tag{k}" for k, r in enumerate(rows))
+    # a merged record takes its oldest member's
     merged = m.index[~m.index.isin([r["id"] for r in rows])]
-    assert len(merged) and tags.loc[merged].isna().all()
+    assert len(merged)
+    for i in merged:
+        members = m.index[m["merged_into"] == i]
+        oldest = min(members, key=lambda j: (m.at[j, "created_at"], j))
+        assert tags[i] == tags[oldest] and tags[i].startswith("tag")
     assert m.loc[rows[2]["id"], "text"].endswith("\r second line")
 
 

@@ -71,7 +71,7 @@ def table(tmp_path, rs, schema=SCHEMA, time=None):
             "deleted_at": None,
             "merged_into": None,
             "source_ids": r["source_ids"],
-            "tags": "from-agent",
+            "tags": f"from-agent {r['id']}",
         }
         for r in rs
     ]
@@ -132,10 +132,14 @@ def test_soft_deletes_in_one_version_as_the_embedded_store(tmp_path):
             assert sorted(after.at[new, "source_ids"]) == sorted(
                 {s for i in u["ids"] for s in before.set_index("id").at[i, "source_ids"]}
             )
-            assert pd_isna(after.at[new, "tags"])  # a column the pass does not know
+            # a column the pass does not know: the oldest member's
+            b = before.set_index("id").loc[u["ids"]]
+            oldest = min(u["ids"], key=lambda i: (b.at[i, "created_at"], i))
+            assert after.at[new, "tags"] == f"from-agent {oldest}"
     # the user's other columns of retired rows are kept
     assert (
-        after.loc[after["deleted_at"].notna() & after["tags"].notna(), "tags"] == "from-agent"
+        after.loc[after["deleted_at"].notna(), "tags"]
+        == "from-agent " + after.index[after["deleted_at"].notna()]
     ).all()
     # a LanceDB search sees the merged memory, not its members
     u = next(u for u in plan.units if u["kind"] == "merge")

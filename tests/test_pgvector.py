@@ -298,6 +298,14 @@ def test_the_consolidate_job_on_a_pgvector_table(pg, tmp_path):
     assert sum(v[1] for v in after.values()) == sum(
         s2["stats"][k] for k in ("merged_members", "dropped_floor", "dropped_cap")
     )
+    plan = json.loads((tmp_path / "run1" / "plan.json").read_text())
+    u = next(u for u in plan["units"] if u["kind"] == "merge")
+    # times as ISO 8601 UTC: the members retired at the pass's wall clock (now)
+    import pandas as pd
+
+    gone = pd.Timestamp(u["retire"][0]["deleted_at"])
+    assert gone.tzinfo is not None and abs(pd.Timestamp.now(tz="UTC") - gone).total_seconds() < 600
+    assert pd.Timestamp(u["insert"]["created_at"]).tzinfo is not None
     events = (tmp_path / "run1" / "events.jsonl").read_text().splitlines()
     assert sum(json.loads(e)["op"] == "merge" for e in events) == s2["stats"]["merges"]
     with pytest.raises(ValueError, match="unknown key"):
@@ -326,12 +334,11 @@ def test_a_taken_merged_id_or_a_failing_namespace_skips_and_goes_on(pg):
 
     with pytest.raises(PgSourceError, match="merged_to"):
         PgVectorTable(pg, "mem_f", dataclasses.replace(COLS, merged_into="merged_to")).read()
-    # a NOT NULL column the merged rows do not fill: each namespace with a merge rolls
+    # a constraint of the table the merged rows break: each namespace with a merge rolls
     # back and is reported; the others apply
     fill(pg, "mem_g", rows())
     with psycopg.connect(pg, autocommit=True) as c:
-        c.execute("ALTER TABLE mem_g ADD COLUMN owner text NOT NULL DEFAULT 'x'")
-        c.execute("ALTER TABLE mem_g ALTER COLUMN owner DROP DEFAULT")
+        c.execute("ALTER TABLE mem_g ADD CONSTRAINT agents_ids CHECK (id NOT LIKE 'm-%')")
     t = PgVectorTable(pg, "mem_g", COLS)
     _, _, plan = plan_for(t)
     before = table_rows(pg, "mem_g")

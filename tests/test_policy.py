@@ -193,6 +193,7 @@ def test_policy_job_on_two_locomo_conversations(tmp_path):
                 f"paths.data_dir={DATA_DIR}",
                 "store.conversations=2",
                 f"store.dir={tmp_path / 'store'}",
+                "store.create=true",
                 "embedder.show_progress=false",
                 f"sleep.policy_file={tmp_path / 'policy.json'}",
             ],

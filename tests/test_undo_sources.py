@@ -156,7 +156,7 @@ def test_a_lancedb_table_undo(tmp_path, soft):
 
     ds = lance.dataset(path)
     assert ds.version > v_applied  # undo is new versions: the apply's version is kept
-    assert ds.to_table(filter="tags = 'from-agent'").num_rows >= len(before)
+    assert ds.to_table(filter="tags LIKE 'from-agent%'").num_rows >= len(before)
 
 
 def test_a_pgvector_table_undo(pg):
@@ -168,11 +168,20 @@ def test_a_pgvector_table_undo(pg):
     fill(pg, "mem_undo", rows())
     src = PgVectorTable(pg, "mem_undo", COLS)
     before = live(src)
+    with psycopg.connect(pg, autocommit=True) as c:  # a column of the user's own
+        c.execute("ALTER TABLE mem_undo ADD COLUMN tags text")
+        c.execute("UPDATE mem_undo SET tags = 'tag-' || id")
     snap, res, plan, _ = one_pass(src, apply=False)
     dry = src.plan(snap, res.records)
     assert dry.plan_id == plan.plan_id  # no wall clock in a plan id
     rep = src.apply(plan, dry_run=False)
     assert rep.applied["merge"] >= 3
+    with psycopg.connect(pg) as c:
+        tags = dict(c.execute("SELECT id, tags FROM mem_undo").fetchall())
+    born = snap.records.meta.set_index("id")["created_at"]
+    for u in plan.units:
+        if u["kind"] == "merge":  # the merged row takes the oldest member's
+            assert tags[u["key"]] == "tag-" + min(u["ids"], key=lambda i: (born[i], i))
     with psycopg.connect(pg) as c:  # an agent edits a retired member meanwhile
         edited = plan.units[0]["ids"][0]
         c.execute("UPDATE mem_undo SET memory = 'edited by the agent' WHERE id = %s", (edited,))

@@ -27,7 +27,7 @@ def run_import(cfg: DictConfig) -> dict:
     """With ``cfg.file``: read it (:func:`~consolidate.sources.files.read_memories`) and
     append its memories to ``cfg.store.dir``, creating the store if there is none (nothing
     is written when any record is invalid). Without: build ``cfg.store.dir`` from LOCOMO if
-    it is missing. Returns the report (``{}``-like when the store existed and no file was
+    it is missing (``store.create`` null counts as true here). Returns the report (``{}``-like when the store existed and no file was
     given).
 
     Raises:
@@ -35,6 +35,11 @@ def run_import(cfg: DictConfig) -> dict:
             the line or id); see :func:`~consolidate.sources.files.read_memories`.
     """
     if not cfg.get("file"):
+        if cfg.store.get("create") is None:  # building the store is what this job is for
+            from omegaconf import open_dict
+
+            with open_dict(cfg):
+                cfg.store.create = True
         store, report = open_store(cfg)
         head = store.head()
         return {"store": str(store.root), "version": head.version, **(report or {})}

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from ..store.schema import COLUMNS, Records, records_from_arrow, records_from_rows
 from .common import ApplyReport, Plan, UndoReport, as_stored, undo_by_journal, with_keep_apart
@@ -450,8 +451,8 @@ class FilePlan(Plan):
         content: every record the file will hold (the pass's result and the rows of other
             namespaces).
         sha256: the file's hash as read.
-        extra: the file's columns outside the schema, by record id (kept; merged records
-            get nulls).
+        extra: the file's columns outside the schema, by record id (kept; a merged record
+            gets its oldest member's).
     """
 
     content: Records | None = None
@@ -485,8 +486,8 @@ class FileSource:
     beside it (its permissions kept), writes the result beside it, checks the file once more
     and replaces it by rename (readers see the old file or the new one; a writer appending
     between that last check and the rename is not seen: agents should not write a file
-    while an apply replaces it). Columns outside the schema are kept (null in merged
-    records). A symlink is followed: the file it names is replaced.
+    while an apply replaces it). Columns outside the schema are kept (a merged record takes
+    its oldest member's). A symlink is followed: the file it names is replaced.
 
     Args:
         path: the file.
@@ -553,6 +554,15 @@ class FileSource:
         ]
         rest = snap.records.mask(~snap.scope) if not snap.scope.all() else None
         content = result if rest is None else Records.concat([result, rest], result.dim)
+        extra = snap.extra
+        if extra is not None and len(extra.columns) and units:
+            # a merged record takes the file's other columns from its oldest member
+            born = snap.records.meta.set_index("id")["created_at"]
+            merges = [u for u in units if u["kind"] == "merge"]
+            kept = [min(u["ids"], key=lambda i: (float(born[i]), i)) for u in merges]
+            more = extra.reindex(kept)
+            more.index = [u["into"] for u in merges]
+            extra = pd.concat([extra, more[~more.index.isin(extra.index)]])
         blob = json.dumps(
             {"file": str(self.path), "sha256": snap.sha256, "units": units},
             sort_keys=True,
@@ -563,7 +573,7 @@ class FileSource:
             units,
             content=content,
             sha256=snap.sha256,
-            extra=snap.extra,
+            extra=extra,
         )
 
     def apply(

@@ -398,6 +398,8 @@ class LanceTable:
                     "retire": [retire(j) for j in mem],
                     "ids": sorted(ids[j] for j in mem),
                     "key": ids[k],
+                    # the oldest member: the merged row takes its unmapped columns
+                    "kept": min((float(res.at[j, "created_at"]), ids[j]) for j in mem)[1],
                 }
             )
         units += [
@@ -682,7 +684,10 @@ class LanceTable:
             ins = u["insert"]
             if ins is not None and (soft or pd.isna(ins.get("deleted_at"))):
                 # without soft deletes, a merged row the pass dropped is not written
-                new_rows.append(self._row(ins, ds.schema, style))
+                kept = pos.get(u.get("kept", ""))
+                new_rows.append(
+                    self._row(ins, ds.schema, style, None if kept is None else old_rows[kept])
+                )
         try:
             table = pa.Table.from_pylist(new_rows, schema=ds.schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
@@ -713,10 +718,19 @@ class LanceTable:
         except TimeColumnError as e:
             raise LanceSourceError(f"{self.path}: column {self._mapped()[key]!r}: {e}") from None
 
-    def _row(self, r: dict[str, Any], schema: pa.Schema, style: str = "offset") -> dict[str, Any]:
-        """A merged record as the dataset's columns (others null)."""
+    def _row(
+        self,
+        r: dict[str, Any],
+        schema: pa.Schema,
+        style: str = "offset",
+        base: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A merged record as the dataset's columns; the columns the pass does not know
+        (a user's ``tags``) from ``base``, the oldest member's row (else null)."""
         m = self._mapped()
-        out: dict[str, Any] = {name: None for name in schema.names}
+        out: dict[str, Any] = {name: (base or {}).get(name) for name in schema.names}
+        if "merged_into" in m:
+            out[m["merged_into"]] = None
         for k, col in m.items():
             if k in ("merged_into",):
                 continue

@@ -161,10 +161,12 @@ class Mem0Source:
 
         Raises:
             InvalidRecordsError: a memory breaks the store's rules (named by id).
+            ValueError: the store holds memories but none has ``namespace_key``.
         """
         want = None if namespaces is None else set(namespaces)
         rows, payloads, vectors = [], {}, {}
-        for i, vec, p in sorted(self._scan(), key=lambda x: x[0]):
+        scanned = sorted(self._scan(), key=lambda x: x[0])
+        for i, vec, p in scanned:
             ns = p.get(self.key)
             if ns is None or (want is not None and ns not in want):
                 continue
@@ -183,6 +185,13 @@ class Mem0Source:
             row.update(self._metadata(i, p))
             rows.append(row)
             payloads[i], vectors[i] = p, v
+        if scanned and not any(p.get(self.key) is not None for _, _, p in scanned):
+            have = sorted({k for k in _KEYS for _, _, p in scanned if p.get(k) is not None})
+            raise ValueError(
+                f"none of the {len(scanned)} memories of the Mem0 store has the namespace key "
+                f"{self.key!r} (source.namespace_key); they have "
+                f"{have or 'none of ' + str(list(_KEYS))}"
+            )
         recs = records_from_rows(rows) if rows else Records.empty(0)
         if len(recs):
             recs = as_stored(recs, "the Mem0 store")

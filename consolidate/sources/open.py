@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 __all__ = ["open_source", "source_records", "SOURCE_KINDS"]
@@ -27,7 +28,10 @@ def open_source(src: Any, embedder: Callable[[], Any] | None = None) -> tuple[An
             then).
 
     Raises:
-        ValueError: another kind, or a setting the kind needs is missing.
+        ValueError: another kind, or a setting the kind needs is missing, or (Mem0) its
+            local Qdrant folder is open in another process.
+        FileNotFoundError: (Mem0) no Qdrant folder at the configured path, unless
+            ``source.allow_empty``.
         ImportError: the kind's package is not installed (names the extra to install).
     """
     if src.kind == "jsonl":
@@ -62,9 +66,19 @@ def open_source(src: Any, embedder: Callable[[], Any] | None = None) -> tuple[An
             from mem0 import Memory
         except ImportError as e:
             raise ImportError('source=mem0 needs mem0ai: pip install "consolidate[mem0]"') from e
+        local = _local_qdrant(src.mem0)
+        if local is not None and not Path(local).exists() and not src.allow_empty:
+            raise FileNotFoundError(
+                f"source.mem0.vector_store.config.path: no Qdrant folder at {local} (Mem0 "
+                f"would start a new, empty store there); source.allow_empty=true to start one"
+            )
+        if local is not None and Path(local).exists():
+            _check_qdrant(local, src)  # before Mem0 loads its embedding model
         try:
-            memory = Memory.from_config(dict(src.mem0))
+            memory = Memory.from_config(_plain(src.mem0))
         except Exception as e:  # noqa: BLE001 - Mem0 raises its providers' own errors
+            if "already accessed by another instance" in str(e):
+                raise _locked(local) from None
             if "api_key" not in str(e).lower() and "credentials" not in str(e).lower():
                 raise
             raise ValueError(
@@ -89,6 +103,84 @@ def open_source(src: Any, embedder: Callable[[], Any] | None = None) -> tuple[An
         PgVectorTable(src.dsn, src.table, PgColumns(**_columns(src, PgColumns))),
         f"pgvector table {src.table}",
     )
+
+
+def _plain(node: Any) -> dict[str, Any]:
+    """A config node (or dict) as plain dicts and lists."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(node, DictConfig):
+        return dict(OmegaConf.to_container(node, resolve=True))  # type: ignore[arg-type]
+    return dict(node)
+
+
+def _local_qdrant(mem0: Any) -> str | None:
+    """The local folder of a Mem0 config's Qdrant vector store (``None``: another store, or
+    a Qdrant server)."""
+    vs = _plain(mem0).get("vector_store") or {}
+    c = vs.get("config") or {}
+    if vs.get("provider") != "qdrant" or c.get("url") or c.get("host"):
+        return None
+    return c.get("path")
+
+
+def _locked(path: str | None) -> ValueError:
+    return ValueError(
+        f"the Qdrant folder {path} is open in another process (Qdrant's local mode allows "
+        f"one client per folder): stop the agent's Memory, or run the pass on a copy of the "
+        f"folder"
+    )
+
+
+def _check_qdrant(path: str, src: Any) -> None:
+    """Open the local Qdrant folder of a Mem0 source once, by itself, before Mem0 builds
+    its embedder: the folder is not held by another process, the collection exists, and
+    (when it holds memories) some have ``source.namespace_key``.
+
+    Raises:
+        ValueError: the folder is open elsewhere, the collection is missing (unless
+            ``source.allow_empty``), or no memory has the namespace key.
+    """
+    from qdrant_client import QdrantClient
+
+    from .mem0 import _KEYS
+
+    vs = _plain(src.mem0).get("vector_store") or {}
+    name = (vs.get("config") or {}).get("collection_name") or "mem0"
+    try:
+        client = QdrantClient(path=path)
+    except RuntimeError as e:
+        if "already accessed by another instance" in str(e):
+            raise _locked(path) from None
+        raise
+    try:
+        have = [c.name for c in client.get_collections().collections]
+        if name not in have:
+            if src.allow_empty:
+                return
+            raise ValueError(
+                f"source.mem0.vector_store.config.collection_name: the Qdrant folder {path} "
+                f"has no collection {name!r} (it has {have}); source.allow_empty=true to "
+                f"start an empty one"
+            )
+        n, keys, offset = 0, set(), None
+        while True:
+            points, offset = client.scroll(
+                collection_name=name, limit=4096, offset=offset, with_payload=list(_KEYS)
+            )
+            n += len(points)
+            for q in points:
+                keys.update(k for k in _KEYS if (q.payload or {}).get(k) is not None)
+            if src.namespace_key in keys or offset is None:
+                break
+        if n and src.namespace_key not in keys:
+            raise ValueError(
+                f"none of the {n} memories of the Mem0 store has the namespace key "
+                f"{src.namespace_key!r} (source.namespace_key); they have "
+                f"{sorted(keys) or 'none of ' + str(list(_KEYS))}"
+            )
+    finally:
+        client.close()
 
 
 def _columns(src: Any, cls: type) -> dict[str, Any]:

@@ -384,6 +384,8 @@ class PgVectorTable:
                     "update": {},
                     "ids": sorted(ids[j] for j in mem),
                     "key": row["id"],
+                    # the oldest member: the merged row takes its unmapped columns
+                    "kept": min((float(res.at[j, "created_at"]), ids[j]) for j in mem)[1],
                 }
             )
         for k in retired_at:
@@ -687,13 +689,22 @@ class PgVectorTable:
 
                 vals[names.index("source_ids")] = Jsonb(r["source_ids"])
             names.append("updated_at")
+            extra = self._extra_columns(conn)
+            # the user's other columns (tags, ...) from the oldest member's row
             conn.execute(
-                sql.SQL("INSERT INTO {} ({}) VALUES ({}, now())").format(
+                sql.SQL(
+                    "INSERT INTO {} ({}) SELECT {}, now(){} FROM {} WHERE {}::text = %s"
+                ).format(
                     tab,
-                    sql.SQL(", ").join(self._ident(m[k]) for k in names),
+                    sql.SQL(", ").join(
+                        [self._ident(m[k]) for k in names] + [self._ident(c) for c in extra]
+                    ),
                     sql.SQL(", ").join(sql.Placeholder() for _ in vals),
+                    sql.SQL("").join(sql.SQL(", {}").format(self._ident(c)) for c in extra),
+                    tab,
+                    idc,
                 ),
-                vals,
+                [*vals, u.get("kept", u["ids"][0])],
             )
             conn.execute(
                 sql.SQL(
@@ -894,6 +905,19 @@ class PgVectorTable:
                 rep.undone.append(key)
                 rep.restored += restored
         return rep
+
+    def _extra_columns(self, conn: Any) -> list[str]:
+        """The table's columns the pass does not map (a user's ``tags``), without generated
+        and identity columns, which PostgreSQL fills."""
+        if not hasattr(self, "_extra"):
+            mapped = set(self._mapped().values())
+            rows = conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+                "AND NOT attisdropped AND attgenerated = '' AND attidentity = '' ORDER BY attnum",
+                (self.table,),
+            ).fetchall()
+            self._extra = [r[0] for r in rows if r[0] not in mapped]
+        return list(self._extra)
 
     def _json_column(self, conn: Any, column: str) -> bool:
         """Is ``column`` of the table ``json``/``jsonb`` (else an array)?"""
