@@ -162,7 +162,7 @@ def _is_config_error(e: BaseException) -> bool:
 def _fail(config_name: str, e: BaseException) -> None:
     if os.environ.get("CONSOLIDATE_DEBUG"):
         raise e
-    print(f"error: {describe(config_name, e)}\n(set CONSOLIDATE_DEBUG=1 for the traceback)",
+    print(f"error: {describe(config_name, e)} (CONSOLIDATE_DEBUG=1 shows the traceback)",
           file=sys.stderr)  # fmt: skip
     sys.exit(2)
 

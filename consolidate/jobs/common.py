@@ -87,7 +87,7 @@ def user_errors() -> Iterator[None]:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         _log_to_files(f"error: {msg}")
-        print(f"error: {msg}\n(set CONSOLIDATE_DEBUG=1 for the traceback)", file=sys.stderr)
+        print(f"error: {msg} (CONSOLIDATE_DEBUG=1 shows the traceback)", file=sys.stderr)
         sys.exit(2)
     except OSError as e:
         # a full disk, a read-only or forbidden folder, a folder that is in the way
@@ -97,5 +97,5 @@ def user_errors() -> Iterator[None]:
         ):
             raise
         _log_to_files(f"error: {e}")
-        print(f"error: {e}\n(set CONSOLIDATE_DEBUG=1 for the traceback)", file=sys.stderr)
+        print(f"error: {e} (CONSOLIDATE_DEBUG=1 shows the traceback)", file=sys.stderr)
         sys.exit(2)

@@ -4,6 +4,7 @@ store or on an external source (Hydra job)."""
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from omegaconf import DictConfig
@@ -32,7 +33,30 @@ def _target(cfg: DictConfig) -> str:
         )
     if a is not None and b is not None and str(a) != str(b):
         raise ValueError(f"id={a} and merge_id={b} differ: give one")
-    return str(a if a is not None else b)
+    key = "id" if a is not None else "merge_id"
+    return _as_typed(key, a if a is not None else b)
+
+
+def _as_typed(key: str, value: Any) -> str:
+    """``value`` as the user typed it: Hydra reads ``id=1e35``, ``id=true`` or
+    ``id=1_000`` as a number or a boolean, so the text comes from the command line's
+    override (``id='1e35'`` keeps it a string; a field typed ``str`` would hold
+    ``'1e+35'``)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = list(HydraConfig.get().overrides.task)
+    except (ValueError, AttributeError):  # not under a Hydra job (a call from Python)
+        overrides = []
+    for o in reversed(overrides):
+        k, eq, v = str(o).partition("=")
+        if eq and k.lstrip("+~") == key:
+            return v.strip().strip("'\"")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise ValueError(f"{key}={value!r} is not an id: give it as text ({key}='...')")
 
 
 def resolve_merge_id(target: str, merged: Any) -> str:
@@ -136,6 +160,8 @@ def main(cfg: DictConfig) -> None:
     with user_errors():
         out = run_undo(cfg)
     print(format_undo(out))
+    if out["skipped"] and not out["undone"] and not out["already"]:
+        sys.exit(1)  # nothing could be undone: every unit was left as it is
 
 
 if __name__ == "__main__":

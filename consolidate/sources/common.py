@@ -102,10 +102,14 @@ class UndoReport:
     skipped: list[dict[str, Any]] = field(default_factory=list)
 
 
-def with_keep_apart(recs: Records, apart: dict[str, set[str]]) -> Records:
+def with_keep_apart(
+    recs: Records, apart: dict[str, set[str]], kept: set[str] | frozenset[str] = frozenset()
+) -> Records:
     """``recs`` with each id of ``apart`` given those ids as ``keep_apart`` too (joined to
-    what it had); the loop runs over the undone merges' members, not the records."""
-    if not apart or not len(recs):
+    what it had), and each id of ``kept`` (a drop undone) ``pinned``, so that no later
+    floor or cap drops it again; the loop runs over the undone merges' members, not the
+    records."""
+    if not (apart or kept) or not len(recs):
         return recs
     ids = recs.meta["id"].to_numpy(object)
     idx = {i: k for k, i in enumerate(ids)} if len(apart) * 8 > len(ids) else None
@@ -120,10 +124,15 @@ def with_keep_apart(recs: Records, apart: dict[str, set[str]]) -> Records:
         for k in ks:
             col[k] = sorted(set(col[k] or []) | others)
             changed = True
+    pin = recs.meta["id"].astype(str).isin(kept).to_numpy() if kept else None
+    if pin is not None and pin.any() and not recs.meta["pinned"].to_numpy(bool)[pin].all():
+        changed = True
     if not changed:
         return recs
     meta = recs.meta.copy()
     meta["keep_apart"] = col
+    if pin is not None:
+        meta["pinned"] = meta["pinned"].to_numpy(bool) | pin
     return Records(meta, recs.vectors, origin=recs.origin)
 
 
@@ -146,9 +155,9 @@ def undo_by_journal(
     from .journal import match_target
 
     with journal.locked():
-        plan_id, units = match_target(target, journal.plans())
-        rep = UndoReport(str(target), plan_id)
         done = journal.undone()
+        plan_id, units = match_target(target, journal.plans(), undone=done.keys())
+        rep = UndoReport(str(target), plan_id)
         todo = []
         for u in units:
             if (plan_id, u["key"]) in done:

@@ -520,7 +520,7 @@ class FileSource:
         got = read_memories(self.path, namespace=self.namespace, embedder=self.embedder)
         if _sha256(self.path) != digest:
             raise ValueError(f"{self.path} changed while it was read: run again")
-        recs = with_keep_apart(got.records, self.journal.keep_apart())
+        recs = with_keep_apart(got.records, self.journal.keep_apart(), self.journal.kept())
         ns = recs.meta["namespace"]
         scope = (
             np.ones(len(ns), bool) if namespaces is None else ns.isin(list(namespaces)).to_numpy()
@@ -669,17 +669,21 @@ class FileSource:
             got = read_memories(self.path, namespace=self.namespace, embedder=self.embedder)
             recs = got.records
             out: dict[str, Any] = {}
+            changed = False
             for u in units:
                 meta = recs.meta
                 if u["kind"] == "merge":
                     back = meta["id"][meta["merged_into"].eq(u["key"]).to_numpy()].tolist()
                     hit = meta["id"].eq(u["key"]).to_numpy()
                     if hit.any() and meta["deleted_reason"][hit].eq("undone").any():
-                        out[u["key"]] = []  # undone in the file already (not yet recorded)
+                        # undone in the file already, not yet recorded (a crash between the
+                        # two): the members are live, so record them
+                        out[u["key"]] = back
                         continue
                     try:
                         recs = undo_merge(recs, u["key"])
                         out[u["key"]] = back
+                        changed = True
                     except (KeyError, ValueError) as e:
                         out[u["key"]] = str(e).strip("'\"")
                     continue
@@ -687,14 +691,20 @@ class FileSource:
                     (meta["id"].eq(u["key"]) & meta["deleted_at"].notna()).to_numpy()
                 )
                 if not len(at):
-                    out[u["key"]] = "not dropped in the file now: nothing to restore"
+                    live = meta["id"].eq(u["key"]).to_numpy()
+                    # live again: restored before and not yet recorded (a crash between the
+                    # two), or by hand; recorded as undone either way
+                    out[u["key"]] = (
+                        [u["key"]] if live.any() else "no longer in the file: nothing to restore"
+                    )
                     continue
                 meta = meta.copy()
                 meta.loc[at, "deleted_at"] = np.nan
                 meta.loc[at, "deleted_reason"] = None
                 recs = Records(meta, recs.vectors, origin=recs.origin)
                 out[u["key"]] = [u["key"]]
-            if any(not isinstance(v, str) for v in out.values()):
+                changed = True
+            if changed:
                 self._replace(recs, got.extra, digest)
             return out
 

@@ -30,10 +30,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Journal", "UndoTargetError", "default_state_dir", "match_target"]
+__all__ = [
+    "Journal",
+    "JournalError",
+    "UndoTargetError",
+    "expand_apart",
+    "default_state_dir",
+    "match_target",
+]
 
 #: the shortest prefix of a plan or merge id an undo accepts (as git: 4)
 MIN_PREFIX = 4
+
+
+class JournalError(ValueError):
+    """A line of the undo journal that cannot be read (names the file and the line)."""
 
 
 class UndoTargetError(ValueError):
@@ -54,7 +65,10 @@ def now_iso() -> str:
 
 
 def match_target(
-    target: str, plans: list[dict[str, Any]], hint: str | None = None
+    target: str,
+    plans: list[dict[str, Any]],
+    hint: str | None = None,
+    undone: Any = (),
 ) -> tuple[str, list[dict[str, Any]]]:
     """The plan and units ``target`` names: a plan id or a unit's key (a merged id, a
     dropped id), whole or by a unique prefix (at least 4 characters unless whole), or
@@ -64,6 +78,9 @@ def match_target(
         target: the id or prefix the user gave.
         plans: ``{"plan_id", "units": [{"key", ...}]}`` per applied plan, oldest first.
         hint: where the user finds the ids (ends the no-match message).
+        undone: ``(plan_id, key)`` of the units undone: a whole key that several plans
+            hold (a member dropped, restored and dropped again) names the newest of them
+            not undone (the newest if all are).
 
     Returns:
         ``(plan_id, units)``: every unit of a plan, or the one unit of a key.
@@ -80,6 +97,11 @@ def match_target(
     ]
     if t == "last" and not exact and plans and not plans[-1]["plan_id"].startswith("\0"):
         return plans[-1]["plan_id"], list(plans[-1]["units"])
+    if len(exact) > 1 and all(u is not None for _, u in exact):
+        # one key in several plans: the newest unit not undone yet (else the newest)
+        done = set(undone)
+        todo = [h for h in exact if (h[0]["plan_id"], h[1]["key"]) not in done]  # type: ignore[index]
+        exact = [(todo or exact)[-1]]
     hits = exact
     if not hits:
         if len(t) < MIN_PREFIX:
@@ -118,22 +140,56 @@ class Journal:
         self.source = source
 
     # ------------------------------------------------------------ files
+    #: the keys every line of each file has
+    _NEED = {
+        "applied.jsonl": ("plan_id", "units"),
+        "undone.jsonl": ("plan_id", "key"),
+        "keep_apart.jsonl": ("ids",),
+    }
+
     def _lines(self, name: str) -> Iterator[dict[str, Any]]:
+        """The lines of ``name`` as dicts, checked; a last line cut short by a crash is
+        skipped (it was never reported done).
+
+        Raises:
+            JournalError: a line that is not a JSON object with the file's keys (names the
+                file and the line).
+        """
         path = self.dir / name
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return
+        except UnicodeDecodeError as e:
+            raise JournalError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         lines = text.split("\n")
+        need = self._NEED.get(name, ())
         for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
+                row = json.loads(line)
             except json.JSONDecodeError:
-                if n == len(lines):  # a last line cut short by a crash: never reported done
+                if n == len(lines):  # no newline after it: cut short by a crash
                     return
-                raise ValueError(f"{path} line {n}: not a JSON object") from None
+                raise JournalError(
+                    f"{path} line {n}: not JSON ({line[:60]!r}); the undo journal was edited "
+                    f"by hand or damaged: restore the line or remove it"
+                ) from None
+            if not isinstance(row, dict) or any(k not in row for k in need):
+                missing = [k for k in need if not isinstance(row, dict) or k not in row]
+                raise JournalError(
+                    f"{path} line {n}: not a journal line (a JSON object with "
+                    f"{', '.join(need)}; missing {', '.join(missing)}): {line[:60]!r}"
+                )
+            if name == "applied.jsonl" and not (
+                isinstance(row["units"], list)
+                and all(isinstance(u, dict) and "key" in u and "ids" in u for u in row["units"])
+            ):
+                raise JournalError(
+                    f"{path} line {n}: units is not a list of objects with key and ids"
+                )
+            yield row
 
     def _append(self, name: str, rows: list[dict[str, Any]]) -> None:
         if not rows:
@@ -141,13 +197,20 @@ class Journal:
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / name
         data = "".join(json.dumps(r, default=str, sort_keys=True) + "\n" for r in rows)
-        with open(path, "a", encoding="utf-8") as f:
-            if f.tell():  # a cut last line (a crash) is ended, so the new ones parse
-                with open(path, "rb") as g:
-                    g.seek(-1, os.SEEK_END)
-                    if g.read(1) != b"\n":
-                        f.write("\n")
-            f.write(data)
+        with open(path, "a+b") as f:
+            end = f.seek(0, os.SEEK_END)
+            if end:
+                # a last line cut short by a crash was never reported done: cut it off, so
+                # that it does not become a damaged line in the middle
+                f.seek(max(0, end - (1 << 16)))
+                tail = f.read()
+                if not tail.endswith(b"\n"):
+                    nl = tail.rfind(b"\n")
+                    keep = end - len(tail) + nl + 1 if nl >= 0 else 0
+                    if nl < 0 and end > len(tail):
+                        raise JournalError(f"{path}: its last line is longer than 64 KiB and cut")
+                    f.truncate(keep)
+            f.write(data.encode("utf-8"))
             f.flush()
             os.fsync(f.fileno())
 
@@ -206,10 +269,52 @@ class Journal:
         )
 
     def keep_apart(self) -> dict[str, set[str]]:
-        """id -> the ids an undone merge keeps it apart from."""
-        out: dict[str, set[str]] = {}
-        for r in self._lines("keep_apart.jsonl"):
-            ids = [str(i) for i in r["ids"]]
-            for i in ids:
-                out.setdefault(i, set()).update(set(ids) - {i})
+        """id -> the ids an undone merge keeps it apart from; a member that was itself the
+        merged record of a merge undone later stands for that merge's members too (undo a
+        merge of a merge, then the inner merge: its members stay apart from the others)."""
+        return expand_apart(
+            [(r.get("key"), [str(i) for i in r["ids"]]) for r in self._lines("keep_apart.jsonl")]
+        )
+
+    def kept(self) -> set[str]:
+        """The ids whose drop was undone (a later read gives them ``pinned``, so no floor or
+        cap drops them again)."""
+        done = self.undone()
+        return {
+            str(u["key"])
+            for p in self.plans()
+            for u in p["units"]
+            if u.get("kind") == "drop" and (p["plan_id"], u["key"]) in done
+        }
+
+
+def expand_apart(groups: list[tuple[Any, list[str]]]) -> dict[str, set[str]]:
+    """id -> the ids kept apart from it, from ``(merged id, member ids)`` per undone merge;
+    a member that is the merged id of another undone merge is replaced by that merge's
+    members (and so on), and both are kept apart.
+
+    Args:
+        groups: ``(key, ids)`` per undone merge (``key`` may be ``None``).
+    """
+    inner = {str(k): ids for k, ids in groups if k is not None}
+
+    def members(i: str, seen: set[str]) -> set[str]:
+        if i not in inner or i in seen:
+            return {i}
+        seen.add(i)
+        out = {i}
+        for j in inner[i]:
+            out |= members(j, seen)
         return out
+
+    out: dict[str, set[str]] = {}
+    for key, ids in groups:
+        # a merged record that kept a member's id stands for itself in its own group
+        sets = [members(i, {str(key)} if key is not None else set()) for i in ids]
+        for k, a in enumerate(sets):
+            others = (
+                set().union(*(b for j, b in enumerate(sets) if j != k)) if len(sets) > 1 else set()
+            )
+            for i in a:
+                out.setdefault(i, set()).update(others - a)
+    return out

@@ -327,7 +327,9 @@ class LanceTable:
             r["vector"] = v
         recs = records_from_rows(rows, dim=d) if rows else Records.empty(d)
         if len(recs):
-            recs = with_keep_apart(as_stored(recs, where), self.journal.keep_apart())
+            recs = with_keep_apart(
+                as_stored(recs, where), self.journal.keep_apart(), self.journal.kept()
+            )
         return LanceSnapshot(
             recs,
             ds.version,
@@ -557,7 +559,7 @@ class LanceTable:
             members_live = all(any(is_live(k) for k in by_id.get(i, [])) for i in u["ids"])
             if u["kind"] == "merge" and not merged:
                 if members_live:
-                    out[key] = []  # undone already (not yet recorded)
+                    out[key] = list(u["ids"])  # undone already, not yet recorded (a crash)
                     continue
                 again = [rows[k][mc] for k in by_id.get(key, []) if mc and rows[k][mc]]
                 out[key] = (

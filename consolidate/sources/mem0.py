@@ -196,7 +196,7 @@ class Mem0Source:
         if len(recs):
             recs = as_stored(recs, "the Mem0 store")
             if self.journal is not None:
-                recs = with_keep_apart(recs, self.journal.keep_apart())
+                recs = with_keep_apart(recs, self.journal.keep_apart(), self.journal.kept())
         return Mem0Snapshot(recs, payloads, vectors)
 
     def _metadata(self, i: str, p: dict[str, Any]) -> dict[str, Any]:
@@ -388,7 +388,8 @@ class Mem0Source:
                         want = None if merged is None else hashlib.md5(merged.encode()).hexdigest()
                         if now is None or cur != want:
                             if now is not None and cur == r["payload"].get("hash"):
-                                continue  # as before the merge already
+                                back.append(r["id"])  # as before the merge already (a crash)
+                                continue
                             notes.append(
                                 {
                                     "id": r["id"],
@@ -400,7 +401,8 @@ class Mem0Source:
                         self.m.update(r["id"], text=r["payload"].get("data"))
                         vs.update(vector_id=r["id"], vector=r["vector"], payload=r["payload"])
                     elif now is not None:
-                        continue  # exists already
+                        back.append(r["id"])  # exists already: restored before (a crash)
+                        continue
                     else:
                         vs.insert(vectors=[r["vector"]], payloads=[r["payload"]], ids=[r["id"]])
                     back.append(r["id"])

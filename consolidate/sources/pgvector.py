@@ -287,7 +287,7 @@ class PgVectorTable:
                     f"the table's columns with source.columns.*)"
                 ) from None
             read_at = conn.execute("SELECT now()").fetchone()[0]
-            apart = self._keep_apart(conn)
+            apart, kept = self._keep_apart(conn), self._kept(conn)
             id_type = conn.execute(
                 sql.SQL("SELECT pg_typeof({}) FROM {} LIMIT 1").format(
                     self._ident(m["id"]), self._tab()
@@ -313,7 +313,7 @@ class PgVectorTable:
             out.append(d)
         recs = records_from_rows(out) if out else Records.empty(0)
         if len(recs):
-            recs = with_keep_apart(as_stored(recs, f"table {self.table}"), apart)
+            recs = with_keep_apart(as_stored(recs, f"table {self.table}"), apart, kept)
         return PgSnapshot(
             recs,
             versions,
@@ -506,18 +506,43 @@ class PgVectorTable:
         return conn.execute("SELECT to_regclass(%s)", (q,)).fetchone()[0] is not None
 
     def _keep_apart(self, conn: Any) -> dict[str, set[str]]:
-        """id -> the ids an undo keeps it apart from (``consolidate_keep_apart``)."""
+        """id -> the ids an undo keeps it apart from (``consolidate_keep_apart``, one group
+        per undone merge, a merge of a merge expanded to its members:
+        :func:`~consolidate.sources.journal.expand_apart`)."""
         from psycopg import sql
+
+        from .journal import expand_apart
 
         if not self._exists(conn, _APART):
             return {}
-        out: dict[str, set[str]] = {}
-        for i, other in conn.execute(
-            sql.SQL("SELECT id, other FROM {} WHERE tab = %s").format(self._tab(_APART)),
+        groups: dict[tuple[str, str], set[str]] = {}
+        for i, other, plan_id, unit in conn.execute(
+            sql.SQL("SELECT id, other, plan_id, unit FROM {} WHERE tab = %s").format(
+                self._tab(_APART)
+            ),
             (self.table,),
         ).fetchall():
-            out.setdefault(i, set()).add(other)
-        return out
+            groups.setdefault((plan_id, unit), set()).update((i, other))
+        return expand_apart([(k[1], sorted(v)) for k, v in groups.items()])
+
+    def _kept(self, conn: Any) -> set[str]:
+        """The ids whose drop was undone (read as ``pinned``: no floor or cap drops them
+        again)."""
+        from psycopg import sql
+
+        if not (self._exists(conn, _UNDONE) and self._exists(conn, _HISTORY)):
+            return set()
+        return {
+            r[0]
+            for r in conn.execute(
+                sql.SQL(
+                    "SELECT DISTINCT u.unit FROM {} u JOIN {} h ON h.tab = u.tab AND "
+                    "h.plan_id = u.plan_id AND h.unit = u.unit WHERE u.tab = %s AND "
+                    "h.unit_kind = 'drop'"
+                ).format(self._tab(_UNDONE), self._tab(_HISTORY)),
+                (self.table,),
+            ).fetchall()
+        }
 
     def apply(self, plan: PgPlan, *, dry_run: bool = True) -> PgApplyReport:
         """Apply ``plan`` namespace by namespace (see the module docstring); with
@@ -788,17 +813,18 @@ class PgVectorTable:
                 if change.startswith("retire:"):
                     u["ids"].append(row_id)
             listed = [{"plan_id": k, "units": list(p["units"].values())} for k, p in plans.items()]
-            plan_id, units = match_target(target, listed)
-            rep = UndoReport(str(target), plan_id)
-            done = {
-                r[0]
+            undone = {
+                (r[0], r[1])
                 for r in conn.execute(
-                    sql.SQL("SELECT unit FROM {} WHERE tab = %s AND plan_id = %s").format(
+                    sql.SQL("SELECT plan_id, unit FROM {} WHERE tab = %s").format(
                         self._tab(_UNDONE)
                     ),
-                    (self.table, plan_id),
+                    (self.table,),
                 ).fetchall()
             }
+            plan_id, units = match_target(target, listed, undone=undone)
+            rep = UndoReport(str(target), plan_id)
+            done = {unit for p, unit in undone if p == plan_id}
             rep.already = [u["key"] for u in units if u["key"] in done]
             todo = [u for u in units if u["key"] not in done]
             if not todo:
@@ -840,7 +866,7 @@ class PgVectorTable:
                 live_members = all(i in state and state[i][0] is None for i in u["ids"])
                 if u["kind"] == "merge":
                     merged = state.get(key)
-                    if merged is None or merged[0] is not None:
+                    if merged is not None and merged[0] is not None:
                         if not live_members:
                             again = merged[2] if merged is not None and len(merged) > 2 else None
                             rep.skipped.append(
@@ -848,11 +874,13 @@ class PgVectorTable:
                                     "key": key,
                                     "why": f"{key} was merged again into {again}: undo that first"
                                     if again
-                                    else f"the merged row {key} is gone or no longer live",
+                                    else f"the merged row {key} is no longer live",
                                 }
                             )
                             continue
                         # else: undone already, not yet recorded
+                    elif merged is None:
+                        pass  # the merged row was deleted from the table: members come back
                     else:
                         history(key, "undo:retire", u)
                         conn.execute(
