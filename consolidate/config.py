@@ -45,6 +45,12 @@ class PassConfig:
             of keeping every memory, where 720 h dropped a fifth of the memories and 15% of
             recall@10 (``eval/policy_locomo/``, ``consolidate-policy``).
         floor: non-pinned memories with retention score below this are dropped.
+        protect_importance: memories rated at least this important at write time are
+            exempt from the floor, as a pin is (``None`` = off): at tau 90 days a fact of
+            importance 0.95 unused for three years scores ~5e-6 and the floor would drop
+            it, though an allergy or a date of birth is the kind of fact long memory is
+            for. The cap still counts them by score (a pin takes its slot first; a
+            protected memory does not).
         cap: keep at most this many memories per namespace (``None`` = no cap).
         strength_cap: strength never exceeds this through merges or recalls.
         now: ``"latest"`` (per namespace, its latest activity), ``"wall"``, or ISO datetime.
@@ -93,6 +99,7 @@ class PassConfig:
     threshold: float = 0.9
     tau_hours: float = 2160.0
     floor: float = 0.001
+    protect_importance: float | None = 0.9
     cap: int | None = 1000
     strength_cap: float = 20.0
     now: str = "latest"

@@ -70,6 +70,7 @@ def select_survivors(
     ids: np.ndarray,
     floor: float,
     cap: int | None,
+    protected: np.ndarray | None = None,
 ) -> Selection:
     """Drop rows below ``floor``, then keep the top ``cap`` per namespace.
 
@@ -83,6 +84,8 @@ def select_survivors(
         ids: ``[n]`` record ids, or integer ranks of the ids (tie-breaking: lower first).
         floor: drop non-pinned rows with ``score < floor``.
         cap: maximum rows per namespace (``None`` = no cap).
+        protected: ``bool [n]`` rows exempt from the floor but not from the cap (an
+            importance at or above ``sleep.protect_importance``); ``None`` = none.
 
     Returns:
         :class:`Selection`.
@@ -92,6 +95,8 @@ def select_survivors(
     pinned = np.asarray(pinned, dtype=bool)
     reason = np.full(n, None, dtype=object)
     keep = pinned | (score >= floor)
+    if protected is not None:
+        keep |= np.asarray(protected, dtype=bool)
     reason[~keep] = "floor"
     if cap is not None and n:
         ns = np.asarray(namespace)

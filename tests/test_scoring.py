@@ -58,3 +58,67 @@ def test_cap_zero_keeps_only_pinned():
         cap=0,
     )
     assert sel.keep.tolist() == [True, False]
+
+
+def test_importance_that_protects_is_exempt_from_the_floor_not_from_the_cap():
+    """ "Bob is allergic to penicillin." (importance 0.95), unused for three years at tau 90
+    days: 0.95 * exp(-26280 / 2160) = 4.94e-6, far below the floor 0.001; protected at
+    importance >= 0.9 it stays, and the cap still ranks it by that score."""
+    imp = np.array([0.95, 0.5, 0.6, 0.7])
+    age = np.array([26280.0, 26280.0, 1.0, 2.0])
+    score = retention_score(
+        torch.from_numpy(imp), torch.from_numpy(-age), torch.ones(4, dtype=torch.float64), 0.0,
+        2160.0,
+    ).numpy()  # fmt: skip
+    assert score[0] == pytest.approx(0.95 * math.exp(-26280 / 2160), rel=1e-12)
+    assert score[0] == pytest.approx(4.9409e-6, rel=1e-4)
+    pinned = np.zeros(4, bool)
+    ns = np.array(["a"] * 4)
+    ids = np.array(["pen", "old", "b", "c"])
+    plain = select_survivors(score, pinned, ns, ids, floor=0.001, cap=None)
+    assert plain.reason.tolist() == ["floor", "floor", None, None]
+    prot = select_survivors(score, pinned, ns, ids, floor=0.001, cap=None, protected=imp >= 0.9)
+    assert prot.keep.tolist() == [True, False, True, True]
+    capped = select_survivors(score, pinned, ns, ids, floor=0.001, cap=2, protected=imp >= 0.9)
+    assert capped.reason.tolist() == ["cap", "floor", None, None]  # lowest score of the three
+    pin = select_survivors(score, imp >= 0.9, ns, ids, floor=0.001, cap=2)
+    assert pin.reason.tolist() == [None, "floor", "cap", None]  # a pin takes its slot first
+
+
+def test_the_pass_keeps_an_important_old_fact_and_drops_the_rest():
+    from consolidate.config import PassConfig, SimilarityConfig
+    from consolidate.pipeline import run_pass
+    from tests.helpers import make_records
+
+    g = np.random.default_rng(3)
+    texts = ["Bob is allergic to penicillin.", "Bob bought a blue umbrella.", "Bob likes tea."]
+    rows = [
+        {
+            "id": f"m{k}",
+            "namespace": "bob",
+            "text": t,
+            "vector": g.normal(size=8).astype(np.float32),
+            "importance": imp,
+            "created_at": t0,
+            "last_used": t0,
+        }
+        for k, (t, imp, t0) in enumerate(
+            zip(texts, [0.95, 0.5, 0.4], [0.0, 0.0, 26280.0], strict=True)
+        )
+    ]
+
+    def dropped(**kw):
+        res = run_pass(
+            make_records(rows),
+            cfg=PassConfig(force=True, max_drop_fraction=1.0, now="wall", **kw),
+            sim_cfg=SimilarityConfig(device="cpu"),
+            version=1,
+            wall_h=26280.0,
+        )
+        return sorted(e["id"] for e in res.events if e["op"] == "drop")
+
+    assert dropped() == ["m1"]
+    assert dropped(protect_importance=None) == ["m0", "m1"]
+    assert dropped(protect_importance=0.96) == ["m0", "m1"]
+    with pytest.raises(ValueError, match="sleep.protect_importance must be in"):
+        dropped(protect_importance=1.5)

@@ -1,5 +1,6 @@
 """Stage 7, decay, floor and cap: the retention score of every live row, then the floor and
-the per-namespace cap (pinned rows never dropped)."""
+the per-namespace cap (pinned rows never dropped; rows of importance at least
+``sleep.protect_importance`` never dropped by the floor)."""
 
 from __future__ import annotations
 
@@ -94,8 +95,15 @@ def retention_stage(st: PassState, cfg: PassConfig, version: int) -> PassState:
         floor = cfg.floor
     else:
         score, floor = imp, -math.inf
+    protected = None if cfg.protect_importance is None else imp >= cfg.protect_importance
     sel = select_survivors(
-        score, st.col("pinned").astype(bool)[li], st.ns[li], st.id_rank[li], floor, cfg.cap
+        score,
+        st.col("pinned").astype(bool)[li],
+        st.ns[li],
+        st.id_rank[li],
+        floor,
+        cfg.cap,
+        protected=protected,
     )
     drop = li[~sel.keep]
     _namespace_stop(st, cfg, li, li[sel.reason == "floor"])

@@ -277,6 +277,9 @@ def check_settings(cfg: PassConfig) -> None:
         raise ValueError(
             f"sleep.minhash_threshold must be in (0, 1], got {cfg.minhash_threshold!r}"
         )
+    pi = cfg.protect_importance
+    if pi is not None and not (real(pi) and 0.0 <= pi <= 1.0):
+        raise ValueError(f"sleep.protect_importance must be in [0, 1] or null, got {pi!r}")
     if cfg.fidelity not in ("refuse", "report"):
         raise ValueError(f"sleep.fidelity must be refuse or report, got {cfg.fidelity!r}")
     if not (real(cfg.fidelity_threshold) and 0.0 < cfg.fidelity_threshold <= 1.0):
