@@ -289,3 +289,19 @@ def test_a_results_file_of_another_schema_is_one_error_naming_it(tmp_path):
     bad.write_text('{"rows": [1, 2]}')
     with pytest.raises(ValueError, match=rf"{bad} is not a results.json of this harness's schema"):
         read_results(bad)
+
+
+def test_point_labels_join_nearby_arms_only():
+    """Store size 0..1000, recall 0..0.5: within 2% of both spans (20 memories, 0.01) two
+    arms share a label; 2509 vs 2541 style neighbours join, a far one does not."""
+    import numpy as np
+
+    from consolidate.evaluation.plots import point_labels
+
+    xs = np.array([1000.0, 990.0, 0.0, 1000.0, 500.0])
+    ys = np.array([0.50, 0.495, 0.0, 0.45, 0.25])
+    got = point_labels(xs, ys)
+    assert [g[2] for g in got] == [["1", "2"], ["3"], ["4"], ["5"]]
+    assert got[0][:2] == (1000.0, 0.50)
+    assert point_labels(np.array([3.0, 3.0]), np.array([0.1, 0.1])) == [(3.0, 0.1, ["1", "2"])]
+    assert point_labels(np.array([]), np.array([])) == []

@@ -98,6 +98,8 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
     entries: list[dict[str, Any]] = []
     metrics: list[Metric] = []
     curves: dict[str, tuple] = {}
+    marks: dict[str, list[tuple[float, float, str]]] = {}
+    prs: dict[str, Any] = {}
     samples: list[dict[str, Any]] = []
     guard: dict[tuple[str, int], str | None] = {}  # (dataset, pair) -> the guard's reason
     for dtype in cfg.dtypes:
@@ -155,6 +157,16 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
             entries.append(e)
             label = f"{key} {dtype}"
             curves[label] = (c.recall, c.precision, c.average_precision)
+            prs[label] = c
+            best = int(np.argmax(c.f1)) if len(c.f1) else None
+            if best is not None:
+                marks[label] = [
+                    (
+                        float(c.recall[best]),
+                        float(c.precision[best]),
+                        f"best F1 at {c.best_f1_threshold:.3f}",
+                    )
+                ]
             for name, val in (
                 ("average_precision", c.average_precision),
                 ("best_f1", c.best_f1),
@@ -187,7 +199,6 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
                 c.best_f1,
                 c.best_f1_threshold,
             )
-    plot_pr(curves, out / "pr_curves.png")
     pairs = guard_pair_rates(make_embedder(EmbedderConfig(**{**base.__dict__, "dtype": "fp32"})))
     rec_entry = next(
         (
@@ -206,6 +217,19 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
         thr = rec_entry["best_f1_threshold"]
     else:
         thr = rec_entry["threshold_at_precision"][str(cfg.recommend.precision)]
+    rec_label = f"{rec_entry['dataset']} {rec_entry['dtype']}"
+    c = prs.get(rec_label)
+    if c is not None and thr is not None:
+        at = np.flatnonzero(c.thresholds >= thr)
+        if len(at):
+            marks.setdefault(rec_label, []).append(
+                (
+                    float(c.recall[at[-1]]),
+                    float(c.precision[at[-1]]),
+                    f"recommended {thr:.3f} ({cfg.recommend.rule})",
+                )
+            )
+    plot_pr(curves, out / "pr_curves.png", marks)
     calib = {
         "schema_version": 1,
         "created_at": now_iso(),
