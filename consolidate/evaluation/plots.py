@@ -27,12 +27,16 @@ def plot_ablation(table: pd.DataFrame, path: str | Path, ks: list[str]) -> Path:
     """
     n = len(table)
     names = [f"{k + 1}. {v}" for k, v in enumerate(table["variant"])]
-    h = max(4.5, 0.9 + n * (0.1 * len(ks) + 0.15))
+    h = max(4.5, 0.9 + n * (0.1 * len(ks) + 0.15)) if n <= 16 else max(4.5, 1.2 + 0.22 * n)
     fig, (a, b) = plt.subplots(1, 2, figsize=(14, h), gridspec_kw={"width_ratios": [1.1, 1]})
     y = np.arange(n)
     w = 0.8 / max(len(ks), 1)
+    # many arms (a policy grid): one row of markers each, not a block of bars
     for j, k in enumerate(ks):
-        a.barh(y - 0.4 + (j + 0.5) * w, table[k], w, label=k)
+        if n > 16:
+            a.plot(table[k], y, "o", ms=4, label=k)
+        else:
+            a.barh(y - 0.4 + (j + 0.5) * w, table[k], w, label=k)
     a.set_yticks(y, names, fontsize=8)
     a.invert_yaxis()
     a.set_xlabel("evidence recall")

@@ -133,14 +133,17 @@ def write_report(table: pd.DataFrame, out_dir: str | Path, title: str) -> dict[s
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(7, 5))
-        for label, g in table.groupby(table["overrides"].fillna("") + " " + table["variant"]):
-            ax.scatter(g["store_size"], g["recall@10"], label=label.strip()[:60])
+        groups = list(table.groupby(table["overrides"].fillna("") + " " + table["variant"]))
+        fig, ax = plt.subplots(figsize=(7 + (4 if groups else 0), max(5, 0.18 * len(groups))))
+        for label, g in groups:
+            ax.scatter(g["store_size"], g["recall@10"], label=str(label).strip()[:70])
         ax.set_xlabel("live memories after the pass")
         ax.set_ylabel("evidence recall@10")
-        ax.legend(fontsize=6)
+        ax.grid(alpha=0.3)
+        # outside the axes: a legend of many runs would cover the points
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         fig.tight_layout()
-        fig.savefig(out / "runs.png", dpi=110)
+        fig.savefig(out / "runs.png", dpi=110, bbox_inches="tight")
         plt.close(fig)
         paths["plot"] = out / "runs.png"
     return paths
