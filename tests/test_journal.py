@@ -137,3 +137,38 @@ def test_the_undo_job_reads_a_numeric_id_as_the_text_typed(tmp_path):
         [*cmd, f"id={plan_id[:8]}", f"hydra.run.dir={tmp_path}/h2"], capture_output=True, text=True
     )
     assert out.returncode == 0 and out.stdout.startswith("undid "), out.stderr
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet"])
+def test_write_live_keeps_tombstones_beside_the_file_and_undo_reads_both(tmp_path, suffix):
+    from consolidate.sources import FileSource
+    from consolidate.sources.files import read_memories
+    from consolidate.store.lance_store import LanceStore
+
+    s = LanceStore(tmp_path / "src")
+    s.create(make_records(rows()))
+    path = tmp_path / f"mem{suffix}"
+    s.export(path)
+    src = FileSource(path, write="live")
+    before = live(src)
+    _, _, plan, _ = one_pass(src)
+    merges = [u for u in plan.units if u["kind"] == "merge"]
+    drops = [u for u in plan.units if u["kind"] == "drop"]
+    n_live = 60 - sum(len(u["ids"]) for u in merges) + len(merges) - len(drops)
+    in_file = read_memories(path).records
+    assert len(in_file) == n_live and in_file.live_mask().all()
+    side = tmp_path / f"mem{suffix}.consolidate" / "tombstones.parquet"
+    tombs = read_memories(side, known_ids=in_file.meta["id"]).records
+    assert len(tombs) == 60 + len(merges) - n_live and not tombs.live_mask().any()
+    assert len(FileSource(path).read().records) == 60 + len(merges)  # a reader of both
+    rep = src.undo(plan.plan_id[:8])
+    assert sorted(rep.undone) == sorted(u["key"] for u in plan.units)
+    assert live(src) == before
+    assert len(read_memories(path).records) == 60  # every member live in the file again
+    assert len(read_memories(side, known_ids=before).records) == len(merges)  # retired
+    # write=all: the next apply moves the tombstones back into the file, no sidecar
+    one_pass(FileSource(path, write="all"))
+    assert not side.exists()
+    assert len(read_memories(path).records) == 60 + len(merges)
+    with pytest.raises(ValueError, match="source.write must be all or live, got 'some'"):
+        FileSource(path, write="some")

@@ -187,6 +187,7 @@ def as_stored(
     first_line: int | None = None,
     lines: list[int] | None = None,
     unit: str = "line",
+    known_ids: Any = (),
 ) -> Records:
     """``recs`` checked and shaped as a store holds them: validated
     (:func:`~consolidate.store.schema.validate`, and every ``merged_into`` names a record of
@@ -201,13 +202,16 @@ def as_stored(
         lines: ``[n]`` each record's line in its file (overrides ``first_line``; a CSV
             record with a quoted line break spans several lines).
         unit: ``"line"`` or ``"row"``, the word for ``first_line``.
+        known_ids: ids outside ``recs`` that a ``merged_into`` may name too (a file's
+            live rows, for its tombstone sidecar).
 
     Raises:
         InvalidRecordsError: any problem (nothing is returned).
     """
     problems = validate(recs, dim=recs.dim, now_h=now_h)
     into = recs.meta["merged_into"]
-    ghost = np.flatnonzero((into.notna() & ~into.isin(recs.meta["id"])).to_numpy(bool))
+    named = into.isin(recs.meta["id"]) | (into.isin(list(known_ids)) if len(known_ids) else False)
+    ghost = np.flatnonzero((into.notna() & ~named).to_numpy(bool))
     if len(ghost):
         ids = recs.meta["id"].tolist()
         problems.append(

@@ -35,7 +35,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -292,6 +292,7 @@ def read_memories(
     namespace: str = "default",
     embedder: Any = None,
     now_h: float | None = None,
+    known_ids: Any = (),
 ) -> FileImport:
     """Read the memories in a JSONL, Parquet or CSV file (schema: the module docstring).
 
@@ -302,6 +303,8 @@ def read_memories(
             float32 [n, d]``) for a file without vectors; ``None`` then is an error.
         now_h: the clock for the checks of times in the future (hours since the epoch;
             default now).
+        known_ids: ids of another file that a ``merged_into`` may name (a tombstone
+            sidecar's merged records live in the memory file).
 
     Returns:
         :class:`FileImport`.
@@ -328,7 +331,12 @@ def read_memories(
         if set(COLUMNS) <= set(table.column_names) and "vector" in table.column_names:
             # an export of a store: its own schema, vectors decoded from the stored dtype
             recs = as_stored(
-                records_from_arrow(table), str(p), now_h=now_h, first_line=0, unit="row"
+                records_from_arrow(table),
+                str(p),
+                now_h=now_h,
+                first_line=0,
+                unit="row",
+                known_ids=known_ids,
             )
             ignored = sorted(set(table.column_names) - _KNOWN - {"vector_scale"})
             extra = (
@@ -405,6 +413,7 @@ def read_memories(
         first_line=0,
         lines=lines,
         unit="row" if p.suffix == ".parquet" else "line",
+        known_ids=known_ids,
     )
     extra = None
     if ignored:
@@ -489,10 +498,22 @@ class FileSource:
     while an apply replaces it). Columns outside the schema are kept (a merged record takes
     its oldest member's). A symlink is followed: the file it names is replaced.
 
+    With ``write="live"`` the file holds the live memories only, as a reader that knows
+    nothing of tombstones expects, and the tombstones go to ``tombstones.parquet`` in the
+    journal folder (written before the file; a row live in the file wins over the same id
+    there). Every read joins the two, whichever ``write`` is set, so undo works in both
+    modes and switching modes loses nothing; ``write="all"`` moves the sidecar's
+    tombstones back into the file and removes it.
+
     Args:
         path: the file.
         namespace: for rows without one.
         embedder: for a file without vectors (see :func:`read_memories`).
+        state_dir: the journal folder (default ``<path>.consolidate`` beside the file).
+        write: ``all`` (live rows and tombstones in the file) or ``live``.
+
+    Raises:
+        ValueError: another ``write``.
     """
 
     def __init__(
@@ -501,13 +522,44 @@ class FileSource:
         namespace: str = "default",
         embedder: Any = None,
         state_dir: str | Path | None = None,
+        write: str = "all",
     ) -> None:
         from .journal import Journal, default_state_dir
 
+        if write not in ("all", "live"):
+            raise ValueError(f"source.write must be all or live, got {write!r}")
         self.path = Path(path)
         self.namespace = namespace
         self.embedder = embedder
+        self.write = write
         self.journal = Journal(state_dir or default_state_dir(self.path), f"file {self.path}")
+        self.tombstones = self.journal.dir / "tombstones.parquet"
+
+    def _read_all(self) -> FileImport:
+        """The file's memories joined with the tombstone sidecar's (ids live in the file
+        win; a sidecar's rows of ids the file holds as tombstones too are left out)."""
+        got = read_memories(self.path, namespace=self.namespace, embedder=self.embedder)
+        if not self.tombstones.exists():
+            return got
+        side = read_memories(
+            self.tombstones, namespace=self.namespace, known_ids=got.records.meta["id"]
+        )
+        extra_rows = side.records.meta["id"].isin(set(got.records.meta["id"])).to_numpy()
+        more = side.records.mask(~extra_rows)
+        if not len(more):
+            return got
+        if more.dim != got.records.dim:
+            raise ValueError(
+                f"{self.tombstones}: vectors of dimension {more.dim}, the file's are "
+                f"{got.records.dim}"
+            )
+        extra = got.extra
+        if side.extra is not None or extra is not None:
+            parts = [e for e in (extra, side.extra) if e is not None]
+            extra = pd.concat(parts)
+            extra = extra[~extra.index.duplicated(keep="first")]
+        recs = Records.concat([got.records, more], got.records.dim)
+        return replace(got, records=recs, extra=extra)
 
     def read(self, namespaces: Any = None) -> FileSnapshot:
         """Every memory of the file; the pass runs on those of ``namespaces`` (all when
@@ -517,7 +569,7 @@ class FileSource:
             FileNotFoundError, ValueError, InvalidRecordsError: see :func:`read_memories`.
         """
         digest = _sha256(self.path)
-        got = read_memories(self.path, namespace=self.namespace, embedder=self.embedder)
+        got = self._read_all()
         if _sha256(self.path) != digest:
             raise ValueError(f"{self.path} changed while it was read: run again")
         recs = with_keep_apart(got.records, self.journal.keep_apart(), self.journal.kept())
@@ -633,8 +685,19 @@ class FileSource:
             f.flush()
             os.fsync(f.fileno())
         tmp = real.with_name(f".{real.name}.consolidated-{uuid.uuid4().hex[:8]}")
+        in_file = content
+        if self.write == "live":
+            # the tombstones first: a crash before the rename leaves them beside a file
+            # whose rows of the same ids are still live, and the live rows win
+            live = content.live_mask()
+            self.tombstones.parent.mkdir(parents=True, exist_ok=True)
+            if live.all():
+                self.tombstones.unlink(missing_ok=True)
+            else:
+                write_records_file(content.mask(~live), self.tombstones, extra=extra)
+            in_file = content.mask(live)
         try:
-            write_records_file(content, tmp, extra=extra, suffix=real.suffix)
+            write_records_file(in_file, tmp, extra=extra, suffix=real.suffix)
             os.chmod(tmp, mode)
             # checked again just before the rename: a writer since the first check wins
             if _sha256(real) != sha256:
@@ -647,6 +710,8 @@ class FileSource:
             tmp.unlink(missing_ok=True)
             backup.unlink(missing_ok=True)  # the file is as it was: no copy is needed
             raise
+        if self.write == "all":
+            self.tombstones.unlink(missing_ok=True)  # its rows are in the file now
         return str(backup)
 
     def undo(self, target: str) -> UndoReport:
@@ -666,7 +731,7 @@ class FileSource:
 
         def restore(plan_id: str, units: list[dict[str, Any]]) -> dict[str, Any]:
             digest = _sha256(self.path)
-            got = read_memories(self.path, namespace=self.namespace, embedder=self.embedder)
+            got = self._read_all()
             recs = got.records
             out: dict[str, Any] = {}
             changed = False

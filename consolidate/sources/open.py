@@ -41,7 +41,11 @@ def open_source(src: Any, embedder: Callable[[], Any] | None = None) -> tuple[An
             raise ValueError("source=jsonl needs source.path=FILE (.jsonl, .parquet or .csv)")
         return (
             FileSource(
-                src.path, src.namespace, _Lazy(embedder) if embedder else None, src.state_dir
+                src.path,
+                src.namespace,
+                _Lazy(embedder) if embedder else None,
+                src.state_dir,
+                write=src.write,
             ),
             f"file {src.path}",
         )
