@@ -164,5 +164,5 @@ def test_recall_cli(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert q.returncode == 2
-    assert f"\nerror: no namespace 'gna' in {s.root}; did you mean gina?\n" in q.stderr
+    assert f"\nerror: no namespace 'gna' in {s.root}; did you mean gina? (CONSOLIDATE_" in q.stderr
     assert "note: the newest" not in q.stdout
