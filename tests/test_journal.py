@@ -172,3 +172,27 @@ def test_write_live_keeps_tombstones_beside_the_file_and_undo_reads_both(tmp_pat
     assert len(read_memories(path).records) == 60 + len(merges)
     with pytest.raises(ValueError, match="source.write must be all or live, got 'some'"):
         FileSource(path, write="some")
+
+
+@pytest.mark.parametrize("line", ['{"at": oops', '{"plan_id": "p", "ids": 5}', "null"])
+def test_a_damaged_keep_apart_line_stops_the_undo_before_it_writes(tmp_path, line):
+    from consolidate.sources import FileSource
+    from consolidate.store.lance_store import LanceStore
+
+    s = LanceStore(tmp_path / "src")
+    s.create(make_records(rows()))
+    path = tmp_path / "mem.jsonl"
+    s.export(path)
+    src = FileSource(path)
+    _, _, plan, _ = one_pass(src)
+    merges = [u["key"] for u in plan.units if u["kind"] == "merge"]
+    src.undo(merges[0])
+    apart = tmp_path / "mem.jsonl.consolidate" / "keep_apart.jsonl"
+    with open(apart, "a") as f:
+        f.write(line + "\n")
+    data = path.read_bytes()
+    with pytest.raises(JournalError, match="keep_apart.jsonl line 2"):
+        src.undo(merges[1])
+    assert path.read_bytes() == data  # nothing undone
+    with pytest.raises(JournalError, match="keep_apart.jsonl line 2"):
+        src.read()

@@ -155,6 +155,7 @@ def undo_by_journal(
     from .journal import match_target
 
     with journal.locked():
+        journal.keep_apart()  # every journal file reads before anything is undone
         done = journal.undone()
         plan_id, units = match_target(target, journal.plans(), undone=done.keys())
         rep = UndoReport(str(target), plan_id)

@@ -189,6 +189,11 @@ class Journal:
                 raise JournalError(
                     f"{path} line {n}: units is not a list of objects with key and ids"
                 )
+            if name == "keep_apart.jsonl" and not (
+                isinstance(row["ids"], list)
+                and all(isinstance(i, (str, int)) and not isinstance(i, bool) for i in row["ids"])
+            ):
+                raise JournalError(f"{path} line {n}: ids is not a list of ids")
             yield row
 
     def _append(self, name: str, rows: list[dict[str, Any]]) -> None:
