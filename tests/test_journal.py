@@ -9,8 +9,7 @@ import sys
 import pytest
 
 from consolidate.sources.journal import Journal, JournalError, expand_apart, match_target
-from tests.helpers import make_records
-from tests.test_undo_sources import live, one_pass, rows
+from tests.test_undo_sources import live, memory_file, one_pass
 
 
 def _unit(key, ids, kind="merge"):
@@ -87,12 +86,8 @@ def test_a_key_held_by_two_plans_names_the_newest_unit_not_undone():
 
 def test_an_undone_drop_is_read_as_pinned_and_the_next_pass_keeps_it(tmp_path):
     from consolidate.sources import FileSource
-    from consolidate.store.lance_store import LanceStore
 
-    s = LanceStore(tmp_path / "src")
-    s.create(make_records(rows()))
-    path = tmp_path / "mem.jsonl"
-    s.export(path)
+    path = memory_file(tmp_path)
     src = FileSource(path)
     before = live(src)
     _, _, plan, _ = one_pass(src)
@@ -115,12 +110,8 @@ def test_the_undo_job_reads_a_numeric_id_as_the_text_typed(tmp_path):
     """``id=1e35`` is a float to Hydra; the job looks for the text ``1e35``, not
     ``1e+35``; an id that matches nothing exits 2 with one line."""
     from consolidate.sources import FileSource
-    from consolidate.store.lance_store import LanceStore
 
-    s = LanceStore(tmp_path / "src")
-    s.create(make_records(rows()))
-    path = tmp_path / "mem.jsonl"
-    s.export(path)
+    path = memory_file(tmp_path)
     one_pass(FileSource(path))
     cmd = [sys.executable, "-m", "consolidate.jobs.undo", "source=jsonl", f"source.path={path}"]
     out = subprocess.run(
@@ -143,12 +134,8 @@ def test_the_undo_job_reads_a_numeric_id_as_the_text_typed(tmp_path):
 def test_write_live_keeps_tombstones_beside_the_file_and_undo_reads_both(tmp_path, suffix):
     from consolidate.sources import FileSource
     from consolidate.sources.files import read_memories
-    from consolidate.store.lance_store import LanceStore
 
-    s = LanceStore(tmp_path / "src")
-    s.create(make_records(rows()))
-    path = tmp_path / f"mem{suffix}"
-    s.export(path)
+    path = memory_file(tmp_path, suffix)
     src = FileSource(path, write="live")
     before = live(src)
     _, _, plan, _ = one_pass(src)
@@ -177,12 +164,8 @@ def test_write_live_keeps_tombstones_beside_the_file_and_undo_reads_both(tmp_pat
 @pytest.mark.parametrize("line", ['{"at": oops', '{"plan_id": "p", "ids": 5}', "null"])
 def test_a_damaged_keep_apart_line_stops_the_undo_before_it_writes(tmp_path, line):
     from consolidate.sources import FileSource
-    from consolidate.store.lance_store import LanceStore
 
-    s = LanceStore(tmp_path / "src")
-    s.create(make_records(rows()))
-    path = tmp_path / "mem.jsonl"
-    s.export(path)
+    path = memory_file(tmp_path)
     src = FileSource(path)
     _, _, plan, _ = one_pass(src)
     merges = [u["key"] for u in plan.units if u["kind"] == "merge"]

@@ -26,6 +26,17 @@ def rows(n=60, seed=7):
     return out
 
 
+def memory_file(tmp_path, suffix=".jsonl"):
+    """``rows()`` exported by a store to ``tmp_path/mem<suffix>``; returns the path."""
+    from consolidate.store.lance_store import LanceStore
+
+    s = LanceStore(tmp_path / "src")
+    s.create(make_records(rows()))
+    path = tmp_path / f"mem{suffix}"
+    s.export(path)
+    return path
+
+
 def live(src):
     """id -> text of the source's live records."""
     recs = src.read().records
@@ -118,12 +129,8 @@ def test_match_target_by_whole_id_and_unique_prefix():
 
 def test_a_memory_file_undo(tmp_path):
     from consolidate.sources import FileSource
-    from consolidate.store.lance_store import LanceStore
 
-    s = LanceStore(tmp_path / "src")
-    s.create(make_records(rows()))
-    path = tmp_path / "mem.jsonl"
-    s.export(path)
+    path = memory_file(tmp_path)
     src = FileSource(path)
     before = live(src)
     _, _, plan, rep = one_pass(src)
@@ -204,12 +211,8 @@ def test_the_undo_job_on_a_memory_file(tmp_path, capsys):
     from consolidate.jobs.common import CONFIG_DIR
     from consolidate.jobs.undo import format_undo, run_undo
     from consolidate.sources import FileSource
-    from consolidate.store.lance_store import LanceStore
 
-    s = LanceStore(tmp_path / "src")
-    s.create(make_records(rows()))
-    path = tmp_path / "mem.parquet"
-    s.export(path)
+    path = memory_file(tmp_path, ".parquet")
     _, _, plan, _ = one_pass(FileSource(path))
 
     def undo(target):
