@@ -1,4 +1,4 @@
-"""Helpers the tests share (data builders, float64 references, README examples); the
+"""Helpers the tests share (data builders, float64 references, docs examples); the
 pytest fixtures are in ``conftest.py``."""
 
 from __future__ import annotations

@@ -192,8 +192,8 @@ def test_records_that_break_the_rules_are_named_by_id_and_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_readme_example_runs_as_written(tmp_path):
-    """The README's files example, from an empty folder: import, a pass (the two Berlin
+def test_the_docs_example_runs_as_written(tmp_path):
+    """The files example of docs/source-settings.md, from an empty folder: import, a pass (the two Berlin
     notes merge), an export to CSV that imports back."""
     import os
     import re
@@ -201,7 +201,7 @@ def test_the_readme_example_runs_as_written(tmp_path):
 
     from tests.helpers import REPO
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs/source-settings.md").read_text()
     block = re.search(r"<!-- example: files -->\n```bash\n(.*?)```", text, re.S).group(1)
     script = block.replace(".venv/bin/", f"{REPO}/.venv/bin/")
     env = {**os.environ, "CONSOLIDATE_ROOT": str(tmp_path)}
@@ -345,12 +345,12 @@ def test_a_memory_file_as_source_dry_run_then_apply(tmp_path, suffix):
 
 
 @pytest.mark.slow
-def test_the_readme_jsonl_source_example_runs_as_written(tmp_path):
-    """The README's `source=jsonl` example: a dry run leaves the file alone, the apply
+def test_the_docs_jsonl_source_example_runs_as_written(tmp_path):
+    """The `source=jsonl` example of docs/source-settings.md: a dry run leaves the file alone, the apply
     rewrites it with the two Porto notes merged and a copy of the file as it was."""
     from tests.helpers import run_readme_example
 
-    p = run_readme_example("jsonl", tmp_path)
+    p = run_readme_example("jsonl", tmp_path, doc="docs/source-settings.md")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "would apply      1 merge" in p.stdout and "applied          1 merge" in p.stdout
     backup = list(tmp_path.glob("notes.pre-consolidate-*.jsonl"))

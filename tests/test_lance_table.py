@@ -269,7 +269,7 @@ def test_bad_tables_are_named(tmp_path):
     assert sorted(snap.records.meta["id"]) == sorted(r["id"] for k, r in enumerate(bad) if k != 2)
 
 
-def test_the_readme_example_runs_as_written(tmp_path):
+def test_the_docs_example_runs_as_written(tmp_path):
     from tests.helpers import run_readme_example
 
     rs = rows()
@@ -291,7 +291,7 @@ def test_the_readme_example_runs_as_written(tmp_path):
     ]
     t = db.create_table("memories", data, schema=SCHEMA)
     v0 = t.version
-    p = run_readme_example("lance", tmp_path)
+    p = run_readme_example("lance", tmp_path, doc="docs/source-settings.md")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert f"(the version read, {v0}, stays in the history)" in p.stdout
     t = lancedb.connect(str(tmp_path / "agents.lancedb")).open_table("memories")

@@ -249,8 +249,8 @@ def as_dict(node):
     return OmegaConf.to_container(node, resolve=True)
 
 
-def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
-    """The README's Mem0 command, in a folder where an agent's Mem0 store lives in mem0/."""
+def test_the_docs_example_runs_as_written(tmp_path, monkeypatch):
+    """The Mem0 command of docs/source-settings.md, in a folder where an agent's Mem0 store lives in mem0/."""
     monkeypatch.setenv("OPENAI_API_KEY", "unused")
     from mem0 import Memory
 
@@ -286,7 +286,10 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch):
 
     gc.collect()
     p = run_readme_example(
-        "mem0", tmp_path, {"MODEL": str(packaged_model_path()), "MEM0_TELEMETRY": "False"}
+        "mem0",
+        tmp_path,
+        {"MODEL": str(packaged_model_path()), "MEM0_TELEMETRY": "False"},
+        doc="docs/source-settings.md",
     )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "applied          3 merge" in p.stdout

@@ -352,12 +352,12 @@ def test_a_taken_merged_id_or_a_failing_namespace_skips_and_goes_on(pg):
 
 
 @pytest.mark.slow
-def test_the_readme_example_runs_as_written(pg, tmp_path):
+def test_the_docs_example_runs_as_written(pg, tmp_path):
     from tests.helpers import run_readme_example
 
     fill(pg, "memories", rows())
     before = table_rows(pg, "memories")
-    p = run_readme_example("pgvector", tmp_path, {"DATABASE_URL": pg})
+    p = run_readme_example("pgvector", tmp_path, {"DATABASE_URL": pg}, doc="docs/source-settings.md")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     dry, applied = p.stdout.split("wall time")[:2]
     assert "would apply" in dry and "applied" in applied

@@ -216,7 +216,7 @@ def test_reembed_waits_for_no_pass(tmp_path, emb96):
 @pytest.mark.slow
 @pytest.mark.skipif(not LOCOMO.exists(), reason="data not present")
 def test_reembed_job_calibrates_then_switches(tmp_path, model96):
-    """The README's command: calibration for the new model, the switch, the command back."""
+    """The command of docs/store.md: calibration for the new model, the switch, the command back."""
     root = tmp_path / "store"
     _store(root, "lance")
     env = {**os.environ, "CONSOLIDATE_DATA_DIR": str(LOCOMO.parents[1])}
@@ -270,11 +270,11 @@ def test_reembed_job_calibrates_then_switches(tmp_path, model96):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not LOCOMO.exists(), reason="data not present")
-def test_the_readme_example_runs_as_written(tmp_path, model96):
+def test_the_docs_example_runs_as_written(tmp_path, model96):
     from tests.helpers import run_readme_example
 
     _store(tmp_path / "stores" / "alice", "lance")
-    p = run_readme_example("reembed", tmp_path, {"NEW_MODEL": str(model96)})
+    p = run_readme_example("reembed", tmp_path, {"NEW_MODEL": str(model96)}, doc="docs/store.md")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "d 384 -> 96" in p.stdout and "sleep.calibration_file=" in p.stdout
     assert open_store_dir(tmp_path / "stores" / "alice").load().dim == D_NEW
