@@ -357,7 +357,9 @@ def test_the_docs_example_runs_as_written(pg, tmp_path):
 
     fill(pg, "memories", rows())
     before = table_rows(pg, "memories")
-    p = run_readme_example("pgvector", tmp_path, {"DATABASE_URL": pg}, doc="docs/source-settings.md")
+    p = run_readme_example(
+        "pgvector", tmp_path, {"DATABASE_URL": pg}, doc="docs/source-settings.md"
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     dry, applied = p.stdout.split("wall time")[:2]
     assert "would apply" in dry and "applied" in applied
