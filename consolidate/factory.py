@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from .config import EmbedderConfig, PassConfig, SimilarityConfig, StoreConfig
-from .store import Store, StoreNotFoundError
+from .store import MemoryStore, StoreNotFoundError
 
 __all__ = ["typed", "pass_cfg", "sim_cfg", "open_store", "make_store", "make_embedder",
            "write_summary"]  # fmt: skip
@@ -55,7 +55,7 @@ def sim_cfg(cfg: DictConfig) -> SimilarityConfig:
     return typed(cfg, "similarity", SimilarityConfig)
 
 
-def open_store(cfg: DictConfig, *, build: bool = True) -> tuple[Store, dict[str, Any] | None]:
+def open_store(cfg: DictConfig, *, build: bool = True) -> tuple[MemoryStore, dict[str, Any] | None]:
     """Open ``cfg.store.dir``; build it from ``store.init_from`` if it is missing.
 
     Returns:
@@ -135,23 +135,20 @@ def _check_create(cfg: DictConfig, scfg: StoreConfig, root: Path) -> None:
     )
 
 
-def make_store(scfg: StoreConfig) -> Store:
+def make_store(scfg: StoreConfig) -> MemoryStore:
     """The store at ``scfg.dir`` in its own format (``scfg.format`` for a new one).
 
     Raises:
         ValueError: an unknown ``store.format``.
     """
-    from .store.lance_store import LanceStore, open_store_dir
+    from .store.lance_store import open_store_dir
 
     kw: dict[str, Any] = {
         "keep_snapshots": scfg.keep_snapshots,
         "quarantine": scfg.quarantine,
         "vector_dtype": scfg.vector_dtype,
     }
-    store = open_store_dir(scfg.dir, format=scfg.format, **kw)
-    if isinstance(store, LanceStore):
-        store.retention_h = float(scfg.retention_h)
-    return store
+    return open_store_dir(scfg.dir, format=scfg.format, retention_h=float(scfg.retention_h), **kw)
 
 
 def make_embedder(ecfg: EmbedderConfig) -> Any:

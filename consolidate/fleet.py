@@ -572,9 +572,9 @@ def run_fleet_pass(
         ValueError: bad runner settings, or ``runner.llm=ray_data`` without an LLM merger.
         ImportError: Ray Data is not installed.
     """
-    if not isinstance(store, LanceStore):
+    if not store.PARTIAL_LOADS:
         raise TypeError(
-            f"a fleet run needs a Lance store; {store.root} is a Parquet store "
+            f"a fleet run needs a Lance store; {store.root} is a {store.FORMAT.capitalize()} store "
             f"(consolidate-convert makes a Lance copy)"
         )
     try:

@@ -18,6 +18,7 @@ from .factory import make_embedder, open_store, pass_cfg, sim_cfg, typed, write_
 from .pipeline import check_settings, run_pass, trigger
 from .similarity import check_engine
 from .store import hours_now
+from .store.base import MemoryStore
 from .store.lance_store import LanceStore
 
 log = logging.getLogger("consolidate")
@@ -109,9 +110,9 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
         for k in ("malformed_evidence", "malformed_items", "bad_times"):
             summary["import"][k] = len(report[k])
         summary["import"]["time_s"] = round(t_build, 3)
-    if fleet and not isinstance(store, LanceStore):
+    if fleet and not store.PARTIAL_LOADS:
         raise ValueError(
-            f"runner=ray needs a Lance store; {store.root} is a Parquet store "
+            f"runner=ray needs a Lance store; {store.root} is a {store.FORMAT.capitalize()} store "
             f"(consolidate-convert src=... dst=... makes a Lance copy)"
         )
     with store.lock(timeout_s=scfg.lock_timeout_s):
@@ -119,7 +120,7 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
             summary.update(_fleet_run(cfg, store, pc, sc, rc))
             return _finish(summary, t0, out_dir)
         t = time.perf_counter()
-        if isinstance(store, LanceStore) and pc.incremental and not pc.force:
+        if store.PARTIAL_LOADS and pc.incremental and not pc.force:
             # per namespace: read only the namespaces whose new memories fired
             fired, per_ns = store.trigger(pc.trigger_importance)
             new_imp, fire = float(sum(per_ns.values())), bool(fired)
@@ -152,7 +153,7 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
             )
             res.stats.time_s["load"] = round(t_load, 4)
             res.stats.time_s["commit"] = round(time.perf_counter() - t, 4)
-            if isinstance(store, LanceStore) and not pc.dry_run and not commit.get("unchanged"):
+            if not pc.dry_run and not commit.get("unchanged"):
                 _cleanup(store, commit, res.stats.time_s)
             summary.update(ran=True, dry_run=pc.dry_run, commit=commit, stats=res.stats.as_dict())
     summary["refused_deltas"] = list(store.refused_deltas)
@@ -330,11 +331,14 @@ def _trigger_summary(pc: Any, new_imp: float, fire: bool, scope: dict[str, Any])
     }
 
 
-def _cleanup(store: LanceStore, commit: dict[str, Any], times: dict[str, float]) -> None:
-    """Compaction and version cleanup after a commit (:meth:`LanceStore.cleanup`), timed."""
+def _cleanup(store: MemoryStore, commit: dict[str, Any], times: dict[str, float]) -> None:
+    """The store's housekeeping after a commit (:meth:`MemoryStore.maintain`: a Lance store
+    compacts and removes old versions), timed; nothing where the store has none."""
     t = time.perf_counter()
-    commit["cleanup"] = store.cleanup()
-    times["cleanup"] = round(time.perf_counter() - t, 4)
+    done = store.maintain()
+    if done is not None:
+        commit["cleanup"] = done
+        times["cleanup"] = round(time.perf_counter() - t, 4)
 
 
 def _finish(summary: dict[str, Any], t0: float, out_dir: str | None) -> dict[str, Any]:

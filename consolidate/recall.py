@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .similarity import topk_neighbours
-from .store import Store
+from .store import MemoryStore
 from .store.schema import DEFAULT_STRENGTH_CAP
 
 __all__ = ["Recalled", "fit_token_cap", "recall"]
@@ -62,7 +62,7 @@ def fit_token_cap(ranked_tokens: np.ndarray, max_tokens: int) -> int:
 
 
 def recall(
-    store: Store,
+    store: MemoryStore,
     namespace: str,
     queries: Sequence[str],
     embedder: Any,
@@ -85,7 +85,7 @@ def recall(
         k: at most this many memories per query (``>= 1``).
         max_tokens: hard cap on the tokens of the memories injected per query.
         mark_used: apply the recall bookkeeping to every recalled memory
-            (:meth:`Store.mark_used`: one delta for all queries).
+            (:meth:`MemoryStore.mark_used`: one delta for all queries).
         strength_cap: strength never exceeds this through recalls (the pass's default).
         now: hours since the epoch for ``last_used`` (default: the wall clock).
         device: similarity device.
@@ -97,7 +97,7 @@ def recall(
     Raises:
         ValueError: ``k < 1`` or ``max_tokens < 0``; the embedder's errors for empty or
             over-long queries.
-        StoreNotFoundError, InvalidRecordsError, CorruptStoreError: from :meth:`Store.load`.
+        StoreNotFoundError, InvalidRecordsError, CorruptStoreError: from :meth:`MemoryStore.load`.
     """
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")

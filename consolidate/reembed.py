@@ -32,8 +32,8 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from .store import Records, Store
-from .store.lance_store import LanceStore, open_store_dir
+from .store import MemoryStore, Records
+from .store.lance_store import open_store_dir
 from .store.schema import normalise_vectors
 from .store.store import _crashpoint
 
@@ -67,14 +67,9 @@ def exchange_dirs(a: str | os.PathLike, b: str | os.PathLike) -> None:
         raise OSError(e, os.strerror(e), str(a), None, str(b))
 
 
-def _store_kwargs(store: Store) -> dict[str, Any]:
+def _store_kwargs(store: MemoryStore) -> dict[str, Any]:
     """The constructor settings of ``store``, for a new store like it."""
-    return {
-        "keep_snapshots": store.keep_snapshots,
-        "quarantine": store.quarantine,
-        "future_tolerance_h": store.future_tolerance_h,
-        "vector_dtype": store.vector_dtype or store.head().vector_dtype,
-    }
+    return {**store.options(), "vector_dtype": store.vector_dtype or store.head().vector_dtype}
 
 
 def _embed_unique(texts: pd.Series, encoder: _Encoder) -> tuple[pd.Index, np.ndarray]:
@@ -174,7 +169,7 @@ def reembed_store(
             f"{shadow} exists: another re-embed of {root} runs, or one "
             f"was killed (it holds a store: look before removing it)"
         )
-    fmt = "lance" if isinstance(store, LanceStore) else "parquet"
+    fmt = store.FORMAT
     exchanged = False
     with store.lock(timeout_s=lock_timeout_s):
         first = store.load()
@@ -196,9 +191,7 @@ def reembed_store(
                 normalise_vectors(recs)
                 if check is not None:
                     check(recs)
-                new = (LanceStore if fmt == "lance" else Store)(shadow, **_store_kwargs(store))
-                if isinstance(store, LanceStore):
-                    new.retention_h = store.retention_h
+                new = open_store_dir(shadow, format=fmt, **_store_kwargs(store))
                 new.create(
                     recs,
                     source=f"re-embed of {root} version {snap.version} with "

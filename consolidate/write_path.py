@@ -25,8 +25,8 @@
    closes its validity interval (``valid_to`` = when the new fact became true, else the turn's
    time) and keeps it live. Nothing is ever removed.
 
-New records are written with :meth:`Store.append` before the tombstones
-(:meth:`Store.patch`), so a crash in between leaves both versions, never neither.
+New records are written with :meth:`MemoryStore.append` before the tombstones
+(:meth:`MemoryStore.patch`), so a crash in between leaves both versions, never neither.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ from .llm.decide import Decision, Neighbour, decide_request, parse_answer, prefi
 from .llm.extract import Turn, extract_request, parse_facts, trusted, ungrounded
 from .similarity import topk_neighbours
 from .store import (
+    MemoryStore,
     Records,
-    Store,
     datetime_from_hours,
     hours_from_datetime,
     hours_now,
@@ -98,7 +98,7 @@ class IngestConfig:
 REFUSED_FACTS = "refused_facts.jsonl"
 
 
-def refused_facts_path(store: Store) -> Path:
+def refused_facts_path(store: MemoryStore) -> Path:
     """``<store>/changelogs/refused_facts.jsonl``: one JSON line per extracted fact (or
     turn) the write path did not store, ``{"turn", "namespace", "speaker", "time_h",
     "fact", "reason", "detail", "logged_at"}`` (``reason``: ``ungrounded`` with the names and
@@ -119,7 +119,7 @@ def _refusal(t: Turn, fact: str | None, reason: str, detail: str) -> dict[str, A
     }
 
 
-def write_refused_facts(store: Store, entries: list[dict[str, Any]]) -> None:
+def write_refused_facts(store: MemoryStore, entries: list[dict[str, Any]]) -> None:
     """Append ``entries`` to :func:`refused_facts_path` as whole lines written together
     (``O_APPEND``: lines of concurrent writers do not interleave), stamped ``logged_at``
     (wall clock, hours since the epoch), then fsync."""
@@ -152,7 +152,7 @@ def _fact_id(turn_id: str, k: int, text: str, taken: set[str]) -> str:
 
 
 def ingest(
-    store: Store,
+    store: MemoryStore,
     turns: Sequence[Turn],
     backend: LLMBackend,
     embedder: Any,

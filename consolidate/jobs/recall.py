@@ -56,12 +56,7 @@ def run_recall(cfg: DictConfig) -> Recalled:
 
 def _namespaces(store: Any) -> set[str]:
     """Every namespace of the store (live or not)."""
-    from ..store.lance_store import LanceStore
-
-    if isinstance(store, LanceStore):
-        t = store._open().to_table(columns=["namespace"])
-        return set(t.column("namespace").unique().to_pylist())
-    return set(store.load().records.meta["namespace"].unique())
+    return set(store.namespaces())
 
 
 def _warn_if_historical(store: Any, namespace: str) -> None:
@@ -69,9 +64,8 @@ def _warn_if_historical(store: Any, namespace: str) -> None:
     recalled memories used at the wall clock moves its "latest" to now, and the next pass
     (``sleep.now=latest``) then ages the others from today."""
     from ..store import hours_now
-    from ..store.lance_store import LanceStore
 
-    snap = store.load(namespaces=[namespace]) if isinstance(store, LanceStore) else store.load()
+    snap = store.load(namespaces=[namespace]) if store.PARTIAL_LOADS else store.load()
     m = snap.records.meta
     m = m[(m["namespace"] == namespace) & m["deleted_at"].isna()]
     if not len(m):

@@ -12,7 +12,6 @@ from omegaconf import DictConfig
 from ..config import SourceConfig, StoreConfig
 from ..pipeline import undo_merge
 from ..store import hours_now
-from ..store.lance_store import LanceStore
 from .cli import job
 from .common import open_store, typed, user_errors
 
@@ -123,9 +122,8 @@ def run_undo(cfg: DictConfig) -> dict[str, Any]:
         recs = undo_merge(snap.records, merge_id)
         restored = meta["id"][meta["merged_into"].eq(merge_id).to_numpy()].tolist()
         ev = [{"op": "undo", "id": merge_id, "restored": restored}]
-        extra = {"op": "undo"} if isinstance(store, LanceStore) else {}
         commit = store.commit(
-            recs, ev, base=snap, pass_time_h=snap.last_pass_at or hours_now(), **extra
+            recs, ev, base=snap, pass_time_h=snap.last_pass_at or hours_now(), op="undo"
         )
     return {**out, "undone": [merge_id], "restored": restored, **commit}
 

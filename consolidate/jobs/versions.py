@@ -22,13 +22,12 @@ def run_versions(cfg: DictConfig) -> dict[str, Any]:
         StoreNotFoundError / CorruptStoreError / LockTimeoutError: see the store.
     """
     from ..store import CorruptStoreError
-    from ..store.lance_store import LanceStore
 
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
     store, _ = open_store(cfg, build=False)
-    if not isinstance(store, LanceStore):
+    if not store.TIME_TRAVEL:
         raise ValueError(
-            f"{store.root} is a Parquet store: versions need a Lance store "
+            f"{store.root} is a {store.FORMAT.capitalize()} store: versions need a Lance store "
             f"(consolidate-convert src={store.root} dst=NEW)"
         )
     act = cfg.action

@@ -1,6 +1,7 @@
-"""Memory store: schema, validation, the Lance store (default) and the Parquet store,
-importers."""
+"""Memory store: one interface (:class:`MemoryStore`), two formats side by side (the Lance
+store, the default, and the Parquet store), the record schema and validation, importers."""
 
+from .base import MemoryStore
 from .batch import MemoryBatch, resolve_device
 from .lance_store import LanceStore, open_store_dir
 from .schema import (
@@ -16,13 +17,18 @@ from .store import (
     ConcurrentCommitError,
     CorruptStoreError,
     LockTimeoutError,
+    ParquetStore,
     Snapshot,
     Store,
+    StoreBase,
     StoreNotFoundError,
     apply_touch,
 )
 
 __all__ = [
+    "MemoryStore",
+    "ParquetStore",
+    "StoreBase",
     "MemoryBatch",
     "resolve_device",
     "InvalidRecordsError",

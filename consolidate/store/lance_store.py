@@ -11,14 +11,14 @@ Layout of a store directory::
                              also named in that version's properties
     deltas/<time_ns>-<pid>-<rand>.touch.json   recall bookkeeping not yet folded
     deltas/<time_ns>-<pid>-<rand>.patch.json   write-path tombstones not yet folded
-    LOCK, WRITERS.LOCK, quarantine/            as in :class:`~consolidate.store.Store`
+    LOCK, WRITERS.LOCK, quarantine/            as in :class:`~consolidate.store.store.ParquetStore`
 
 Writes and what they cost (see ``eval/store_bench/``):
 
 * :meth:`LanceStore.append` checks the new ids against the stored ones with a filtered
   read of the ``id`` column (a BTREE index), then commits the rows as a Lance ``Append``:
   it never reads the whole store.
-* :meth:`~consolidate.store.Store.mark_used` and :meth:`~consolidate.store.Store.patch`
+* :meth:`~consolidate.store.store.StoreBase.mark_used` and :meth:`~consolidate.store.store.StoreBase.patch`
   look their ids up the same way and write a small delta file, replayed by every load
   (their semantics, e.g. a touch following ``merged_into``, stay in
   :func:`~consolidate.store.store.apply_touch` / :func:`~consolidate.store.store.apply_patch`).
@@ -67,7 +67,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -92,9 +92,10 @@ from .store import (
     CorruptStoreError,
     DeltaError,
     InvalidRecordsError,
+    ParquetStore,
     Pointer,
     Snapshot,
-    Store,
+    StoreBase,
     StoreNotFoundError,
     _crashpoint,
     _fsync_dir,
@@ -447,12 +448,20 @@ def store_format(root: str | os.PathLike) -> str | None:
     return FORMAT if d.get("format") == FORMAT else "parquet"
 
 
-def open_store_dir(root: str | os.PathLike, *, format: str = "lance", **kwargs: Any) -> Store:
+def open_store_dir(
+    root: str | os.PathLike,
+    *,
+    format: str = "lance",
+    retention_h: float | None = None,
+    **kwargs: Any,
+) -> StoreBase:
     """The store at ``root`` in its own format, or a new (not yet created) one in ``format``.
 
     Args:
         root: the store directory.
         format: ``"lance"`` or ``"parquet"``; used only when ``root`` holds no store.
+        retention_h: a Lance store's version retention (hours; ``None``: its default); a
+            Parquet store keeps ``keep_snapshots`` snapshot files and takes no retention.
         **kwargs: passed to the store class (``keep_snapshots``, ``quarantine``, ...).
 
     Raises:
@@ -462,19 +471,27 @@ def open_store_dir(root: str | os.PathLike, *, format: str = "lance", **kwargs: 
     if format not in (FORMAT, "parquet"):
         raise ValueError(f"store.format must be 'lance' or 'parquet', got {format!r}")
     found = store_format(root) or format
-    return LanceStore(root, **kwargs) if found == FORMAT else Store(root, **kwargs)
+    if found == FORMAT:
+        extra = {} if retention_h is None else {"retention_h": retention_h}
+        return LanceStore(root, **extra, **kwargs)
+    return ParquetStore(root, **kwargs)
 
 
-class LanceStore(Store):
+class LanceStore(StoreBase):
     """A memory store backed by a Lance dataset (see the module docstring for the layout and
-    the writers' protocol). Same constructor and methods as :class:`Store`;
+    the writers' protocol). The same interface as the Parquet store
+    (:class:`~consolidate.store.base.MemoryStore`), beside it, not derived from it;
     ``keep_snapshots`` is the number of versions kept by :meth:`cleanup` (at least; Lance
     also keeps every version newer than ``retention_h``).
 
     Args:
         retention_h: :meth:`cleanup` removes versions older than this many hours.
-        **kwargs: see :class:`Store`.
+        **kwargs: see :class:`~consolidate.store.store.StoreBase`.
     """
+
+    FORMAT: ClassVar[str] = FORMAT
+    PARTIAL_LOADS: ClassVar[bool] = True
+    TIME_TRAVEL: ClassVar[bool] = True
 
     def __init__(
         self, root: str | os.PathLike, *, retention_h: float = 7 * 24, **kwargs: Any
@@ -483,6 +500,19 @@ class LanceStore(Store):
         if not retention_h >= 0:
             raise ValueError(f"retention_h must be >= 0, got {retention_h!r}")
         self.retention_h = float(retention_h)
+
+    def options(self) -> dict[str, Any]:
+        """The constructor settings of this handle (with ``retention_h``)."""
+        return {**super().options(), "retention_h": self.retention_h}
+
+    def namespaces(self) -> set[str]:
+        """Every namespace of the store, live or not: one column of the newest version."""
+        t = self._open().to_table(columns=["namespace"])
+        return set(t.column("namespace").unique().to_pylist())
+
+    def maintain(self) -> dict[str, Any] | None:
+        """:meth:`cleanup` (compaction, old versions), under :meth:`lock`."""
+        return self.cleanup()
 
     # ------------------------------------------------------------ marker and dataset
     @property
@@ -1210,7 +1240,7 @@ class LanceStore(Store):
     # ------------------------------------------------------------ create
     def _create_here(self, records: Records, source: str) -> None:
         """Write version 1 of checked ``records`` at ``root`` (a new folder; see
-        :meth:`Store.create`): the dataset, its ``id`` index, then ``CURRENT``."""
+        :meth:`StoreBase.create`): the dataset, its ``id`` index, then ``CURRENT``."""
         records.meta["text_hash"] = text_hashes(records.meta["text"].tolist())
         self._dirs()
         with self.lock():
@@ -1240,8 +1270,8 @@ class LanceStore(Store):
 
     def _dirs(self) -> None:
         super()._dirs()
-        with contextlib.suppress(OSError):
-            (self.root / "snapshots").rmdir()  # the Parquet layout's; unused here
+        with contextlib.suppress(OSError):  # an empty one left by older versions of this code
+            (self.root / "snapshots").rmdir()
 
     def _changelog(self, events: list[dict[str, Any]], version: int, dry_run: bool = False) -> str:
         """Write the changelog of the commit expected to become ``version`` (writes are
@@ -2628,7 +2658,7 @@ def _changes(
     return upsert, sid[gone].tolist(), np.sort(np.concatenate([sp[diff], np.flatnonzero(gone)]))
 
 
-def convert(src: Store, dst: LanceStore) -> dict[str, Any]:
+def convert(src: StoreBase, dst: LanceStore) -> dict[str, Any]:
     """Copy the store ``src`` (its newest snapshot with pending deltas applied) into a new
     Lance store ``dst`` (an empty or new directory). ``src`` is not changed.
 
@@ -2636,7 +2666,7 @@ def convert(src: Store, dst: LanceStore) -> dict[str, Any]:
         ``{"records", "version", "source_version"}``.
 
     Raises:
-        FileExistsError: ``dst`` is not empty. See also :meth:`Store.load`.
+        FileExistsError: ``dst`` is not empty. See also :meth:`ParquetStore.load`.
     """
     with src.lock():
         snap = src.load()

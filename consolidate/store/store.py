@@ -24,6 +24,7 @@ drops it when its process dies, so a crashed pass cannot leave it held.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import copy
 import dataclasses
@@ -43,7 +44,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -356,12 +357,17 @@ class Snapshot:
         return MemoryBatch.from_records(recs, device=device)
 
 
-class Store:
-    """A memory store directory (see the module docstring for the layout).
+class StoreBase(abc.ABC):
+    """What the Lance store and the Parquet store share: the constructor's settings, the
+    delta files (appends, recall bookkeeping, patches) and their checks, quarantine, the
+    pass lock and the writers' lock, :meth:`create`, :meth:`mark_used`, :meth:`patch` and
+    :meth:`transact`. A subclass is one on-disk format (:class:`ParquetStore`,
+    :class:`~consolidate.store.lance_store.LanceStore`); the interface both give is
+    :class:`~consolidate.store.base.MemoryStore`.
 
     Args:
         root: the store directory.
-        keep_snapshots: how many snapshots (with changelogs) to keep after a commit (>= 1).
+        keep_snapshots: how many versions (with changelogs) to keep after a commit (>= 1).
         quarantine: if ``True``, invalid rows met by :meth:`append` or :meth:`load` are moved
             to ``quarantine/`` and the rest goes on; if ``False`` (default), they raise
             :class:`InvalidRecordsError` and nothing is written.
@@ -369,15 +375,23 @@ class Store:
             ``deleted_at`` later than now by more is refused at write, and by more than
             :data:`READ_SKEW` times it at load and commit (writer and reader clocks may each
             be off).
-        vector_dtype: how snapshots written through this handle store vectors (``fp32``,
+        vector_dtype: how versions written through this handle store vectors (``fp32``,
             ``fp16``, ``bf16``, ``int8``; see :mod:`consolidate.store.vectors`); ``None``
             keeps the store's own (``fp32`` for a new store). Deltas written by
-            :meth:`append` use the dtype of the current snapshot. Converting to a smaller
+            :meth:`append` use the dtype of the current version. Converting to a smaller
             dtype is lossy and one-way.
 
     Raises:
         ValueError: ``keep_snapshots < 1`` or an unknown ``vector_dtype``.
     """
+
+    #: the on-disk format, ``"parquet"`` or ``"lance"`` (``store.format``)
+    FORMAT: ClassVar[str] = ""
+    #: :meth:`load` can read some namespaces only, and :meth:`trigger` fires per namespace
+    #: (what the nightly trigger and a fleet run need)
+    PARTIAL_LOADS: ClassVar[bool] = False
+    #: every commit is a version that can be read back later (``consolidate-versions``)
+    TIME_TRAVEL: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -403,49 +417,13 @@ class Store:
         return self.root / POINTER
 
     def _dirs(self) -> None:
-        for d in ("snapshots", "changelogs", "deltas"):
+        for d in ("changelogs", "deltas"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
         for lock in ("LOCK", "WRITERS.LOCK"):
             (self.root / lock).touch()
 
     def exists(self) -> bool:
         return self.pointer_path.exists()
-
-    def head(self) -> Pointer:
-        """The current pointer. Raises :class:`StoreNotFoundError` if there is none."""
-        try:
-            text = self.pointer_path.read_text()
-        except FileNotFoundError:
-            raise StoreNotFoundError(f"no store at {self.root} (missing {POINTER})") from None
-        except NotADirectoryError:
-            raise StoreNotFoundError(f"{self.root} is not a directory") from None
-        except IsADirectoryError:
-            raise CorruptStoreError(
-                f"{self.pointer_path} is a folder, not a pointer file"
-            ) from None
-        except UnicodeDecodeError as e:
-            raise CorruptStoreError(
-                f"{self.pointer_path} is not a valid pointer (not UTF-8: {e})"
-            ) from None
-        try:
-            ptr = Pointer.from_json(text)
-            if not (
-                isinstance(ptr.version, int)
-                and isinstance(ptr.dim, int)
-                and isinstance(ptr.snapshot, str)
-                and ptr.version >= 1
-                and ptr.dim >= 1
-            ):
-                raise ValueError("version, dim or snapshot has the wrong type")
-            check_vector_dtype(ptr.vector_dtype)
-            _check_pointer_names(ptr)
-            _check_pointer_values(ptr)
-            return ptr
-        except (ValueError, TypeError, AttributeError, KeyError) as e:  # incl. not UTF-8
-            raise CorruptStoreError(
-                f"{self.pointer_path} is not a valid pointer ({e}); the "
-                f"snapshots in {self.root / 'snapshots'} are untouched"
-            ) from e
 
     # ------------------------------------------------------------ create
     def create(self, records: Records, *, source: str = "records") -> Snapshot:
@@ -486,20 +464,6 @@ class Store:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
         return self.load()
-
-    def _create_here(self, records: Records, source: str) -> None:
-        """Write version 1 of checked ``records`` at ``root`` (a new folder)."""
-        self._dirs()
-        with self.lock():
-            ev = [{"op": "create", "source": source, "records": len(records)}]
-            self._write_version(
-                1,
-                records,
-                events=ev,
-                folded=(),
-                last_pass_at=None,
-                vector_dtype=self.vector_dtype or "fp32",
-            )
 
     def _create_checked(self, records: Records, source: str) -> Records:
         """The checks every :meth:`create` makes before it writes: no store and an empty
@@ -560,49 +524,6 @@ class Store:
             ).extend(reserved.tolist())
         records.meta["last_pass"] = np.nan
         return records
-
-    # ------------------------------------------------------------ read
-    def load(self, *, validate_records: bool = True) -> Snapshot:
-        """Read the current snapshot and apply pending deltas.
-
-        Raises:
-            StoreNotFoundError: no store here.
-            InvalidRecordsError: a record in the snapshot or a delta is invalid; the message
-                names the file and the record ids. In quarantine mode the bad rows are moved
-                to ``quarantine/`` instead (the snapshot file itself is not changed).
-        """
-        ptr = self.head()
-        path = self.root / "snapshots" / ptr.snapshot
-        try:
-            if validate_records and ptr.snapshot_sha256 is not None:
-                got = _file_sha256(path)
-                if got != ptr.snapshot_sha256:
-                    raise CorruptStoreError(
-                        f"snapshot {path} does not match the sha256 recorded in "
-                        f"{self.pointer_path} (the file changed after it was written: a "
-                        f"flipped bit, a partial copy); restore it from a backup or point "
-                        f"CURRENT at an older snapshot"
-                    )
-            table = _read_parquet(path)
-            if ptr.rows is not None and table.num_rows != ptr.rows:
-                raise CorruptStoreError(
-                    f"snapshot {path} has {table.num_rows} rows, "
-                    f"{self.pointer_path} records {ptr.rows}"
-                )
-            recs = records_from_arrow(table, dim=ptr.dim)
-        except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
-            raise CorruptStoreError(
-                f"cannot read snapshot {path} named by {self.pointer_path}: {e}"
-            ) from e
-        del table  # its columns are decoded: do not hold both through validation
-        if validate_records:
-            recs = self._checked(recs, dim=ptr.dim, source=str(path), existing=None, reading=True)
-        applied, new_ids = [], []
-        for name in self._pending(ptr):
-            recs, added = self._apply_delta(recs, name, ptr.dim, validate_records)
-            applied.append(name)
-            new_ids += added
-        return Snapshot(ptr.version, recs, ptr.dim, tuple(applied), new_ids, path, ptr.last_pass_at)
 
     def _pending(self, ptr: Pointer) -> list[str]:
         d = self.root / "deltas"
@@ -667,46 +588,6 @@ class Store:
             msg = f"delta {path}: {msg}"
         self.refused_deltas.append(msg)
         _log.warning("refused %s", msg)
-
-    # ------------------------------------------------------------ write (no lock)
-    def append(self, records: Records | Iterable[Mapping[str, Any]]) -> list[str]:
-        """Add new records through a delta file; safe while a pass runs.
-
-        Vectors are rescaled to unit length. ``text_hash`` is recomputed.
-
-        Args:
-            records: :class:`Records` or dicts (see :func:`records_from_rows`).
-
-        Returns:
-            The ids written (empty if every row went to quarantine).
-
-        Raises:
-            InvalidRecordsError: a record is invalid (also a duplicate of a stored id); the
-                message names the record ids; nothing is written (unless quarantine mode).
-        """
-        ptr = self.head()
-        records = self._new_rows(records, ptr.dim)
-        # the check against stored ids and the write happen under a writers' lock, so two
-        # concurrent appends of one id cannot both pass (passes do not take this lock)
-        with self._writers_lock():
-            view = self.load(validate_records=False)
-            if view.dim != ptr.dim:  # re-embedded meanwhile: checked against the new store
-                ptr = self.head()
-            records = self._checked(
-                records,
-                dim=view.dim,
-                source=f"append() to {self.root}",
-                existing=set(view.records.meta["id"]),
-            )
-            if not len(records):
-                return []
-            normalise_vectors(records)
-            name = self._delta_name("parquet")
-            _write_atomic(
-                self.root / "deltas" / name,
-                lambda p: _write_parquet(records_to_arrow(records, ptr.vector_dtype), p),
-            )
-        return list(records.meta["id"])
 
     @contextlib.contextmanager
     def _writers_lock(self, timeout_s: float = 60.0) -> Iterator[None]:
@@ -831,13 +712,6 @@ class Store:
             lambda p: p.write_text(payload),
             crash_tag="patch",
         )
-
-    def _stored(self, ids: Sequence[Any]) -> pd.DataFrame:
-        """``id`` and ``pinned`` of the stored records among ``ids`` (pending deltas
-        included); one row per known id."""
-        meta = self.load(validate_records=False).records.meta
-        wanted = {i for i in ids if isinstance(i, str)}
-        return meta.loc[meta["id"].isin(wanted), ["id", "pinned"]]
 
     def _check_time(self, what: str, t: object, wall: float) -> None:
         """Refuse a write time that is not finite hours since the epoch or lies in the
@@ -971,6 +845,28 @@ class Store:
                 records, list(events), base=snap, dry_run=dry_run, pass_time_h=pass_time_h
             )
 
+    # ------------------------------------------------------------ the format's own
+    @abc.abstractmethod
+    def head(self) -> Any:
+        """The current version's marker; :class:`StoreNotFoundError` if there is none."""
+
+    @abc.abstractmethod
+    def _create_here(self, records: Records, source: str) -> None:
+        """Write the first version of checked ``records`` into the (locked) directory."""
+
+    @abc.abstractmethod
+    def load(self, *, validate_records: bool = True) -> Snapshot:
+        """The current version with the deltas not yet folded (see the subclass)."""
+
+    @abc.abstractmethod
+    def append(self, records: Records | Iterable[Mapping[str, Any]]) -> list[str]:
+        """Add new memories without the pass lock; returns their ids."""
+
+    @abc.abstractmethod
+    def _stored(self, ids: Sequence[Any]) -> pd.DataFrame:
+        """The stored rows of ``ids`` (id, namespace, pinned, deleted_at, ...)."""
+
+    @abc.abstractmethod
     def commit(
         self,
         records: Records,
@@ -979,6 +875,193 @@ class Store:
         base: Snapshot,
         dry_run: bool = False,
         pass_time_h: float | None = None,
+        op: str = "pass",
+    ) -> dict[str, Any]:
+        """Commit a pass's (or an undo's) records as the next version, under :meth:`lock`."""
+
+    @abc.abstractmethod
+    def snapshots(self) -> list[int]:
+        """The versions retained, ascending."""
+
+    def options(self) -> dict[str, Any]:
+        """The constructor settings of this handle, for a new store like it."""
+        return {
+            "keep_snapshots": self.keep_snapshots,
+            "quarantine": self.quarantine,
+            "future_tolerance_h": self.future_tolerance_h,
+            "vector_dtype": self.vector_dtype,
+        }
+
+    def namespaces(self) -> set[str]:
+        """Every namespace of the store, live or not (read from the current version)."""
+        return set(self.load().records.meta["namespace"].unique())
+
+    def maintain(self) -> dict[str, Any] | None:
+        """Housekeeping after a commit that wrote a version (the Lance store compacts and
+        removes old versions); ``None`` where a commit already did it (Parquet)."""
+        return None
+
+
+class ParquetStore(StoreBase):
+    """The Parquet store: a snapshot file per version and a pointer swapped atomically (see
+    the module docstring for the layout). Every commit rewrites the snapshot. Constructor:
+    :class:`StoreBase`."""
+
+    FORMAT: ClassVar[str] = "parquet"
+
+    def _dirs(self) -> None:
+        super()._dirs()
+        (self.root / "snapshots").mkdir(parents=True, exist_ok=True)
+
+    def head(self) -> Pointer:
+        """The current pointer. Raises :class:`StoreNotFoundError` if there is none."""
+        try:
+            text = self.pointer_path.read_text()
+        except FileNotFoundError:
+            raise StoreNotFoundError(f"no store at {self.root} (missing {POINTER})") from None
+        except NotADirectoryError:
+            raise StoreNotFoundError(f"{self.root} is not a directory") from None
+        except IsADirectoryError:
+            raise CorruptStoreError(
+                f"{self.pointer_path} is a folder, not a pointer file"
+            ) from None
+        except UnicodeDecodeError as e:
+            raise CorruptStoreError(
+                f"{self.pointer_path} is not a valid pointer (not UTF-8: {e})"
+            ) from None
+        try:
+            ptr = Pointer.from_json(text)
+            if not (
+                isinstance(ptr.version, int)
+                and isinstance(ptr.dim, int)
+                and isinstance(ptr.snapshot, str)
+                and ptr.version >= 1
+                and ptr.dim >= 1
+            ):
+                raise ValueError("version, dim or snapshot has the wrong type")
+            check_vector_dtype(ptr.vector_dtype)
+            _check_pointer_names(ptr)
+            _check_pointer_values(ptr)
+            return ptr
+        except (ValueError, TypeError, AttributeError, KeyError) as e:  # incl. not UTF-8
+            raise CorruptStoreError(
+                f"{self.pointer_path} is not a valid pointer ({e}); the "
+                f"snapshots in {self.root / 'snapshots'} are untouched"
+            ) from e
+
+    def _create_here(self, records: Records, source: str) -> None:
+        """Write version 1 of checked ``records`` at ``root`` (a new folder)."""
+        self._dirs()
+        with self.lock():
+            ev = [{"op": "create", "source": source, "records": len(records)}]
+            self._write_version(
+                1,
+                records,
+                events=ev,
+                folded=(),
+                last_pass_at=None,
+                vector_dtype=self.vector_dtype or "fp32",
+            )
+
+    # ------------------------------------------------------------ read
+    def load(self, *, validate_records: bool = True) -> Snapshot:
+        """Read the current snapshot and apply pending deltas.
+
+        Raises:
+            StoreNotFoundError: no store here.
+            InvalidRecordsError: a record in the snapshot or a delta is invalid; the message
+                names the file and the record ids. In quarantine mode the bad rows are moved
+                to ``quarantine/`` instead (the snapshot file itself is not changed).
+        """
+        ptr = self.head()
+        path = self.root / "snapshots" / ptr.snapshot
+        try:
+            if validate_records and ptr.snapshot_sha256 is not None:
+                got = _file_sha256(path)
+                if got != ptr.snapshot_sha256:
+                    raise CorruptStoreError(
+                        f"snapshot {path} does not match the sha256 recorded in "
+                        f"{self.pointer_path} (the file changed after it was written: a "
+                        f"flipped bit, a partial copy); restore it from a backup or point "
+                        f"CURRENT at an older snapshot"
+                    )
+            table = _read_parquet(path)
+            if ptr.rows is not None and table.num_rows != ptr.rows:
+                raise CorruptStoreError(
+                    f"snapshot {path} has {table.num_rows} rows, "
+                    f"{self.pointer_path} records {ptr.rows}"
+                )
+            recs = records_from_arrow(table, dim=ptr.dim)
+        except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
+            raise CorruptStoreError(
+                f"cannot read snapshot {path} named by {self.pointer_path}: {e}"
+            ) from e
+        del table  # its columns are decoded: do not hold both through validation
+        if validate_records:
+            recs = self._checked(recs, dim=ptr.dim, source=str(path), existing=None, reading=True)
+        applied, new_ids = [], []
+        for name in self._pending(ptr):
+            recs, added = self._apply_delta(recs, name, ptr.dim, validate_records)
+            applied.append(name)
+            new_ids += added
+        return Snapshot(ptr.version, recs, ptr.dim, tuple(applied), new_ids, path, ptr.last_pass_at)
+
+    # ------------------------------------------------------------ write (no lock)
+    def append(self, records: Records | Iterable[Mapping[str, Any]]) -> list[str]:
+        """Add new records through a delta file; safe while a pass runs.
+
+        Vectors are rescaled to unit length. ``text_hash`` is recomputed.
+
+        Args:
+            records: :class:`Records` or dicts (see :func:`records_from_rows`).
+
+        Returns:
+            The ids written (empty if every row went to quarantine).
+
+        Raises:
+            InvalidRecordsError: a record is invalid (also a duplicate of a stored id); the
+                message names the record ids; nothing is written (unless quarantine mode).
+        """
+        ptr = self.head()
+        records = self._new_rows(records, ptr.dim)
+        # the check against stored ids and the write happen under a writers' lock, so two
+        # concurrent appends of one id cannot both pass (passes do not take this lock)
+        with self._writers_lock():
+            view = self.load(validate_records=False)
+            if view.dim != ptr.dim:  # re-embedded meanwhile: checked against the new store
+                ptr = self.head()
+            records = self._checked(
+                records,
+                dim=view.dim,
+                source=f"append() to {self.root}",
+                existing=set(view.records.meta["id"]),
+            )
+            if not len(records):
+                return []
+            normalise_vectors(records)
+            name = self._delta_name("parquet")
+            _write_atomic(
+                self.root / "deltas" / name,
+                lambda p: _write_parquet(records_to_arrow(records, ptr.vector_dtype), p),
+            )
+        return list(records.meta["id"])
+
+    def _stored(self, ids: Sequence[Any]) -> pd.DataFrame:
+        """``id`` and ``pinned`` of the stored records among ``ids`` (pending deltas
+        included); one row per known id."""
+        meta = self.load(validate_records=False).records.meta
+        wanted = {i for i in ids if isinstance(i, str)}
+        return meta.loc[meta["id"].isin(wanted), ["id", "pinned"]]
+
+    def commit(
+        self,
+        records: Records,
+        events: list[dict[str, Any]],
+        *,
+        base: Snapshot,
+        dry_run: bool = False,
+        pass_time_h: float | None = None,
+        op: str = "pass",
     ) -> dict[str, Any]:
         """Write ``records`` as snapshot ``base.version + 1`` with its changelog and swap.
 
@@ -993,6 +1076,8 @@ class Store:
             base: the snapshot the pass read.
             dry_run: write only the changelog (``changelogs/dry-run-<N+1>-<time>.jsonl``).
             pass_time_h: wall time of the pass (hours since epoch) stored in the pointer.
+            op: what wrote the version (``"pass"``, ``"undo"``); the changelog's events say
+                it here, a Lance version also in its properties.
 
         Returns:
             ``{"version", "snapshot", "changelog", "carried_records", "carried_touches"}``.
@@ -1152,6 +1237,10 @@ class Store:
         """Versions of the snapshot files present (retained history), ascending."""
         d = self.root / "snapshots"
         return sorted(int(m.group(1)) for p in d.iterdir() if (m := _SNAP.match(p.name)))
+
+
+#: the Parquet store's first name (``from consolidate.store import Store``)
+Store = ParquetStore
 
 
 def _write_parquet(table: pa.Table, path: Path) -> None:
