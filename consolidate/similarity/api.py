@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from ..device import resolve_device
+from ..registry import did_you_mean
 from .engines import get_engine, names
 from .tiling import auto_tile
 from .types import DTYPE_MARGIN, TORCH_DTYPE, Engine, Pairs, TopK
@@ -94,7 +95,10 @@ def _resolve_engine(engine: str, dev: torch.device) -> str:
         ImportError: ``"triton"`` without triton installed.
     """
     if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
+        raise ValueError(
+            f"engine must be one of {list(ENGINES)}, got {engine!r}"
+            f"{did_you_mean(str(engine), ENGINES)}"
+        )
     if engine == "auto":
         # triton is not even tried on cpu (the interpreter is for tests)
         return "triton" if dev.type == "cuda" and _usable(get_engine("triton"), dev) else "torch"

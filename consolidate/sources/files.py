@@ -724,7 +724,7 @@ class FileSource:
         journal: undoing it again does nothing.
 
         Raises:
-            UndoTargetError: ``target`` names no applied plan or merge, or several.
+            UndoTargetError: ``target`` names no applied plan, merge or drop, or several.
             ValueError: the file changed while the undo ran (nothing written).
         """
         from ..pipeline.undo import undo_merge

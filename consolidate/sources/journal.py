@@ -86,8 +86,8 @@ def match_target(
         ``(plan_id, units)``: every unit of a plan, or the one unit of a key.
 
     Raises:
-        UndoTargetError: no match, a prefix shorter than 4 characters, or several matches
-            (names up to 5 of them).
+        UndoTargetError: no match, a prefix shorter than 4 characters that some id starts
+            with, or several matches (names up to 5 of them).
     """
     t = str(target).strip()
     if not t:
@@ -104,19 +104,21 @@ def match_target(
         exact = [(todo or exact)[-1]]
     hits = exact
     if not hits:
-        if len(t) < MIN_PREFIX:
-            raise UndoTargetError(
-                f"{t!r} is too short to undo by prefix: give at least {MIN_PREFIX} characters"
-            )
         hits = [(p, None) for p in plans if p["plan_id"].startswith(t)] + [
             (p, u) for p in plans for u in p["units"] if str(u["key"]).startswith(t)
         ]
+        if hits and len(t) < MIN_PREFIX:
+            raise UndoTargetError(
+                f"{t!r} is too short to undo by prefix: give at least {MIN_PREFIX} characters"
+            )
     if not hits:
         hint = hint or (
             f"{len(plans)} plan(s) applied to this source; the plan id is in the run's "
             f"plan.json, merge ids in its events.jsonl"
         )
-        raise UndoTargetError(f"no applied plan or merge has an id starting with {t!r} ({hint})")
+        raise UndoTargetError(
+            f"no applied plan, merge or drop has an id starting with {t!r} ({hint})"
+        )
     names = {(p["plan_id"], None if u is None else u["key"]) for p, u in hits}
     if len(names) > 1:
         shown = sorted(f"plan {a}" if b is None else f"{b} (plan {a[:12]})" for a, b in names)

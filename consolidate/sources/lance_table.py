@@ -498,7 +498,7 @@ class LanceTable:
         does nothing) and its members kept apart by every later read.
 
         Raises:
-            UndoTargetError: ``target`` names no applied plan or merge, or several.
+            UndoTargetError: ``target`` names no applied plan, merge or drop, or several.
             LanceSourceError: the dataset cannot be read or the commit failed.
         """
         from ..store.lance_store import commit_update

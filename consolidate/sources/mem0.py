@@ -366,7 +366,7 @@ class Mem0Source:
         undoing it again does nothing.
 
         Raises:
-            UndoTargetError: ``target`` names no applied plan or merge, or several.
+            UndoTargetError: ``target`` names no applied plan, merge or drop, or several.
             ValueError: no journal folder (see the class).
         """
         if self.journal is None:

@@ -8,10 +8,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["open_source", "source_records", "SOURCE_KINDS"]
+from ..registry import Registry, did_you_mean
 
-#: the external source kinds (``store``, the default, is the store of ``store.*``)
-SOURCE_KINDS = ("pgvector", "mem0", "jsonl", "lance")
+__all__ = ["open_source", "source_records", "SOURCE_KINDS", "SOURCES"]
+
+#: kind -> ``"module:function"`` that opens it: ``function(src, embedder) -> (source, name)``
+#: (``store``, the default, is the store of ``store.*`` and not an external source)
+SOURCES = Registry(
+    "source",
+    {
+        "pgvector": "consolidate.sources.open:_open_pgvector",
+        "mem0": "consolidate.sources.open:_open_mem0",
+        "jsonl": "consolidate.sources.open:_open_jsonl",
+        "lance": "consolidate.sources.open:_open_lance",
+    },
+)
+#: the external source kinds registered with this package
+SOURCE_KINDS = SOURCES.names()
 
 
 def open_source(src: Any, embedder: Callable[[], Any] | None = None) -> tuple[Any, str]:
@@ -28,77 +41,94 @@ def open_source(src: Any, embedder: Callable[[], Any] | None = None) -> tuple[An
             then).
 
     Raises:
-        ValueError: another kind, or a setting the kind needs is missing, or (Mem0) its
-            local Qdrant folder is open in another process.
+        ValueError: a kind not in :data:`SOURCES` (with the closest), or a setting the kind
+            needs is missing, or (Mem0) its local Qdrant folder is open in another process.
         FileNotFoundError: (Mem0) no Qdrant folder at the configured path, unless
             ``source.allow_empty``.
         ImportError: the kind's package is not installed (names the extra to install).
     """
-    if src.kind == "jsonl":
-        from .files import FileSource
-
-        if not src.path:
-            raise ValueError("source=jsonl needs source.path=FILE (.jsonl, .parquet or .csv)")
-        return (
-            FileSource(
-                src.path,
-                src.namespace,
-                _Lazy(embedder) if embedder else None,
-                src.state_dir,
-                write=src.write,
-            ),
-            f"file {src.path}",
+    if src.kind not in SOURCES:
+        raise ValueError(
+            f"source must be store, {', '.join(SOURCE_KINDS)}; got {src.kind!r}"
+            f"{did_you_mean(str(src.kind), ('store', *SOURCE_KINDS))}"
         )
-    if src.kind == "lance":
-        from .lance_table import LanceColumns, LanceTable
+    opener: Callable[[Any, Callable[[], Any] | None], tuple[Any, str]] = SOURCES.load(src.kind)
+    return opener(src, embedder)
 
-        if not src.path:
-            raise ValueError(
-                "source=lance needs source.path=DATASET (a LanceDB table: <db>/<table>.lance)"
-            )
-        return (
-            LanceTable(src.path, LanceColumns(**_columns(src, LanceColumns)), src.state_dir),
-            f"Lance dataset {src.path}",
-        )
-    if src.kind == "mem0":
-        os.environ.setdefault("MEM0_TELEMETRY", "False")
-        from .mem0 import Mem0Source
 
-        if not src.mem0:
-            raise ValueError("source=mem0 needs source.mem0 (Memory.from_config's config)")
-        try:
-            from mem0 import Memory
-        except ImportError as e:
-            raise ImportError('source=mem0 needs mem0ai: pip install "consolidate[mem0]"') from e
-        local = _local_qdrant(src.mem0)
-        if local is not None and not Path(local).exists() and not src.allow_empty:
-            raise FileNotFoundError(
-                f"source.mem0.vector_store.config.path: no Qdrant folder at {local} (Mem0 "
-                f"would start a new, empty store there); source.allow_empty=true to start one"
-            )
-        if local is not None and Path(local).exists():
-            _check_qdrant(local, src)  # before Mem0 loads its embedding model
-        try:
-            memory = Memory.from_config(_plain(src.mem0))
-        except Exception as e:  # noqa: BLE001 - Mem0 raises its providers' own errors
-            if "already accessed by another instance" in str(e):
-                raise _locked(local) from None
-            if "api_key" not in str(e).lower() and "credentials" not in str(e).lower():
-                raise
-            raise ValueError(
-                f"Mem0 could not build the LLM client of its config ({str(e).splitlines()[0]})"
-                f": the pass never calls Mem0's LLM, but Mem0 builds one (OpenAI unless "
-                f"source.mem0.llm says otherwise); give it its key (OPENAI_API_KEY) or "
-                f"source.mem0.llm as your Mem0 uses it"
-            ) from None
-        return (
-            Mem0Source(
-                memory, src.namespace_key, src.importance_key, src.pinned_key, src.state_dir
-            ),
-            "mem0 store",
+def _open_jsonl(src: Any, embedder: Callable[[], Any] | None) -> tuple[Any, str]:
+    """``source=jsonl``: a JSONL, Parquet or CSV memory file."""
+    from .files import FileSource
+
+    if not src.path:
+        raise ValueError("source=jsonl needs source.path=FILE (.jsonl, .parquet or .csv)")
+    return (
+        FileSource(
+            src.path,
+            src.namespace,
+            _Lazy(embedder) if embedder else None,
+            src.state_dir,
+            write=src.write,
+        ),
+        f"file {src.path}",
+    )
+
+
+def _open_lance(src: Any, embedder: Callable[[], Any] | None) -> tuple[Any, str]:
+    """``source=lance``: a Lance dataset or LanceDB table of the user's schema."""
+    from .lance_table import LanceColumns, LanceTable
+
+    if not src.path:
+        raise ValueError(
+            "source=lance needs source.path=DATASET (a LanceDB table: <db>/<table>.lance)"
         )
-    if src.kind != "pgvector":
-        raise ValueError(f"source must be store, {', '.join(SOURCE_KINDS)}; got {src.kind!r}")
+    return (
+        LanceTable(src.path, LanceColumns(**_columns(src, LanceColumns)), src.state_dir),
+        f"Lance dataset {src.path}",
+    )
+
+
+def _open_mem0(src: Any, embedder: Callable[[], Any] | None) -> tuple[Any, str]:
+    """``source=mem0``: a Mem0 ``Memory`` built from ``source.mem0``; a local Qdrant folder is
+    checked (missing, locked) before Mem0 loads its embedding model."""
+    os.environ.setdefault("MEM0_TELEMETRY", "False")
+    from .mem0 import Mem0Source
+
+    if not src.mem0:
+        raise ValueError("source=mem0 needs source.mem0 (Memory.from_config's config)")
+    try:
+        from mem0 import Memory
+    except ImportError as e:
+        raise ImportError('source=mem0 needs mem0ai: pip install "consolidate[mem0]"') from e
+    local = _local_qdrant(src.mem0)
+    if local is not None and not Path(local).exists() and not src.allow_empty:
+        raise FileNotFoundError(
+            f"source.mem0.vector_store.config.path: no Qdrant folder at {local} (Mem0 "
+            f"would start a new, empty store there); source.allow_empty=true to start one"
+        )
+    if local is not None and Path(local).exists():
+        _check_qdrant(local, src)  # before Mem0 loads its embedding model
+    try:
+        memory = Memory.from_config(_plain(src.mem0))
+    except Exception as e:  # noqa: BLE001 - Mem0 raises its providers' own errors
+        if "already accessed by another instance" in str(e):
+            raise _locked(local) from None
+        if "api_key" not in str(e).lower() and "credentials" not in str(e).lower():
+            raise
+        raise ValueError(
+            f"Mem0 could not build the LLM client of its config ({str(e).splitlines()[0]})"
+            f": the pass never calls Mem0's LLM, but Mem0 builds one (OpenAI unless "
+            f"source.mem0.llm says otherwise); give it its key (OPENAI_API_KEY) or "
+            f"source.mem0.llm as your Mem0 uses it"
+        ) from None
+    return (
+        Mem0Source(memory, src.namespace_key, src.importance_key, src.pinned_key, src.state_dir),
+        "mem0 store",
+    )
+
+
+def _open_pgvector(src: Any, embedder: Callable[[], Any] | None) -> tuple[Any, str]:
+    """``source=pgvector``: a PostgreSQL + pgvector table with the user's column names."""
     from .pgvector import PgColumns, PgVectorTable
 
     if not src.dsn or not src.table:

@@ -782,7 +782,7 @@ class PgVectorTable:
         gives the pass as ``keep_apart``. Update units (strength, last use) are not undone.
 
         Raises:
-            UndoTargetError: ``target`` names no applied plan or merge, or several.
+            UndoTargetError: ``target`` names no applied plan, merge or drop, or several.
             PgSourceError: no connection, or an apply holds a namespace (nothing written).
         """
         from psycopg import sql

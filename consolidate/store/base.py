@@ -14,7 +14,7 @@ class:
 * ``TIME_TRAVEL``: every commit stays readable as a version (``consolidate-versions``).
 
 Open a store with :func:`~consolidate.store.lance_store.open_store_dir`, which picks the class
-from the folder's ``CURRENT`` marker.
+from the folder's ``CURRENT`` marker through :data:`FORMATS`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,18 @@ if TYPE_CHECKING:
     from .schema import Records
     from .store import Snapshot
 
-__all__ = ["MemoryStore"]
+from ..registry import Registry
+
+__all__ = ["MemoryStore", "FORMATS"]
+
+#: ``store.format`` -> the class of that format
+FORMATS = Registry(
+    "store format",
+    {
+        "lance": "consolidate.store.lance_store:LanceStore",
+        "parquet": "consolidate.store.store:ParquetStore",
+    },
+)
 
 
 @runtime_checkable

@@ -74,7 +74,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..registry import did_you_mean
 from ..text import text_hashes
+from .base import FORMATS
 from .schema import (
     COLUMNS,
     Problem,
@@ -92,7 +94,6 @@ from .store import (
     CorruptStoreError,
     DeltaError,
     InvalidRecordsError,
-    ParquetStore,
     Pointer,
     Snapshot,
     StoreBase,
@@ -468,13 +469,17 @@ def open_store_dir(
         ValueError: an unknown ``format``.
         CorruptStoreError: ``CURRENT`` is unreadable.
     """
-    if format not in (FORMAT, "parquet"):
-        raise ValueError(f"store.format must be 'lance' or 'parquet', got {format!r}")
+    if format not in FORMATS:
+        raise ValueError(
+            f"store.format must be {' or '.join(map(repr, FORMATS))}, got {format!r}"
+            f"{did_you_mean(str(format), FORMATS.names())}"
+        )
     found = store_format(root) or format
-    if found == FORMAT:
-        extra = {} if retention_h is None else {"retention_h": retention_h}
-        return LanceStore(root, **extra, **kwargs)
-    return ParquetStore(root, **kwargs)
+    cls = FORMATS.load(found)
+    if retention_h is not None and cls.TIME_TRAVEL:  # a store that keeps versions
+        kwargs["retention_h"] = retention_h
+    store: StoreBase = cls(root, **kwargs)
+    return store
 
 
 class LanceStore(StoreBase):

@@ -1,32 +1,35 @@
 """Registry of the similarity engines: name -> ``"module:attr"`` of an
-:class:`~consolidate.similarity.types.Engine`, imported on first use.
+:class:`~consolidate.similarity.types.Engine`, imported on first use (a
+:class:`~consolidate.registry.Registry`).
 
 Importing this package imports no engine (and so neither triton nor faiss):
 :func:`get_engine` imports the engine's module when an engine is chosen. Registering an
-engine is one entry in :data:`REGISTRY`; its module defines an ``Engine`` (the interface
+engine is one entry in :data:`REGISTRY` (``REGISTRY.register(name, "module:attr")``); its module defines an ``Engine`` (the interface
 that :mod:`consolidate.similarity.api` calls after its checks and segment sorting) and
 imports nothing from :mod:`consolidate.similarity.api` or :mod:`consolidate.store`.
 """
 
 from __future__ import annotations
 
-import importlib
-
+from ...registry import Registry
 from ..types import Engine
 
 __all__ = ["REGISTRY", "get_engine", "names"]
 
 #: engine name -> ``"module:attr"`` of its :class:`~consolidate.similarity.types.Engine`
-REGISTRY: dict[str, str] = {
-    "torch": "consolidate.similarity.engines.torch_engine:ENGINE",
-    "triton": "consolidate.similarity.engines.triton_engine:ENGINE",
-    "faiss": "consolidate.similarity.engines.faiss_engine:ENGINE",
-}
+REGISTRY = Registry(
+    "similarity engine",
+    {
+        "torch": "consolidate.similarity.engines.torch_engine:ENGINE",
+        "triton": "consolidate.similarity.engines.triton_engine:ENGINE",
+        "faiss": "consolidate.similarity.engines.faiss_engine:ENGINE",
+    },
+)
 
 
 def names() -> tuple[str, ...]:
     """Registered engine names, in registration order."""
-    return tuple(REGISTRY)
+    return REGISTRY.names()
 
 
 def get_engine(name: str) -> Engine:
@@ -36,14 +39,10 @@ def get_engine(name: str) -> Engine:
     the first), so a module replaced there is the one used.
 
     Raises:
-        ValueError: ``name`` is not registered.
+        ValueError: ``name`` is not registered (with the closest registered name).
+        TypeError: the registered object is not an :class:`Engine`.
     """
-    try:
-        target = REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown engine {name!r}; registered: {list(REGISTRY)}") from None
-    module, _, attr = target.partition(":")
-    engine = getattr(importlib.import_module(module), attr)
+    engine = REGISTRY.load(name)
     if not isinstance(engine, Engine):
-        raise TypeError(f"{target} is a {type(engine).__name__}, not an Engine")
+        raise TypeError(f"{REGISTRY[name]} is a {type(engine).__name__}, not an Engine")
     return engine
