@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from ..nightly import format_summary, run_consolidate  # noqa: F401  (this job's library)
+from ..nightly import run_consolidate  # noqa: F401  (this job's library)
+from ..summary import format_summary  # noqa: F401  (printed below; tests import it here)
 from .cli import job
 from .common import user_errors
 
