@@ -160,7 +160,12 @@ def ingest(
     device: str = "cpu",
 ) -> dict[str, Any]:
     """Run the write path over ``turns`` into ``store`` (created from the first ADDs if it
-    does not exist yet).
+    does not exist yet), in four phases: extract (one request per trusted turn, one retry,
+    grounding), neighbours (embed the facts, top-s stored memories per fact in its
+    namespace, the exact-duplicate and add-below prefilter), decide (one request per turn
+    for its undecided facts, a retry for an unusable or malformed answer) and apply (in
+    order, the first decision touching a memory wins; writes the new rows, then the
+    tombstones).
 
     Args:
         store: the target store.
@@ -175,187 +180,277 @@ def ingest(
         latency p50/p95 per stage (seconds), and ``events`` (every decision with the raw
         model answer) for the changelog.
     """
-    cfg = cfg or IngestConfig()
-    events: list[dict[str, Any]] = []
-    lat: dict[str, list[float]] = {"extract": [], "decide": []}
-    tokens = Counter()
-    calls = Counter()
+    run = _IngestRun(store, backend, embedder, cfg or IngestConfig(), device)
+    run.extract(turns)
+    run.neighbours()
+    run.decide()
+    run.apply()
+    return run.summary(turns)
 
-    def chat(stage: str, reqs: list) -> list:
-        out = backend.chat(reqs) if reqs else []
-        calls[stage] += len(out)
+
+class _IngestRun:
+    """One :func:`ingest` call: its phases as methods, sharing the events, the refused-facts
+    entries and the model-call accounting."""
+
+    def __init__(
+        self, store: MemoryStore, backend: LLMBackend, embedder: Any, cfg: IngestConfig, device: str
+    ) -> None:
+        self.store, self.backend, self.embedder = store, backend, embedder
+        self.cfg, self.device = cfg, device
+        self.events: list[dict[str, Any]] = []
+        self.refused: list[dict[str, Any]] = []  # the refused-facts log (refused_facts_path)
+        self.lat: dict[str, list[float]] = {"extract": [], "decide": []}
+        self.tokens: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+
+    def chat(self, stage: str, reqs: list) -> list:
+        """The backend's answers to ``reqs``, counted under ``stage``."""
+        out = self.backend.chat(reqs) if reqs else []
+        self.calls[stage] += len(out)
         for r in out:
-            lat[stage].append(r.latency_s)
-            tokens["prompt"] += r.prompt_tokens
-            tokens["completion"] += r.completion_tokens
+            self.lat[stage].append(r.latency_s)
+            self.tokens["prompt"] += r.prompt_tokens
+            self.tokens["completion"] += r.completion_tokens
         return out
 
-    ok_turns = [t for t in turns if trusted(t, cfg.allow_untrusted)]
-    refused: list[dict[str, Any]] = []  # the refused-facts log (see refused_facts_path)
-    for t in turns:
-        if not trusted(t, cfg.allow_untrusted):
-            events.append({"op": "skip_untrusted", "turn": t.id, "source": t.source})
-            refused.append(_refusal(t, None, "untrusted_source", t.source))
-    # ---- extract (one request per turn, one retry)
-    when = [datetime_from_hours(t.time_h).strftime("%d %B %Y") for t in ok_turns]
-    raw = chat(
-        "extract",
-        [
-            extract_request(t, w, cfg.extract_max_tokens)
-            for t, w in zip(ok_turns, when, strict=True)
-        ],
-    )
-    facts = [parse_facts(r.text) for r in raw]
-    bad = [k for k, f in enumerate(facts) if f is None]
-    if bad:
-        again = chat(
+    # ---- extract: one request per turn, one retry
+    def extract(self, turns: Sequence[Turn]) -> None:
+        """The facts of the trusted turns (``self.items``: ``(turn, k, fact)``); untrusted
+        turns, answers unusable twice and ungrounded facts are refused and logged."""
+        cfg, events, refused = self.cfg, self.events, self.refused
+        ok_turns = [t for t in turns if trusted(t, cfg.allow_untrusted)]
+        for t in turns:
+            if not trusted(t, cfg.allow_untrusted):
+                events.append({"op": "skip_untrusted", "turn": t.id, "source": t.source})
+                refused.append(_refusal(t, None, "untrusted_source", t.source))
+        when = [datetime_from_hours(t.time_h).strftime("%d %B %Y") for t in ok_turns]
+        raw = self.chat(
             "extract",
             [
-                extract_request(ok_turns[k], when[k], cfg.extract_max_tokens, retry=True)
-                for k in bad
+                extract_request(t, w, cfg.extract_max_tokens)
+                for t, w in zip(ok_turns, when, strict=True)
             ],
         )
-        for k, r in zip(bad, again, strict=True):
-            facts[k] = parse_facts(r.text)
-            if facts[k] is None:
-                events.append(
-                    {"op": "extract_failed", "turn": ok_turns[k].id, "raw": [raw[k].text, r.text]}
-                )
-                refused.append(
-                    _refusal(ok_turns[k], None, "extract_failed", "no valid answer, twice")
-                )
-    items = []
-    for t, w, fs in zip(ok_turns, when, facts, strict=True):
-        for k, f in enumerate(fs or []):  # one step per extracted fact
-            why = ungrounded(f.text, t, w) if cfg.require_grounding else []
-            if why:
-                events.append({"op": "ungrounded_fact", "turn": t.id, "fact": f.text, "added": why})
-                refused.append(_refusal(t, f.text, "ungrounded", ", ".join(why)))
-            else:
-                items.append((t, k, f))
-    # ---- embed and find neighbours
-    if store.exists():
-        snap = store.load()
-        live = snap.records.mask(snap.records.live_mask())
-        taken = set(snap.records.meta["id"])  # every stored id, tombstones included
-    else:  # a new store: created from the first ADDs
-        live = Records.empty(int(embedder.dim))
-        taken = set()
-    lm = live.meta
-    vecs = (
-        embedder.encode([f.text for _, _, f in items])
-        if items
-        else np.zeros((0, live.dim), np.float32)
-    )
-    ns_names = sorted({t.namespace for t, _, _ in items} | set(lm["namespace"]))
-    code = {n: c for c, n in enumerate(ns_names)}
-    top = topk_neighbours(
-        vecs,
-        live.vectors,
-        cfg.top_s,
-        query_segments=np.array([code[t.namespace] for t, _, _ in items], dtype=np.int64),
-        key_segments=np.array([code[n] for n in lm["namespace"]], dtype=np.int64),
-        device=device,
-    )
-    # closed history does not count: "lives in Porto" again after a move is a new fact
-    still_open = ~np.isfinite(lm["valid_to"].to_numpy(np.float64))
-    stored_hashes = {
-        (n, h) for n, h, o in zip(lm["namespace"], lm["text_hash"], still_open, strict=True) if o
-    }
-    open_by_hash = {
-        (n, h): i
-        for n, h, i, o in zip(lm["namespace"], lm["text_hash"], lm["id"], still_open, strict=True)
-        if o
-    }
-    pre = prefilter(
-        [f"{t.namespace}\x00{text_hash(f.text)}" for t, _, f in items],
-        {f"{n}\x00{h}" for n, h in stored_hashes},
-        [float(s[0]) if np.isfinite(s[0]) else -1.0 for s in top.scores],
-        cfg.add_below,
-    )
-    # ---- decide: one request per turn for its undecided facts
-    decisions: list[Decision | None] = list(pre)
-    by_turn: dict[str, list[int]] = {}
-    for n, (t, _, _) in enumerate(items):
-        if decisions[n] is None:
-            by_turn.setdefault(t.id, []).append(n)
-    asks = []
-    for tid, idx in by_turn.items():
-        seen: dict[int, Neighbour] = {}
-        for n in idx:
-            for j in top.indices[n]:
-                if j >= 0 and j not in seen:
-                    seen[j] = Neighbour(
-                        len(seen) + 1, lm["id"].iat[j], lm["text"].iat[j], bool(lm["pinned"].iat[j])
-                    )
-        asks.append((tid, idx, list(seen.values())))
-    answers = chat(
-        "decide",
-        [
-            decide_request([items[n][2].text for n in idx], nb, cfg.decide_max_tokens)
-            for _, idx, nb in asks
-        ],
-    )
-    first = [
-        parse_answer(a.text, len(idx), nb) for a, (_, idx, nb) in zip(answers, asks, strict=True)
-    ]
-    parsed = [p.decisions for p in first]
-    malformed: dict[int, tuple[str, ...]] = {}  # ask -> malformed actions of the answer used
-    # an answer that is not valid JSON, or that has one malformed action, is asked again
-    redo = [k for k, p in enumerate(first) if p.decisions is None or p.malformed]
-    retry = chat(
-        "decide",
-        [
-            decide_request(
-                [items[n][2].text for n in asks[k][1]],
-                asks[k][2],
-                cfg.decide_max_tokens,
-                retry=True,
+        facts = [parse_facts(r.text) for r in raw]
+        bad = [k for k, f in enumerate(facts) if f is None]
+        if bad:
+            again = self.chat(
+                "extract",
+                [
+                    extract_request(ok_turns[k], when[k], cfg.extract_max_tokens, retry=True)
+                    for k in bad
+                ],
             )
-            for k in redo
-        ],
-    )
-    raw_of = {k: [answers[k].text] for k in range(len(asks))}
-    for k, r in zip(redo, retry, strict=True):
-        again = parse_answer(r.text, len(asks[k][1]), asks[k][2])
-        raw_of[k].append(r.text)
-        # the retry counts when it is usable and clean, or when the first answer was not
-        # usable at all; else the valid actions of the first answer apply
-        if again.decisions is not None and (not again.malformed or parsed[k] is None):
-            parsed[k] = again.decisions
-            if again.malformed:
-                malformed[k] = again.malformed
-        elif first[k].malformed:
-            malformed[k] = first[k].malformed
-    for k, (tid, _, _) in enumerate(asks):
-        for m in malformed.get(k, ()):
-            events.append({"op": "malformed_action", "turn": tid, "action": m, "raw": raw_of[k]})
-    for k, (_, idx, _) in enumerate(asks):
-        ds = parsed[k] or [
-            Decision(i, "ADD", source="fallback", note="unparseable twice") for i in range(len(idx))
+            for k, r in zip(bad, again, strict=True):
+                facts[k] = parse_facts(r.text)
+                if facts[k] is None:
+                    events.append(
+                        {
+                            "op": "extract_failed",
+                            "turn": ok_turns[k].id,
+                            "raw": [raw[k].text, r.text],
+                        }
+                    )
+                    refused.append(
+                        _refusal(ok_turns[k], None, "extract_failed", "no valid answer, twice")
+                    )
+        self.ok_turns = ok_turns
+        self.items: list[tuple[Turn, int, Any]] = []
+        for t, w, fs in zip(ok_turns, when, facts, strict=True):
+            for k, f in enumerate(fs or []):  # one step per extracted fact
+                why = ungrounded(f.text, t, w) if cfg.require_grounding else []
+                if why:
+                    events.append(
+                        {"op": "ungrounded_fact", "turn": t.id, "fact": f.text, "added": why}
+                    )
+                    refused.append(_refusal(t, f.text, "ungrounded", ", ".join(why)))
+                else:
+                    self.items.append((t, k, f))
+
+    # ---- embed and find neighbours
+    def neighbours(self) -> None:
+        """Embed the facts (``self.vecs``), their top-s live neighbours in their namespace
+        (``self.top``) and the prefilter's decisions (``self.pre``)."""
+        store, items, cfg = self.store, self.items, self.cfg
+        if store.exists():
+            snap = store.load()
+            live = snap.records.mask(snap.records.live_mask())
+            self.taken = set(snap.records.meta["id"])  # every stored id, tombstones included
+        else:  # a new store: created from the first ADDs
+            live = Records.empty(int(self.embedder.dim))
+            self.taken = set()
+        self.live, self.lm = live, live.meta
+        lm = live.meta
+        self.vecs = (
+            self.embedder.encode([f.text for _, _, f in items])
+            if items
+            else np.zeros((0, live.dim), np.float32)
+        )
+        ns_names = sorted({t.namespace for t, _, _ in items} | set(lm["namespace"]))
+        code = {n: c for c, n in enumerate(ns_names)}
+        self.top = top = topk_neighbours(
+            self.vecs,
+            live.vectors,
+            cfg.top_s,
+            query_segments=np.array([code[t.namespace] for t, _, _ in items], dtype=np.int64),
+            key_segments=np.array([code[n] for n in lm["namespace"]], dtype=np.int64),
+            device=self.device,
+        )
+        # closed history does not count: "lives in Porto" again after a move is a new fact
+        still_open = ~np.isfinite(lm["valid_to"].to_numpy(np.float64))
+        stored_hashes = {
+            (n, h)
+            for n, h, o in zip(lm["namespace"], lm["text_hash"], still_open, strict=True)
+            if o
+        }
+        self.open_by_hash = {
+            (n, h): i
+            for n, h, i, o in zip(
+                lm["namespace"], lm["text_hash"], lm["id"], still_open, strict=True
+            )
+            if o
+        }
+        self.pre = prefilter(
+            [f"{t.namespace}\x00{text_hash(f.text)}" for t, _, f in items],
+            {f"{n}\x00{h}" for n, h in stored_hashes},
+            [float(s[0]) if np.isfinite(s[0]) else -1.0 for s in top.scores],
+            cfg.add_below,
+        )
+
+    # ---- decide: one request per turn for its undecided facts
+    def decide(self) -> None:
+        """A decision per fact (``self.decisions``): the prefilter's, else the model's, else
+        ADD (an answer unparseable twice)."""
+        items, lm, top, cfg = self.items, self.lm, self.top, self.cfg
+        decisions: list[Decision | None] = list(self.pre)
+        by_turn: dict[str, list[int]] = {}
+        for n, (t, _, _) in enumerate(items):
+            if decisions[n] is None:
+                by_turn.setdefault(t.id, []).append(n)
+        asks = []
+        for tid, idx in by_turn.items():
+            seen: dict[int, Neighbour] = {}
+            for n in idx:
+                for j in top.indices[n]:
+                    if j >= 0 and j not in seen:
+                        seen[j] = Neighbour(
+                            len(seen) + 1,
+                            lm["id"].iat[j],
+                            lm["text"].iat[j],
+                            bool(lm["pinned"].iat[j]),
+                        )
+            asks.append((tid, idx, list(seen.values())))
+        answers = self.chat(
+            "decide",
+            [
+                decide_request([items[n][2].text for n in idx], nb, cfg.decide_max_tokens)
+                for _, idx, nb in asks
+            ],
+        )
+        first = [
+            parse_answer(a.text, len(idx), nb)
+            for a, (_, idx, nb) in zip(answers, asks, strict=True)
         ]
-        for d, n in zip(ds, idx, strict=True):
-            decisions[n] = Decision(n, d.op, d.target_id, d.text, d.source, d.note)
+        self.asks, self.raw_of = asks, {k: [answers[k].text] for k in range(len(asks))}
+        parsed = self._retry_decide(first)
+        for k, (_, idx, _) in enumerate(asks):
+            ds = parsed[k] or [
+                Decision(i, "ADD", source="fallback", note="unparseable twice")
+                for i in range(len(idx))
+            ]
+            for d, n in zip(ds, idx, strict=True):
+                decisions[n] = Decision(n, d.op, d.target_id, d.text, d.source, d.note)
+        self.decisions = decisions
+
+    def _retry_decide(self, first: list[Any]) -> list[Any]:
+        """Ask again where an answer is not valid JSON or has a malformed action; the retry
+        counts when it is usable and clean, or when the first answer was not usable at all,
+        else the valid actions of the first answer apply. Returns the decisions per ask."""
+        asks, items, cfg = self.asks, self.items, self.cfg
+        parsed = [p.decisions for p in first]
+        malformed: dict[int, tuple[str, ...]] = {}  # ask -> malformed actions of the answer used
+        self.redo = redo = [k for k, p in enumerate(first) if p.decisions is None or p.malformed]
+        retry = self.chat(
+            "decide",
+            [
+                decide_request(
+                    [items[n][2].text for n in asks[k][1]],
+                    asks[k][2],
+                    cfg.decide_max_tokens,
+                    retry=True,
+                )
+                for k in redo
+            ],
+        )
+        for k, r in zip(redo, retry, strict=True):
+            again = parse_answer(r.text, len(asks[k][1]), asks[k][2])
+            self.raw_of[k].append(r.text)
+            if again.decisions is not None and (not again.malformed or parsed[k] is None):
+                parsed[k] = again.decisions
+                if again.malformed:
+                    malformed[k] = again.malformed
+            elif first[k].malformed:
+                malformed[k] = first[k].malformed
+        for k, (tid, _, _) in enumerate(asks):
+            for m in malformed.get(k, ()):
+                self.events.append(
+                    {"op": "malformed_action", "turn": tid, "action": m, "raw": self.raw_of[k]}
+                )
+        return parsed
+
     # ---- apply, in order; the first decision touching a memory wins
-    touched: set[str] = set()
-    row_of = {i: k for k, i in enumerate(lm["id"])}  # decision targets -> stored rows
-    new_rows, patches, upd_texts = [], [], []
-    row_fact: list[str] = []  # per new row, the text its vector was embedded from
-    for n, (t, k, f) in enumerate(items):
-        d = decisions[n]
+    def apply(self) -> None:
+        """Settle each decision against the batch and the stored memories, build the new
+        rows and the tombstone patches, embed rewritten texts, then write: the new rows
+        first (:meth:`MemoryStore.create` for a new store, else ``append``), then the
+        patches, so a crash in between leaves both versions, never neither."""
+        self.touched: set[str] = set()
+        self.row_of = {i: k for k, i in enumerate(self.lm["id"])}  # targets -> stored rows
+        self.new_rows: list[dict[str, Any]] = []
+        self.patches: list[dict[str, Any]] = []
+        self.upd_texts: list[int] = []
+        self.row_fact: list[str] = []  # per new row, the text its vector was embedded from
+        for n, (t, k, f) in enumerate(self.items):
+            d = self._settle(n, t, f)
+            ev = {
+                "op": d.op,
+                "turn": t.id,
+                "fact": f.text,
+                "by": d.source,
+                "note": d.note,
+                "target": d.target_id,
+            }
+            if (
+                d.source == "model"
+                or d.note == "unparseable twice"
+                or d.note.startswith("malformed")
+            ):
+                key = next(i for i, (_, idx, _) in enumerate(self.asks) if n in idx)
+                ev["raw"] = self.raw_of[key]
+            self.events.append(ev)
+            self._record(d, n, t, k, f, ev)
+        self._write()
+
+    def _settle(self, n: int, t: Turn, f: Any) -> Decision:
+        """Decision ``n`` as it applies: an UPDATE or DELETE of a memory this batch changed
+        already becomes ADD; a model's NOOP that negates or changes a number or date of its
+        nearest memory becomes ADD; an ADD that opposes its nearest memory goes through the
+        supersede guard; a NOOP names the memory that holds the fact."""
+        d = self.decisions[n]
         assert d is not None
-        if d.op in ("UPDATE", "DELETE") and d.target_id in touched:
+        lm, top = self.lm, self.top
+        if d.op in ("UPDATE", "DELETE") and d.target_id in self.touched:
             d = Decision(
                 n,
                 "ADD",
                 source="fallback",
                 note=f"{d.op} of {d.target_id} already changed in this batch",
             )
+        j = int(top.indices[n][0])
         if d.op == "NOOP" and d.source == "model":
             # "already known" must not swallow a fact that negates or changes a number or
             # date of the memory it resembles most: that one is stored (the nightly pass's
             # conflict guard then lists the pair for review)
-            j = int(top.indices[n][0])
             why = conflict_reason(f.text, lm["text"].iat[j]) if j >= 0 else None
             if why:
                 d = Decision(
@@ -364,32 +459,32 @@ def ingest(
                     source="fallback",
                     note=f"NOOP rejected: {why} against {lm['id'].iat[j]}",
                 )
-        j = int(top.indices[n][0])
         if d.op == "ADD" and j >= 0:
             d, kept = _supersede_guard(
-                d, n, f.text, t.time_h, lm, j, float(top.scores[n][0]), touched, cfg.supersede_above
+                d,
+                n,
+                f.text,
+                t.time_h,
+                lm,
+                j,
+                float(top.scores[n][0]),
+                self.touched,
+                self.cfg.supersede_above,
             )
             if kept:
-                events.append(_kept(t.id, f.text, lm["id"].iat[j], *kept))
+                self.events.append(_kept(t.id, f.text, lm["id"].iat[j], *kept))
         if d.op == "NOOP" and d.target_id is None:
             # NOOP names the memory that already holds the fact: the exact duplicate, else
             # the nearest stored memory
-            same = open_by_hash.get((t.namespace, text_hash(f.text)))
+            same = self.open_by_hash.get((t.namespace, text_hash(f.text)))
             d = Decision(
                 n, "NOOP", same or (lm["id"].iat[j] if j >= 0 else None), None, d.source, d.note
             )
-        ev = {
-            "op": d.op,
-            "turn": t.id,
-            "fact": f.text,
-            "by": d.source,
-            "note": d.note,
-            "target": d.target_id,
-        }
-        if d.source == "model" or d.note == "unparseable twice" or d.note.startswith("malformed"):
-            key = next(i for i, (_, idx, _) in enumerate(asks) if n in idx)
-            ev["raw"] = raw_of[key]
-        events.append(ev)
+        return d
+
+    def _record(self, d: Decision, n: int, t: Turn, k: int, f: Any, ev: dict[str, Any]) -> None:
+        """The new row and the patches of one settled decision (``ev``: its event, which
+        gets what was closed, superseded and resolved)."""
         vf, why = _valid_from_hours(f.valid_from, t.time_h)
         if why:
             ev["valid_from_refused"] = why
@@ -399,53 +494,52 @@ def ingest(
         if unresolved:
             ev["dates_unresolved"] = unresolved
         row = {
-            "id": _fact_id(t.id, k, f.text, taken),
+            "id": _fact_id(t.id, k, f.text, self.taken),
             "namespace": t.namespace,
             "text": text,
-            "vector": vecs[n],
+            "vector": self.vecs[n],
             "importance": f.importance / 10.0,
             "created_at": t.time_h,
             "last_used": t.time_h,
             "source_ids": [t.id],
             "valid_from": vf,
         }
-        old = lm.iloc[row_of[d.target_id]] if d.op in ("UPDATE", "DELETE") else None
+        old = self.lm.iloc[self.row_of[d.target_id]] if d.op in ("UPDATE", "DELETE") else None
         old_vf = np.nan if old is None else float(old["valid_from"])
         if old is not None and not np.isfinite(vf):
             # a fact that replaces or contradicts a stored one became true by its turn
             row["valid_from"] = vf = t.time_h
         if np.isfinite(old_vf):  # a temporal fact: close it, keep it as history
-            touched.add(d.target_id)
+            self.touched.add(d.target_id)
             ends = vf if np.isfinite(vf) and vf > old_vf else t.time_h
-            patches.append(
+            self.patches.append(
                 {"id": d.target_id, "op": "close", "valid_to": max(ends, old_vf), "at": t.time_h}
             )
             ev["closed"] = d.target_id
             if d.op == "UPDATE":
                 row.update(text=resolve_relative_dates(d.text, t.time_h)[0])
-                upd_texts.append(len(new_rows))
-            new_rows.append(row)  # the new fact (an UPDATE's text, or a DELETE's fact)
-            row_fact.append(f.text)
+                self.upd_texts.append(len(self.new_rows))
+            self._add(row, f.text)  # the new fact (an UPDATE's text, or a DELETE's fact)
             ev["closed_by"] = row["id"]
         elif d.op == "ADD":
-            new_rows.append(row)
-            row_fact.append(f.text)
+            self._add(row, f.text)
         elif d.op == "UPDATE":
-            touched.add(d.target_id)
+            assert old is not None
+            self.touched.add(d.target_id)
             row.update(
                 text=resolve_relative_dates(d.text, t.time_h)[0],
                 importance=max(row["importance"], float(old["importance"])),
                 source_ids=sorted(set(old["source_ids"]) | {t.id}),
             )
-            upd_texts.append(len(new_rows))
-            new_rows.append(row)
-            row_fact.append(f.text)
-            patches.append({"id": d.target_id, "op": "delete", "into": row["id"], "at": t.time_h})
+            self.upd_texts.append(len(self.new_rows))
+            self._add(row, f.text)
+            self.patches.append(
+                {"id": d.target_id, "op": "delete", "into": row["id"], "at": t.time_h}
+            )
         elif d.op == "DELETE":  # a contradiction: the new fact supersedes the old one
-            touched.add(d.target_id)
-            new_rows.append(row)
-            row_fact.append(f.text)
-            patches.append(
+            self.touched.add(d.target_id)
+            self._add(row, f.text)
+            self.patches.append(
                 {
                     "id": d.target_id,
                     "op": "delete",
@@ -455,76 +549,101 @@ def ingest(
                 }
             )
             ev["superseded"] = d.target_id
-    # a row's vector is the embedding of its own text: an UPDATE's new text, or a text whose
-    # relative dates were resolved
-    upd_texts = sorted(
-        set(upd_texts)
-        | {i for i, (r, e) in enumerate(zip(new_rows, row_fact, strict=True)) if r["text"] != e}
-    )
-    if upd_texts:
-        v = embedder.encode([new_rows[i]["text"] for i in upd_texts])
-        for i, vec in zip(upd_texts, v, strict=True):
-            new_rows[i]["vector"] = vec
-    if new_rows and not store.exists():
-        recs = records_from_rows(new_rows, dim=live.dim)
-        normalise_vectors(recs)
-        store.create(recs, source="ingest")
-        written = [r["id"] for r in new_rows]
-    else:
-        written = store.append(new_rows) if new_rows else []
-    if patches:
-        store.patch(patches)  # each patch carries the time of its own turn
-    logged = bool(refused) and store.exists()  # a store folder is made only by create
-    applied = [e for e in events if e["op"] in ("ADD", "UPDATE", "DELETE", "NOOP")]
-    n_refused_facts = sum(r["fact"] is not None for r in refused)
-    accounting = {
-        "extracted": len(items) + n_refused_facts,
-        "added": sum(e["op"] == "ADD" and "closed" not in e for e in applied),
-        "updated": sum(e["op"] == "UPDATE" for e in applied),
-        "superseding": sum(e["op"] == "DELETE" for e in applied)
-        + sum(e["op"] == "ADD" and "closed" in e for e in applied),
-        "noop": sum(e["op"] == "NOOP" for e in applied),
-        "refused": n_refused_facts,
-        "refused_by_reason": dict(Counter(r["reason"] for r in refused if r["fact"] is not None)),
-        "turns_refused": dict(Counter(r["reason"] for r in refused if r["fact"] is None)),
-    }
-    assert accounting["extracted"] == sum(
-        accounting[k] for k in ("added", "updated", "superseding", "noop", "refused")
-    ), accounting
-    if logged:
-        write_refused_facts(store, refused)
-    ops = Counter(e["op"] for e in events if e["op"] in ("ADD", "UPDATE", "DELETE", "NOOP"))
-    by = Counter(e["by"] for e in events if "by" in e)
 
-    def pct(x: list[float], q: float) -> float | None:
-        return float(np.percentile(x, q)) if x else None
+    def _add(self, row: dict[str, Any], fact: str) -> None:
+        self.new_rows.append(row)
+        self.row_fact.append(fact)
 
-    return {
-        "turns": len(turns),
-        "trusted_turns": len(ok_turns),
-        "skipped_untrusted": len(turns) - len(ok_turns),
-        "extract_failed": sum(e["op"] == "extract_failed" for e in events),
-        "ungrounded_facts": sum(e["op"] == "ungrounded_fact" for e in events),
-        "malformed_actions": sum(e["op"] == "malformed_action" for e in events),
-        "decide_retries": len(redo),
-        "refused_facts": len(refused),
-        "refused_facts_log": str(refused_facts_path(store)) if logged else None,
-        "refused": refused,
-        "facts": len(items),
-        "accounting": accounting,
-        "contradictions_kept": sum(e["op"] == "contradiction_kept" for e in events),
-        "valid_from_unresolved": sum("valid_from_refused" in e for e in applied),
-        "dates_unresolved": sum(len(e.get("dates_unresolved", ())) for e in applied),
-        "decisions": dict(ops),
-        "decided_by": dict(by),
-        "records_written": len(written),
-        "tombstoned": len(patches),
-        "model_calls": dict(calls),
-        "prompt_tokens": tokens["prompt"],
-        "completion_tokens": tokens["completion"],
-        "latency_s": {s: {"p50": pct(v, 50), "p95": pct(v, 95)} for s, v in lat.items()},
-        "events": events,
-    }
+    def _write(self) -> None:
+        """Re-embed rows whose text is not the fact's (an UPDATE's text, resolved dates),
+        write the rows, then the patches, then the refused-facts log."""
+        store, new_rows = self.store, self.new_rows
+        # a row's vector is the embedding of its own text
+        upd = sorted(
+            set(self.upd_texts)
+            | {
+                i
+                for i, (r, e) in enumerate(zip(new_rows, self.row_fact, strict=True))
+                if r["text"] != e
+            }
+        )
+        if upd:
+            v = self.embedder.encode([new_rows[i]["text"] for i in upd])
+            for i, vec in zip(upd, v, strict=True):
+                new_rows[i]["vector"] = vec
+        if new_rows and not store.exists():
+            recs = records_from_rows(new_rows, dim=self.live.dim)
+            normalise_vectors(recs)
+            store.create(recs, source="ingest")
+            self.written = [r["id"] for r in new_rows]
+        else:
+            self.written = store.append(new_rows) if new_rows else []
+        if self.patches:
+            store.patch(self.patches)  # each patch carries the time of its own turn
+        self.logged = bool(self.refused) and store.exists()  # only create makes the folder
+
+    def _accounting(self) -> dict[str, Any]:
+        """Every extracted fact is added, updated, superseding, a NOOP or refused (checked)."""
+        applied = [e for e in self.events if e["op"] in ("ADD", "UPDATE", "DELETE", "NOOP")]
+        refused = self.refused
+        n_refused_facts = sum(r["fact"] is not None for r in refused)
+        accounting = {
+            "extracted": len(self.items) + n_refused_facts,
+            "added": sum(e["op"] == "ADD" and "closed" not in e for e in applied),
+            "updated": sum(e["op"] == "UPDATE" for e in applied),
+            "superseding": sum(e["op"] == "DELETE" for e in applied)
+            + sum(e["op"] == "ADD" and "closed" in e for e in applied),
+            "noop": sum(e["op"] == "NOOP" for e in applied),
+            "refused": n_refused_facts,
+            "refused_by_reason": dict(
+                Counter(r["reason"] for r in refused if r["fact"] is not None)
+            ),
+            "turns_refused": dict(Counter(r["reason"] for r in refused if r["fact"] is None)),
+        }
+        assert accounting["extracted"] == sum(
+            accounting[k] for k in ("added", "updated", "superseding", "noop", "refused")
+        ), accounting
+        return accounting
+
+    def summary(self, turns: Sequence[Turn]) -> dict[str, Any]:
+        """The returned summary (see :func:`ingest`); writes the refused-facts log."""
+        events, refused = self.events, self.refused
+        accounting = self._accounting()
+        if self.logged:
+            write_refused_facts(self.store, refused)
+        applied = [e for e in events if e["op"] in ("ADD", "UPDATE", "DELETE", "NOOP")]
+        ops = Counter(e["op"] for e in applied)
+        by = Counter(e["by"] for e in events if "by" in e)
+
+        def pct(x: list[float], q: float) -> float | None:
+            return float(np.percentile(x, q)) if x else None
+
+        return {
+            "turns": len(turns),
+            "trusted_turns": len(self.ok_turns),
+            "skipped_untrusted": len(turns) - len(self.ok_turns),
+            "extract_failed": sum(e["op"] == "extract_failed" for e in events),
+            "ungrounded_facts": sum(e["op"] == "ungrounded_fact" for e in events),
+            "malformed_actions": sum(e["op"] == "malformed_action" for e in events),
+            "decide_retries": len(self.redo),
+            "refused_facts": len(refused),
+            "refused_facts_log": str(refused_facts_path(self.store)) if self.logged else None,
+            "refused": refused,
+            "facts": len(self.items),
+            "accounting": accounting,
+            "contradictions_kept": sum(e["op"] == "contradiction_kept" for e in events),
+            "valid_from_unresolved": sum("valid_from_refused" in e for e in applied),
+            "dates_unresolved": sum(len(e.get("dates_unresolved", ())) for e in applied),
+            "decisions": dict(ops),
+            "decided_by": dict(by),
+            "records_written": len(self.written),
+            "tombstoned": len(self.patches),
+            "model_calls": dict(self.calls),
+            "prompt_tokens": self.tokens["prompt"],
+            "completion_tokens": self.tokens["completion"],
+            "latency_s": {s: {"p50": pct(v, 50), "p95": pct(v, 95)} for s, v in self.lat.items()},
+            "events": events,
+        }
 
 
 def _kept(turn: str, fact: str, target: str, why: str, because: str) -> dict[str, Any]:
