@@ -581,6 +581,67 @@ def run_fleet_pass(
         import ray
     except ImportError as e:
         raise ImportError('runner=ray needs Ray Data: pip install "ray[data]"') from e
+    _check_runner(runner)
+    if store.vector_dtype and store.vector_dtype != store._vector_dtype(store._open().schema):
+        raise ValueError(
+            "a vector dtype conversion rewrites the whole store: run it with runner=local"
+        )
+    run = _FleetRun(
+        store,
+        namespaces=namespaces,
+        pass_cfg=pass_cfg,
+        runner=runner,
+        wall_h=time.time() / 3600 if wall_h is None else float(wall_h),
+        dry_run=dry_run,
+    )
+    llm = llm_stage(merge, runner, llm_backend) if runner.llm == "ray_data" else None
+    checker, run.check = store.verify_in_thread(run.version)
+    run.checker = checker
+    started = False
+    t0 = time.perf_counter()
+    try:
+        if run.plan.shards:
+            started = _start_ray(ray, runner)
+            actor_kw = {
+                "root": str(store.root),
+                "store_kw": {
+                    "quarantine": store.quarantine,
+                    "future_tolerance_h": store.future_tolerance_h,
+                },
+                "plan": run.plan,
+                "pass_cfg": pass_cfg,
+                "sim_cfg": sim_cfg,
+                "merge": merge,
+                "reflect": reflect,
+                "wall_h": run.wall_h,
+                "threads": max(1, math.floor(runner.cpus_per_actor)),
+            }
+            run.rounds(ray, llm, actor_kw)
+    except BaseException:
+        if run.commits:
+            log.warning(
+                "fleet run failed after committing versions %s (%d of %d shards); "
+                "a rerun passes over their namespaces again",
+                [c["version"] for c in run.commits],
+                len(run.done) - len(run.ready),
+                len(run.plan.shards),
+            )
+        raise
+    finally:
+        checker.join()
+        if started:
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+    return run.finish(llm, time.perf_counter() - t0)
+
+
+def _check_runner(runner: RunnerConfig) -> None:
+    """The runner's settings, checked before the store is read.
+
+    Raises:
+        ValueError: a count that is not a positive integer, a negative or infinite CPU or
+            GPU reservation, an unknown ``runner.llm``.
+    """
 
     def count(x: Any) -> bool:
         return isinstance(x, int) and not isinstance(x, bool) and x >= 1
@@ -607,44 +668,96 @@ def run_fleet_pass(
         raise ValueError(f"runner.shards_per_commit must be an integer >= 0, got {spc!r}")
     if runner.llm not in ("actor", "ray_data"):
         raise ValueError(f"runner.llm must be actor or ray_data, got {runner.llm!r}")
-    # GPU actors need a fixed batch size: each shard then travels as one row (packed)
-    packed = g > 0
-    if store.vector_dtype and store.vector_dtype != store._vector_dtype(store._open().schema):
-        raise ValueError(
-            "a vector dtype conversion rewrites the whole store: run it with runner=local"
-        )
-    wall_h = time.time() / 3600 if wall_h is None else float(wall_h)
-    t0 = time.perf_counter()
-    version, pending = store.pending()
-    plan = plan_shards(
-        store,
-        version=version,
-        pending=pending,
-        namespaces=namespaces,
-        max_rows=runner.max_rows_per_shard,
-    )
-    t_plan = time.perf_counter() - t0
-    fleet: dict[str, Any] = {
-        "shards": len(plan.shards),
-        "rows": int(plan.rows.sum()),
-        "plan_s": round(t_plan, 4),
-        "deltas_left_pending": len(plan.left_pending),
-    }
-    llm = llm_stage(merge, runner, llm_backend) if runner.llm == "ray_data" else None
-    checker, check = store.verify_in_thread(version)
-    started = False
-    per = 0 if dry_run else runner.shards_per_commit
-    done: dict[int, dict[str, Any]] = {}  # shard -> its result
-    ready: list[int] = []  # done shards not committed yet
-    commits: list[dict[str, Any]] = []
-    commit_s = [0.0]
 
+
+def _start_ray(ray: Any, runner: RunnerConfig) -> bool:
+    """Join or start the Ray cluster (``True``: this run started it, and shuts it down),
+    check it has the CPUs and GPUs one actor reserves, and set Ray Data's context (a shard
+    is one block, no progress bars).
+
+    Raises:
+        ValueError: an actor's reservation exceeds the cluster (Ray would wait for it
+            forever, with the store locked).
+    """
+    started = False
+    if not ray.is_initialized():
+        ray.init(
+            address=runner.address,
+            num_cpus=runner.num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+        started = True
+    res = ray.cluster_resources()
+    for key, want in (("CPU", runner.cpus_per_actor), ("GPU", runner.gpus_per_actor)):
+        have = float(res.get(key, 0.0))
+        if want > have:
+            raise ValueError(
+                f"runner.{key.lower()}s_per_actor={want} exceeds the cluster's {have:g} {key}s"
+            )
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    ctx.target_max_block_size = None  # a shard is one block: never split
+    ctx.enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    return started
+
+
+class _FleetRun:
+    """One :func:`run_fleet_pass`: its shard plan (made at construction), the shards done,
+    those not committed yet, and the commits written."""
+
+    def __init__(
+        self,
+        store: LanceStore,
+        *,
+        namespaces: Sequence[str] | None,
+        pass_cfg: PassConfig,
+        runner: RunnerConfig,
+        wall_h: float,
+        dry_run: bool,
+    ) -> None:
+        self.store, self.namespaces, self.pass_cfg, self.runner = (
+            store,
+            namespaces,
+            pass_cfg,
+            runner,
+        )
+        self.wall_h, self.dry_run = wall_h, dry_run
+        # GPU actors need a fixed batch size: each shard then travels as one row (packed)
+        self.packed = runner.gpus_per_actor > 0
+        t0 = time.perf_counter()
+        self.version, pending = store.pending()
+        self.plan = plan_shards(
+            store,
+            version=self.version,
+            pending=pending,
+            namespaces=namespaces,
+            max_rows=runner.max_rows_per_shard,
+        )
+        self.fleet: dict[str, Any] = {
+            "shards": len(self.plan.shards),
+            "rows": int(self.plan.rows.sum()),
+            "plan_s": round(time.perf_counter() - t0, 4),
+            "deltas_left_pending": len(self.plan.left_pending),
+        }
+        self.per = 0 if dry_run else runner.shards_per_commit
+        self.done: dict[int, dict[str, Any]] = {}  # shard -> its result
+        self.ready: list[int] = []  # done shards not committed yet
+        self.commits: list[dict[str, Any]] = []
+        self.commit_s = 0.0
+        self.checker: Any = None
+        self.check: dict[str, Any] = {}
+
+    @staticmethod
     def merger_name(parts: list[dict[str, Any]]) -> str:
         return parts[0]["stats"]["merger"] if parts else ""
 
-    def none_committed() -> dict[str, Any]:
+    def none_committed(self) -> dict[str, Any]:
         return {
-            "version": store.head().version if commits else version,
+            "version": self.store.head().version if self.commits else self.version,
             "snapshot": None,
             "changelog": None,
             "carried_records": 0,
@@ -652,16 +765,17 @@ def run_fleet_pass(
             "rows_written": 0,
         }
 
-    def commit_group(group: list[int], whole_run: bool = False) -> dict[str, Any]:
+    def commit_group(self, group: list[int], whole_run: bool = False) -> dict[str, Any]:
         """Commit the shards ``group`` (all of them with ``whole_run``) after the
         store-wide safety stop over their drops; drop them from ``ready``."""
-        parts = [done[k] for k in group]
+        store, version, pass_cfg = self.store, self.version, self.pass_cfg
+        parts = [self.done[k] for k in group]
         if not parts:
-            return none_committed()
-        checker.join()  # never commit what a damaged snapshot gave
-        if "error" in check:
-            raise check["error"]
-        st = _merge_stats([p["stats"] for p in parts], merger_name(parts), version + 1)
+            return self.none_committed()
+        self.checker.join()  # never commit what a damaged snapshot gave
+        if "error" in self.check:
+            raise self.check["error"]
+        st = _merge_stats([p["stats"] for p in parts], self.merger_name(parts), version + 1)
         live = st.records_out + st.dropped_floor + st.dropped_cap
         dropped = st.dropped_floor + st.dropped_cap
         events = [e for p in parts for e in p["events"]]
@@ -670,7 +784,7 @@ def run_fleet_pass(
                 dropped, live, [e["namespace"] for e in events if e.get("op") == "drop"], pass_cfg
             )
         t = time.perf_counter()
-        if dry_run:
+        if self.dry_run:
             log_name = store._changelog(events, version + 1, dry_run=True)
             info = {
                 "version": version,
@@ -682,189 +796,158 @@ def run_fleet_pass(
         else:
             tables = [p["upsert"] for p in parts if p["upsert"].num_rows]
             scope = (
-                (None if namespaces is None else list(namespaces))
+                (None if self.namespaces is None else list(self.namespaces))
                 if whole_run
-                else sorted({ns for k in group for ns in plan.shards[k]})
+                else sorted({ns for k in group for ns in self.plan.shards[k]})
             )
             info = store.commit_changes(
                 pa.concat_tables(tables) if tables else parts[0]["upsert"],
                 [i for p in parts for i in p["removed"]],
                 events,
                 # a group's commit follows this run's previous one (other namespaces)
-                base_version=commits[-1]["version"] if commits else version,
+                base_version=self.commits[-1]["version"] if self.commits else version,
                 folded=[d for p in parts for d in p["deltas"]],
                 namespaces=scope,
-                pass_time_h=wall_h,
+                pass_time_h=self.wall_h,
             )
-            commits.append(info)
-        commit_s[0] += time.perf_counter() - t
-        ready[:] = [k for k in ready if k not in set(group)]
+            self.commits.append(info)
+        self.commit_s += time.perf_counter() - t
+        self.ready[:] = [k for k in self.ready if k not in set(group)]
         return info
 
-    t0 = time.perf_counter()
-    try:
-        if plan.shards:
-            if not ray.is_initialized():
-                ray.init(
-                    address=runner.address,
-                    num_cpus=runner.num_cpus,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    configure_logging=False,
-                )
-                started = True
-            res = ray.cluster_resources()
-            for key, want in (("CPU", runner.cpus_per_actor), ("GPU", g)):
-                have = float(res.get(key, 0.0))
-                if want > have:
-                    # Ray would wait for the actor forever, with the store locked
-                    raise ValueError(
-                        f"runner.{key.lower()}s_per_actor={want} exceeds the "
-                        f"cluster's {have:g} {key}s"
-                    )
-            from ray.data import DataContext
+    def stream_shards(
+        self,
+        ray: Any,
+        actor_kw: dict[str, Any],
+        llm: Any,
+        shard_ids: list[int],
+        answers: dict[str, Any] | None,
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(shard, result)`` of each shard as its actor returns it.
 
-            ctx = DataContext.get_current()
-            ctx.target_max_block_size = None  # a shard is one block: never split
-            ctx.enable_progress_bars = False
-            logging.getLogger("ray.data").setLevel(logging.WARNING)
-            actor_kw = {
-                "root": str(store.root),
-                "store_kw": {
-                    "quarantine": store.quarantine,
-                    "future_tolerance_h": store.future_tolerance_h,
-                },
-                "plan": plan,
-                "pass_cfg": pass_cfg,
-                "sim_cfg": sim_cfg,
-                "merge": merge,
-                "reflect": reflect,
-                "wall_h": wall_h,
-                "threads": max(1, math.floor(runner.cpus_per_actor)),
-            }
-            dim = int(store._marker()["dim"])
-
-            def stream_shards(
-                shard_ids: list[int], answers: dict[str, Any] | None
-            ) -> Iterator[tuple[int, dict[str, Any]]]:
-                """``(shard, result)`` of each shard as its actor returns it."""
-                # a read is a Lance scan on Lance's own threads: it reserves no CPU, so
-                # actors that take every CPU of the cluster cannot starve it
-                ds = ray.data.read_datasource(
-                    _datasource(str(store.root), plan, dim * 4 + 256, packed, shard_ids),
-                    num_cpus=0,
-                    # reads reserve no CPU, so bound them: as many at a time as actors
-                    # (Ray would otherwise start a worker process per pending read)
-                    concurrency=max(1, min(runner.actors, len(shard_ids))),
-                    # one block per read task: no split to reach Ray's minimum block count
-                    override_num_blocks=len(shard_ids),
-                )
-                kw = dict(actor_kw)
-                if llm is not None:
-                    kw.update(book=llm["book"], answers=answers)
-                out = ds.map_batches(
-                    _ShardPass,
-                    batch_size=1 if packed else None,
-                    batch_format="pyarrow",
-                    fn_constructor_kwargs=kw,
-                    compute=ray.data.ActorPoolStrategy(size=min(runner.actors, len(shard_ids))),
-                    num_cpus=runner.cpus_per_actor,
-                    num_gpus=g or None,
-                )
-                seen: set[int] = set()
-                for b in out.iter_batches(batch_size=None, batch_format="pyarrow"):
-                    for k, r, blob in zip(
-                        b.column("shard").to_pylist(),
-                        b.column("rows").to_pylist(),
-                        b.column("result").to_pylist(),
-                        strict=True,
-                    ):
-                        if k in seen or r != int(plan.rows[k]):
-                            raise RuntimeError(
-                                f"fleet run: shard {k} came back split or "
-                                f"twice ({r} of {int(plan.rows[k])} rows)"
-                            )
-                        seen.add(k)
-                        yield k, pickle.loads(blob)
-                if seen != set(shard_ids):
-                    missing = sorted(set(shard_ids) - seen)
-                    raise RuntimeError(f"fleet run: shards {missing[:10]} never came back")
-
-            todo = list(range(len(plan.shards)))
-            answers: dict[str, Any] = {}
-            for rnd in range(_MAX_ROUNDS):
-                asked: dict[int, list[Any]] = {}
-                failed = None
-                for k, p in stream_shards(todo, answers):
-                    if "error" in p:
-                        failed = failed or p
-                    elif "asked" in p:
-                        asked[k] = p["asked"]
-                    else:
-                        done[k] = p
-                        ready.append(k)
-                        if per and len(ready) >= per and not failed:
-                            commit_group(ready[:per])
-                if failed:  # the first shard's error, as the actor raised it; with
-                    # commits per group, the shards done so far are committed first
-                    if per:
-                        commit_group(list(ready))
-                    raise failed["error"]
-                todo = sorted(asked)
-                if not todo:
-                    break
-                if rnd == _MAX_ROUNDS - 1 or llm is None:
+        Raises:
+            RuntimeError: a shard came back split, twice, or never.
+        """
+        plan, runner = self.plan, self.runner
+        dim = int(self.store._marker()["dim"])
+        # a read is a Lance scan on Lance's own threads: it reserves no CPU, so
+        # actors that take every CPU of the cluster cannot starve it
+        ds = ray.data.read_datasource(
+            _datasource(str(self.store.root), plan, dim * 4 + 256, self.packed, shard_ids),
+            num_cpus=0,
+            # reads reserve no CPU, so bound them: as many at a time as actors
+            # (Ray would otherwise start a worker process per pending read)
+            concurrency=max(1, min(runner.actors, len(shard_ids))),
+            # one block per read task: no split to reach Ray's minimum block count
+            override_num_blocks=len(shard_ids),
+        )
+        kw = dict(actor_kw)
+        if llm is not None:
+            kw.update(book=llm["book"], answers=answers)
+        out = ds.map_batches(
+            _ShardPass,
+            batch_size=1 if self.packed else None,
+            batch_format="pyarrow",
+            fn_constructor_kwargs=kw,
+            compute=ray.data.ActorPoolStrategy(size=min(runner.actors, len(shard_ids))),
+            num_cpus=runner.cpus_per_actor,
+            num_gpus=runner.gpus_per_actor or None,
+        )
+        seen: set[int] = set()
+        for b in out.iter_batches(batch_size=None, batch_format="pyarrow"):
+            for k, r, blob in zip(
+                b.column("shard").to_pylist(),
+                b.column("rows").to_pylist(),
+                b.column("result").to_pylist(),
+                strict=True,
+            ):
+                if k in seen or r != int(plan.rows[k]):
                     raise RuntimeError(
-                        f"fleet run: shards {todo[:10]} still ask for model "
-                        f"answers after {_MAX_ROUNDS} rounds"
+                        f"fleet run: shard {k} came back split or "
+                        f"twice ({r} of {int(plan.rows[k])} rows)"
                     )
-                try:
-                    answers.update(_answer(llm, [r for k in todo for r in asked[k]]))
-                except BaseException:  # the stage failed: keep the shards done so far
-                    if per:
-                        commit_group(list(ready))
-                    raise
-                fleet["llm_rounds"] = fleet.get("llm_rounds", 0) + 1
-            if per:
-                commit_group(list(ready))
-    except BaseException:
-        if commits:
-            log.warning(
-                "fleet run failed after committing versions %s (%d of %d shards); "
-                "a rerun passes over their namespaces again",
-                [c["version"] for c in commits],
-                len(done) - len(ready),
-                len(plan.shards),
-            )
-        raise
-    finally:
-        checker.join()
-        if started:
-            with contextlib.suppress(Exception):
-                ray.shutdown()
-    if "error" in check:
-        raise check["error"]
-    fleet["ray_s"] = round(time.perf_counter() - t0, 4)
-    if llm is not None:
-        fleet["llm"] = {
-            "rounds": fleet.pop("llm_rounds", 0),
-            "requests": llm["requests"],
-            "cached": llm["cached"],
-            "seconds": round(llm["seconds"], 4),
+                seen.add(k)
+                yield k, pickle.loads(blob)
+        if seen != set(shard_ids):
+            missing = sorted(set(shard_ids) - seen)
+            raise RuntimeError(f"fleet run: shards {missing[:10]} never came back")
+
+    def rounds(self, ray: Any, llm: Any, actor_kw: dict[str, Any]) -> None:
+        """Run the shards, in rounds while they ask for model answers (the LLM stage answers
+        each round's requests of all shards at once); with ``runner.shards_per_commit``,
+        commit each group as it is done, and the shards done before a failure.
+
+        Raises:
+            Exception: the first shard's error, as its actor raised it.
+            RuntimeError: shards still ask for answers after the last round (or with no
+                LLM stage).
+        """
+        per, ready = self.per, self.ready
+        todo = list(range(len(self.plan.shards)))
+        answers: dict[str, Any] = {}
+        for rnd in range(_MAX_ROUNDS):
+            asked: dict[int, list[Any]] = {}
+            failed = None
+            for k, p in self.stream_shards(ray, actor_kw, llm, todo, answers):
+                if "error" in p:
+                    failed = failed or p
+                elif "asked" in p:
+                    asked[k] = p["asked"]
+                else:
+                    self.done[k] = p
+                    ready.append(k)
+                    if per and len(ready) >= per and not failed:
+                        self.commit_group(ready[:per])
+            if failed:  # the first shard's error, as the actor raised it; with
+                # commits per group, the shards done so far are committed first
+                if per:
+                    self.commit_group(list(ready))
+                raise failed["error"]
+            todo = sorted(asked)
+            if not todo:
+                break
+            if rnd == _MAX_ROUNDS - 1 or llm is None:
+                raise RuntimeError(
+                    f"fleet run: shards {todo[:10]} still ask for model "
+                    f"answers after {_MAX_ROUNDS} rounds"
+                )
+            try:
+                answers.update(_answer(llm, [r for k in todo for r in asked[k]]))
+            except BaseException:  # the stage failed: keep the shards done so far
+                if per:
+                    self.commit_group(list(ready))
+                raise
+            self.fleet["llm_rounds"] = self.fleet.get("llm_rounds", 0) + 1
+        if per:
+            self.commit_group(list(ready))
+
+    def finish(self, llm: Any, ray_s: float) -> dict[str, Any]:
+        """The run's commit (the whole run's, unless committed per group) and its summary
+        fields (see :func:`run_fleet_pass`)."""
+        if "error" in self.check:
+            raise self.check["error"]
+        fleet = self.fleet
+        fleet["ray_s"] = round(ray_s, 4)
+        if llm is not None:
+            fleet["llm"] = {
+                "rounds": fleet.pop("llm_rounds", 0),
+                "requests": llm["requests"],
+                "cached": llm["cached"],
+                "seconds": round(llm["seconds"], 4),
+            }
+        parts = [self.done[k] for k in sorted(self.done)]
+        fleet["workers"] = len({p["pid"] for p in parts})
+        stats = _merge_stats([p["stats"] for p in parts], self.merger_name(parts), self.version + 1)
+        if self.per:
+            fleet["commits"] = [c["version"] for c in self.commits]
+            commit = self.commits[-1] if self.commits else self.none_committed()
+        else:
+            commit = self.commit_group(sorted(self.done), whole_run=True)
+        stats.time_s["commit"] = round(self.commit_s, 4)
+        return {
+            "commit": commit,
+            "stats": stats,
+            "fleet": fleet,
+            "base_version": self.version,
+            "records_read": int(self.plan.rows.sum()),
         }
-    parts = [done[k] for k in sorted(done)]
-    fleet["workers"] = len({p["pid"] for p in parts})
-    stats = _merge_stats([p["stats"] for p in parts], merger_name(parts), version + 1)
-    if per:
-        fleet["commits"] = [c["version"] for c in commits]
-        commit = commits[-1] if commits else none_committed()
-    else:
-        commit = commit_group(sorted(done), whole_run=True)
-    stats.time_s["commit"] = round(commit_s[0], 4)
-    return {
-        "commit": commit,
-        "stats": stats,
-        "fleet": fleet,
-        "base_version": version,
-        "records_read": int(plan.rows.sum()),
-    }

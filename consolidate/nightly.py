@@ -40,6 +40,10 @@ def _settings_file(load: Any, key: str, path: str) -> Any:
 def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, Any]:
     """Open (or build) the store, check the trigger, run the pass, commit, write a summary.
 
+    Three paths after the settings are checked: an external source (``source=...``, in this
+    process), a fleet run on Ray (``runner=ray``, a Lance store) or the pass in this process
+    on the store (:func:`_local_run`).
+
     Args:
         cfg: composed ``consolidate`` config.
         out_dir: where ``summary.json`` goes (default: Hydra's output dir or ``outputs/``).
@@ -47,9 +51,54 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
     Returns:
         The run summary (also written to ``<out_dir>/summary.json``).
     """
-    from .config import RunnerConfig, SourceConfig, StoreConfig
+    from .config import StoreConfig
 
     t0 = time.perf_counter()
+    pc, sc, rc, src, calibration, policy = _settings(cfg)
+    fleet = rc.kind == "ray"
+    calibrated = {**policy, "calibrated": True} if policy is not None else {"calibrated": False}
+    if src.kind != "store":
+        if fleet:
+            raise ValueError(f"source={src.kind} runs in this process: use runner=local")
+        # the source is opened and read (and its errors raised) before any model loads
+        summary = _external_run(
+            cfg,
+            src,
+            pc,
+            sc,
+            lambda: instantiate(cfg.merge),
+            lambda: instantiate(cfg.reflect) if pc.reflect else None,
+            out_dir,
+        )
+        summary["policy"] = calibrated
+        return _finish(summary, t0, out_dir)
+    # a fleet run's actors build their own merger and reflector (from these configs)
+    merger = None if fleet else instantiate(cfg.merge)
+    reflector = instantiate(cfg.reflect) if pc.reflect and not fleet else None
+    scfg: StoreConfig = typed(cfg, "store", StoreConfig)
+    t = time.perf_counter()
+    store, report = open_store(cfg)
+    summary = _store_summary(cfg, store, report, time.perf_counter() - t, calibration, calibrated)
+    if fleet and not store.PARTIAL_LOADS:
+        raise ValueError(
+            f"runner=ray needs a Lance store; {store.root} is a {store.FORMAT.capitalize()} store "
+            f"(consolidate-convert src=... dst=... makes a Lance copy)"
+        )
+    with store.lock(timeout_s=scfg.lock_timeout_s):
+        if fleet:
+            summary.update(_fleet_run(cfg, store, pc, sc, rc))
+            return _finish(summary, t0, out_dir)
+        summary.update(_local_run(store, pc, sc, merger, reflector))
+    summary["refused_deltas"] = list(store.refused_deltas)
+    return _finish(summary, t0, out_dir)
+
+
+def _settings(cfg: DictConfig) -> tuple[Any, Any, Any, Any, Any, Any]:
+    """The pass, similarity, runner and source settings, with a calibration file's threshold
+    and a policy file's settings applied, all checked before any store is built or model
+    loaded. Returns ``(pass, similarity, runner, source, calibration, policy)``."""
+    from .config import RunnerConfig, SourceConfig
+
     pc = pass_cfg(cfg)
     calibration = None
     if pc.calibration_file:
@@ -70,95 +119,79 @@ def run_consolidate(cfg: DictConfig, out_dir: str | None = None) -> dict[str, An
     rc: RunnerConfig = typed(cfg, "runner", RunnerConfig) if "runner" in cfg else RunnerConfig()
     if rc.kind not in ("local", "ray"):
         raise ValueError(f"runner.kind must be 'local' or 'ray', got {rc.kind!r}")
-    fleet = rc.kind == "ray"
     src: SourceConfig = typed(cfg, "source", SourceConfig) if "source" in cfg else SourceConfig()
-    if src.kind != "store":
-        if fleet:
-            raise ValueError(f"source={src.kind} runs in this process: use runner=local")
-        # the source is opened and read (and its errors raised) before any model loads
-        summary = _external_run(
-            cfg,
-            src,
-            pc,
-            sc,
-            lambda: instantiate(cfg.merge),
-            lambda: instantiate(cfg.reflect) if pc.reflect else None,
-            out_dir,
-        )
-        summary["policy"] = (
-            {**policy, "calibrated": True} if policy is not None else {"calibrated": False}
-        )
-        return _finish(summary, t0, out_dir)
-    # a fleet run's actors build their own merger and reflector (from these configs)
-    merger = None if fleet else instantiate(cfg.merge)
-    reflector = instantiate(cfg.reflect) if pc.reflect and not fleet else None
-    scfg: StoreConfig = typed(cfg, "store", StoreConfig)
-    t = time.perf_counter()
-    store, report = open_store(cfg)
-    t_build = time.perf_counter() - t
+    return pc, sc, rc, src, calibration, policy
+
+
+def _store_summary(
+    cfg: DictConfig,
+    store: MemoryStore,
+    report: dict[str, Any] | None,
+    t_build: float,
+    calibration: dict[str, Any] | None,
+    policy: dict[str, Any],
+) -> dict[str, Any]:
+    """The summary's head: the store, the resolved config, the calibration used, the
+    retention policy (calibrated from a policy.json, with its measured cost, or not) and,
+    when this run built the store, the import's counts."""
     summary: dict[str, Any] = {
         "store": str(store.root),
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
     if calibration is not None:
         summary["calibration"] = calibration
-    # the retention policy: calibrated (from policy.json, with its measured cost) or not
-    summary["policy"] = (
-        {**policy, "calibrated": True} if policy is not None else {"calibrated": False}
-    )
+    summary["policy"] = policy
     if report is not None:
         summary["import"] = {k: report[k] for k in ("observations", "conversations", "sha256")}
         for k in ("malformed_evidence", "malformed_items", "bad_times"):
             summary["import"][k] = len(report[k])
         summary["import"]["time_s"] = round(t_build, 3)
-    if fleet and not store.PARTIAL_LOADS:
-        raise ValueError(
-            f"runner=ray needs a Lance store; {store.root} is a {store.FORMAT.capitalize()} store "
-            f"(consolidate-convert src=... dst=... makes a Lance copy)"
-        )
-    with store.lock(timeout_s=scfg.lock_timeout_s):
-        if fleet:
-            summary.update(_fleet_run(cfg, store, pc, sc, rc))
-            return _finish(summary, t0, out_dir)
-        t = time.perf_counter()
-        if store.PARTIAL_LOADS and pc.incremental and not pc.force:
-            # per namespace: read only the namespaces whose new memories fired
-            fired, per_ns = store.trigger(pc.trigger_importance)
-            new_imp, fire = float(sum(per_ns.values())), bool(fired)
-            snap = store.load(namespaces=fired)
-            scope = {"namespaces_fired": len(fired), "namespaces_with_new": len(per_ns)}
-        else:
-            snap = store.load()
-            fire, new_imp = trigger(snap.records, pc.trigger_importance)
-            scope = {}
-        t_load = time.perf_counter() - t
-        summary["trigger"] = _trigger_summary(pc, new_imp, fire, scope)
-        summary["base_version"] = snap.version
-        summary["records_read"] = len(snap.records)
-        if not (fire or pc.force):
-            summary["ran"] = False
-        else:
-            wall = hours_now()
-            res = run_pass(
-                snap.records,
-                cfg=pc,
-                sim_cfg=sc,
-                merger=merger,
-                version=snap.version + 1,
-                wall_h=wall,
-                reflector=reflector,
-            )
-            t = time.perf_counter()
-            commit = store.commit(
-                res.records, res.events, base=snap, dry_run=pc.dry_run, pass_time_h=wall
-            )
-            res.stats.time_s["load"] = round(t_load, 4)
-            res.stats.time_s["commit"] = round(time.perf_counter() - t, 4)
-            if not pc.dry_run and not commit.get("unchanged"):
-                _cleanup(store, commit, res.stats.time_s)
-            summary.update(ran=True, dry_run=pc.dry_run, commit=commit, stats=res.stats.as_dict())
-    summary["refused_deltas"] = list(store.refused_deltas)
-    return _finish(summary, t0, out_dir)
+    return summary
+
+
+def _local_run(store: MemoryStore, pc: Any, sc: Any, merger: Any, reflector: Any) -> dict[str, Any]:
+    """The pass in this process, under the caller's store lock: the trigger (per namespace
+    on a store with partial loads and ``sleep.incremental``, else store-wide), then, when it
+    fires or ``sleep.force``, the pass, the commit and the store's housekeeping. Returns the
+    summary's fields (``trigger``, ``base_version``, ``records_read``, ``ran``, and for a
+    pass that ran ``dry_run``, ``commit``, ``stats``)."""
+    out: dict[str, Any] = {}
+    t = time.perf_counter()
+    if store.PARTIAL_LOADS and pc.incremental and not pc.force:
+        # per namespace: read only the namespaces whose new memories fired
+        fired, per_ns = store.trigger(pc.trigger_importance)  # type: ignore[attr-defined]
+        new_imp, fire = float(sum(per_ns.values())), bool(fired)
+        snap = store.load(namespaces=fired)  # type: ignore[call-arg]
+        scope = {"namespaces_fired": len(fired), "namespaces_with_new": len(per_ns)}
+    else:
+        snap = store.load()
+        fire, new_imp = trigger(snap.records, pc.trigger_importance)
+        scope = {}
+    t_load = time.perf_counter() - t
+    out["trigger"] = _trigger_summary(pc, new_imp, fire, scope)
+    out["base_version"] = snap.version
+    out["records_read"] = len(snap.records)
+    if not (fire or pc.force):
+        out["ran"] = False
+        return out
+    wall = hours_now()
+    res = run_pass(
+        snap.records,
+        cfg=pc,
+        sim_cfg=sc,
+        merger=merger,
+        version=snap.version + 1,
+        wall_h=wall,
+        reflector=reflector,
+    )
+    t = time.perf_counter()
+    commit = store.commit(res.records, res.events, base=snap, dry_run=pc.dry_run, pass_time_h=wall)
+    res.stats.time_s["load"] = round(t_load, 4)
+    res.stats.time_s["commit"] = round(time.perf_counter() - t, 4)
+    if not pc.dry_run and not commit.get("unchanged"):
+        _cleanup(store, commit, res.stats.time_s)
+    out.update(ran=True, dry_run=pc.dry_run, commit=commit, stats=res.stats.as_dict())
+    return out
 
 
 def _external_run(
@@ -178,32 +211,13 @@ def _external_run(
     pass's events go to ``events.jsonl`` beside the summary (they keep the members of every
     merge); an apply records its units in the source's undo journal (``consolidate-undo``).
     Returns the summary's fields."""
-    import json
-    from pathlib import Path
-
     from .config import EmbedderConfig
-    from .sources.open import open_source, source_records
+    from .sources.open import open_source
 
     source, name = open_source(src, lambda: make_embedder(typed(cfg, "embedder", EmbedderConfig)))
     t = time.perf_counter()
-    snap = source.read(src.namespaces)
-    records = source_records(source, snap)
+    snap, records, no_vector = _read_source(source, name, src)
     t_load = time.perf_counter() - t
-    no_vector = getattr(snap, "no_vector", 0)
-    if no_vector:
-        log.warning(
-            "%s: %d live rows have no vector yet (left out of the pass, untouched), e.g. %s",
-            name,
-            no_vector,
-            snap.no_vector_ids[:5],
-        )
-    if not len(records) and not no_vector and not src.allow_empty:
-        where = f" in namespaces {list(src.namespaces)}" if src.namespaces is not None else ""
-        raise ValueError(
-            f"{name} holds no memories{where}: check the source's settings (a mistyped path, "
-            f"table or namespace reads as empty); source.allow_empty=true runs on an empty "
-            f"source"
-        )
     fire, new_imp = trigger(records, pc.trigger_importance)
     summary: dict[str, Any] = {
         "store": name,
@@ -227,36 +241,13 @@ def _external_run(
     )
     if out_dir is None:
         out_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else "outputs"
-    dry = pc.dry_run or not src.apply
     t = time.perf_counter()
-    if src.kind == "mem0":
-        plan = source.plan(snap, res.records, drops=src.drops)
-        rep = source.apply(plan, snap, dry_run=dry)
-    elif src.kind == "jsonl":
-        plan = source.plan(snap, res.records)
-        rep = source.apply(
-            plan, dry_run=dry, out=Path(out_dir) / f"consolidated{Path(src.path).suffix}"
-        )
-    else:
-        plan = source.plan(snap, res.records)
-        rep = source.apply(plan, dry_run=dry)
+    plan, rep = _plan_and_apply(
+        source, src, snap, res.records, pc.dry_run or not src.apply, out_dir
+    )
     res.stats.time_s["load"] = round(t_load, 4)
     res.stats.time_s["commit"] = round(time.perf_counter() - t, 4)
-    events = Path(out_dir) / "events.jsonl"
-    events.parent.mkdir(parents=True, exist_ok=True)
-    events.write_text("".join(json.dumps(e, default=str) + "\n" for e in res.events))
-    (Path(out_dir) / "plan.json").write_text(
-        json.dumps(
-            {
-                "plan_id": plan.plan_id,
-                "dry_run": rep.dry_run,
-                "units": iso_times(plan.units),
-                "skipped": rep.skipped,
-            },
-            indent=1,
-            default=str,
-        )
-    )
+    events = _write_plan_files(out_dir, res.events, plan, rep)
     summary.update(
         ran=True,
         dry_run=rep.dry_run,
@@ -278,7 +269,77 @@ def _external_run(
     return summary
 
 
-#: the keys of a plan's units that hold times (hours since the epoch in the units)
+def _read_source(source: Any, name: str, src: Any) -> tuple[Any, Any, int]:
+    """The source's snapshot, its records for the pass and how many live rows have no vector
+    yet (logged, left out).
+
+    Raises:
+        ValueError: the source reads as empty, unless ``source.allow_empty``.
+    """
+    from .sources.open import source_records
+
+    snap = source.read(src.namespaces)
+    records = source_records(source, snap)
+    no_vector = getattr(snap, "no_vector", 0)
+    if no_vector:
+        log.warning(
+            "%s: %d live rows have no vector yet (left out of the pass, untouched), e.g. %s",
+            name,
+            no_vector,
+            snap.no_vector_ids[:5],
+        )
+    if not len(records) and not no_vector and not src.allow_empty:
+        where = f" in namespaces {list(src.namespaces)}" if src.namespaces is not None else ""
+        raise ValueError(
+            f"{name} holds no memories{where}: check the source's settings (a mistyped path, "
+            f"table or namespace reads as empty); source.allow_empty=true runs on an empty "
+            f"source"
+        )
+    return snap, records, no_vector
+
+
+def _plan_and_apply(
+    source: Any, src: Any, snap: Any, records: Any, dry: bool, out_dir: str
+) -> tuple[Any, Any]:
+    """The source's plan for the pass's ``records`` and its apply (``dry``: a dry run; a
+    memory file's dry run writes ``consolidated.<suffix>`` into ``out_dir``)."""
+    from pathlib import Path
+
+    if src.kind == "mem0":
+        plan = source.plan(snap, records, drops=src.drops)
+        return plan, source.apply(plan, snap, dry_run=dry)
+    plan = source.plan(snap, records)
+    if src.kind == "jsonl":
+        out = Path(out_dir) / f"consolidated{Path(src.path).suffix}"
+        return plan, source.apply(plan, dry_run=dry, out=out)
+    return plan, source.apply(plan, dry_run=dry)
+
+
+def _write_plan_files(out_dir: str, events: list[dict[str, Any]], plan: Any, rep: Any) -> Any:
+    """``events.jsonl`` (every event of the pass) and ``plan.json`` (the units, ISO times,
+    what was skipped) in ``out_dir``; returns the events file's path."""
+    import json
+    from pathlib import Path
+
+    path = Path(out_dir) / "events.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(e, default=str) + "\n" for e in events))
+    (Path(out_dir) / "plan.json").write_text(
+        json.dumps(
+            {
+                "plan_id": plan.plan_id,
+                "dry_run": rep.dry_run,
+                "units": iso_times(plan.units),
+                "skipped": rep.skipped,
+            },
+            indent=1,
+            default=str,
+        )
+    )
+    return path
+
+
+#: plan-unit keys whose values are times (hours since the epoch)
 _TIME_KEYS = frozenset(("created_at", "last_used", "deleted_at", "valid_from", "valid_to"))
 
 

@@ -144,6 +144,11 @@ def run_evaluate(
 ) -> Results:
     """Run every variant and write results.json, samples.jsonl, report.md and ablation.png.
 
+    Phases: build the task's store and embed its memories and questions
+    (:class:`_Evaluation`), then per variant its store (:meth:`_Evaluation.variant_store`:
+    the pass, an existing store, or the records as they are) and its scores
+    (:meth:`_Evaluation.score`: retrieval, latency, answers), then the results.
+
     Args:
         cfg: composed ``evaluate`` config.
         out_dir: output folder (default: Hydra's run dir).
@@ -159,16 +164,82 @@ def run_evaluate(
         The :class:`~consolidate.evaluation.results.Results` written.
     """
     out = Path(out_dir or HydraConfig.get().runtime.output_dir)
-    timings: dict[str, float] = {}
-    t0 = t = time.perf_counter()
-    scfg: StoreConfig = typed(cfg, "store", StoreConfig)
-    task = build_task(cfg, scfg)
-    spec = task.spec
-    ecfg: EmbedderConfig = typed(cfg, "embedder", EmbedderConfig)
-    emb = make_embedder(ecfg)
-    src: SourceConfig = typed(cfg, "source", SourceConfig) if "source" in cfg else SourceConfig()
-    qa = task.questions
-    if src.kind == "store":
+    ev = _Evaluation(cfg, splits)
+    for v in cfg.variants:
+        t = time.perf_counter()
+        live, stats, vdt = ev.variant_store(v)
+        ev.score(v, live, stats, vdt, time.perf_counter() - t)
+    ev.timings["total"] = time.perf_counter() - ev.t0
+    results, abl, per_cat = ev.results()
+    report = _report(results, abl, per_cat, ev.metric_cols)
+    write_results(out, results, ev.samples, report)
+    plot_ablation(
+        abl,
+        out / "ablation.png",
+        [f"faithful_recall@{k}" for k in ev.ks] + [f"faithful_recall@{b}tok" for b in ev.budgets],
+    )
+    return results
+
+
+_NO_PASS = {"merges": 0, "exact_merges": 0, "dropped_floor": 0, "dropped_cap": 0, "model_calls": 0}
+
+
+class _Evaluation:
+    """One :func:`run_evaluate` call: the task's records and questions embedded once, the
+    rows, samples and metrics its variants add."""
+
+    def __init__(self, cfg: DictConfig, splits: dict[str, Any] | Any | None) -> None:
+        self.cfg = cfg
+        self.timings: dict[str, float] = {}
+        self.t0 = t = time.perf_counter()
+        scfg: StoreConfig = typed(cfg, "store", StoreConfig)
+        self.task = task = build_task(cfg, scfg)
+        self.ecfg: EmbedderConfig = typed(cfg, "embedder", EmbedderConfig)
+        self.emb = emb = make_embedder(self.ecfg)
+        src = typed(cfg, "source", SourceConfig) if "source" in cfg else SourceConfig()
+        self.qa = qa = task.questions
+        self.recs, self.source_name = self._records(src)
+        self.splits = splits(sorted(set(qa["group"]))) if callable(splits) else splits
+        self.q_vecs = emb.encode(qa["question"].tolist())
+        self.timings["build_and_embed"] = time.perf_counter() - t
+        self.now_group = qa.groupby("group")["now_h"].max().to_dict()
+        self.now_ns = {
+            n: self.now_group.get(task.memory_group(n), max(self.now_group.values()))
+            for n in set(self.recs.meta["namespace"])
+        }
+        self.convs = set(qa["group"])
+        self.base_pass = typed(cfg, "sleep", PassConfig)
+        self.sc = sim_cfg(cfg)
+        self.merger = instantiate(cfg.merge)
+        self.ks, self.budgets = list(cfg.ks), list(cfg.budgets)
+        self.metric_cols = (
+            [f"faithful_recall@{k}" for k in self.ks]
+            + [f"faithful_recall@{b}tok" for b in self.budgets]
+            + [f"recall@{k}" for k in self.ks]
+            + [f"recall@{b}tok" for b in self.budgets]
+            + [f"tokens@{cfg.tokens_at_k}"]
+        )
+        # what each provenance id's memory said before any pass (faithful recall's reference)
+        self.origin = origin_texts(self.recs)
+        self.ablation: list[dict[str, Any]] = []
+        self.samples: list[dict[str, Any]] = []
+        self.metrics: list[Metric] = []
+        self.acfg = acfg = cfg.answer
+        self.backend, self.judge, self.answer_sample = None, None, None
+        if acfg.backend:
+            self.backend, self.judge = _backends(acfg)
+            sample = qa.sample(n=min(int(acfg.questions), len(qa)), random_state=cfg.seed)
+            sample = sample.sort_index()
+            # LOCOMO's per-category F1 rules apply to LOCOMO only; other tasks: plain token F1
+            sample["score_category"] = sample["category"] if cfg.task == "locomo10" else 4
+            self.answer_sample = sample
+
+    def _records(self, src: Any) -> tuple[Records, str | None]:
+        """The task's memories embedded (``source=store``), or an external source's rows."""
+        task, emb, qa = self.task, self.emb, self.qa
+        if src.kind != "store":
+            groups, evidence = set(qa["group"]), set(qa["evidence"].explode().dropna())
+            return read_source(src, emb, groups, task.memory_group, evidence)
         vecs = emb.encode([m["text"] for m in task.memories])
         recs = records_from_rows(
             [
@@ -179,53 +250,18 @@ def run_evaluate(
         )
         problems = validate(recs, dim=emb.dim)
         if problems:
-            raise InvalidRecordsError(f"task {spec.name}", problems)
-        source_name = None
-    else:
-        recs, source_name = read_source(
-            src, emb, set(qa["group"]), task.memory_group, set(qa["evidence"].explode().dropna())
-        )
-    if callable(splits):
-        splits = splits(sorted(set(qa["group"])))
-    q_vecs = emb.encode(qa["question"].tolist())
-    timings["build_and_embed"] = time.perf_counter() - t
-    now_group = qa.groupby("group")["now_h"].max().to_dict()
-    now_ns = {
-        n: now_group.get(task.memory_group(n), max(now_group.values()))
-        for n in set(recs.meta["namespace"])
-    }
-    convs = set(qa["group"])
-    base_pass = typed(cfg, "sleep", PassConfig)
-    sc = sim_cfg(cfg)
-    merger = instantiate(cfg.merge)
-    ks, budgets = list(cfg.ks), list(cfg.budgets)
-    metric_cols = (
-        [f"faithful_recall@{k}" for k in ks]
-        + [f"faithful_recall@{b}tok" for b in budgets]
-        + [f"recall@{k}" for k in ks]
-        + [f"recall@{b}tok" for b in budgets]
-        + [f"tokens@{cfg.tokens_at_k}"]
-    )
-    # what each provenance id's memory said before any pass (faithful recall's reference)
-    origin = origin_texts(recs)
-    ablation, samples, metrics = [], [], []
-    acfg = cfg.answer
-    backend, judge, answer_sample = None, None, None
-    if acfg.backend:
-        backend, judge = _backends(acfg)
-        answer_sample = qa.sample(
-            n=min(int(acfg.questions), len(qa)), random_state=cfg.seed
-        ).sort_index()
-        # LOCOMO's per-category F1 rules apply to LOCOMO only; other tasks get plain token F1
-        answer_sample["score_category"] = answer_sample["category"] if cfg.task == "locomo10" else 4
-    names = task.category_names
+            raise InvalidRecordsError(f"task {task.spec.name}", problems)
+        return recs, None
 
-    def label(c: int) -> str:
-        return names.get(c, str(c)) if cfg.task == "locomo10" else f"{c} {names.get(c, '?')}"
+    def label(self, c: int) -> str:
+        names = self.task.category_names
+        return names.get(c, str(c)) if self.cfg.task == "locomo10" else f"{c} {names.get(c, '?')}"
 
-    for v in cfg.variants:
-        name = v["name"]
-        t = time.perf_counter()
+    def variant_store(self, v: Any) -> tuple[Records, Any, str]:
+        """The live records variant ``v`` evaluates, its pass's stats and its vector dtype:
+        an existing store as it is (``store``), the task's records after the pass with the
+        variant's settings, or the records as they are (``consolidate: false``)."""
+        name, recs = v["name"], self.recs
         vdt = v.get("vectors", "fp32")
         try:
             base = (
@@ -240,70 +276,56 @@ def run_evaluate(
             from ..store.lance_store import open_store_dir
 
             snap = open_store_dir(v["store"]).load()
-            live = snap.records.mask(snap.records.live_mask())
-            stats = {
-                "merges": 0,
-                "exact_merges": 0,
-                "dropped_floor": 0,
-                "dropped_cap": 0,
-                "model_calls": 0,
-            }
-        elif v.get("consolidate", True):
-            pc = _variant_pass(
-                base_pass, OmegaConf.to_container(v.get("sleep", v.get("pass", {}))), name
-            )
-            res = run_pass(
-                base,
-                cfg=pc,
-                sim_cfg=sc,
-                merger=merger,
-                version=2,
-                wall_h=max(now_group.values()),
-                now_by_namespace=now_ns,
-            )
-            live = res.records.mask(res.records.live_mask())
-            stats = res.stats
-        else:
-            live, stats = (
-                base,
-                {
-                    "merges": 0,
-                    "exact_merges": 0,
-                    "dropped_floor": 0,
-                    "dropped_cap": 0,
-                    "model_calls": 0,
-                },
-            )
-        t_pass = time.perf_counter() - t
-        tok = emb.count_tokens(live.meta["text"].tolist())
+            return snap.records.mask(snap.records.live_mask()), dict(_NO_PASS), vdt
+        if not v.get("consolidate", True):
+            return base, dict(_NO_PASS), vdt
+        pc = _variant_pass(
+            self.base_pass, OmegaConf.to_container(v.get("sleep", v.get("pass", {}))), name
+        )
+        res = run_pass(
+            base,
+            cfg=pc,
+            sim_cfg=self.sc,
+            merger=self.merger,
+            version=2,
+            wall_h=max(self.now_group.values()),
+            now_by_namespace=self.now_ns,
+        )
+        return res.records.mask(res.records.live_mask()), res.stats, vdt
+
+    def score(self, v: Any, live: Records, stats: Any, vdt: str, t_pass: float) -> None:
+        """Variant ``v``'s retrieval table, latency, ablation row, metrics and samples (and
+        its answers, when the answer backend covers it)."""
+        cfg, qa, ks, name = self.cfg, self.qa, self.ks, v["name"]
+        tok = self.emb.count_tokens(live.meta["text"].tolist())
         table = retrieval_table(
             live,
             qa,
-            q_vecs,
+            self.q_vecs,
             tok,
-            memory_group=task.memory_group,
+            memory_group=self.task.memory_group,
             ks=ks,
-            budgets=budgets,
+            budgets=self.budgets,
             tokens_at_k=cfg.tokens_at_k,
             retrieve_k=cfg.retrieve_k,
-            device=sc.device,
-            faithful_sources=faithful_source_ids(live, origin),
+            device=self.sc.device,
+            faithful_sources=faithful_source_ids(live, self.origin),
         )
         lat = latency_ms(
             live,
             qa,
-            q_vecs,
+            self.q_vecs,
             max(ks),
             sample=cfg.latency_sample,
             seed=cfg.seed,
-            device=sc.device,
-            memory_group=task.memory_group,
+            device=self.sc.device,
+            memory_group=self.task.memory_group,
         )
-        summ = summarise(table, metric_cols, label)
+        summ = summarise(table, self.metric_cols, self.label)
         by_split = {}
-        for sname, sgroups in (splits or {}).items():
+        for sname, sgroups in (self.splits or {}).items():
             part = table[qa["group"].isin(set(sgroups)).to_numpy()]
-            by_split |= {f"{c}[{sname}]": float(part[c].mean()) for c in metric_cols}
+            by_split |= {f"{c}[{sname}]": float(part[c].mean()) for c in self.metric_cols}
         row = {
             "variant": name,
             "vectors": "store" if v.get("store") else vdt,
@@ -314,73 +336,18 @@ def run_evaluate(
             "pass_s": round(t_pass, 3),
             "mean_memory_tokens": float(tok.mean()) if len(tok) else 0.0,
             "store_tokens": int(tok.sum()),
-            **{c: summ.iloc[0][c] for c in metric_cols},
+            **{c: summ.iloc[0][c] for c in self.metric_cols},
             **by_split,
             **lat,
             # share of questions whose k reaches the whole pool: full context
             **{f"full_context@{k}": round(float((table["pool"] <= k).mean()), 4) for k in ks},
         }
-        ablation.append(row)
-        for _, s in summ.iterrows():
-            cat = None if s["category"] == "all" else int(s["category"])
-            for c in metric_cols:
-                metrics.append(
-                    Metric(
-                        name=c,
-                        value=None if pd.isna(s[c]) else float(s[c]),
-                        higher_is_better=not c.startswith(_LOWER_IS_BETTER),
-                        variant=name,
-                        category=cat,
-                        category_label=None if cat is None else label(cat),
-                        n=int(s["n"]),
-                    )
-                )
-        for c in ("store_size", "store_tokens", "p50_ms", "p95_ms"):
-            if c not in row:
-                continue  # no latency sample
-            metrics.append(
-                Metric(name=c, value=float(row[c]), higher_is_better=False, variant=name, n=len(qa))
-            )
-        if backend is not None and name in acfg.variants:
-            t = time.perf_counter()
-            scores = _answer(backend, judge, acfg, answer_sample, table, live, emb, qa, cfg.seed)
-            timings[f"answer_{name}"] = time.perf_counter() - t
-            row.update(
-                {
-                    **scores.summary,
-                    "answered": len(answer_sample),
-                    "answer_model": backend.model,
-                    "judge_model": judge.model,
-                }
-            )
-            for c, val in scores.summary.items():
-                metrics.append(
-                    Metric(
-                        name=c,
-                        value=val,
-                        variant=name,
-                        higher_is_better=c in _ANSWER_HIGHER,
-                        n=len(answer_sample),
-                    )
-                )
-            for cat, g in scores.table.groupby("category"):
-                for c in ("locomo_f1", "mem0_f1", "bleu1", "judge"):
-                    vals = g[c].dropna()  # judge: questions with a valid verdict only
-                    metrics.append(
-                        Metric(
-                            name=c,
-                            value=float(vals.mean()) if len(vals) else None,
-                            variant=name,
-                            higher_is_better=True,
-                            category=int(cat),
-                            category_label=label(int(cat)),
-                            n=len(vals),
-                        )
-                    )
-            for r in scores.table.to_dict("records"):
-                samples.append({"variant": name, "kind": "answer", **r})
+        self.ablation.append(row)
+        self._metrics(name, summ, row)
+        if self.backend is not None and name in self.acfg.variants:
+            self._answers(name, row, table, live)
         for r in table.to_dict("records"):
-            samples.append({"variant": name, **r})
+            self.samples.append({"variant": name, **r})
         log.info(
             "%s: %d memories, faithful recall@10 %.4f (provenance %.4f)",
             name,
@@ -388,73 +355,145 @@ def run_evaluate(
             row.get("faithful_recall@10", 0),
             row.get("recall@10", 0),
         )
-    timings["total"] = time.perf_counter() - t0
-    abl = pd.DataFrame(ablation)
-    per_cat = pd.DataFrame(
-        [
-            {"variant": m.variant, "category": m.category_label, "metric": m.name, "value": m.value}
-            for m in metrics
-            if m.category is not None
-        ]
-    )
-    results = Results(
-        job="evaluate",
-        created_at=now_iso(),
-        task=TaskInfo(
-            name=spec.name,
-            version=spec.version,
-            files_sha256=task.shas,
-            hash_verified=hashes_verified(spec.files, task.shas),
-            counts={
-                "memories": len(recs),
-                "questions": len(qa),
-                "groups": len(convs),
-                "truncated_texts": int(getattr(emb, "truncated", 0)),
-            },
-            main_score=spec.main_score,
-            memories_from=source_name,
-        ),
-        config=OmegaConf.to_container(cfg, resolve=False),
-        **environment(str(resolve_device(sc.device))),
-        timings_s={k: round(x, 3) for k, x in timings.items()},
-        metrics=metrics,
-        tables={
-            "ablation": abl.round(4).to_dict("records"),
-            "per_category": per_cat.round(4).to_dict("records"),
-            **(
+
+    def _metrics(self, name: str, summ: pd.DataFrame, row: dict[str, Any]) -> None:
+        """The variant's metrics: each retrieval column overall and per category, then the
+        store's size, tokens and latency."""
+        for _, s in summ.iterrows():
+            cat = None if s["category"] == "all" else int(s["category"])
+            for c in self.metric_cols:
+                self.metrics.append(
+                    Metric(
+                        name=c,
+                        value=None if pd.isna(s[c]) else float(s[c]),
+                        higher_is_better=not c.startswith(_LOWER_IS_BETTER),
+                        variant=name,
+                        category=cat,
+                        category_label=None if cat is None else self.label(cat),
+                        n=int(s["n"]),
+                    )
+                )
+        for c in ("store_size", "store_tokens", "p50_ms", "p95_ms"):
+            if c not in row:
+                continue  # no latency sample
+            self.metrics.append(
+                Metric(
+                    name=c,
+                    value=float(row[c]),
+                    higher_is_better=False,
+                    variant=name,
+                    n=len(self.qa),
+                )
+            )
+
+    def _answers(self, name: str, row: dict[str, Any], table: Any, live: Records) -> None:
+        """Answer and judge the question sample from the variant's retrieved memories."""
+        assert self.backend is not None and self.judge is not None
+        acfg, sample, backend, judge = self.acfg, self.answer_sample, self.backend, self.judge
+        assert sample is not None
+        t = time.perf_counter()
+        scores = _answer(
+            backend, judge, acfg, sample, table, live, self.emb, self.qa, self.cfg.seed
+        )
+        self.timings[f"answer_{name}"] = time.perf_counter() - t
+        row.update(
+            {
+                **scores.summary,
+                "answered": len(sample),
+                "answer_model": backend.model,
+                "judge_model": judge.model,
+            }
+        )
+        for c, val in scores.summary.items():
+            self.metrics.append(
+                Metric(
+                    name=c,
+                    value=val,
+                    variant=name,
+                    higher_is_better=c in _ANSWER_HIGHER,
+                    n=len(sample),
+                )
+            )
+        for cat, g in scores.table.groupby("category"):
+            for c in ("locomo_f1", "mem0_f1", "bleu1", "judge"):
+                vals = g[c].dropna()  # judge: questions with a valid verdict only
+                self.metrics.append(
+                    Metric(
+                        name=c,
+                        value=float(vals.mean()) if len(vals) else None,
+                        variant=name,
+                        higher_is_better=True,
+                        category=int(cat),
+                        category_label=self.label(int(cat)),
+                        n=len(vals),
+                    )
+                )
+        for r in scores.table.to_dict("records"):
+            self.samples.append({"variant": name, "kind": "answer", **r})
+
+    def results(self) -> tuple[Results, pd.DataFrame, pd.DataFrame]:
+        """The :class:`Results` of every variant, the ablation table and the per-category
+        table."""
+        task, qa, spec, splits = self.task, self.qa, self.task.spec, self.splits
+        abl = pd.DataFrame(self.ablation)
+        per_cat = pd.DataFrame(
+            [
                 {
-                    "splits": [
-                        {
-                            "split": k,
-                            "groups": sorted(v),
-                            "questions": int(qa["group"].isin(set(v)).sum()),
-                        }
-                        for k, v in splits.items()
-                    ]
+                    "variant": m.variant,
+                    "category": m.category_label,
+                    "metric": m.name,
+                    "value": m.value,
                 }
-                if splits
-                else {}
+                for m in self.metrics
+                if m.category is not None
+            ]
+        )
+        split_rows = [
+            {"split": k, "groups": sorted(v), "questions": int(qa["group"].isin(set(v)).sum())}
+            for k, v in (splits or {}).items()
+        ]
+        results = Results(
+            job="evaluate",
+            created_at=now_iso(),
+            task=TaskInfo(
+                name=spec.name,
+                version=spec.version,
+                files_sha256=task.shas,
+                hash_verified=hashes_verified(spec.files, task.shas),
+                counts={
+                    "memories": len(self.recs),
+                    "questions": len(qa),
+                    "groups": len(self.convs),
+                    "truncated_texts": int(getattr(self.emb, "truncated", 0)),
+                },
+                main_score=spec.main_score,
+                memories_from=self.source_name,
             ),
-        },
-        prompts=prompt_versions(),
-        models={
-            "embedder": str(getattr(emb, "path", ecfg.name)),
+            config=OmegaConf.to_container(self.cfg, resolve=False),
+            **environment(str(resolve_device(self.sc.device))),
+            timings_s={k: round(x, 3) for k, x in self.timings.items()},
+            metrics=self.metrics,
+            tables={
+                "ablation": abl.round(4).to_dict("records"),
+                "per_category": per_cat.round(4).to_dict("records"),
+                **({"splits": split_rows} if splits else {}),
+            },
+            prompts=prompt_versions(),
+            models=self._models(),
+        )
+        return results, abl, per_cat
+
+    def _models(self) -> dict[str, str]:
+        merger, backend, judge = self.merger, self.backend, self.judge
+        return {
+            "embedder": str(getattr(self.emb, "path", self.ecfg.name)),
             "merger": str(getattr(merger, "model", None) or getattr(merger, "name", "")),
             **(
-                {"answer": str(backend.model), "judge": str(judge.model)}
+                {"answer": str(backend.model), "judge": str(judge.model)}  # type: ignore[union-attr]
                 if backend is not None
                 else {}
             ),
-        },
-    )
-    report = _report(results, abl, per_cat, metric_cols)
-    write_results(out, results, samples, report)
-    plot_ablation(
-        abl,
-        out / "ablation.png",
-        [f"faithful_recall@{k}" for k in ks] + [f"faithful_recall@{b}tok" for b in budgets],
-    )
-    return results
+        }
 
 
 _ANSWER_HIGHER = ("locomo_f1", "mem0_f1", "bleu1", "judge", "judge_ci_low", "judge_ci_high")

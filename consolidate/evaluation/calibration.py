@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,12 @@ def _guard_rates(
 
 def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, Any]:
     """Calibrate on every ``cfg.datasets`` entry for every ``cfg.dtypes``; returns the
-    ``calibration.json`` content (also written to ``out_dir``)."""
+    ``calibration.json`` content (also written to ``out_dir``).
+
+    Phases: read and verify the pair datasets; per dtype and dataset, embed, score and
+    measure (:func:`_calibrate_one`: PR curve, thresholds, the conflict guard's rates, the
+    histogram); the guard on the hand-written pairs; the recommended threshold
+    (:func:`_recommend`); then ``calibration.json``, results and the report."""
     out = Path(out_dir or HydraConfig.get().runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -95,145 +101,19 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
     if cfg.max_pairs:  # a deterministic subset (first N pairs) for quick checks
         data = {k: v.head(int(cfg.max_pairs)) for k, v in data.items()}
     base: EmbedderConfig = typed(cfg, "embedder", EmbedderConfig)
-    entries: list[dict[str, Any]] = []
-    metrics: list[Metric] = []
-    curves: dict[str, tuple] = {}
-    marks: dict[str, list[tuple[float, float, str]]] = {}
-    prs: dict[str, Any] = {}
-    samples: list[dict[str, Any]] = []
+    run = _CalibrationRun()
     guard: dict[tuple[str, int], str | None] = {}  # (dataset, pair) -> the guard's reason
     for dtype in cfg.dtypes:
         emb = make_embedder(EmbedderConfig(**{**base.__dict__, "dtype": dtype}))
         for key, df in data.items():
-            sents = pd.unique(pd.concat([df["sentence1"], df["sentence2"]]).astype(str))
-            pos = {s: k for k, s in enumerate(sents)}
-            v = emb.encode(list(sents)).astype(np.float64)
-            a = v[[pos[s] for s in df["sentence1"].astype(str)]]
-            b = v[[pos[s] for s in df["sentence2"].astype(str)]]
-            cos = (a * b).sum(1)
-            c = pr_curve(cos, df["label"].to_numpy())
-            contra = cos[df["contradiction"].to_numpy() == 1]
-            e = {
-                "dataset": key,
-                "model": str(base.model_path or base.name),
-                "dtype": dtype,
-                "pairs": int(c.n),
-                "duplicates": int(c.positives),
-                "average_precision": c.average_precision,
-                "best_f1": c.best_f1,
-                "best_f1_threshold": c.best_f1_threshold,
-                "threshold_at_precision": {
-                    str(p): c.threshold_at_precision(p) for p in cfg.target_precisions
-                },
-                "contradiction_pairs": int(len(contra)),
-                "contradictions_above_best_f1_threshold": (
-                    float((contra >= c.best_f1_threshold).mean()) if len(contra) else None
-                ),
-                **_guard_rates(key, df, cos, c.best_f1_threshold, guard),
-                "guard_at": {
-                    f"{t:.2f}": _guard_rates(key, df, cos, float(t), guard)
-                    for t in cfg.guard_thresholds
-                },
-            }
-            samples += [
-                {
-                    "dataset": key,
-                    "dtype": dtype,
-                    "sentence1": s1,
-                    "sentence2": s2,
-                    "label": int(lab),
-                    "contradiction": int(con),
-                    "score": float(x),
-                }
-                for s1, s2, lab, con, x in zip(
-                    df["sentence1"].astype(str),
-                    df["sentence2"].astype(str),
-                    df["label"],
-                    df["contradiction"],
-                    cos,
-                    strict=True,
-                )
-            ]
-            entries.append(e)
-            label = f"{key} {dtype}"
-            curves[label] = (c.recall, c.precision, c.average_precision)
-            prs[label] = c
-            best = int(np.argmax(c.f1)) if len(c.f1) else None
-            if best is not None:
-                marks[label] = [
-                    (
-                        float(c.recall[best]),
-                        float(c.precision[best]),
-                        f"best F1 at {c.best_f1_threshold:.3f}",
-                    )
-                ]
-            for name, val in (
-                ("average_precision", c.average_precision),
-                ("best_f1", c.best_f1),
-                ("best_f1_threshold", c.best_f1_threshold),
-            ):
-                metrics.append(
-                    Metric(
-                        name=name,
-                        value=val,
-                        higher_is_better=name != "best_f1_threshold",
-                        variant=label,
-                        n=c.n,
-                    )
-                )
-            lab = df["label"].to_numpy() == 1
-            groups = {
-                "duplicates": cos[lab],
-                "non-duplicates": cos[~lab & (df["contradiction"].to_numpy() == 0)],
-                "contradictions": contra,
-            }
-            ths = {"best F1": c.best_f1_threshold}
-            tp = e["threshold_at_precision"].get(str(cfg.recommend.precision))
-            if tp is not None:
-                ths[f"P>={cfg.recommend.precision}"] = tp
-            plot_histograms(groups, out / f"hist_{key}_{dtype}.png", f"{label}: cosine", ths)
-            log.info(
-                "%s: AP %.4f, best F1 %.4f at %.4f",
-                label,
-                c.average_precision,
-                c.best_f1,
-                c.best_f1_threshold,
-            )
+            _calibrate_one(run, cfg, base, emb, dtype, key, df, guard, out)
     pairs = guard_pair_rates(make_embedder(EmbedderConfig(**{**base.__dict__, "dtype": "fp32"})))
-    rec_entry = next(
-        (
-            e
-            for e in entries
-            if e["dataset"] == cfg.recommend.dataset and e["dtype"] == cfg.recommend.dtype
-        ),
-        None,
-    )
-    if rec_entry is None:
-        raise ValueError(
-            f"recommend.dataset={cfg.recommend.dataset!r} with dtype "
-            f"{cfg.recommend.dtype!r} was not calibrated"
-        )
-    if cfg.recommend.rule == "best_f1":
-        thr = rec_entry["best_f1_threshold"]
-    else:
-        thr = rec_entry["threshold_at_precision"][str(cfg.recommend.precision)]
-    rec_label = f"{rec_entry['dataset']} {rec_entry['dtype']}"
-    c = prs.get(rec_label)
-    if c is not None and thr is not None:
-        at = np.flatnonzero(c.thresholds >= thr)
-        if len(at):
-            marks.setdefault(rec_label, []).append(
-                (
-                    float(c.recall[at[-1]]),
-                    float(c.precision[at[-1]]),
-                    f"recommended {thr:.3f} ({cfg.recommend.rule})",
-                )
-            )
-    plot_pr(curves, out / "pr_curves.png", marks)
+    thr = _recommend(run, cfg)
+    plot_pr(run.curves, out / "pr_curves.png", run.marks)
     calib = {
         "schema_version": 1,
         "created_at": now_iso(),
-        "entries": entries,
+        "entries": run.entries,
         "guard_pairs": pairs,
         "recommended": {
             "threshold": thr,
@@ -260,9 +140,179 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
         config=OmegaConf.to_container(cfg, resolve=False),
         **environment(str(emb.device)),
         timings_s={"total": round(time.perf_counter() - t0, 3)},
-        metrics=metrics,
-        tables={"calibration": entries},
+        metrics=run.metrics,
+        tables={"calibration": run.entries},
     )
+    write_results(out, res, run.samples, _calibration_report(res, run.entries, pairs, thr, cfg))
+    return calib
+
+
+@dataclass
+class _CalibrationRun:
+    """What :func:`run_calibrate` collects over its (dtype, dataset) entries."""
+
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    metrics: list[Metric] = field(default_factory=list)
+    curves: dict[str, tuple] = field(default_factory=dict)
+    marks: dict[str, list[tuple[float, float, str]]] = field(default_factory=dict)
+    prs: dict[str, Any] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _calibrate_one(
+    run: _CalibrationRun,
+    cfg: DictConfig,
+    base: EmbedderConfig,
+    emb: Any,
+    dtype: str,
+    key: str,
+    df: pd.DataFrame,
+    guard: dict[tuple[str, int], str | None],
+    out: Path,
+) -> None:
+    """One dataset at one dtype: cosine of every pair (float64 from the embedder's vectors),
+    its PR curve, thresholds at the best F1 and at each target precision, the conflict
+    guard's rates there and at ``cfg.guard_thresholds``, the score histogram; added to
+    ``run``."""
+    sents = pd.unique(pd.concat([df["sentence1"], df["sentence2"]]).astype(str))
+    pos = {s: k for k, s in enumerate(sents)}
+    v = emb.encode(list(sents)).astype(np.float64)
+    a = v[[pos[s] for s in df["sentence1"].astype(str)]]
+    b = v[[pos[s] for s in df["sentence2"].astype(str)]]
+    cos = (a * b).sum(1)
+    c = pr_curve(cos, df["label"].to_numpy())
+    contra = cos[df["contradiction"].to_numpy() == 1]
+    e = {
+        "dataset": key,
+        "model": str(base.model_path or base.name),
+        "dtype": dtype,
+        "pairs": int(c.n),
+        "duplicates": int(c.positives),
+        "average_precision": c.average_precision,
+        "best_f1": c.best_f1,
+        "best_f1_threshold": c.best_f1_threshold,
+        "threshold_at_precision": {
+            str(p): c.threshold_at_precision(p) for p in cfg.target_precisions
+        },
+        "contradiction_pairs": int(len(contra)),
+        "contradictions_above_best_f1_threshold": (
+            float((contra >= c.best_f1_threshold).mean()) if len(contra) else None
+        ),
+        **_guard_rates(key, df, cos, c.best_f1_threshold, guard),
+        "guard_at": {
+            f"{t:.2f}": _guard_rates(key, df, cos, float(t), guard) for t in cfg.guard_thresholds
+        },
+    }
+    run.samples += [
+        {
+            "dataset": key,
+            "dtype": dtype,
+            "sentence1": s1,
+            "sentence2": s2,
+            "label": int(lab),
+            "contradiction": int(con),
+            "score": float(x),
+        }
+        for s1, s2, lab, con, x in zip(
+            df["sentence1"].astype(str),
+            df["sentence2"].astype(str),
+            df["label"],
+            df["contradiction"],
+            cos,
+            strict=True,
+        )
+    ]
+    run.entries.append(e)
+    label = f"{key} {dtype}"
+    run.curves[label] = (c.recall, c.precision, c.average_precision)
+    run.prs[label] = c
+    best = int(np.argmax(c.f1)) if len(c.f1) else None
+    if best is not None:
+        run.marks[label] = [
+            (
+                float(c.recall[best]),
+                float(c.precision[best]),
+                f"best F1 at {c.best_f1_threshold:.3f}",
+            )
+        ]
+    for name, val in (
+        ("average_precision", c.average_precision),
+        ("best_f1", c.best_f1),
+        ("best_f1_threshold", c.best_f1_threshold),
+    ):
+        run.metrics.append(
+            Metric(
+                name=name,
+                value=val,
+                higher_is_better=name != "best_f1_threshold",
+                variant=label,
+                n=c.n,
+            )
+        )
+    lab = df["label"].to_numpy() == 1
+    groups = {
+        "duplicates": cos[lab],
+        "non-duplicates": cos[~lab & (df["contradiction"].to_numpy() == 0)],
+        "contradictions": contra,
+    }
+    ths = {"best F1": c.best_f1_threshold}
+    tp = e["threshold_at_precision"].get(str(cfg.recommend.precision))
+    if tp is not None:
+        ths[f"P>={cfg.recommend.precision}"] = tp
+    plot_histograms(groups, out / f"hist_{key}_{dtype}.png", f"{label}: cosine", ths)
+    log.info(
+        "%s: AP %.4f, best F1 %.4f at %.4f",
+        label,
+        c.average_precision,
+        c.best_f1,
+        c.best_f1_threshold,
+    )
+
+
+def _recommend(run: _CalibrationRun, cfg: DictConfig) -> Any:
+    """The threshold ``cfg.recommend`` picks (best F1, or the threshold at its precision) from
+    its dataset and dtype, marked on that PR curve.
+
+    Raises:
+        ValueError: that dataset and dtype were not calibrated.
+    """
+    rec_entry = next(
+        (
+            e
+            for e in run.entries
+            if e["dataset"] == cfg.recommend.dataset and e["dtype"] == cfg.recommend.dtype
+        ),
+        None,
+    )
+    if rec_entry is None:
+        raise ValueError(
+            f"recommend.dataset={cfg.recommend.dataset!r} with dtype "
+            f"{cfg.recommend.dtype!r} was not calibrated"
+        )
+    if cfg.recommend.rule == "best_f1":
+        thr = rec_entry["best_f1_threshold"]
+    else:
+        thr = rec_entry["threshold_at_precision"][str(cfg.recommend.precision)]
+    rec_label = f"{rec_entry['dataset']} {rec_entry['dtype']}"
+    c = run.prs.get(rec_label)
+    if c is not None and thr is not None:
+        at = np.flatnonzero(c.thresholds >= thr)
+        if len(at):
+            run.marks.setdefault(rec_label, []).append(
+                (
+                    float(c.recall[at[-1]]),
+                    float(c.precision[at[-1]]),
+                    f"recommended {thr:.3f} ({cfg.recommend.rule})",
+                )
+            )
+    return thr
+
+
+def _calibration_report(
+    res: Results, entries: list[dict[str, Any]], pairs: Any, thr: float, cfg: DictConfig
+) -> str:
+    """``report.md``: the calibration table, the guard at other thresholds and on the
+    hand-written pairs, the PR curves."""
     table = pd.DataFrame(
         [
             {
@@ -274,7 +324,7 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
             for e in entries
         ]
     )
-    report = "\n".join(
+    return "\n".join(
         [
             "# Threshold calibration",
             "",
@@ -310,8 +360,6 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
             "",
         ]
     )
-    write_results(out, res, samples, report)
-    return calib
 
 
 GUARD_PAIRS = Path(__file__).with_name("guard_pairs.jsonl")
