@@ -142,7 +142,10 @@ def test_fleet_run_commits_what_a_single_process_pass_commits(tmp_path, cluster)
     assert fs["merges"] > 0 and fs["exact_merges"] > 0 and fs["dropped_floor"] > 0
     # 30 namespaces of 100 rows (plus touches), at most 700 rows a shard: 5 shards of 7
     # namespaces and one of 2, except that the touch naming two namespaces' ids binds them
-    assert out["fleet"]["shards"] == 5 and out["fleet"]["workers"] == 2
+    assert out["fleet"]["shards"] == 5
+    # distinct actor processes that ran a shard: at most runner.actors; on a loaded machine
+    # Ray can hand every shard to the first actor before the second has started
+    assert out["fleet"]["workers"] in (1, 2)
     assert out["fleet"]["rows"] == 3000 and out["records_read"] == 3000
     assert not list((b.root / "deltas").glob("*.json"))  # every delta folded, once
     # a second round: new rows, touches and a pass over tombstones (purge) in both
