@@ -59,7 +59,7 @@ class ClusterResult:
     rejected: int = 0
 
 
-def centroid_clusters(
+def centroid_clusters(  # noqa: C901
     i: np.ndarray,
     j: np.ndarray,
     sim: np.ndarray,

@@ -86,7 +86,7 @@ class FleetPlan:
     left_pending: list[str]
 
 
-def plan_shards(
+def plan_shards(  # noqa: C901
     store: LanceStore,
     *,
     version: int,

@@ -1068,7 +1068,7 @@ class Runner:
         self.last_cpu = time.process_time() - c
         return time.perf_counter() - t, out
 
-    def measure(self, ctx: Ctx, name: str, m: Method) -> dict[str, Any]:
+    def measure(self, ctx: Ctx, name: str, m: Method) -> dict[str, Any]:  # noqa: C901
         c, dev = ctx.case, self.device
         where = {"dev": dev.type, "cpu": "cpu"}.get(m.where) or (
             "cuda" if dev.type == "cuda" and _faiss_gpu() else "cpu"
@@ -2131,7 +2131,7 @@ def _numbers(x: Any, what: str) -> list[int]:
         raise ValueError(f"{what} must be numbers (e.g. {what}=[0,2]), got {x!r}") from None
 
 
-def run_benchmark(args: BenchConfig) -> Path:
+def run_benchmark(args: BenchConfig) -> Path:  # noqa: C901
     """Run the preset's cases and write the report (see the module docstring).
 
     Args:

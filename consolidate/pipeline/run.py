@@ -225,7 +225,7 @@ def _now_fn(
     return now
 
 
-def check_settings(cfg: PassConfig) -> None:
+def check_settings(cfg: PassConfig) -> None:  # noqa: C901
     """Refuse settings that would silently do the wrong thing (NaN compares false); the jobs
     call it before any work, :func:`run_pass` again.
 

@@ -286,7 +286,7 @@ def _generated_ids(rows: list[dict[str, Any]], namespace: str) -> int:
     return n
 
 
-def read_memories(
+def read_memories(  # noqa: C901
     path: str | Path,
     *,
     namespace: str = "default",

@@ -766,7 +766,7 @@ class PgVectorTable:
             )
 
     # ------------------------------------------------------------ undo
-    def undo(self, target: str) -> UndoReport:
+    def undo(self, target: str) -> UndoReport:  # noqa: C901
         """Undo a merge or a drop, or every merge and drop of a plan, that :meth:`apply`
         wrote: ``target`` is the merged row's id, a dropped row's id or a plan id (or a
         unique prefix, see :func:`~consolidate.sources.journal.match_target`), found in

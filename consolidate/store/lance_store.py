@@ -1571,7 +1571,7 @@ class LanceStore(StoreBase):
         return list(records.meta["id"])
 
     # ------------------------------------------------------------ commit
-    def commit(
+    def commit(  # noqa: C901
         self,
         records: Records,
         events: list[dict[str, Any]],

@@ -123,7 +123,7 @@ def heuristic_importance(text: str, cfg: ImportanceConfig) -> float:
     return float(min(1.0, max(0.0, score)))
 
 
-def read_locomo_observations(
+def read_locomo_observations(  # noqa: C901
     path: str | Path, conversations: int | None = None
 ) -> tuple[list[LocomoObservation], ImportReport]:
     """Read every observation of ``locomo10.json``.

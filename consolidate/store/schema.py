@@ -237,7 +237,7 @@ class _RowParser:
     def bad(self, kind: str, k: int) -> None:
         self.problems.setdefault(kind, []).append(k)
 
-    def parse(self, row: Mapping[str, Any], k: int) -> dict[str, Any]:
+    def parse(self, row: Mapping[str, Any], k: int) -> dict[str, Any]:  # noqa: C901
         if not isinstance(row, Mapping):
             self.bad(f"record is a {type(row).__name__}, not a mapping", k)
             row = {}

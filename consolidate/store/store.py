@@ -1324,7 +1324,7 @@ def _name_hours(name: str) -> float | None:
     return int(head) / 3.6e12 if head.isdigit() and len(head) == 20 else None
 
 
-def read_json_delta(path: Path, *, skew_h: float, wall: float | None = None) -> dict[str, Any]:
+def read_json_delta(path: Path, *, skew_h: float, wall: float | None = None) -> dict[str, Any]:  # noqa: C901
     """Read and check a recall-bookkeeping (``*.touch.json``) or patch (``*.patch.json``)
     delta with the rules :meth:`Store.mark_used` and :meth:`Store.patch` apply when they write
     one.
