@@ -63,7 +63,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -78,6 +77,7 @@ import torch
 #: the folder a git checkout of this package is in (for ``pass_baseline`` and the git state)
 REPO = Path(__file__).resolve().parents[2]
 
+from consolidate.bench.pass_bench import PeakRSS  # noqa: E402
 from consolidate.cluster import centroid_clusters  # noqa: E402
 from consolidate.config import BenchConfig  # noqa: E402
 from consolidate.device import resolve_device  # noqa: E402
@@ -339,43 +339,6 @@ def locomo_store(
 
 
 # --------------------------------------------------------------------------- measurement
-
-
-class PeakRSS:
-    """Peak resident memory of this process while the block runs (10 ms sampling)."""
-
-    def __init__(self) -> None:
-        try:
-            import psutil
-
-            proc = psutil.Process()
-            self._read = lambda: proc.memory_info().rss
-        except ImportError:
-            page = os.sysconf("SC_PAGE_SIZE")
-
-            def read() -> int:
-                with open("/proc/self/statm") as f:
-                    return int(f.read().split()[1]) * page
-
-            self._read = read
-        self.peak = 0
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._read())
-            self._stop.wait(0.01)
-
-    def __enter__(self) -> PeakRSS:
-        self.peak = self._read()
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, self._read())
 
 
 def sync(device: torch.device) -> None:

@@ -372,11 +372,17 @@ def _proc_status(key: str) -> int:
     return 0
 
 
-class _Sampler:
-    """Peak of ``VmRSS`` while the block runs (50 ms sampling): the pass's own peak, which
-    ``VmHWM`` hides when loading the store peaked higher."""
+class PeakRSS:
+    """Peak resident memory (``VmRSS``, bytes) of this process while the block runs, sampled
+    every ``every_s`` seconds and at both ends: a block's own peak, which ``VmHWM`` hides
+    when something before it peaked higher. The one RSS sampler of the benchmarks (this
+    module imports nothing of the package, so it also measures an older revision).
 
-    def __init__(self, every_s: float = 0.05) -> None:
+    Attributes:
+        peak: the highest sample, bytes (0 where ``/proc`` is missing).
+    """
+
+    def __init__(self, every_s: float = 0.01) -> None:
         self.every_s = every_s
         self.peak = 0
 
@@ -384,7 +390,7 @@ class _Sampler:
         while not self._stop.wait(self.every_s):
             self.peak = max(self.peak, _proc_status("VmRSS"))
 
-    def __enter__(self) -> _Sampler:
+    def __enter__(self) -> PeakRSS:
         self.peak = _proc_status("VmRSS")
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
@@ -535,7 +541,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         file=sys.stderr,
         flush=True,
     )
-    with _Sampler() as sampler:
+    with PeakRSS(every_s=0.05) as sampler:
         t, c = time.perf_counter(), time.process_time()
         res = run_pass(snap.records, cfg=cfg, sim_cfg=sim_cfg, version=snap.version + 1)
         out["pass_s"] = round(time.perf_counter() - t, 4)
