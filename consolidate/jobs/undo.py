@@ -73,7 +73,11 @@ def resolve_merge_id(target: str, merged: Any) -> str:
     from ..sources.journal import match_target
 
     plans = [{"plan_id": f"\0{i}", "units": [{"key": i}]} for i in merged]
-    hint = f"{len(plans)} merges in the store; their ids are in the changelogs' merge lines"
+    eg = f", e.g. {min(map(str, merged))}" if len(plans) else ""
+    hint = (
+        f"the store has {len(plans)} merge ids, made or undone{eg}: the `merge` lines of "
+        f"changelogs/changelog-*.jsonl list them (a dry-run-*.jsonl lists merges never made)"
+    )
     return str(match_target(target, plans, hint)[1][0]["key"])
 
 
