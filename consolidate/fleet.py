@@ -750,6 +750,7 @@ class _FleetRun:
         self.commit_s = 0.0
         self.checker: Any = None
         self.check: dict[str, Any] = {}
+        self.dim = 0  # the vectors' width, read when the rounds start
 
     @staticmethod
     def merger_name(parts: list[dict[str, Any]]) -> str:
@@ -829,11 +830,10 @@ class _FleetRun:
             RuntimeError: a shard came back split, twice, or never.
         """
         plan, runner = self.plan, self.runner
-        dim = int(self.store._marker()["dim"])
         # a read is a Lance scan on Lance's own threads: it reserves no CPU, so
         # actors that take every CPU of the cluster cannot starve it
         ds = ray.data.read_datasource(
-            _datasource(str(self.store.root), plan, dim * 4 + 256, self.packed, shard_ids),
+            _datasource(str(self.store.root), plan, self.dim * 4 + 256, self.packed, shard_ids),
             num_cpus=0,
             # reads reserve no CPU, so bound them: as many at a time as actors
             # (Ray would otherwise start a worker process per pending read)
@@ -883,6 +883,7 @@ class _FleetRun:
                 LLM stage).
         """
         per, ready = self.per, self.ready
+        self.dim = int(self.store._marker()["dim"])  # a row's bytes, for the reads
         todo = list(range(len(self.plan.shards)))
         answers: dict[str, Any] = {}
         for rnd in range(_MAX_ROUNDS):

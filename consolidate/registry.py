@@ -77,10 +77,9 @@ class Registry(Mapping[str, str]):
         """The registered names, in registration order."""
         return tuple(self._targets)
 
-    def unknown(self, name: object, extra: tuple[str, ...] = ()) -> ValueError:
-        """The error for a name that is not registered (``extra``: other names the caller
-        accepts, such as ``"auto"``, listed and suggested too)."""
-        known = (*extra, *self._targets)
+    def unknown(self, name: object) -> ValueError:
+        """The error for a name that is not registered: the known names and the closest."""
+        known = tuple(self._targets)
         return ValueError(
             f"unknown {self.kind} {name!r}; known: {', '.join(known)}"
             f"{did_you_mean(str(name), known)}"
