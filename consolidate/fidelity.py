@@ -5,7 +5,7 @@ merger to decide which clauses are said twice, and by the evaluation's faithful 
 
 A text is split into **clauses** (:func:`~consolidate.text.split_facts`: sentences and
 ``;``-separated parts). A clause's **terms** are its content words (lower case, the
-stop-words of :data:`STOP_WORDS` removed, stemmed by Porter's algorithm (M. F. Porter,
+stop-words of :data:`~consolidate.lexicon.CONTENT_STOP_WORDS` removed, stemmed by Porter's algorithm (M. F. Porter,
 "An algorithm for suffix stripping", Program 14(3), 1980; the Snowball implementation in
 PyStemmer), so "plays"/"playing" and "service"/"services" are one term); its **hard items** are the numbers (digits or number
 words, which are not terms), date terms and names of :class:`~consolidate.merge.Facts`,
@@ -38,13 +38,12 @@ import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .merge import _STOP as _MERGE_STOP
+from .lexicon import CONTENT_STOP_WORDS, NUMBER_WORDS
 from .merge import _name_key, facts_of
-from .text import _NUMBER_WORDS, content_tokens, split_facts
+from .text import content_tokens, split_facts
 
 __all__ = [
     "DEFAULT_THRESHOLD",
-    "STOP_WORDS",
     "Clause",
     "clauses_of",
     "clause_covers",
@@ -57,63 +56,6 @@ __all__ = [
 
 #: term coverage a clause needs in one merged clause to survive (1.0: every term)
 DEFAULT_THRESHOLD = 1.0
-
-#: words that carry no content of their own: the merge module's stop-words
-#: (:data:`consolidate.merge._STOP`) without its negation markers (polarity is rule 3), and
-#: more pronouns, auxiliaries, modals and quantifiers
-STOP_WORDS = (_MERGE_STOP - {"not", "no", "n't", "never"}) | frozenset(
-    [
-        "'s",
-        "s",
-        "am",
-        "being",
-        "doing",
-        "having",
-        "him",
-        "hers",
-        "mine",
-        "ours",
-        "theirs",
-        "yours",
-        "them",
-        "these",
-        "those",
-        "what",
-        "whom",
-        "can",
-        "could",
-        "may",
-        "might",
-        "must",
-        "shall",
-        "should",
-        "will",
-        "would",
-        "again",
-        "all",
-        "any",
-        "each",
-        "more",
-        "most",
-        "now",
-        "once",
-        "only",
-        "out",
-        "over",
-        "own",
-        "same",
-        "some",
-        "still",
-        "such",
-        "than",
-        "then",
-        "there",
-        "here",
-        "too",
-        "up",
-        "just",
-    ]
-)
 
 
 @functools.cache
@@ -129,7 +71,7 @@ def _stem(word: str) -> str:
 
 
 def _is_number(t: str) -> bool:
-    return t[:1].isdigit() or t in _NUMBER_WORDS
+    return t[:1].isdigit() or t in NUMBER_WORDS
 
 
 @dataclass(frozen=True)
@@ -173,10 +115,10 @@ def _analysis(key: str) -> tuple[frozenset, frozenset, frozenset, bool, frozense
     terms = frozenset(
         _stem(t)
         for t in content_tokens(key)
-        if t not in STOP_WORDS and t != "n't" and not _is_number(t)
+        if t not in CONTENT_STOP_WORDS and t != "n't" and not _is_number(t)
     )
     items = frozenset(x for x in f.items if x[0] != "name")
-    scope = frozenset(_stem(t) for t in f.negated_scope if t not in STOP_WORDS)
+    scope = frozenset(_stem(t) for t in f.negated_scope if t not in CONTENT_STOP_WORDS)
     return terms, items, f.names, f.negated, scope, f.words
 
 

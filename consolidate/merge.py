@@ -26,17 +26,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from .lexicon import DATE_WORDS, NEGATIONS, NUMBER_WORDS, STOP_WORDS
 from .text import (
-    _DATE_WORDS,
     _DIGIT,
-    _NUMBER_WORDS,
     _date_terms,
     _numbers,
     content_tokens,
     split_sentences,
-)
-from .text import (
-    _NEGATIONS as _NEGATION_WORDS,
 )
 
 __all__ = [
@@ -205,70 +201,6 @@ def names_in(text: str) -> list[str]:
     return out
 
 
-#: words that carry no fact of their own (for the negated-sentence and base rules)
-_STOP = frozenset(
-    {
-        "a",
-        "an",
-        "the",
-        "and",
-        "or",
-        "but",
-        "of",
-        "to",
-        "in",
-        "on",
-        "at",
-        "for",
-        "with",
-        "is",
-        "was",
-        "are",
-        "were",
-        "be",
-        "been",
-        "has",
-        "had",
-        "have",
-        "her",
-        "his",
-        "she",
-        "he",
-        "they",
-        "their",
-        "it",
-        "its",
-        "that",
-        "this",
-        "as",
-        "by",
-        "from",
-        "also",
-        "who",
-        "which",
-        "about",
-        "into",
-        "very",
-        "so",
-        "i",
-        "i'm",
-        "my",
-        "me",
-        "we",
-        "our",
-        "you",
-        "your",
-        "do",
-        "does",
-        "did",
-        "not",
-        "no",
-        "n't",
-        "never",
-    }
-)
-
-
 @dataclass(frozen=True)
 class Facts:
     """The facts a merge must keep from one text: what sentence embeddings do not tell
@@ -310,17 +242,17 @@ def facts_of(text: str) -> Facts:
     toks = content_tokens(text)
     tokset = frozenset(toks)
     uwords = [w.casefold().replace("\u2019", "'") for w in _UWORD.findall(text)]
-    neg_at = next((k for k, t in enumerate(toks) if t in _NEGATION_WORDS), None)
+    neg_at = next((k for k, t in enumerate(toks) if t in NEGATIONS), None)
     scope = (
         frozenset()
         if neg_at is None
-        else frozenset(t for t in toks[neg_at + 1 : neg_at + 5] if t not in _STOP)
+        else frozenset(t for t in toks[neg_at + 1 : neg_at + 5] if t not in STOP_WORDS)
     )
     # the multisets only where the text has one of their words (most texts have none)
-    has_num = _DIGIT.search(text) is not None or not _NUMBER_WORDS.keys().isdisjoint(tokset)
+    has_num = _DIGIT.search(text) is not None or not NUMBER_WORDS.keys().isdisjoint(tokset)
     return Facts(
         frozenset(_numbers(toks, text)) if has_num else frozenset(),
-        frozenset(_date_terms(toks)) if not _DATE_WORDS.isdisjoint(tokset) else frozenset(),
+        frozenset(_date_terms(toks)) if not DATE_WORDS.isdisjoint(tokset) else frozenset(),
         frozenset(names_in(text)),
         neg_at is not None,  # a negation word among the tokens (what _negation_count counts)
         tokset | frozenset(uwords) | {t.split("'")[0] for t in (*toks, *uwords) if "'" in t},

@@ -25,6 +25,17 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .lexicon import (
+    DATE_WORDS,
+    DAY_WORDS,
+    GUARD_FUNCTION_WORDS,
+    MONTHS,
+    NEGATION_GAP_WORDS,
+    NEGATIONS,
+    NUMBER_WORDS,
+    RELATIVE_TIME,
+)
+
 __all__ = [
     "normalise",
     "normalise_many",
@@ -163,121 +174,11 @@ def content_tokens(text: str) -> list[str]:
 
 
 # ---------------------------------------------------------------- conflict guard
-_NEGATIONS = {
-    "not",
-    "no",
-    "never",
-    "n't",
-    "cannot",
-    "nobody",
-    "nothing",
-    "none",
-    "neither",
-    "nor",
-    "nowhere",
-    "without",
-    "stopped",
-    "quit",
-    "anymore",
-}
-_NUMBER_WORDS = {
-    "zero": 0,
-    "one": 1,
-    "two": 2,
-    "three": 3,
-    "four": 4,
-    "five": 5,
-    "six": 6,
-    "seven": 7,
-    "eight": 8,
-    "nine": 9,
-    "ten": 10,
-    "eleven": 11,
-    "twelve": 12,
-    "thirteen": 13,
-    "fourteen": 14,
-    "fifteen": 15,
-    "sixteen": 16,
-    "seventeen": 17,
-    "eighteen": 18,
-    "nineteen": 19,
-    "twenty": 20,
-    "thirty": 30,
-    "forty": 40,
-    "fifty": 50,
-    "sixty": 60,
-    "seventy": 70,
-    "eighty": 80,
-    "ninety": 90,
-    "hundred": 100,
-    "thousand": 1000,
-    "million": 10**6,
-    "billion": 10**9,
-    "first": 1,
-    "second": 2,
-    "third": 3,
-    "fourth": 4,
-    "fifth": 5,
-    "sixth": 6,
-    "seventh": 7,
-    "eighth": 8,
-    "ninth": 9,
-    "tenth": 10,
-    "eleventh": 11,
-    "twelfth": 12,
-    "twentieth": 20,
-    "hundredth": 100,
-    "once": 1,
-    "twice": 2,
-    "thrice": 3,
-    "dozen": 12,
-}
-_MONTHS = {
-    "january",
-    "february",
-    "march",
-    "april",
-    "may",
-    "june",
-    "july",
-    "august",
-    "september",
-    "october",
-    "november",
-    "december",
-    "jan",
-    "feb",
-    "mar",
-    "apr",
-    "jun",
-    "jul",
-    "aug",
-    "sep",
-    "sept",
-    "oct",
-    "nov",
-    "dec",
-}
-_WEEKDAYS = {
-    "monday",
-    "tuesday",
-    "wednesday",
-    "thursday",
-    "friday",
-    "saturday",
-    "sunday",
-    "yesterday",
-    "today",
-    "tomorrow",
-    "tonight",
-    "weekend",
-}
-_RELATIVE_TIME = {"last", "next", "ago", "later", "earlier", "previous", "upcoming"}
 _NUM = re.compile(r"(?<!\w)[-+\u2212]?\d+(?:[.,:/-]\d+)*")
 
 
 def _negation_count(tokens: list[str]) -> Counter:
-    return Counter(t for t in tokens if t in _NEGATIONS)
+    return Counter(t for t in tokens if t in NEGATIONS)
 
 
 def _numbers(tokens: list[str], normalised: str) -> Counter:
@@ -285,8 +186,8 @@ def _numbers(tokens: list[str], normalised: str) -> Counter:
     for m in _NUM.findall(normalised):
         vals[m.replace(",", "")] += 1
     for t in tokens:
-        if t in _NUMBER_WORDS:
-            vals[str(_NUMBER_WORDS[t])] += 1
+        if t in NUMBER_WORDS:
+            vals[str(NUMBER_WORDS[t])] += 1
     return vals
 
 
@@ -299,7 +200,7 @@ def _date_terms(tokens: list[str]) -> Counter:
             nb = tokens[max(0, k - 1) : k] + tokens[k + 1 : k + 2]
             if not any(x.isdigit() for x in nb):
                 continue
-        if t in _MONTHS or t in _WEEKDAYS or t in _RELATIVE_TIME:
+        if t in MONTHS or t in DAY_WORDS or t in RELATIVE_TIME:
             out[t] += 1
     return out
 
@@ -407,58 +308,6 @@ for _g, (_name, _p0, _p1) in enumerate(_OPPOSITE_GROUPS):
 # and positive ones that take their place: "disabled" / "enabled"
 _NEG_PREFIXES = ("un", "dis", "non")
 _POS_PREFIXES = ("en", "em")
-# words that are never values and never roles (function words, auxiliaries)
-_FUNCTION = {
-    "a",
-    "an",
-    "the",
-    "is",
-    "are",
-    "was",
-    "were",
-    "be",
-    "being",
-    "been",
-    "am",
-    "of",
-    "its",
-    "his",
-    "her",
-    "their",
-    "our",
-    "my",
-    "your",
-    "some",
-    "and",
-    "or",
-    "to",
-    "for",
-    "with",
-    "at",
-    "as",
-    "that",
-    "this",
-    "these",
-    "those",
-    "it",
-    "he",
-    "she",
-    "they",
-    "we",
-    "i",
-    "you",
-    "him",
-    "them",
-    "who",
-    "which",
-    "has",
-    "have",
-    "had",
-    "does",
-    "do",
-    "did",
-    "s",
-}
 # prepositions that mark who does what to whom: kept among the role words, so that "from
 # Boston to Denver" / "from Denver to Boston" swap around "to"
 _ROLE_PIVOTS = frozenset({"to", "for", "from", "than"})
@@ -637,7 +486,7 @@ def _word(w: str) -> tuple[str, bool, bool, str | None, str | None, str | None]:
     low = w.casefold()
     if w.isdigit():  # numbers have a rule of their own
         return low, False, False, None, None, None
-    function = low in _FUNCTION
+    function = low in GUARD_FUNCTION_WORDS
     value = bool(_IDENT.search(w)) or (
         low.isascii()
         and low.isalpha()
@@ -656,7 +505,6 @@ def _word(w: str) -> tuple[str, bool, bool, str | None, str | None, str | None]:
     return low, value, inner, neg, pos, role
 
 
-_DATE_WORDS = frozenset(_MONTHS | _WEEKDAYS | _RELATIVE_TIME)
 _DIGIT = re.compile(r"\d")
 
 
@@ -702,9 +550,9 @@ def conflict_signature(text: str) -> ConflictSignature:
     negs: tuple[tuple[Any, int], ...] = ()
     nums: tuple[tuple[Any, int], ...] = ()
     dates: tuple[tuple[Any, int], ...] = ()
-    has_num = _DIGIT.search(low) is not None or not _NUMBER_WORDS.keys().isdisjoint(word_set)
-    has_neg = "n't" in low or not _NEGATIONS.isdisjoint(word_set)
-    has_date = not _DATE_WORDS.isdisjoint(word_set)
+    has_num = _DIGIT.search(low) is not None or not NUMBER_WORDS.keys().isdisjoint(word_set)
+    has_neg = "n't" in low or not NEGATIONS.isdisjoint(word_set)
+    has_date = not DATE_WORDS.isdisjoint(word_set)
     if has_num or has_neg or has_date:
         toks = _TOKEN.findall(low.replace("n't", " n't"))
         if has_neg:
@@ -885,7 +733,7 @@ def _without(a: ConflictSignature, stems: frozenset) -> ConflictSignature:
 
 
 def _negated_word(w: str) -> bool:
-    return w in _NEGATIONS or w.endswith("n't") or w == "cannot"
+    return w in NEGATIONS or w.endswith("n't") or w == "cannot"
 
 
 #: stems whose negative prefix means plain "not" ("dislikes" = "does not like"); for other
@@ -924,32 +772,6 @@ _PREFIX_IS_NOT = frozenset(
         "well",
     ]
 )
-#: words that may stand between a negation and the word it negates ("does not really like")
-_BETWEEN = frozenset(
-    [
-        "do",
-        "does",
-        "did",
-        "is",
-        "are",
-        "was",
-        "were",
-        "be",
-        "been",
-        "am",
-        "really",
-        "quite",
-        "very",
-        "much",
-        "so",
-        "too",
-        "at",
-        "all",
-        "particularly",
-        "exactly",
-        "that",
-    ]
-)
 
 
 def _content(sig: ConflictSignature, drop: frozenset) -> frozenset:
@@ -957,7 +779,7 @@ def _content(sig: ConflictSignature, drop: frozenset) -> frozenset:
     of :data:`_PREFIX_IS_NOT` as their stems, plurals singular."""
     out = set()
     for w in sig.word_list:
-        if _negated_word(w) or w in _FUNCTION or w in _BETWEEN or w in drop:
+        if _negated_word(w) or w in GUARD_FUNCTION_WORDS or w in NEGATION_GAP_WORDS or w in drop:
             continue
         for p in _NEG_PREFIXES:
             if w.startswith(p) and _singular(w[len(p) :]) in _PREFIX_IS_NOT:
@@ -970,7 +792,7 @@ def _content(sig: ConflictSignature, drop: frozenset) -> frozenset:
 def _stems_in(stems: frozenset, this: ConflictSignature, other: ConflictSignature) -> set[str]:
     """The prefixed ``stems`` of ``this`` (those of :data:`_PREFIX_IS_NOT`) that ``other``
     states as the stem right after a negation ("does not like", "doesn't really like";
-    only :data:`_BETWEEN` words may stand between), when the two texts otherwise say the
+    only :data:`NEGATION_GAP_WORDS` words may stand between), when the two texts otherwise say the
     same words (:func:`_content`): "dislikes cats" and "does not like cats" agree, "does
     not like dogs but likes cats" does not."""
     want = {x for x in stems if _singular(x) in _PREFIX_IS_NOT}
@@ -984,7 +806,7 @@ def _stems_in(stems: frozenset, this: ConflictSignature, other: ConflictSignatur
         if x is None:
             continue
         j = k - 1
-        while j >= 0 and wl[j] in _BETWEEN:
+        while j >= 0 and wl[j] in NEGATION_GAP_WORDS:
             j -= 1
         if j >= 0 and _negated_word(wl[j]):
             out.add(x)

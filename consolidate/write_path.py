@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .lexicon import NUMBER_WORDS, SMALL_CARDINALS, WEEKDAYS
 from .llm.base import LLMBackend
 from .llm.decide import Decision, Neighbour, decide_request, parse_answer, prefilter
 from .llm.extract import Turn, extract_request, parse_facts, trusted, ungrounded
@@ -697,8 +698,9 @@ def _supersede_guard(
     return Decision(n, "DELETE", tid, None, source="guard", note=note), None
 
 
-_DAY = r"(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)"
-_N = r"(?<![\d.,])(?:\d{1,4}|a|an|one|two|three|four|five|six|seven|eight|nine|ten)"
+_DAY = "(?:" + "|".join(WEEKDAYS) + ")"
+_SMALL_N = "|".join(SMALL_CARDINALS)
+_N = r"(?<![\d.,])(?:\d{1,4}|a|an|" + _SMALL_N + ")"
 _REL_IN_TEXT = re.compile(
     r"\b(the day before yesterday|today|tonight|this morning|this afternoon|this evening"
     r"|yesterday|last night|last (?:week|month|year|" + _DAY + r")"
@@ -756,12 +758,7 @@ def resolve_relative_dates(text: str, turn_h: float) -> tuple[str, list[str], li
     return out, resolved, unresolved
 
 
-_WEEKDAY_NO = {
-    d: k
-    for k, d in enumerate(
-        ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-    )
-}
+_WEEKDAY_NO = {d: k for k, d in enumerate(WEEKDAYS)}
 
 
 def _date_label(phrase: str, turn_h: float) -> str | None:
@@ -848,24 +845,8 @@ _ISO_START = re.compile(
     r"([T ]\d{1,2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?)?$"
 )
 _UNIT_H = {"day": 24.0, "week": 168.0, "month": 730.5, "year": 8766.0}
-_AGO = re.compile(
-    r"^(\d{1,4}|a|an|one|two|three|four|five|six|seven|eight|nine|ten) "
-    r"(day|week|month|year)s? ago$"
-)
-_WORD_N = {
-    "a": 1,
-    "an": 1,
-    "one": 1,
-    "two": 2,
-    "three": 3,
-    "four": 4,
-    "five": 5,
-    "six": 6,
-    "seven": 7,
-    "eight": 8,
-    "nine": 9,
-    "ten": 10,
-}
+_AGO = re.compile(r"^(\d{1,4}|a|an|" + _SMALL_N + r") (day|week|month|year)s? ago$")
+_WORD_N = {"a": 1, "an": 1} | {w: NUMBER_WORDS[w] for w in SMALL_CARDINALS}
 
 
 def _relative_hours(t: str, turn_h: float) -> float | None:

@@ -104,3 +104,44 @@ def test_the_checker_sees_a_lazy_relative_import(tmp_path):
     f = PKG / "store" / "locomo.py"
     assert "consolidate.turns" in imported(f) and "consolidate.config" in imported(f)
     assert "consolidate.store.schema" in imported(f)
+
+
+#: every word list of :mod:`consolidate.lexicon`
+_LEXICON = {
+    name: frozenset(getattr(__import__("consolidate.lexicon").lexicon, name))
+    for name in __import__("consolidate.lexicon").lexicon.__all__
+}
+
+
+def word_list_copies(path: Path) -> list[str]:
+    """Literal sets, lists, tuples and dict keys in ``path`` of six or more strings, half or
+    more of them words of one :mod:`consolidate.lexicon` list: a copy that can drift."""
+    out = []
+    for n in ast.walk(ast.parse(path.read_text())):
+        elts = n.keys if isinstance(n, ast.Dict) else getattr(n, "elts", None)
+        if not isinstance(n, (ast.Set, ast.List, ast.Tuple, ast.Dict)) or elts is None:
+            continue
+        words = {e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+        if len(words) < 6:
+            continue
+        # the list it shares most words with (the smaller one on a tie)
+        name = max(_LEXICON, key=lambda k: (len(words & _LEXICON[k]), -len(_LEXICON[k])))
+        if len(words & _LEXICON[name]) * 2 >= len(words):
+            out.append(f"{path.relative_to(REPO)}:{n.lineno} copies lexicon.{name}")
+    return out
+
+
+def test_word_lists_live_in_the_lexicon():
+    bad = [
+        c for p in sorted(PKG.rglob("*.py")) if p.name != "lexicon.py" for c in word_list_copies(p)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checker_sees_a_copied_word_list(tmp_path, monkeypatch):
+    monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
+    f = tmp_path / "m.py"
+    f.write_text('_STOP = {"a", "an", "the", "of", "to", "in", "zebra", "quark"}\nX = ["a", "b"]\n')
+    assert word_list_copies(f) == ["m.py:1 copies lexicon.STOP_WORDS"]
+    f.write_text('_W = {"monday": 0, "tuesday": 1, "friday": 4, "x": 9, "y": 8, "z": 7}\n')
+    assert word_list_copies(f) == ["m.py:1 copies lexicon.WEEKDAYS"]

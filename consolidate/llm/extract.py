@@ -15,7 +15,8 @@ import unicodedata
 
 from pydantic import BaseModel, Field
 
-from ..text import _MONTHS, _SUFFIXES, _WEEKDAYS, _common, _numbers, content_tokens
+from ..lexicon import DAY_WORDS, MODALS, MONTHS, PLAIN_CAPITALISED
+from ..text import _SUFFIXES, _common, _numbers, content_tokens
 from ..turns import SOURCES, TRUSTED_SOURCES, Turn
 from .base import ChatRequest, parse_json_model, quote
 
@@ -111,59 +112,6 @@ def parse_facts(raw: str) -> list[ExtractedFact] | None:
 
 
 _WORD = re.compile(r"[^\W_]+")  # runs of letters or digits (apostrophes, hyphens split)
-#: capitalised words that open or join a fact without naming anyone or anything
-_PLAIN_WORDS = {
-    "i",
-    "we",
-    "you",
-    "she",
-    "he",
-    "they",
-    "it",
-    "this",
-    "that",
-    "these",
-    "those",
-    "there",
-    "the",
-    "a",
-    "an",
-    "my",
-    "our",
-    "your",
-    "his",
-    "her",
-    "their",
-    "its",
-    "and",
-    "but",
-    "or",
-    "in",
-    "on",
-    "at",
-    "after",
-    "before",
-    "since",
-    "during",
-    "when",
-    "while",
-    "for",
-    "with",
-    "last",
-    "next",
-    "every",
-    "each",
-    "some",
-    "many",
-    "most",
-    "both",
-    "all",
-    "no",
-    "not",
-    "speaker",
-    "user",
-    "assistant",
-}
 
 
 def _fold(word: str) -> str:
@@ -206,10 +154,6 @@ def _web2() -> tuple[frozenset[str], frozenset[str]]:
 _INFLECTIONS = (*_SUFFIXES, ("ied", "y"), ("ily", "y"), ("d", ""))
 
 
-#: sentence-initial auxiliaries read as such, never as a name ("Will move to Porto")
-_MODALS = {"will", "would", "can", "could", "shall", "should", "must", "might"}
-
-
 def _is_common_word(w: str) -> bool:
     """A capitalised word at the start of a sentence is an ordinary word, not a name: a
     modal, or an English word in one of its inflected forms (:data:`_INFLECTIONS`) that the
@@ -217,7 +161,7 @@ def _is_common_word(w: str) -> bool:
     words; "Mia", "Tom", "Paris" are names)."""
     common, proper = _web2()
     lw = w.casefold()
-    if lw in _MODALS:
+    if lw in MODALS:
         return True
     return w not in proper and _common(lw, common, _INFLECTIONS, min_stem=2)  # "has", "goes"
 
@@ -258,7 +202,13 @@ def ungrounded(fact: str, turn: Turn, when: str = "") -> list[str]:
         if not w[0].isupper():
             continue
         lw = w.casefold()
-        if lw in have or _fold(w) in have or lw in _PLAIN_WORDS or lw in _MONTHS or lw in _WEEKDAYS:
+        if (
+            lw in have
+            or _fold(w) in have
+            or lw in PLAIN_CAPITALISED
+            or lw in MONTHS
+            or lw in DAY_WORDS
+        ):
             continue
         before = fact[: m.start()].rstrip()
         if (not before or before.endswith(_SENTENCE_END)) and _is_common_word(w):

@@ -31,6 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ..lexicon import CONTENT_STOP_WORDS
 from ..merge import (
     MergeRequest,
     MergeResponse,
@@ -148,53 +149,6 @@ def parse_merge(raw: str) -> str | None:
     return text or None
 
 
-_STOP = {
-    "a",
-    "an",
-    "the",
-    "and",
-    "or",
-    "but",
-    "of",
-    "to",
-    "in",
-    "on",
-    "at",
-    "for",
-    "with",
-    "is",
-    "was",
-    "are",
-    "were",
-    "be",
-    "been",
-    "has",
-    "had",
-    "have",
-    "her",
-    "his",
-    "she",
-    "he",
-    "they",
-    "their",
-    "it",
-    "its",
-    "that",
-    "this",
-    "as",
-    "by",
-    "from",
-    "also",
-    "who",
-    "which",
-    "about",
-    "into",
-    "very",
-    "so",
-    "both",
-}
-
-
 def invented(text: str, members: Sequence[str]) -> list[str]:
     """Numbers and capitalised names (not sentence-initial) in ``text`` found in no member;
     empty list = acceptable."""
@@ -229,7 +183,7 @@ def missing_facts(text: str, members: Sequence[str], max_novel: float = 0.25) ->
     member_toks: set[str] = set()
     for m in members:
         member_toks |= set(content_tokens(m))
-    content = [t for t in content_tokens(text) if t not in _STOP]
+    content = [t for t in content_tokens(text) if t not in CONTENT_STOP_WORDS]
     novel = [t for t in content if t not in member_toks]
     if content and len(novel) / len(content) > max_novel:
         missing.append(f"{len(novel)} of {len(content)} content words in no member")

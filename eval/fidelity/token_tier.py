@@ -1,7 +1,7 @@
 """A paraphrase tier tried against the hand labels (not adopted): token-level MiniLM recall.
 
 For each case, every content word-piece of the member (word-pieces of words outside
-``consolidate.fidelity.STOP_WORDS``) is matched to its most similar word-piece of the merged
+``consolidate.lexicon.CONTENT_STOP_WORDS``) is matched to its most similar word-piece of the merged
 text by the cosine of MiniLM's contextual token embeddings (the packaged all-MiniLM-L6-v2,
 ``output_value="token_embeddings"``), as in BERTScore recall (Zhang et al., 2020,
 arXiv:1904.09675, without idf weights). A member is called kept when the lexical checker
@@ -20,6 +20,7 @@ from sentence_transformers import SentenceTransformer
 
 from consolidate import fidelity
 from consolidate.embed import packaged_model_path
+from consolidate.lexicon import CONTENT_STOP_WORDS
 
 HERE = Path(__file__).parent
 model = SentenceTransformer(str(packaged_model_path()), device="cpu")
@@ -43,7 +44,7 @@ def pieces(text: str) -> tuple[list[str], np.ndarray, np.ndarray]:
             words.append(p)
             owner.append(len(words) - 1)
     content = np.array(
-        [o >= 0 and words[o].isalnum() and words[o] not in fidelity.STOP_WORDS for o in owner]
+        [o >= 0 and words[o].isalnum() and words[o] not in CONTENT_STOP_WORDS for o in owner]
     )
     inner = np.array([o >= 0 for o in owner])
     return names, torch.nn.functional.normalize(emb, dim=-1).numpy(), content & inner
