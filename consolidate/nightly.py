@@ -18,6 +18,7 @@ from .evaluation.calibrate import load_calibration
 from .factory import make_embedder, open_store, pass_cfg, sim_cfg, typed, write_summary
 from .pipeline import check_settings, run_pass, trigger
 from .similarity import check_engine
+from .sources.base import Source
 from .store import hours_now
 from .store.base import MemoryStore
 from .store.lance_store import LanceStore
@@ -242,9 +243,7 @@ def _external_run(
     if out_dir is None:
         out_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else "outputs"
     t = time.perf_counter()
-    plan, rep = _plan_and_apply(
-        source, src, snap, res.records, pc.dry_run or not src.apply, out_dir
-    )
+    plan, rep = _plan_and_apply(source, snap, res.records, pc.dry_run or not src.apply, out_dir)
     res.stats.time_s["load"] = round(t_load, 4)
     res.stats.time_s["commit"] = round(time.perf_counter() - t, 4)
     events = _write_plan_files(out_dir, res.events, plan, rep)
@@ -276,10 +275,8 @@ def _read_source(source: Any, name: str, src: Any) -> tuple[Any, Any, int]:
     Raises:
         ValueError: the source reads as empty, unless ``source.allow_empty``.
     """
-    from .sources.open import source_records
-
     snap = source.read(src.namespaces)
-    records = source_records(source, snap)
+    records = source.records(snap)
     no_vector = getattr(snap, "no_vector", 0)
     if no_vector:
         log.warning(
@@ -299,20 +296,12 @@ def _read_source(source: Any, name: str, src: Any) -> tuple[Any, Any, int]:
 
 
 def _plan_and_apply(
-    source: Any, src: Any, snap: Any, records: Any, dry: bool, out_dir: str
+    source: Source, snap: Any, records: Any, dry: bool, out_dir: str
 ) -> tuple[Any, Any]:
     """The source's plan for the pass's ``records`` and its apply (``dry``: a dry run; a
     memory file's dry run writes ``consolidated.<suffix>`` into ``out_dir``)."""
-    from pathlib import Path
-
-    if src.kind == "mem0":
-        plan = source.plan(snap, records, drops=src.drops)
-        return plan, source.apply(plan, snap, dry_run=dry)
     plan = source.plan(snap, records)
-    if src.kind == "jsonl":
-        out = Path(out_dir) / f"consolidated{Path(src.path).suffix}"
-        return plan, source.apply(plan, dry_run=dry, out=out)
-    return plan, source.apply(plan, dry_run=dry)
+    return plan, source.apply(plan, dry_run=dry, out_dir=out_dir)
 
 
 def _write_plan_files(out_dir: str, events: list[dict[str, Any]], plan: Any, rep: Any) -> Any:

@@ -319,7 +319,8 @@ def test_a_memory_file_as_source_dry_run_then_apply(tmp_path, suffix):
         tuple(m) for m in merged.values()
     )
     # a dry run writes the result elsewhere; the file is untouched
-    rep = src.apply(plan, out=tmp_path / f"result{suffix}")
+    rep = src.apply(plan, out_dir=tmp_path / "out")
+    assert rep.written == str(tmp_path / "out" / f"consolidated{suffix}")
     assert rep.dry_run and path.read_bytes() == original
     assert len(read_memories(rep.written).records) == len(res.records) + 30
     # the apply: a copy of the file as it was, then the result over it

@@ -128,7 +128,7 @@ def test_merges_through_mem0_as_a_mem0_user_sees_them(memory, tmp_path):
         for u in NOTES
         for r in memory.get_all(filters={"user_id": u}, top_k=100)["results"]
     }
-    rep = src.apply(plan, snap)
+    rep = src.apply(plan)
     assert rep.dry_run and rep.applied == {"merge": len(want)}
     after = {
         r["id"]: r["memory"]
@@ -136,7 +136,7 @@ def test_merges_through_mem0_as_a_mem0_user_sees_them(memory, tmp_path):
         for r in memory.get_all(filters={"user_id": u}, top_k=100)["results"]
     }
     assert after == before
-    rep = src.apply(plan, snap, dry_run=False)
+    rep = src.apply(plan, dry_run=False)
     assert rep.applied == {"merge": len(want)} and not rep.skipped
     after = {
         r["id"]: r["memory"]
@@ -184,7 +184,7 @@ def test_an_edited_member_keeps_its_cluster_unmerged(memory, tmp_path):
     plan = src.plan(snap, run(snap).records)
     victim = plan.units[0]["ids"][-1]
     memory.update(victim, text="Alice moved to Munich in 2023.")  # an agent's edit
-    rep = src.apply(plan, snap, dry_run=False)
+    rep = src.apply(plan, dry_run=False)
     assert [s["unit"] for s in rep.skipped] == [0] and victim in rep.skipped[0]["why"]
     got = memory.get(victim)
     assert got["memory"] == "Alice moved to Munich in 2023."
@@ -328,9 +328,9 @@ def test_undo_by_merge_and_plan_prefix_twice_and_no_merge_again(memory):
     a second undo restores nothing, and the next pass keeps the members apart."""
     from tests.test_undo_sources import check_undo, live, one_pass
 
-    src = source(memory)
+    src = Mem0Source(memory, state_dir=memory._test_state, drops=True)
     before = live(src)
-    _, _, plan, rep = one_pass(src, drops=True)
+    _, _, plan, rep = one_pass(src)
     assert rep.applied == {"merge": 3} and (src.journal.dir / "applied.jsonl").exists()
     assert len(live(src)) == len(before) - sum(len(u["ids"]) - 1 for u in plan.units)
     check_undo(src, before, plan, drops=False)

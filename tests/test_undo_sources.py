@@ -44,9 +44,9 @@ def live(src):
     return dict(zip(m["id"], m["text"], strict=True))
 
 
-def one_pass(src, apply=True, **plan_kw):
+def one_pass(src, apply=True):
     snap = src.read()
-    recs = src.records(snap) if hasattr(src, "records") else snap.records
+    recs = src.records(snap)
     res = run_pass(
         recs,
         cfg=PassConfig(force=True, max_drop_fraction=0.5),
@@ -54,10 +54,8 @@ def one_pass(src, apply=True, **plan_kw):
         version=1,
         wall_h=WALL,
     )
-    plan = src.plan(snap, res.records, **plan_kw)
-    rep = None
-    if apply:
-        rep = src.apply(plan, snap, dry_run=False) if plan_kw else src.apply(plan, dry_run=False)
+    plan = src.plan(snap, res.records)
+    rep = src.apply(plan, dry_run=False) if apply else None
     return snap, res, plan, rep
 
 

@@ -94,10 +94,10 @@ def read_source(
             memory with provenance, no namespace of the task's groups, or no provenance id
             among the questions' evidence (each names the source).
     """
-    from ..sources.open import open_source, source_records
+    from ..sources.open import open_source
 
     source, name = open_source(src, lambda: emb)
-    recs = source_records(source, source.read(src.namespaces))
+    recs = source.records(source.read(src.namespaces))
     recs = recs.mask(recs.live_mask())
     if not len(recs):
         raise ValueError(f"{name}: no live memory to evaluate")

@@ -516,6 +516,8 @@ class FileSource:
         ValueError: another ``write``.
     """
 
+    KIND = "jsonl"
+
     def __init__(
         self,
         path: str | Path,
@@ -629,11 +631,11 @@ class FileSource:
         )
 
     def apply(
-        self, plan: FilePlan, *, dry_run: bool = True, out: str | Path | None = None
+        self, plan: FilePlan, *, dry_run: bool = True, out_dir: str | Path | None = None
     ) -> FileApplyReport:
-        """Write the plan's content: to ``out`` in a dry run (default
-        ``<file>.consolidated<suffix>`` beside the file), else over the file (after the
-        copy).
+        """Write the plan's content: in a dry run to ``<out_dir>/consolidated<suffix>``
+        (without ``out_dir``: ``<file>.consolidated<suffix>`` beside the file), else over
+        the file (after the copy).
 
         Raises:
             ValueError: the file changed since it was read (nothing written).
@@ -643,10 +645,11 @@ class FileSource:
         assert plan.content is not None
         if dry_run:
             target = (
-                Path(out)
-                if out is not None
+                Path(out_dir) / f"consolidated{self.path.suffix}"
+                if out_dir is not None
                 else self.path.with_name(f"{self.path.stem}.consolidated{self.path.suffix}")
             )
+            target.parent.mkdir(parents=True, exist_ok=True)
             write_records_file(plan.content, target, extra=plan.extra)
             return FileApplyReport(True, plan.counts(), written=str(target))
         backup = self._replace(plan.content, plan.extra, plan.sha256)

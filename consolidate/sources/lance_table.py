@@ -170,6 +170,8 @@ class LanceTable:
             :meth:`read`) not a Lance dataset or a mapped column is missing.
     """
 
+    KIND = "lance"
+
     def __init__(
         self,
         path: str | Path,
@@ -254,6 +256,10 @@ class LanceTable:
         return flt
 
     # ------------------------------------------------------------ read
+    def records(self, snap: LanceSnapshot) -> Records:
+        """The pass's input: the rows read."""
+        return snap.records
+
     def read(self, namespaces: Sequence[str] | None = None) -> LanceSnapshot:
         """The live rows of ``namespaces`` (all when ``None``) at the newest version. Rows
         whose vector is null (not embedded yet) are left out of the pass and untouched;
@@ -437,11 +443,19 @@ class LanceTable:
         )
 
     # ------------------------------------------------------------ apply
-    def apply(self, plan: LancePlan, *, dry_run: bool = True, retries: int = 3) -> LanceApplyReport:
+    def apply(
+        self,
+        plan: LancePlan,
+        *,
+        dry_run: bool = True,
+        out_dir: str | Path | None = None,
+        retries: int = 3,
+    ) -> LanceApplyReport:
         """Write ``plan`` as one new version (see the module docstring). A unit is skipped
         (and reported) when its rows changed since the version read, are no longer live,
         are stored twice, or its merged row's id is taken. A commit that loses a race with
         another writer is tried again from the newest version (``retries`` times).
+        ``out_dir`` is not used (a dry run writes nothing).
 
         Raises:
             LanceSourceError: a mapped column is gone, the new rows do not fit the

@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,14 @@ class Mem0Snapshot:
 class Mem0Plan(Plan):
     """A :class:`~consolidate.sources.common.Plan` of a Mem0 store. Units: ``{"kind":
     merge|drop, "namespace", "keep": id or None, "text": merged text or None, "delete":
-    [ids], "ids": every id the unit touches}``."""
+    [ids], "ids": every id the unit touches}``.
+
+    Attributes:
+        read: id -> ``(payload, vector)`` as read, for every id a unit touches: what the
+            apply compares the store against and journals for undo.
+    """
+
+    read: dict[str, tuple[dict[str, Any], np.ndarray]] = field(default_factory=dict)
 
 
 @dataclass
@@ -97,11 +104,15 @@ class Mem0Source:
             pinned); ``None``: not read.
         state_dir: the undo journal's folder (default: ``<path>.consolidate`` beside a
             local Qdrant folder; required for an apply to a server vector store).
+        drops: also plan the pass's floor and cap drops (a Mem0 delete is final; undo
+            brings a dropped memory back from the journal).
 
     Raises:
         ValueError: another ``namespace_key``, or a vector store other than Qdrant and
             pgvector (from :meth:`read`).
     """
+
+    KIND = "mem0"
 
     def __init__(
         self,
@@ -110,6 +121,7 @@ class Mem0Source:
         importance_key: str | None = "importance",
         pinned_key: str | None = "pinned",
         state_dir: str | Path | None = None,
+        drops: bool = False,
     ) -> None:
         from .journal import Journal, default_state_dir
 
@@ -119,6 +131,7 @@ class Mem0Source:
         self.key = namespace_key
         self.importance_key = importance_key
         self.pinned_key = pinned_key
+        self.drops = drops
         if state_dir is None:
             vcfg = memory.config.vector_store
             local = getattr(vcfg.config, "path", None) if vcfg.provider == "qdrant" else None
@@ -227,9 +240,13 @@ class Mem0Source:
         return out
 
     # ------------------------------------------------------------ plan
-    def plan(self, snap: Mem0Snapshot, result: Records, *, drops: bool = False) -> Mem0Plan:
+    def records(self, snap: Mem0Snapshot) -> Records:
+        """The pass's input: every memory read."""
+        return snap.records
+
+    def plan(self, snap: Mem0Snapshot, result: Records) -> Mem0Plan:
         """Units from the pass's ``result`` over ``snap`` (merges; floor and cap drops too
-        with ``drops``)."""
+        when the source was made with ``drops``)."""
         res = result.meta
         ids = res["id"].to_numpy(object)
         known = set(snap.payloads)
@@ -258,7 +275,7 @@ class Mem0Source:
                     "key": ids[k],
                 }
             )
-        if drops:
+        if self.drops:
             for k in np.flatnonzero(~live):
                 if ids[k] in known and reason[k] in ("floor", "cap"):
                     units.append(
@@ -281,12 +298,16 @@ class Mem0Source:
             sort_keys=True,
             default=str,
         )
-        return Mem0Plan(hashlib.sha256(blob.encode()).hexdigest()[:32], units)
+        read = {i: (snap.payloads[i], snap.vectors[i]) for u in units for i in u["ids"]}
+        return Mem0Plan(hashlib.sha256(blob.encode()).hexdigest()[:32], units, read)
 
     # ------------------------------------------------------------ apply
-    def apply(self, plan: Mem0Plan, snap: Mem0Snapshot, *, dry_run: bool = True) -> Mem0ApplyReport:
+    def apply(
+        self, plan: Mem0Plan, *, dry_run: bool = True, out_dir: str | Path | None = None
+    ) -> Mem0ApplyReport:
         """Apply ``plan`` unit by unit through Mem0's API (see the module docstring); each
-        unit's members, as they were, go to the undo journal before Mem0 is called.
+        unit's members, as they were read, go to the undo journal before Mem0 is called
+        (``out_dir`` is not used: a dry run writes nothing).
 
         Raises:
             ValueError: a real apply without a journal folder (a server vector store and no
@@ -307,7 +328,7 @@ class Mem0Source:
             changed = []
             for i in u["ids"]:
                 now = vs.get(vector_id=i)
-                p = snap.payloads[i]
+                p = plan.read[i][0]
                 if (
                     now is None
                     or (now.payload or {}).get("hash") != p.get("hash")
@@ -336,8 +357,8 @@ class Mem0Source:
                                 members=[
                                     {
                                         "id": i,
-                                        "payload": snap.payloads[i],
-                                        "vector": snap.vectors[i].tolist(),
+                                        "payload": plan.read[i][0],
+                                        "vector": plan.read[i][1].tolist(),
                                     }
                                     for i in u["ids"]
                                 ],

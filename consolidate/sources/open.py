@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from ..registry import Registry, did_you_mean
+from .base import Source
 
-__all__ = ["open_source", "source_records", "SOURCE_KINDS", "SOURCES"]
+__all__ = ["open_source", "SOURCE_KINDS", "SOURCES"]
 
 #: kind -> ``"module:function"`` that opens it: ``function(src, embedder) -> (source, name)``
 #: (``store``, the default, is the store of ``store.*`` and not an external source)
@@ -27,7 +28,7 @@ SOURCES = Registry(
 SOURCE_KINDS = SOURCES.names()
 
 
-def open_source(src: Any, embedder: Callable[[], Any] | None = None) -> tuple[Any, str]:
+def open_source(src: Any, embedder: Callable[[], Any] | None = None) -> tuple[Source, str]:
     """The source of ``src`` (a :class:`~consolidate.config.SourceConfig`) and its name for
     reports.
 
@@ -52,7 +53,7 @@ def open_source(src: Any, embedder: Callable[[], Any] | None = None) -> tuple[An
             f"source must be store, {', '.join(SOURCE_KINDS)}; got {src.kind!r}"
             f"{did_you_mean(str(src.kind), ('store', *SOURCE_KINDS))}"
         )
-    opener: Callable[[Any, Callable[[], Any] | None], tuple[Any, str]] = SOURCES.load(src.kind)
+    opener: Callable[[Any, Callable[[], Any] | None], tuple[Source, str]] = SOURCES.load(src.kind)
     return opener(src, embedder)
 
 
@@ -122,7 +123,14 @@ def _open_mem0(src: Any, embedder: Callable[[], Any] | None) -> tuple[Any, str]:
             f"source.mem0.llm as your Mem0 uses it"
         ) from None
     return (
-        Mem0Source(memory, src.namespace_key, src.importance_key, src.pinned_key, src.state_dir),
+        Mem0Source(
+            memory,
+            src.namespace_key,
+            src.importance_key,
+            src.pinned_key,
+            src.state_dir,
+            drops=src.drops,
+        ),
         "mem0 store",
     )
 
@@ -237,9 +245,3 @@ class _Lazy:
 
     def encode(self, texts: Any) -> Any:
         return self.make().encode(texts)
-
-
-def source_records(source: Any, snap: Any) -> Any:
-    """The records a source's snapshot holds for the pass (a file's: those of the
-    namespaces read)."""
-    return source.records(snap) if hasattr(source, "records") else snap.records

@@ -38,6 +38,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -184,6 +185,8 @@ class PgVectorTable:
         ImportError: psycopg or pgvector is missing.
     """
 
+    KIND = "pgvector"
+
     def __init__(self, dsn: str, table: str, columns: PgColumns | None = None) -> None:
         self.psycopg = _psycopg()
         self.dsn = dsn
@@ -237,6 +240,10 @@ class PgVectorTable:
         return {k: v for k, v in asdict(self.cols).items() if v is not None}
 
     # ------------------------------------------------------------ read
+    def records(self, snap: PgSnapshot) -> Records:
+        """The pass's input: the rows read."""
+        return snap.records
+
     def read(self, namespaces: Sequence[str] | None = None) -> PgSnapshot:
         """The live rows of ``namespaces`` (all when ``None``), in one ``REPEATABLE READ``
         read-only transaction. Rows whose vector is NULL (not embedded yet) are left out of
@@ -544,9 +551,12 @@ class PgVectorTable:
             ).fetchall()
         }
 
-    def apply(self, plan: PgPlan, *, dry_run: bool = True) -> PgApplyReport:
+    def apply(
+        self, plan: PgPlan, *, dry_run: bool = True, out_dir: str | Path | None = None
+    ) -> PgApplyReport:
         """Apply ``plan`` namespace by namespace (see the module docstring); with
-        ``dry_run`` (the default) only check which units would apply, writing nothing.
+        ``dry_run`` (the default) only check which units would apply, writing nothing
+        (``out_dir`` is not used).
 
         Returns:
             :class:`PgApplyReport`.
