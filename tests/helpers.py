@@ -96,6 +96,15 @@ def tree_digest(root: Path) -> dict[str, str]:
     }
 
 
+def requires(*modules: str) -> pytest.MarkDecorator:
+    """A skip mark for a test module that needs ``modules``, found without importing them
+    (a module-level ``importorskip`` of Mem0 or LanceDB costs a second of collection)."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)}")
+
+
 def require_smollm2() -> None:
     """Skip unless the SmolLM2 model package and the GGUF reader are installed."""
     pytest.importorskip("gguf")

@@ -14,9 +14,16 @@ from consolidate.config import PassConfig, SimilarityConfig
 from consolidate.pipeline import run_pass
 from consolidate.sources.lance_table import LanceColumns, LanceSourceError, LanceTable
 from consolidate.store.lance_store import LanceStore
-from tests.helpers import make_records, random_rows
+from tests.helpers import make_records, random_rows, requires
 
-lancedb = pytest.importorskip("lancedb")
+pytestmark = requires("lancedb")
+
+
+def _lancedb():  # noqa: ANN202 - the lancedb module, imported by the tests that use it
+    import lancedb
+
+    return lancedb
+
 
 DIM = 16
 WALL = 2000.0
@@ -59,7 +66,7 @@ def table(tmp_path, rs, schema=SCHEMA, time=None):
     """A LanceDB table of ``rs``; ``time`` writes an hours value as the table holds it
     (default: a UTC ``datetime``)."""
     time = time or to_dt
-    db = lancedb.connect(str(tmp_path / "db"))
+    db = _lancedb().connect(str(tmp_path / "db"))
     data = [
         {
             "id": r["id"],
@@ -118,7 +125,7 @@ def test_soft_deletes_in_one_version_as_the_embedded_store(tmp_path):
     assert rep.dry_run and rep.applied == plan.counts() and t.version == snap.version
     rep = src.apply(plan, dry_run=False)
     assert rep.version == snap.version + 1 and rep.previous == snap.version
-    t = lancedb.connect(str(tmp_path / "db")).open_table("memories")
+    t = _lancedb().connect(str(tmp_path / "db")).open_table("memories")
     after = t.to_pandas().set_index("id")
     n_merge = plan.counts()["merge"]
     assert len(after) == 80 + n_merge  # nothing deleted: members and drops soft-deleted
@@ -181,7 +188,7 @@ def test_without_soft_delete_columns_rows_are_deleted_in_a_new_version(tmp_path)
     plan = src.plan(snap, res.records)
     rep = src.apply(plan, dry_run=False)
     retired = sum(len(u["retire"]) for u in plan.units)
-    t = lancedb.connect(str(tmp_path / "db")).open_table("memories")
+    t = _lancedb().connect(str(tmp_path / "db")).open_table("memories")
     assert t.count_rows() == 80 - retired + plan.counts()["merge"]
     assert plan.counts()["merge"] and plan.counts()["drop"]
     t.checkout(rep.previous)
@@ -228,7 +235,7 @@ def test_a_row_edited_after_the_read_skips_its_unit(tmp_path):
     rep = src.apply(plan, dry_run=False)
     assert len(rep.skipped) == 1 and edited in rep.skipped[0]["why"]
     assert rep.applied["merge"] == len(merges) - 1
-    after = lancedb.connect(str(tmp_path / "db")).open_table("memories").to_pandas()
+    after = _lancedb().connect(str(tmp_path / "db")).open_table("memories").to_pandas()
     after = after.set_index("id")
     assert after.at[edited, "text"] == "edited by the agent"
     assert pd_isna(after.at[edited, "deleted_at"]) and "late" in after.index
@@ -273,7 +280,7 @@ def test_the_docs_example_runs_as_written(tmp_path):
     from tests.helpers import run_readme_example
 
     rs = rows()
-    db = lancedb.connect(str(tmp_path / "agents.lancedb"))
+    db = _lancedb().connect(str(tmp_path / "agents.lancedb"))
     data = [
         {
             "id": r["id"],
@@ -294,7 +301,7 @@ def test_the_docs_example_runs_as_written(tmp_path):
     p = run_readme_example("lance", tmp_path, doc="docs/source-settings.md")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert f"(the version read, {v0}, stays in the history)" in p.stdout
-    t = lancedb.connect(str(tmp_path / "agents.lancedb")).open_table("memories")
+    t = _lancedb().connect(str(tmp_path / "agents.lancedb")).open_table("memories")
     df = t.to_pandas()
     assert t.version == v0 + 1 and len(df) > 80
     merged = df[df["merged_into"].notna()]
@@ -315,7 +322,7 @@ def test_a_commit_race_is_retried_and_bad_mappings_are_refused(tmp_path, monkeyp
     def racing(self, ds, units):
         out = original(self, ds, units)
         if not raced:  # once: the agent writes while the apply builds its version
-            lancedb.connect(str(tmp_path / "db")).open_table("memories").update(
+            _lancedb().connect(str(tmp_path / "db")).open_table("memories").update(
                 where=f"id = '{bystander}'", values={"tags": "edited"}
             )
             raced.append(True)
@@ -325,7 +332,7 @@ def test_a_commit_race_is_retried_and_bad_mappings_are_refused(tmp_path, monkeyp
     rep = src.apply(plan, dry_run=False)
     assert raced and rep.applied == plan.counts() and not rep.skipped
     assert rep.previous == snap.version + 1  # built again on the agent's version
-    after = lancedb.connect(str(tmp_path / "db")).open_table("memories").to_pandas()
+    after = _lancedb().connect(str(tmp_path / "db")).open_table("memories").to_pandas()
     after = after.set_index("id")
     assert after.at[bystander, "tags"] == "edited"
     assert after.loc[sorted(in_units), "deleted_at"].notna().all()
@@ -410,7 +417,7 @@ def test_time_columns_are_read_and_written_in_their_own_type(tmp_path, kind, arr
     plan = src.plan(snap, res.records)
     assert plan.counts().get("merge")
     src.apply(plan, dry_run=False)
-    after = lancedb.connect(str(tmp_path / "db")).open_table("memories").to_arrow()
+    after = _lancedb().connect(str(tmp_path / "db")).open_table("memories").to_arrow()
     assert after.schema.field("deleted_at").type == arrow
     assert after.schema.field("created_at").type == arrow
     back = src.read()  # the whole table again, through the same reader

@@ -18,11 +18,11 @@ from consolidate.store.lance_store import LanceStore
 # read by mem0 when it is imported: no telemetry, its home folder out of the user's
 os.environ["MEM0_TELEMETRY"] = "False"
 os.environ.setdefault("MEM0_DIR", tempfile.mkdtemp(prefix="mem0home-"))
-pytest.importorskip("mem0")
-
 from consolidate.sources.mem0 import Mem0Source  # noqa: E402
+from tests.helpers import requires  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# mem0 itself is imported by the fixtures only
+pytestmark = [pytest.mark.slow, requires("mem0")]
 
 NOTES = {
     "alice": [

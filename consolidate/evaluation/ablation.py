@@ -22,7 +22,6 @@ from ..pipeline import run_pass
 from ..recall import fit_token_cap
 from ..store.schema import InvalidRecordsError, Records, records_from_rows, validate
 from ..store.vectors import check_vector_dtype, stored_vectors
-from .plots import plot_ablation
 from .results import (
     Metric,
     Results,
@@ -173,6 +172,8 @@ def run_evaluate(
     results, abl, per_cat = ev.results()
     report = _report(results, abl, per_cat, ev.metric_cols)
     write_results(out, results, ev.samples, report)
+    from .plots import plot_ablation
+
     plot_ablation(
         abl,
         out / "ablation.png",

@@ -19,7 +19,6 @@ from omegaconf import DictConfig, OmegaConf
 from ..config import EmbedderConfig
 from ..factory import make_embedder, typed
 from .calibrate import pr_curve
-from .plots import plot_histograms, plot_pr
 from .results import (
     Metric,
     Results,
@@ -109,6 +108,8 @@ def run_calibrate(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[st
             _calibrate_one(run, cfg, base, emb, dtype, key, df, guard, out)
     pairs = guard_pair_rates(make_embedder(EmbedderConfig(**{**base.__dict__, "dtype": "fp32"})))
     thr = _recommend(run, cfg)
+    from .plots import plot_pr
+
     plot_pr(run.curves, out / "pr_curves.png", run.marks)
     calib = {
         "schema_version": 1,
@@ -259,6 +260,8 @@ def _calibrate_one(
     tp = e["threshold_at_precision"].get(str(cfg.recommend.precision))
     if tp is not None:
         ths[f"P>={cfg.recommend.precision}"] = tp
+    from .plots import plot_histograms
+
     plot_histograms(groups, out / f"hist_{key}_{dtype}.png", f"{label}: cosine", ths)
     log.info(
         "%s: AP %.4f, best F1 %.4f at %.4f",

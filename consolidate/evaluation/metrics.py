@@ -15,13 +15,12 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import string
 from collections import Counter
 from collections.abc import Iterable, Sequence
-
-from nltk.stem import PorterStemmer
 
 __all__ = [
     "LOCOMO_CATEGORY",
@@ -46,7 +45,6 @@ LOCOMO_CATEGORY = {
 #: The names Mem0's paper and evaluation use for the same integer codes.
 MEM0_CATEGORY = {1: "single-hop", 2: "temporal", 3: "multi-hop", 4: "open-domain", 5: "adversarial"}
 
-_STEM = PorterStemmer()
 _PUNCT = str.maketrans("", "", string.punctuation)
 _DROP = re.compile(r"\b(a|an|the|and)\b")
 _ABSTAIN = ("no information available", "not mentioned")
@@ -72,8 +70,16 @@ def token_f1(pred: Sequence[str], gold: Sequence[str]) -> float:
     return 2 * p * r / (p + r)
 
 
+@functools.cache
+def _porter():  # noqa: ANN202 - nltk's PorterStemmer, imported on first use (a second)
+    from nltk.stem import PorterStemmer
+
+    return PorterStemmer()
+
+
 def _stemmed(s: str) -> list[str]:
-    return [_STEM.stem(w) for w in locomo_normalise(s).split()]
+    stem = _porter().stem
+    return [stem(w) for w in locomo_normalise(s).split()]
 
 
 def locomo_f1(prediction: str, answer: str, category: int) -> float:

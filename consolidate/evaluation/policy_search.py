@@ -18,7 +18,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .ablation import run_evaluate
-from .plots import plot_frontier
 from .policy import frontier_mask, policy_grid, policy_name, recommend
 from .results import now_iso
 
@@ -145,6 +144,8 @@ def run_policy(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, 
     }
     (out / "policy.json").write_text(json.dumps(doc, indent=1, default=str))
     both = rows.rename(columns=dict(zip(metrics, chosen_on, strict=True)))
+    from .plots import plot_frontier
+
     plot_frontier(
         both,
         base.rename(dict(zip(metrics, chosen_on, strict=True))),
