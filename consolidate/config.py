@@ -226,7 +226,7 @@ class StoreConfig:
             :mod:`consolidate.store.vectors`); ``null`` keeps an existing store's. Applies
             to the next snapshot written (a lossy, one-way conversion for an existing store).
         format: ``lance`` (default: one Lance dataset, every write a version; see
-            :mod:`consolidate.store.lance_store`) or ``parquet`` (snapshot files and a
+            :mod:`consolidate.store.lance`) or ``parquet`` (snapshot files and a
             pointer); used when the store is built, an existing store keeps its own.
         retention_h: a Lance store removes versions older than this (hours) after a pass,
             keeping at least ``keep_snapshots`` versions; small fragments are compacted.

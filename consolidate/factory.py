@@ -141,7 +141,7 @@ def make_store(scfg: StoreConfig) -> MemoryStore:
     Raises:
         ValueError: an unknown ``store.format``.
     """
-    from .store.lance_store import open_store_dir
+    from .store.lance import open_store_dir
 
     kw: dict[str, Any] = {
         "keep_snapshots": scfg.keep_snapshots,

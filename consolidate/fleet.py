@@ -12,7 +12,7 @@ every stage works within a namespace, so whole namespaces can run anywhere. A fl
    no group-by shuffle is needed;
 3. **runs the pass** (Ray actors, ``runner.actors`` of them, CPUs or GPUs each): decodes and
    validates the shard's rows, applies its pending deltas, runs the pass and returns only
-   what changed (:meth:`~consolidate.store.lance_store.LanceStore.changes`), its events and
+   what changed (:meth:`~consolidate.store.lance.LanceStore.changes`), its events and
    its stats;
 4. **answers merges** (optional, ``runner.llm=ray_data``): the actors' LLM merger asks
    instead of calling a model; the driver sends the requests of every shard through one
@@ -20,7 +20,7 @@ every stage works within a namespace, so whole namespaces can run anywhere. A fl
    with the answers (rounds: first answers, then retries);
 5. **commits** (driver): the store-wide safety stop over the shards' drops, then a Lance
    version holding their changes
-   (:meth:`~consolidate.store.lance_store.LanceStore.commit_changes`): one for the run, or
+   (:meth:`~consolidate.store.lance.LanceStore.commit_changes`): one for the run, or
    with ``runner.shards_per_commit=k`` one for every ``k`` shards done, so that a failed
    shard costs only its own work.
 
@@ -51,7 +51,9 @@ import pyarrow.compute as pc
 from .config import PassConfig, RunnerConfig, SimilarityConfig
 from .pipeline.retention import mass_drop_error
 from .pipeline.state import PassStats
-from .store.lance_store import _MAX_CHAIN, LanceStore, _read_table
+from .store.lance import LanceStore
+from .store.lance.dataset import _MAX_CHAIN
+from .store.lance.scan import _read_table
 
 __all__ = ["FleetPlan", "plan_shards", "run_fleet_pass"]
 

@@ -21,7 +21,7 @@ from .similarity import check_engine
 from .sources.base import Source
 from .store import hours_now
 from .store.base import MemoryStore
-from .store.lance_store import LanceStore
+from .store.lance import LanceStore
 
 log = logging.getLogger("consolidate")
 

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from .store import MemoryStore, Records
-from .store.lance_store import open_store_dir
+from .store.lance import open_store_dir
 from .store.schema import normalise_vectors
 from .store.store import _crashpoint
 

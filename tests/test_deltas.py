@@ -10,7 +10,7 @@ import pytest
 from consolidate.config import PassConfig
 from consolidate.pipeline import run_pass
 from consolidate.store import Store
-from consolidate.store.lance_store import LanceStore
+from consolidate.store.lance import LanceStore
 from consolidate.store.schema import hours_from_datetime, hours_now
 from consolidate.store.store import DeltaError, read_json_delta
 from tests.helpers import make_records
@@ -213,7 +213,7 @@ def test_a_lost_index_is_rebuilt_at_the_next_commit(tmp_path, caplog, monkeypatc
     pytest.importorskip("lance")
     import lance
 
-    import consolidate.store.lance_store as ls
+    import consolidate.store.lance.writing as ls
 
     monkeypatch.setattr(ls, "REWRITE_FRACTION", 1.01)  # an upsert: no rewrite re-indexes
 

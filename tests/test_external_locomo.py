@@ -18,7 +18,7 @@ from consolidate.evaluation.tasks import locomo_task
 from consolidate.jobs.common import CONFIG_DIR
 from consolidate.jobs.evaluate import run_evaluate
 from consolidate.pipeline import run_pass
-from consolidate.store.lance_store import LanceStore
+from consolidate.store.lance import LanceStore
 from consolidate.store.schema import records_from_rows
 from tests.helpers import DATA_DIR, LOCOMO
 

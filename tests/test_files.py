@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from consolidate.sources import read_memories
 from consolidate.store import InvalidRecordsError
-from consolidate.store.lance_store import LanceStore
+from consolidate.store.lance import LanceStore
 from consolidate.store.schema import COLUMNS
 from tests.helpers import make_records, random_rows, tree_digest
 

@@ -13,7 +13,7 @@ from consolidate.config import PassConfig, RunnerConfig, SimilarityConfig
 from consolidate.pipeline import run_pass
 from consolidate.pipeline.retention import MassDropError
 from consolidate.store import InvalidRecordsError
-from consolidate.store.lance_store import LanceStore
+from consolidate.store.lance import LanceStore
 from tests.helpers import REPO, require_smollm2
 
 ray = pytest.importorskip("ray")
@@ -46,7 +46,7 @@ def fleet_records(n=3000, ns_size=100, seed=3, stale_every=9):
 def upsert_always(monkeypatch):
     """The single-process commit upserts too (a fleet commit never rewrites the table), so
     both stores number their versions alike: merged ids mix in the version."""
-    import consolidate.store.lance_store as ls
+    import consolidate.store.lance.writing as ls
 
     monkeypatch.setattr(ls, "REWRITE_FRACTION", 1.01)
 

@@ -14,7 +14,7 @@ from tests.helpers import make_records
 from tests.test_store import base_rows
 
 pytest.importorskip("lance")
-from consolidate.store.lance_store import CHECKSUMS, LanceStore  # noqa: E402
+from consolidate.store.lance import CHECKSUMS, LanceStore  # noqa: E402
 
 
 @pytest.fixture(scope="module")

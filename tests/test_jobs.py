@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from consolidate.store.lance_store import open_store_dir
+from consolidate.store.lance import open_store_dir
 from tests.helpers import LOCOMO, REPO
 
 pytestmark = [

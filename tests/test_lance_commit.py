@@ -7,13 +7,19 @@ import shutil
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
-import consolidate.store.lance_store as ls
+import consolidate.store.lance.dataset as ls
+import consolidate.store.lance.store as lstore
+import consolidate.store.lance.writing as lw
 from consolidate.config import PassConfig
 from consolidate.pipeline import run_pass
-from consolidate.store.lance_store import LanceStore, _scan
+from consolidate.store.lance import LanceStore
+from consolidate.store.lance.scan import _scan
 from consolidate.store.schema import Records
+from consolidate.store.store import CorruptStoreError
 from tests.helpers import make_records, random_rows
 
 D = 16
@@ -82,9 +88,9 @@ def test_passes_commit_through_the_in_memory_comparison(tmp_path, monkeypatch, l
     for name, store in (("fast", fast), ("slow", slow)):
         with monkeypatch.context() as m:
             if name == "fast":
-                m.setattr(ls, "_changes", lambda *a, **k: pytest.fail("Arrow path taken"))
+                m.setattr(lw, "_changes", lambda *a, **k: pytest.fail("Arrow path taken"))
             else:
-                m.setattr(ls, "_diff", lambda *a, **k: None)
+                m.setattr(lw, "_diff", lambda *a, **k: None)
             out = []
             for k, wall in enumerate((1000.0, 1200.0, 1500.0)):
                 res, info = _pass(
@@ -119,7 +125,7 @@ def test_records_without_origins_or_reordered_take_the_arrow_path(tmp_path, monk
                 recs = Records(recs.meta.copy(), recs.vectors.copy())
                 assert (
                     recs.origin is None
-                    and ls._diff(recs, [snap.stored.frame], [snap.stored.vectors], snap.stored.ids)
+                    and lw._diff(recs, [snap.stored.frame], [snap.stored.vectors], snap.stored.ids)
                     is None
                 )
             store.commit(recs, res.events, base=snap)
@@ -147,7 +153,7 @@ def test_origins_survive_take_concat_and_the_pass(tmp_path):
 def test_a_compaction_between_load_and_commit_falls_back_to_ids(tmp_path, monkeypatch):
     """Row addresses read at load name fragments a compaction removed: the commit finds the
     rows by id instead, and the result equals that of a store that was not compacted."""
-    monkeypatch.setattr(ls, "COMPACT_AFTER", 0)
+    monkeypatch.setattr(lstore, "COMPACT_AFTER", 0)
     a, b = _store(tmp_path / "a", n=40), _store(tmp_path / "b", n=40)
     for k in range(4):  # small fragments for the compaction to merge
         rows = random_rows(10, D, seed=10 + k, namespaces=4)
@@ -190,7 +196,7 @@ def test_scan_aligns_vectors_by_row_address(tmp_path):
             vecs, np.stack(want.column("vector").to_numpy(zero_copy_only=False))
         )
         assert len(set(addr.tolist())) == 50
-    flt = ls.pc.field("namespace").isin(ls.pa.array(["ns1"]))
+    flt = pc.field("namespace").isin(pa.array(["ns1"]))
     meta, vecs, _ = _scan(_Reversed(ds), flt, D)
     sel = want.filter(flt)
     assert meta.column("id").to_pylist() == sel.column("id").to_pylist()
@@ -208,12 +214,12 @@ def test_quarantined_rows_are_deleted_by_the_next_commit(tmp_path):
     shutil.rmtree(tmp_path / "s" / "quarantine", ignore_errors=True)
     ds = store._open()
     # a stored row with a vector that is not finite, written the way a bug would
-    bad = ds.to_table(filter=ls.pc.field("id") == "r00003")
+    bad = ds.to_table(filter=pc.field("id") == "r00003")
     v = np.full((1, D), np.nan, np.float32)
     bad = bad.set_column(
         bad.schema.get_field_index("vector"),
         "vector",
-        ls.pa.FixedSizeListArray.from_arrays(ls.pa.array(v.ravel()), D),
+        pa.FixedSizeListArray.from_arrays(pa.array(v.ravel()), D),
     )
     ds.delete("id = 'r00003'")
     ls._lance().write_dataset(bad, ds, mode="append")
@@ -258,12 +264,12 @@ def test_a_version_that_lost_a_file_or_its_newest_versions_does_not_load(tmp_pat
         [*store._files(head), "data/lost.lance"], d["files"]
     )
     (store.root / "CHECKSUMS.json").write_text(json.dumps(d))
-    with pytest.raises(ls.CorruptStoreError, match="does not hold the files"):
+    with pytest.raises(CorruptStoreError, match="does not hold the files"):
         store.load()
     # an older copy of the dataset put in place: the newest version it recorded is gone
     d["versions"][str(head.version + 5)] = d["versions"].pop(str(head.version))
     (store.root / "CHECKSUMS.json").write_text(json.dumps(d))
-    with pytest.raises(ls.CorruptStoreError, match=f"version {head.version + 5} was written"):
+    with pytest.raises(CorruptStoreError, match=f"version {head.version + 5} was written"):
         store.load()
 
 
@@ -307,7 +313,7 @@ def test_a_partial_load_reads_back_only_the_fragments_it_reads(tmp_path):
     raw[len(raw) // 3] ^= 0x01
     path.write_bytes(bytes(raw))
     assert len(store.load(namespaces=["solo"]).records) == 3
-    with pytest.raises(ls.CorruptStoreError, match="CRC32"):
+    with pytest.raises(CorruptStoreError, match="CRC32"):
         store.load()
 
 
@@ -341,9 +347,9 @@ def test_a_duplicated_id_moved_by_a_compaction_refuses_the_commit(tmp_path, monk
     for compact in (False, True):
         store = _store(tmp_path / f"s{compact}", n=10)
         ds = store._open()
-        row = ds.to_table(filter=ls.pc.field("id") == "r00003")
+        row = ds.to_table(filter=pc.field("id") == "r00003")
         row = row.set_column(
-            row.schema.get_field_index("strength"), "strength", ls.pa.array([0.5])
+            row.schema.get_field_index("strength"), "strength", pa.array([0.5])
         )  # invalid: strength < 1
         ls._lance().write_dataset(
             row, ds, mode="append", transaction_properties=ls._txn_props(ds, ds.version)
@@ -359,10 +365,10 @@ def test_a_duplicated_id_moved_by_a_compaction_refuses_the_commit(tmp_path, monk
                 info = q.commit(recs, [], base=snap)
                 # the quarantined copy is deleted by its row address, the other one kept
                 assert info["rows_deleted"] == 1 and info["rows_written"] == 1
-                rows = q._open().to_table(filter=ls.pc.field("id") == "r00003")
+                rows = q._open().to_table(filter=pc.field("id") == "r00003")
                 assert rows.num_rows == 1 and rows.column("strength")[0].as_py() >= 1
                 continue
-            monkeypatch.setattr(ls, "COMPACT_AFTER", 0)
+            monkeypatch.setattr(lstore, "COMPACT_AFTER", 0)
             q.append(
                 [
                     {

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from consolidate.store.lance_store import LanceStore
+from consolidate.store.lance import LanceStore
 from tests.helpers import REPO, make_records, tree_digest
 from tests.test_hardening import GOOD
 
@@ -45,7 +45,7 @@ def test_a_full_disk_during_a_commit_writes_nothing(store, monkeypatch, where, s
     orphan changelog, the deltas still pending, and the next commit works."""
     import lance
 
-    import consolidate.store.lance_store as ls
+    import consolidate.store.lance.writing as ls
 
     store.mark_used(["a"], now=20.0)
     snap = store.load()

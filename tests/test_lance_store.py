@@ -14,14 +14,8 @@ import pytest
 from consolidate.config import PassConfig
 from consolidate.pipeline import run_pass, trigger, undo_merge
 from consolidate.store import ConcurrentCommitError, InvalidRecordsError, Store
-from consolidate.store.lance_store import (
-    LanceStore,
-    _changes,
-    _diff,
-    convert,
-    open_store_dir,
-    store_format,
-)
+from consolidate.store.lance import LanceStore, convert, open_store_dir, store_format
+from consolidate.store.lance.changes import _changes, _diff
 from consolidate.store.schema import records_to_arrow
 from tests.helpers import REPO, make_records, random_rows
 from tests.test_store import base_rows, commit_pass
@@ -33,7 +27,7 @@ pytest.importorskip("lance")
 def upsert_always(monkeypatch):
     """These stores are tiny: commit changes as upserts, never as a rewrite (the rewrite
     path has its own test)."""
-    import consolidate.store.lance_store as ls
+    import consolidate.store.lance.writing as ls
 
     monkeypatch.setattr(ls, "REWRITE_FRACTION", 1.01)
 
@@ -86,7 +80,7 @@ def test_pass_commit_writes_only_changed_rows(store):
 
 
 def test_a_commit_that_changes_most_rows_rewrites(store, monkeypatch):
-    import consolidate.store.lance_store as ls
+    import consolidate.store.lance.writing as ls
 
     monkeypatch.setattr(ls, "REWRITE_FRACTION", 0.25)
     before = store.load()
@@ -382,7 +376,7 @@ def test_vector_dtype_change_rewrites_and_keeps_history(store):
 
 
 def test_cleanup_keeps_the_newest_versions(store, monkeypatch):
-    import consolidate.store.lance_store as ls
+    import consolidate.store.lance.store as ls
 
     monkeypatch.setattr(ls, "COMPACT_AFTER", 3)
     for k in range(4):
@@ -415,8 +409,8 @@ CHILD = """
 import sys
 from consolidate.config import PassConfig
 from consolidate.pipeline import run_pass
-from consolidate.store.lance_store import LanceStore
-import consolidate.store.lance_store as ls
+from consolidate.store.lance import LanceStore
+import consolidate.store.lance.writing as ls
 ls.REWRITE_FRACTION = float(sys.argv[2])
 s = LanceStore(sys.argv[1])
 with s.lock():
@@ -508,7 +502,7 @@ def test_sigkill_during_commit(tmp_path, point, fraction):
 
 WRITER = """
 import sys
-from consolidate.store.lance_store import LanceStore
+from consolidate.store.lance import LanceStore
 s = LanceStore(sys.argv[1])
 w, n = sys.argv[2], int(sys.argv[3])
 for k in range(n):
@@ -751,7 +745,7 @@ def test_the_parquet_class_refuses_a_lance_store_clearly(store):
 
 WRITE = """
 import sys
-import consolidate.store.lance_store as ls
+import consolidate.store.lance.store as ls
 from tests.helpers import make_records, random_rows
 s = ls.LanceStore(sys.argv[1])
 op = sys.argv[2]

@@ -13,7 +13,7 @@ import pytest
 from consolidate.config import PassConfig, SimilarityConfig
 from consolidate.pipeline import run_pass
 from consolidate.sources.lance_table import LanceColumns, LanceSourceError, LanceTable
-from consolidate.store.lance_store import LanceStore
+from consolidate.store.lance import LanceStore
 from tests.helpers import make_records, random_rows, requires
 
 pytestmark = requires("lancedb")

@@ -251,7 +251,7 @@ def test_consolidate_with_smollm2_as_the_merger(tmp_path):
 
     from consolidate.jobs.common import CONFIG_DIR
     from consolidate.jobs.consolidate import run_consolidate
-    from consolidate.store.lance_store import open_store_dir
+    from consolidate.store.lance import open_store_dir
     from tests.helpers import DATA_DIR, LOCOMO, REPO
 
     if not LOCOMO.exists():

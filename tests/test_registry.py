@@ -64,7 +64,7 @@ def test_every_kind_goes_through_a_registry_with_did_you_mean(tmp_path):
     from consolidate.similarity.engines import REGISTRY, get_engine
     from consolidate.sources.open import SOURCE_KINDS, SOURCES, open_source
     from consolidate.store.base import FORMATS
-    from consolidate.store.lance_store import LanceStore, open_store_dir
+    from consolidate.store.lance import LanceStore, open_store_dir
     from consolidate.store.store import ParquetStore
 
     assert REGISTRY.names() == ("torch", "triton", "faiss")

@@ -44,7 +44,7 @@ def one_error(r, want):
 
 
 def test_a_mistyped_store_dir_names_the_closest_store_and_builds_nothing(tmp_path):
-    from consolidate.store.lance_store import LanceStore
+    from consolidate.store.lance import LanceStore
 
     LanceStore(tmp_path / "stores" / "alice").create(make_records(random_rows(5, 8)))
     before = tree_digest(tmp_path / "stores")
@@ -68,7 +68,7 @@ def test_an_empty_or_missing_memory_file(tmp_path):
 
 
 def test_namespaces_that_match_nothing_unless_allowed(tmp_path):
-    from consolidate.store.lance_store import LanceStore
+    from consolidate.store.lance import LanceStore
 
     s = LanceStore(tmp_path / "s")
     s.create(make_records(random_rows(6, 8, namespaces=2)))

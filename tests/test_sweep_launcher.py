@@ -11,7 +11,7 @@ import pytest
 
 from consolidate.config import PassConfig, SimilarityConfig
 from consolidate.pipeline import run_pass
-from consolidate.store.lance_store import LanceStore
+from consolidate.store.lance import LanceStore
 from tests.helpers import REPO
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")

@@ -28,7 +28,7 @@ def rows(n=60, seed=7):
 
 def memory_file(tmp_path, suffix=".jsonl"):
     """``rows()`` exported by a store to ``tmp_path/mem<suffix>``; returns the path."""
-    from consolidate.store.lance_store import LanceStore
+    from consolidate.store.lance import LanceStore
 
     s = LanceStore(tmp_path / "src")
     s.create(make_records(rows()))

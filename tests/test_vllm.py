@@ -99,13 +99,13 @@ def test_fleet_run_with_ray_data_llm_as_the_merge_stage(tmp_path, monkeypatch):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    import consolidate.store.lance_store as ls
+    import consolidate.store.lance.writing as ls
     from consolidate.config import PassConfig, RunnerConfig, SimilarityConfig
     from consolidate.fleet import run_fleet_pass
     from consolidate.jobs.common import CONFIG_DIR
     from consolidate.llm.merger import LLMMerger
     from consolidate.pipeline import run_pass
-    from consolidate.store.lance_store import LanceStore
+    from consolidate.store.lance import LanceStore
     from tests.test_fleet import WALL, events, fleet_records, same_store
 
     monkeypatch.setattr(ls, "REWRITE_FRACTION", 1.01)  # both commits upsert (test_fleet)

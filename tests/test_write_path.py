@@ -8,7 +8,7 @@ import pytest
 
 from consolidate.llm.extract import Turn
 from consolidate.store import Store
-from consolidate.store.lance_store import open_store_dir
+from consolidate.store.lance import open_store_dir
 from consolidate.write_path import IngestConfig, ingest
 from tests.helpers import Scripted, make_records, require_smollm2
 

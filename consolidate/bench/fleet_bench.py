@@ -94,9 +94,10 @@ def main(argv: list[str]) -> int:
     import ray
     import torch
 
-    import consolidate.store.lance_store as ls
+    import consolidate.store.lance.writing as ls
     from consolidate.bench import pass_bench
     from consolidate.config import PassConfig, RunnerConfig, SimilarityConfig
+    from consolidate.store.lance import LanceStore
     from consolidate.store.schema import hours_now
 
     # both commits upsert (a fleet commit never rewrites): the stores then number their
@@ -125,11 +126,11 @@ def main(argv: list[str]) -> int:
         res["generated"] = {
             k: info[k] for k in ("namespaces", "planted_clusters", "duplicate_rows")
         }
-        a = ls.LanceStore(work / "single")
+        a = LanceStore(work / "single")
         a.create(recs)
         del recs
         shutil.copytree(a.root, work / "fleet")
-        b = ls.LanceStore(work / "fleet")
+        b = LanceStore(work / "fleet")
         pc, sc = PassConfig(force=True), SimilarityConfig(device="cpu")
         rc = RunnerConfig(
             kind="ray",

@@ -47,7 +47,7 @@ def _rss() -> int:
 
 def _open(fmt: str, root: str):
     from consolidate.store import Store
-    from consolidate.store.lance_store import LanceStore
+    from consolidate.store.lance import LanceStore
 
     return LanceStore(root) if fmt == "lance" else Store(root)
 

@@ -274,7 +274,7 @@ class _Evaluation:
             raise ValueError(f"variant {name!r}: vectors: {e}") from None
         if v.get("store"):
             # evaluate an existing store as it is (e.g. the one `consolidate` maintains)
-            from ..store.lance_store import open_store_dir
+            from ..store.lance import open_store_dir
 
             snap = open_store_dir(v["store"]).load()
             return snap.records.mask(snap.records.live_mask()), dict(_NO_PASS), vdt

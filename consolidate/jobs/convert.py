@@ -17,7 +17,7 @@ def run_convert(cfg: DictConfig) -> dict[str, Any]:
         StoreNotFoundError: no store at ``src``.
         FileExistsError: ``dst`` is not empty.
     """
-    from ..store.lance_store import LanceStore, convert, open_store_dir
+    from ..store.lance import LanceStore, convert, open_store_dir
 
     src = open_store_dir(cfg.src)
     src.head()  # StoreNotFoundError with the path

@@ -34,7 +34,7 @@ def run_reembed(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str,
         StoreNotFoundError, LockTimeoutError, OSError: see :mod:`consolidate.reembed`.
     """
     from ..reembed import check_backup, reembed_store, switch_stores
-    from ..store.lance_store import open_store_dir
+    from ..store.lance import open_store_dir
 
     out = Path(
         out_dir

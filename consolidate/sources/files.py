@@ -640,7 +640,7 @@ class FileSource:
         Raises:
             ValueError: the file changed since it was read (nothing written).
         """
-        from ..store.lance_store import write_records_file
+        from ..store.lance import write_records_file
 
         assert plan.content is not None
         if dry_run:
@@ -671,7 +671,7 @@ class FileSource:
         import uuid
         from datetime import datetime, timezone
 
-        from ..store.lance_store import write_records_file
+        from ..store.lance import write_records_file
 
         real = self.path.resolve()  # a symlink: the file it names is replaced
         data = real.read_bytes()

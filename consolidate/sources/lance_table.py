@@ -468,7 +468,7 @@ class LanceTable:
             if dry_run or not units:
                 return rep
             table, gone = self._changes(ds, units)
-            from ..store.lance_store import commit_update
+            from ..store.lance import commit_update
 
             try:
                 new = commit_update(
@@ -515,7 +515,7 @@ class LanceTable:
             UndoTargetError: ``target`` names no applied plan, merge or drop, or several.
             LanceSourceError: the dataset cannot be read or the commit failed.
         """
-        from ..store.lance_store import commit_update
+        from ..store.lance import commit_update
 
         def restore(plan_id: str, units: list[dict[str, Any]]) -> dict[str, Any]:
             for attempt in range(retries + 1):

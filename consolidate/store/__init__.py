@@ -3,7 +3,7 @@ store, the default, and the Parquet store), the record schema and validation, im
 
 from .base import MemoryStore
 from .batch import MemoryBatch, resolve_device
-from .lance_store import LanceStore, open_store_dir
+from .lance import LanceStore, open_store_dir
 from .schema import (
     InvalidRecordsError,
     Records,

@@ -1,7 +1,7 @@
 """The interface every store of record gives: :class:`MemoryStore`.
 
 Two implementations sit side by side, neither inheriting the other:
-:class:`~consolidate.store.lance_store.LanceStore` (one Lance dataset, the default) and
+:class:`~consolidate.store.lance.LanceStore` (one Lance dataset, the default) and
 :class:`~consolidate.store.store.ParquetStore` (a snapshot file per version). What they
 share in code (deltas, quarantine, locks, :meth:`MemoryStore.create`, ``mark_used``,
 ``patch``, ``transact``) is :class:`~consolidate.store.store.StoreBase`; what differs between
@@ -13,7 +13,7 @@ class:
   ``trigger(importance)`` fires per namespace (the nightly run's incremental load, fleet runs);
 * ``TIME_TRAVEL``: every commit stays readable as a version (``consolidate-versions``).
 
-Open a store with :func:`~consolidate.store.lance_store.open_store_dir`, which picks the class
+Open a store with :func:`~consolidate.store.lance.open_store_dir`, which picks the class
 from the folder's ``CURRENT`` marker through :data:`FORMATS`.
 """
 
@@ -36,7 +36,7 @@ __all__ = ["MemoryStore", "FORMATS"]
 FORMATS = Registry(
     "store format",
     {
-        "lance": "consolidate.store.lance_store:LanceStore",
+        "lance": "consolidate.store.lance:LanceStore",
         "parquet": "consolidate.store.store:ParquetStore",
     },
 )

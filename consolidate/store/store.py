@@ -313,7 +313,7 @@ class Pointer:
         if d.get("format") == "lance":
             raise ValueError(
                 "this is a Lance store: open it with "
-                "consolidate.store.lance_store.open_store_dir or LanceStore"
+                "consolidate.store.lance.open_store_dir or LanceStore"
             )
         names = {f.name for f in dataclasses.fields(Pointer)}
         d = {k: v for k, v in d.items() if k in names}
@@ -362,7 +362,7 @@ class StoreBase(abc.ABC):
     delta files (appends, recall bookkeeping, patches) and their checks, quarantine, the
     pass lock and the writers' lock, :meth:`create`, :meth:`mark_used`, :meth:`patch` and
     :meth:`transact`. A subclass is one on-disk format (:class:`ParquetStore`,
-    :class:`~consolidate.store.lance_store.LanceStore`); the interface both give is
+    :class:`~consolidate.store.lance.LanceStore`); the interface both give is
     :class:`~consolidate.store.base.MemoryStore`.
 
     Args:
