@@ -776,7 +776,7 @@ class PgVectorTable:
             )
 
     # ------------------------------------------------------------ undo
-    def undo(self, target: str) -> UndoReport:  # noqa: C901
+    def undo(self, target: str) -> UndoReport:
         """Undo a merge or a drop, or every merge and drop of a plan, that :meth:`apply`
         wrote: ``target`` is the merged row's id, a dropped row's id or a plan id (or a
         unique prefix, see :func:`~consolidate.sources.journal.match_target`), found in
@@ -795,12 +795,8 @@ class PgVectorTable:
             UndoTargetError: ``target`` names no applied plan, merge or drop, or several.
             PgSourceError: no connection, or an apply holds a namespace (nothing written).
         """
-        from psycopg import sql
-
         from .journal import UndoTargetError, match_target
 
-        m = self._mapped()
-        tab, idc = self._tab(), self._ident(m["id"])
         with self._connect() as conn, conn.transaction():
             if not self._exists(conn, _HISTORY):
                 raise UndoTargetError(f"table {self.table}: no plan was ever applied to it")
@@ -809,30 +805,8 @@ class PgVectorTable:
                 "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
                 (f"consolidate-undo|{self.table}",),
             )
-            plans: dict[str, dict[str, Any]] = {}
-            for plan_id, unit, kind, row_id, change in conn.execute(
-                sql.SQL(
-                    "SELECT plan_id, unit, unit_kind, row_id, change FROM {} WHERE tab = %s "
-                    "AND unit IS NOT NULL AND unit_kind IN ('merge', 'drop') AND change NOT "
-                    "LIKE 'undo:%%' ORDER BY at, plan_id"
-                ).format(self._tab(_HISTORY)),
-                (self.table,),
-            ).fetchall():
-                p = plans.setdefault(plan_id, {"plan_id": plan_id, "units": {}})
-                u = p["units"].setdefault(unit, {"key": unit, "kind": kind, "ids": []})
-                if change.startswith("retire:"):
-                    u["ids"].append(row_id)
-            listed = [{"plan_id": k, "units": list(p["units"].values())} for k, p in plans.items()]
-            undone = {
-                (r[0], r[1])
-                for r in conn.execute(
-                    sql.SQL("SELECT plan_id, unit FROM {} WHERE tab = %s").format(
-                        self._tab(_UNDONE)
-                    ),
-                    (self.table,),
-                ).fetchall()
-            }
-            plan_id, units = match_target(target, listed, undone=undone)
+            undone = self._undone_units(conn)
+            plan_id, units = match_target(target, self._applied_units(conn), undone=undone)
             rep = UndoReport(str(target), plan_id)
             done = {unit for p, unit in undone if p == plan_id}
             rep.already = [u["key"] for u in units if u["key"] in done]
@@ -840,109 +814,180 @@ class PgVectorTable:
             if not todo:
                 return rep
             ids = sorted({i for u in todo for i in u["ids"]} | {u["key"] for u in todo})
-            state = {  # id -> (deleted_at, namespace[, merged_into])
-                r[0]: r[1:]
-                for r in conn.execute(
-                    sql.SQL("SELECT {}::text, {}, {}{} FROM {} WHERE {}::text = ANY(%s)").format(
-                        idc,
-                        self._ident(m["deleted_at"]),
-                        self._ident(m["namespace"]),
-                        sql.SQL(", {}").format(self._ident(m["merged_into"]))
-                        if "merged_into" in m
-                        else sql.SQL(""),
-                        tab,
-                        idc,
-                    )
-                    + sql.SQL(" FOR UPDATE"),
-                    (ids,),
-                ).fetchall()
-            }
-            for ns in sorted({v[1] for v in state.values()}):
-                got = conn.execute(
-                    "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))",
-                    (f"consolidate|{self.table}|{ns}",),
-                ).fetchone()[0]
-                if not got:
-                    raise PgSourceError(
-                        f"table {self.table}: another job holds namespace {ns!r} (an apply "
-                        f"in progress); nothing undone: try again when it is done"
-                    )
-
-            def history(row_id: str, change: str, u: dict[str, Any]) -> None:
-                self._history(conn, plan_id, u, row_id, change)
-
+            state = self._lock_for_undo(conn, ids)
             for u in todo:
-                key = u["key"]
-                live_members = all(i in state and state[i][0] is None for i in u["ids"])
-                if u["kind"] == "merge":
-                    merged = state.get(key)
-                    if merged is not None and merged[0] is not None:
-                        if not live_members:
-                            again = merged[2] if merged is not None and len(merged) > 2 else None
-                            rep.skipped.append(
-                                {
-                                    "key": key,
-                                    "why": f"{key} was merged again into {again}: undo that first"
-                                    if again
-                                    else f"the merged row {key} is no longer live",
-                                }
-                            )
-                            continue
-                        # else: undone already, not yet recorded
-                    elif merged is None:
-                        pass  # the merged row was deleted from the table: members come back
-                    else:
-                        history(key, "undo:retire", u)
-                        conn.execute(
-                            sql.SQL(
-                                "UPDATE {} SET {} = now(), {} = now() WHERE {}::text = %s"
-                            ).format(
-                                tab,
-                                self._ident(m["deleted_at"]),
-                                self._ident(m["updated_at"]),
-                                idc,
-                            ),
-                            (key,),
-                        )
-                back = [i for i in u["ids"] if i in state and state[i][0] is not None]
-                for i in back:
-                    history(i, "undo:restore", u)
-                sets = [
-                    sql.SQL("{} = NULL").format(self._ident(m["deleted_at"])),
-                    sql.SQL("{} = now()").format(self._ident(m["updated_at"])),
-                ]
-                if "merged_into" in m:
-                    sets.append(sql.SQL("{} = NULL").format(self._ident(m["merged_into"])))
-                if back:
-                    conn.execute(
-                        sql.SQL("UPDATE {} SET {} WHERE {}::text = ANY(%s)").format(
-                            tab, sql.SQL(", ").join(sets), idc
-                        ),
-                        (back,),
-                    )
-                restored = back
-                from psycopg.types.json import Jsonb
-
-                conn.execute(
-                    sql.SQL(
-                        "INSERT INTO {} (tab, plan_id, unit, restored) VALUES (%s, %s, %s, %s)"
-                    ).format(self._tab(_UNDONE)),
-                    (self.table, plan_id, key, Jsonb(restored)),
-                )
-                if u["kind"] == "merge":
-                    pairs = [(a, b) for a in u["ids"] for b in u["ids"] if a != b]
-                    if pairs:
-                        with conn.cursor() as cur:
-                            cur.executemany(
-                                sql.SQL(
-                                    "INSERT INTO {} (tab, id, other, plan_id, unit) VALUES "
-                                    "(%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
-                                ).format(self._tab(_APART)),
-                                [(self.table, a, b, plan_id, key) for a, b in pairs],
-                            )
-                rep.undone.append(key)
-                rep.restored += restored
+                self._undo_unit(conn, plan_id, u, state, rep)
         return rep
+
+    def _applied_units(self, conn: Any) -> list[dict[str, Any]]:
+        """Every applied plan's merge and drop units, from ``consolidate_history``:
+        ``[{"plan_id", "units": [{"key", "kind", "ids": the rows it retired}]}]``."""
+        from psycopg import sql
+
+        plans: dict[str, dict[str, Any]] = {}
+        for plan_id, unit, kind, row_id, change in conn.execute(
+            sql.SQL(
+                "SELECT plan_id, unit, unit_kind, row_id, change FROM {} WHERE tab = %s "
+                "AND unit IS NOT NULL AND unit_kind IN ('merge', 'drop') AND change NOT "
+                "LIKE 'undo:%%' ORDER BY at, plan_id"
+            ).format(self._tab(_HISTORY)),
+            (self.table,),
+        ).fetchall():
+            p = plans.setdefault(plan_id, {"plan_id": plan_id, "units": {}})
+            u = p["units"].setdefault(unit, {"key": unit, "kind": kind, "ids": []})
+            if change.startswith("retire:"):
+                u["ids"].append(row_id)
+        return [{"plan_id": k, "units": list(p["units"].values())} for k, p in plans.items()]
+
+    def _undone_units(self, conn: Any) -> set[tuple[str, str]]:
+        """``(plan_id, unit key)`` of every unit undone, from ``consolidate_undone``."""
+        from psycopg import sql
+
+        return {
+            (r[0], r[1])
+            for r in conn.execute(
+                sql.SQL("SELECT plan_id, unit FROM {} WHERE tab = %s").format(self._tab(_UNDONE)),
+                (self.table,),
+            ).fetchall()
+        }
+
+    def _lock_for_undo(self, conn: Any, ids: list[str]) -> dict[str, tuple[Any, ...]]:
+        """Lock the rows ``ids`` (``FOR UPDATE``) and each of their namespaces (the advisory
+        lock an apply holds); returns id -> ``(deleted_at, namespace[, merged_into])``.
+
+        Raises:
+            PgSourceError: an apply holds one of the namespaces.
+        """
+        from psycopg import sql
+
+        m = self._mapped()
+        idc = self._ident(m["id"])
+        state = {
+            r[0]: r[1:]
+            for r in conn.execute(
+                sql.SQL("SELECT {}::text, {}, {}{} FROM {} WHERE {}::text = ANY(%s)").format(
+                    idc,
+                    self._ident(m["deleted_at"]),
+                    self._ident(m["namespace"]),
+                    sql.SQL(", {}").format(self._ident(m["merged_into"]))
+                    if "merged_into" in m
+                    else sql.SQL(""),
+                    self._tab(),
+                    idc,
+                )
+                + sql.SQL(" FOR UPDATE"),
+                (ids,),
+            ).fetchall()
+        }
+        for ns in sorted({v[1] for v in state.values()}):
+            got = conn.execute(
+                "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))",
+                (f"consolidate|{self.table}|{ns}",),
+            ).fetchone()[0]
+            if not got:
+                raise PgSourceError(
+                    f"table {self.table}: another job holds namespace {ns!r} (an apply "
+                    f"in progress); nothing undone: try again when it is done"
+                )
+        return state
+
+    def _undo_unit(
+        self,
+        conn: Any,
+        plan_id: str,
+        u: dict[str, Any],
+        state: dict[str, tuple[Any, ...]],
+        rep: UndoReport,
+    ) -> None:
+        """Undo one merge or drop unit ``u`` of ``plan_id`` inside the caller's transaction
+        (see :meth:`undo`), given the locked rows' ``state``; records it in ``rep``."""
+        from psycopg import sql
+        from psycopg.types.json import Jsonb
+
+        m = self._mapped()
+        tab, idc = self._tab(), self._ident(m["id"])
+        key = u["key"]
+        if u["kind"] == "merge" and not self._retire_merged(conn, plan_id, u, state, rep):
+            return
+        back = [i for i in u["ids"] if i in state and state[i][0] is not None]
+        for i in back:
+            self._history(conn, plan_id, u, i, "undo:restore")
+        sets = [
+            sql.SQL("{} = NULL").format(self._ident(m["deleted_at"])),
+            sql.SQL("{} = now()").format(self._ident(m["updated_at"])),
+        ]
+        if "merged_into" in m:
+            sets.append(sql.SQL("{} = NULL").format(self._ident(m["merged_into"])))
+        if back:
+            conn.execute(
+                sql.SQL("UPDATE {} SET {} WHERE {}::text = ANY(%s)").format(
+                    tab, sql.SQL(", ").join(sets), idc
+                ),
+                (back,),
+            )
+        conn.execute(
+            sql.SQL("INSERT INTO {} (tab, plan_id, unit, restored) VALUES (%s, %s, %s, %s)").format(
+                self._tab(_UNDONE)
+            ),
+            (self.table, plan_id, key, Jsonb(back)),
+        )
+        if u["kind"] == "merge":
+            pairs = [(a, b) for a in u["ids"] for b in u["ids"] if a != b]
+            if pairs:
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        sql.SQL(
+                            "INSERT INTO {} (tab, id, other, plan_id, unit) VALUES "
+                            "(%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+                        ).format(self._tab(_APART)),
+                        [(self.table, a, b, plan_id, key) for a, b in pairs],
+                    )
+        rep.undone.append(key)
+        rep.restored += back
+
+    def _retire_merged(
+        self,
+        conn: Any,
+        plan_id: str,
+        u: dict[str, Any],
+        state: dict[str, tuple[Any, ...]],
+        rep: UndoReport,
+    ) -> bool:
+        """Retire merge unit ``u``'s merged row (``deleted_at`` now) unless it is gone or
+        retired already; ``False`` (and the reason in ``rep.skipped``) when the unit cannot
+        be undone: its merged row was merged again, or retired with members still retired."""
+        from psycopg import sql
+
+        m = self._mapped()
+        key = u["key"]
+        live_members = all(i in state and state[i][0] is None for i in u["ids"])
+        merged = state.get(key)
+        if merged is None:
+            return True  # the merged row was deleted from the table: members come back
+        if merged[0] is not None:
+            if live_members:
+                return True  # undone already, not yet recorded
+            again = merged[2] if len(merged) > 2 else None
+            rep.skipped.append(
+                {
+                    "key": key,
+                    "why": f"{key} was merged again into {again}: undo that first"
+                    if again
+                    else f"the merged row {key} is no longer live",
+                }
+            )
+            return False
+        self._history(conn, plan_id, u, key, "undo:retire")
+        conn.execute(
+            sql.SQL("UPDATE {} SET {} = now(), {} = now() WHERE {}::text = %s").format(
+                self._tab(),
+                self._ident(m["deleted_at"]),
+                self._ident(m["updated_at"]),
+                self._ident(m["id"]),
+            ),
+            (key,),
+        )
+        return True
 
     def _extra_columns(self, conn: Any) -> list[str]:
         """The table's columns the pass does not map (a user's ``tags``), without generated
