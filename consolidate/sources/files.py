@@ -286,7 +286,7 @@ def _generated_ids(rows: list[dict[str, Any]], namespace: str) -> int:
     return n
 
 
-def read_memories(  # noqa: C901
+def read_memories(
     path: str | Path,
     *,
     namespace: str = "default",
@@ -317,95 +317,21 @@ def read_memories(  # noqa: C901
         InvalidRecordsError: records that break the store's rules (an importance outside
             0..1, a time in the future, a duplicate id, ...), named by id and line.
     """
-    import pyarrow.parquet as pq
-
     p = Path(path)
     if p.suffix not in FILE_SUFFIXES:
         raise ValueError(f"{p}: a memory file must end in {', '.join(FILE_SUFFIXES)}")
     if not p.is_file():
         raise FileNotFoundError(f"memory file not found: {p}")
-    lines: list[int] | None = None  # each record's line (None: rows of a Parquet file)
-    if p.suffix == ".parquet":
-        table = pq.read_table(p)
-        _check_utf8(table, p)
-        if set(COLUMNS) <= set(table.column_names) and "vector" in table.column_names:
-            # an export of a store: its own schema, vectors decoded from the stored dtype
-            recs = as_stored(
-                records_from_arrow(table),
-                str(p),
-                now_h=now_h,
-                first_line=0,
-                unit="row",
-                known_ids=known_ids,
-            )
-            ignored = sorted(set(table.column_names) - _KNOWN - {"vector_scale"})
-            extra = (
-                table.select(ignored).to_pandas().set_axis(recs.meta["id"].to_numpy())
-                if ignored
-                else None
-            )
-            return FileImport(recs, str(p), ignored_columns=ignored, extra=extra)
-        decoded = _stored_vectors(table, p)
-        rows = table.drop_columns(
-            [
-                c
-                for c in ("vector", "vector_scale")
-                if decoded is not None and c in table.column_names
-            ]
-        ).to_pylist()
-        if decoded is not None:
-            for r, v in zip(rows, decoded, strict=True):
-                r["vector"] = v
-    elif p.suffix == ".jsonl":
-        rows = list(_jsonl_rows(p))
-        lines = list(range(1, len(rows) + 1))
-    else:
-        pairs = list(_csv_rows(p))
-        lines, rows = [k for k, _ in pairs], [r for _, r in pairs]
+    got = _file_rows(p, now_h, known_ids)
+    if isinstance(got, FileImport):
+        return got
+    rows, lines = got
     if not rows:
         raise ValueError(f"{p}: no memories in the file")
     ignored = sorted({c for r in rows for c in r} - _KNOWN)
-    for k, r in enumerate(rows):
-        if not isinstance(r.get("text"), str):
-            raise ValueError(
-                f"{_where(p, k, lines)}: "
-                f"{'no text' if r.get('text') is None else 'text is not a string'}"
-            )
-        try:
-            r["text"].encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(
-                f"{_where(p, k, lines)}: the text holds a lone surrogate (not encodable as UTF-8)"
-            ) from None
-        v = r.get("vector")
-        if isinstance(v, (list, tuple)) and not len(v):
-            raise ValueError(f"{_where(p, k, lines)}: an empty vector")
-        if r.get("namespace") is None:
-            r["namespace"] = namespace
-        if isinstance(r.get("vector"), float) and math.isnan(r["vector"]):
-            r["vector"] = None
+    _check_rows(rows, lines, p, namespace)
     generated = _generated_ids(rows, namespace)
-    has = np.array([r.get("vector") is not None for r in rows])
-    embedded = not has.any()
-    if embedded:
-        if embedder is None:
-            raise ValueError(f"{p}: no row has a vector; give an embedder to embed the texts")
-        from ..embed import EmbedInputError, name_embed_error
-
-        try:
-            vecs = np.asarray(embedder.encode([r["text"] for r in rows]), dtype=np.float32)
-        except EmbedInputError as e:
-            raise name_embed_error(
-                e, [f"{r['id']!r} ({_where(p, k, lines)})" for k, r in enumerate(rows)]
-            ) from None
-        for r, v in zip(rows, vecs, strict=True):
-            r["vector"] = v
-    elif not has.all():
-        k = int(np.flatnonzero(~has)[0])
-        raise ValueError(
-            f"{_where(p, k, lines)}: no vector, while {int(has.sum())} other "
-            f"rows have one (either every row has a vector or none has)"
-        )
+    embedded = _vectors_or_embed(rows, lines, p, embedder)
     recs = as_stored(
         records_from_rows(rows),
         str(p),
@@ -432,6 +358,114 @@ def read_memories(  # noqa: C901
         ignored_columns=ignored,
         extra=extra,
     )
+
+
+def _file_rows(
+    p: Path, now_h: float | None, known_ids: Any
+) -> FileImport | tuple[list[dict[str, Any]], list[int] | None]:
+    """The rows of memory file ``p`` as dicts and each one's line (``None``: rows of a
+    Parquet file); a Parquet export of a store (its own schema) is read whole, as the
+    :class:`FileImport` itself."""
+    import pyarrow.parquet as pq
+
+    if p.suffix == ".jsonl":
+        rows = list(_jsonl_rows(p))
+        return rows, list(range(1, len(rows) + 1))
+    if p.suffix == ".csv":
+        pairs = list(_csv_rows(p))
+        return [r for _, r in pairs], [k for k, _ in pairs]
+    table = pq.read_table(p)
+    _check_utf8(table, p)
+    if set(COLUMNS) <= set(table.column_names) and "vector" in table.column_names:
+        # an export of a store: its own schema, vectors decoded from the stored dtype
+        recs = as_stored(
+            records_from_arrow(table),
+            str(p),
+            now_h=now_h,
+            first_line=0,
+            unit="row",
+            known_ids=known_ids,
+        )
+        ignored = sorted(set(table.column_names) - _KNOWN - {"vector_scale"})
+        extra = (
+            table.select(ignored).to_pandas().set_axis(recs.meta["id"].to_numpy())
+            if ignored
+            else None
+        )
+        return FileImport(recs, str(p), ignored_columns=ignored, extra=extra)
+    decoded = _stored_vectors(table, p)
+    rows = table.drop_columns(
+        [c for c in ("vector", "vector_scale") if decoded is not None and c in table.column_names]
+    ).to_pylist()
+    if decoded is not None:
+        for r, v in zip(rows, decoded, strict=True):
+            r["vector"] = v
+    return rows, None
+
+
+def _check_rows(
+    rows: list[dict[str, Any]], lines: list[int] | None, p: Path, namespace: str
+) -> None:
+    """Check each row's text and vector cell (naming its line) and give rows without a
+    namespace ``namespace``; a NaN vector cell (pandas' empty cell) becomes no vector.
+
+    Raises:
+        ValueError: no text, a text that is not a string or not encodable as UTF-8, an
+            empty vector.
+    """
+    for k, r in enumerate(rows):
+        if not isinstance(r.get("text"), str):
+            raise ValueError(
+                f"{_where(p, k, lines)}: "
+                f"{'no text' if r.get('text') is None else 'text is not a string'}"
+            )
+        try:
+            r["text"].encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"{_where(p, k, lines)}: the text holds a lone surrogate (not encodable as UTF-8)"
+            ) from None
+        v = r.get("vector")
+        if isinstance(v, (list, tuple)) and not len(v):
+            raise ValueError(f"{_where(p, k, lines)}: an empty vector")
+        if r.get("namespace") is None:
+            r["namespace"] = namespace
+        if isinstance(r.get("vector"), float) and math.isnan(r["vector"]):
+            r["vector"] = None
+
+
+def _vectors_or_embed(
+    rows: list[dict[str, Any]], lines: list[int] | None, p: Path, embedder: Any
+) -> bool:
+    """Every row's vector: as given, or (when no row has one) embedded by ``embedder``;
+    returns whether the texts were embedded.
+
+    Raises:
+        ValueError: some rows have vectors and some do not, or none has and there is no
+            embedder; an embedder's input error named by record id and line.
+    """
+    has = np.array([r.get("vector") is not None for r in rows])
+    if has.all():
+        return False
+    if has.any():
+        k = int(np.flatnonzero(~has)[0])
+        raise ValueError(
+            f"{_where(p, k, lines)}: no vector, while {int(has.sum())} other "
+            f"rows have one (either every row has a vector or none has)"
+        )
+    if embedder is None:
+        raise ValueError(f"{p}: no row has a vector; give an embedder to embed the texts")
+    from ..embed import EmbedInputError, name_embed_error
+
+    try:
+        vecs = np.asarray(embedder.encode([r["text"] for r in rows]), dtype=np.float32)
+    except EmbedInputError as e:
+        raise name_embed_error(
+            e, [f"{r['id']!r} ({_where(p, k, lines)})" for k, r in enumerate(rows)]
+        ) from None
+    for r, v in zip(rows, vecs, strict=True):
+        r["vector"] = v
+    return True
 
 
 @dataclass
