@@ -193,6 +193,55 @@ def test_a_row_changed_between_plan_and_apply_skips_its_unit(pg):
     assert len(after) == len(before) + n_merges - 1
 
 
+def test_an_update_unit_is_undone_unless_the_row_was_written_since(pg):
+    """A pass that changes a kept row's importance and last use plans an update unit; undo
+    by the plan id gives the row its old values back, except a row an agent wrote after the
+    apply (its write wins, the unit is reported skipped); a second undo does nothing."""
+    fill(pg, "mem_upd", rows(30))
+    t = PgVectorTable(pg, "mem_upd", COLS)
+    snap = t.read()
+    meta = snap.records.meta.copy()
+    a, b = sorted(meta["id"])[:2]
+    meta.loc[meta["id"].isin([a, b]), "importance"] = 0.99
+    meta.loc[meta["id"] == a, "last_used"] = WALL
+    result = dataclasses.replace(snap.records, meta=meta)
+    plan = t.plan(snap, result)
+    assert sorted(u["key"] for u in plan.units) == [a, b]
+    assert {u["kind"] for u in plan.units} == {"update"}
+    old = {
+        r[0]: r[1:]
+        for r in psycopg.connect(pg).execute(
+            "SELECT id, importance, last_used FROM mem_upd WHERE id = ANY(%s)", ([a, b],)
+        )
+    }
+    rep = t.apply(plan, dry_run=False)
+    assert rep.applied == {"update": 2}
+    with psycopg.connect(pg, autocommit=True) as c:  # an agent writes b after the apply
+        c.execute("UPDATE mem_upd SET memory = 'agent', updated_at = now() WHERE id = %s", (b,))
+        now = {r[0]: r[1] for r in c.execute("SELECT id, importance FROM mem_upd")}
+    assert now[a] == now[b] == 0.99
+    u = t.undo(plan.plan_id[:10])
+    assert u.undone == [a] and [s["key"] for s in u.skipped] == [b] and u.restored == []
+    assert "written after the apply" in u.skipped[0]["why"]
+    with psycopg.connect(pg) as c:
+        got = {
+            r[0]: r[1:]
+            for r in c.execute(
+                "SELECT id, importance, last_used, memory FROM mem_upd WHERE id = ANY(%s)",
+                ([a, b],),
+            )
+        }
+        undos = c.execute(
+            "SELECT row_id FROM consolidate_history WHERE tab = 'mem_upd' AND change = "
+            "'undo:update'"
+        ).fetchall()
+    assert got[a][:2] == old[a]  # importance and last use as they were before the apply
+    assert got[b][0] == 0.99 and got[b][2] == "agent"  # the agent's write is kept
+    assert undos == [(a,)]  # the undone row's state before the undo is in the history
+    again = t.undo(plan.plan_id[:10])
+    assert again.undone == [] and again.already == [a]
+
+
 def test_a_namespace_another_job_holds_is_skipped(pg):
     fill(pg, "mem_c", rows())
     t = PgVectorTable(pg, "mem_c", COLS)

@@ -777,7 +777,7 @@ class PgVectorTable:
 
     # ------------------------------------------------------------ undo
     def undo(self, target: str) -> UndoReport:
-        """Undo a merge or a drop, or every merge and drop of a plan, that :meth:`apply`
+        """Undo a merge, a drop or an update, or every unit of a plan, that :meth:`apply`
         wrote: ``target`` is the merged row's id, a dropped row's id or a plan id (or a
         unique prefix, see :func:`~consolidate.sources.journal.match_target`), found in
         ``consolidate_history``.
@@ -789,7 +789,10 @@ class PgVectorTable:
         agent's edit of a member since the apply stays (only those columns change). The
         unit goes into ``consolidate_undone`` (undoing it again does nothing) and its
         members' pairs into ``consolidate_keep_apart``, which every later :meth:`read`
-        gives the pass as ``keep_apart``. Update units (strength, last use) are not undone.
+        gives the pass as ``keep_apart``. An update unit (importance, strength, last use or
+        pin the pass changed on a kept row) gets the row's previous values back, unless the
+        row was written after the apply (its ``updated_at`` moved): that write wins and the
+        unit is reported skipped.
 
         Raises:
             UndoTargetError: ``target`` names no applied plan, merge or drop, or several.
@@ -820,16 +823,18 @@ class PgVectorTable:
         return rep
 
     def _applied_units(self, conn: Any) -> list[dict[str, Any]]:
-        """Every applied plan's merge and drop units, from ``consolidate_history``:
-        ``[{"plan_id", "units": [{"key", "kind", "ids": the rows it retired}]}]``."""
+        """Every applied plan's merge, drop and update units, from ``consolidate_history``:
+        ``[{"plan_id", "units": [{"key", "kind", "ids": the rows it retired or updated}]}]``;
+        an update unit also holds ``columns`` (the pass's column names it set), ``before``
+        (the row as it was, JSON) and ``at`` (when the apply wrote it)."""
         from psycopg import sql
 
         plans: dict[str, dict[str, Any]] = {}
-        for plan_id, unit, kind, row_id, change in conn.execute(
+        for plan_id, unit, kind, row_id, change, before, at in conn.execute(
             sql.SQL(
-                "SELECT plan_id, unit, unit_kind, row_id, change FROM {} WHERE tab = %s "
-                "AND unit IS NOT NULL AND unit_kind IN ('merge', 'drop') AND change NOT "
-                "LIKE 'undo:%%' ORDER BY at, plan_id"
+                "SELECT plan_id, unit, unit_kind, row_id, change, before, at FROM {} WHERE "
+                "tab = %s AND unit IS NOT NULL AND unit_kind IN ('merge', 'drop', 'update') "
+                "AND change NOT LIKE 'undo:%%' ORDER BY at, plan_id"
             ).format(self._tab(_HISTORY)),
             (self.table,),
         ).fetchall():
@@ -837,6 +842,9 @@ class PgVectorTable:
             u = p["units"].setdefault(unit, {"key": unit, "kind": kind, "ids": []})
             if change.startswith("retire:"):
                 u["ids"].append(row_id)
+            elif kind == "update" and change.startswith("update:"):
+                u["ids"].append(row_id)
+                u.update(columns=change[len("update:") :].split(","), before=before, at=at)
         return [{"plan_id": k, "units": list(p["units"].values())} for k, p in plans.items()]
 
     def _undone_units(self, conn: Any) -> set[tuple[str, str]]:
@@ -907,6 +915,16 @@ class PgVectorTable:
         m = self._mapped()
         tab, idc = self._tab(), self._ident(m["id"])
         key = u["key"]
+        if u["kind"] == "update":
+            if self._restore_update(conn, plan_id, u, rep):
+                conn.execute(
+                    sql.SQL(
+                        "INSERT INTO {} (tab, plan_id, unit, restored) VALUES (%s, %s, %s, %s)"
+                    ).format(self._tab(_UNDONE)),
+                    (self.table, plan_id, key, Jsonb([])),
+                )
+                rep.undone.append(key)
+            return
         if u["kind"] == "merge" and not self._retire_merged(conn, plan_id, u, state, rep):
             return
         back = [i for i in u["ids"] if i in state and state[i][0] is not None]
@@ -944,6 +962,48 @@ class PgVectorTable:
                     )
         rep.undone.append(key)
         rep.restored += back
+
+    def _restore_update(self, conn: Any, plan_id: str, u: dict[str, Any], rep: UndoReport) -> bool:
+        """Give update unit ``u``'s row back the values its columns had before the apply,
+        when nothing has written the row since (its ``updated_at`` is still the apply's);
+        ``False`` (and the reason in ``rep.skipped``) otherwise: a later write wins."""
+        from psycopg import sql
+        from psycopg.types.json import Jsonb
+
+        m = self._mapped()
+        (i,) = u["ids"]
+        tab, idc, upd = self._tab(), self._ident(m["id"]), self._ident(m["updated_at"])
+        row = conn.execute(
+            sql.SQL("SELECT {} = %s FROM {} WHERE {}::text = %s").format(upd, tab, idc),
+            (u["at"], i),
+        ).fetchone()
+        if row is None or not row[0]:
+            rep.skipped.append(
+                {
+                    "key": u["key"],
+                    "why": f"row {i} is gone"
+                    if row is None
+                    else f"row {i} was written after the apply (updated_at): it keeps that write",
+                }
+            )
+            return False
+        self._history(conn, plan_id, u, i, "undo:update")
+        cols = [self._ident(m[c]) for c in u["columns"]]
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} SET {}, {} = now() FROM jsonb_populate_record(NULL::{}, %s) AS r "
+                "WHERE {}.{}::text = %s"
+            ).format(
+                tab,
+                sql.SQL(", ").join(sql.SQL("{} = r.{}").format(c, c) for c in cols),
+                upd,
+                tab,
+                tab,
+                idc,
+            ),
+            (Jsonb(u["before"]), i),
+        )
+        return True
 
     def _retire_merged(
         self,
