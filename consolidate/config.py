@@ -335,10 +335,11 @@ class SourceConfig:
             pgvector table keeps them in tables of its database.
         allow_empty: run on a source that holds no memories (``false``: that is an error,
             as a mistyped path, table or namespace reads as empty).
-        write: what an apply writes into a file (``jsonl``): ``all`` (live memories and
-            tombstones) or ``live`` (live memories only; the tombstones go to
+        write: what an apply writes into a file (``jsonl``): ``live`` (live memories only,
+            as a reader that knows nothing of tombstones expects; the tombstones go to
             ``tombstones.parquet`` in the journal folder, see
-            :class:`~consolidate.sources.files.FileSource`).
+            :class:`~consolidate.sources.files.FileSource`) or ``all`` (live memories and
+            tombstones in the file).
     """
 
     kind: str = "store"
@@ -356,7 +357,7 @@ class SourceConfig:
     pinned_key: str | None = "pinned"
     state_dir: str | None = None
     allow_empty: bool = False
-    write: str = "all"
+    write: str = "live"
 
 
 @dataclass

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from consolidate.sources import read_memories
+from consolidate.sources import FileSource, read_memories
 from consolidate.store import InvalidRecordsError
 from consolidate.store.lance import LanceStore
 from consolidate.store.schema import COLUMNS
@@ -348,7 +348,9 @@ def test_a_memory_file_as_source_dry_run_then_apply(tmp_path, suffix):
 @pytest.mark.slow
 def test_the_docs_jsonl_source_example_runs_as_written(tmp_path):
     """The `source=jsonl` example of docs/source-settings.md: a dry run leaves the file alone, the apply
-    rewrites it with the two Porto notes merged and a copy of the file as it was."""
+    rewrites it with the two Porto notes merged (the file holds the live notes, the sidecar
+    the two tombstones: ``source.write=live``, the default) and a copy of the file as it
+    was."""
     from tests.helpers import run_readme_example
 
     p = run_readme_example("jsonl", tmp_path, doc="docs/source-settings.md")
@@ -356,10 +358,14 @@ def test_the_docs_jsonl_source_example_runs_as_written(tmp_path):
     assert "would apply      1 merge" in p.stdout and "applied          1 merge" in p.stdout
     backup = list(tmp_path.glob("notes.pre-consolidate-*.jsonl"))
     assert len(backup) == 1 and len(read_memories(backup[0], embedder=_Stub()).records) == 3
-    recs = read_memories(tmp_path / "notes.jsonl").records
+    in_file = read_memories(tmp_path / "notes.jsonl").records
+    assert len(in_file) == 2 and in_file.live_mask().all()
+    side = pd.read_parquet(tmp_path / "notes.jsonl.consolidate" / "tombstones.parquet")
+    assert sorted(side["deleted_reason"]) == ["merged", "merged"]
+    recs = FileSource(tmp_path / "notes.jsonl").read().records  # the two joined
     live = recs.meta[recs.live_mask()]
     assert len(recs) == 4 and len(live) == 2 and "Ben runs on Sundays." in set(live["text"])
-    assert sorted(recs.meta["deleted_reason"].dropna()) == ["merged", "merged"]
+    assert set(live["id"]) == set(in_file.meta["id"])
     # the dry run and the apply planned the same merge, under the same merged id
     plans = sorted(tmp_path.glob("outputs/**/plan.json"), key=lambda q: q.stat().st_mtime)
     dry, applied = (json.loads(q.read_text()) for q in plans)
