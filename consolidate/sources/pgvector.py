@@ -907,7 +907,7 @@ class PgVectorTable:
         state: dict[str, tuple[Any, ...]],
         rep: UndoReport,
     ) -> None:
-        """Undo one merge or drop unit ``u`` of ``plan_id`` inside the caller's transaction
+        """Undo one merge, drop or update unit ``u`` of ``plan_id`` inside the caller's transaction
         (see :meth:`undo`), given the locked rows' ``state``; records it in ``rep``."""
         from psycopg import sql
         from psycopg.types.json import Jsonb
@@ -915,19 +915,14 @@ class PgVectorTable:
         m = self._mapped()
         tab, idc = self._tab(), self._ident(m["id"])
         key = u["key"]
+        back: list[str] = []
         if u["kind"] == "update":
-            if self._restore_update(conn, plan_id, u, rep):
-                conn.execute(
-                    sql.SQL(
-                        "INSERT INTO {} (tab, plan_id, unit, restored) VALUES (%s, %s, %s, %s)"
-                    ).format(self._tab(_UNDONE)),
-                    (self.table, plan_id, key, Jsonb([])),
-                )
-                rep.undone.append(key)
+            if not self._restore_update(conn, plan_id, u, rep):
+                return
+        elif u["kind"] == "merge" and not self._retire_merged(conn, plan_id, u, state, rep):
             return
-        if u["kind"] == "merge" and not self._retire_merged(conn, plan_id, u, state, rep):
-            return
-        back = [i for i in u["ids"] if i in state and state[i][0] is not None]
+        else:
+            back = [i for i in u["ids"] if i in state and state[i][0] is not None]
         for i in back:
             self._history(conn, plan_id, u, i, "undo:restore")
         sets = [
