@@ -59,11 +59,15 @@ class ApplyReport:
         dry_run: nothing was written.
         applied: units applied, per kind.
         skipped: ``{"unit", "namespace", "why"}`` for each unit not applied.
+        late: units of earlier applies whose retired rows an agent wrote since, and what
+            was done (:meth:`consolidate.sources.late.LateWrite.as_dict`: carried into the
+            merged row, undone, or left for the next apply).
     """
 
     dry_run: bool
     applied: dict[str, int] = field(default_factory=dict)
     skipped: list[dict[str, Any]] = field(default_factory=list)
+    late: list[dict[str, Any]] = field(default_factory=list)
 
 
 def without_clock(units: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -220,6 +220,10 @@ class PgVectorTable:
             raise PgSourceError(
                 f"the database of table {self.table} has no pgvector extension ({e})"
             ) from None
+        # one rendering of times for every session of ours: the row digests of late-write
+        # checks (consolidate.sources.late) are taken over to_jsonb text
+        conn.execute("SET TIME ZONE 'UTC'")
+        conn.commit()
         return conn
 
     def _ident(self, *names: str) -> Any:
@@ -471,9 +475,14 @@ class PgVectorTable:
     def _ensure_tables(self, conn: Any) -> None:
         """Our tables beside the user's (see ``_HISTORY`` and the others), made if missing;
         ``consolidate_history`` gets the table (``tab``) and unit (``unit``) of each change,
-        which undo reads."""
+        which undo reads, the digest of the row as written (``digest``) and the order of
+        the changes (``seq``), which the late-write check reads; ``consolidate_undone`` gets
+        why a unit was undone (``why``: NULL for a user's undo). Nothing is altered (no
+        exclusive lock taken) when the columns exist."""
         from psycopg import sql
 
+        if self._columns(conn, _HISTORY, "digest", "seq") and self._columns(conn, _UNDONE, "why"):
+            return
         for name, ddl in (
             (_APPLIED, "CREATE TABLE IF NOT EXISTS {} (plan_id text, namespace text, "
              "applied_at timestamptz DEFAULT now(), PRIMARY KEY (plan_id, namespace))"),
@@ -485,6 +494,13 @@ class PgVectorTable:
              "timestamptz DEFAULT now(), restored jsonb, PRIMARY KEY (tab, plan_id, unit))"),
             (_APART, "CREATE TABLE IF NOT EXISTS {} (tab text, id text, other text, plan_id "
              "text, unit text, PRIMARY KEY (tab, id, other))"),
+            # the row's digest after our write (late writes), the order of the writes, and
+            # why a unit was undone
+            (_HISTORY, "ALTER TABLE {} ADD COLUMN IF NOT EXISTS digest text, "
+             "ADD COLUMN IF NOT EXISTS seq bigserial"),
+            (_UNDONE, "ALTER TABLE {} ADD COLUMN IF NOT EXISTS why text"),
+            (_HISTORY, "CREATE INDEX IF NOT EXISTS consolidate_history_row ON {} "
+             "(tab, row_id, seq)"),
         ):  # fmt: skip
             conn.execute(sql.SQL(ddl).format(self._tab(name)))
 
@@ -506,6 +522,87 @@ class PgVectorTable:
             ),
             (plan_id, u["kind"], row_id, change, self.table, u["key"], row_id),
         )
+
+    def _digest_sql(self, alias: str = "t") -> Any:
+        """SQL for the digest of row ``alias`` (:mod:`consolidate.sources.late`): md5 of its
+        JSONB text without the columns a retirement sets (``deleted_at``, ``updated_at``,
+        ``merged_into``); the vector is part of it."""
+        from psycopg import sql
+
+        m = self._mapped()
+        skip = [m[k] for k in ("deleted_at", "updated_at", "merged_into") if k in m]
+        return sql.SQL("md5((to_jsonb({}) - ARRAY[{}]::text[])::text)").format(
+            sql.Identifier(alias), sql.SQL(", ").join(sql.Literal(c) for c in skip)
+        )
+
+    def _change_row(
+        self,
+        conn: Any,
+        plan_id: str,
+        u: dict[str, Any],
+        row_id: str,
+        change: str,
+        sets: list[Any],
+        vals: list[Any],
+        source: str | None = None,
+    ) -> int:
+        """``UPDATE`` row ``row_id`` (``sets``: SQL ``col = ...`` fragments over alias ``t``,
+        and ``s`` for row ``source`` when given; ``vals``: their parameters) and record it in
+        ``consolidate_history`` as ``change`` of unit ``u`` of ``plan_id``, in one statement:
+        the row as it was (without its vector) and the digest of the row as written (late
+        writes are found against it). Returns the rows changed (0 or 1)."""
+        from psycopg import sql
+
+        m = self._mapped()
+        idc = self._ident(m["id"])
+        frm: Any = sql.SQL("")
+        cond: Any = sql.SQL("")
+        args: list[Any] = []
+        if source is not None:
+            frm = sql.SQL(" FROM {} AS s").format(self._tab())
+            cond, args = sql.SQL(" AND s.{}::text = %s").format(idc), [source]
+        q = sql.SQL(
+            "WITH old AS (SELECT to_jsonb(o) - {vec} AS b FROM {tab} o WHERE o.{id}::text = %s), "
+            "new AS (UPDATE {tab} AS t SET {sets}{frm} WHERE t.{id}::text = %s{cond} "
+            "RETURNING {dig} AS d) "
+            "INSERT INTO {hist} (plan_id, unit_kind, row_id, change, before, tab, unit, digest) "
+            "SELECT %s, %s, %s, %s, old.b, %s, %s, new.d FROM old, new"
+        ).format(
+            vec=sql.Literal(m["vector"]),
+            tab=self._tab(),
+            id=idc,
+            sets=sql.SQL(", ").join(sets),
+            frm=frm,
+            cond=cond,
+            dig=self._digest_sql("t"),
+            hist=self._tab(_HISTORY),
+        )
+        cur = conn.execute(
+            q,
+            [
+                row_id,
+                *vals,
+                row_id,
+                *args,
+                plan_id,
+                u["kind"],
+                row_id,
+                change,
+                self.table,
+                u["key"],
+            ],
+        )
+        return int(cur.rowcount)
+
+    def _columns(self, conn: Any, name: str, *cols: str) -> bool:
+        """Does our table ``name`` exist with every column of ``cols``?"""
+        q = f"{self.schema}.{name}" if self.schema else name
+        n = conn.execute(
+            "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass(%s) AND "
+            "attname = ANY(%s) AND NOT attisdropped",
+            (q, list(cols)),
+        ).fetchone()[0]
+        return bool(n == len(cols))
 
     def _exists(self, conn: Any, name: str) -> bool:
         """Does our table ``name`` exist beside the user's?"""
@@ -539,14 +636,16 @@ class PgVectorTable:
 
         if not (self._exists(conn, _UNDONE) and self._exists(conn, _HISTORY)):
             return set()
+        # undone by a user, not by a late write (a table from before ``why``: all were)
+        users = sql.SQL(" AND u.why IS NULL" if self._columns(conn, _UNDONE, "why") else "")
         return {
             r[0]
             for r in conn.execute(
                 sql.SQL(
                     "SELECT DISTINCT u.unit FROM {} u JOIN {} h ON h.tab = u.tab AND "
                     "h.plan_id = u.plan_id AND h.unit = u.unit WHERE u.tab = %s AND "
-                    "h.unit_kind = 'drop'"
-                ).format(self._tab(_UNDONE), self._tab(_HISTORY)),
+                    "h.unit_kind = 'drop'{}"
+                ).format(self._tab(_UNDONE), self._tab(_HISTORY), users),
                 (self.table,),
             ).fetchall()
         }
@@ -580,6 +679,9 @@ class PgVectorTable:
             if not dry_run:
                 with conn.transaction():
                     self._ensure_tables(conn)
+            # late writes on rows earlier applies retired, settled before this plan's
+            # units (which then see the rows as they are) and again after them
+            rep.late += self._reconcile(conn, dry_run)
             for ns, ks in sorted(by_ns.items()):
                 done = (len(rep.skipped), dict(rep.applied), len(rep.namespaces))
                 try:
@@ -601,7 +703,33 @@ class PgVectorTable:
                     rep.applied = done[1]
                     why = f"rolled back: {str(e).strip().splitlines()[0]}"
                     rep.skipped += [{"unit": k, "namespace": ns, "why": why} for k in ks]
+            if not dry_run:
+                rep.late += self._reconcile(conn, dry_run)
         return rep
+
+    def reconcile(self, *, dry_run: bool = False) -> list[dict[str, Any]]:
+        """Find the late writes on rows earlier applies retired (an agent's write that
+        landed after the unit: :mod:`consolidate.sources.late`) and settle them: carried
+        into the merged row (bookkeeping columns only) or the unit undone (the members live
+        again with the write; not kept apart). :meth:`apply` does this before and after its
+        units; this runs it alone (a dry run: only say what it would do).
+
+        Returns:
+            :meth:`consolidate.sources.late.LateWrite.as_dict` per unit with late writes.
+
+        Raises:
+            PgSourceError: no connection.
+        """
+        with self._connect() as conn:
+            if not dry_run and self._exists(conn, _HISTORY):
+                with conn.transaction():
+                    self._ensure_tables(conn)
+            return self._reconcile(conn, dry_run)
+
+    def _reconcile(self, conn: Any, dry_run: bool) -> list[dict[str, Any]]:
+        from .pg_late import reconcile
+
+        return reconcile(self, conn, dry_run)
 
     def _apply_namespace(
         self,
@@ -695,10 +823,6 @@ class PgVectorTable:
     ) -> None:
         """The statements of one unit, each changed row's previous state into history."""
         tab, idc = self._tab(), self._ident(m["id"])
-
-        def history(row_id: str, change: str) -> None:
-            self._history(conn, plan_id, u, row_id, change)
-
         if u["insert"] is not None:
             r = u["insert"]
             names = [
@@ -726,9 +850,10 @@ class PgVectorTable:
             names.append("updated_at")
             extra = self._extra_columns(conn)
             # the user's other columns (tags, ...) from the oldest member's row
-            conn.execute(
+            digest = conn.execute(
                 sql.SQL(
-                    "INSERT INTO {} ({}) SELECT {}, now(){} FROM {} WHERE {}::text = %s"
+                    "INSERT INTO {} AS t ({}) SELECT {}, now(){} FROM {} WHERE {}::text = %s "
+                    "RETURNING {}"
                 ).format(
                     tab,
                     sql.SQL(", ").join(
@@ -738,18 +863,18 @@ class PgVectorTable:
                     sql.SQL("").join(sql.SQL(", {}").format(self._ident(c)) for c in extra),
                     tab,
                     idc,
+                    self._digest_sql("t"),
                 ),
                 [*vals, u.get("kept", u["ids"][0])],
-            )
+            ).fetchone()
             conn.execute(
                 sql.SQL(
-                    "INSERT INTO {} (plan_id, unit_kind, row_id, change, tab, unit) VALUES "
-                    "(%s, %s, %s, 'insert', %s, %s)"
+                    "INSERT INTO {} (plan_id, unit_kind, row_id, change, tab, unit, digest) "
+                    "VALUES (%s, %s, %s, 'insert', %s, %s, %s)"
                 ).format(self._tab(_HISTORY)),
-                (plan_id, u["kind"], r["id"], self.table, u["key"]),
+                (plan_id, u["kind"], r["id"], self.table, u["key"], digest and digest[0]),
             )
         for x in u["retire"]:
-            history(x["id"], f"retire:{x['reason']}")
             sets = [
                 sql.SQL("{} = %s").format(self._ident(m["deleted_at"])),
                 sql.SQL("{} = now()").format(self._ident(m["updated_at"])),
@@ -758,21 +883,18 @@ class PgVectorTable:
             if "merged_into" in m and x["merged_into"] is not None:
                 sets.append(sql.SQL("{} = %s").format(self._ident(m["merged_into"])))
                 vals.append(x["merged_into"])
-            conn.execute(
-                sql.SQL("UPDATE {} SET {} WHERE {}::text = %s").format(
-                    tab, sql.SQL(", ").join(sets), idc
-                ),
-                [*vals, x["id"]],
-            )
+            self._change_row(conn, plan_id, u, x["id"], f"retire:{x['reason']}", sets, vals)
         for i, changes in u["update"].items():
-            history(i, "update:" + ",".join(sorted(changes)))
             sets = [sql.SQL("{} = %s").format(self._ident(m[c])) for c in changes]
             sets.append(sql.SQL("{} = now()").format(self._ident(m["updated_at"])))
-            conn.execute(
-                sql.SQL("UPDATE {} SET {} WHERE {}::text = %s").format(
-                    tab, sql.SQL(", ").join(sets), idc
-                ),
-                [*(self._value(c, v) for c, v in changes.items()), i],
+            self._change_row(
+                conn,
+                plan_id,
+                u,
+                i,
+                "update:" + ",".join(sorted(changes)),
+                sets,
+                [self._value(c, v) for c, v in changes.items()],
             )
 
     # ------------------------------------------------------------ undo
@@ -906,9 +1028,20 @@ class PgVectorTable:
         u: dict[str, Any],
         state: dict[str, tuple[Any, ...]],
         rep: UndoReport,
+        *,
+        why: str | None = None,
+        retire_merged: bool = True,
     ) -> None:
         """Undo one merge, drop or update unit ``u`` of ``plan_id`` inside the caller's transaction
-        (see :meth:`undo`), given the locked rows' ``state``; records it in ``rep``."""
+        (see :meth:`undo`), given the locked rows' ``state``; records it in ``rep``.
+
+        Args:
+            why: ``None`` for a user's undo (an undone merge's members are kept apart from
+                then on, an undone drop is read as pinned); a reason for an undo the apply
+                made itself (a late write, :mod:`consolidate.sources.late`): neither.
+            retire_merged: retire a merge's merged row (``False``: it stays live, when an
+                agent wrote it since the apply).
+        """
         from psycopg import sql
         from psycopg.types.json import Jsonb
 
@@ -919,7 +1052,11 @@ class PgVectorTable:
         if u["kind"] == "update":
             if not self._restore_update(conn, plan_id, u, rep):
                 return
-        elif u["kind"] == "merge" and not self._retire_merged(conn, plan_id, u, state, rep):
+        elif (
+            u["kind"] == "merge"
+            and retire_merged
+            and not self._retire_merged(conn, plan_id, u, state, rep)
+        ):
             return
         else:
             back = [i for i in u["ids"] if i in state and state[i][0] is not None]
@@ -939,12 +1076,12 @@ class PgVectorTable:
                 (back,),
             )
         conn.execute(
-            sql.SQL("INSERT INTO {} (tab, plan_id, unit, restored) VALUES (%s, %s, %s, %s)").format(
-                self._tab(_UNDONE)
-            ),
-            (self.table, plan_id, key, Jsonb(back)),
+            sql.SQL(
+                "INSERT INTO {} (tab, plan_id, unit, restored, why) VALUES (%s, %s, %s, %s, %s)"
+            ).format(self._tab(_UNDONE)),
+            (self.table, plan_id, key, Jsonb(back), why),
         )
-        if u["kind"] == "merge":
+        if u["kind"] == "merge" and why is None:
             pairs = [(a, b) for a in u["ids"] for b in u["ids"] if a != b]
             if pairs:
                 with conn.cursor() as cur:
