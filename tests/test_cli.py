@@ -56,6 +56,36 @@ def _run(main, args, monkeypatch, capsys, tmp_path):
         (evaluate_job.main, ["answer.questons=3"],
          "unknown key 'answer.questons' in evaluate's config; did you mean answer.questions?"),
         (evaluate_job.main, ["ks=[1,x]"], "ks[1]: Value 'x' of type 'str' could not be converted"),
+        # a model's backend: the key as typed, and the group choice it needs
+        (consolidate_job.main, ["merge=llm", "llm@merge=opnai", "sleep.dry_run=true"],
+         "error: llm@merge=opnai: no such choice (choices: openai, transformers, vllm); "
+         "did you mean llm@merge=openai? ("),
+        (consolidate_job.main, ["llm@merge=openai"],
+         "error: llm@merge=openai sets the backend of the merge model, and merge=extractive has "
+         "no model: add merge=llm (consolidate merge=llm llm@merge=openai) ("),
+        (consolidate_job.main, ["llm@merge=opnai"],
+         "add merge=llm (consolidate merge=llm llm@merge=openai) ("),
+        (consolidate_job.main, ["~reflect", "llm@reflect=openai"],
+         "error: llm@reflect=openai sets the backend of the reflect model, and reflect=null has "
+         "no model: add reflect=llm (consolidate reflect=llm llm@reflect=openai) ("),
+        (consolidate_job.main, ["llm=openai"],
+         "error: llm=openai: each model takes the llm group at its own key: llm@merge=openai "
+         "(with merge=llm), llm@reflect=openai (with reflect=llm) ("),
+        (consolidate_job.main, ["merge.backend=openai"],
+         "error: merge.backend=openai: a model's backend is chosen with its llm@ key, and "
+         "merge=extractive has no model: write merge=llm llm@merge=openai ("),
+        (evaluate_job.main, ["merge.backend=opnai"],
+         "merge=extractive has no model: write merge=llm llm@merge=openai ("),
+        (consolidate_job.main, ["merge.backend_kwargs.model=m"],
+         "error: merge.backend_kwargs.model=m: merge=extractive has no model: add merge=llm "
+         "(and llm@merge=<openai|transformers|vllm> for its backend) ("),
+        (consolidate_job.main, ["ingest.backend=openai"],
+         "error: ingest.backend=openai: consolidate has no ingest model (llm@ingest belongs to "
+         "consolidate-ingest); its models: llm@merge (with merge=llm), llm@reflect (with "
+         "reflect=llm) ("),
+        (undo_job.main, ["llm@merge=openai"],
+         "error: llm@merge=openai: consolidate-undo runs no model (llm@merge belongs to "
+         "consolidate, consolidate-evaluate, consolidate-policy) ("),
     ],
 )  # fmt: skip
 def test_user_errors_are_one_line_and_exit_2(main, args, want, monkeypatch, capsys, tmp_path):
@@ -77,6 +107,61 @@ def test_user_errors_are_one_line_and_exit_2(main, args, want, monkeypatch, caps
         assert errors[0].removesuffix(hint) in log.read_text()
     else:  # refused while composing the config, before the run started
         assert not run.exists()
+
+
+def _refuse_to_run(*_a, **_k):
+    raise AssertionError("the job ran: the config should have been refused before it")
+
+
+@pytest.mark.parametrize(
+    ("job", "args", "want"),
+    [
+        ("consolidate", ["merge=llm", "merge.backend=openai"],
+         "merge.backend=openai would keep the settings of llm@merge=transformers "
+         "(merge.backend_kwargs): choose the backend with llm@merge=openai instead"),
+        ("consolidate", ["reflect.backend=openai"],
+         "reflect.backend=openai would keep the settings of llm@reflect=transformers "
+         "(reflect.backend_kwargs): choose the backend with llm@reflect=openai instead"),
+        ("consolidate", ["merge=vllm", "merge.backend=transformers"],
+         "merge.backend=transformers would keep the settings of llm@merge=vllm "
+         "(merge.backend_kwargs): choose the backend with llm@merge=transformers instead"),
+        ("consolidate", ["+llm@merge=openai"],
+         "llm@merge=openai sets the backend of the merge model, and merge=extractive has no "
+         "model: add merge=llm (consolidate merge=llm llm@merge=openai)"),
+        ("ingest", ["ingest.backend=openai"],
+         "ingest.backend=openai would keep the settings of llm@ingest=transformers "
+         "(ingest.backend_kwargs): choose the backend with llm@ingest=openai instead"),
+        ("evaluate", ["answer.backend=openai"],
+         "answer.backend=openai would keep the settings of llm@answer=transformers "
+         "(answer.backend_kwargs): add llm@answer=openai"),
+        ("evaluate", ["answer.backend=opnai"],
+         "answer.backend=opnai: no such backend (choices: openai, transformers, vllm); did you "
+         "mean answer.backend=openai llm@answer=openai?"),
+        ("evaluate", ["llm@answer=openai"],
+         "llm@answer=openai has no effect while answer.backend=null (no answer model): add "
+         "answer.backend=openai"),
+        ("policy", ["answer.backend=openai"],
+         "answer.backend=openai would keep the settings of llm@answer=transformers "
+         "(answer.backend_kwargs): add llm@answer=openai"),
+    ],
+)  # fmt: skip
+def test_a_backend_that_disagrees_with_its_llm_choice_is_refused_before_the_job_runs(
+    job, args, want, monkeypatch, capsys, tmp_path
+):
+    """``<use>.backend=X`` alone would keep the other backend's ``backend_kwargs`` (it used
+    to run, exit 0): one ``error:`` line, exit 2, the run's log says why, nothing ran."""
+    import importlib
+
+    module = importlib.import_module(f"consolidate.jobs.{job}")
+    for name in ("run_consolidate", "run_ingest", "run_evaluate", "run_policy"):
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, _refuse_to_run)
+    code, out = _run(module.main, args, monkeypatch, capsys, tmp_path)
+    hint = " (CONSOLIDATE_DEBUG=1 shows the traceback)"
+    assert code == 2 and out.out == "", out
+    assert out.err.strip().splitlines() == [f"error: {want}{hint}"], out.err
+    (log,) = (tmp_path / "run").glob("*.log")
+    assert f"error: {want}" in log.read_text()
 
 
 def test_debug_env_gives_the_traceback(monkeypatch, tmp_path):

@@ -140,3 +140,57 @@ def test_sleep_now_not_finite_is_refused():
 
     with pytest.raises(ValueError, match=r"^sleep\.now must be finite hours"):
         check_settings(PassConfig(now="nan"))
+
+
+def test_the_llm_uses_of_each_job_are_what_composing_gives():
+    """:func:`llm_uses` reads the YAML files; composing each job with each choice it names
+    gives that use its ``llm@<use>`` key, and the job's other choices do not."""
+    from consolidate.jobs.cli import _compose, _groups, _options
+    from consolidate.jobs.llm_keys import llm_uses
+
+    assert llm_uses("consolidate") == {"merge": ["merge=llm", "merge=vllm"],
+                                       "reflect": ["reflect=llm"]}  # fmt: skip
+    assert llm_uses("evaluate") == llm_uses("policy") == {
+        "merge": ["merge=llm", "merge=vllm"], "answer": []
+    }  # fmt: skip
+    assert llm_uses("ingest") == {"ingest": []}
+    assert llm_uses("undo") == {} and llm_uses("recall") == {}
+    for job in ("consolidate", "evaluate"):
+        for use, homes in llm_uses(job).items():
+            for choice in _options(use, job) if homes else []:
+                choices = _groups(job, _compose(job, [f"{use}={choice}"]))
+                assert (f"llm@{use}" in choices) == (f"{use}={choice}" in homes), (job, choice)
+
+
+@pytest.mark.parametrize(
+    ("job", "overrides", "backend"),
+    [
+        ("consolidate", ["merge=llm", "llm@merge=openai"], ("merge", "openai")),
+        ("consolidate", ["merge=vllm"], ("merge", "vllm")),
+        ("consolidate", ["merge=llm", "merge.backend=transformers"], ("merge", "transformers")),
+        ("consolidate", ["llm@reflect=vllm", "sleep.reflect=true"], ("reflect", "vllm")),
+        ("consolidate", ["merge=llm", "+merge.backend._target_=tests.helpers.Scripted"], None),
+        ("ingest", ["llm@ingest=openai"], ("ingest", "openai")),
+        ("evaluate", [], ("answer", None)),
+        ("evaluate", ["answer.backend=transformers"], ("answer", "transformers")),
+        ("evaluate", ["answer.backend=openai", "llm@answer=openai"], ("answer", "openai")),
+        ("policy", ["answer.backend=openai", "llm@answer=openai"], ("answer", "openai")),
+    ],
+)  # fmt: skip
+def test_backends_chosen_with_their_llm_key_pass_the_check(job, overrides, backend):
+    """The forms docs/models.md gives compose, and check_llm_backends lets them through."""
+    from omegaconf import OmegaConf
+
+    from consolidate.jobs.cli import _compose
+    from consolidate.jobs.llm_keys import check_llm_backends
+
+    cfg = _compose(job, overrides)
+    check_llm_backends(job, cfg, cfg.hydra.runtime.choices, overrides)
+    if backend is not None:
+        use, name = backend
+        assert cfg[use].backend == name
+        if name is not None:
+            assert cfg.hydra.runtime.choices[f"llm@{use}"] == name
+            # the settings are the chosen backend's own (conf/llm/<name>.yaml)
+            own = OmegaConf.load(f"{CONFIG_DIR}/llm/{name}.yaml").backend_kwargs
+            assert set(cfg[use].backend_kwargs) == set(own)

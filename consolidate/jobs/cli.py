@@ -37,7 +37,9 @@ def job(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[]
         A ``main()`` that reads ``sys.argv``: ``--help``/``-h`` prints :func:`help_text`
         and exits 0; otherwise Hydra composes the config (overrides, ``--cfg``,
         ``--multirun`` and Hydra's other flags as usual) and calls ``task``. A config that
-        does not compose prints one ``error:`` line on stderr and exits 2.
+        does not compose prints one ``error:`` line on stderr and exits 2, and so does one
+        whose model backends disagree with their ``llm@<use>`` choices
+        (:func:`~consolidate.jobs.llm_keys.check_llm_backends`), before ``task`` runs.
     """
     import hydra
 
@@ -48,6 +50,7 @@ def job(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[]
         def logged(cfg: DictConfig) -> Any:
             started.append(True)
             with _stdout_to_log():
+                _check_models(config_name, cfg)
                 return task(cfg)
 
         hydra_main = hydra.main(version_base="1.3", config_path=CONFIG_DIR,
@@ -150,6 +153,19 @@ def renamed_overrides(args: list[str]) -> list[str]:
     return out
 
 
+def _check_models(config_name: str, cfg: DictConfig) -> None:
+    """Refuse, as a user error (one ``error:`` line, exit 2), models and backends that
+    disagree (:func:`~consolidate.jobs.llm_keys.check_llm_backends`), before the job runs."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from .common import user_errors
+    from .llm_keys import check_llm_backends
+
+    hc = HydraConfig.get()
+    with user_errors():
+        check_llm_backends(config_name, cfg, hc.runtime.choices, list(hc.overrides.task))
+
+
 def _is_config_error(e: BaseException) -> bool:
     from hydra.errors import HydraException, InstantiationException
     from omegaconf.errors import OmegaConfBaseException
@@ -187,8 +203,9 @@ def describe(config_name: str, e: BaseException) -> str:
         choices = [o for o in (e.options or []) if o != "base"]
         if group and choices:
             hint = suggest(value, choices)
-            return (f"{group}={value}: no such choice (choices: {', '.join(choices)})"
-                    + (f"; did you mean {group}={hint}?" if hint else ""))  # fmt: skip
+            key = _typed_key(group, value, _overrides_only(sys.argv[1:]))
+            return (f"{key}={value}: no such choice (choices: {', '.join(choices)})"
+                    + (f"; did you mean {key}={hint}?" if hint else ""))  # fmt: skip
         return text.removeprefix(f"In '{config_name}': ")
     if isinstance(e, OverrideParseException):
         lines = [ln for ln in str(e).strip().splitlines() if ln and not ln.startswith("See ")]
@@ -197,6 +214,9 @@ def describe(config_name: str, e: BaseException) -> str:
         return (
             f"cannot read the override {bad!r}: {detail} " if bad is not None else f"{detail}: "
         ) + ("(quote a value that holds '=', ':', '[', ']', ',' or spaces, e.g. key='\"a: b\"')")
+    about_llm = _about_llm(config_name, e)
+    if about_llm:
+        return about_llm
     if "No match in the defaults list" in text:
         group = text.split("'")[1] if "'" in text else "?"
         groups = sorted(_groups(config_name))
@@ -260,6 +280,26 @@ def _unparsable(args: list[str]) -> str | None:
         except Exception:
             return a
     return None
+
+
+def _typed_key(group: str, value: str, args: list[str]) -> str:
+    """The key the user chose ``value`` of ``group`` at: ``llm@merge`` for
+    ``llm@merge=opnai`` (a group taken at a package), else ``group``."""
+    for a in args:
+        key, _, v = a.partition("=")
+        key = key.lstrip("+")
+        if (key == group or key.startswith(f"{group}@")) and value in v.split(","):
+            return key
+    return group
+
+
+def _about_llm(config_name: str, e: BaseException) -> str | None:
+    """The message for a model override that did not compose (``llm@merge=openai``
+    without ``merge=llm``, ``merge.backend=openai``, ``llm=openai``), else ``None``."""
+    from .llm_keys import describe_llm_override
+
+    key = _override_key(e)
+    return describe_llm_override(config_name, key, _overrides_only(sys.argv[1:])) if key else None
 
 
 def _override_key(e: BaseException) -> str | None:
