@@ -250,3 +250,175 @@ def test_pg_a_write_on_a_dropped_row_restores_it_unpinned(pg):
     assert [(x["unit"], x["kind"], x["action"]) for x in got] == [(victim, "drop", "undone")]
     meta = t.read().records.meta.set_index("id")
     assert victim in meta.index and not meta.at[victim, "pinned"]
+
+
+# ------------------------------------------------------------------ LanceDB
+def _lance_table(tmp_path, soft=True):
+    """A LanceDB table with bookkeeping columns; its consolidate source."""
+    import datetime as dt
+
+    import lancedb
+    import pyarrow as pa
+
+    from consolidate.sources.lance_table import LanceColumns, LanceTable
+
+    fields = [
+        ("id", pa.string()),
+        ("user_id", pa.string()),
+        ("text", pa.string()),
+        ("vector", pa.list_(pa.float32(), DIM)),
+        ("created_at", pa.timestamp("us", tz="UTC")),
+        ("last_used", pa.timestamp("us", tz="UTC")),
+        ("importance", pa.float64()),
+        ("strength", pa.int64()),
+        ("pinned", pa.bool_()),
+        ("tags", pa.string()),
+    ]
+    if soft:
+        fields += [("deleted_at", pa.timestamp("us", tz="UTC")), ("merged_into", pa.string())]
+    schema = pa.schema(fields)
+
+    def when(h):
+        return dt.datetime.fromtimestamp(h * 3600, dt.timezone.utc)
+
+    rs = random_rows(60, DIM, namespaces=2, dup_frac=0.3, noise=0.01, seed=7, t0=WALL - 1)
+    data = [
+        {
+            "id": r["id"],
+            "user_id": r["namespace"],
+            "text": r["text"],
+            "vector": r["vector"],
+            "created_at": when(r["created_at"]),
+            "last_used": when(r["last_used"]),
+            "importance": r["importance"],
+            "strength": 1,
+            "pinned": False,
+            "tags": "agent",
+            "deleted_at": None,
+            "merged_into": None,
+        }
+        for r in rs
+    ]
+    db = lancedb.connect(str(tmp_path / "db"))
+    tbl = db.create_table(
+        "memories", [{k: v for k, v in d.items() if k in schema.names} for d in data], schema=schema
+    )
+    cols = LanceColumns(
+        namespace="user_id",
+        last_used="last_used",
+        importance="importance",
+        strength="strength",
+        pinned="pinned",
+        **({"deleted_at": "deleted_at", "merged_into": "merged_into"} if soft else {}),
+    )
+    return tbl, LanceTable(tmp_path / "db" / "memories.lance", cols)
+
+
+def _lance_rows(tbl):
+    return {r["id"]: r for r in tbl.to_arrow().to_pylist()}
+
+
+@pytest.fixture
+def lance_applied(tmp_path):
+    pytest.importorskip("lancedb")
+    tbl, src = _lance_table(tmp_path)
+    plan, merges = _applied(src)
+    tbl.checkout_latest()
+    return tbl, src, plan, merges
+
+
+def test_lance_a_text_edit_on_a_tombstone_undoes_its_unit(lance_applied):
+    """``table.update`` by id without a ``deleted_at`` filter rewrites a retired member's
+    text: the next apply's check undoes the unit in one new version (the member live with
+    the agent's text, the merged row retired), records it undone without keeping the
+    members apart, and finds nothing the second time."""
+    tbl, src, plan, merges = lance_applied
+    u = merges[0]
+    victim = u["ids"][0]
+    tbl.update(where=f"id = '{victim}'", values={"text": "edited by the agent"})
+    dry = src.reconcile(dry_run=True)
+    assert [(x["unit"], x["action"], x["columns"]) for x in dry] == [
+        (u["key"], "would undo", ["text"])
+    ]
+    v0 = src._open().version
+    got = src.reconcile()
+    assert [(x["unit"], x["action"], x["rows"]) for x in got] == [(u["key"], "undone", [victim])]
+    assert src._open().version == v0 + 1
+    tbl.checkout_latest()
+    rows = _lance_rows(tbl)
+    assert rows[victim]["text"] == "edited by the agent" and rows[victim]["deleted_at"] is None
+    assert all(rows[i]["deleted_at"] is None and rows[i]["merged_into"] is None for i in u["ids"])
+    assert rows[u["key"]]["deleted_at"] is not None
+    assert src.reconcile() == []
+    assert (plan.plan_id, u["key"]) in src.journal.undone()
+    assert src.journal.keep_apart() == {}
+    rep = src.undo(plan.plan_id)
+    assert rep.already == [u["key"]]
+
+
+def test_lance_a_recall_on_a_tombstone_is_carried_into_the_merged_row(lance_applied):
+    """A later last use, strength + 2 and a pin written on a retired member land on the
+    merged row (which stays live, one row per id); the member stays retired; a second
+    recall is carried from the new baseline."""
+    import datetime as dt
+
+    tbl, src, plan, merges = lance_applied
+    u = merges[0]
+    victim = u["ids"][-1]
+    before = _lance_rows(tbl)
+    later = before[u["key"]]["last_used"] + dt.timedelta(hours=7)
+    tbl.update(
+        where=f"id = '{victim}'",
+        values={"last_used": later, "strength": before[victim]["strength"] + 2, "pinned": True},
+    )
+    got = src.reconcile()
+    assert [(x["action"], x["columns"]) for x in got] == [
+        ("carried", ["last_used", "pinned", "strength"])
+    ]
+    tbl.checkout_latest()
+    rows = tbl.to_arrow().to_pylist()
+    merged = [r for r in rows if r["id"] == u["key"]]
+    assert len(merged) == 1 and merged[0]["deleted_at"] is None
+    assert merged[0]["last_used"] == later
+    assert merged[0]["strength"] == before[u["key"]]["strength"] + 2
+    assert merged[0]["pinned"] is True
+    assert merged[0]["tags"] == before[u["key"]]["tags"]
+    assert [r["deleted_at"] is not None for r in rows if r["id"] == victim] == [True]
+    assert src.reconcile() == []
+    tbl.update(where=f"id = '{victim}'", values={"strength": before[victim]["strength"] + 3})
+    assert [x["action"] for x in src.reconcile()] == ["carried"]
+    tbl.checkout_latest()
+    assert _lance_rows(tbl)[u["key"]]["strength"] == before[u["key"]]["strength"] + 3
+
+
+def test_lance_an_apply_killed_after_its_commit_is_recorded_by_the_next_run(tmp_path):
+    """A run killed between the commit and its journal line (``pending.json`` left) is
+    recorded by the next reconcile: the plan is in the journal with its version and
+    digests, and undo by its id restores its members."""
+    pytest.importorskip("lancedb")
+    tbl, src = _lance_table(tmp_path)
+    snap = src.read()
+    res = run_pass(
+        snap.records,
+        cfg=PassConfig(force=True, max_drop_fraction=0.0, floor=0.0),
+        sim_cfg=SimilarityConfig(device="cpu"),
+        version=1,
+        wall_h=WALL,
+    )
+    plan = src.plan(snap, res.records)
+    real = src.journal.record_apply
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt("killed after the commit")
+
+    src.journal.record_apply = killed
+    with pytest.raises(KeyboardInterrupt):
+        src.apply(plan, dry_run=False)
+    src.journal.record_apply = real
+    assert src.journal.pending() is not None and src.journal.plans() == []
+    assert src.reconcile() == []
+    assert src.journal.pending() is None
+    (p,) = src.journal.plans()
+    assert p["plan_id"] == plan.plan_id and all(u["digests"] for u in p["units"])
+    rep = src.undo(plan.plan_id[:8])
+    assert sorted(rep.undone) == sorted(u["key"] for u in plan.units)

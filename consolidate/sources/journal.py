@@ -11,7 +11,17 @@ Layout of the folder (``<source>.consolidate/`` by default; ``source.state_dir``
 - ``undone.jsonl``: one line per undone unit: ``{"plan_id", "key", "at", "restored"}``;
 - ``keep_apart.jsonl``: one line per undone merge: ``{"plan_id", "key", "ids"}``; a read
   of the source gives each of these members the others as ``keep_apart``, so no later pass
-  merges them again.
+  merges them again. An undo the apply made itself for a late write
+  (:mod:`consolidate.sources.late`: ``"why"`` in its ``undone.jsonl`` line) keeps nothing
+  apart, and an undone drop is read as pinned only after a user's undo;
+- ``late.jsonl``: one line per unit whose late writes were carried into its merged row:
+  ``{"plan_id", "key", "digests", "at"}``, the rows' digests after the carry, which later
+  checks compare against (the apply's own digests are in its ``applied.jsonl`` unit).
+
+``pending.json`` holds the one write in flight (an apply's commit, a unit of Mem0 calls, a
+late-write commit) from just before it starts until its lines are written: a run killed in
+between leaves it, and the next apply, reconcile or undo finishes the record (or the
+write) before anything else (:meth:`Journal.pending`).
 
 Every line is written whole and flushed to disk (``fsync``) before the change it records
 is reported done; a reader skips a last line cut short by a crash (it was never reported).
@@ -25,7 +35,7 @@ import fcntl
 import json
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -147,6 +157,7 @@ class Journal:
         "applied.jsonl": ("plan_id", "units"),
         "undone.jsonl": ("plan_id", "key"),
         "keep_apart.jsonl": ("ids",),
+        "late.jsonl": ("plan_id", "key", "digests"),
     }
 
     def _lines(self, name: str) -> Iterator[dict[str, Any]]:
@@ -261,19 +272,99 @@ class Journal:
         """``(plan_id, key)`` -> its ``undone.jsonl`` line."""
         return {(r["plan_id"], r["key"]): r for r in self._lines("undone.jsonl")}
 
-    def record_undone(self, plan_id: str, unit: dict[str, Any], restored: list[str]) -> None:
-        """Record that ``unit`` of ``plan_id`` is undone; an undone merge's members are kept
-        apart from then on."""
+    def record_undone(
+        self, plan_id: str, unit: dict[str, Any], restored: list[str], why: str | None = None
+    ) -> None:
+        """Record that ``unit`` of ``plan_id`` is undone; after a user's undo (``why``
+        ``None``) an undone merge's members are kept apart from then on; an undo the apply
+        made itself (``why``: a late write) keeps nothing apart."""
         at = now_iso()
-        if unit["kind"] == "merge" and len(unit["ids"]) > 1:
+        if why is None and unit["kind"] == "merge" and len(unit["ids"]) > 1:
             self._append(
                 "keep_apart.jsonl",
                 [{"plan_id": plan_id, "key": unit["key"], "ids": sorted(unit["ids"])}],
             )
+        line = {"plan_id": plan_id, "key": unit["key"], "at": at, "restored": restored}
+        self._append("undone.jsonl", [line | ({"why": why} if why else {})])
+
+    def record_late(
+        self, plan_id: str, key: str, digests: dict[str, str], version: int | None = None
+    ) -> None:
+        """Record the digests of unit ``key``'s rows after its late writes were carried
+        (``late.jsonl``), and the version the carry wrote."""
         self._append(
-            "undone.jsonl",
-            [{"plan_id": plan_id, "key": unit["key"], "at": at, "restored": restored}],
+            "late.jsonl",
+            [
+                {
+                    "plan_id": plan_id,
+                    "key": key,
+                    "digests": digests,
+                    "version": version,
+                    "at": now_iso(),
+                }
+            ],
         )
+
+    # ------------------------------------------------------------ the write in flight
+    def begin(self, what: dict[str, Any]) -> None:
+        """Record ``what`` (JSON-ready) as the write about to start: ``pending.json``,
+        written whole (a temporary file, ``fsync``, rename, ``fsync`` of the folder)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / ".pending.json.tmp"
+        with open(tmp, "wb") as f:
+            f.write(json.dumps(what, default=str, sort_keys=True).encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.dir / "pending.json")
+        fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def pending(self) -> dict[str, Any] | None:
+        """The write in flight that a killed run left (``pending.json``), or ``None``.
+
+        Raises:
+            JournalError: the file is not a JSON object (names it).
+        """
+        path = self.dir / "pending.json"
+        try:
+            what = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise JournalError(
+                f"{path}: not JSON ({e}); remove it after checking the source"
+            ) from None
+        if not isinstance(what, dict):
+            raise JournalError(f"{path}: not a JSON object")
+        return what
+
+    def done(self) -> None:
+        """The write in flight is recorded: remove ``pending.json``."""
+        with suppress(FileNotFoundError):
+            (self.dir / "pending.json").unlink()
+
+    def digests(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """``(plan_id, key)`` -> ``{"digests": {row id: digest}, "version": v}``: the digest
+        of each row of a unit as the apply (or the newest carry) left it, and the version
+        that write made (:mod:`consolidate.sources.late`)."""
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        rows = [
+            (p["plan_id"], u["key"], u.get("digests"), u.get("version"))
+            for p in self.plans()
+            for u in p["units"]
+        ] + [
+            (r["plan_id"], r["key"], r["digests"], r.get("version"))
+            for r in self._lines("late.jsonl")
+        ]
+        for plan_id, key, dig, version in rows:
+            if isinstance(dig, dict):
+                got = out.setdefault((plan_id, key), {"digests": {}, "version": None})
+                got["digests"].update(dig)
+                got["version"] = version
+        return out
 
     def keep_apart(self) -> dict[str, set[str]]:
         """id -> the ids an undone merge keeps it apart from; a member that was itself the
@@ -286,7 +377,7 @@ class Journal:
     def kept(self) -> set[str]:
         """The ids whose drop was undone (a later read gives them ``pinned``, so no floor or
         cap drops them again)."""
-        done = self.undone()
+        done = {k for k, r in self.undone().items() if not r.get("why")}
         return {
             str(u["key"])
             for p in self.plans()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -461,15 +462,49 @@ class LanceTable:
             LanceSourceError: a mapped column is gone, the new rows do not fit the
                 dataset's schema, or the commit failed (nothing written).
         """
+        from .lance_late import reconcile
+
+        if dry_run:
+            ds = self._open()
+            self._check_columns(ds)
+            rep, _ = self._units_now(ds, plan, True)
+            with self.journal.locked():
+                rep.late = reconcile(self, True)
+            return rep
+        with self.journal.locked():
+            self._recover()
+            # late writes on rows earlier applies retired: settled before this plan's units
+            # (which then see the rows as they are) and again after them
+            late = reconcile(self, False)
+            rep = self._apply_locked(plan, retries)
+            rep.late = late + reconcile(self, False)
+        return rep
+
+    def _apply_locked(self, plan: LancePlan, retries: int) -> LanceApplyReport:
+        """The apply's commit, under the journal's lock: ``pending.json`` first (a run
+        killed after the commit is recorded by the next :meth:`_recover`), then one
+        ``Update`` version, then the units with the digests of the rows they wrote."""
+        from ..store.lance import commit_update
+        from .lance_late import digests_at
+
         for attempt in range(retries + 1):
             ds = self._open()
             self._check_columns(ds)
-            rep, units = self._units_now(ds, plan, dry_run)
-            if dry_run or not units:
+            rep, units = self._units_now(ds, plan, False)
+            if not units:
                 return rep
             table, gone = self._changes(ds, units)
-            from ..store.lance import commit_update
-
+            wid = uuid.uuid4().hex
+            todo = [self.journal.unit(u, previous=rep.previous) for u in units]
+            self.journal.begin(
+                {
+                    "op": "apply",
+                    "id": wid,
+                    "plan_id": plan.plan_id,
+                    "read_version": ds.version,
+                    "units": todo,
+                }
+            )
             try:
                 new = commit_update(
                     str(self.path),
@@ -479,9 +514,11 @@ class LanceTable:
                     {
                         "consolidate.plan_id": plan.plan_id,
                         "consolidate.based_on": str(plan.version),
+                        "consolidate.write": wid,
                     },
                 )
             except (OSError, RuntimeError, ValueError) as e:
+                self.journal.done()
                 why = re.sub(r",\s*/\S+\.rs:\d+:\d+", "", str(e).splitlines()[0])
                 if "conflict" in why.lower() and attempt < retries:
                     continue  # another writer committed first: check the units again
@@ -489,16 +526,42 @@ class LanceTable:
                     f"{self.path}: the commit failed ({why}); nothing written"
                 ) from None
             rep.version = new.version
-            with self.journal.locked():
-                self.journal.record_apply(
-                    plan.plan_id,
-                    [
-                        self.journal.unit(u, previous=rep.previous, version=new.version)
-                        for u in units
-                    ],
-                )
+            dig = digests_at(self, new, todo)
+            self.journal.record_apply(
+                plan.plan_id,
+                [u | {"version": new.version, "digests": dig.get(u["key"], {})} for u in todo],
+            )
+            self.journal.done()
             return rep
         raise AssertionError("unreachable")
+
+    def _recover(self) -> None:
+        """Record the write a killed run left in flight (:func:`~consolidate.sources.
+        lance_late.recover`), under the caller's journal lock."""
+        from .lance_late import recover
+
+        recover(self)
+
+    def reconcile(self, *, dry_run: bool = False) -> list[dict[str, Any]]:
+        """Find the late writes on rows earlier applies retired (an agent's write that
+        landed after the unit: :mod:`consolidate.sources.late`) and settle them in one new
+        version: carried into the merged row (bookkeeping columns only) or the unit undone
+        (the members live again with the write; not kept apart). :meth:`apply` does this
+        before and after its units; this runs it alone (a dry run: only say what it would
+        do).
+
+        Returns:
+            :meth:`consolidate.sources.late.LateWrite.as_dict` per unit with late writes.
+
+        Raises:
+            LanceSourceError: the dataset cannot be read, or the commit failed.
+        """
+        from .lance_late import reconcile
+
+        with self.journal.locked():
+            if not dry_run:
+                self._recover()
+            return reconcile(self, dry_run)
 
     # ------------------------------------------------------------ undo
     def undo(self, target: str, *, retries: int = 3) -> UndoReport:
@@ -516,6 +579,9 @@ class LanceTable:
             LanceSourceError: the dataset cannot be read or the commit failed.
         """
         from ..store.lance import commit_update
+
+        with self.journal.locked():
+            self._recover()
 
         def restore(plan_id: str, units: list[dict[str, Any]]) -> dict[str, Any]:
             for attempt in range(retries + 1):
@@ -539,10 +605,11 @@ class LanceTable:
         return undo_by_journal(self.journal, target, restore)
 
     def _undo_changes(
-        self, ds: Any, units: list[dict[str, Any]]
+        self, ds: Any, units: list[dict[str, Any]], keep: set[str] | frozenset[str] = frozenset()
     ) -> tuple[dict[str, Any], pa.Table, np.ndarray]:
         """``({key: restored ids | why}, rows to write, addresses to retire)`` that undo
-        ``units`` on ``ds``."""
+        ``units`` on ``ds``; the merged rows of the merges in ``keep`` stay live (an agent
+        wrote them since the apply)."""
         from ..store.schema import hours_now
 
         m = self._mapped()
@@ -605,7 +672,7 @@ class LanceTable:
                         continue
                     new_rows.append(dict(old[v][i]))
                 back.append(i)
-            for k in merged:
+            for k in [] if key in keep else merged:
                 gone.append(int(addr[k]))
                 if soft:
                     r = dict(rows[k])
