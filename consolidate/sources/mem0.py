@@ -19,11 +19,14 @@ Mem0's API, so Mem0's ``history`` table records them and a Mem0 user sees the re
    members against the snapshot (same ``hash`` and ``updated_at``: an agent's edit since
    the read skips the unit), writes every member as it was (payload and vector) to the
    undo journal (:class:`~consolidate.sources.journal.Journal`, ``<qdrant path>.consolidate``
-   beside a local Qdrant folder, else ``state_dir``), then calls ``Memory.update(kept,
-   text=merged)`` (Mem0 embeds the text with its own embedder and records an UPDATE) and
-   ``Memory.delete`` for the other members (DELETE in its history). :meth:`Mem0Source.undo`
-   puts a merge's members back, or a whole plan's, by id or unique prefix; undone members
-   are kept apart by every later read.
+   beside a local Qdrant folder, else ``state_dir``), then deletes the other members, each
+   only if it is still as read (a conditional delete in the vector store; a DELETE in
+   Mem0's history), and calls ``Memory.update(kept, text=merged)`` (Mem0 embeds the text
+   with its own embedder and records an UPDATE); an agent's write that lands while the
+   unit runs, or on a deleted member after it, rolls the unit back with the agent's text
+   (:mod:`consolidate.sources.mem0_late`). :meth:`Mem0Source.undo` puts a merge's members
+   back, or a whole plan's, by id or unique prefix; undone members are kept apart by every
+   later read.
 """
 
 from __future__ import annotations
@@ -323,7 +326,16 @@ class Mem0Source:
         if not dry_run:
             assert self.journal is not None
             rep.undo_file = str(self.journal.dir / "applied.jsonl")
+        from .mem0_late import apply_unit, reconcile, recover
+
         vs = self.m.vector_store
+        if not dry_run:
+            assert self.journal is not None
+            with self.journal.locked():
+                recover(self)
+                rep.late += reconcile(self, False)
+        elif self.journal is not None:
+            rep.late += reconcile(self, True)
         for n, u in enumerate(plan.units):
             changed = []
             for i in u["ids"]:
@@ -344,33 +356,33 @@ class Mem0Source:
                     }
                 )
                 continue
-            if not dry_run:
-                assert self.journal is not None
-                with self.journal.locked():
-                    self.journal.record_apply(
-                        plan.plan_id,
-                        [
-                            self.journal.unit(
-                                u,
-                                keep=u["keep"],
-                                merged_text=u["text"],
-                                members=[
-                                    {
-                                        "id": i,
-                                        "payload": plan.read[i][0],
-                                        "vector": plan.read[i][1].tolist(),
-                                    }
-                                    for i in u["ids"]
-                                ],
-                            )
-                        ],
-                    )
-                if u["keep"] is not None:
-                    self.m.update(u["keep"], text=u["text"])
-                for i in u["delete"]:
-                    self.m.delete(i)
-            rep.applied[u["kind"]] = rep.applied.get(u["kind"], 0) + 1
+            if dry_run:
+                rep.applied[u["kind"]] = rep.applied.get(u["kind"], 0) + 1
+            else:
+                apply_unit(self, plan, n, u, rep)
+        if not dry_run:
+            assert self.journal is not None
+            with self.journal.locked():
+                rep.late += reconcile(self, False)
         return rep
+
+    def reconcile(self, *, dry_run: bool = False) -> list[dict[str, Any]]:
+        """Find the applied units an agent wrote into after (or while) they ran and undo
+        them with the agent's text (:mod:`consolidate.sources.mem0_late`); :meth:`apply`
+        does this before and after its units; this runs it alone (a dry run: only say what
+        it would do). A unit a killed run left half done is rolled back first.
+
+        Returns:
+            :meth:`consolidate.sources.late.LateWrite.as_dict` per unit undone.
+        """
+        from .mem0_late import reconcile, recover
+
+        if self.journal is None:
+            return []
+        with self.journal.locked():
+            if not dry_run:
+                recover(self)
+            return reconcile(self, dry_run)
 
     # ------------------------------------------------------------ undo
     def undo(self, target: str) -> UndoReport:
@@ -395,7 +407,11 @@ class Mem0Source:
                 "undo on a Mem0 store on a server vector store needs source.state_dir=DIR "
                 "(the folder the apply's journal went to)"
             )
+        from .mem0_late import recover
+
         vs = self.m.vector_store
+        with self.journal.locked():
+            recover(self)
 
         def restore(plan_id: str, units: list[dict[str, Any]]) -> dict[str, Any]:
             out: dict[str, Any] = {}
