@@ -263,6 +263,8 @@ def _external_run(
             "version": getattr(rep, "version", None),
             "previous_version": getattr(rep, "previous", None),
             "backup": getattr(rep, "backup", None),
+            "late": rep.late,
+            "carried": getattr(rep, "carried", 0),
         },
     )
     return summary
@@ -320,6 +322,7 @@ def _write_plan_files(out_dir: str, events: list[dict[str, Any]], plan: Any, rep
                 "dry_run": rep.dry_run,
                 "units": iso_times(plan.units),
                 "skipped": rep.skipped,
+                "late": rep.late,
             },
             indent=1,
             default=str,

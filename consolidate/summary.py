@@ -129,6 +129,20 @@ def _external_lines(s: dict[str, Any]) -> list[str]:
             f"{'undo':<17}consolidate-undo with the same source settings and "
             f"id={g['plan_id'][:12]} (the plan), id=last, or a merge's id"
         )
+    if g.get("late"):
+        acts: dict[str, int] = {}
+        for x in g["late"]:
+            acts[x["action"]] = acts.get(x["action"], 0) + 1
+        lines.append(
+            f"{'late writes':<17}{len(g['late'])} units of earlier applies written since: "
+            + ", ".join(f"{n} {a}" for a, n in sorted(acts.items()))
+            + " (listed in plan.json)"
+        )
+    if g.get("carried"):
+        lines.append(
+            f"{'appended lines':<17}{g['carried']} lines an agent appended during the pass, "
+            f"carried into the file"
+        )
     if s.get("records_without_vector"):
         lines.append(
             f"{'no vector yet':<17}{s['records_without_vector']} live rows "

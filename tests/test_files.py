@@ -338,7 +338,7 @@ def test_a_memory_file_as_source_dry_run_then_apply(tmp_path, suffix):
     # a plan of a file that changed since the read writes nothing
     snap2 = src.read()
     plan2 = src.plan(snap2, snap2.records)
-    path.write_bytes(path.read_bytes() + b"\n")  # another writer (a Parquet file: broken)
+    path.write_bytes(b" " + path.read_bytes())  # another writer (a Parquet file: broken)
     changed = path.read_bytes()
     with pytest.raises(ValueError, match="changed since it was read"):
         src.apply(plan2, dry_run=False)
@@ -596,3 +596,43 @@ def test_a_duplicate_id_is_named_with_both_lines(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(InvalidRecordsError, match=r"duplicate id.*a \(lines 1 and 3\)"):
         read_memories(path)
+
+
+def test_lines_appended_during_a_pass_are_carried_into_the_file_written(tmp_path):
+    """An agent appends JSONL lines after the read (one through ``append_memories``, one
+    by hand): the apply carries both, after the result's rows, and says so; the copy holds
+    the file as it was just before the replace; the next read sees both memories live. A
+    file changed otherwise is still refused."""
+    from consolidate.config import PassConfig, SimilarityConfig
+    from consolidate.pipeline import run_pass
+    from consolidate.sources.files import append_memories
+
+    path = _memory_file(tmp_path)
+    n = len(read_memories(path).records)
+    src = FileSource(path)
+    snap = src.read()
+    res = run_pass(
+        snap.records,
+        cfg=PassConfig(force=True),
+        version=1,
+        sim_cfg=SimilarityConfig(device="cpu"),
+        wall_h=2000.0,
+    )
+    plan = src.plan(snap, res.records)
+    assert plan.counts().get("merge")
+    vec = [1.0] + [0.0] * 15
+    append_memories(path, [{"id": "late-1", "text": "appended by an agent", "vector": vec}])
+    with open(path, "a") as f:
+        f.write(json.dumps({"id": "late-2", "text": "appended by hand", "vector": vec}) + "\n")
+    rep = src.apply(plan, dry_run=False)
+    assert rep.carried == 2
+    back = read_memories(path).records.meta.set_index("id")
+    assert back.loc["late-1", "text"] == "appended by an agent"
+    assert back.loc["late-2", "text"] == "appended by hand"
+    assert back.loc[["late-1", "late-2"], "deleted_at"].isna().all()
+    assert len(read_memories(rep.backup).records) == n + 2
+    snap2 = src.read()
+    plan2 = src.plan(snap2, snap2.records)
+    path.write_text(path.read_text().replace("appended by hand", "edited by hand"))
+    with pytest.raises(ValueError, match="changed since it was read"):
+        src.apply(plan2, dry_run=False)

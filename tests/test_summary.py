@@ -118,3 +118,24 @@ def test_unchanged_skipped_fleet_and_external_lines():
     assert format_summary(s).splitlines()[-2] == (
         "pass             skipped (nothing to do; sleep.force=true to run anyway)"
     )
+
+
+def test_late_writes_and_carried_lines_of_an_external_apply():
+    s = copy.deepcopy(SUMMARY)
+    del s["commit"]
+    s["external"] = {
+        "applied": {"merge": 1},
+        "plan_id": "0123456789abcdef",
+        "n_skipped": 0,
+        "events": "e.jsonl",
+        "late": [{"action": "carried"}, {"action": "undone"}, {"action": "carried"}],
+        "carried": 2,
+    }
+    out = format_summary(s).splitlines()
+    assert (
+        "late writes      3 units of earlier applies written since: 2 carried, 1 undone "
+        "(listed in plan.json)" in out
+    )
+    assert (
+        "appended lines   2 lines an agent appended during the pass, carried into the file" in out
+    )

@@ -53,6 +53,7 @@ __all__ = [
     "FileSnapshot",
     "FilePlan",
     "FileApplyReport",
+    "append_memories",
 ]
 
 #: file suffixes :func:`read_memories` reads
@@ -475,6 +476,7 @@ class FileSnapshot:
     Attributes:
         records: every memory of the file (tombstones included).
         sha256: the file's content hash as read (the apply's check that it is unchanged).
+        size: the file's length in bytes as read (lines appended after it are carried).
         scope: the rows of ``records`` in the namespaces asked for (the pass's input).
         extra: the file's columns outside the schema, by record id (``None``: none).
     """
@@ -483,6 +485,7 @@ class FileSnapshot:
     sha256: str
     scope: np.ndarray
     extra: Any = None
+    size: int | None = None
 
 
 @dataclass
@@ -494,6 +497,7 @@ class FilePlan(Plan):
         content: every record the file will hold (the pass's result and the rows of other
             namespaces).
         sha256: the file's hash as read.
+        size: the file's length as read.
         extra: the file's columns outside the schema, by record id (kept; a merged record
             gets its oldest member's).
     """
@@ -501,6 +505,7 @@ class FilePlan(Plan):
     content: Records | None = None
     sha256: str = ""
     extra: Any = None
+    size: int | None = None
 
 
 @dataclass
@@ -510,10 +515,13 @@ class FileApplyReport(ApplyReport):
     Attributes:
         written: the file written (the result file in a dry run, else the source file).
         backup: the copy of the file as it was (``None`` in a dry run).
+        carried: JSONL lines an agent appended after the read, carried into the file
+            written (after the result's rows).
     """
 
     written: str = ""
     backup: str | None = None
+    carried: int = 0
 
 
 class FileSource:
@@ -527,9 +535,11 @@ class FileSource:
     only. An apply first checks that the file is byte for byte as read (another writer
     since: nothing is written), copies it to ``<name>.pre-consolidate-<UTC time><suffix>``
     beside it (its permissions kept), writes the result beside it, checks the file once more
-    and replaces it by rename (readers see the old file or the new one; a writer appending
-    between that last check and the rename is not seen: agents should not write a file
-    while an apply replaces it). Columns outside the schema are kept (a merged record takes
+    and replaces it by rename (readers see the old file or the new one). Lines an agent
+    appended to a JSONL file after the read are carried into the file written (a file
+    changed any other way is not written: run the pass again); the check, the copy and the
+    rename run under the journal folder's lock, which :func:`append_memories` takes too, so
+    an agent appending through it never lands in the replaced file. Columns outside the schema are kept (a merged record takes
     its oldest member's). A symlink is followed: the file it names is replaced.
 
     With ``write="live"`` the file holds the live memories only, as a reader that knows
@@ -604,7 +614,7 @@ class FileSource:
         Raises:
             FileNotFoundError, ValueError, InvalidRecordsError: see :func:`read_memories`.
         """
-        digest = _sha256(self.path)
+        digest, size = _digest(self.path)
         got = self._read_all()
         if _sha256(self.path) != digest:
             raise ValueError(f"{self.path} changed while it was read: run again")
@@ -613,7 +623,7 @@ class FileSource:
         scope = (
             np.ones(len(ns), bool) if namespaces is None else ns.isin(list(namespaces)).to_numpy()
         )
-        return FileSnapshot(recs, digest, scope, got.extra)
+        return FileSnapshot(recs, digest, scope, got.extra, size)
 
     def records(self, snap: FileSnapshot) -> Records:
         """The pass's input: the memories of the namespaces read."""
@@ -662,6 +672,7 @@ class FileSource:
             content=content,
             sha256=snap.sha256,
             extra=extra,
+            size=snap.size,
         )
 
     def apply(
@@ -686,19 +697,28 @@ class FileSource:
             target.parent.mkdir(parents=True, exist_ok=True)
             write_records_file(plan.content, target, extra=plan.extra)
             return FileApplyReport(True, plan.counts(), written=str(target))
-        backup = self._replace(plan.content, plan.extra, plan.sha256)
-        with self.journal.locked():
+        with self.journal.locked():  # a writer using append_memories waits
+            backup, carried = self._replace(plan.content, plan.extra, plan.sha256, plan.size)
             self.journal.record_apply(plan.plan_id, plan.units)
         return FileApplyReport(
-            False, plan.counts(), written=str(self.path.resolve()), backup=backup
+            False,
+            plan.counts(),
+            written=str(self.path.resolve()),
+            backup=backup,
+            carried=carried,
         )
 
-    def _replace(self, content: Records, extra: Any, sha256: str) -> str:
+    def _replace(
+        self, content: Records, extra: Any, sha256: str, size: int | None = None
+    ) -> tuple[str, int]:
         """Write ``content`` over the file if it is still as read (``sha256``), after a copy
-        of it; returns the copy's path.
+        of it; returns the copy's path and the appended lines carried. A JSONL file whose
+        first ``size`` bytes are still as read has only had lines appended since: those
+        lines are carried into the file written, after ``content``'s rows.
 
         Raises:
-            ValueError: the file changed since it was read (nothing written).
+            ValueError: the file changed since it was read otherwise (nothing written), or
+                an agent kept appending through five tries.
         """
         import os
         import stat
@@ -708,19 +728,7 @@ class FileSource:
         from ..store.lance import write_records_file
 
         real = self.path.resolve()  # a symlink: the file it names is replaced
-        data = real.read_bytes()
-        if hashlib.sha256(data).hexdigest() != sha256:
-            raise ValueError(
-                f"{self.path} changed since it was read: nothing written; run the pass again"
-            )
         mode = stat.S_IMODE(os.stat(real).st_mode)
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
-        backup = real.with_name(f"{real.stem}.pre-consolidate-{stamp}{real.suffix}")
-        fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         tmp = real.with_name(f".{real.name}.consolidated-{uuid.uuid4().hex[:8]}")
         in_file = content
         if self.write == "live":
@@ -733,23 +741,67 @@ class FileSource:
             else:
                 write_records_file(content.mask(~live), self.tombstones, extra=extra)
             in_file = content.mask(live)
+        backup = None
         try:
             write_records_file(in_file, tmp, extra=extra, suffix=real.suffix)
             os.chmod(tmp, mode)
-            # checked again just before the rename: a writer since the first check wins
-            if _sha256(real) != sha256:
+            body = tmp.read_bytes()
+            for _ in range(5):
+                data = real.read_bytes()
+                tail = self._appended(data, sha256, size)
+                if backup is None:
+                    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+                    backup = real.with_name(f"{real.stem}.pre-consolidate-{stamp}{real.suffix}")
+                fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                with open(tmp, "wb") as f:
+                    f.write(body + tail)
+                    f.flush()
+                    os.fsync(f.fileno())
+                # checked again just before the rename: a line appended meanwhile is
+                # carried by the next try
+                if _sha256(real) == hashlib.sha256(data).hexdigest():
+                    os.replace(tmp, real)
+                    break
+            else:
                 raise ValueError(
-                    f"{self.path} changed while the result was written: nothing "
-                    f"written; run the pass again"
+                    f"{self.path} kept changing while the result was written (5 tries): "
+                    f"nothing written; run the pass again"
                 )
-            os.replace(tmp, real)
         except BaseException:
             tmp.unlink(missing_ok=True)
-            backup.unlink(missing_ok=True)  # the file is as it was: no copy is needed
+            if backup is not None:
+                backup.unlink(missing_ok=True)  # the file is as it was: no copy is needed
             raise
         if self.write == "all":
             self.tombstones.unlink(missing_ok=True)  # its rows are in the file now
-        return str(backup)
+        return str(backup), tail.count(b"\n")
+
+    def _appended(self, data: bytes, sha256: str, size: int | None) -> bytes:
+        """The whole lines appended to a JSONL file read as ``sha256`` with ``size`` bytes,
+        now ``data``; ``b""`` when unchanged.
+
+        Raises:
+            ValueError: the file changed otherwise (or is not JSONL, or ends in a part line).
+        """
+        if hashlib.sha256(data).hexdigest() == sha256:
+            return b""
+        if (
+            size is not None
+            and self.path.suffix == ".jsonl"
+            and len(data) > size
+            and hashlib.sha256(data[:size]).hexdigest() == sha256
+            and (size == 0 or data[size - 1 : size] == b"\n")
+            and data.endswith(b"\n")
+        ):
+            return data[size:]
+        raise ValueError(
+            f"{self.path} changed since it was read: nothing written; run the pass again"
+            + ("" if self.path.suffix != ".jsonl" else " (only whole lines appended are carried)")
+        )
 
     def undo(self, target: str) -> UndoReport:
         """Undo a merge or a drop, or every unit of a plan, that an apply wrote to the
@@ -811,6 +863,61 @@ class FileSource:
             return out
 
         return undo_by_journal(self.journal, target, restore)
+
+
+def append_memories(
+    path: str | Path, rows: list[dict[str, Any]], state_dir: str | Path | None = None
+) -> int:
+    """Append memories to a JSONL memory file as an agent should while nightly applies
+    run: under the lock of the file's journal folder (the one :meth:`FileSource.apply`
+    holds while it checks and replaces the file), as one write of whole lines, flushed to
+    disk. Returns the lines written.
+
+    Args:
+        path: the ``.jsonl`` file (made if missing).
+        rows: memories in the file schema (see the module docstring); ``vector`` may be a
+            NumPy array.
+        state_dir: the journal folder (default ``<path>.consolidate``).
+
+    Raises:
+        ValueError: ``path`` is not a ``.jsonl`` file, or a row has no ``text``.
+    """
+    import os
+
+    from .journal import Journal, default_state_dir
+
+    p = Path(path)
+    if p.suffix != ".jsonl":
+        raise ValueError(f"append_memories writes JSONL files, not {p.name}")
+    for k, r in enumerate(rows):
+        if not isinstance(r.get("text"), str):
+            raise ValueError(f"{p}: row {k} to append has no text")
+    data = "".join(
+        json.dumps(r, default=lambda x: x.tolist() if hasattr(x, "tolist") else str(x)) + "\n"
+        for r in rows
+    ).encode("utf-8")
+    with Journal(state_dir or default_state_dir(p)).locked():
+        fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return len(rows)
+
+
+def _digest(path: Path) -> tuple[str, int]:
+    """The file's SHA-256 (hex) and length in bytes, from one read."""
+    h = hashlib.sha256()
+    n = 0
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+                n += len(block)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"memory file not found: {path}") from None
+    return h.hexdigest(), n
 
 
 def _sha256(path: Path) -> str:
