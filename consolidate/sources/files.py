@@ -698,8 +698,24 @@ class FileSource:
             write_records_file(plan.content, target, extra=plan.extra)
             return FileApplyReport(True, plan.counts(), written=str(target))
         with self.journal.locked():  # a writer using append_memories waits
-            backup, carried = self._replace(plan.content, plan.extra, plan.sha256, plan.size)
+            self._recover()
+
+            def pending(sha: str, n: int) -> None:  # just before the rename
+                self.journal.begin(
+                    {
+                        "op": "apply",
+                        "plan_id": plan.plan_id,
+                        "units": plan.units,
+                        "sha256": sha,
+                        "size": n,
+                    }
+                )
+
+            backup, carried = self._replace(
+                plan.content, plan.extra, plan.sha256, plan.size, pending
+            )
             self.journal.record_apply(plan.plan_id, plan.units)
+            self.journal.done()
         return FileApplyReport(
             False,
             plan.counts(),
@@ -708,11 +724,36 @@ class FileSource:
             carried=carried,
         )
 
+    def _recover(self) -> None:
+        """Record the apply a killed run left in flight (``pending.json``: the plan and the
+        digest of the file it was about to rename into place), under the caller's journal
+        lock: when the file now starts with that content, the rename happened and the plan
+        is recorded applied; else nothing was written."""
+        p = self.journal.pending()
+        if p is None:
+            return
+        if p.get("op") == "apply":
+            try:
+                data = self.path.resolve().read_bytes()
+            except FileNotFoundError:
+                data = b""
+            n = int(p["size"])
+            if len(data) >= n and hashlib.sha256(data[:n]).hexdigest() == p["sha256"]:
+                self.journal.record_apply(p["plan_id"], p["units"])
+        self.journal.done()
+
     def _replace(
-        self, content: Records, extra: Any, sha256: str, size: int | None = None
+        self,
+        content: Records,
+        extra: Any,
+        sha256: str,
+        size: int | None = None,
+        before_rename: Any = None,
     ) -> tuple[str, int]:
         """Write ``content`` over the file if it is still as read (``sha256``), after a copy
-        of it; returns the copy's path and the appended lines carried. A JSONL file whose
+        of it; returns the copy's path and the appended lines carried. ``before_rename(sha,
+        size)`` is called with the new file's digest and length just before the rename. A
+        JSONL file whose
         first ``size`` bytes are still as read has only had lines appended since: those
         lines are carried into the file written, after ``content``'s rows.
 
@@ -764,6 +805,8 @@ class FileSource:
                 # checked again just before the rename: a line appended meanwhile is
                 # carried by the next try
                 if _sha256(real) == hashlib.sha256(data).hexdigest():
+                    if before_rename is not None:
+                        before_rename(hashlib.sha256(body + tail).hexdigest(), len(body + tail))
                     os.replace(tmp, real)
                     break
             else:
@@ -817,6 +860,9 @@ class FileSource:
             ValueError: the file changed while the undo ran (nothing written).
         """
         from ..pipeline.undo import undo_merge
+
+        with self.journal.locked():
+            self._recover()
 
         def restore(plan_id: str, units: list[dict[str, Any]]) -> dict[str, Any]:
             digest = _sha256(self.path)
