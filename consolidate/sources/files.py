@@ -614,10 +614,16 @@ class FileSource:
         Raises:
             FileNotFoundError, ValueError, InvalidRecordsError: see :func:`read_memories`.
         """
-        digest, size = _digest(self.path)
-        got = self._read_all()
-        if _sha256(self.path) != digest:
-            raise ValueError(f"{self.path} changed while it was read: run again")
+        import time
+
+        for attempt in range(20):  # an agent appending while the file is read: read again
+            digest, size = _digest(self.path)
+            got = self._read_all()
+            if _sha256(self.path) == digest:
+                break
+            time.sleep(0.01 * (attempt + 1))
+        else:
+            raise ValueError(f"{self.path} kept changing while it was read (20 tries): run again")
         recs = with_keep_apart(got.records, self.journal.keep_apart(), self.journal.kept())
         ns = recs.meta["namespace"]
         scope = (

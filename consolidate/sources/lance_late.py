@@ -22,7 +22,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .late import CARRY, LateWrite, carried_values, changed_columns, row_digest, settle
+from .late import (
+    CARRY,
+    LateWrite,
+    backoff,
+    carried_values,
+    changed_columns,
+    row_digest,
+    settle,
+)
 
 if TYPE_CHECKING:
     from .lance_table import LanceTable
@@ -113,13 +121,17 @@ def recover(t: LanceTable) -> None:
 def _record_late(
     t: LanceTable, ds: Any, carried: list[dict[str, Any]], undone: list[dict[str, Any]]
 ) -> None:
-    """Journal lines of a late-write commit: the carried units' new digests, the undone
-    units (``why``: a late write)."""
+    """Journal lines of a late-write commit ``ds``: each carried unit's new baseline (its
+    late members' digests as the carry read them, ``digests``; its merged row's as ``ds``
+    holds it; the version read, ``read_version``), the undone units (``why``: a late
+    write). The members' digests are not taken from ``ds``: an agent's write that landed
+    on a member after the read, in another fragment than the carry's, is in ``ds`` and
+    must still count as late."""
     dig = digests_at(t, ds, [c["unit"] for c in carried])
     for c in carried:
-        t.journal.record_late(
-            c["plan_id"], c["unit"]["key"], dig.get(c["unit"]["key"], {}), ds.version
-        )
+        key = c["unit"]["key"]
+        merged = {key: dig[key][key]} if key in dig.get(key, {}) else {}
+        t.journal.record_late(c["plan_id"], key, c["digests"] | merged, c["read_version"])
     for x in undone:
         t.journal.record_undone(x["plan_id"], x["unit"], list(x["restored"]), why="late write")
 
@@ -238,7 +250,7 @@ def _carried(t: LanceTable, f: _Unit) -> dict[str, Any]:
     return row
 
 
-def reconcile(t: LanceTable, dry_run: bool, retries: int = 3) -> list[dict[str, Any]]:
+def reconcile(t: LanceTable, dry_run: bool, retries: int = 10) -> list[dict[str, Any]]:
     """Find and settle the dataset's late writes, under the caller's journal lock (see the
     module docstring); returns :meth:`LateWrite.as_dict` per unit.
 
@@ -280,7 +292,16 @@ def reconcile(t: LanceTable, dry_run: bool, retries: int = 3) -> list[dict[str, 
             for f in undo
             if not isinstance(outs.get(f.unit["key"]), str)
         ]
-        done_carry = [{"plan_id": f.plan_id, "unit": f.unit} for f in carry]
+        skip = _skip(t)
+        done_carry = [
+            {
+                "plan_id": f.plan_id,
+                "unit": f.unit,
+                "digests": {i: row_digest(_plain(r), skip) for i, (r, _) in f.late.items()},
+                "read_version": ds.version,
+            }
+            for f in carry
+        ]
         wid = uuid.uuid4().hex
         t.journal.begin(
             {
@@ -303,6 +324,7 @@ def reconcile(t: LanceTable, dry_run: bool, retries: int = 3) -> list[dict[str, 
             t.journal.done()
             why = re.sub(r",\s*/\S+\.rs:\d+:\d+", "", str(e).splitlines()[0])
             if "conflict" in why.lower() and attempt < retries:
+                backoff(attempt)
                 continue
             raise LanceSourceError(f"{t.path}: the late-write commit failed ({why})") from None
         _record_late(t, new, done_carry, done_undo)

@@ -46,6 +46,7 @@ from .common import (
     with_keep_apart,
     without_clock,
 )
+from .late import backoff
 
 __all__ = [
     "LanceColumns",
@@ -450,7 +451,7 @@ class LanceTable:
         *,
         dry_run: bool = True,
         out_dir: str | Path | None = None,
-        retries: int = 3,
+        retries: int = 10,
     ) -> LanceApplyReport:
         """Write ``plan`` as one new version (see the module docstring). A unit is skipped
         (and reported) when its rows changed since the version read, are no longer live,
@@ -521,6 +522,7 @@ class LanceTable:
                 self.journal.done()
                 why = re.sub(r",\s*/\S+\.rs:\d+:\d+", "", str(e).splitlines()[0])
                 if "conflict" in why.lower() and attempt < retries:
+                    backoff(attempt)
                     continue  # another writer committed first: check the units again
                 raise LanceSourceError(
                     f"{self.path}: the commit failed ({why}); nothing written"
@@ -564,7 +566,7 @@ class LanceTable:
             return reconcile(self, dry_run)
 
     # ------------------------------------------------------------ undo
-    def undo(self, target: str, *, retries: int = 3) -> UndoReport:
+    def undo(self, target: str, *, retries: int = 10) -> UndoReport:
         """Undo a merge or a drop, or every unit of a plan, that :meth:`apply` wrote:
         ``target`` is a merged id, a dropped id or a plan id (or a unique prefix, see
         :func:`~consolidate.sources.journal.match_target`). One new version: the members
@@ -595,6 +597,7 @@ class LanceTable:
                 except (OSError, RuntimeError, ValueError) as e:
                     why = re.sub(r",\s*/\S+\.rs:\d+:\d+", "", str(e).splitlines()[0])
                     if "conflict" in why.lower() and attempt < retries:
+                        backoff(attempt)
                         continue
                     raise LanceSourceError(
                         f"{self.path}: the undo's commit failed ({why}); nothing written"

@@ -29,11 +29,21 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import random
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CARRY", "LateWrite", "carried_values", "changed_columns", "row_digest", "settle"]
+__all__ = [
+    "CARRY",
+    "LateWrite",
+    "backoff",
+    "carried_values",
+    "changed_columns",
+    "row_digest",
+    "settle",
+]
 
 #: the pass's bookkeeping fields a late write may change and still be carried
 CARRY = ("last_used", "strength", "importance", "pinned")
@@ -74,6 +84,13 @@ class LateWrite:
             "action": self.action,
             "why": self.why,
         }
+
+
+def backoff(attempt: int) -> None:
+    """Sleep before trying a commit again that lost a race with another writer: a random
+    time up to 20 ms x 2^attempt (at most 1.28 s), so that writers that collided do not
+    collide again."""
+    time.sleep(random.uniform(0.0, 0.02 * 2 ** min(attempt, 6)))
 
 
 def _canon(v: Any) -> Any:
