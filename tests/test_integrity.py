@@ -145,3 +145,39 @@ def test_verify_checks_every_file_of_every_retained_version(tmp_path):
     assert [v["version"] for v in bad] == [1] and "manifest of version 1" in bad[0]["error"]
     with pytest.raises(CorruptStoreError, match=r"1 of \d+ retained versions .* version 1"):
         run_versions(OmegaConf.create(base))
+
+
+def test_a_namespace_load_checks_its_files_before_reading_any_column(tmp_path, monkeypatch):
+    """A load of some namespaces finds their fragments through the namespace index alone
+    and checks those files' CRC32s before the first scan reads a column (a damaged data
+    file can make Lance abort the process); the fragments found are those the scan then
+    reads. Without the index, every file is checked first."""
+    from consolidate.store.lance import reading
+    from tests.helpers import random_rows
+
+    s = LanceStore(tmp_path / "s")
+    s.create(make_records(random_rows(40, 8, seed=1, namespaces=4)))
+    more = [{**r, "id": f"x{k}"} for k, r in enumerate(random_rows(8, 8, seed=2, namespaces=1))]
+    s.append(make_records(more))  # ns0 gets a second fragment
+    order = []
+    real_verify, real_scan = LanceStore.verify, reading._scan
+
+    def verify(self, version=None, fragments=None):
+        order.append(("verify", None if fragments is None else sorted(fragments)))
+        return real_verify(self, version, fragments=fragments)
+
+    def scan(ds, flt, dim, found=None, widths_out=None):
+        out = real_scan(ds, flt, dim, found, widths_out)
+        order.append(("scan", sorted(set((out[2] >> np.uint64(32)).tolist()))))
+        return out
+
+    monkeypatch.setattr(LanceStore, "verify", verify)
+    monkeypatch.setattr(reading, "_scan", scan)
+    s.load(namespaces=["ns0"])
+    first, *rest = order
+    assert first[0] == "verify" and first[1] == order[-1][1] and len(first[1]) == 2
+    assert [o[0] for o in order][-1] == "scan"
+    monkeypatch.setattr(reading, "_fragments_of", lambda ds, ns: None)  # no usable index
+    order.clear()
+    s.load(namespaces=["ns0"])
+    assert order[0] == ("verify", None)

@@ -77,10 +77,16 @@ class _Reading(LanceDataset):
         # the data files' checksums are checked before Lance decodes them (a damaged data
         # file can make Lance abort the process, which no handler catches): all files for
         # a whole load, first; for some namespaces, the files of the fragments that hold
-        # their rows, once the first scan (of the other columns, through the namespace
-        # index) found them, before the vectors are read
+        # their rows, found through the namespace index alone (no data file read), before
+        # any column is read; without a usable index, all files
         if validate_records and namespaces is None:
             self.verify(ds.version)
+        elif validate_records and namespaces is not None:
+            frags = _fragments_of(ds, sorted({str(n) for n in namespaces}))
+            if frags is None:
+                self.verify(ds.version)
+            else:
+                self.verify(ds.version, fragments=frags)
 
         def found(addr: np.ndarray) -> None:
             if validate_records and namespaces is not None:
@@ -290,3 +296,22 @@ class _Reading(LanceDataset):
             return list(d["ids"])
         ids = [p["id"] for p in d["patches"]]
         return ids + [p["into"] for p in d["patches"] if p.get("into") is not None]
+
+
+def _fragments_of(ds: Any, namespaces: list[str]) -> list[int] | None:
+    """The fragment ids holding rows of ``namespaces``, from the ``namespace`` index alone
+    (an address-only query Lance answers without reading a data file); ``None`` when the
+    column has no index or the index cannot be read (then every file must be checked
+    before a scan reads them)."""
+    try:
+        if "namespace" not in {f for ix in ds.describe_indices() for f in ix.field_names}:
+            return None
+        t = ds.to_table(
+            columns=[],
+            filter=pc.field("namespace").isin(pa.array(namespaces, pa.string())),
+            with_row_address=True,
+        )
+    except Exception:  # noqa: BLE001 (a damaged index: every file is checked instead)
+        return None
+    addr = t.column("_rowaddr").to_numpy()
+    return np.unique(addr >> np.uint64(32)).tolist()
