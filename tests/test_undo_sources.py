@@ -5,6 +5,7 @@ own texts and the merged rows retired; a second undo restores nothing; the next 
 merges the undone members again; an id that names nothing, or several things, is one clear
 error."""
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -235,3 +236,108 @@ def test_the_undo_job_on_a_memory_file(tmp_path, capsys):
         + ", ".join([u["key"] for u in plan.units][:5])
         + ")"
     )
+
+
+def test_undo_pass_undoes_every_merge_and_drop_of_a_pass_as_arrays():
+    """Hand-made records of one pass: merged m1 (a, b), m2 (c, d), e dropped by the floor,
+    m3 (f, g) merged again into m4 by a later pass. Undoing the pass's events: m1 and m2
+    tombstones ("undone"), a-d live and kept apart in pairs, e live and pinned, m3 skipped
+    (merged again), a merge undone before reported, an unknown id reported gone."""
+    from consolidate.pipeline.undo import undo_pass
+
+    nan = float("nan")
+    rows = []
+    for i, into, why in [
+        ("a", "m1", "merged"), ("b", "m1", "merged"), ("m1", None, None),
+        ("c", "m2", "merged"), ("d", "m2", "merged"), ("m2", None, None),
+        ("e", None, "floor"), ("f", "m3", "merged"), ("g", "m3", "merged"),
+        ("m3", "m4", "merged"), ("m4", None, None), ("m5", None, "undone"), ("h", None, None),
+    ]:  # fmt: skip
+        rows.append(
+            {
+                "id": i,
+                "text": f"memory {i}",
+                "vector": [1.0, 0.0] if i != "h" else [0.0, 1.0],
+                "deleted_at": 50.0 if why else nan,
+                "deleted_reason": why,
+                "merged_into": into,
+                "last_used": 10.0,
+                "created_at": 10.0,
+            }
+        )
+    recs = make_records(rows)
+    events = [
+        {"op": "merge", "id": "m1", "members": ["a", "b"]},
+        {"op": "exact_merge", "id": "m2", "members": ["c", "d"]},
+        {"op": "merge", "id": "m3", "members": ["f", "g"]},
+        {"op": "merge", "id": "m5", "members": []},
+        {"op": "merge", "id": "zz", "members": []},
+        {"op": "drop", "id": "e", "reason": "floor"},
+        {"op": "review", "id": "h"},
+    ]
+    out, rep = undo_pass(recs, events, wall_h=99.0)
+    m = out.meta.set_index("id")
+    assert sorted(rep["undone"]) == ["e", "m1", "m2"]
+    assert sorted(rep["restored"]) == ["a", "b", "c", "d", "e"]
+    assert rep["already"] == ["m5"]
+    assert [s["key"] for s in rep["skipped"]] == ["m3", "zz"]
+    assert "merged again into m4" in rep["skipped"][0]["why"]
+    for i in "abcde":
+        assert np.isnan(m.at[i, "deleted_at"]) and m.at[i, "deleted_reason"] is None
+        assert m.at[i, "merged_into"] is None
+    assert list(m.at["a", "keep_apart"]) == ["b"] and list(m.at["d", "keep_apart"]) == ["c"]
+    assert m.at["e", "pinned"] and not m.at["a", "pinned"]
+    for i in ("m1", "m2"):
+        assert m.at[i, "deleted_at"] == 99.0 and m.at[i, "deleted_reason"] == "undone"
+    assert m.at["f", "merged_into"] == "m3" and m.at["m3", "merged_into"] == "m4"
+
+
+def test_the_undo_job_undoes_a_whole_pass_on_the_store(tmp_path):
+    """``consolidate-undo id=last`` (or ``v<N>``) on the store: every merge of the newest
+    pass undone in one new version, its members live and apart; the next pass keeps them
+    apart; a second undo does nothing; an unknown version names the changelogs."""
+    from hydra import compose, initialize_config_dir
+
+    from consolidate.config import PassConfig, SimilarityConfig
+    from consolidate.jobs.common import CONFIG_DIR
+    from consolidate.jobs.undo import format_undo, run_undo
+    from consolidate.pipeline import run_pass
+    from consolidate.sources.journal import UndoTargetError
+    from consolidate.store.lance import LanceStore
+
+    s = LanceStore(tmp_path / "s")
+    s.create(make_records(random_rows(60, 16, namespaces=2, dup_frac=0.3, noise=0.01, seed=7)))
+    pc = PassConfig(force=True, floor=0.0)
+    with s.lock():
+        snap = s.load()
+        res = run_pass(snap.records, cfg=pc, sim_cfg=SimilarityConfig(device="cpu"), version=2)
+        info = s.commit(res.records, res.events, base=snap)
+    merges = {e["id"]: e["members"] for e in res.events if e["op"] in ("merge", "exact_merge")}
+    assert len(merges) >= 3
+
+    def undo(target):
+        with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
+            cfg = compose(config_name="undo", overrides=[f"store.dir={s.root}", f"id={target}"])
+        return run_undo(cfg)
+
+    out = undo("last")
+    log = info["changelog"].removesuffix(".jsonl")
+    assert out["plan_id"] == log and sorted(out["undone"]) == sorted(merges)
+    assert sorted(out["restored"]) == sorted(i for v in merges.values() for i in v)
+    assert format_undo(out).startswith(f"undid {len(merges)} unit(s) of plan {log} on store")
+    m = s.load().records.meta.set_index("id")
+    for mid, members in merges.items():
+        assert m.at[mid, "deleted_reason"] == "undone"
+        for i in members:
+            assert np.isnan(m.at[i, "deleted_at"])
+            assert set(m.at[i, "keep_apart"]) >= set(members) - {i}
+    again = undo(f"v{info['version']}")
+    assert again["undone"] == [] and sorted(again["already"]) == sorted(merges)
+    with s.lock():
+        snap = s.load()
+        res2 = run_pass(snap.records, cfg=pc, sim_cfg=SimilarityConfig(device="cpu"), version=9)
+    assert not [e for e in res2.events if e["op"] == "merge"]
+    with pytest.raises(UndoTargetError, match="no changelog-000077.jsonl in"):
+        undo("changelog-77")
+    with pytest.raises(UndoTargetError, match="no pass wrote version 1 or one before"):
+        undo("v1")

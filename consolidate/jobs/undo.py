@@ -28,7 +28,7 @@ def _target(cfg: DictConfig) -> str:
         raise ValueError(
             "consolidate-undo needs id=...: a merge id (the changelog's or events.jsonl's "
             "merge lines), a plan id (plan.json of an external source's run), or a unique "
-            "prefix of either"
+            "prefix of either; on the store also last or v<N> (every merge and drop of a pass)"
         )
     if a is not None and b is not None and str(a) != str(b):
         raise ValueError(f"id={a} and merge_id={b} differ: give one")
@@ -86,7 +86,9 @@ def run_undo(cfg: DictConfig) -> dict[str, Any]:
     ``cfg.store.dir``); returns what was undone.
 
     On the store, ``id`` is a merge id (or a unique prefix): one new snapshot with the
-    members live and kept apart; undoing it again does nothing. On an external source it is
+    members live and kept apart; undoing it again does nothing. ``id=last``, ``id=v<N>``
+    or ``id=changelog-<N>`` undoes every merge and drop of the pass that wrote version N
+    (the newest that changed something) in one new version. On an external source it is
     a merge id, a dropped id or a plan id (or a unique prefix of one), through the source's
     own ``undo`` (:mod:`consolidate.sources`).
 
@@ -104,6 +106,9 @@ def run_undo(cfg: DictConfig) -> dict[str, Any]:
         return {"source": name, **vars(rep)}
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
     store, _ = open_store(cfg, build=False)
+    log_file = _pass_changelog(target, store)
+    if log_file is not None:
+        return _undo_pass(store, scfg, target, log_file)
     with store.lock(timeout_s=scfg.lock_timeout_s):
         snap = store.load()
         meta = snap.records.meta
@@ -130,6 +135,101 @@ def run_undo(cfg: DictConfig) -> dict[str, Any]:
             recs, ev, base=snap, pass_time_h=snap.last_pass_at or hours_now(), op="undo"
         )
     return {**out, "undone": [merge_id], "restored": restored, **commit}
+
+
+def _pass_changelog(target: str, store: Any) -> Any:
+    """The changelog of the pass that ``target`` names on the store: ``last`` (the newest
+    pass that merged or dropped something), ``v<N>`` / ``version-<N>`` (the pass that wrote
+    version N, or the newest pass before it when N is a version Lance made itself, such
+    as an index build), or a changelog's name (``changelog-<N>``, ``.jsonl`` optional);
+    ``None`` for anything else (a merge id).
+
+    Raises:
+        UndoTargetError: ``last`` on a store no pass changed; a version no pass wrote.
+    """
+    import re
+
+    from ..sources.journal import UndoTargetError
+
+    logs = store.root / "changelogs"
+    t = target.strip()
+    m = re.fullmatch(r"changelog-(\d+)(?:\.jsonl)?", t)
+    if m:
+        return logs / f"changelog-{int(m.group(1)):06d}.jsonl"
+    m = re.fullmatch(r"(?:v|version-)(\d+)", t)
+    if m:
+        n = int(m.group(1))
+        if not hasattr(store, "versions"):
+            return logs / f"changelog-{n:06d}.jsonl"
+        passes = [
+            v
+            for v in store.versions()
+            if v["version"] <= n and v.get("op") in ("pass", "undo") and v.get("changelog")
+        ]
+        if not passes:
+            raise UndoTargetError(f"no pass wrote version {n} or one before it in {store.root}")
+        return logs / passes[-1]["changelog"]
+    if t != "last":
+        return None
+    for path in sorted(logs.glob("changelog-*.jsonl"), reverse=True):
+        if _pass_events(path):
+            return path
+    raise UndoTargetError(f"no pass has merged or dropped anything in the store at {store.root}")
+
+
+def _pass_events(path: Any) -> list[dict[str, Any]]:
+    """The merge and drop events of a changelog (``[]`` for a changelog of another
+    operation: an undo, an import).
+
+    Raises:
+        ValueError: a line that is not JSON (names the file and the line).
+    """
+    import json
+
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            raise ValueError(f"{path} line {n}: not JSON; the changelog was damaged") from None
+        if isinstance(e, dict) and e.get("op") in ("merge", "exact_merge", "drop"):
+            out.append(e)
+    return out
+
+
+def _undo_pass(store: Any, scfg: StoreConfig, target: str, path: Any) -> dict[str, Any]:
+    """Undo every merge and drop of the pass whose changelog is ``path``, as one new
+    version (:func:`consolidate.pipeline.undo.undo_pass`); the plan id is the changelog's
+    name.
+
+    Raises:
+        UndoTargetError: no such changelog, or one with nothing to undo.
+    """
+    from ..pipeline.undo import undo_pass
+    from ..sources.journal import UndoTargetError
+
+    if not path.is_file():
+        have = sorted(p.stem for p in path.parent.glob("changelog-*.jsonl"))
+        raise UndoTargetError(
+            f"no {path.name} in {path.parent} (the store's newest changelogs: {have[-5:]})"
+        )
+    events = _pass_events(path)
+    if not events:
+        raise UndoTargetError(f"{path.name} holds no merge or drop: nothing to undo")
+    with store.lock(timeout_s=scfg.lock_timeout_s):
+        snap = store.load()
+        recs, rep = undo_pass(snap.records, events)
+        out: dict[str, Any] = {"source": f"store {scfg.dir}", "target": target}
+        out.update(plan_id=path.stem, **rep)
+        if not rep["undone"]:
+            return out
+        ev = [{"op": "undo", "id": i, "of": path.name} for i in rep["undone"]]
+        commit = store.commit(
+            recs, ev, base=snap, pass_time_h=snap.last_pass_at or hours_now(), op="undo"
+        )
+    return {**out, **commit}
 
 
 def format_undo(out: dict[str, Any]) -> str:
