@@ -179,3 +179,25 @@ def test_a_damaged_keep_apart_line_stops_the_undo_before_it_writes(tmp_path, lin
     assert path.read_bytes() == data  # nothing undone
     with pytest.raises(JournalError, match="keep_apart.jsonl line 2"):
         src.read()
+
+
+def test_a_unit_applied_again_after_a_roll_back_is_live_and_recorded_once(tmp_path):
+    """A unit rolled back (recorded undone by the apply itself) and applied again under the
+    same plan id by a later run: the journal holds it once, as applied and not undone, so a
+    user's undo undoes the second application; a unit recorded twice by a recovery is one
+    unit too."""
+
+    j = Journal(tmp_path / "j")
+    u = {"kind": "merge", "key": "m-1", "namespace": "n", "ids": ["a", "b"]}
+    v = {"kind": "merge", "key": "m-2", "namespace": "n", "ids": ["c", "d"]}
+    j.record_apply("p1", [u, v])
+    j.record_undone("p1", u, [], why="interrupted")
+    assert set(j.undone()) == {("p1", "m-1")}
+    j.record_apply("p1", [u])  # the next run applies the same unit of the same plan
+    j.record_apply("p1", [v])  # a recovery records v again
+    (p,) = j.plans()
+    assert [x["key"] for x in p["units"]] == ["m-1", "m-2"]
+    assert j.undone() == {}
+    j.record_undone("p1", u, ["a", "b"])  # a user's undo of the second application
+    assert set(j.undone()) == {("p1", "m-1")}
+    assert j.keep_apart() == {"a": {"b"}, "b": {"a"}}

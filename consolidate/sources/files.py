@@ -744,7 +744,9 @@ class FileSource:
             except FileNotFoundError:
                 data = b""
             n = int(p["size"])
-            if len(data) >= n and hashlib.sha256(data[:n]).hexdigest() == p["sha256"]:
+            have = {q["plan_id"] for q in self.journal.plans()}
+            ok = len(data) >= n and hashlib.sha256(data[:n]).hexdigest() == p["sha256"]
+            if ok and p["plan_id"] not in have:
                 self.journal.record_apply(p["plan_id"], p["units"])
         self.journal.done()
 

@@ -261,16 +261,34 @@ class Journal:
 
     def plans(self) -> list[dict[str, Any]]:
         """Every applied plan, oldest first (a plan applied in several runs: its units
-        joined)."""
+        joined). A unit recorded twice under one plan (applied again after a roll-back, or
+        recorded again by a recovery after a crash between its line and the end of its
+        write) is the newest record of it, in the place of the first; each unit carries
+        ``applied_at``, the time of that record."""
         out: dict[str, dict[str, Any]] = {}
         for r in self._lines("applied.jsonl"):
-            p = out.setdefault(r["plan_id"], {"plan_id": r["plan_id"], "at": r["at"], "units": []})
-            p["units"] += r["units"]
-        return list(out.values())
+            p = out.setdefault(r["plan_id"], {"plan_id": r["plan_id"], "at": r["at"], "units": {}})
+            for u in r["units"]:
+                p["units"][u["key"]] = {**u, "applied_at": r.get("at", "")}
+        return [{**p, "units": list(p["units"].values())} for p in out.values()]
 
     def undone(self) -> dict[tuple[str, str], dict[str, Any]]:
-        """``(plan_id, key)`` -> its ``undone.jsonl`` line."""
-        return {(r["plan_id"], r["key"]): r for r in self._lines("undone.jsonl")}
+        """``(plan_id, key)`` -> its ``undone.jsonl`` line, for the units whose newest
+        application (see :meth:`plans`) was undone after it was recorded; a unit rolled back
+        and applied again under the same plan id is not undone."""
+        applied = {
+            (p["plan_id"], u["key"]): u.get("applied_at", "")
+            for p in self.plans()
+            for u in p["units"]
+        }
+        out = {}
+        for r in self._lines("undone.jsonl"):
+            k = (r["plan_id"], r["key"])
+            if str(r.get("at", "")) >= str(applied.get(k, "")):
+                out[k] = r
+            else:
+                out.pop(k, None)
+        return out
 
     def record_undone(
         self, plan_id: str, unit: dict[str, Any], restored: list[str], why: str | None = None

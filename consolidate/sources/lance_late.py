@@ -108,10 +108,19 @@ def recover(t: LanceTable) -> None:
     if hit is not None:
         at = t._open(hit)
         if p["op"] == "apply":
-            dig = digests_at(t, at, p["units"])
+            # recorded already when the run was killed between its line and the end
+            have = {
+                u["key"]
+                for q in j.plans()
+                if q["plan_id"] == p["plan_id"]
+                for u in q["units"]
+                if u.get("version") == hit
+            }
+            todo = [u for u in p["units"] if u["key"] not in have]
+            dig = digests_at(t, at, todo)
             j.record_apply(
                 p["plan_id"],
-                [u | {"version": hit, "digests": dig.get(u["key"], {})} for u in p["units"]],
+                [u | {"version": hit, "digests": dig.get(u["key"], {})} for u in todo],
             )
         else:
             _record_late(t, at, p["carried"], p["undone"])
