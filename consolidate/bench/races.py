@@ -52,6 +52,7 @@ import tempfile
 import threading
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -590,6 +591,27 @@ class StoreRig(Rig):
         return True
 
 
+class _Serialised:
+    """A client whose method calls run one at a time (an ``RLock``), for Qdrant's local
+    client shared by agent threads and the job: each call is atomic, as on a server, and
+    calls of different threads interleave between them."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._lock = threading.RLock()
+
+    def __getattr__(self, name: str) -> Any:
+        got = getattr(self._inner, name)
+        if not callable(got):
+            return got
+
+        def call(*a: Any, **k: Any) -> Any:
+            with self._lock:
+                return got(*a, **k)
+
+        return call
+
+
 class Mem0Rig(Rig):
     """A Mem0 store (``consolidate.sources.mem0``) on a local Qdrant folder (agents are
     threads: one client per folder) or on pgvector (agents are processes)."""
@@ -638,6 +660,9 @@ class Mem0Rig(Rig):
             from mem0 import Memory
 
             self._memory = Memory.from_config(self._config(self.spec))
+            if self.threads:  # Qdrant's local client is not thread-safe: one call at a time
+                vs = self._memory.vector_store
+                vs.client = _Serialised(vs.client)
         return self._memory
 
     @classmethod
@@ -851,11 +876,21 @@ def run_writers(
         try:
             got = rig.one_round()
         except Exception as e:  # noqa: BLE001 (a failed round is reported, the run goes on)
-            got = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            import traceback
+
+            at = traceback.extract_tb(e.__traceback__)[-1]
+            where = f"{Path(at.filename).name}:{at.lineno}"
+            got = {"error": f"{type(e).__name__} at {where}: {str(e)[:300]}"}
         rounds.append({**got, "start": start, "end": _now_h()})
     for a in agents:
         a.join()
-    final = rig.one_round()
+    final = {}
+    for _ in range(3):  # the last pass and its reconcile, once the agents stopped
+        try:
+            final = rig.one_round()
+            break
+        except Exception as e:  # noqa: BLE001 (reported below)
+            final = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     late = rig.recover() if rig_cls is not StoreRig else []
     ops = [
         json.loads(x) for f in sorted(logdir.glob("w*.jsonl")) for x in f.read_text().splitlines()
@@ -869,8 +904,14 @@ def run_writers(
         rounds_failed=sum("error" in r for r in rounds),
         round_errors=[r["error"] for r in rounds if "error" in r][:5],
         merges=sum(sum((r.get("applied") or {}).values()) for r in rounds),
-        late_actions=sorted(x["action"] for r in [*rounds, final] for x in (r.get("late") or []))
-        + sorted(x["action"] for x in late),
+        late_actions=dict(
+            sorted(
+                Counter(
+                    x["action"]
+                    for x in [*(y for r in [*rounds, final] for y in r.get("late") or []), *late]
+                ).items()
+            )
+        ),
         late_settled=sum(len(r.get("late") or []) for r in rounds)
         + len(final.get("late") or [])
         + len(late),
@@ -1045,7 +1086,9 @@ def run_kills(
             _wait_line(p, "apply")
             time.sleep(rng.uniform(0, window * 1.2))
             alive = p.poll() is None
-            os.kill(p.pid, signal.SIGKILL)
+            if alive:
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                    os.kill(p.pid, signal.SIGKILL)
         except RuntimeError as e:
             res["broken"].append({"kill": k, "why": [str(e)[:300]]})
             p.kill()
