@@ -636,3 +636,27 @@ def test_lines_appended_during_a_pass_are_carried_into_the_file_written(tmp_path
     path.write_text(path.read_text().replace("appended by hand", "edited by hand"))
     with pytest.raises(ValueError, match="changed since it was read"):
         src.apply(plan2, dry_run=False)
+
+
+def test_lines_appended_without_a_vector_are_embedded_by_the_model_of_the_others(tmp_path):
+    """A file whose rows carry vectors, then an agent's text-only line: with an embedder of
+    the same width only that line is embedded (the others keep their vectors exactly);
+    an embedder of another width is refused, naming the line and the widths."""
+    path = tmp_path / "m.jsonl"
+    path.write_text(
+        '{"id": "a", "text": "one", "vector": [0.0, 0.0, 0.0, 1.0]}\n'
+        '{"id": "b", "text": "two", "vector": [0.0, 0.0, 1.0, 0.0]}\n'
+        '{"id": "c", "text": "appended by an agent"}\n'
+    )
+    got = read_memories(path, embedder=_Stub()).records
+    v = dict(zip(got.meta["id"], got.vectors, strict=True))
+    assert v["a"].tolist() == [0.0, 0.0, 0.0, 1.0] and v["b"].tolist() == [0.0, 0.0, 1.0, 0.0]
+    want = np.array([1.1, 0.1, 0.1, 0.1], np.float32)
+    assert np.allclose(v["c"], want / np.linalg.norm(want))
+
+    class Wide:
+        def encode(self, texts):
+            return np.ones((len(texts), 8), np.float32)
+
+    with pytest.raises(ValueError, match=r"m.jsonl line 3: no vector, and the embedder gives 8 "):
+        read_memories(path, embedder=Wide())

@@ -20,7 +20,9 @@ the colon):
 
 ``last_pass``, ``keep_apart``, ``derived_from`` and ``text_hash`` round-trip an export;
 other columns are ignored and listed in the report. Either every row has a vector (all of
-one length) or none has, and then the texts are embedded with the given embedder.
+one length), or the rows without one are embedded with the given embedder (all of them
+in a file without vectors; in a file with vectors, the lines an agent appended with text
+only, by the model that made the others: its width is checked).
 
 A generated id is ``"imp-"`` and 20 hex digits of SHA-256 over the namespace, the text and
 the number of earlier rows with the same two, so importing the same file twice is refused
@@ -438,34 +440,48 @@ def _check_rows(
 def _vectors_or_embed(
     rows: list[dict[str, Any]], lines: list[int] | None, p: Path, embedder: Any
 ) -> bool:
-    """Every row's vector: as given, or (when no row has one) embedded by ``embedder``;
-    returns whether the texts were embedded.
+    """Every row's vector: as given, or embedded by ``embedder`` for the rows without one
+    (all of them, or the lines an agent appended with text only to a file whose other rows
+    carry vectors: the embedder must be the model that made those, and its width is
+    checked); returns whether any text was embedded.
 
     Raises:
-        ValueError: some rows have vectors and some do not, or none has and there is no
-            embedder; an embedder's input error named by record id and line.
+        ValueError: rows without a vector and no embedder; an embedder whose width is not
+            the other rows' (named by record id and line); an embedder's input error
+            named by record id and line.
     """
     has = np.array([r.get("vector") is not None for r in rows])
     if has.all():
         return False
-    if has.any():
-        k = int(np.flatnonzero(~has)[0])
-        raise ValueError(
-            f"{_where(p, k, lines)}: no vector, while {int(has.sum())} other "
-            f"rows have one (either every row has a vector or none has)"
-        )
+    todo = np.flatnonzero(~has)
     if embedder is None:
+        if has.any():
+            raise ValueError(
+                f"{_where(p, int(todo[0]), lines)}: no vector, while {int(has.sum())} other "
+                f"rows have one; give an embedder (the model that embedded the others) to "
+                f"embed the rows without one"
+            )
         raise ValueError(f"{p}: no row has a vector; give an embedder to embed the texts")
     from ..embed import EmbedInputError, name_embed_error
 
     try:
-        vecs = np.asarray(embedder.encode([r["text"] for r in rows]), dtype=np.float32)
+        vecs = np.asarray(embedder.encode([rows[k]["text"] for k in todo]), dtype=np.float32)
     except EmbedInputError as e:
         raise name_embed_error(
-            e, [f"{r['id']!r} ({_where(p, k, lines)})" for k, r in enumerate(rows)]
+            e, [f"{rows[k]['id']!r} ({_where(p, int(k), lines)})" for k in todo]
         ) from None
-    for r, v in zip(rows, vecs, strict=True):
-        r["vector"] = v
+    if has.any():
+        k0 = int(np.flatnonzero(has)[0])
+        width = len(rows[k0]["vector"])
+        if vecs.shape[1] != width:
+            k = int(todo[0])
+            raise ValueError(
+                f"{_where(p, k, lines)}: no vector, and the embedder gives {vecs.shape[1]} "
+                f"dimensions where the file's vectors have {width} (row "
+                f"{rows[k0]['id']!r}): embed with the model that made them"
+            )
+    for k, v in zip(todo, vecs, strict=True):
+        rows[int(k)]["vector"] = v
     return True
 
 
