@@ -340,6 +340,11 @@ class SourceConfig:
             ``tombstones.parquet`` in the journal folder, see
             :class:`~consolidate.sources.files.FileSource`) or ``all`` (live memories and
             tombstones in the file).
+        expect_plan: with ``apply``, apply only if the plan made now has this id (or
+            starts with it, 4 characters at least): the id a dry run printed. The apply
+            reads and plans again; when an agent changed the source since the dry run the
+            plan differs, nothing is written and the run says so (``null``: apply the plan
+            made now).
     """
 
     kind: str = "store"
@@ -358,6 +363,7 @@ class SourceConfig:
     state_dir: str | None = None
     allow_empty: bool = False
     write: str = "live"
+    expect_plan: str | None = None
 
 
 @dataclass

@@ -243,7 +243,9 @@ def _external_run(
     if out_dir is None:
         out_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else "outputs"
     t = time.perf_counter()
-    plan, rep = _plan_and_apply(source, snap, res.records, pc.dry_run or not src.apply, out_dir)
+    plan, rep = _plan_and_apply(
+        source, snap, res.records, pc.dry_run or not src.apply, out_dir, src.expect_plan
+    )
     res.stats.time_s["load"] = round(t_load, 4)
     res.stats.time_s["commit"] = round(time.perf_counter() - t, 4)
     events = _write_plan_files(out_dir, res.events, plan, rep)
@@ -298,11 +300,36 @@ def _read_source(source: Any, name: str, src: Any) -> tuple[Any, Any, int]:
 
 
 def _plan_and_apply(
-    source: Source, snap: Any, records: Any, dry: bool, out_dir: str
+    source: Source,
+    snap: Any,
+    records: Any,
+    dry: bool,
+    out_dir: str,
+    expect: str | None = None,
 ) -> tuple[Any, Any]:
     """The source's plan for the pass's ``records`` and its apply (``dry``: a dry run; a
-    memory file's dry run writes ``consolidated.<suffix>`` into ``out_dir``)."""
+    memory file's dry run writes ``consolidated.<suffix>`` into ``out_dir``).
+
+    Raises:
+        ValueError: an apply whose plan is not ``expect`` (the dry run's plan id): the
+            source changed since; nothing written (the plan goes to ``out_dir``).
+    """
     plan = source.plan(snap, records)
+    if expect is not None and not dry:
+        from .sources.common import ApplyReport
+
+        e = str(expect).strip()
+        if len(e) < 4:
+            raise ValueError(f"source.expect_plan={e}: give 4 characters of the plan id at least")
+        if not plan.plan_id.startswith(e):
+            _write_plan_files(out_dir, [], plan, ApplyReport(dry_run=True))
+            units = ", ".join(f"{n} {k}" for k, n in sorted(plan.counts().items()))
+            raise ValueError(
+                f"source.expect_plan={e}: the plan made now is {plan.plan_id[:12]} "
+                f"({units or 'no units'}; {out_dir}/plan.json): the source changed since the "
+                f"dry run, nothing written; review that plan, then apply it with "
+                f"source.expect_plan={plan.plan_id[:12]}"
+            )
     return plan, source.apply(plan, dry_run=dry, out_dir=out_dir)
 
 

@@ -340,14 +340,18 @@ def test_the_consolidate_job_on_a_pgvector_table(pg, tmp_path):
     text = format_summary(s)
     assert "store            pgvector table mem_e" in text
     assert "would apply" in text and "source.apply=true writes it" in text
-    s2 = job("source.apply=true")
+    # an apply bound to another plan than the one made now writes nothing
+    with pytest.raises(ValueError, match=r"source.expect_plan=ffff0000: the plan made now is "):
+        job("source.apply=true", "source.expect_plan=ffff0000")
+    assert table_rows(pg, "mem_e") == before
+    s2 = job("source.apply=true", f"source.expect_plan={s['external']['plan_id'][:8]}")
     assert not s2["dry_run"] and s2["external"]["applied"] == s2["external"]["units"]
     after = table_rows(pg, "mem_e")
     assert len(after) == len(before) + s2["external"]["units"]["merge"]
     assert sum(v[1] for v in after.values()) == sum(
         s2["stats"][k] for k in ("merged_members", "dropped_floor", "dropped_cap")
     )
-    plan = json.loads((tmp_path / "run1" / "plan.json").read_text())
+    plan = json.loads((tmp_path / "run2" / "plan.json").read_text())
     u = next(u for u in plan["units"] if u["kind"] == "merge")
     # times as ISO 8601 UTC: the members retired at the pass's wall clock (now)
     import pandas as pd
@@ -355,7 +359,7 @@ def test_the_consolidate_job_on_a_pgvector_table(pg, tmp_path):
     gone = pd.Timestamp(u["retire"][0]["deleted_at"])
     assert gone.tzinfo is not None and abs(pd.Timestamp.now(tz="UTC") - gone).total_seconds() < 600
     assert pd.Timestamp(u["insert"]["created_at"]).tzinfo is not None
-    events = (tmp_path / "run1" / "events.jsonl").read_text().splitlines()
+    events = (tmp_path / "run2" / "events.jsonl").read_text().splitlines()
     assert sum(json.loads(e)["op"] == "merge" for e in events) == s2["stats"]["merges"]
     with pytest.raises(ValueError, match="unknown key"):
         job("+source.columns.colour=x")
