@@ -21,7 +21,14 @@ def format_summary(s: dict[str, Any]) -> str:
             f"checksum or the write rules; each named in summary.json)"
         )
     if not s.get("ran"):
-        lines.append("pass             skipped (nothing to do; sleep.force=true to run anyway)")
+        tr = s.get("trigger") or {}
+        if tr.get("fired") or tr.get("forced"):
+            lines.append("pass             skipped (no memories to pass)")
+        else:
+            lines.append(
+                "pass             skipped (the trigger above did not fire; "
+                "sleep.force=true runs anyway)"
+            )
     else:
         st = s["stats"]
         lines.append(f"{'stage':<17}{'result':<44}time_s")
@@ -133,8 +140,9 @@ def _external_lines(s: dict[str, Any]) -> list[str]:
         acts: dict[str, int] = {}
         for x in g["late"]:
             acts[x["action"]] = acts.get(x["action"], 0) + 1
+        n = len(g["late"])
         lines.append(
-            f"{'late writes':<17}{len(g['late'])} units of earlier applies written since: "
+            f"{'late writes':<17}{n} unit{'' if n == 1 else 's'} of earlier applies written since: "
             + ", ".join(f"{n} {a}" for a, n in sorted(acts.items()))
             + " (listed in plan.json)"
         )

@@ -334,3 +334,10 @@ def test_undo_by_merge_and_plan_prefix_twice_and_no_merge_again(memory):
     assert rep.applied == {"merge": 3} and (src.journal.dir / "applied.jsonl").exists()
     assert len(live(src)) == len(before) - sum(len(u["ids"]) - 1 for u in plan.units)
     check_undo(src, before, plan, drops=False)
+    # Mem0's history tells the restore: a deleted member's last event is an ADD again
+    for u in plan.units:
+        for i in u["ids"]:
+            if i != u["keep"]:
+                hist = memory.history(i)
+                assert [h["event"] for h in hist[-2:]] == ["DELETE", "ADD"]
+                assert hist[-1]["new_memory"] == before[i]

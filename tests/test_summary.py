@@ -115,8 +115,10 @@ def test_unchanged_skipped_fleet_and_external_lines():
     )
     assert not any(x.startswith("written") or x.startswith("undo") for x in out)
     s["ran"] = False
+    assert format_summary(s).splitlines()[-2] == "pass             skipped (no memories to pass)"
+    s["trigger"] = {**s["trigger"], "fired": False}
     assert format_summary(s).splitlines()[-2] == (
-        "pass             skipped (nothing to do; sleep.force=true to run anyway)"
+        "pass             skipped (the trigger above did not fire; sleep.force=true runs anyway)"
     )
 
 

@@ -105,7 +105,15 @@ def run_undo(cfg: DictConfig) -> dict[str, Any]:
         rep = source.undo(target)
         return {"source": name, **vars(rep)}
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
-    store, _ = open_store(cfg, build=False)
+    from ..store import StoreNotFoundError
+
+    try:
+        store, _ = open_store(cfg, build=False)
+    except StoreNotFoundError as e:
+        raise StoreNotFoundError(
+            f"{e}; to undo on an external source, give the run's source settings too "
+            f"(source=jsonl|lance|mem0|pgvector source.path=... or source.dsn=...)"
+        ) from None
     log_file = _pass_changelog(target, store)
     if log_file is not None:
         return _undo_pass(store, scfg, target, log_file)

@@ -479,6 +479,8 @@ class LanceTable:
             late = reconcile(self, False)
             rep = self._apply_locked(plan, retries)
             rep.late = late + reconcile(self, False)
+        if rep.version is None and any(x["action"] in ("carried", "undone") for x in rep.late):
+            rep.version = self._open().version  # only the late writes' version was written
         return rep
 
     def _apply_locked(self, plan: LancePlan, retries: int) -> LanceApplyReport:

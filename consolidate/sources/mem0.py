@@ -94,6 +94,23 @@ def _hours(ts: Any) -> float | None:
     return None if ts is None or ts == "" else hours_from_datetime(ts)
 
 
+def _history_add(memory: Any, i: str, payload: dict[str, Any]) -> None:
+    """An ADD in Mem0's history for a memory put back with its id (Mem0's API cannot add
+    with a given id, so the vector store is written directly and its history told here)."""
+    from datetime import datetime, timezone
+
+    memory.db.add_history(
+        i,
+        None,
+        payload.get("data"),
+        "ADD",
+        created_at=payload.get("created_at"),
+        updated_at=datetime.now(timezone.utc).isoformat(),
+        actor_id=payload.get("actor_id"),
+        role=payload.get("role"),
+    )
+
+
 class Mem0Source:
     """A Mem0 ``Memory`` the pass reads from and applies merges to.
 
@@ -394,8 +411,8 @@ class Mem0Source:
         ``Memory.update`` (an UPDATE in Mem0's history), then its old payload and vector
         exactly; one an agent changed since the apply keeps the agent's text (reported).
         A deleted member is inserted again with its id, payload and vector (Mem0's API
-        cannot add with a given id, so its history shows no ADD; the journal is the
-        record); one that exists already is left as it is. An undone unit is recorded:
+        cannot add with a given id: the vector store is written directly and an ADD put in
+        Mem0's history); one that exists already is left as it is. An undone unit is recorded:
         undoing it again does nothing.
 
         Raises:
@@ -442,6 +459,7 @@ class Mem0Source:
                         continue
                     else:
                         vs.insert(vectors=[r["vector"]], payloads=[r["payload"]], ids=[r["id"]])
+                        _history_add(self.m, r["id"], r["payload"])
                     back.append(r["id"])
                 out[u["key"]] = {"restored": back, "notes": notes}
             return out

@@ -38,6 +38,13 @@ from .late import LateWrite
 if TYPE_CHECKING:
     from .mem0 import Mem0Plan, Mem0Source
 
+
+def _history_add(memory: Any, i: str, payload: dict[str, Any]) -> None:
+    from .mem0 import _history_add as add
+
+    add(memory, i, payload)
+
+
 __all__ = ["apply_unit", "reconcile", "recover"]
 
 
@@ -183,6 +190,7 @@ def roll_back(
             payload.update(data=texts[i], hash=_md5(texts[i]), updated_at=_now())
             vec = src.m.embedding_model.embed(texts[i], "update")
         vs.insert(vectors=[vec], payloads=[payload], ids=[i])
+        _history_add(src.m, i, payload)
         back.append(i)
     src.journal.record_undone(plan_id, unit, back, why=why)
     return back

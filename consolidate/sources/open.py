@@ -93,7 +93,13 @@ def _open_mem0(src: Any, embedder: Callable[[], Any] | None) -> tuple[Any, str]:
     """``source=mem0``: a Mem0 ``Memory`` built from ``source.mem0``; a local Qdrant folder is
     checked (missing, locked) before Mem0 loads its embedding model."""
     os.environ.setdefault("MEM0_TELEMETRY", "False")
+    import logging
+
     from .mem0 import Mem0Source
+
+    # Mem0 logs each update at INFO and warns of optional extras the pass does not use
+    # (BM25 search, spaCy): the job's output keeps to its own lines and Mem0's errors
+    logging.getLogger("mem0").setLevel(logging.ERROR)
 
     if not src.mem0:
         raise ValueError("source=mem0 needs source.mem0 (Memory.from_config's config)")
@@ -131,7 +137,7 @@ def _open_mem0(src: Any, embedder: Callable[[], Any] | None) -> tuple[Any, str]:
             src.state_dir,
             drops=src.drops,
         ),
-        "mem0 store",
+        f"mem0 store {local or _plain(src.mem0).get('vector_store', {}).get('provider', '')}".strip(),
     )
 
 
