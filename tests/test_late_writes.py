@@ -4,6 +4,7 @@ bookkeeping (last use, strength, importance, pin) is carried into the merged row
 write undoes the unit with the write kept and without keeping the members apart. Against a
 real PostgreSQL 18 + pgvector server and real Lance datasets."""
 
+import numpy as np
 import pytest
 
 from consolidate.config import PassConfig, SimilarityConfig
@@ -422,3 +423,49 @@ def test_lance_an_apply_killed_after_its_commit_is_recorded_by_the_next_run(tmp_
     assert p["plan_id"] == plan.plan_id and all(u["digests"] for u in p["units"])
     rep = src.undo(plan.plan_id[:8])
     assert sorted(rep.undone) == sorted(u["key"] for u in plan.units)
+
+
+# ------------------------------------------------------------------ memory files
+def test_a_line_appended_with_a_retired_id_undoes_its_merge(tmp_path):
+    """After an apply, an agent appends a line with the id of a merged member (its new
+    text): the next run's read undoes that merge (the merged memory retired as "undone",
+    the other members live again, nothing kept apart), the dry run says it would, the apply
+    says it did and records the unit undone, and a user's undo of the plan finds it undone
+    already."""
+    import json
+
+    from consolidate.sources.files import FileSource, append_memories, read_memories
+
+    path = tmp_path / "m.jsonl"
+    rows = random_rows(30, DIM, namespaces=1, dup_frac=0.3, noise=0.01, seed=7, t0=WALL - 1)
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps({**r, "vector": r["vector"].tolist()}) + "\n")
+    src = FileSource(path, write="live")  # the job's default: tombstones beside the file
+    snap = src.read()
+    res = run_pass(
+        snap.records, cfg=PassConfig(force=True, floor=0.0), sim_cfg=SimilarityConfig(device="cpu"),
+        version=1, wall_h=WALL,
+    )  # fmt: skip
+    plan = src.plan(snap, res.records)
+    src.apply(plan, dry_run=False)
+    u = next(x for x in plan.units if x["kind"] == "merge")
+    a, b = u["ids"][:2]
+    vec = next(r["vector"] for r in rows if r["id"] == b)
+    append_memories(path, [{"id": b, "text": "an agent's new words", "vector": vec}])
+    snap2 = src.read()
+    assert [(x["unit"], x["rows"], x["action"]) for x in snap2.late] == [(u["key"], [b], "undone")]
+    m = snap2.records.meta.set_index("id")
+    assert m.at[u["key"], "deleted_reason"] == "undone"
+    assert np.isnan(m.at[a, "deleted_at"]) and m.at[b, "text"] == "an agent's new words"
+    assert not len(m.at[a, "keep_apart"])
+    plan2 = src.plan(snap2, snap2.records)
+    dry = src.apply(plan2, out_dir=tmp_path / "out")
+    assert [x["action"] for x in dry.late] == ["would undo"]
+    rep = src.apply(plan2, dry_run=False)
+    assert [x["action"] for x in rep.late] == ["undone"]
+    back = read_memories(path).records.meta.set_index("id")
+    assert a in back.index and back.at[b, "text"] == "an agent's new words"
+    assert src.journal.undone()[(plan.plan_id, u["key"])]["why"] == "late write"
+    assert src.read().late == []
+    assert u["key"] in src.undo(plan.plan_id).already

@@ -504,7 +504,7 @@ class JsonlRig(Rig):
         from consolidate.sources.files import FileSource
 
         src = FileSource(self.spec["path"])
-        m = src._read_all().records.meta
+        m = src._read_all().records.meta  # the file and its tombstones
         return [
             {
                 "id": r.id,

@@ -502,6 +502,7 @@ class FileSnapshot:
     scope: np.ndarray
     extra: Any = None
     size: int | None = None
+    late: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -522,6 +523,7 @@ class FilePlan(Plan):
     sha256: str = ""
     extra: Any = None
     size: int | None = None
+    late: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -599,7 +601,11 @@ class FileSource:
 
     def _read_all(self) -> FileImport:
         """The file's memories joined with the tombstone sidecar's (ids live in the file
-        win; a sidecar's rows of ids the file holds as tombstones too are left out)."""
+        win; a sidecar's rows of ids the file holds as tombstones too are left out). The
+        sidecar tombstones whose id the file holds live again (an agent appended a line
+        with a retired id) are kept in ``self._revived`` (id, merged_into,
+        deleted_reason) for :meth:`_settle_revived`."""
+        self._revived = pd.DataFrame(columns=["id", "merged_into", "deleted_reason"])
         got = read_memories(self.path, namespace=self.namespace, embedder=self.embedder)
         if not self.tombstones.exists():
             return got
@@ -608,6 +614,10 @@ class FileSource:
         )
         extra_rows = side.records.meta["id"].isin(set(got.records.meta["id"])).to_numpy()
         more = side.records.mask(~extra_rows)
+        sm = side.records.meta
+        live_ids = set(got.records.meta["id"][got.records.live_mask()])
+        hit = extra_rows & sm["id"].isin(live_ids).to_numpy()
+        self._revived = sm.loc[hit, ["id", "merged_into", "deleted_reason"]].reset_index(drop=True)
         if not len(more):
             return got
         if more.dim != got.records.dim:
@@ -640,12 +650,60 @@ class FileSource:
             time.sleep(0.01 * (attempt + 1))
         else:
             raise ValueError(f"{self.path} kept changing while it was read (20 tries): run again")
-        recs = with_keep_apart(got.records, self.journal.keep_apart(), self.journal.kept())
+        recs, late = self._settle_revived(got.records)
+        recs = with_keep_apart(recs, self.journal.keep_apart(), self.journal.kept())
         ns = recs.meta["namespace"]
         scope = (
             np.ones(len(ns), bool) if namespaces is None else ns.isin(list(namespaces)).to_numpy()
         )
-        return FileSnapshot(recs, digest, scope, got.extra, size)
+        return FileSnapshot(recs, digest, scope, got.extra, size, late)
+
+    def _settle_revived(self, recs: Records) -> tuple[Records, list[dict[str, Any]]]:
+        """Late writes on a memory file: a line an agent appended with the id of a memory
+        an apply retired makes it live again (the file's live row wins over the sidecar's
+        tombstone). As on the other sources (:mod:`consolidate.sources.late`) its unit is
+        undone, in the records the pass gets: the merged memory retired (``undone``), its
+        other members live again, nothing kept apart; a revived drop is live already.
+        Returns the records and the units (``LateWrite`` dicts, action ``undone``; the
+        apply records them in the journal)."""
+        from ..store.schema import hours_now
+        from .late import LateWrite
+
+        rv = getattr(self, "_revived", None)
+        if rv is None or not len(rv):
+            return recs, []
+        meta = recs.meta.copy()
+        ids = meta["id"].to_numpy(object)
+        live = recs.live_mask()
+        into = meta["merged_into"].to_numpy(object)
+        reason = meta["deleted_reason"].to_numpy(object)
+        key_of = {str(u["key"]): p["plan_id"] for p in self.journal.plans() for u in p["units"]}
+        out: dict[str, LateWrite] = {}
+        for i, m, why in rv.itertuples(index=False):
+            key = m if isinstance(m, str) and why == "merged" else i
+            lw = out.setdefault(
+                key,
+                LateWrite(key_of.get(key, ""), key, "merge" if key != i else "drop", []),
+            )
+            lw.rows.append(i)
+        now = hours_now()
+        for key, lw in out.items():
+            lw.columns, lw.action = ["live"], "undone"
+            if lw.kind == "drop":
+                lw.why = "a dropped row was written"
+                continue
+            at = np.flatnonzero(ids == key)
+            if not len(at) or not live[at[0]]:
+                lw.action, lw.why = "left", f"the merged memory {key} is not live"
+                continue
+            back = np.flatnonzero((into == key) & (reason == "merged") & ~live)
+            meta.loc[back, "deleted_at"] = np.nan
+            meta.loc[back, "deleted_reason"] = None
+            meta.loc[back, "merged_into"] = None
+            meta.loc[at, "deleted_at"] = now
+            meta.loc[at, "deleted_reason"] = "undone"
+            lw.why = "a retired member's id was appended live"
+        return Records(meta, recs.vectors, origin=recs.origin), [x.as_dict() for x in out.values()]
 
     def records(self, snap: FileSnapshot) -> Records:
         """The pass's input: the memories of the namespaces read."""
@@ -695,6 +753,7 @@ class FileSource:
             sha256=snap.sha256,
             extra=extra,
             size=snap.size,
+            late=list(snap.late),
         )
 
     def apply(
@@ -718,7 +777,11 @@ class FileSource:
             )
             target.parent.mkdir(parents=True, exist_ok=True)
             write_records_file(plan.content, target, extra=plan.extra)
-            return FileApplyReport(True, plan.counts(), written=str(target))
+            rep = FileApplyReport(True, plan.counts(), written=str(target))
+            rep.late = [
+                x | {"action": "would undo"} if x["action"] == "undone" else x for x in plan.late
+            ]
+            return rep
         with self.journal.locked():  # a writer using append_memories waits
             self._recover()
 
@@ -738,13 +801,25 @@ class FileSource:
             )
             self.journal.record_apply(plan.plan_id, plan.units)
             self.journal.done()
-        return FileApplyReport(
+            self._record_late(plan.late)
+        rep = FileApplyReport(
             False,
             plan.counts(),
             written=str(self.path.resolve()),
             backup=backup,
             carried=carried,
         )
+        rep.late = list(plan.late)
+        return rep
+
+    def _record_late(self, late: list[dict[str, Any]]) -> None:
+        """Record in the journal the units an apply undid for late writes (the file now
+        holds them undone): ``why`` a late write, nothing kept apart."""
+        units = {(p["plan_id"], str(u["key"])): u for p in self.journal.plans() for u in p["units"]}
+        for x in late:
+            u = units.get((x["plan_id"], str(x["unit"])))
+            if x["action"] == "undone" and u is not None:
+                self.journal.record_undone(x["plan_id"], u, list(u["ids"]), why="late write")
 
     def _recover(self) -> None:
         """Record the apply a killed run left in flight (``pending.json``: the plan and the
