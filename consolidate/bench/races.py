@@ -26,9 +26,11 @@ write is looked for:
 A write the source refused to the agent (Mem0's update of a memory the pass deleted)
 is counted as refused, not lost: the agent saw the error.
 
-**Kills.** ``--kills`` times: a fresh copy of the store, a child process that reads,
-passes, plans, saves the plan and applies; it is killed with SIGKILL at a uniform random
-time within its apply (calibrated by one run to the end). The copy is *intact* when,
+**Kills.** Until ``--kills`` kills have landed inside an apply (at most twice as many
+tries): a fresh copy of the store, a child process that reads, passes, plans, saves the
+plan and applies; it is killed with SIGKILL at a uniform random time within the length of
+an apply (calibrated by one run to the end; a kill that comes after the apply ended is
+counted apart, and its copy checked too). The copy is *intact* when,
 after the next run's recovery: no memory is lost (every base id live, or retired into a
 live row, or held by the undo journal of a unit that applied), every unit of the plan
 applied whole or not at all, a new pass applies without error, and undoing every applied
@@ -1078,13 +1080,17 @@ def run_kills(
         "broken": [],
     }
     t0 = time.perf_counter()
-    for k in range(args.kills):
+    k = -1
+    # --kills counts the kills that land inside an apply (the process still running); a
+    # kill that lands after the apply ended counts apart (up to as many again)
+    while res["before_end"] < args.kills and k + 1 < 2 * args.kills:
+        k += 1
         rig = rig_cls(base_rig.clone(root / f"k{k:03d}"))
         pf = root / f"k{k:03d}.plan.json"
         p = _child(rig, pf)
         try:
             _wait_line(p, "apply")
-            time.sleep(rng.uniform(0, window * 1.2))
+            time.sleep(rng.uniform(0, window))
             alive = p.poll() is None
             if alive:
                 with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
