@@ -259,9 +259,70 @@ def _carried(t: LanceTable, f: _Unit) -> dict[str, Any]:
     return row
 
 
+def _changes(
+    t: LanceTable, ds: Any, found: list[_Unit]
+) -> tuple[dict[str, Any], pa.Table, np.ndarray, list[dict], list[dict]]:
+    """What settling ``found`` writes on ``ds``: ``(undo outcomes by key, rows to write,
+    addresses to retire, the carried units' journal entries, the undone ones')``.
+
+    Raises:
+        LanceSourceError: a carried row does not fit the dataset's schema.
+    """
+    from .lance_table import LanceSourceError
+
+    carry = [f for f in found if f.action == "carry"]
+    undo = [f for f in found if f.action == "undo"]
+    try:
+        add = pa.Table.from_pylist([_carried(t, f) for f in carry], schema=ds.schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+        raise LanceSourceError(
+            f"{t.path}: a carried row does not fit the schema ({e}); nothing written"
+        ) from None
+    outs, table, gone = t._undo_changes(
+        ds, [f.unit for f in undo], keep={f.unit["key"] for f in undo if f.written}
+    )
+    gone = np.concatenate(
+        [gone, np.asarray([int(f.merged["_rowaddr"]) for f in carry if f.merged], np.uint64)]
+    )
+    skip = _skip(t)
+    done_carry = [
+        {
+            "plan_id": f.plan_id,
+            "unit": f.unit,
+            "digests": {i: row_digest(_plain(r), skip) for i, (r, _) in f.late.items()},
+            "read_version": ds.version,
+        }
+        for f in carry
+    ]
+    done_undo = [
+        {"plan_id": f.plan_id, "unit": f.unit, "restored": outs[f.unit["key"]]}
+        for f in undo
+        if not isinstance(outs.get(f.unit["key"]), str)
+    ]
+    return outs, pa.concat_tables([table, add]), gone, done_carry, done_undo
+
+
+def _report(found: list[_Unit], outs: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each unit's :class:`LateWrite` as done: carried, undone, or left (why)."""
+    for f in found:
+        assert f.report is not None
+        got = outs.get(f.unit["key"]) if f.action == "undo" else None
+        if isinstance(got, str):
+            f.report.action, f.report.why = "left", got
+        elif f.action == "carry":
+            f.report.action = "carried"
+        else:
+            f.report.action = "undone"
+            if f.written:
+                f.report.why += "; the merged row was written since too: it stays live"
+    return [f.report.as_dict() for f in found if f.report is not None]
+
+
 def reconcile(t: LanceTable, dry_run: bool, retries: int = 10) -> list[dict[str, Any]]:
     """Find and settle the dataset's late writes, under the caller's journal lock (see the
-    module docstring); returns :meth:`LateWrite.as_dict` per unit.
+    module docstring): one new version, ``pending.json`` written before its commit; a
+    commit that loses a race with another writer is tried again from the newest version.
+    Returns :meth:`LateWrite.as_dict` per unit (a dry run: what it would do).
 
     Raises:
         LanceSourceError: the dataset cannot be read, or the commit failed.
@@ -282,35 +343,7 @@ def reconcile(t: LanceTable, dry_run: bool, retries: int = 10) -> list[dict[str,
                 assert f.report is not None
                 f.report.action = f"would {f.action}"
             return [f.report.as_dict() for f in found if f.report is not None]
-        carry = [f for f in found if f.action == "carry"]
-        undo = [f for f in found if f.action == "undo"]
-        try:
-            add = pa.Table.from_pylist([_carried(t, f) for f in carry], schema=ds.schema)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
-            raise LanceSourceError(
-                f"{t.path}: a carried row does not fit the schema ({e}); nothing written"
-            ) from None
-        outs, table, gone = t._undo_changes(
-            ds, [f.unit for f in undo], keep={f.unit["key"] for f in undo if f.written}
-        )
-        gone = np.concatenate(
-            [gone, np.asarray([int(f.merged["_rowaddr"]) for f in carry if f.merged], np.uint64)]
-        )
-        done_undo = [
-            {"plan_id": f.plan_id, "unit": f.unit, "restored": outs[f.unit["key"]]}
-            for f in undo
-            if not isinstance(outs.get(f.unit["key"]), str)
-        ]
-        skip = _skip(t)
-        done_carry = [
-            {
-                "plan_id": f.plan_id,
-                "unit": f.unit,
-                "digests": {i: row_digest(_plain(r), skip) for i, (r, _) in f.late.items()},
-                "read_version": ds.version,
-            }
-            for f in carry
-        ]
+        outs, table, gone, done_carry, done_undo = _changes(t, ds, found)
         wid = uuid.uuid4().hex
         t.journal.begin(
             {
@@ -325,7 +358,7 @@ def reconcile(t: LanceTable, dry_run: bool, retries: int = 10) -> list[dict[str,
             new = commit_update(
                 str(t.path),
                 ds,
-                pa.concat_tables([table, add]),
+                table,
                 gone,
                 {"consolidate.write": wid, "consolidate.late": str(len(found))},
             )
@@ -338,16 +371,5 @@ def reconcile(t: LanceTable, dry_run: bool, retries: int = 10) -> list[dict[str,
             raise LanceSourceError(f"{t.path}: the late-write commit failed ({why})") from None
         _record_late(t, new, done_carry, done_undo)
         t.journal.done()
-        for f in found:
-            assert f.report is not None
-            got = outs.get(f.unit["key"]) if f.action == "undo" else None
-            if isinstance(got, str):
-                f.report.action, f.report.why = "left", got
-            elif f.action == "carry":
-                f.report.action = "carried"
-            else:
-                f.report.action = "undone"
-                if f.written:
-                    f.report.why += "; the merged row was written since too: it stays live"
-        return [f.report.as_dict() for f in found if f.report is not None]
+        return _report(found, outs)
     raise AssertionError("unreachable")
