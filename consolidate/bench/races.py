@@ -1130,12 +1130,19 @@ def _server(root: Path) -> Any:
 
 def report(results: dict[str, Any], args: Any) -> str:
     """The report's markdown."""
+    a0 = results["args"]  # the first run's (a run with --add keeps them)
     lines = [
         "# Races and kills against every source",
         "",
-        f"`python -m consolidate.bench.races --sources {args.sources} --writers {args.writers} "
-        f"--ops {args.ops} --kills {args.kills} --rows {args.rows}`; {results['started']}, "
-        f"git {results['git']}, {results['cpus']} CPUs.",
+        f"`python -m consolidate.bench.races --sources {a0['sources']} --writers "
+        f"{a0['writers']} --ops {a0['ops']} --kills {a0['kills']} --rows {a0['rows']}`; "
+        f"{results['started']}, git {results['git']}, {results['cpus']} CPUs.",
+        "",
+        *[
+            f"Added: `--sources {a['sources']}` on {a['started']} at git {a['git']} (those "
+            f"sources' rows below are from that run)."
+            for a in results.get("added", [])
+        ],
         "",
         "## Writers during passes and applies",
         "",
@@ -1186,6 +1193,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", default="", help="writers or kills")
     ap.add_argument("--out", default="eval/races")
     ap.add_argument("--keep", default="", help="a folder to build in and keep (debugging)")
+    ap.add_argument(
+        "--add",
+        action="store_true",
+        help="add to the results already in --out (these sources replaced, with this run's "
+        "git commit and time beside them)",
+    )
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -1199,6 +1212,11 @@ def main(argv: list[str] | None = None) -> int:
         "args": vars(args),
         "sources": {},
     }
+    if args.add and (out / "results.json").is_file():
+        first = json.loads((out / "results.json").read_text())
+        run = {k: results[k] for k in ("started", "git", "args")}
+        results = first
+        results.setdefault("added", []).append({**run, "sources": args.sources})
     rows = base_rows(args.rows)
     with tempfile.TemporaryDirectory(prefix="races-") as tmp:
         tmp_root = Path(args.keep) if args.keep else Path(tmp)

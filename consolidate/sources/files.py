@@ -640,16 +640,23 @@ class FileSource:
         Raises:
             FileNotFoundError, ValueError, InvalidRecordsError: see :func:`read_memories`.
         """
+        import contextlib
         import time
 
-        for attempt in range(20):  # an agent appending while the file is read: read again
-            digest, size = _digest(self.path)
-            got = self._read_all()
-            if _sha256(self.path) == digest:
-                break
-            time.sleep(0.01 * (attempt + 1))
-        else:
-            raise ValueError(f"{self.path} kept changing while it was read (20 tries): run again")
+        # agents appending through append_memories wait while the file is read (their lock
+        # folder exists once one has written); one appending otherwise: read again
+        lock = self.journal.locked() if self.journal.dir.is_dir() else contextlib.nullcontext()
+        with lock:
+            for attempt in range(20):
+                digest, size = _digest(self.path)
+                got = self._read_all()
+                if _sha256(self.path) == digest:
+                    break
+                time.sleep(0.01 * (attempt + 1))
+            else:
+                raise ValueError(
+                    f"{self.path} kept changing while it was read (20 tries): run again"
+                )
         recs, late = self._settle_revived(got.records)
         recs = with_keep_apart(recs, self.journal.keep_apart(), self.journal.kept())
         ns = recs.meta["namespace"]
