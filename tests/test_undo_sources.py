@@ -341,3 +341,5 @@ def test_the_undo_job_undoes_a_whole_pass_on_the_store(tmp_path):
         undo("changelog-77")
     with pytest.raises(UndoTargetError, match="no pass wrote version 1 or one before"):
         undo("v1")
+    with pytest.raises(UndoTargetError, match="has no version 99 "):
+        undo("v99")

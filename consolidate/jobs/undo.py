@@ -169,10 +169,16 @@ def _pass_changelog(target: str, store: Any) -> Any:
         n = int(m.group(1))
         if not hasattr(store, "versions"):
             return logs / f"changelog-{n:06d}.jsonl"
+        versions = store.versions()
+        newest = max((v["version"] for v in versions), default=0)
+        if n > newest:
+            raise UndoTargetError(
+                f"the store at {store.root} has no version {n} (newest: {newest})"
+            )
         passes = [
             v
-            for v in store.versions()
-            if v["version"] <= n and v.get("op") in ("pass", "undo") and v.get("changelog")
+            for v in versions
+            if v["version"] <= n and v.get("op") == "pass" and v.get("changelog")
         ]
         if not passes:
             raise UndoTargetError(f"no pass wrote version {n} or one before it in {store.root}")
