@@ -121,6 +121,22 @@ def _pass(records: Any) -> Any:
 
 
 # ------------------------------------------------------------------ rigs
+def _meta_rows(meta: Any) -> list[dict[str, Any]]:
+    """The rows of a records table (:class:`~consolidate.store.schema.Records` ``meta``) in
+    the harness's form: ``id, text, live, merged_into, last_used, strength``."""
+    return [
+        {
+            "id": r.id,
+            "text": r.text,
+            "live": not np.isfinite(r.deleted_at),
+            "merged_into": r.merged_into if isinstance(r.merged_into, str) else None,
+            "last_used": r.last_used,
+            "strength": r.strength,
+        }
+        for r in meta.itertuples()
+    ]
+
+
 class Rig:
     """One kind of source: how to build it, write to it as an agent, run a pass over it,
     read every row back, recover it and undo it. ``spec`` (JSON) is all a child process
@@ -507,17 +523,7 @@ class JsonlRig(Rig):
 
         src = FileSource(self.spec["path"])
         m = src._read_all().records.meta  # the file and its tombstones
-        return [
-            {
-                "id": r.id,
-                "text": r.text,
-                "live": not np.isfinite(r.deleted_at),
-                "merged_into": r.merged_into if isinstance(r.merged_into, str) else None,
-                "last_used": r.last_used,
-                "strength": r.strength,
-            }
-            for r in m.itertuples()
-        ]
+        return _meta_rows(m)
 
     def append(self, h: Any, ns: str, text: str, vec: np.ndarray) -> bool:
         from consolidate.sources.files import append_memories
@@ -571,17 +577,7 @@ class StoreRig(Rig):
 
     def rows(self) -> list[dict[str, Any]]:
         m = self.source().load().records.meta
-        return [
-            {
-                "id": r.id,
-                "text": r.text,
-                "live": not np.isfinite(r.deleted_at),
-                "merged_into": r.merged_into if isinstance(r.merged_into, str) else None,
-                "last_used": r.last_used,
-                "strength": r.strength,
-            }
-            for r in m.itertuples()
-        ]
+        return _meta_rows(m)
 
     def append(self, h: Any, ns: str, text: str, vec: np.ndarray) -> bool:
         s = self.source()
