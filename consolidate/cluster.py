@@ -33,10 +33,12 @@ Tie-breaking, so that results do not depend on row order: pairs are sorted by si
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 __all__ = ["ClusterResult", "centroid_clusters"]
 
@@ -71,6 +73,7 @@ def centroid_clusters(  # noqa: C901
     allow_conflicts: bool = False,
     conflict_class: Sequence[Hashable] | None = None,
     blocking: Callable[[str], bool] | None = None,
+    greedy_only: bool = False,
 ) -> ClusterResult:
     """Cluster items joined by pairs; see the module docstring for the rules.
 
@@ -88,6 +91,9 @@ def centroid_clusters(  # noqa: C901
             ``conflict`` answers (default: every item its own class).
         blocking: ``blocking(reason) -> bool``: conflicts that keep items apart even with
             ``allow_conflicts`` (e.g. an undone merge); default none.
+        greedy_only: run every pair through the pair-by-pair loop, without the
+            complete-component shortcut (:func:`_by_components`); the same result, slower
+            (the reference the tests compare the shortcut with).
 
     Returns:
         :class:`ClusterResult`.
@@ -109,38 +115,11 @@ def centroid_clusters(  # noqa: C901
     if conflict_class is not None:  # by position (a pandas Series would index by label)
         conflict_class = list(conflict_class)
     involved = np.unique(np.concatenate([i, j]))
+    args = (conflict, allow_conflicts, conflict_class, blocking, greedy_only)
     if involved.size < n:
-        return _on_paired_items(
-            involved,
-            i,
-            j,
-            sim,
-            vectors,
-            weights,
-            keys,
-            threshold,
-            conflict,
-            allow_conflicts,
-            conflict_class,
-            blocking,
-        )
-    degree = np.bincount(np.concatenate([i, j]), minlength=n)
-    isolated = (degree[i] == 1) & (degree[j] == 1)
-    if isolated.any():
-        return _with_isolated_pairs(
-            isolated,
-            i,
-            j,
-            sim,
-            vectors,
-            weights,
-            keys,
-            threshold,
-            conflict,
-            allow_conflicts,
-            conflict_class,
-            blocking,
-        )
+        return _on_paired_items(involved, i, j, sim, vectors, weights, keys, threshold, *args)
+    if not greedy_only and len(i):
+        return _by_components(i, j, sim, vectors, weights, keys, threshold, *args[:4])
     if conflict_class is None:
         cls = list(range(n))
     else:  # hashable classes -> small ints (cheap cache keys)
@@ -161,8 +140,7 @@ def centroid_clusters(  # noqa: C901
             x = parent[x]
         return x
 
-    rank = np.empty(n, dtype=np.int64)
-    rank[sorted(range(n), key=lambda x: keys[x])] = np.arange(n)
+    rank = key_ranks(keys)
     lo = np.minimum(rank[i], rank[j]) if len(i) else i
     hi = np.maximum(rank[i], rank[j]) if len(i) else j
     order = np.lexsort((hi, lo, -np.round(sim, 12)))
@@ -238,6 +216,17 @@ def centroid_clusters(  # noqa: C901
     return ClusterResult(labels, clusters, sorted(review.values()), rejected)
 
 
+def key_ranks(keys: Sequence[str]) -> np.ndarray:
+    """``int64 [n]``: the position of each of ``keys`` (distinct strings) in ascending order."""
+    rank = np.empty(len(keys), dtype=np.int64)
+    rank[np.argsort(np.asarray(keys, dtype=object), kind="stable")] = np.arange(len(keys))
+    return rank
+
+
+#: rows per chunk of the float64 centroid check (bounds its temporary arrays)
+_CHECK_ROWS = 1 << 15
+
+
 def _label_and_check(
     labels: np.ndarray,
     clusters: list[list[int]],
@@ -250,17 +239,68 @@ def _label_and_check(
     disagrees with the vectors, if it fails)."""
     if not clusters:
         return
-    flat = np.fromiter((x for m in clusters for x in m), np.int64)
     sizes = np.fromiter((len(m) for m in clusters), np.int64, len(clusters))
+    flat = np.fromiter((x for m in clusters for x in m), np.int64, int(sizes.sum()))
+    _label_and_check_flat(labels, flat, sizes, vectors, weights, threshold)
+
+
+def _label_and_check_flat(
+    labels: np.ndarray,
+    flat: np.ndarray,
+    sizes: np.ndarray,
+    vectors: np.ndarray,
+    weights: np.ndarray,
+    threshold: float,
+) -> None:
+    """:func:`_label_and_check` on clusters given as ``flat`` member positions
+    (``int64``, cluster after cluster) and their ``sizes``. The check runs in chunks of whole
+    clusters of about :data:`_CHECK_ROWS` rows, with ``torch.index_add_`` for the centroid
+    sums."""
+    if not len(sizes):
+        return
     starts = np.cumsum(sizes) - sizes
     labels[flat] = np.repeat(np.minimum.reduceat(flat, starts), sizes)
-    v64 = np.asarray(vectors)[flat].astype(np.float64)  # only the clustered rows
     w = np.asarray(weights, dtype=np.float64)[flat]
     w = w / np.repeat(np.maximum.reduceat(w, starts), sizes)
-    s = np.add.reduceat(w[:, None] * v64, starts)
-    s /= np.linalg.norm(s, axis=1, keepdims=True)
-    cos = (v64 * np.repeat(s, sizes, axis=0)).sum(1)
-    assert (cos >= threshold - 1e-9).all(), f"centroid condition violated: {cos.min()}"
+    vecs = np.asarray(vectors)
+    ends = np.cumsum(sizes)
+    c0, worst = 0, math.inf
+    while c0 < len(sizes):
+        # whole clusters up to about _CHECK_ROWS rows (at least one)
+        c1 = max(c0 + 1, int(np.searchsorted(ends, starts[c0] + _CHECK_ROWS, side="right")))
+        r0, r1 = int(starts[c0]), int(ends[c1 - 1])
+        seg = torch.from_numpy(np.repeat(np.arange(c1 - c0), sizes[c0:c1]))
+        v = torch.from_numpy(np.ascontiguousarray(vecs[flat[r0:r1]], dtype=np.float64))
+        s = torch.zeros((c1 - c0, v.shape[1]), dtype=torch.float64)
+        s.index_add_(0, seg, v * torch.from_numpy(w[r0:r1])[:, None])
+        s /= torch.linalg.vector_norm(s, dim=1, keepdim=True)
+        worst = min(worst, float((v * s[seg]).sum(1).min()))
+        c0 = c1
+    assert worst >= threshold - 1e-9, f"centroid condition violated: {worst}"
+
+
+def components(i: np.ndarray, j: np.ndarray, n: int) -> np.ndarray:
+    """``int64 [n]``: the connected component of each of ``n`` items under the edges
+    ``(i[e], j[e])``, labelled by its smallest item.
+
+    Hooking and pointer jumping (Shiloach and Vishkin, "An O(log n) parallel connectivity
+    algorithm", J. Algorithms 3(1), 1982), in whole-array steps: every edge hooks the larger
+    of its two labels onto the smaller, then every label jumps to its label's label until
+    none moves; repeated until no edge joins two labels.
+    """
+    lab = np.arange(n, dtype=np.int64)
+    while True:
+        li, lj = lab[i], lab[j]
+        diff = li != lj
+        if not diff.any():
+            return lab
+        lo, hi = np.minimum(li[diff], lj[diff]), np.maximum(li[diff], lj[diff])
+        np.minimum.at(lab, hi, lo)
+        while True:
+            nxt = lab[lab]
+            if np.array_equal(nxt, lab):
+                break
+            lab = nxt
 
 
 def _on_paired_items(
@@ -276,6 +316,7 @@ def _on_paired_items(
     allow_conflicts: bool,
     conflict_class: Sequence[Hashable] | None,
     blocking: Callable[[str], bool] | None,
+    greedy_only: bool,
 ) -> ClusterResult:
     """:func:`centroid_clusters` over only the items that appear in a pair (``involved``,
     sorted positions), mapped back: an item in no pair is its own cluster, so the Python
@@ -284,33 +325,45 @@ def _on_paired_items(
     items."""
     n = len(keys)
     ci, cj = np.searchsorted(involved, i), np.searchsorted(involved, j)
-    pos = involved.tolist()
-    sub_conflict = None if conflict is None else (lambda a, b: conflict(pos[a], pos[b]))
+    sub_conflict = (
+        None if conflict is None else (lambda a, b: conflict(int(involved[a]), int(involved[b])))
+    )
     sub = centroid_clusters(
         ci,
         cj,
         sim,
         np.asarray(vectors)[involved],
         np.asarray(weights)[involved],
-        [keys[x] for x in pos],
+        np.asarray(keys, dtype=object)[involved].tolist(),
         threshold,
         conflict=sub_conflict,
         allow_conflicts=allow_conflicts,
-        conflict_class=None if conflict_class is None else [conflict_class[x] for x in pos],
+        conflict_class=None
+        if conflict_class is None
+        else [conflict_class[x] for x in involved.tolist()],
         blocking=blocking,
+        greedy_only=greedy_only,
     )
     labels = np.arange(n, dtype=np.int64)
     labels[involved] = involved[sub.labels]
     return ClusterResult(
         labels,
-        [[pos[x] for x in m] for m in sub.clusters],
-        [(pos[a], pos[b], s_, r) for a, b, s_, r in sub.review],
+        [involved[m].tolist() for m in sub.clusters],
+        [(int(involved[a]), int(involved[b]), s_, r) for a, b, s_, r in sub.review],
         sub.rejected,
     )
 
 
-def _with_isolated_pairs(
-    isolated: np.ndarray,
+def _class_codes(conflict_class: Sequence[Hashable] | None, n: int) -> np.ndarray:
+    """``int64 [n]``: the conflict class of each item as a small integer (each item its own
+    class when ``conflict_class`` is ``None``)."""
+    if conflict_class is None:
+        return np.arange(n, dtype=np.int64)
+    ids: dict[Hashable, int] = {}
+    return np.fromiter((ids.setdefault(c, len(ids)) for c in conflict_class), np.int64, n)
+
+
+def _by_components(
     i: np.ndarray,
     j: np.ndarray,
     sim: np.ndarray,
@@ -323,47 +376,86 @@ def _with_isolated_pairs(
     conflict_class: Sequence[Hashable] | None,
     blocking: Callable[[str], bool] | None,
 ) -> ClusterResult:
-    """:func:`centroid_clusters` where some pairs are isolated (both items in no other pair):
-    such a pair is a cluster of two unless a blocking conflict keeps it apart (the complete
-    link holds trivially and the centroid condition follows from it), with no union-find
-    work; the other pairs go through the full algorithm. Same result as the loop: the
-    conflict of an isolated pair is reported in ``review`` whether or not it blocks, and the
-    clusters are ordered by their first member's key."""
+    """:func:`centroid_clusters` where every item is in a pair, by connected components of
+    the pair graph (:func:`components`), with the same result as the pair-by-pair loop:
+
+    * a **complete** component (every two of its items a pair) whose pairs have no conflict
+      is one cluster: every join in the loop is complete-linked and conflict-free, so the
+      loop joins it whatever the order, and rejects none of its pairs;
+    * a complete component of two (an isolated pair) with a conflict is reported in
+      ``review`` and is a cluster only if the conflict does not block;
+    * every other component (incomplete, or complete with a conflicting pair) goes through
+      the loop, on its own pairs: components share no pair, so the loop's choices in one
+      never depend on another.
+
+    The conflict of each pair of a complete component is asked once per pair of conflict
+    classes. Only the loop's components cost Python work per pair beyond that.
+    """
     n = len(keys)
-    rank = np.empty(n, dtype=np.int64)
-    rank[sorted(range(n), key=lambda x: keys[x])] = np.arange(n)
-    sub = centroid_clusters(
-        i[~isolated],
-        j[~isolated],
-        sim[~isolated],
-        vectors,
-        weights,
-        keys,
-        threshold,
-        conflict=conflict,
-        allow_conflicts=allow_conflicts,
-        conflict_class=conflict_class,
-        blocking=blocking,
-    )
-    clusters, review, rejected = list(sub.clusters), list(sub.review), sub.rejected
-    cls = list(range(n)) if conflict_class is None else conflict_class
-    cache: dict[tuple[Hashable, Hashable], str | None] = {}
-    for a, b, s_ in zip(
-        i[isolated].tolist(), j[isolated].tolist(), sim[isolated].tolist(), strict=True
-    ):
-        reason = None
-        if conflict is not None:
-            key = (cls[a], cls[b])
-            if key not in cache:
-                cache[key] = cache[key[::-1]] = conflict(a, b)
-            reason = cache[key]
-        if reason is not None:
-            review.append((min(a, b), max(a, b), float(s_), reason))
-            if not allow_conflicts or (blocking is not None and blocking(reason)):
-                rejected += 1
-                continue
-        clusters.append([a, b] if rank[a] < rank[b] else [b, a])
-    labels = sub.labels.copy()
-    _label_and_check(labels, clusters[len(sub.clusters) :], vectors, weights, threshold)
+    comp = components(i, j, n)
+    size = np.bincount(comp, minlength=n)
+    pc = comp[i]
+    complete = np.bincount(pc, minlength=n) == size * (size - 1) // 2
+    in_complete = complete[pc]
+    reason: list[str | None] = [None] * len(i)
+    if conflict is not None and in_complete.any():
+        cls = _class_codes(conflict_class, n)
+        ca, cb = cls[i], cls[j]
+        ckey = np.minimum(ca, cb) * n + np.maximum(ca, cb)
+        e_ask = np.flatnonzero(in_complete)
+        uniq, first, inv = np.unique(ckey[e_ask], return_index=True, return_inverse=True)
+        rep = e_ask[first]
+        asked = [conflict(a, b) for a, b in zip(i[rep].tolist(), j[rep].tolist(), strict=True)]
+        for e, x in zip(e_ask.tolist(), inv.tolist(), strict=True):
+            if asked[x] is not None:
+                reason[e] = asked[x]
+    flagged = np.fromiter((r is not None for r in reason), bool, len(i))
+    review: list[tuple[int, int, float, str]] = []
+    rejected = 0
+    # isolated pairs with a conflict: reported; joined unless the conflict blocks
+    pair2 = in_complete & (size[pc] == 2)
+    two_blocked = np.zeros(len(i), bool)
+    for e in np.flatnonzero(pair2 & flagged).tolist():
+        a, b, r = int(i[e]), int(j[e]), reason[e]
+        assert r is not None
+        review.append((min(a, b), max(a, b), float(sim[e]), r))
+        if not allow_conflicts or (blocking is not None and blocking(r)):
+            rejected += 1
+            two_blocked[e] = True
+    # complete components with a conflict among three or more: the loop decides
+    loop_comp = ~complete
+    loop_comp[pc[in_complete & flagged & ~pair2]] = True
+    in_loop = loop_comp[pc]
+    rank = key_ranks(keys)
+    clusters: list[list[int]] = []
+    labels = np.arange(n, dtype=np.int64)
+    if in_loop.any():
+        sub = centroid_clusters(
+            i[in_loop],
+            j[in_loop],
+            sim[in_loop],
+            vectors,
+            weights,
+            keys,
+            threshold,
+            conflict=conflict,
+            allow_conflicts=allow_conflicts,
+            conflict_class=conflict_class,
+            blocking=blocking,
+            greedy_only=True,
+        )
+        clusters, labels = list(sub.clusters), sub.labels.copy()
+        review += sub.review
+        rejected += sub.rejected
+    # the shortcut's clusters: whole components, members in key order
+    whole = complete & ~loop_comp & (size >= 2)
+    whole[pc[two_blocked]] = False
+    members = np.flatnonzero(whole[comp])
+    if len(members):
+        members = members[np.lexsort((rank[members], comp[members]))]
+        cuts = np.flatnonzero(np.diff(comp[members])) + 1
+        sizes = np.diff(np.r_[0, cuts, len(members)])
+        _label_and_check_flat(labels, members, sizes, vectors, weights, threshold)
+        clusters += [m.tolist() for m in np.split(members, cuts)]
     clusters.sort(key=lambda m: rank[m[0]])
     return ClusterResult(labels, clusters, sorted(review), rejected)

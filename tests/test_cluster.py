@@ -213,3 +213,55 @@ def test_bad_pairs_are_errors():
     # an isolated pair whose sim overstates its vectors (orthogonal) fails the centroid check
     with pytest.raises(AssertionError, match="centroid condition"):
         centroid_clusters([0], [2], [0.95], v, np.ones(3), list("abc"), 0.9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_component_shortcut_gives_the_loops_result(seed):
+    # many small groups of near-identical vectors: complete groups, groups with a missing
+    # pair, isolated pairs, conflicts by class (some blocking), equal similarities (ties)
+    rng = np.random.default_rng(seed)
+    n_groups, d = 300, 16
+    sizes = rng.integers(2, 7, n_groups)
+    n = int(sizes.sum())
+    group = np.repeat(np.arange(n_groups), sizes)
+    base = rng.standard_normal((n_groups, d))
+    v = base[group] + 0.05 * rng.standard_normal((n, d))
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    s = v @ v.T
+    a, b = np.triu_indices(n, 1)
+    same = group[a] == group[b]
+    a, b = a[same], b[same]
+    keep = rng.random(len(a)) > 0.1  # some groups lose a pair: incomplete
+    a, b = a[keep], b[keep]
+    sims = np.round(s[a, b], 2)  # rounded: ties broken by the keys
+    thr = float(sims.min()) - 1e-6
+    swap = rng.random(len(a)) < 0.5
+    a, b = np.where(swap, b, a), np.where(swap, a, b)
+    keys = [f"k{x:05d}" for x in rng.permutation(n)]
+    cls = rng.integers(0, 40, n)
+    bad = {
+        (x, y): r
+        for x, y, r in zip(
+            *rng.integers(0, 40, (2, 25)), rng.choice(["number", "undone merge"], 25)
+        )
+    }
+
+    def conflict(x, y):
+        return bad.get((cls[x], cls[y])) or bad.get((cls[y], cls[x]))
+
+    for allow in (False, True):
+        kw = dict(
+            conflict=conflict,
+            conflict_class=cls.tolist(),
+            allow_conflicts=allow,
+            blocking=lambda r: r == "undone merge",
+        )
+        fast = centroid_clusters(a, b, sims, v, rng.uniform(1, 3, n), keys, thr, **kw)
+        ref = centroid_clusters(a, b, sims, v, np.ones(n), keys, thr, greedy_only=True, **kw)
+        fast_w = centroid_clusters(a, b, sims, v, np.ones(n), keys, thr, **kw)
+        assert fast_w.clusters == ref.clusters
+        assert fast_w.labels.tolist() == ref.labels.tolist()
+        assert fast_w.review == ref.review
+        assert fast_w.rejected == ref.rejected
+        assert len(ref.clusters) > 50 and ref.review  # the case has both kinds
+        assert fast.clusters  # weights change no rule: only the centroid check reads them

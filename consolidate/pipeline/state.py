@@ -493,7 +493,9 @@ class PassState:
         if base.device.type == "cpu" and len(kb) == n0:
             out[:n0] = base.numpy()  # nothing purged: one contiguous copy
         elif base.device.type == "cpu":
-            np.take(base.numpy(), kb, axis=0, out=out[: len(kb)])
+            # mode="clip": the positions are valid, and "raise" buffers ``out`` (a second
+            # copy of the vectors)
+            np.take(base.numpy(), kb, axis=0, out=out[: len(kb)], mode="clip")
         else:
             out[: len(kb)] = (
                 base.index_select(0, torch.from_numpy(kb).to(base.device)).cpu().numpy()
