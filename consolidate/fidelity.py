@@ -39,7 +39,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .lexicon import CONTENT_STOP_WORDS, NUMBER_WORDS
-from .merge import _name_key, facts_of
+from .merge import _name_key, facts_from_tokens
 from .text import content_tokens, split_facts
 
 __all__ = [
@@ -110,14 +110,22 @@ def _clause_key(part: str) -> str:
 
 
 @functools.lru_cache(maxsize=1 << 17)
+def _term(t: str) -> str | None:
+    """The term of a content token (its Porter stem), or ``None`` for a stop-word, the
+    contraction ``n't`` or a number."""
+    if t in CONTENT_STOP_WORDS or t == "n't" or _is_number(t):
+        return None
+    return _stem(t)
+
+
+@functools.lru_cache(maxsize=1 << 17)
 def _analysis(key: str) -> tuple[frozenset, frozenset, frozenset, bool, frozenset, frozenset]:
-    f = facts_of(key)
-    terms = frozenset(
-        _stem(t)
-        for t in content_tokens(key)
-        if t not in CONTENT_STOP_WORDS and t != "n't" and not _is_number(t)
-    )
-    items = frozenset(x for x in f.items if x[0] != "name")
+    toks = content_tokens(key)
+    f = facts_from_tokens(key, toks)
+    terms = frozenset(map(_term, toks))
+    if None in terms:
+        terms = terms - {None}
+    items = frozenset({("number", x) for x in f.numbers} | {("date", x) for x in f.dates})
     scope = frozenset(_stem(t) for t in f.negated_scope if t not in CONTENT_STOP_WORDS)
     return terms, items, f.names, f.negated, scope, f.words
 

@@ -239,23 +239,36 @@ def facts_of(text: str) -> Facts:
     """The :class:`Facts` of ``text`` (``str``); cached, as the sentences of a member that
     several clusters or passes share repeat (and :func:`lost_facts` reads its members'
     again)."""
-    toks = content_tokens(text)
+    return facts_from_tokens(text, content_tokens(text))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _fold(w: str) -> str:
+    return w.casefold().replace("\u2019", "'")
+
+
+def facts_from_tokens(text: str, toks: list[str]) -> Facts:
+    """:func:`facts_of` given ``toks = content_tokens(text)`` (for callers that need the
+    tokens too: one tokenisation)."""
     tokset = frozenset(toks)
-    uwords = [w.casefold().replace("\u2019", "'") for w in _UWORD.findall(text)]
-    neg_at = next((k for k, t in enumerate(toks) if t in NEGATIONS), None)
-    scope = (
-        frozenset()
-        if neg_at is None
-        else frozenset(t for t in toks[neg_at + 1 : neg_at + 5] if t not in STOP_WORDS)
-    )
+    uwords = [_fold(w) for w in _UWORD.findall(text)]
+    if NEGATIONS.isdisjoint(tokset):
+        neg_at = None
+        scope: frozenset = frozenset()
+    else:
+        neg_at = next(k for k, t in enumerate(toks) if t in NEGATIONS)
+        scope = frozenset(t for t in toks[neg_at + 1 : neg_at + 5] if t not in STOP_WORDS)
     # the multisets only where the text has one of their words (most texts have none)
     has_num = _DIGIT.search(text) is not None or not NUMBER_WORDS.keys().isdisjoint(tokset)
+    words = tokset.union(uwords)
+    if "'" in text or "\u2019" in text or "'" in "".join(toks):
+        words |= {t.split("'")[0] for t in (*toks, *uwords) if "'" in t}
     return Facts(
         frozenset(_numbers(toks, text)) if has_num else frozenset(),
         frozenset(_date_terms(toks)) if not DATE_WORDS.isdisjoint(tokset) else frozenset(),
         frozenset(names_in(text)),
         neg_at is not None,  # a negation word among the tokens (what _negation_count counts)
-        tokset | frozenset(uwords) | {t.split("'")[0] for t in (*toks, *uwords) if "'" in t},
+        words,
         scope,
     )
 
