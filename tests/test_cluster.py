@@ -239,12 +239,9 @@ def test_the_component_shortcut_gives_the_loops_result(seed):
     a, b = np.where(swap, b, a), np.where(swap, a, b)
     keys = [f"k{x:05d}" for x in rng.permutation(n)]
     cls = rng.integers(0, 40, n)
-    bad = {
-        (x, y): r
-        for x, y, r in zip(
-            *rng.integers(0, 40, (2, 25)), rng.choice(["number", "undone merge"], 25)
-        )
-    }
+    xs, ys = rng.integers(0, 40, (2, 25))
+    why = rng.choice(["number", "undone merge"], 25)
+    bad = {(x, y): r for x, y, r in zip(xs.tolist(), ys.tolist(), why.tolist(), strict=True)}
 
     def conflict(x, y):
         return bad.get((cls[x], cls[y])) or bad.get((cls[y], cls[x]))

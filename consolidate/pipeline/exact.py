@@ -81,7 +81,14 @@ def _unit_vectors(
     those of the stored vectors), a group's strength-weighted centroid
     (:func:`~consolidate.pipeline.state.segment_centroids`)."""
     dev = st.vec.device
-    out = st.vec.index_select(0, torch.from_numpy(rows[ustart[:-1]]).to(dev))
+    idx = torch.from_numpy(rows[ustart[:-1]]).to(dev)
+    if dev.type == "cpu":
+        # room for the pass's output vectors after the units' (see PassState.spare): the
+        # kept rows plus at most one new row per two units; untouched rows cost no memory
+        st.spare = torch.empty((st.n + len(size), st.vec.shape[1]), dtype=st.vec.dtype)
+        out = torch.index_select(st.vec, 0, idx, out=st.spare[: len(size)])
+    else:
+        out = st.vec.index_select(0, idx)
     multi = np.flatnonzero(size > 1)
     if len(multi):
         keep = np.repeat(size > 1, size)

@@ -390,6 +390,11 @@ class PassState:
         stats: :class:`PassStats`.
         origin: ``int64 [n0]`` the input records' :attr:`~consolidate.store.Records.origin`
             (``None`` when they had none), handed on to the output.
+        spare: ``float32 [cap, d]`` on the cpu, or ``None``: the buffer whose first rows
+            hold the units' vectors (:func:`~consolidate.pipeline.exact.exact_stage`); once
+            the units are dropped, :meth:`records` writes the output vectors into it when
+            they fit, instead of into fresh memory (the pages are already mapped: on a VM a
+            first touch of fresh memory costs seconds per GB).
     """
 
     meta: pd.DataFrame
@@ -408,6 +413,7 @@ class PassState:
     events: list[dict[str, Any]] = field(default_factory=list)
     stats: PassStats = field(default_factory=PassStats)
     origin: np.ndarray | None = None
+    spare: torch.Tensor | None = field(default=None, repr=False, compare=False)
     #: :meth:`sorted_ids`' cache (``None``: not built, or rows appended since)
     _sorted_ids: np.ndarray | None = field(default=None, repr=False, compare=False)
 
@@ -489,7 +495,12 @@ class PassState:
         )
         if base.device.type == "cpu" and len(kb) == n0 and not self.new_vec:
             return Records(meta, base.numpy(), origin=origin)  # nothing purged or written
-        out = np.empty((len(meta), base.shape[1]), np.float32)
+        spare = self.spare
+        if self.units is None and spare is not None and spare.shape[0] >= len(meta):
+            out = spare.numpy()[: len(meta)]  # the units' rows, no longer needed
+            self.spare = None
+        else:
+            out = np.empty((len(meta), base.shape[1]), np.float32)
         if base.device.type == "cpu" and len(kb) == n0:
             out[:n0] = base.numpy()  # nothing purged: one contiguous copy
         elif base.device.type == "cpu":
