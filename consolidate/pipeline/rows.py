@@ -10,8 +10,8 @@ import pandas as pd
 import torch
 
 from ..store.schema import COLUMNS
-from ..text import text_hash
-from .state import PassState, group_sums, nan_reduce, segment_centroids
+from ..text import text_hashes
+from .state import PassState, group_sums, list_lengths, nan_reduce, segment_centroids
 
 __all__ = ["new_records"]
 
@@ -22,6 +22,19 @@ def _union(lists: Sequence[Sequence[str]]) -> list[str]:
     for lst in lists:
         out.update(lst)
     return sorted(out)
+
+
+def _unions(col: np.ndarray, rows: np.ndarray, starts: np.ndarray) -> list[list[str]]:
+    """:func:`_union` of the lists of ``col`` (``object [n]`` of lists) over each group of
+    ``rows`` (groups start at ``starts``); only groups holding a non-empty list are visited
+    (most have none)."""
+    k = len(starts)
+    total = np.add.reduceat(list_lengths(col[rows]), starts) if len(rows) else np.zeros(k)
+    out: list[list[str]] = [[] for _ in range(k)]
+    ends = np.r_[starts[1:], len(rows)]
+    for g in np.flatnonzero(total > 0).tolist():
+        out[g] = _union(col[rows[starts[g] : ends[g]]])
+    return out
 
 
 def new_records(
@@ -94,7 +107,7 @@ def new_records(
             "last_used": np.maximum.reduceat(st.col("last_used")[rows], starts),
             "strength": np.minimum(w_sum, np.maximum(strength_cap, w_max)) if merge else np.ones(k),
             "pinned": np.zeros(k, bool),
-            "source_ids": pd.Series([_union(src[g]) for g in groups], dtype=object),
+            "source_ids": pd.Series(_unions(src, rows, starts), dtype=object),
             "valid_from": nan_reduce(vf, starts, "max") if merge else np.full(k, np.nan),
             "valid_to": np.where(any_open, np.nan, np.maximum.reduceat(vt, starts))
             if merge
@@ -102,14 +115,14 @@ def new_records(
             "deleted_at": np.full(k, np.nan),
             "deleted_reason": pd.Series([None] * k, dtype=object),
             "merged_into": pd.Series([None] * k, dtype=object),
-            "text_hash": pd.Series([text_hash(t) for t in texts], dtype=object),
+            "text_hash": pd.Series(text_hashes(list(texts)), dtype=object),
             "last_pass": np.full(k, float(version)),
             "keep_apart": pd.Series(
-                [_union(apart[g]) for g in groups] if merge else [[] for _ in range(k)],
+                _unions(apart, rows, starts) if merge else [[] for _ in range(k)],
                 dtype=object,
             ),
             "derived_from": pd.Series(
-                [_union(derived[g]) for g in groups]
+                _unions(derived, rows, starts)
                 if merge
                 else [list(st.meta["id"].to_numpy(object)[g]) for g in groups],
                 dtype=object,
