@@ -262,3 +262,40 @@ def test_the_component_shortcut_gives_the_loops_result(seed):
         assert fast_w.rejected == ref.rejected
         assert len(ref.clusters) > 50 and ref.review  # the case has both kinds
         assert fast.clusters  # weights change no rule: only the centroid check reads them
+
+
+def test_the_pass_gives_the_same_records_with_and_without_the_shortcut(monkeypatch):
+    # a seeded store with conflicting paraphrases (numbers), pins, an undo constraint,
+    # exact duplicates and tombstones: every record and event of the pass is the same when
+    # every cluster goes through the pair-by-pair loop
+    import consolidate.cluster as cl
+    from consolidate.bench.pass_bench import make_pass_store
+
+    recs, _ = make_pass_store(3000, 100, d=32, seed=3, now_h=1000.0)
+    meta = recs.meta
+    texts = meta["text"].to_numpy(object).copy()
+    for r in range(0, 3000, 3):  # numbers in many clusters' texts: "number" conflicts
+        texts[r] = f"{texts[r]} {3 + r % 2} times"
+    meta["text"] = texts
+    meta.loc[::50, "pinned"] = True
+    meta.loc[1::97, "deleted_at"] = 990.0
+    meta.loc[1::97, "deleted_reason"] = "floor"
+    ids = meta["id"].tolist()
+    meta.at[5, "keep_apart"] = [ids[k] for k in range(6, 3000, 11)]
+    cfg = PassConfig(threshold=0.9, cap=None, max_drop_fraction=1.0, now="1000")
+
+    def run():
+        res = run_pass(recs, cfg=cfg, wall_h=1001.0)
+        return res.records.meta, res.records.vectors, res.events, res.stats
+
+    fast = run()
+    real = cl.centroid_clusters
+    monkeypatch.setattr(
+        "consolidate.pipeline.near.centroid_clusters",
+        lambda *a, **k: real(*a, **{**k, "greedy_only": True}),
+    )
+    ref = run()
+    assert fast[3].merges > 10 and fast[3].review_pairs > 0 and fast[3].clusters > 10
+    assert fast[0].equals(ref[0])
+    assert np.array_equal(fast[1], ref[1])
+    assert fast[2] == ref[2]

@@ -18,6 +18,7 @@ from ..merge import (
     fact_time,
     newer_fact_times,
 )
+from .exact import _ranges
 from .rows import new_records
 from .state import PassState, claim_ids, list_lengths, merged_id
 
@@ -135,6 +136,21 @@ def latency_stats(responses: list[MergeResponse]) -> tuple[float, float] | None:
     return float(np.percentile(lat, 50)), float(np.percentile(lat, 95))
 
 
+def cluster_rows(st: PassState) -> list[np.ndarray]:
+    """The rows of each cluster's units (``int64``, in id order), gathered for all clusters
+    with one sort."""
+    u = st.units
+    if not st.clusters or u is None:
+        return []
+    sizes = np.fromiter(map(len, st.clusters), np.int64, len(st.clusters))
+    units = np.fromiter((k for c in st.clusters for k in c), np.int64, int(sizes.sum()))
+    per_unit = u.size[units]
+    rows = u.rows[_ranges(u.start[units], per_unit)]
+    cl = np.repeat(np.repeat(np.arange(len(sizes)), sizes), per_unit)
+    rows = rows[np.lexsort((st.id_rank[rows], cl))]
+    return np.split(rows, np.cumsum(np.bincount(cl, minlength=len(sizes)))[:-1])
+
+
 def _requests(st: PassState, version: int) -> list[MergeRequest]:
     """One :class:`MergeRequest` per cluster (members in id order)."""
     u, p = st.units, st.pairs
@@ -165,10 +181,7 @@ def _requests(st: PassState, version: int) -> list[MergeRequest]:
     next_combo = 0
 
     out = []
-    groups = []
-    for c in st.clusters:
-        rows = np.concatenate([u.members(k) for k in c])
-        groups.append(rows[np.argsort(st.id_rank[rows])])
+    groups = cluster_rows(st)
     for x, (c, rows, mem) in enumerate(zip(st.clusters, groups, members(st, groups), strict=True)):
         if len(c) <= PAIRWISE_SIMILARITIES_MAX:
             k = len(c) * (len(c) - 1) // 2
@@ -246,7 +259,7 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
         allowed = newer_fact_times(req) if resp.superseded else {}
         bad = sorted(set(resp.superseded) - set(allowed))
         sup = [] if bad else sorted(set(resp.superseded))
-        ftime = {m.id: fact_time(m) for m in req.members}
+        ftime = {m.id: fact_time(m) for m in req.members} if sup else {}
         for x in sup:  # newer wins: close the older fact's validity interval, keep it
             r = row_of[x]
             old_vt = valid_to[r]
