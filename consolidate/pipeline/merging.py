@@ -3,6 +3,7 @@ conflict-handling mergers, then one new record per merge and per exact-only grou
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -214,8 +215,39 @@ def _requests(st: PassState, version: int) -> list[MergeRequest]:
     return out
 
 
+#: requests per call of the merger's ``merge_batch``: each chunk's merges are checked before
+#: the next chunk is merged, so its members' clauses are still in the fidelity checker's
+#: cache (:func:`~consolidate.fidelity.clauses_of`, 65,536 texts) when the check reads them
+MERGE_CHUNK = 8192
+
+
+def _answers(
+    merger: Merger,
+    requests: list[MergeRequest],
+    clusters: list[list[int]],
+    responses: list[MergeResponse],
+) -> Iterator[tuple[MergeRequest, MergeResponse, list[int]]]:
+    """``(request, response, cluster)`` in order, asking ``merger`` for
+    :data:`MERGE_CHUNK` requests at a time; every response is also appended to
+    ``responses``.
+
+    Raises:
+        ValueError: the merger returned the wrong number of responses for a chunk.
+    """
+    for k0 in range(0, len(requests), MERGE_CHUNK):
+        reqs = requests[k0 : k0 + MERGE_CHUNK]
+        got = merger.merge_batch(reqs)
+        if len(got) != len(reqs):
+            raise ValueError(
+                f"merger {merger.name!r} returned {len(got)} responses for {len(reqs)} requests"
+            )
+        responses += got
+        yield from zip(reqs, got, clusters[k0 : k0 + MERGE_CHUNK], strict=True)
+
+
 def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) -> PassState:
-    """Ask ``merger`` once for all clusters, apply its answers, write the merged records.
+    """Ask ``merger`` for the clusters (:data:`MERGE_CHUNK` at a time), apply its answers, write
+    the merged records.
 
     For each cluster: superseded members (only ids that :func:`newer_fact_times` allows) get
     their ``valid_to`` closed and stay live (``supersede`` events); the rest is merged if the
@@ -239,12 +271,7 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     assert u is not None
     ids = st.meta["id"].to_numpy(object)
     requests = _requests(st, version)
-    responses = merger.merge_batch(requests) if requests else []
-    if len(responses) != len(requests):
-        raise ValueError(
-            f"merger {merger.name!r} returned {len(responses)} responses for "
-            f"{len(requests)} requests"
-        )
+    responses: list[MergeResponse] = []
     in_cluster = {k for c in st.clusters for k in c}
     row_of = {str(ids[r]): r for c in st.clusters for k in c for r in u.members(k).tolist()}
     valid_to = st.col("valid_to").copy()
@@ -255,7 +282,7 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     ratios: list[float] = []  # merged text length / longest member's
     n_refused = n_lost = n_lost_refused = 0
     refuse = cfg.fidelity == "refuse"
-    for req, resp, c in zip(requests, responses, st.clusters, strict=True):
+    for req, resp, c in _answers(merger, requests, st.clusters, responses):
         allowed = newer_fact_times(req) if resp.superseded else {}
         bad = sorted(set(resp.superseded) - set(allowed))
         sup = [] if bad else sorted(set(resp.superseded))
