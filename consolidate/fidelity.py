@@ -185,9 +185,22 @@ def lost_clauses(member: str, merged: str, threshold: float = DEFAULT_THRESHOLD)
     """
     if not 0.0 < threshold <= 1.0:
         raise ValueError(f"fidelity threshold must be in (0, 1], got {threshold}")
+    return _lost(member, _merged(merged), threshold)
+
+
+def _merged(merged: str) -> tuple[tuple[Clause, ...], frozenset, frozenset]:
+    """The clauses of a merged text with the union of their items and of their words."""
     have = clauses_of(merged)
     items = frozenset().union(*(k.items for k in have))
     words = frozenset().union(*(k.words for k in have))
+    return have, items, words
+
+
+def _lost(
+    member: str, merged: tuple[tuple[Clause, ...], frozenset, frozenset], threshold: float
+) -> list[str]:
+    """:func:`lost_clauses` with the merged text read already (:func:`_merged`)."""
+    have, items, words = merged
     out = []
     for c in clauses_of(member):
         if not c.items <= items or any(_name_key(n) not in words for n in c.names):
@@ -226,10 +239,16 @@ def lost_members(
     Returns:
         ``{member id: [lost clause, ...]}`` for the members that lose something (empty =
         nothing lost).
+
+    Raises:
+        ValueError: ``threshold`` outside (0, 1].
     """
+    if not 0.0 < threshold <= 1.0:
+        raise ValueError(f"fidelity threshold must be in (0, 1], got {threshold}")
     out: dict[str, list[str]] = {}
+    read = _merged(merged)
     for mid, texts in members:
-        lost = [c for t in texts for c in lost_clauses(t, merged, threshold)]
+        lost = [c for t in texts for c in _lost(t, read, threshold)]
         if lost:
             out[mid] = lost
     return out

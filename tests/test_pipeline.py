@@ -286,3 +286,35 @@ def test_the_pass_pauses_the_garbage_collector_and_restores_it(enabled):
         assert gc.isenabled() is enabled
     finally:
         gc.enable() if was else gc.disable()
+
+
+def test_merges_are_asked_in_chunks_and_a_short_answer_is_an_error(monkeypatch):
+    # 5 clusters in chunks of 2: three merge_batch calls of 2, 2 and 1 requests, each chunk
+    # answered before the next is asked; a merger that answers one too few is refused
+    import consolidate.pipeline.merging as mg
+    from consolidate.merge import ExtractiveMerger
+
+    rows = random_rows(40, 16, seed=4, dup_frac=0.5, noise=0.01)
+    recs = make_records(rows)
+    cfg = PassConfig(threshold=0.9, now="1000")
+    whole = run_pass(recs, cfg=cfg, wall_h=1001.0)  # one merge_batch call
+    monkeypatch.setattr(mg, "MERGE_CHUNK", 2)
+
+    class Counting(ExtractiveMerger):
+        def __init__(self, drop=False):
+            super().__init__()
+            self.sizes, self.drop = [], drop
+
+        def merge_batch(self, requests):
+            self.sizes.append(len(requests))
+            out = super().merge_batch(requests)
+            return out[:-1] if self.drop else out
+
+    m = Counting()
+    res = run_pass(recs, cfg=cfg, merger=m, wall_h=1001.0)
+    n = res.stats.clusters
+    assert n >= 3 and m.sizes == [2] * (n // 2) + [1] * (n % 2)
+    assert res.records.meta.equals(whole.records.meta)
+    assert res.events == whole.events
+    with pytest.raises(ValueError, match="returned 1 responses for 2 requests"):
+        run_pass(recs, cfg=cfg, merger=Counting(drop=True), wall_h=1001.0)
