@@ -407,7 +407,13 @@ def _write_merges(
     """New merged records (ordered by their lowest member id), tombstones, events."""
     ids = st.meta["id"].to_numpy(object)
     rank = st.id_rank
-    merges = [(rows[np.argsort(rank[rows])], text, op, extra) for rows, text, op, extra in merges]
+    if merges:  # each merge's rows in id order, with one sort for all merges
+        sizes = np.fromiter((len(m[0]) for m in merges), np.int64, len(merges))
+        flat = np.concatenate([m[0] for m in merges]).astype(np.int64)
+        gid = np.repeat(np.arange(len(merges)), sizes)
+        flat = flat[np.lexsort((rank[flat], gid))]
+        parts = np.split(flat, np.cumsum(sizes)[:-1])
+        merges = [(g, *m[1:]) for g, m in zip(parts, merges, strict=True)]
     merges.sort(key=lambda m: rank[m[0][0]])
     groups = [m[0] for m in merges]
     member_ids = [ids[g].tolist() for g in groups]
