@@ -299,3 +299,27 @@ def test_the_pass_gives_the_same_records_with_and_without_the_shortcut(monkeypat
     assert fast[0].equals(ref[0])
     assert np.array_equal(fast[1], ref[1])
     assert fast[2] == ref[2]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_components_match_a_union_find_and_are_labelled_by_their_smallest_item(seed):
+    from consolidate.cluster import components
+
+    rng = np.random.default_rng(seed)
+    n = 500
+    i, j = rng.integers(0, n, 400), rng.integers(0, n, 400)
+    parent = list(range(n))
+
+    def find(x):
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    for a, b in zip(i.tolist(), j.tolist(), strict=True):
+        ra, rb = find(a), find(b)
+        parent[max(ra, rb)] = min(ra, rb)
+    want = [find(x) for x in range(n)]  # each root is its component's smallest item
+    assert components(i, j, n).tolist() == want
+    # a path visited in random order: many hooking rounds
+    p = rng.permutation(n)
+    assert components(p[:-1], p[1:], n).tolist() == [0] * n
