@@ -400,26 +400,29 @@ def _by_components(
     pc = comp[i]
     complete = np.bincount(pc, minlength=n) == size * (size - 1) // 2
     in_complete = complete[pc]
-    reason: list[str | None] = [None] * len(i)
+    # the conflict of each pair of a complete component: asked once per pair of classes
+    # (asked[which[e]] for pair e, which[e] = -1 where not asked)
+    asked: list[str | None] = []
+    which = np.full(len(i), -1, np.int64)
+    flagged = np.zeros(len(i), bool)
     if conflict is not None and in_complete.any():
         cls = _class_codes(conflict_class, n)
         ca, cb = cls[i], cls[j]
         ckey = np.minimum(ca, cb) * n + np.maximum(ca, cb)
         e_ask = np.flatnonzero(in_complete)
-        uniq, first, inv = np.unique(ckey[e_ask], return_index=True, return_inverse=True)
+        _, first, inv = np.unique(ckey[e_ask], return_index=True, return_inverse=True)
         rep = e_ask[first]
         asked = [conflict(a, b) for a, b in zip(i[rep].tolist(), j[rep].tolist(), strict=True)]
-        for e, x in zip(e_ask.tolist(), inv.tolist(), strict=True):
-            if asked[x] is not None:
-                reason[e] = asked[x]
-    flagged = np.fromiter((r is not None for r in reason), bool, len(i))
+        which[e_ask] = inv
+        hit = np.fromiter((r is not None for r in asked), bool, len(asked))
+        flagged[e_ask] = hit[inv]
     review: list[tuple[int, int, float, str]] = []
     rejected = 0
     # isolated pairs with a conflict: reported; joined unless the conflict blocks
     pair2 = in_complete & (size[pc] == 2)
     two_blocked = np.zeros(len(i), bool)
     for e in np.flatnonzero(pair2 & flagged).tolist():
-        a, b, r = int(i[e]), int(j[e]), reason[e]
+        a, b, r = int(i[e]), int(j[e]), asked[int(which[e])]
         assert r is not None
         review.append((min(a, b), max(a, b), float(sim[e]), r))
         if not allow_conflicts or (blocking is not None and blocking(r)):

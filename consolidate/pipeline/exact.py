@@ -84,7 +84,8 @@ def _unit_vectors(
     idx = torch.from_numpy(rows[ustart[:-1]]).to(dev)
     if dev.type == "cpu":
         # room for the pass's output vectors after the units' (see PassState.spare): the
-        # kept rows plus at most one new row per two units; untouched rows cost no memory
+        # snapshot's rows plus one new row per unit, more than a pass usually writes
+        # (PassState.records falls back to fresh memory if not); untouched rows cost none
         st.spare = torch.empty((st.n + len(size), st.vec.shape[1]), dtype=st.vec.dtype)
         out = torch.index_select(st.vec, 0, idx, out=st.spare[: len(size)])
     else:

@@ -137,9 +137,24 @@ def latency_stats(responses: list[MergeResponse]) -> tuple[float, float] | None:
     return float(np.percentile(lat, 50)), float(np.percentile(lat, 95))
 
 
+def in_id_order(rank: np.ndarray, rows: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+    """Groups of rows, each in id order, with one sort for all groups.
+
+    Args:
+        rank: ``int64 [n]`` id rank of every row (``PassState.id_rank``).
+        rows: ``int64 [m]`` row positions, group after group.
+        sizes: ``int64 [g]`` rows per group (summing to ``m``).
+
+    Returns:
+        ``g`` ``int64`` arrays: each group's rows sorted by id.
+    """
+    gid = np.repeat(np.arange(len(sizes)), sizes)
+    rows = rows[np.lexsort((rank[rows], gid))]
+    return np.split(rows, np.cumsum(sizes)[:-1])
+
+
 def cluster_rows(st: PassState) -> list[np.ndarray]:
-    """The rows of each cluster's units (``int64``, in id order), gathered for all clusters
-    with one sort."""
+    """The rows of each cluster's units (``int64``, in id order), for all clusters at once."""
     u = st.units
     if not st.clusters or u is None:
         return []
@@ -147,9 +162,8 @@ def cluster_rows(st: PassState) -> list[np.ndarray]:
     units = np.fromiter((k for c in st.clusters for k in c), np.int64, int(sizes.sum()))
     per_unit = u.size[units]
     rows = u.rows[_ranges(u.start[units], per_unit)]
-    cl = np.repeat(np.repeat(np.arange(len(sizes)), sizes), per_unit)
-    rows = rows[np.lexsort((st.id_rank[rows], cl))]
-    return np.split(rows, np.cumsum(np.bincount(cl, minlength=len(sizes)))[:-1])
+    per_cluster = np.add.reduceat(per_unit, np.cumsum(sizes) - sizes)
+    return in_id_order(st.id_rank, rows, per_cluster)
 
 
 def _requests(st: PassState, version: int) -> list[MergeRequest]:
@@ -407,12 +421,10 @@ def _write_merges(
     """New merged records (ordered by their lowest member id), tombstones, events."""
     ids = st.meta["id"].to_numpy(object)
     rank = st.id_rank
-    if merges:  # each merge's rows in id order, with one sort for all merges
+    if merges:  # each merge's rows in id order
         sizes = np.fromiter((len(m[0]) for m in merges), np.int64, len(merges))
         flat = np.concatenate([m[0] for m in merges]).astype(np.int64)
-        gid = np.repeat(np.arange(len(merges)), sizes)
-        flat = flat[np.lexsort((rank[flat], gid))]
-        parts = np.split(flat, np.cumsum(sizes)[:-1])
+        parts = in_id_order(rank, flat, sizes)
         merges = [(g, *m[1:]) for g, m in zip(parts, merges, strict=True)]
     merges.sort(key=lambda m: rank[m[0][0]])
     groups = [m[0] for m in merges]
