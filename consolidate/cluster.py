@@ -366,6 +366,40 @@ def _class_codes(conflict_class: Sequence[Hashable] | None, n: int) -> np.ndarra
     return np.fromiter((ids.setdefault(c, len(ids)) for c in conflict_class), np.int64, n)
 
 
+def _asked_conflicts(
+    i: np.ndarray,
+    j: np.ndarray,
+    ask: np.ndarray,
+    n: int,
+    conflict: Callable[[int, int], str | None] | None,
+    conflict_class: Sequence[Hashable] | None,
+) -> tuple[list[str | None], np.ndarray, np.ndarray]:
+    """The conflicts of the pairs ``(i[e], j[e])`` where ``ask[e]`` (``bool [p]``), asked
+    once per pair of conflict classes.
+
+    Returns:
+        ``(asked, which, flagged)``: the answers; ``int64 [p]``, pair ``e``'s answer is
+        ``asked[which[e]]`` (``-1`` where not asked); ``bool [p]``, the pairs with a
+        conflict.
+    """
+    asked: list[str | None] = []
+    which = np.full(len(i), -1, np.int64)
+    flagged = np.zeros(len(i), bool)
+    if conflict is None or not ask.any():
+        return asked, which, flagged
+    cls = _class_codes(conflict_class, n)
+    ca, cb = cls[i], cls[j]
+    ckey = np.minimum(ca, cb) * n + np.maximum(ca, cb)
+    e_ask = np.flatnonzero(ask)
+    _, first, inv = np.unique(ckey[e_ask], return_index=True, return_inverse=True)
+    rep = e_ask[first]
+    asked = [conflict(a, b) for a, b in zip(i[rep].tolist(), j[rep].tolist(), strict=True)]
+    which[e_ask] = inv
+    hit = np.fromiter((r is not None for r in asked), bool, len(asked))
+    flagged[e_ask] = hit[inv]
+    return asked, which, flagged
+
+
 def _by_components(
     i: np.ndarray,
     j: np.ndarray,
@@ -400,22 +434,7 @@ def _by_components(
     pc = comp[i]
     complete = np.bincount(pc, minlength=n) == size * (size - 1) // 2
     in_complete = complete[pc]
-    # the conflict of each pair of a complete component: asked once per pair of classes
-    # (asked[which[e]] for pair e, which[e] = -1 where not asked)
-    asked: list[str | None] = []
-    which = np.full(len(i), -1, np.int64)
-    flagged = np.zeros(len(i), bool)
-    if conflict is not None and in_complete.any():
-        cls = _class_codes(conflict_class, n)
-        ca, cb = cls[i], cls[j]
-        ckey = np.minimum(ca, cb) * n + np.maximum(ca, cb)
-        e_ask = np.flatnonzero(in_complete)
-        _, first, inv = np.unique(ckey[e_ask], return_index=True, return_inverse=True)
-        rep = e_ask[first]
-        asked = [conflict(a, b) for a, b in zip(i[rep].tolist(), j[rep].tolist(), strict=True)]
-        which[e_ask] = inv
-        hit = np.fromiter((r is not None for r in asked), bool, len(asked))
-        flagged[e_ask] = hit[inv]
+    asked, which, flagged = _asked_conflicts(i, j, in_complete, n, conflict, conflict_class)
     review: list[tuple[int, int, float, str]] = []
     rejected = 0
     # isolated pairs with a conflict: reported; joined unless the conflict blocks
