@@ -46,6 +46,37 @@ def test_id_ranks_follow_code_point_order():
     assert [ids[k] for k in np.argsort(id_ranks(ids))] == sorted(ids.tolist())
 
 
+def test_id_ranks_of_ids_in_order_and_out_of_order():
+    ids = np.array([f"m-{k:05d}" for k in range(50)], dtype=object)
+    assert id_ranks(ids).tolist() == list(range(50))  # already sorted: no sort
+    swapped = ids.copy()
+    swapped[[10, 11]] = swapped[[11, 10]]
+    want = list(range(50))
+    want[10], want[11] = 11, 10
+    assert id_ranks(swapped).tolist() == want
+
+
+@pytest.mark.parametrize("high", [3, 1000, 2**40])
+def test_key_order_is_lexsorts_order(high):
+    from consolidate.pipeline.state import key_order
+
+    g = np.random.default_rng(high)
+    a, b, c = (g.integers(0, high, 5000) for _ in range(3))  # ties at high=3; 2**40: lexsort
+    assert np.array_equal(key_order(a, b, c), np.lexsort((c, b, a)))
+    assert np.array_equal(key_order(a - high // 2, c), np.lexsort((c, a - high // 2)))
+    assert key_order(np.zeros(0, np.int64)).tolist() == []
+
+
+def test_the_pass_leaves_the_callers_table_as_it_was():
+    recs = make_records(random_rows(300, 16, namespaces=3, dup_frac=0.4))
+    recs.meta.loc[5, "deleted_at"] = 1.0
+    before, vec = recs.meta.copy(deep=True), recs.vectors.copy()
+    res = run_pass(recs, cfg=PassConfig(threshold=0.9, cap=50), version=2, wall_h=2000.0)
+    assert res.stats.merges > 0 and res.stats.dropped_cap > 0
+    pd.testing.assert_frame_equal(recs.meta, before)
+    assert np.array_equal(recs.vectors, vec)
+
+
 def _rows():
     base = {"importance": 0.5, "created_at": 10.0, "last_used": 10.0}
     return [

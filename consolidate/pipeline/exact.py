@@ -8,7 +8,7 @@ import pandas as pd
 import torch
 
 from ..config import PassConfig
-from .state import PassState, Units, group_sums, list_lengths, segment_centroids
+from .state import PassState, Units, group_sums, key_order, list_lengths, segment_centroids
 
 __all__ = ["exact_stage", "open_facts"]
 
@@ -42,19 +42,19 @@ def exact_stage(st: PassState, cfg: PassConfig) -> PassState:
     ns, rank = st.ns[cand], st.id_rank[cand]
     if cfg.exact_dedup and len(cand):
         h = pd.factorize(st.meta["text_hash"].to_numpy(object)[cand])[0]
-        order = np.lexsort((rank, h, ns))
+        order = key_order(ns, h, rank)
         rows = cand[order]
         hs, nss = h[order], ns[order]
         brk = np.r_[True, (hs[1:] != hs[:-1]) | (nss[1:] != nss[:-1])]
         start = np.flatnonzero(brk)
         rows, start = _split_apart(st, rows, start)
     else:
-        rows = cand[np.lexsort((rank, ns))]
+        rows = cand[key_order(ns, rank)]
         start = np.arange(len(rows))
     bounds = np.r_[start, len(rows)]
     # units by (namespace, lowest id): each namespace contiguous for the similarity engine
     first = rows[start]
-    uorder = np.lexsort((st.id_rank[first], st.ns[first]))
+    uorder = key_order(st.ns[first], st.id_rank[first])
     size = np.diff(bounds)[uorder]
     rows = rows[_ranges(bounds[:-1][uorder], size)]
     ustart = np.r_[0, np.cumsum(size)].astype(np.int64)
@@ -118,7 +118,7 @@ def _split_apart(
     two or more rows with such a row are visited."""
     if not len(rows):
         return rows, start
-    apart_len = list_lengths(st.meta["keep_apart"].to_numpy(object)[rows])
+    apart_len = list_lengths(st.meta["keep_apart"].to_numpy(object))[rows]  # read in row order
     bounds = np.r_[start, len(rows)]
     size = np.diff(bounds)
     flagged = np.add.reduceat((apart_len > 0).astype(np.int64), start) > 0

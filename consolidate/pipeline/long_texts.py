@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 from ..config import PassConfig
 from ..minhash import minhash_pairs
 from ..similarity import Pairs
-from .state import PassState
+from .state import PassState, list_lengths
 
 __all__ = ["long_text_stage", "MINHASH_PERM", "MINHASH_FN_WEIGHT", "MINHASH_MAX_BUCKET"]
 
@@ -57,16 +56,16 @@ def long_text_stage(st: PassState, cfg: PassConfig) -> PassState:
     u = st.units
     if u is None or len(u) < 2:
         return st
-    texts = pa.array(st.meta["text"].to_numpy(object)[u.first], pa.string())
-    long_ = np.flatnonzero(
-        np.asarray(pc.greater_equal(pc.utf8_length(texts), cfg.minhash_min_chars), dtype=bool)
-    )
+    col = st.meta["text"].to_numpy(object)
+    # lengths in code points (Python's len, Arrow's utf8_length), read in row order; only
+    # the long texts are converted to Arrow
+    long_ = np.flatnonzero(list_lengths(col)[u.first] >= cfg.minhash_min_chars)
     stats.minhash_units = len(long_)
     if len(long_) < 2:
         return st
     skipped: dict[str, int] = {}
     i, j, _ = minhash_pairs(
-        texts.take(pa.array(long_)),
+        pa.array(col[u.first[long_]], pa.string()),
         u.ns[long_],
         threshold=cfg.minhash_threshold,
         num_perm=MINHASH_PERM,

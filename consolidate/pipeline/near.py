@@ -117,7 +117,7 @@ def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> Pa
     apart_col = st.meta["keep_apart"].to_numpy(object)
     # every id named in a keep_apart of a candidate row (a unit that contains one must keep
     # a conflict class of its own)
-    has_apart = np.flatnonzero(list_lengths(apart_col[u.rows]) > 0)
+    has_apart = np.flatnonzero(list_lengths(apart_col)[u.rows] > 0)  # read in row order
     named = {x for r in u.rows[has_apart].tolist() for x in apart_col[r]}
 
     def conflicts(items: np.ndarray) -> dict[str, Any]:

@@ -154,10 +154,10 @@ def _gc_paused():  # noqa: ANN202 - a context manager
 def _start(
     records: Records, sim_cfg: SimilarityConfig, wall_h: float, merger: str, version: int
 ) -> PassState:
-    """The initial state: a copy of the row table, the vectors on the pass device (one
-    transfer; no copy on cpu unless rows need rescaling, see :func:`_unit_rows`), namespace
-    codes and id ranks."""
-    meta = records.meta.copy()
+    """The initial state: a shallow copy of the row table (pandas copies a column on
+    write), the vectors on the pass device (one transfer; no copy on cpu unless rows need
+    rescaling, see :func:`_unit_rows`), namespace codes and id ranks."""
+    meta = records.meta.copy(deep=False)  # copy-on-write: the caller's frame is never written
     dev = resolve_device(sim_cfg.device)
     with warnings.catch_warnings():
         # a store may hand over read-only vectors (the Lance store compares its commit
