@@ -145,3 +145,61 @@ def test_the_checker_sees_a_copied_word_list(tmp_path, monkeypatch):
     assert word_list_copies(f) == ["m.py:1 copies lexicon.STOP_WORDS"]
     f.write_text('_W = {"monday": 0, "tuesday": 1, "friday": 4, "x": 9, "y": 8, "z": 7}\n')
     assert word_list_copies(f) == ["m.py:1 copies lexicon.WEEKDAYS"]
+
+
+#: calls that read the machine a result was measured on (consolidate/environment.py)
+_ENV_CALLS = {
+    ("os", "cpu_count"),
+    ("platform", "python_version"),
+    ("platform", "processor"),
+    ("platform", "machine"),
+}
+
+
+def environment_reads(path: Path) -> list[str]:
+    """Calls in ``path`` of :data:`_ENV_CALLS`: an environment capture of its own, which
+    drifts from the others."""
+    where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    out = []
+    for n in ast.walk(ast.parse(path.read_text())):
+        f = n.func if isinstance(n, ast.Call) else None
+        if (
+            isinstance(f, ast.Attribute)
+            and isinstance(f.value, ast.Name)
+            and (f.value.id, f.attr) in _ENV_CALLS
+        ):
+            out.append(f"{where}:{n.lineno} calls {f.value.id}.{f.attr}")
+    return out
+
+
+def test_the_environment_is_read_in_one_module(tmp_path):
+    bad = [
+        c
+        for p in sorted(PKG.rglob("*.py"))
+        if p.name != "environment.py"
+        for c in environment_reads(p)
+    ]
+    assert not bad, "\n".join(bad)
+    copy = tmp_path / "copy.py"
+    copy.write_text("import os\nres = {'cpus': os.cpu_count()}\n")
+    assert environment_reads(copy) == [f"{copy}:2 calls os.cpu_count"]
+
+
+def test_the_environment_module_reads_the_checkout():
+    import subprocess
+
+    import numpy as np
+
+    from consolidate.environment import device_name, environment, git_commit, package_versions
+
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    if head:  # a git checkout (not an unpacked wheel)
+        assert git_commit() == head
+        assert head.startswith(git_commit(short=True))
+        assert git_commit(short=True, dirty=True).split("+")[0] == git_commit(short=True)
+    assert package_versions(("numpy", "no-such-distribution")) == {"numpy": np.__version__}
+    assert device_name("cpu").startswith("cpu: ")
+    env = environment("cpu")
+    assert set(env) == {"git_commit", "packages", "device", "python"} and env["device"] == "cpu"

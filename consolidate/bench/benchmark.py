@@ -51,14 +51,12 @@ lines of our engine against each baseline are printed last.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import importlib.util
 import json
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -81,6 +79,12 @@ from consolidate.bench.pass_bench import PeakRSS  # noqa: E402
 from consolidate.cluster import centroid_clusters  # noqa: E402
 from consolidate.config import BenchConfig  # noqa: E402
 from consolidate.device import resolve_device  # noqa: E402
+from consolidate.environment import (  # noqa: E402
+    device_name,
+    git_commit,
+    machine,
+    package_versions,
+)
 from consolidate.similarity import TopK, threshold_pairs, topk_neighbours  # noqa: E402
 from consolidate.similarity.engines.faiss_engine import recall_at_k  # noqa: E402
 
@@ -1947,43 +1951,6 @@ def plot(df: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
-def device_name(dev: torch.device) -> str:
-    if dev.type == "cuda":
-        return torch.cuda.get_device_name(dev)
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return "cpu: " + line.split(":", 1)[1].strip()
-    return "cpu: " + (platform.processor() or platform.machine())
-
-
-def git_state() -> str:
-    """``<commit>`` plus ``+dirty`` when the working tree has changes, or ``unknown``."""
-    import subprocess
-
-    def git(*a: str) -> str:
-        return subprocess.run(
-            ["git", *a], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-
-    try:
-        return git("rev-parse", "--short", "HEAD") + (
-            "+dirty" if git("status", "--porcelain") else ""
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"python": platform.python_version(), "numpy": np.__version__}
-    for mod in ("faiss", "sentence_transformers", "triton", "pandas"):
-        try:
-            out[mod] = getattr(__import__(mod), "__version__", "?")
-        except ImportError:
-            out[mod] = None
-    return out
-
-
 def report(runner: Runner, meta: dict[str, Any], out: Path, final: bool) -> list[str]:
     """Write results.parquet, report.md, benchmark.png and meta.json; with ``final`` first
     measure the matmul peak again (clocks, thread pools and other load differ between the
@@ -2128,13 +2095,13 @@ def run_benchmark(args: BenchConfig) -> Path:  # noqa: C901
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "device": device_name(dev),
         "torch": torch.__version__,
-        "cpu_count": os.cpu_count(),
+        "cpu_count": machine()["cpus"],
         "torch_threads": torch.get_num_threads(),
-        "versions": versions(),
+        "versions": {"python": machine()["python"], **package_versions()},
         "args": dataclasses.asdict(args),
         "preset": args.preset,
         "loadavg_start": [round(x, 2) for x in load0],
-        "git": git_state(),
+        "git": git_commit(short=True, dirty=True) or "unknown",
     }
     print(f"device {meta['device']}, torch {torch.__version__}", flush=True)
     runner = Runner(args, dev)

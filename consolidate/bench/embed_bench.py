@@ -9,7 +9,6 @@ Writes ``<out>/embed.json`` and prints texts/s and the ratio last.
 import argparse
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 
 from consolidate.embed import Embedder
+from consolidate.environment import machine
 from consolidate.store.locomo import read_locomo_observations
 
 
@@ -73,8 +73,7 @@ def main() -> None:
         "device": a.device,
         "dtype": a.dtype,
         "torch": torch.__version__,
-        "machine": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
+        **machine(),
     }
     vecs = {}
     for name in ("st", "packed"):

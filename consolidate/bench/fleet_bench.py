@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from consolidate.environment import git_commit, machine
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -113,12 +114,8 @@ def main(argv: list[str]) -> int:
         "cpus": args.cpus,
         "torch_threads_single": torch.get_num_threads(),
         "max_rows_per_shard": args.max_rows_per_shard,
-        "commit": os.popen(f"git -C {REPO} rev-parse --short HEAD").read().strip()
-        + (
-            "+uncommitted changes"
-            if os.popen(f"git -C {REPO} status --porcelain --untracked-files=no").read().strip()
-            else ""
-        ),
+        "commit": git_commit(short=True, dirty=True),
+        **machine(),
     }
     try:
         wall = hours_now() - 1.0

@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -46,6 +44,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 
+from consolidate.environment import machine  # noqa: E402
 from consolidate.minhash import choose_bands, minhash_signatures, signature_pairs  # noqa: E402
 from consolidate.text import normalise  # noqa: E402
 
@@ -332,8 +331,7 @@ def main(argv=None):
 
     env = {
         "command": "python -m consolidate.bench.minhash_bench " + " ".join(argv or sys.argv[1:]),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
+        **machine(),
         "numpy": np.__version__,
         "pyarrow": pyarrow.__version__,
         "datasketch": ds_version,

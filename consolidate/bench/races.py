@@ -61,6 +61,8 @@ from typing import Any
 
 import numpy as np
 
+from consolidate.environment import git_commit, machine
+
 REPO = Path(__file__).resolve().parents[2]
 DIM = 32
 NAMES = ["Alice", "Bob", "Chen", "Dana", "Emil", "Farah", "Goran", "Hana", "Ivo", "June"]
@@ -1198,13 +1200,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    git = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
     results: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "git": git,
-        "cpus": os.cpu_count(),
+        "git": git_commit(short=True),
+        **machine(),
         "args": vars(args),
         "sources": {},
     }

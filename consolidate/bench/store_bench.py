@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from consolidate.environment import git_commit, machine
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -247,7 +248,8 @@ def main(argv: list[str]) -> int:
         "n": a.n,
         "ns_size": a.ns_size,
         "d": 384,
-        "cpus": os.cpu_count(),
+        "git": git_commit(short=True, dirty=True),
+        **machine(),
         "formats": {},
     }
     try:
@@ -277,7 +279,7 @@ def main(argv: list[str]) -> int:
     results["data_bytes"] = data
     lines = [
         f"# Store benchmark: n = {a.n:,}, d = 384, {a.n // a.ns_size:,} namespaces, "
-        f"{os.cpu_count()} CPUs",
+        f"{results['cpus']} CPUs ({results['cpu']}), commit {results['git']}",
         "",
         "| operation | parquet | lance | target (lance) |",
         "| --- | ---: | ---: | --- |",

@@ -8,14 +8,13 @@ device and timings, and each metric with ``higher_is_better``.
 from __future__ import annotations
 
 import json
-import platform
-import subprocess
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+from ..environment import environment
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -75,47 +74,6 @@ class Results(BaseModel):
     prompts: dict[str, str] = Field(default_factory=dict)
     #: role (embedder, answer, judge, merger...) -> model id or path
     models: dict[str, str] = Field(default_factory=dict)
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=Path(__file__).resolve().parent,
-        )
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def environment(device: str) -> dict[str, Any]:
-    """git commit, package versions, python and device for :class:`Results`."""
-    pk = {}
-    for name in (
-        "consolidate",
-        "torch",
-        "numpy",
-        "pandas",
-        "pyarrow",
-        "datasets",
-        "sentence-transformers",
-        "transformers",
-        "hydra-core",
-        "nltk",
-    ):
-        try:
-            pk[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return {
-        "git_commit": _git_commit(),
-        "packages": pk,
-        "device": device,
-        "python": platform.python_version(),
-    }
 
 
 def prompt_versions() -> dict[str, str]:
