@@ -63,7 +63,7 @@ class ClusterResult:
     rejected: int = 0
 
 
-def centroid_clusters(  # noqa: C901
+def centroid_clusters(
     i: np.ndarray,
     j: np.ndarray,
     sim: np.ndarray,
@@ -122,84 +122,122 @@ def centroid_clusters(  # noqa: C901
         return _on_paired_items(involved, i, j, sim, vectors, weights, keys, threshold, *args)
     if not greedy_only and len(i):
         return _by_components(i, j, sim, vectors, weights, keys, threshold, *args[:4])
-    if conflict_class is None:
-        cls = list(range(n))
-    else:  # hashable classes -> small ints (cheap cache keys)
-        ids: dict[Hashable, int] = {}
-        cls = [ids.setdefault(c, len(ids)) for c in conflict_class]
-    parent = list(range(n))
-    members: dict[int, list[int]] = {k: [k] for k in range(n)}
-    classes: dict[int, dict[int, int]] = {k: {cls[k]: k} for k in range(n)}
-    # pairs between adjacent clusters, keyed by root
-    between: dict[int, dict[int, int]] = {}
-    for a, b in zip(i.tolist(), j.tolist(), strict=True):
-        between.setdefault(a, {})[b] = 1
-        between.setdefault(b, {})[a] = 1
+    loop = _Greedy(i, j, keys, conflict, allow_conflicts, conflict_class, blocking)
+    clusters = loop.run(sim)
+    labels = np.arange(n, dtype=np.int64)
+    _label_and_check(labels, clusters, vectors, weights, threshold)
+    return ClusterResult(labels, clusters, sorted(loop.review.values()), loop.rejected)
 
-    def find(x: int) -> int:
+
+class _Greedy:
+    """The pair-by-pair loop of :func:`centroid_clusters` (module docstring): union-find
+    over ``n`` items with, per cluster root, its members, one item per conflict class and
+    the number of pairs to each adjacent cluster (a join is complete-linked when that number
+    is the product of the two sizes)."""
+
+    def __init__(
+        self,
+        i: np.ndarray,
+        j: np.ndarray,
+        keys: Sequence[str],
+        conflict: Callable[[int, int], str | None] | None,
+        allow_conflicts: bool,
+        conflict_class: Sequence[Hashable] | None,
+        blocking: Callable[[str], bool] | None,
+    ) -> None:
+        n = len(keys)
+        self.i, self.j = i, j
+        self.rank = key_ranks(keys)
+        self.conflict, self.allow, self.blocking = conflict, allow_conflicts, blocking
+        if conflict_class is None:
+            self.cls = list(range(n))
+        else:  # hashable classes -> small ints (cheap cache keys)
+            codes: dict[Hashable, int] = {}
+            self.cls = [codes.setdefault(c, len(codes)) for c in conflict_class]
+        self.parent = list(range(n))
+        self.members: dict[int, list[int]] = {k: [k] for k in range(n)}
+        self.classes: dict[int, dict[int, int]] = {k: {self.cls[k]: k} for k in range(n)}
+        # pairs between adjacent clusters, keyed by root
+        self.between: dict[int, dict[int, int]] = {}
+        for a, b in zip(i.tolist(), j.tolist(), strict=True):
+            self.between.setdefault(a, {})[b] = 1
+            self.between.setdefault(b, {})[a] = 1
+        self.cache: dict[tuple[int, int], str | None] = {}
+        self.review: dict[tuple[int, int], tuple[int, int, float, str]] = {}
+        self.rejected = 0
+
+    def find(self, x: int) -> int:
+        parent = self.parent
         while parent[x] != x:
             parent[x] = parent[parent[x]]
             x = parent[x]
         return x
 
-    rank = key_ranks(keys)
-    lo = np.minimum(rank[i], rank[j]) if len(i) else i
-    hi = np.maximum(rank[i], rank[j]) if len(i) else j
-    order = np.lexsort((hi, lo, -np.round(sim, 12)))
-
-    cache: dict[tuple[int, int], str | None] = {}
-
-    def class_conflict(ca: int, cb: int, a: int, b: int) -> str | None:
-        if conflict is None:
+    def class_conflict(self, ca: int, cb: int, a: int, b: int) -> str | None:
+        """The conflict of items ``a`` and ``b``, asked once per pair of their classes."""
+        if self.conflict is None:
             return None
         key = (ca, cb) if ca <= cb else (cb, ca)
-        if key not in cache:
-            cache[key] = conflict(a, b)
-        return cache[key]
+        if key not in self.cache:
+            self.cache[key] = self.conflict(a, b)
+        return self.cache[key]
 
-    review: dict[tuple[int, int], tuple[int, int, float, str]] = {}
-    rejected = 0
+    def blocks(self, reason: str) -> bool:
+        return not self.allow or (self.blocking is not None and self.blocking(reason))
 
-    def blocks(reason: str) -> bool:
-        return not allow_conflicts or (blocking is not None and blocking(reason))
+    def blocking_pair(self, ra: int, rb: int) -> tuple[int, int, str] | None:
+        """A pair of the clusters ``ra`` and ``rb`` (one item per class each) whose conflict
+        keeps them apart, as ``(low item, high item, reason)``, or ``None``."""
+        for ca, xa in self.classes[ra].items():
+            for cb, xb in self.classes[rb].items():
+                r = self.class_conflict(ca, cb, xa, xb)
+                if r is not None and self.blocks(r):
+                    return min(xa, xb), max(xa, xb), r
+        return None
 
-    for e in order.tolist():
-        a, b = int(i[e]), int(j[e])
-        if not allow_conflicts and find(a) == find(b):
-            continue  # already together, hence conflict-free
-        reason = class_conflict(cls[a], cls[b], a, b)
-        if reason is not None:
-            p = (min(a, b), max(a, b))
-            review[p] = (p[0], p[1], float(sim[e]), reason)
-            if blocks(reason):
-                rejected += 1
+    def run(self, sim: np.ndarray) -> list[list[int]]:
+        """Take the pairs by descending ``sim`` (ties by key rank) and join where the rules
+        allow; returns the clusters of two or more items (members in key order, clusters by
+        their first member's key)."""
+        i, j, rank, cls = self.i, self.j, self.rank, self.cls
+        lo = np.minimum(rank[i], rank[j]) if len(i) else i
+        hi = np.maximum(rank[i], rank[j]) if len(i) else j
+        for e in np.lexsort((hi, lo, -np.round(sim, 12))).tolist():
+            a, b = int(i[e]), int(j[e])
+            if not self.allow and self.find(a) == self.find(b):
+                continue  # already together, hence conflict-free
+            reason = self.class_conflict(cls[a], cls[b], a, b)
+            if reason is not None:
+                p = (min(a, b), max(a, b))
+                self.review[p] = (p[0], p[1], float(sim[e]), reason)
+                if self.blocks(reason):
+                    self.rejected += 1
+                    continue
+            ra, rb = self.find(a), self.find(b)
+            if ra == rb:
                 continue
-        ra, rb = find(a), find(b)
-        if ra == rb:
-            continue
-        if between[ra].get(rb, 0) != len(members[ra]) * len(members[rb]):
-            rejected += 1
-            continue
-        if conflict is not None and (not allow_conflicts or blocking is not None):
-            hit = None
-            for ca, xa in classes[ra].items():
-                for cb, xb in classes[rb].items():
-                    r = class_conflict(ca, cb, xa, xb)
-                    if r is not None and blocks(r):
-                        hit = (min(xa, xb), max(xa, xb), r)
-                        break
+            if self.between[ra].get(rb, 0) != len(self.members[ra]) * len(self.members[rb]):
+                self.rejected += 1
+                continue
+            if self.conflict is not None and (not self.allow or self.blocking is not None):
+                hit = self.blocking_pair(ra, rb)
                 if hit:
-                    break
-            if hit:
-                review.setdefault(hit[:2], (hit[0], hit[1], float("nan"), hit[2]))
-                rejected += 1
-                continue
-        root, other = (ra, rb) if rank[ra] <= rank[rb] else (rb, ra)
-        parent[other] = root
-        members[root] += members.pop(other)
-        for c, x in classes.pop(other).items():
-            classes[root].setdefault(c, x)
-        # fold the other cluster's adjacency into root's
+                    self.review.setdefault(hit[:2], (hit[0], hit[1], float("nan"), hit[2]))
+                    self.rejected += 1
+                    continue
+            self.join(*((ra, rb) if rank[ra] <= rank[rb] else (rb, ra)))
+        return sorted(
+            (sorted(m, key=lambda x: rank[x]) for m in self.members.values() if len(m) > 1),
+            key=lambda m: rank[m[0]],
+        )
+
+    def join(self, root: int, other: int) -> None:
+        """Join cluster ``other`` into cluster ``root``: members, classes and adjacency."""
+        self.parent[other] = root
+        self.members[root] += self.members.pop(other)
+        for c, x in self.classes.pop(other).items():
+            self.classes[root].setdefault(c, x)
+        between = self.between
         nb_other = between.pop(other)
         nb_root = between[root]
         nb_root.pop(other, None)
@@ -209,13 +247,6 @@ def centroid_clusters(  # noqa: C901
             nb_root[c] = nb_root.get(c, 0) + cnt
             nbc = between[c]
             nbc[root] = nbc.get(root, 0) + nbc.pop(other)
-    clusters = sorted(
-        (sorted(m, key=lambda x: rank[x]) for m in members.values() if len(m) > 1),
-        key=lambda m: rank[m[0]],
-    )
-    labels = np.arange(n, dtype=np.int64)
-    _label_and_check(labels, clusters, vectors, weights, threshold)
-    return ClusterResult(labels, clusters, sorted(review.values()), rejected)
 
 
 def key_ranks(keys: Sequence[str]) -> np.ndarray:
@@ -400,6 +431,29 @@ def _asked_conflicts(
     return asked, which, flagged
 
 
+def _isolated_pairs(
+    i: np.ndarray,
+    j: np.ndarray,
+    sim: np.ndarray,
+    conflicting: np.ndarray,
+    asked: list[str | None],
+    which: np.ndarray,
+    allow_conflicts: bool,
+    blocking: Callable[[str], bool] | None,
+) -> tuple[list[tuple[int, int, float, str]], np.ndarray]:
+    """Isolated pairs with a conflict (``conflicting``, ``bool [p]``; answers ``asked`` at
+    ``which``): each reported as ``(low item, high item, sim, reason)``, and joined unless
+    the conflict blocks. Returns the reports and ``bool [p]``: the pairs kept apart."""
+    review: list[tuple[int, int, float, str]] = []
+    blocked = np.zeros(len(i), bool)
+    for e in np.flatnonzero(conflicting).tolist():
+        a, b, r = int(i[e]), int(j[e]), asked[int(which[e])]
+        assert r is not None
+        review.append((min(a, b), max(a, b), float(sim[e]), r))
+        blocked[e] = not allow_conflicts or (blocking is not None and blocking(r))
+    return review, blocked
+
+
 def _by_components(
     i: np.ndarray,
     j: np.ndarray,
@@ -435,18 +489,11 @@ def _by_components(
     complete = np.bincount(pc, minlength=n) == size * (size - 1) // 2
     in_complete = complete[pc]
     asked, which, flagged = _asked_conflicts(i, j, in_complete, n, conflict, conflict_class)
-    review: list[tuple[int, int, float, str]] = []
-    rejected = 0
-    # isolated pairs with a conflict: reported; joined unless the conflict blocks
     pair2 = in_complete & (size[pc] == 2)
-    two_blocked = np.zeros(len(i), bool)
-    for e in np.flatnonzero(pair2 & flagged).tolist():
-        a, b, r = int(i[e]), int(j[e]), asked[int(which[e])]
-        assert r is not None
-        review.append((min(a, b), max(a, b), float(sim[e]), r))
-        if not allow_conflicts or (blocking is not None and blocking(r)):
-            rejected += 1
-            two_blocked[e] = True
+    review, two_blocked = _isolated_pairs(
+        i, j, sim, pair2 & flagged, asked, which, allow_conflicts, blocking
+    )
+    rejected = int(two_blocked.sum())
     # complete components with a conflict among three or more: the loop decides
     loop_comp = ~complete
     loop_comp[pc[in_complete & flagged & ~pair2]] = True

@@ -4,6 +4,7 @@ conflict-handling mergers, then one new record per merge and per exact-only grou
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -259,6 +260,26 @@ def _answers(
         yield from zip(reqs, got, clusters[k0 : k0 + MERGE_CHUNK], strict=True)
 
 
+@dataclass
+class _Applied:
+    """What the merge stage's answers did so far: the new ``valid_to`` column, the rows
+    superseded, the merges to write (``(rows, text, op, event fields)``), the clusters
+    still merged, and the counts for :class:`~consolidate.pipeline.state.PassStats`
+    (``ids`` and ``texts``: the columns, read once)."""
+
+    ids: np.ndarray
+    texts: np.ndarray
+    valid_to: np.ndarray
+    in_cluster: set[int]
+    superseded: set[int] = field(default_factory=set)
+    merges: list[tuple[np.ndarray, str, str, dict[str, Any]]] = field(default_factory=list)
+    ratios: list[float] = field(default_factory=list)  # merged text length / longest member's
+    closed: int = 0
+    refused: int = 0
+    lost: int = 0
+    lost_refused: int = 0
+
+
 def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) -> PassState:
     """Ask ``merger`` for the clusters (:data:`MERGE_CHUNK` at a time), apply its answers, write
     the merged records.
@@ -286,129 +307,174 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     ids = st.meta["id"].to_numpy(object)
     requests = _requests(st, version)
     responses: list[MergeResponse] = []
-    in_cluster = {k for c in st.clusters for k in c}
     row_of = {str(ids[r]): r for c in st.clusters for k in c for r in u.members(k).tolist()}
-    valid_to = st.col("valid_to").copy()
-    superseded: set[int] = set()
-    n_closed = 0
-    merges: list[tuple[np.ndarray, str, str, dict[str, Any]]] = []  # rows, text, op, extra
-    texts = st.meta["text"].to_numpy(object)
-    ratios: list[float] = []  # merged text length / longest member's
-    n_refused = n_lost = n_lost_refused = 0
-    refuse = cfg.fidelity == "refuse"
+    done = _Applied(
+        ids,
+        st.meta["text"].to_numpy(object),
+        st.col("valid_to").copy(),
+        {k for c in st.clusters for k in c},
+    )
     for req, resp, c in _answers(merger, requests, st.clusters, responses):
         allowed = newer_fact_times(req) if resp.superseded else {}
         bad = sorted(set(resp.superseded) - set(allowed))
         sup = [] if bad else sorted(set(resp.superseded))
-        ftime = {m.id: fact_time(m) for m in req.members} if sup else {}
-        for x in sup:  # newer wins: close the older fact's validity interval, keep it
-            r = row_of[x]
-            old_vt = valid_to[r]
-            valid_to[r] = allowed[x] if np.isnan(old_vt) else min(old_vt, allowed[x])
-            superseded.add(r)
-            if valid_to[r] == old_vt:
-                continue  # already closed there (a fact that becomes true later): no event
-            n_closed += 1
-            st.events.append(
-                {
-                    "op": "supersede",
-                    "id": x,
-                    "namespace": req.namespace,
-                    "valid_to": float(valid_to[r]),
-                    "cluster_id": req.cluster_id,
-                    "by": sorted(
-                        {
-                            b if a == x else a
-                            for a, b, _ in req.conflicts
-                            if x in (a, b) and ftime[b if a == x else a] > ftime[x]
-                        }
-                    ),
-                    "reasons": sorted({w for a, b, w in req.conflicts if x in (a, b)}),
-                    "merger": merger.name,
-                    "raw": resp.raw,
-                }
-            )
-        rest = [r for k in c for r in u.members(k).tolist() if r not in superseded]
-        text = resp.text.strip() if resp.text is not None else ""
-        lost: dict[str, list[str]] = {}
-        if not bad and text and len(rest) > 1:
-            member_texts = [str(t) for t in texts[rest]]
-            rest_ids = {str(ids[r]) for r in rest}
-            lost = lost_members(
-                text,
-                ((m.id, m.merge_texts) for m in req.members if m.id in rest_ids),
-                cfg.fidelity_threshold,
-            )
-        if not bad and text and len(rest) > 1 and not (lost and refuse):
-            ratio = len(text) / max(max(len(t) for t in member_texts), 1)
-            ratios.append(ratio)
-            n_lost += len(lost)
-            merges.append(
-                (
-                    np.array(rest, np.int64),
-                    text,
-                    "merge",
+        if sup:
+            _supersede(st, req, resp, sup, allowed, row_of, merger.name, done)
+        rest = [r for k in c for r in u.members(k).tolist() if r not in done.superseded]
+        _merge_or_decline(st, cfg, req, resp, c, rest, bad, sup, done)
+    done.merges += _exact_merges(st, done)
+    st.meta["valid_to"] = done.valid_to
+    _merge_stats(st, done, responses)
+    _write_merges(st, cfg, merger, version, done.merges)
+    return st
+
+
+def _supersede(
+    st: PassState,
+    req: MergeRequest,
+    resp: MergeResponse,
+    sup: list[str],
+    allowed: dict[str, float],
+    row_of: dict[str, int],
+    merger: str,
+    done: _Applied,
+) -> None:
+    """Newer wins: close the validity interval of each superseded member ``sup`` at the
+    time ``allowed`` gives it (the member stays live), with a ``supersede`` event unless it
+    was closed there already (a fact that becomes true later)."""
+    ftime = {m.id: fact_time(m) for m in req.members}
+    valid_to = done.valid_to
+    for x in sup:
+        r = row_of[x]
+        old_vt = valid_to[r]
+        valid_to[r] = allowed[x] if np.isnan(old_vt) else min(old_vt, allowed[x])
+        done.superseded.add(r)
+        if valid_to[r] == old_vt:
+            continue
+        done.closed += 1
+        st.events.append(
+            {
+                "op": "supersede",
+                "id": x,
+                "namespace": req.namespace,
+                "valid_to": float(valid_to[r]),
+                "cluster_id": req.cluster_id,
+                "by": sorted(
                     {
-                        "similarities": [list(s) for s in req.similarities],
-                        "raw": resp.raw,
-                        "note": resp.note,
-                        "length_ratio": round(ratio, 4),
-                        **({"superseded": sup} if sup else {}),
-                        **({"lost_members": lost} if lost else {}),
-                    },
-                )
-            )
-        else:
-            note = (
-                f"merger superseded {bad}, which no newer conflicting member contradicts"
-                if bad
-                else f"merged text loses the content of {len(lost)} member(s): "
-                + "; ".join(f"{k}: {' / '.join(v)}" for k, v in sorted(lost.items()))
-                if lost
-                else resp.note
-            )
-            if lost:
-                n_refused += 1
-                n_lost_refused += len(lost)
-            if not sup:
-                st.events.append(
-                    {
-                        "op": "merge_declined",
-                        "cluster_id": req.cluster_id,
-                        "ids": [m.id for m in req.members],
-                        "note": note,
-                        "raw": resp.raw,
-                        **({"lost_members": lost} if lost else {}),
+                        b if a == x else a
+                        for a, b, _ in req.conflicts
+                        if x in (a, b) and ftime[b if a == x else a] > ftime[x]
                     }
-                )
-            in_cluster -= set(c)  # fall back to exact-only merges of its groups
+                ),
+                "reasons": sorted({w for a, b, w in req.conflicts if x in (a, b)}),
+                "merger": merger,
+                "raw": resp.raw,
+            }
+        )
+
+
+def _merge_or_decline(
+    st: PassState,
+    cfg: PassConfig,
+    req: MergeRequest,
+    resp: MergeResponse,
+    cluster: list[int],
+    rest: list[int],
+    bad: list[str],
+    sup: list[str],
+    done: _Applied,
+) -> None:
+    """The merge of the rows ``rest`` (the cluster's rows less the superseded ones) with the
+    merger's text, checked by the fidelity checker; or, when the merger wrote no text, named
+    a member it may not supersede (``bad``), left fewer than two rows or (with
+    ``cfg.fidelity="refuse"``) lost a member's content: a ``merge_declined`` event (none when
+    something was superseded) and the cluster's exact groups fall back to exact merges."""
+    text = resp.text.strip() if resp.text is not None else ""
+    lost: dict[str, list[str]] = {}
+    if not bad and text and len(rest) > 1:
+        rest_ids = {str(done.ids[r]) for r in rest}
+        lost = lost_members(
+            text,
+            ((m.id, m.merge_texts) for m in req.members if m.id in rest_ids),
+            cfg.fidelity_threshold,
+        )
+        if not (lost and cfg.fidelity == "refuse"):
+            longest = max(len(str(t)) for t in done.texts[rest])
+            ratio = len(text) / max(longest, 1)
+            done.ratios.append(ratio)
+            done.lost += len(lost)
+            extra = {
+                "similarities": [list(s) for s in req.similarities],
+                "raw": resp.raw,
+                "note": resp.note,
+                "length_ratio": round(ratio, 4),
+                **({"superseded": sup} if sup else {}),
+                **({"lost_members": lost} if lost else {}),
+            }
+            done.merges.append((np.array(rest, np.int64), text, "merge", extra))
+            return
+    note = (
+        f"merger superseded {bad}, which no newer conflicting member contradicts"
+        if bad
+        else f"merged text loses the content of {len(lost)} member(s): "
+        + "; ".join(f"{k}: {' / '.join(v)}" for k, v in sorted(lost.items()))
+        if lost
+        else resp.note
+    )
+    if lost:
+        done.refused += 1
+        done.lost_refused += len(lost)
+    if not sup:
+        st.events.append(
+            {
+                "op": "merge_declined",
+                "cluster_id": req.cluster_id,
+                "ids": [m.id for m in req.members],
+                "note": note,
+                "raw": resp.raw,
+                **({"lost_members": lost} if lost else {}),
+            }
+        )
+    done.in_cluster -= set(cluster)  # fall back to exact-only merges of its groups
+
+
+def _exact_merges(
+    st: PassState, done: _Applied
+) -> list[tuple[np.ndarray, str, str, dict[str, Any]]]:
+    """An ``exact_merge`` of each exact group of two or more rows (less the superseded) that
+    is not inside a merged cluster, with its canonical text."""
+    u = st.units
+    assert u is not None
     exact = [
         g
         for k in np.flatnonzero(u.size > 1).tolist()
-        if k not in in_cluster
-        and len(g := np.array([r for r in u.members(k).tolist() if r not in superseded], np.int64))
+        if k not in done.in_cluster
+        and len(
+            g := np.array([r for r in u.members(k).tolist() if r not in done.superseded], np.int64)
+        )
         > 1
     ]
-    merges += [
+    return [
         (g, text, "exact_merge", {})
         for g, text in zip(exact, _canonical_texts(st, exact), strict=True)
     ]
-    st.meta["valid_to"] = valid_to
-    st.stats.superseded = n_closed
-    st.stats.merges_losing_facts = n_refused
-    st.stats.members_lost = n_lost
-    st.stats.members_lost_refused = n_lost_refused
-    if ratios:
-        st.stats.merge_text_ratio_mean = float(np.mean(ratios))
-        st.stats.merge_text_ratio_max = float(np.max(ratios))
+
+
+def _merge_stats(st: PassState, done: _Applied, responses: list[MergeResponse]) -> None:
+    """The merge stage's counts and the merger's model accounting into ``st.stats``."""
+    st.stats.superseded = done.closed
+    st.stats.merges_losing_facts = done.refused
+    st.stats.members_lost = done.lost
+    st.stats.members_lost_refused = done.lost_refused
+    if done.ratios:
+        st.stats.merge_text_ratio_mean = float(np.mean(done.ratios))
+        st.stats.merge_text_ratio_max = float(np.max(done.ratios))
     st.stats.model_calls = sum(r.calls for r in responses)
     st.stats.prompt_tokens = sum(r.prompt_tokens for r in responses)
     st.stats.completion_tokens = sum(r.completion_tokens for r in responses)
     lat = latency_stats(responses)
     if lat:
         st.stats.merge_latency_p50_s, st.stats.merge_latency_p95_s = lat
-    _write_merges(st, cfg, merger, version, merges)
-    return st
 
 
 def _write_merges(

@@ -111,9 +111,35 @@ def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> Pa
     if u is None or p is None or not len(p):
         st.stats.clusters = st.stats.review_pairs = 0
         return st
+    keys = st.meta["id"].to_numpy(object)[u.first]
+    conflicts = _conflict_rules(st, handles_conflicts)
+    items, cr = compact_clusters(p, u.vec, u.weight, keys, cfg.threshold, conflicts)
+    st.clusters = [[int(items[x]) for x in c] for c in cr.clusters]
+    rank = st.id_rank[u.first]
+    review = []
+    for a, b, s, r in cr.review:
+        a, b = int(items[a]), int(items[b])
+        if rank[a] > rank[b]:
+            a, b = b, a
+        review.append((a, b, s, r))
+    review.sort(key=lambda x: (rank[x[0]], rank[x[1]]))
+    st.review = review
+    _review_events(st, cfg, review)
+    st.stats.clusters = len(st.clusters)
+    st.stats.review_pairs = len(review)
+    return st
+
+
+def _conflict_rules(
+    st: PassState, handles_conflicts: bool
+) -> Callable[[np.ndarray], dict[str, Any]]:
+    """``conflicts(items)`` for :func:`compact_clusters`: the conflict guard's keyword
+    arguments of :func:`~consolidate.cluster.centroid_clusters` over the units ``items``.
+    Units of one text share a conflict class, except a unit that an undo constraint names
+    (``keep_apart``), which keeps one of its own."""
+    u = st.units
+    assert u is not None
     ids = st.meta["id"].to_numpy(object)
-    first = u.first
-    keys = ids[first]
     apart_col = st.meta["keep_apart"].to_numpy(object)
     # every id named in a keep_apart of a candidate row (a unit that contains one must keep
     # a conflict class of its own)
@@ -121,7 +147,7 @@ def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> Pa
     named = {x for r in u.rows[has_apart].tolist() for x in apart_col[r]}
 
     def conflicts(items: np.ndarray) -> dict[str, Any]:
-        texts = st.meta["text"].to_numpy(object)[first[items]].tolist()
+        texts = st.meta["text"].to_numpy(object)[u.first[items]].tolist()
         memo: dict[str, ConflictSignature] = {}
         sig = [memo[t] if t in memo else memo.setdefault(t, conflict_signature(t)) for t in texts]
         # undo constraints: only units holding a keep_apart, or holding a named id, need sets
@@ -154,17 +180,18 @@ def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> Pa
             "blocking": lambda reason: reason == "undone merge",
         }
 
-    items, cr = compact_clusters(p, u.vec, u.weight, keys, cfg.threshold, conflicts)
-    st.clusters = [[int(items[x]) for x in c] for c in cr.clusters]
-    rank = st.id_rank[first]
-    review = []
-    for a, b, s, r in cr.review:
-        a, b = int(items[a]), int(items[b])
-        if rank[a] > rank[b]:
-            a, b = b, a
-        review.append((a, b, s, r))
-    review.sort(key=lambda x: (rank[x[0]], rank[x[1]]))
-    st.review = review
+    return conflicts
+
+
+def _review_events(
+    st: PassState, cfg: PassConfig, review: list[tuple[int, int, float, str]]
+) -> None:
+    """A ``review`` event per reviewed pair of units, the first ``cfg.max_review_events``,
+    then one ``review_truncated`` event if there were more."""
+    u = st.units
+    assert u is not None
+    first = u.first
+    ids = st.meta["id"].to_numpy(object)
     texts = st.meta["text"].to_numpy(object)
     for a, b, s, reason in review[: cfg.max_review_events]:
         st.events.append(
@@ -172,7 +199,7 @@ def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> Pa
                 "op": "review",
                 "reason": reason,
                 "similarity": None if math.isnan(s) else round(s, 6),
-                "ids": [keys[a], keys[b]],
+                "ids": [ids[first[a]], ids[first[b]]],
                 "texts": [texts[first[a]], texts[first[b]]],
                 "namespace": st.ns_names[u.ns[a]],
             }
@@ -181,6 +208,3 @@ def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> Pa
         st.events.append(
             {"op": "review_truncated", "listed": cfg.max_review_events, "total": len(review)}
         )
-    st.stats.clusters = len(st.clusters)
-    st.stats.review_pairs = len(review)
-    return st
