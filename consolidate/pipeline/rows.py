@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -35,6 +35,34 @@ def _unions(col: np.ndarray, rows: np.ndarray, starts: np.ndarray) -> list[list[
     for g in np.flatnonzero(total > 0).tolist():
         out[g] = _union(col[rows[starts[g] : ends[g]]])
     return out
+
+
+def _merge_columns(
+    st: PassState,
+    rows: np.ndarray,
+    starts: np.ndarray,
+    sizes: np.ndarray,
+    strength: np.ndarray,
+    strength_cap: float,
+) -> dict[str, Any]:
+    """The columns of merged records that depend on the kind (see :func:`new_records`):
+    strength, validity and the unions of ``keep_apart`` and ``derived_from``, for the groups
+    of ``rows`` starting at ``starts`` (``strength``: the rows' strengths)."""
+    vt = st.col("valid_to")[rows]
+    any_open = np.add.reduceat(np.isnan(vt).astype(np.int64), starts) > 0
+    w_sum = group_sums(strength, sizes)
+    w_max = np.maximum.reduceat(strength, starts)
+    return {
+        "strength": np.minimum(w_sum, np.maximum(strength_cap, w_max)),
+        "valid_from": nan_reduce(st.col("valid_from")[rows], starts, "max"),
+        "valid_to": np.where(any_open, np.nan, np.maximum.reduceat(vt, starts)),
+        "keep_apart": pd.Series(
+            _unions(st.meta["keep_apart"].to_numpy(object), rows, starts), dtype=object
+        ),
+        "derived_from": pd.Series(
+            _unions(st.meta["derived_from"].to_numpy(object), rows, starts), dtype=object
+        ),
+    }
 
 
 def new_records(
@@ -84,49 +112,34 @@ def new_records(
     starts = np.r_[0, np.cumsum(sizes)[:-1]]
     strength = st.col("strength")[rows]
     vec = segment_centroids(st.vectors(rows), np.arange(len(rows)), seg, k, strength)
-    created = st.col("created_at")[rows]
-    src = st.meta["source_ids"].to_numpy(object)
-    merge = kind == "merge"
-    if merge:
-        w_sum = group_sums(strength, sizes)
-        w_max = np.maximum.reduceat(strength, starts)
-        vf = st.col("valid_from")[rows]
-        vt = st.col("valid_to")[rows]
-        any_open = np.add.reduceat(np.isnan(vt).astype(np.int64), starts) > 0
-        apart = st.meta["keep_apart"].to_numpy(object)
-        derived = st.meta["derived_from"].to_numpy(object)
-    meta = pd.DataFrame(
-        {
-            "id": pd.Series(list(ids), dtype=object),
-            "namespace": pd.Series(
-                st.meta["namespace"].to_numpy(object)[rows[starts]], dtype=object
+    cols: dict[str, Any] = {
+        "id": pd.Series(list(ids), dtype=object),
+        "namespace": pd.Series(st.meta["namespace"].to_numpy(object)[rows[starts]], dtype=object),
+        "text": pd.Series(list(texts), dtype=object),
+        "importance": np.maximum.reduceat(st.col("importance")[rows], starts),
+        "created_at": np.maximum.reduceat(st.col("created_at")[rows], starts),
+        "last_used": np.maximum.reduceat(st.col("last_used")[rows], starts),
+        "pinned": np.zeros(k, bool),
+        "source_ids": pd.Series(
+            _unions(st.meta["source_ids"].to_numpy(object), rows, starts), dtype=object
+        ),
+        "deleted_at": np.full(k, np.nan),
+        "deleted_reason": pd.Series([None] * k, dtype=object),
+        "merged_into": pd.Series([None] * k, dtype=object),
+        "text_hash": pd.Series(text_hashes(list(texts)), dtype=object),
+        "last_pass": np.full(k, float(version)),
+    }
+    if kind == "merge":
+        cols.update(_merge_columns(st, rows, starts, sizes, strength, strength_cap))
+    else:
+        cols.update(
+            strength=np.ones(k),
+            valid_from=np.full(k, np.nan),
+            valid_to=np.full(k, np.nan),
+            keep_apart=pd.Series([[] for _ in range(k)], dtype=object),
+            derived_from=pd.Series(
+                [list(st.meta["id"].to_numpy(object)[g]) for g in groups], dtype=object
             ),
-            "text": pd.Series(list(texts), dtype=object),
-            "importance": np.maximum.reduceat(st.col("importance")[rows], starts),
-            "created_at": np.maximum.reduceat(created, starts),
-            "last_used": np.maximum.reduceat(st.col("last_used")[rows], starts),
-            "strength": np.minimum(w_sum, np.maximum(strength_cap, w_max)) if merge else np.ones(k),
-            "pinned": np.zeros(k, bool),
-            "source_ids": pd.Series(_unions(src, rows, starts), dtype=object),
-            "valid_from": nan_reduce(vf, starts, "max") if merge else np.full(k, np.nan),
-            "valid_to": np.where(any_open, np.nan, np.maximum.reduceat(vt, starts))
-            if merge
-            else np.full(k, np.nan),
-            "deleted_at": np.full(k, np.nan),
-            "deleted_reason": pd.Series([None] * k, dtype=object),
-            "merged_into": pd.Series([None] * k, dtype=object),
-            "text_hash": pd.Series(text_hashes(list(texts)), dtype=object),
-            "last_pass": np.full(k, float(version)),
-            "keep_apart": pd.Series(
-                _unions(apart, rows, starts) if merge else [[] for _ in range(k)],
-                dtype=object,
-            ),
-            "derived_from": pd.Series(
-                _unions(derived, rows, starts)
-                if merge
-                else [list(st.meta["id"].to_numpy(object)[g]) for g in groups],
-                dtype=object,
-            ),
-        }
-    )
+        )
+    meta = pd.DataFrame({c: cols[c] for c in COLUMNS})
     return meta, vec
