@@ -88,7 +88,7 @@ class FleetPlan:
     left_pending: list[str]
 
 
-def plan_shards(  # noqa: C901
+def plan_shards(
     store: LanceStore,
     *,
     version: int,
@@ -125,21 +125,24 @@ def plan_shards(  # noqa: C901
     rows = counts.field("counts").to_numpy().astype(np.int64)
     order = np.argsort(names.astype(str), kind="stable")
     names, rows = names[order], rows[order]
-    n = len(names)
-    # namespaces that share a delta file go into one shard (a union-find over the deltas,
-    # whose number is that of the writes since the last pass, not of the records)
-    parent = np.arange(n)
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
     ids_of = {name: store.delta_ids(name) for name in pending}
-    # every record a delta's replay reads: the ids it names and where their merged_into
-    # chains lead (a touch of a merged record lands on the record it was merged into);
-    # one filtered read of the id index per link followed
+    comp, applied, left = _bind_deltas(
+        ids_of, _delta_reach(store, version, ids_of), names, namespaces is not None
+    )
+    shards, shard_rows, ns_shard = _pack(names, rows, comp, max_rows)
+    deltas: list[list[str]] = [[] for _ in range(len(shards))]
+    for name, at in applied.items():  # a delta that reaches no stored row: the first shard
+        deltas[int(ns_shard[at[0]]) if at else 0].append(name)
+    return FleetPlan(version, shards, shard_rows, deltas, sorted(left))
+
+
+def _delta_reach(
+    store: LanceStore, version: int, ids_of: dict[str, list[str]]
+) -> dict[str, tuple[str | None, str | None]]:
+    """``{id: (namespace, merged_into)}`` of every record a delta's replay reads: the ids the
+    deltas name and where their ``merged_into`` chains lead (a touch of a merged record
+    lands on the record it was merged into); ``(None, None)`` for an id not stored. One
+    filtered read of the id index per link followed."""
     where: dict[str, tuple[str | None, str | None]] = {}
     frontier = sorted({i for ids in ids_of.values() for i in ids})
     ds = store._open(version)
@@ -163,6 +166,33 @@ def plan_shards(  # noqa: C901
         )
         where.update({i: got.get(i, (None, None)) for i in frontier})
         frontier = [m for _, m in got.values() if isinstance(m, str)]
+    return where
+
+
+def _bind_deltas(
+    ids_of: dict[str, list[str]],
+    where: dict[str, tuple[str | None, str | None]],
+    names: np.ndarray,
+    partial: bool,
+) -> tuple[np.ndarray, dict[str, list[int]], list[str]]:
+    """Namespaces that share a delta file go into one shard: a union-find over the deltas
+    (as many as the writes since the last pass, not the records).
+
+    Returns:
+        ``(comp, applied, left)``: ``int64 [n]`` a component root per namespace of ``names``;
+        per delta replayed, the positions of the namespaces it reaches; the deltas left
+        pending (they name an id not stored, in a ``partial`` run, or reach a namespace
+        outside the run).
+    """
+    n = len(names)
+    parent = np.arange(n)
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
     pos = pd.Index(names)
     applied: dict[str, list[int]] = {}
     left = []
@@ -182,7 +212,7 @@ def plan_shards(  # noqa: C901
         at = pos.get_indexer(sorted(reach))
         # ids not stored are ignored by a replay over the whole store, as by a load; a run
         # over some namespaces leaves such a delta pending, as a partial load does
-        if (at < 0).any() or (unknown and namespaces is not None) or (not len(at) and not n):
+        if (at < 0).any() or (unknown and partial) or (not len(at) and not n):
             left.append(name)
             continue
         if len(at):
@@ -191,14 +221,26 @@ def plan_shards(  # noqa: C901
                 parent[root(int(a))] = r0
         applied[name] = [int(a) for a in at]
     comp = np.array([root(i) for i in range(n)], dtype=np.int64) if n else np.zeros(0, np.int64)
-    # components in the order of their first namespace; a shard starts at each component
-    # whose preceding rows cross a multiple of max_rows
+    return comp, applied, left
+
+
+def _pack(
+    names: np.ndarray, rows: np.ndarray, comp: np.ndarray, max_rows: int
+) -> tuple[list[list[str]], np.ndarray, np.ndarray]:
+    """Greedy packing of the components (in the order of their first namespace) into shards
+    of at most ``max_rows`` rows (a larger component gets a shard of its own), one step per
+    component.
+
+    Returns:
+        ``(shards, shard_rows, ns_shard)``: the namespaces of each shard (sorted), its rows,
+        and the shard of each namespace of ``names``.
+    """
+    n = len(names)
     first = pd.Series(np.arange(n)).groupby(comp).transform("min").to_numpy()
     by = np.lexsort((np.arange(n), first))
     comp_sorted = comp[by]
     starts = np.r_[True, comp_sorted[1:] != comp_sorted[:-1]] if n else np.zeros(0, bool)
     comp_rows = pd.Series(rows[by]).groupby(np.cumsum(starts)).transform("sum").to_numpy()
-    # greedy packing, one step per component (at most one per namespace, never per record)
     c_idx = np.flatnonzero(starts)
     c_rows = comp_rows[c_idx]
     shard_of_comp = np.zeros(len(c_idx), np.int64)
@@ -222,10 +264,7 @@ def plan_shards(  # noqa: C901
     shard_rows = np.bincount(shard_of, weights=rows[by], minlength=n_shards).astype(np.int64)
     ns_shard = np.empty(n, np.int64)
     ns_shard[by] = shard_of
-    deltas: list[list[str]] = [[] for _ in range(n_shards)]
-    for name, at in applied.items():  # a delta that reaches no stored row: the first shard
-        deltas[int(ns_shard[at[0]]) if at else 0].append(name)
-    return FleetPlan(version, shards, shard_rows, deltas, sorted(left))
+    return shards, shard_rows, ns_shard
 
 
 def _read_shard(
@@ -574,6 +613,31 @@ def run_fleet_pass(
         ValueError: bad runner settings, or ``runner.llm=ray_data`` without an LLM merger.
         ImportError: Ray Data is not installed.
     """
+    ray = _ray_for(store, runner)
+    run = _FleetRun(
+        store,
+        namespaces=namespaces,
+        pass_cfg=pass_cfg,
+        runner=runner,
+        wall_h=time.time() / 3600 if wall_h is None else float(wall_h),
+        dry_run=dry_run,
+    )
+    llm = llm_stage(merge, runner, llm_backend) if runner.llm == "ray_data" else None
+    checker, run.check = store.verify_in_thread(run.version)
+    run.checker = checker
+    actor_kw = run.actor_kwargs(sim_cfg, merge, reflect)
+    t0 = time.perf_counter()
+    run.run_shards(ray, llm, runner, actor_kw)
+    return run.finish(llm, time.perf_counter() - t0)
+
+
+def _ray_for(store: LanceStore, runner: RunnerConfig) -> Any:
+    """The ``ray`` module, once the store and the runner settings allow a fleet run.
+
+    Raises:
+        TypeError: not a Lance store. ImportError: Ray Data is not installed.
+        ValueError: bad runner settings, or a vector dtype conversion pending.
+    """
     if not store.PARTIAL_LOADS:
         raise TypeError(
             f"a fleet run needs a Lance store; {store.root} is a {store.FORMAT.capitalize()} store "
@@ -588,53 +652,7 @@ def run_fleet_pass(
         raise ValueError(
             "a vector dtype conversion rewrites the whole store: run it with runner=local"
         )
-    run = _FleetRun(
-        store,
-        namespaces=namespaces,
-        pass_cfg=pass_cfg,
-        runner=runner,
-        wall_h=time.time() / 3600 if wall_h is None else float(wall_h),
-        dry_run=dry_run,
-    )
-    llm = llm_stage(merge, runner, llm_backend) if runner.llm == "ray_data" else None
-    checker, run.check = store.verify_in_thread(run.version)
-    run.checker = checker
-    started = False
-    t0 = time.perf_counter()
-    try:
-        if run.plan.shards:
-            started = _start_ray(ray, runner)
-            actor_kw = {
-                "root": str(store.root),
-                "store_kw": {
-                    "quarantine": store.quarantine,
-                    "future_tolerance_h": store.future_tolerance_h,
-                },
-                "plan": run.plan,
-                "pass_cfg": pass_cfg,
-                "sim_cfg": sim_cfg,
-                "merge": merge,
-                "reflect": reflect,
-                "wall_h": run.wall_h,
-                "threads": max(1, math.floor(runner.cpus_per_actor)),
-            }
-            run.rounds(ray, llm, actor_kw)
-    except BaseException:
-        if run.commits:
-            log.warning(
-                "fleet run failed after committing versions %s (%d of %d shards); "
-                "a rerun passes over their namespaces again",
-                [c["version"] for c in run.commits],
-                len(run.done) - len(run.ready),
-                len(run.plan.shards),
-            )
-        raise
-    finally:
-        checker.join()
-        if started:
-            with contextlib.suppress(Exception):
-                ray.shutdown()
-    return run.finish(llm, time.perf_counter() - t0)
+    return ray
 
 
 def _check_runner(runner: RunnerConfig) -> None:
@@ -923,6 +941,53 @@ class _FleetRun:
             self.fleet["llm_rounds"] = self.fleet.get("llm_rounds", 0) + 1
         if per:
             self.commit_group(list(ready))
+
+    def actor_kwargs(self, sim_cfg: SimilarityConfig, merge: Any, reflect: Any) -> dict[str, Any]:
+        """The keyword arguments each shard actor is built with: the store's folder and
+        settings, the plan, the pass's configs and wall time, its torch threads."""
+        store = self.store
+        return {
+            "root": str(store.root),
+            "store_kw": {
+                "quarantine": store.quarantine,
+                "future_tolerance_h": store.future_tolerance_h,
+            },
+            "plan": self.plan,
+            "pass_cfg": self.pass_cfg,
+            "sim_cfg": sim_cfg,
+            "merge": merge,
+            "reflect": reflect,
+            "wall_h": self.wall_h,
+            "threads": max(1, math.floor(self.runner.cpus_per_actor)),
+        }
+
+    def run_shards(
+        self, ray: Any, llm: Any, runner: RunnerConfig, actor_kw: dict[str, Any]
+    ) -> None:
+        """Run the plan's shards on Ray (a local cluster started for the run when none is
+        running and ``runner.address`` is ``None``, shut down after), round after round
+        (:meth:`rounds`); waits for the store check. A failure after some versions were
+        committed is logged with them, then raised."""
+        started = False
+        try:
+            if self.plan.shards:
+                started = _start_ray(ray, runner)
+                self.rounds(ray, llm, actor_kw)
+        except BaseException:
+            if self.commits:
+                log.warning(
+                    "fleet run failed after committing versions %s (%d of %d shards); "
+                    "a rerun passes over their namespaces again",
+                    [c["version"] for c in self.commits],
+                    len(self.done) - len(self.ready),
+                    len(self.plan.shards),
+                )
+            raise
+        finally:
+            self.checker.join()
+            if started:
+                with contextlib.suppress(Exception):
+                    ray.shutdown()
 
     def finish(self, llm: Any, ray_s: float) -> dict[str, Any]:
         """The run's commit (the whole run's, unless committed per group) and its summary

@@ -156,68 +156,16 @@ def reembed_store(
     root = Path(root).resolve()  # a symlink: the folder it names is re-embedded
     store = open_store_dir(root)
     store.head()  # StoreNotFoundError names the folder
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    backup = (
-        Path(backup).absolute()
-        if backup is not None
-        else root.with_name(f"{root.name}.pre-reembed-{stamp}")
-    )
-    _check_backup(root, backup)
-    shadow = root.with_name(f"{root.name}.reembed-{stamp}")
-    if shadow.exists():
-        raise FileExistsError(
-            f"{shadow} exists: another re-embed of {root} runs, or one "
-            f"was killed (it holds a store: look before removing it)"
-        )
+    backup, shadow = _folders(root, backup)
     fmt = store.FORMAT
-    exchanged = False
     with store.lock(timeout_s=lock_timeout_s):
         first = store.load()
         old_dim = first.dim
         known, vecs = _embed_unique(first.records.meta["text"], encoder)
-        log.info(
-            "re-embedded %d distinct texts of %s (d %d -> %d)",
-            len(known),
-            root,
-            old_dim,
-            vecs.shape[1],
+        log.info("re-embedded %d texts of %s (d %d -> %d)", len(known), root, old_dim, len(vecs.T))
+        recs, late, moved = _switch(
+            store, root, shadow, backup, (known, vecs), encoder, model, check, writers_timeout_s
         )
-        try:
-            with store._writers_lock(writers_timeout_s):
-                snap = store.load()
-                meta = snap.records.meta.copy()
-                new_vecs, late = _vectors_for(meta["text"], known, vecs, encoder)
-                recs = Records(meta, new_vecs)
-                normalise_vectors(recs)
-                if check is not None:
-                    check(recs)
-                new = open_store_dir(shadow, format=fmt, **_store_kwargs(store))
-                new.create(
-                    recs,
-                    source=f"re-embed of {root} version {snap.version} with "
-                    f"{model or 'another model'}",
-                )
-                with new.lock(), new._writers_lock(writers_timeout_s):
-                    folded = set(snap.deltas)
-                    # the touches so far are copied (the live store keeps them until the
-                    # exchange), those written until the exchange moved after it
-                    copied = _copy_late_deltas(root, shadow, folded)
-                    _crashpoint("reembed:before_exchange")
-                    exchange_dirs(root, shadow)
-                    exchanged = True
-                    _crashpoint("reembed:after_exchange")
-                    moved = len(copied) + _move_late_deltas(shadow, root, folded | copied)
-                    shadow.rename(backup)
-        except BaseException as e:
-            if not exchanged:
-                if shadow.exists():
-                    shutil.rmtree(shadow, ignore_errors=True)
-                raise
-            if shadow.exists():  # switched, but the old store could not be moved aside
-                raise OSError(
-                    f"{root} now holds the re-embedded store; the old store stays at {shadow} ({e})"
-                ) from e
-            raise
     head = open_store_dir(root).head()
     return {
         "store": str(root),
@@ -232,6 +180,85 @@ def reembed_store(
         "version": head.version,
         "seconds": round(time.perf_counter() - t0, 3),
     }
+
+
+def _folders(root: Path, backup: str | os.PathLike | None) -> tuple[Path, Path]:
+    """``(backup, shadow)``: where the old store goes (checked, see :func:`reembed_store`)
+    and the folder the new store is built in (``<root>.reembed-<UTC time>``).
+
+    Raises:
+        FileExistsError: ``backup`` or the shadow folder exists.
+        FileNotFoundError, ValueError: see :func:`_check_backup`.
+    """
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = (
+        Path(backup).absolute()
+        if backup is not None
+        else root.with_name(f"{root.name}.pre-reembed-{stamp}")
+    )
+    _check_backup(root, out)
+    shadow = root.with_name(f"{root.name}.reembed-{stamp}")
+    if shadow.exists():
+        raise FileExistsError(
+            f"{shadow} exists: another re-embed of {root} runs, or one "
+            f"was killed (it holds a store: look before removing it)"
+        )
+    return out, shadow
+
+
+def _switch(
+    store: Any,
+    root: Path,
+    shadow: Path,
+    backup: Path,
+    embedded: tuple[pd.Index, np.ndarray],
+    encoder: _Encoder,
+    model: str,
+    check: Callable[[Records], None] | None,
+    writers_timeout_s: float,
+) -> tuple[Records, int, int]:
+    """Under the writers lock: the head again with the texts written since embedded, the
+    new store built in ``shadow``, the folders exchanged and the old store moved to
+    ``backup`` (:func:`reembed_store`'s second step). Returns ``(new records, texts embedded
+    late, delta files carried)``."""
+    known, vecs = embedded
+    exchanged = False
+    try:
+        with store._writers_lock(writers_timeout_s):
+            snap = store.load()
+            meta = snap.records.meta.copy()
+            new_vecs, late = _vectors_for(meta["text"], known, vecs, encoder)
+            recs = Records(meta, new_vecs)
+            normalise_vectors(recs)
+            if check is not None:
+                check(recs)
+            new = open_store_dir(shadow, format=store.FORMAT, **_store_kwargs(store))
+            new.create(
+                recs,
+                source=f"re-embed of {root} version {snap.version} with {model or 'another model'}",
+            )
+            with new.lock(), new._writers_lock(writers_timeout_s):
+                folded = set(snap.deltas)
+                # the touches so far are copied (the live store keeps them until the
+                # exchange), those written until the exchange moved after it
+                copied = _copy_late_deltas(root, shadow, folded)
+                _crashpoint("reembed:before_exchange")
+                exchange_dirs(root, shadow)
+                exchanged = True
+                _crashpoint("reembed:after_exchange")
+                moved = len(copied) + _move_late_deltas(shadow, root, folded | copied)
+                shadow.rename(backup)
+    except BaseException as e:
+        if not exchanged:
+            if shadow.exists():
+                shutil.rmtree(shadow, ignore_errors=True)
+            raise
+        if shadow.exists():  # switched, but the old store could not be moved aside
+            raise OSError(
+                f"{root} now holds the re-embedded store; the old store stays at {shadow} ({e})"
+            ) from e
+        raise
+    return recs, late, moved
 
 
 def check_backup(root: str | os.PathLike, backup: str | os.PathLike) -> None:

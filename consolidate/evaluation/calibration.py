@@ -175,12 +175,7 @@ def _calibrate_one(
     its PR curve, thresholds at the best F1 and at each target precision, the conflict
     guard's rates there and at ``cfg.guard_thresholds``, the score histogram; added to
     ``run``."""
-    sents = pd.unique(pd.concat([df["sentence1"], df["sentence2"]]).astype(str))
-    pos = {s: k for k, s in enumerate(sents)}
-    v = emb.encode(list(sents)).astype(np.float64)
-    a = v[[pos[s] for s in df["sentence1"].astype(str)]]
-    b = v[[pos[s] for s in df["sentence2"].astype(str)]]
-    cos = (a * b).sum(1)
+    cos = _pair_cosines(emb, df)
     c = pr_curve(cos, df["label"].to_numpy())
     contra = cos[df["contradiction"].to_numpy() == 1]
     e = {
@@ -204,7 +199,35 @@ def _calibrate_one(
             f"{t:.2f}": _guard_rates(key, df, cos, float(t), guard) for t in cfg.guard_thresholds
         },
     }
-    run.samples += [
+    run.samples += _samples(key, dtype, df, cos)
+    run.entries.append(e)
+    label = f"{key} {dtype}"
+    _add_curve(run, label, c)
+    lab = df["label"].to_numpy() == 1
+    groups = {
+        "duplicates": cos[lab],
+        "non-duplicates": cos[~lab & (df["contradiction"].to_numpy() == 0)],
+        "contradictions": contra,
+    }
+    ths = {"best F1": c.best_f1_threshold}
+    tp = e["threshold_at_precision"].get(str(cfg.recommend.precision))
+    if tp is not None:
+        ths[f"P>={cfg.recommend.precision}"] = tp
+    from .plots import plot_histograms
+
+    plot_histograms(groups, out / f"hist_{key}_{dtype}.png", f"{label}: cosine", ths)
+    log.info(
+        "%s: AP %.4f, best F1 %.4f at %.4f",
+        label,
+        c.average_precision,
+        c.best_f1,
+        c.best_f1_threshold,
+    )
+
+
+def _samples(key: str, dtype: str, df: pd.DataFrame, cos: np.ndarray) -> list[dict[str, Any]]:
+    """One ``samples.jsonl`` record per pair: dataset, dtype, sentences, labels, cosine."""
+    return [
         {
             "dataset": key,
             "dtype": dtype,
@@ -223,8 +246,22 @@ def _calibrate_one(
             strict=True,
         )
     ]
-    run.entries.append(e)
-    label = f"{key} {dtype}"
+
+
+def _pair_cosines(emb: Any, df: pd.DataFrame) -> np.ndarray:
+    """``float64 [len(df)]``: the cosine of each pair's ``sentence1`` and ``sentence2``, each
+    distinct sentence embedded once (float64 products of the embedder's unit vectors)."""
+    sents = pd.unique(pd.concat([df["sentence1"], df["sentence2"]]).astype(str))
+    pos = {s: k for k, s in enumerate(sents)}
+    v = emb.encode(list(sents)).astype(np.float64)
+    a = v[[pos[s] for s in df["sentence1"].astype(str)]]
+    b = v[[pos[s] for s in df["sentence2"].astype(str)]]
+    return (a * b).sum(1)
+
+
+def _add_curve(run: _CalibrationRun, label: str, c: Any) -> None:
+    """The PR curve ``c`` of one dataset and dtype into ``run``: the curve, its best-F1
+    mark, and the metrics average precision, best F1 and its threshold."""
     run.curves[label] = (c.recall, c.precision, c.average_precision)
     run.prs[label] = c
     best = int(np.argmax(c.f1)) if len(c.f1) else None
@@ -250,26 +287,6 @@ def _calibrate_one(
                 n=c.n,
             )
         )
-    lab = df["label"].to_numpy() == 1
-    groups = {
-        "duplicates": cos[lab],
-        "non-duplicates": cos[~lab & (df["contradiction"].to_numpy() == 0)],
-        "contradictions": contra,
-    }
-    ths = {"best F1": c.best_f1_threshold}
-    tp = e["threshold_at_precision"].get(str(cfg.recommend.precision))
-    if tp is not None:
-        ths[f"P>={cfg.recommend.precision}"] = tp
-    from .plots import plot_histograms
-
-    plot_histograms(groups, out / f"hist_{key}_{dtype}.png", f"{label}: cosine", ths)
-    log.info(
-        "%s: AP %.4f, best F1 %.4f at %.4f",
-        label,
-        c.average_precision,
-        c.best_f1,
-        c.best_f1_threshold,
-    )
 
 
 def _recommend(run: _CalibrationRun, cfg: DictConfig) -> Any:

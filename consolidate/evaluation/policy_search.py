@@ -56,9 +56,45 @@ def run_policy(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, 
     if not isinstance(grid, dict) or not grid:
         raise ValueError("grid must map pass settings to lists of values")
     policies = policy_grid(grid)
+    metrics, share = _target(cfg)  # checked before any policy runs
+    variants = [{"name": BASELINE, "consolidate": False}] + [
+        {"name": policy_name(p), "sleep": p} for p in policies
+    ]
+    ecfg = cfg.copy()
+    with open_dict(ecfg):
+        ecfg.variants = variants
+    res = run_evaluate(ecfg, out, splits=policy_split)
+    abl = pd.DataFrame(res.tables["ablation"]).set_index("variant")
+    held = [f"{m}[{HELD_OUT}]" for m in metrics]
+    chosen_on = [f"{m}[{CHOOSE}]" for m in metrics]
+    # the search sees the choosing half only, under the metrics' plain names
+    view = abl[["store_size", "store_tokens", "merges", "dropped", *held]].join(
+        abl[chosen_on].set_axis(metrics, axis=1)
+    )
+    base = view.loc[BASELINE]
+    cols = ["store_size", "store_tokens", "merges", "dropped", *metrics, *held]
+    rows = pd.DataFrame(
+        [
+            {**p, "variant": policy_name(p), **view.loc[policy_name(p), cols].to_dict()}
+            for p in policies
+        ]
+    )
+    rows["frontier"] = frontier_mask(rows, "store_tokens", metrics)
+    rec = recommend(rows, base, metrics, share)
+    doc = _policy_doc(res, policies, rows, base, rec, metrics, share)
+    (out / "policy.json").write_text(json.dumps(doc, indent=1, default=str))
+    _policy_report(out, doc, rows, base, rec, metrics)
+    return doc
+
+
+def _target(cfg: DictConfig) -> tuple[list[str], float]:
+    """``(metrics, share)`` of ``cfg.target``, checked: measured recalls, a share in (0, 1].
+
+    Raises:
+        ValueError: a metric that is not measured, or a bad share.
+    """
     metrics = list(cfg.target.metrics)
     share = cfg.target.share
-    # the target is checked before any policy runs
     measured = {f"recall@{k}" for k in cfg.ks} | {f"recall@{b}tok" for b in cfg.budgets}
     measured |= {"faithful_" + m for m in measured}
     if not metrics or set(metrics) - measured:
@@ -68,39 +104,23 @@ def run_policy(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, 
         )
     if not (isinstance(share, (int, float)) and not isinstance(share, bool) and 0 < share <= 1):
         raise ValueError(f"target.share must be in (0, 1], got {share!r}")
-    share = float(share)
-    variants = [{"name": BASELINE, "consolidate": False}] + [
-        {"name": policy_name(p), "sleep": p} for p in policies
-    ]
-    ecfg = cfg.copy()
-    with open_dict(ecfg):
-        ecfg.variants = variants
-    res = run_evaluate(ecfg, out, splits=policy_split)
-    split = {r["split"]: r for r in res.tables["splits"]}
-    abl = pd.DataFrame(res.tables["ablation"]).set_index("variant")
+    return metrics, float(share)
+
+
+def _policy_doc(
+    res: Any,
+    policies: list[dict[str, Any]],
+    rows: pd.DataFrame,
+    base: pd.Series,
+    rec: Any,
+    metrics: list[str],
+    share: float,
+) -> dict[str, Any]:
+    """The ``policy.json`` document: provenance, target, split, baseline, the recommended
+    policy (on the choosing half and on the held-out half) and every policy's row."""
     held = [f"{m}[{HELD_OUT}]" for m in metrics]
-    chosen_on = [f"{m}[{CHOOSE}]" for m in metrics]
-    # the search sees the choosing half only, under the metrics' plain names
-    view = abl[["store_size", "store_tokens", "merges", "dropped", *held]].join(
-        abl[chosen_on].set_axis(metrics, axis=1)
-    )
-    base = view.loc[BASELINE]
-    rows = pd.DataFrame(
-        [
-            {
-                **p,
-                "variant": policy_name(p),
-                **view.loc[
-                    policy_name(p),
-                    ["store_size", "store_tokens", "merges", "dropped", *metrics, *held],
-                ].to_dict(),
-            }
-            for p in policies
-        ]
-    )
-    rows["frontier"] = frontier_mask(rows, "store_tokens", metrics)
-    rec = recommend(rows, base, metrics, share)
-    doc = {
+    split = {r["split"]: r for r in res.tables["splits"]}
+    return {
         "schema_version": 1,
         "created_at": now_iso(),
         "git_commit": res.git_commit,
@@ -142,7 +162,20 @@ def run_policy(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, 
         },
         "policies": rows.round(6).to_dict("records"),
     }
-    (out / "policy.json").write_text(json.dumps(doc, indent=1, default=str))
+
+
+def _policy_report(
+    out: Path,
+    doc: dict[str, Any],
+    rows: pd.DataFrame,
+    base: pd.Series,
+    rec: Any,
+    metrics: list[str],
+) -> None:
+    """``frontier.png`` (both halves' recalls against store tokens) and the policy section
+    appended to ``report.md``."""
+    held = [f"{m}[{HELD_OUT}]" for m in metrics]
+    chosen_on = [f"{m}[{CHOOSE}]" for m in metrics]
     both = rows.rename(columns=dict(zip(metrics, chosen_on, strict=True)))
     from .plots import plot_frontier
 
@@ -169,7 +202,6 @@ def run_policy(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, 
                 ]
             )
         )
-    return doc
 
 
 def policy_verdict(doc: dict[str, Any]) -> str:

@@ -92,6 +92,22 @@ def run_pass(
     merger = merger or ExtractiveMerger()
     wall_h = time.time() / 3600 if wall_h is None else float(wall_h)
     check_settings(cfg)
+    refresh_now = _now_fn(cfg, wall_h, now_by_namespace)
+    with _gc_paused():  # see _gc_paused
+        return _stages(records, cfg, sim_cfg, merger, reflector, version, wall_h, refresh_now)
+
+
+def _stages(
+    records: Records,
+    cfg: PassConfig,
+    sim_cfg: SimilarityConfig,
+    merger: Merger,
+    reflector: Any,
+    version: int,
+    wall_h: float,
+    refresh_now: Callable[[PassState], np.ndarray],
+) -> PassResult:
+    """:func:`run_pass`'s stages in order, each timed into ``stats.time_s``."""
     times: dict[str, float] = {}
 
     def timed(name: str, stage: Callable[[], Any]) -> Any:
@@ -100,38 +116,33 @@ def run_pass(
         times[name] = times.get(name, 0.0) + time.perf_counter() - t
         return out
 
-    refresh_now = _now_fn(cfg, wall_h, now_by_namespace)
-
     def with_now(st: PassState) -> PassState:
         st.now = refresh_now(st)  # "latest" depends on the live rows: after every change
         return st
 
-    with _gc_paused():  # see _gc_paused
-        st = timed(
-            "purge",
-            lambda: purge_stage(
-                with_now(_start(records, sim_cfg, wall_h, merger.name, version)), cfg
-            ),
-        )
-        st = timed("exact", lambda: exact_stage(st, cfg))
-        st = timed("similarity", lambda: similarity_stage(st, cfg, sim_cfg))
-        st = timed("minhash", lambda: long_text_stage(st, cfg))
-        st = timed(
-            "cluster",
-            lambda: cluster_stage(st, cfg, bool(getattr(merger, "handles_conflicts", False))),
-        )
-        st = timed("merge", lambda: merge_stage(st, cfg, merger, version))
-        st.units = st.pairs = None  # unit vectors (as large as the store's) are not needed now
-        st = timed(
-            "reflect",
-            lambda: (
-                reflect_stage(with_now(st), cfg, sim_cfg, reflector, version) if cfg.reflect else st
-            ),
-        )
-        st = timed("score", lambda: retention_stage(with_now(st), cfg, version))
-        out = timed("score", st.records)
-        st.stats.time_s = {k: round(v, 4) for k, v in times.items()}
-        return PassResult(out, st.events, st.stats)
+    st = timed(
+        "purge",
+        lambda: purge_stage(with_now(_start(records, sim_cfg, wall_h, merger.name, version)), cfg),
+    )
+    st = timed("exact", lambda: exact_stage(st, cfg))
+    st = timed("similarity", lambda: similarity_stage(st, cfg, sim_cfg))
+    st = timed("minhash", lambda: long_text_stage(st, cfg))
+    st = timed(
+        "cluster",
+        lambda: cluster_stage(st, cfg, bool(getattr(merger, "handles_conflicts", False))),
+    )
+    st = timed("merge", lambda: merge_stage(st, cfg, merger, version))
+    st.units = st.pairs = None  # unit vectors (as large as the store's) are not needed now
+    st = timed(
+        "reflect",
+        lambda: (
+            reflect_stage(with_now(st), cfg, sim_cfg, reflector, version) if cfg.reflect else st
+        ),
+    )
+    st = timed("score", lambda: retention_stage(with_now(st), cfg, version))
+    out = timed("score", st.records)
+    st.stats.time_s = {k: round(v, 4) for k, v in times.items()}
+    return PassResult(out, st.events, st.stats)
 
 
 @contextlib.contextmanager

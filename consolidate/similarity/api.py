@@ -375,26 +375,60 @@ def topk_neighbours(
         :class:`TopK` in the original query order with original key positions.
 
     Raises:
-        ValueError: ``queries``/``keys`` not ``[q, d]``/``[n, d]``, NaN/inf or zero query
-            rows, NaN/inf key rows or key rows that are not unit vectors (within
-            :data:`UNIT_TOLERANCE`),
-            ``k`` not an integer >= 1, tile sizes that are not integers >= 1, only one of
-            the segment arrays given, segments of the wrong length or not integer codes,
-            unknown dtype, engine or device, a cuda device without CUDA,
-            ``engine="triton"`` on cpu without ``TRITON_INTERPRET=1``, ``engine="faiss"`` on
-            cuda with a faiss that sees no GPU, or ``min(k, n)`` above the engine's limit.
-        ImportError: ``engine="triton"`` without triton, or ``engine="faiss"`` without
-            faiss installed.
+        ValueError: as :func:`threshold_pairs` (for the keys; query rows are rescaled, zero
+            ones refused), and ``queries``/``keys`` of different widths, ``k`` not an
+            integer >= 1, only one of the segment arrays given, or ``min(k, n)`` above the
+            engine's limit.
+        ImportError: as :func:`threshold_pairs`.
     """
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
     k = int(k)
     _check_tiles(tile_rows, tile_cols)
-    if (query_segments is None) != (key_segments is None):
-        raise ValueError("give both query_segments and key_segments, or neither")
     dev = resolve_device(device)
     name = _resolve_engine(engine, dev)
     _check_dtype(dtype)
+    q, key, qs, ks = _topk_inputs(queries, keys, query_segments, key_segments)
+    nq, n = q.shape[0], key.shape[0]
+    eng = get_engine(name)
+    dev = eng.place(device, dev)
+    q, key = q.to(dev, torch.float32), key.to(dev, torch.float32)
+    if n == 0 or nq == 0:
+        return TopK(np.full((nq, k), -1, np.int64), np.full((nq, k), -np.inf, np.float32))
+    kk = min(k, max(n, 1))
+    eng = _topk_engine(eng, name, engine != "auto", dev, kk)
+    qord, qs_s = _grouped(qs)
+    kord, ks_s = _grouped(ks)
+    best_s, best_i = eng.topk(
+        _take(q, qord),
+        _take(key, kord),
+        qs_s,
+        # key range [lo, hi) of each query's segment
+        torch.searchsorted(ks_s, qs_s, side="left"),
+        torch.searchsorted(ks_s, qs_s, side="right"),
+        kk,
+        dtype=dtype,
+        tile_rows=tile_rows,
+        tile_cols=tile_cols,
+        budget_bytes=budget_bytes,
+    )
+    return _topk_in_callers_order(best_s, best_i, qord, kord, kk, k)
+
+
+def _topk_inputs(
+    queries: torch.Tensor | np.ndarray,
+    keys: torch.Tensor | np.ndarray,
+    query_segments: torch.Tensor | np.ndarray | None,
+    key_segments: torch.Tensor | np.ndarray | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`topk_neighbours`'s inputs checked: ``(unit queries, keys, query segment
+    codes, key segment codes)`` (one segment when none are given).
+
+    Raises:
+        ValueError: see :func:`topk_neighbours`.
+    """
+    if (query_segments is None) != (key_segments is None):
+        raise ValueError("give both query_segments and key_segments, or neither")
     q, key = torch.as_tensor(queries).detach(), torch.as_tensor(keys).detach()
     if q.ndim != 2 or key.ndim != 2 or q.shape[1] != key.shape[1]:
         raise ValueError(
@@ -403,49 +437,48 @@ def topk_neighbours(
     q = _unit_queries(q)
     _check_unit(key, "keys")
     nq, n = q.shape[0], key.shape[0]
-    if query_segments is None:
-        qs = torch.zeros(nq, dtype=torch.int64)
-        ks = torch.zeros(n, dtype=torch.int64)
-    else:
-        assert key_segments is not None  # both or neither, checked above
-        qs = _codes(query_segments, "query_segments")
-        ks = _codes(key_segments, "key_segments")
-        if qs.shape != (nq,) or ks.shape != (n,):
-            raise ValueError(
-                f"query_segments {tuple(qs.shape)} and key_segments "
-                f"{tuple(ks.shape)} must have shapes ({nq},) and ({n},)"
-            )
-    eng = get_engine(name)
-    dev = eng.place(device, dev)
-    q, key = q.to(dev, torch.float32), key.to(dev, torch.float32)
-    if n == 0 or nq == 0:
-        return TopK(np.full((nq, k), -1, np.int64), np.full((nq, k), -np.inf, np.float32))
-    kk = min(k, max(n, 1))
+    if query_segments is None or key_segments is None:
+        return q, key, torch.zeros(nq, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)
+    qs = _codes(query_segments, "query_segments")
+    ks = _codes(key_segments, "key_segments")
+    if qs.shape != (nq,) or ks.shape != (n,):
+        raise ValueError(
+            f"query_segments {tuple(qs.shape)} and key_segments "
+            f"{tuple(ks.shape)} must have shapes ({nq},) and ({n},)"
+        )
+    return q, key, qs, ks
+
+
+def _topk_engine(eng: Engine, name: str, chosen: bool, dev: torch.device, kk: int) -> Engine:
+    """``eng``, or the torch engine when ``min(k, n) = kk`` is above ``eng``'s limit on
+    ``dev`` and the engine was not ``chosen`` by name.
+
+    Raises:
+        ValueError: ``kk`` above the limit of an engine chosen by name.
+    """
     limit = eng.max_topk(dev)
-    if limit is not None and kk > limit:
-        if engine != "auto":
-            raise ValueError(
-                f"engine={name!r} supports min(k, n) <= {limit} on {dev.type}, "
-                f"got {kk}; use engine='torch'"
-            )
-        eng = get_engine("torch")
-    qord, qs_s = _grouped(qs)
-    kord, ks_s = _grouped(ks)
-    # key range [lo, hi) of each segment value, looked up by searchsorted
-    lo_of = torch.searchsorted(ks_s, qs_s, side="left")
-    hi_of = torch.searchsorted(ks_s, qs_s, side="right")
-    best_s, best_i = eng.topk(
-        _take(q, qord),
-        _take(key, kord),
-        qs_s,
-        lo_of,
-        hi_of,
-        kk,
-        dtype=dtype,
-        tile_rows=tile_rows,
-        tile_cols=tile_cols,
-        budget_bytes=budget_bytes,
-    )
+    if limit is None or kk <= limit:
+        return eng
+    if chosen:
+        raise ValueError(
+            f"engine={name!r} supports min(k, n) <= {limit} on {dev.type}, "
+            f"got {kk}; use engine='torch'"
+        )
+    return get_engine("torch")
+
+
+def _topk_in_callers_order(
+    best_s: torch.Tensor,
+    best_i: torch.Tensor,
+    qord: torch.Tensor | None,
+    kord: torch.Tensor | None,
+    kk: int,
+    k: int,
+) -> TopK:
+    """The engine's ``[q, kk]`` answer over segment-sorted queries and keys as a
+    :class:`TopK` in the callers' query order and key positions, padded to ``k`` columns
+    (``-1`` / ``-inf``) when there are fewer keys than ``k``."""
+    dev, nq = best_i.device, best_i.shape[0]
     bi_valid = (best_i >= 0) & torch.isfinite(best_s)
     if kord is not None:  # back to the callers' key positions
         best_i = kord.to(dev)[best_i.clamp(min=0)]

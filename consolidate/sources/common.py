@@ -3,10 +3,12 @@ what a source read into records as a store holds them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from ..store.schema import (
     InvalidRecordsError,
@@ -24,6 +26,7 @@ __all__ = [
     "UndoReport",
     "as_stored",
     "without_clock",
+    "retired_units",
     "with_keep_apart",
     "undo_by_journal",
 ]
@@ -68,6 +71,108 @@ class ApplyReport:
     applied: dict[str, int] = field(default_factory=dict)
     skipped: list[dict[str, Any]] = field(default_factory=list)
     late: list[dict[str, Any]] = field(default_factory=list)
+
+
+def retired_units(
+    snapshot_ids: pd.Index,
+    result: pd.DataFrame,
+    merged_row: Callable[[int], dict[str, Any]],
+    new_id: Callable[[str], str] = str,
+    update_field: bool = False,
+) -> tuple[list[dict[str, Any]], np.ndarray]:
+    """The ``merge`` and ``drop`` units of a pass's records over a snapshot of a source.
+
+    A new row of ``result`` that stored rows were merged into is a ``merge`` unit: its row
+    (``merged_row(k)``, its id as the source writes it) inserted, its members retired. Every
+    other stored row ``result`` retires is a ``drop`` unit. A new row nothing was merged
+    into (a reflection) is not written back.
+
+    Args:
+        snapshot_ids: the ids the snapshot read.
+        result: the pass's records' table (positional index).
+        merged_row: the row to insert for new row ``k`` of ``result``.
+        new_id: a merged record's id as the source writes it (``merged_into`` of its members).
+        update_field: give every unit an empty ``update`` (sources whose plans also
+            update kept rows' columns).
+
+    Returns:
+        ``(units, stored)``: the units, and ``bool [len(result)]``: the rows the snapshot
+        had.
+
+    Raises:
+        ValueError: ``result`` lacks a row the snapshot had (a pass never loses one).
+    """
+    ids = result["id"].to_numpy(object)
+    missing = sorted(set(snapshot_ids) - set(ids))
+    if missing:
+        raise ValueError(
+            f"the pass's records lack {len(missing)} snapshot rows, e.g. {missing[:3]}"
+        )
+    stored = np.asarray(snapshot_ids.get_indexer(ids) >= 0)
+    retired, members, retire = _retirements(result, stored, new_id)
+    created = result["created_at"].to_numpy(np.float64)
+    units: list[dict[str, Any]] = []
+    done: set[int] = set()
+    for k in np.flatnonzero(~stored).tolist():
+        mem = members.get(ids[k], [])
+        if not mem:
+            continue  # a reflection: not written back to a user's table
+        done.update(mem)
+        row = merged_row(k)
+        units.append(
+            {
+                "kind": "merge",
+                "namespace": result.at[k, "namespace"],
+                "insert": row,
+                "retire": [retire[j] for j in mem],
+                "ids": sorted(ids[j] for j in mem),
+                "key": row["id"],
+                # the oldest member: the merged row takes its unmapped columns
+                "kept": min((float(created[j]), ids[j]) for j in mem)[1],
+                **({"update": {}} if update_field else {}),
+            }
+        )
+    units += [
+        {
+            "kind": "drop",
+            "namespace": result.at[k, "namespace"],
+            "insert": None,
+            "retire": [retire[k]],
+            "ids": [ids[k]],
+            "key": ids[k],
+            **({"update": {}} if update_field else {}),
+        }
+        for k in retired
+        if k not in done
+    ]
+    return units, stored
+
+
+def _retirements(
+    result: pd.DataFrame, stored: np.ndarray, new_id: Callable[[str], str]
+) -> tuple[list[int], dict[str, list[int]], dict[int, dict[str, Any]]]:
+    """For :func:`retired_units`: the positions of the stored rows ``result`` retires, the
+    members of each merged id among them, and each one's ``retire`` entry (id, reason,
+    ``merged_into`` as the source writes it, ``deleted_at``)."""
+    ids = result["id"].to_numpy(object)
+    into = result["merged_into"].to_numpy(object)
+    reason = result["deleted_reason"].to_numpy(object)
+    deleted = result["deleted_at"].to_numpy(np.float64)
+    retired = np.flatnonzero(stored & ~np.isnan(deleted)).tolist()
+    members: dict[str, list[int]] = {}  # merged id -> its members' positions
+    for k in retired:
+        if isinstance(into[k], str) and reason[k] == "merged":
+            members.setdefault(into[k], []).append(k)
+    retire = {
+        k: {
+            "id": ids[k],
+            "reason": reason[k],
+            "merged_into": new_id(into[k]) if isinstance(into[k], str) else None,
+            "deleted_at": float(deleted[k]),
+        }
+        for k in retired
+    }
+    return retired, members, retire
 
 
 def without_clock(units: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -42,6 +42,7 @@ from .common import (
     Plan,
     UndoReport,
     as_stored,
+    retired_units,
     undo_by_journal,
     with_keep_apart,
     without_clock,
@@ -354,76 +355,26 @@ class LanceTable:
             ValueError: ``result`` lacks a row the snapshot had (the pass never loses one).
         """
         res = result.meta.reset_index(drop=True)
-        ids = res["id"].to_numpy(object)
-        known = pd.Index(snap.records.meta["id"])
-        if len(set(known) - set(ids)):
-            raise ValueError("the pass's records lack rows of the snapshot")
-        stored = np.asarray(known.get_indexer(ids) >= 0)
-        live = res["deleted_at"].isna().to_numpy()
-        into = res["merged_into"].to_numpy(object)
-        reason = res["deleted_reason"].to_numpy(object)
-        retired = np.flatnonzero(stored & ~live)
-        members: dict[str, list[int]] = {}
-        for k in retired:
-            if isinstance(into[k], str) and reason[k] == "merged":
-                members.setdefault(into[k], []).append(int(k))
+        columns = (
+            "id",
+            "namespace",
+            "text",
+            "created_at",
+            "last_used",
+            "importance",
+            "strength",
+            "pinned",
+            "deleted_at",
+        )
 
-        def retire(k: int) -> dict[str, Any]:
-            return {
-                "id": ids[k],
-                "reason": reason[k],
-                "merged_into": into[k] if isinstance(into[k], str) else None,
-                "deleted_at": float(res.at[k, "deleted_at"]),
-            }
-
-        units: list[dict[str, Any]] = []
-        done: set[int] = set()
-        for k in np.flatnonzero(~stored):
-            mem = members.get(ids[k], [])
-            if not mem:
-                continue  # a reflection: not written back to a user's table
-            done.update(mem)
-            r = res.iloc[int(k)]
-            row = {
-                c: r[c]
-                for c in (
-                    "id",
-                    "namespace",
-                    "text",
-                    "created_at",
-                    "last_used",
-                    "importance",
-                    "strength",
-                    "pinned",
-                    "deleted_at",
-                )
-            }
+        def merged_row(k: int) -> dict[str, Any]:
+            r = res.iloc[k]
+            row = {c: r[c] for c in columns}
             row["source_ids"] = [str(x) for x in r["source_ids"]]
-            row["vector"] = result.vectors[int(k)].astype(np.float32).tolist()
-            units.append(
-                {
-                    "kind": "merge",
-                    "namespace": r["namespace"],
-                    "insert": row,
-                    "retire": [retire(j) for j in mem],
-                    "ids": sorted(ids[j] for j in mem),
-                    "key": ids[k],
-                    # the oldest member: the merged row takes its unmapped columns
-                    "kept": min((float(res.at[j, "created_at"]), ids[j]) for j in mem)[1],
-                }
-            )
-        units += [
-            {
-                "kind": "drop",
-                "namespace": res.at[k, "namespace"],
-                "insert": None,
-                "retire": [retire(int(k))],
-                "ids": [ids[k]],
-                "key": ids[k],
-            }
-            for k in retired
-            if int(k) not in done
-        ]
+            row["vector"] = result.vectors[k].astype(np.float32).tolist()
+            return row
+
+        units, _ = retired_units(pd.Index(snap.records.meta["id"]), res, merged_row)
         units.sort(key=lambda u: (u["namespace"], u["kind"], u["ids"]))
         if any(u["insert"] is not None for u in units):
             mapped = set(self._mapped().values())

@@ -45,7 +45,15 @@ import numpy as np
 import pandas as pd
 
 from ..store.schema import Records, records_from_rows
-from .common import ApplyReport, Plan, UndoReport, as_stored, with_keep_apart, without_clock
+from .common import (
+    ApplyReport,
+    Plan,
+    UndoReport,
+    as_stored,
+    retired_units,
+    with_keep_apart,
+    without_clock,
+)
 
 __all__ = [
     "PgColumns",
@@ -171,6 +179,39 @@ def timestamp(hours: float) -> datetime:
     """Hours since the epoch as a UTC ``datetime``, rounded to the microsecond as the
     store rounds its times (``timestamptz`` holds microseconds)."""
     return pd.Timestamp(round(float(hours) * 3.6e9), unit="us", tz="UTC").to_pydatetime()
+
+
+def _update_units(
+    before: pd.DataFrame, res: pd.DataFrame, kept: np.ndarray, cols: list[str]
+) -> list[dict[str, Any]]:
+    """An ``update`` unit per kept row (positions ``kept`` of ``res``) whose columns
+    ``cols`` (mapped bookkeeping: strength, last_used, importance, pinned) differ from the
+    snapshot's (``before``, indexed by id): ``{"update": {id: {column: value}}}``."""
+    if not cols or not len(kept):
+        return []
+    ids = res["id"].to_numpy(object)
+    b = before.loc[ids[kept]]
+    upd: dict[str, dict[str, Any]] = {}  # id -> its update unit
+    for c in cols:
+        old = b[c].to_numpy()
+        new = res[c].to_numpy()[kept]
+        diff = ~((old == new) | (pd.isna(old) & pd.isna(new)))
+        for j in np.flatnonzero(diff):
+            i = ids[kept[j]]
+            u = upd.get(i)
+            if u is None:
+                u = upd[i] = {
+                    "kind": "update",
+                    "namespace": res.at[kept[j], "namespace"],
+                    "insert": None,
+                    "retire": [],
+                    "update": {i: {}},
+                    "ids": [i],
+                    "key": i,
+                }
+            v = new[j]
+            u["update"][i][c] = bool(v) if c == "pinned" else float(v)
+    return list(upd.values())
 
 
 class PgVectorTable:
@@ -345,99 +386,25 @@ class PgVectorTable:
         m = self._mapped()
         before = snap.records.meta.set_index("id")
         res = result.meta.reset_index(drop=True)
-        ids = res["id"].to_numpy(object)
-        known = pd.Index(before.index)
-        missing = sorted(set(known) - set(ids))
-        if missing:
-            raise ValueError(
-                f"the pass's records lack {len(missing)} snapshot rows, e.g. {missing[:3]}"
-            )
-        stored = np.asarray(known.get_indexer(ids) >= 0)
-        live = res["deleted_at"].isna().to_numpy()
-        units: list[dict[str, Any]] = []
-        into = res["merged_into"].to_numpy(object)
-        retired_at = np.flatnonzero(stored & ~live)
-        members: dict[str, list[int]] = {}
-        for k in retired_at:
-            if isinstance(into[k], str) and res.at[k, "deleted_reason"] == "merged":
-                members.setdefault(into[k], []).append(int(k))
 
         def new_id(i: str) -> str:  # a merged record's id as the table's id type
             return (
                 str(uuid.UUID(hashlib.sha256(i.encode()).hexdigest()[:32])) if snap.uuid_ids else i
             )
 
-        def retire(k: int) -> dict[str, Any]:
-            return {
-                "id": ids[k],
-                "reason": res.at[k, "deleted_reason"],
-                "merged_into": new_id(into[k]) if isinstance(into[k], str) else None,
-                "deleted_at": float(res.at[k, "deleted_at"]),
-            }
-
-        done: set[int] = set()
-        for k in np.flatnonzero(~stored):
-            new = res.iloc[int(k)]
-            mem = members.get(new["id"], [])
-            if not mem:
-                continue  # a reflection: not written back to a user's table
-            done.update(mem)
+        def merged_row(k: int) -> dict[str, Any]:
             # a merged row the same pass dropped (floor, cap) is inserted soft-deleted: its
             # members' merged_into names a row of the table
-            row = self._row(new, result.vectors[int(k)])
+            row = self._row(res.iloc[k], result.vectors[k])
             row["id"] = new_id(row["id"])
-            units.append(
-                {
-                    "kind": "merge",
-                    "namespace": new["namespace"],
-                    "insert": row,
-                    "retire": [retire(j) for j in mem],
-                    "update": {},
-                    "ids": sorted(ids[j] for j in mem),
-                    "key": row["id"],
-                    # the oldest member: the merged row takes its unmapped columns
-                    "kept": min((float(res.at[j, "created_at"]), ids[j]) for j in mem)[1],
-                }
-            )
-        for k in retired_at:
-            if int(k) in done:
-                continue
-            units.append(
-                {
-                    "kind": "drop",
-                    "namespace": res.at[k, "namespace"],
-                    "insert": None,
-                    "retire": [retire(int(k))],
-                    "update": {},
-                    "ids": [ids[k]],
-                    "key": ids[k],
-                }
-            )
+            return row
+
+        units, stored = retired_units(
+            pd.Index(before.index), res, merged_row, new_id, update_field=True
+        )
         upd_cols = [c for c in ("strength", "last_used", "importance", "pinned") if c in m]
-        kept = np.flatnonzero(stored & live)
-        if upd_cols and len(kept):
-            b = before.loc[ids[kept]]
-            upd: dict[str, dict[str, Any]] = {}  # id -> its update unit
-            for c in upd_cols:
-                old = b[c].to_numpy()
-                new = res[c].to_numpy()[kept]
-                diff = ~((old == new) | (pd.isna(old) & pd.isna(new)))
-                for j in np.flatnonzero(diff):
-                    i = ids[kept[j]]
-                    u = upd.get(i)
-                    if u is None:
-                        u = upd[i] = {
-                            "kind": "update",
-                            "namespace": res.at[kept[j], "namespace"],
-                            "insert": None,
-                            "retire": [],
-                            "update": {i: {}},
-                            "ids": [i],
-                            "key": i,
-                        }
-                        units.append(u)
-                    v = new[j]
-                    u["update"][i][c] = bool(v) if c == "pinned" else float(v)
+        kept = np.flatnonzero(stored & res["deleted_at"].isna().to_numpy())
+        units += _update_units(before, res, kept, upd_cols)
         units.sort(key=lambda u: (u["namespace"], u["kind"], u["ids"]))
         blob = json.dumps(
             {  # no wall clock: a dry run and the apply after it share the plan id

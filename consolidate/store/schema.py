@@ -7,9 +7,10 @@ Unix epoch (UTC) as float64** in memory (``NaN`` = null) and ``timestamp[us, UTC
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -739,23 +740,40 @@ def validate(
     m = recs.meta
     ids = [str(x) for x in m["id"]]
     found: dict[str, list[int]] = {}
-
-    def add(kind: str, rows: Iterable[int]) -> None:
+    checks = itertools.chain(
+        recs.input_problems.items(),
+        _identity_problems(m),
+        _vector_problems(recs, dim),
+        _text_problems(recs),
+        _number_problems(m, now_h + future_tolerance_h),
+    )
+    for kind, rows in checks:
         rows = sorted(set(int(r) for r in rows))
         if rows:
             found.setdefault(kind, []).extend(rows)
+    id_index = pd.Index(ids, dtype=object)
+    dup = id_index.duplicated(keep="first")
+    if existing_ids:
+        dup |= id_index.isin(existing_ids)
+    if dup.any():
+        found.setdefault("duplicate id", []).extend(np.flatnonzero(dup).tolist())
+    return [Problem(kind, rows, [ids[r] for r in rows]) for kind, rows in found.items()]
 
-    for kind, rows in recs.input_problems.items():
-        add(kind, rows)
-    add(
+
+_Found = Iterator[tuple[str, Iterable[int]]]
+
+
+def _identity_problems(m: pd.DataFrame) -> _Found:
+    """:func:`validate`'s checks of the list columns, ids and namespaces."""
+    yield (
         "source_ids, keep_apart or derived_from is not a list of strings",
         np.unique(np.concatenate([_not_str_lists(m[c]) for c in _LIST_COLUMNS])),
     )
     id_arr, ns_arr = _str_column(m["id"]), _str_column(m["namespace"])
-    add("id is missing or empty", _blank_or_missing(m["id"], id_arr))
-    add("namespace is missing or empty", _blank_or_missing(m["namespace"], ns_arr))
+    yield "id is missing or empty", _blank_or_missing(m["id"], id_arr)
+    yield "namespace is missing or empty", _blank_or_missing(m["namespace"], ns_arr)
     if id_arr is None or ns_arr is None or not _all_utf8_lists(m["source_ids"]):
-        add(
+        yield (
             "id, namespace or source_ids not valid UTF-8",
             [
                 k
@@ -765,27 +783,36 @@ def validate(
                 if not all(utf8_ok(x) for x in [i, n, *src] if isinstance(x, str))
             ],
         )
+
+
+def _vector_problems(recs: Records, dim: int | None) -> _Found:
+    """:func:`validate`'s checks of the vectors: dimension, NaN or inf, zero."""
     v = recs.vectors
     bad_dim = set(recs.bad_dim)
     if dim is not None and v.ndim == 2 and v.shape[1] != dim:
         bad_dim = set(range(len(recs)))
-    add("wrong vector dimension" + (f" (expected {dim})" if dim else ""), bad_dim)
+    yield "wrong vector dimension" + (f" (expected {dim})" if dim else ""), bad_dim
     if v.size:
         with np.errstate(invalid="ignore", over="ignore"):
             sq = np.einsum("ij,ij->i", v, v, dtype=np.float64)
         # a row's float64 sum of squares is finite exactly when every float32 component is
         # (each square is below 1.2e77): no [n, d] temporary
         finite = np.isfinite(sq)
-        add("NaN or inf in vector", [int(k) for k in np.flatnonzero(~finite) if k not in bad_dim])
-        add("zero vector", np.flatnonzero(finite & (sq < 1e-24)))
+        yield "NaN or inf in vector", [int(k) for k in np.flatnonzero(~finite) if k not in bad_dim]
+        yield "zero vector", np.flatnonzero(finite & (sq < 1e-24))
+
+
+def _text_problems(recs: Records) -> _Found:
+    """:func:`validate`'s checks of the texts: UTF-8, blank, too long."""
+    m = recs.meta
     bad_utf8 = set(recs.bad_utf8)
     text_arr = _str_column(m["text"])
     if text_arr is None:
         for k, t in enumerate(m["text"]):
             if isinstance(t, str) and not utf8_ok(t):
                 bad_utf8.add(k)
-    add("text is not valid UTF-8", bad_utf8)
-    add(
+    yield "text is not valid UTF-8", bad_utf8
+    yield (
         "empty or whitespace-only text",
         [k for k in _blank_or_missing(m["text"], text_arr) if k not in bad_utf8],
     )
@@ -801,36 +828,34 @@ def validate(
             [k for k, t in enumerate(m["text"]) if isinstance(t, str) and len(t) > MAX_TEXT_CHARS],
             dtype=np.int64,
         )
-    add(f"text longer than {MAX_TEXT_CHARS:,} characters", long_)
+    yield f"text longer than {MAX_TEXT_CHARS:,} characters", long_
+
+
+def _number_problems(m: pd.DataFrame, latest_h: float) -> _Found:
+    """:func:`validate`'s checks of the numbers: importance, strength, times (none after
+    ``latest_h`` among the transaction times), ``deleted_reason``."""
     imp = m["importance"].to_numpy(np.float64)
-    add("importance outside [0, 1]", np.flatnonzero(~((imp >= 0) & (imp <= 1))))
+    yield "importance outside [0, 1]", np.flatnonzero(~((imp >= 0) & (imp <= 1)))
     st = m["strength"].to_numpy(np.float64)
-    add("strength < 1", np.flatnonzero(~(st >= 1)))
-    add(f"strength above {MAX_STRENGTH:g}", np.flatnonzero(st > MAX_STRENGTH))
+    yield "strength < 1", np.flatnonzero(~(st >= 1))
+    yield f"strength above {MAX_STRENGTH:g}", np.flatnonzero(st > MAX_STRENGTH)
     # transaction times cannot lie ahead of the clock (valid_from/valid_to are valid time:
     # when a fact holds in the world, which may be ahead of today)
     for c in ("created_at", "last_used", "deleted_at"):
-        t = m[c].to_numpy(np.float64)
-        add(f"{c} in the future", np.flatnonzero(t > now_h + future_tolerance_h))
+        yield f"{c} in the future", np.flatnonzero(m[c].to_numpy(np.float64) > latest_h)
     for c in ("created_at", "last_used"):
-        add(f"{c} missing", np.flatnonzero(np.isnan(m[c].to_numpy(np.float64))))
+        yield f"{c} missing", np.flatnonzero(np.isnan(m[c].to_numpy(np.float64)))
     for c in TIME_COLUMNS:
         t = m[c].to_numpy(np.float64)
-        add(
+        yield (
             f"{c} out of range (|hours since epoch| > {MAX_ABS_HOURS:g})",
             np.flatnonzero(~np.isnan(t) & ~(np.abs(t) <= MAX_ABS_HOURS)),
         )
     reason = m["deleted_reason"]
-    add(
+    yield (
         f"deleted_reason not one of {', '.join(DELETED_REASONS)}",
         np.flatnonzero((reason.notna() & ~reason.isin(DELETED_REASONS)).to_numpy(bool)),
     )
-    id_index = pd.Index(ids, dtype=object)
-    dup = id_index.duplicated(keep="first")
-    if existing_ids:
-        dup |= id_index.isin(existing_ids)
-    add("duplicate id", np.flatnonzero(dup))
-    return [Problem(kind, rows, [ids[r] for r in rows]) for kind, rows in found.items()]
 
 
 # every character for which str.isspace() holds (Python 3.11, Unicode 14)

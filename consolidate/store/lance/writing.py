@@ -7,6 +7,7 @@ import contextlib
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,22 @@ from .scan import _read_table, _scan, _Stored
 #: a commit that changes more than this fraction of the rows rewrites the table instead
 #: (an ``Overwrite``: cheaper than an upsert of most rows, and history is kept)
 REWRITE_FRACTION = 0.25
+
+
+@dataclass
+class _Late:
+    """Writes made since a pass read its snapshot (see :meth:`_Writing._late_writes`):
+    the rows appended since (``table``, their ``vectors`` and row ``addresses``, and as
+    ``rows``), the pass's records with them carried and the late deltas folded in
+    (``final``), the deltas folded by earlier versions and the late deltas folded now."""
+
+    table: pa.Table
+    vectors: np.ndarray
+    addresses: np.ndarray
+    rows: Records
+    final: Records
+    folded: set[str]
+    deltas: list[str]
 
 
 class _Writing(_Reading):
@@ -155,7 +172,7 @@ class _Writing(_Reading):
         return list(records.meta["id"])
 
     # ------------------------------------------------------------ commit
-    def commit(  # noqa: C901
+    def commit(
         self,
         records: Records,
         events: list[dict[str, Any]],
@@ -194,12 +211,9 @@ class _Writing(_Reading):
             InvalidRecordsError: the new records are invalid (nothing written).
         """
         stored = base.stored
-        if stored is None:
+        if stored is None or not isinstance(stored, _Stored):
             raise ValueError("commit(): base must be a snapshot loaded from this Lance store")
-        marker = self._marker()
-        dim = marker["dim"]
-        if not isinstance(stored, _Stored):
-            raise ValueError("commit(): base must be a snapshot loaded from this Lance store")
+        dim = self._marker()["dim"]
         part = base.namespaces
         if part is not None and not records.meta["namespace"].isin(part).all():
             raise ValueError("commit(): the records hold namespaces the snapshot did not read")
@@ -207,27 +221,14 @@ class _Writing(_Reading):
             ds = self._open()
             self._check_present(ds)
             props = self._unchanged_since(ds, base.version)
-            late_table, late_vecs, late_addr = self._appended_since(
-                ds, base.version, stored, part, dim
-            )
-            late_rows = Records.empty(dim)
-            if late_table.num_rows:
-                late_rows = records_from_arrow(late_table, dim=dim, vectors=late_vecs)
-                late_rows.origin = len(stored.frame) + np.arange(len(late_rows))
-            late_frame = late_rows.meta.copy(deep=False)
-            final = Records.concat([records, late_rows], dim) if len(late_rows) else records
-            already = set(self._folded(props))
-            known = None if part is None else set(final.meta["id"])
-            seen = already | set(base.deltas)
-            into = self._into(final) if known is not None else {}
-            late = [n for n in self._listed() if n not in seen and self._covers(known, n, into)]
-            n_touch = 0
-            for name in late:
-                final, _ = self._apply_delta(final, name, dim)
-                n_touch += 1
-            if late or len(late_rows):
+            late = self._late_writes(ds, base, stored, records, props, dim)
+            if late.deltas or len(late.rows):
                 events = events + [
-                    {"op": "carried", "deltas": late, "record_ids": late_rows.meta["id"].tolist()}
+                    {
+                        "op": "carried",
+                        "deltas": late.deltas,
+                        "record_ids": late.rows.meta["id"].tolist(),
+                    }
                 ]
             if dry_run:
                 log = self._changelog(events, ds.version + 1, dry_run=True)
@@ -235,110 +236,176 @@ class _Writing(_Reading):
                     "version": ds.version,
                     "snapshot": None,
                     "changelog": log,
-                    "carried_records": len(late_rows),
-                    "carried_touches": n_touch,
+                    "carried_records": len(late.rows),
+                    "carried_touches": len(late.deltas),
                 }
-            dtype = self.vector_dtype or self._vector_dtype(ds.schema)
-            lance = _lance()
-            upsert: np.ndarray | None = None
-            removed: list[str] = []
-            dead = None
-            unique = False
-            if dtype == self._vector_dtype(ds.schema):
-                stored_ids = pa.chunked_array(
-                    [*stored.ids.chunks, *late_table.column("id").chunks], pa.string()
-                )
-                got = _diff(
-                    final, [stored.frame, late_frame], [stored.vectors, late_vecs], stored_ids
-                )
-                if got is not None:
-                    (upsert, dead, removed), unique = got, True
-                else:
-                    upsert, removed, dead = _changes(
-                        records_to_arrow(final, dtype, with_vectors=False),
-                        final.vectors.reshape(len(final), dim),
-                        pa.concat_tables(
-                            [stored.arrow(), records_to_arrow(late_rows, with_vectors=False)]
-                        )
-                        if len(late_rows)
-                        else stored.arrow(),
-                        [stored.vectors.reshape(-1, dim), late_vecs],
-                    )
-            if (op == "pass" and upsert is not None and not len(upsert) and not len(removed)
-                    and not late and not len(late_rows) and not base.deltas):  # fmt: skip
-                # nothing to change: no new version (the pass's events are in its summary)
-                return {
-                    "version": ds.version,
-                    "snapshot": None,
-                    "changelog": None,
-                    "carried_records": 0,
-                    "carried_touches": 0,
-                    "rows_written": 0,
-                    "rows_deleted": 0,
-                    "rewrite": False,
-                    "unchanged": True,
-                }
-            # rows equal to a stored row were validated when they were read: validate the
-            # rest, and the ids of all (unless the comparison proved them unique)
-            self._check_new(
-                final if upsert is None else final.take(upsert), final, dim, ids_checked=unique
+            out, folded = self._commit_changes(ds, base, stored, late, events, op, pass_time_h)
+        if folded is not None:
+            self._cleanup_deltas(folded)
+        return out
+
+    def _commit_changes(
+        self,
+        ds: Any,
+        base: Snapshot,
+        stored: _Stored,
+        late: _Late,
+        events: list[dict[str, Any]],
+        op: str,
+        pass_time_h: float | None,
+    ) -> tuple[dict[str, Any], tuple[str, ...] | None]:
+        """:meth:`commit`'s writing part, under the writers' lock: the changed rows, their
+        validation, the changelog and the new version. Returns ``commit``'s answer and the
+        deltas the version folded (``None`` when nothing changed: no version)."""
+        dim, part, final = self._marker()["dim"], base.namespaces, late.final
+        dtype = self.vector_dtype or self._vector_dtype(ds.schema)
+        upsert: np.ndarray | None = None
+        removed: list[str] = []
+        dead: np.ndarray | None = None
+        unique = False
+        if dtype == self._vector_dtype(ds.schema):
+            upsert, removed, dead, unique = self._changed_rows(stored, late, dtype, dim)
+        if (op == "pass" and upsert is not None and not len(upsert) and not len(removed)
+                and not late.deltas and not len(late.rows) and not base.deltas):  # fmt: skip
+            # nothing to change: no new version (the pass's events are in its summary)
+            return {
+                "version": ds.version,
+                "snapshot": None,
+                "changelog": None,
+                "carried_records": 0,
+                "carried_touches": 0,
+                "rows_written": 0,
+                "rows_deleted": 0,
+                "rewrite": False,
+                "unchanged": True,
+            }, None
+        # rows equal to a stored row were validated when they were read: validate the
+        # rest, and the ids of all (unless the comparison proved them unique)
+        self._check_new(
+            final if upsert is None else final.take(upsert), final, dim, ids_checked=unique
+        )
+        if upsert is None and part is not None:
+            raise ValueError(
+                "a vector dtype conversion rewrites the whole store: run it "
+                "over every namespace (sleep.force=true)"
             )
-            if upsert is None and part is not None:
-                raise ValueError(
-                    "a vector dtype conversion rewrites the whole store: run it "
-                    "over every namespace (sleep.force=true)"
-                )
-            folded, log, new_props = self._new_version(
-                ds, already, tuple(base.deltas) + tuple(late), events, op, pass_time_h
+        folded, log, new_props = self._new_version(
+            ds, late.folded, tuple(base.deltas) + tuple(late.deltas), events, op, pass_time_h
+        )
+        rewrite = upsert is None or (
+            part is None and len(upsert) + len(removed) > REWRITE_FRACTION * max(len(final), 1)
+        )
+        addresses = None
+        if not rewrite and stored.rowaddr is not None:
+            addresses = np.concatenate([stored.rowaddr, late.addresses])[dead]
+        _crashpoint("lance:before_commit")
+        try:
+            new, written, deleted = self._write_version(
+                ds, final, dtype, upsert, removed, new_props, rewrite, addresses
             )
-            rewrite = upsert is None or (
-                part is None and len(upsert) + len(removed) > REWRITE_FRACTION * max(len(final), 1)
-            )
-            addresses = None
-            if not rewrite and stored.rowaddr is not None:
-                addresses = np.concatenate([stored.rowaddr, late_addr])[dead]
-            _crashpoint("lance:before_commit")
-            try:
-                if rewrite:
-                    table = records_to_arrow(final, dtype)
-                    written, deleted = len(final), len(removed or [])
-                    new = lance.write_dataset(
-                        table,
-                        ds,
-                        mode="overwrite",
-                        max_rows_per_file=ROWS_PER_FRAGMENT,
-                        transaction_properties=new_props,
-                    )
-                else:
-                    assert upsert is not None  # not a rewrite: the diff was computed
-                    new = self._upsert(
-                        ds,
-                        records_to_arrow(final.take(upsert), dtype),
-                        removed,
-                        new_props,
-                        addresses=addresses,
-                    )
-                    written, deleted = len(upsert), len(removed)
-            except BaseException:
-                self._drop_changelog(log, ds)
-                raise
-            if rewrite:
-                _index(new)
-            else:
-                _reindex_if_lost(new)
-            _crashpoint("lance:after_commit")
-            self._record_checksums(self._open())
-        self._cleanup_deltas(folded)
+        except BaseException:
+            self._drop_changelog(log, ds)
+            raise
+        if rewrite:
+            _index(new)
+        else:
+            _reindex_if_lost(new)
+        _crashpoint("lance:after_commit")
+        self._record_checksums(self._open())
         return {
             "version": new.version,
             "snapshot": f"{DATASET}@{new.version}",
             "changelog": log,
-            "carried_records": len(late_rows),
-            "carried_touches": n_touch,
+            "carried_records": len(late.rows),
+            "carried_touches": len(late.deltas),
             "rows_written": written,
             "rows_deleted": deleted,
             "rewrite": rewrite,
-        }
+        }, folded
+
+    def _late_writes(
+        self,
+        ds: Any,
+        base: Snapshot,
+        stored: _Stored,
+        records: Records,
+        props: dict[str, str],
+        dim: int,
+    ) -> _Late:
+        """What agents wrote since ``base`` was read, carried into the commit: the rows
+        appended since (kept as they are, after ``records``) and the pending deltas the pass
+        did not read that touch its rows (folded in)."""
+        table, vecs, addresses = self._appended_since(
+            ds, base.version, stored, base.namespaces, dim
+        )
+        rows = Records.empty(dim)
+        if table.num_rows:
+            rows = records_from_arrow(table, dim=dim, vectors=vecs)
+            rows.origin = len(stored.frame) + np.arange(len(rows))
+        final = Records.concat([records, rows], dim) if len(rows) else records
+        folded = set(self._folded(props))
+        known = None if base.namespaces is None else set(final.meta["id"])
+        seen = folded | set(base.deltas)
+        into = self._into(final) if known is not None else {}
+        deltas = [n for n in self._listed() if n not in seen and self._covers(known, n, into)]
+        for name in deltas:
+            final, _ = self._apply_delta(final, name, dim)
+        return _Late(table, vecs, addresses, rows, final, folded, deltas)
+
+    def _changed_rows(
+        self, stored: _Stored, late: _Late, dtype: str, dim: int
+    ) -> tuple[np.ndarray, list[str], np.ndarray, bool]:
+        """``(upsert, removed, dead, unique)``: the positions in ``late.final`` of the rows to
+        write (new, or any column or the vector differs from the stored row), the ids to
+        delete, the stored positions those replace or delete, and whether the comparison
+        proved the ids unique (:func:`_diff`, else :func:`_changes`)."""
+        final, rows = late.final, late.rows
+        stored_ids = pa.chunked_array(
+            [*stored.ids.chunks, *late.table.column("id").chunks], pa.string()
+        )
+        frame = rows.meta.copy(deep=False)
+        got = _diff(final, [stored.frame, frame], [stored.vectors, late.vectors], stored_ids)
+        if got is not None:
+            upsert, dead, removed = got
+            return upsert, removed, dead, True
+        upsert, removed, dead = _changes(
+            records_to_arrow(final, dtype, with_vectors=False),
+            final.vectors.reshape(len(final), dim),
+            pa.concat_tables([stored.arrow(), records_to_arrow(rows, with_vectors=False)])
+            if len(rows)
+            else stored.arrow(),
+            [stored.vectors.reshape(-1, dim), late.vectors],
+        )
+        return upsert, removed, dead, False
+
+    def _write_version(
+        self,
+        ds: Any,
+        final: Records,
+        dtype: str,
+        upsert: np.ndarray | None,
+        removed: list[str],
+        props: dict[str, str],
+        rewrite: bool,
+        addresses: np.ndarray | None,
+    ) -> tuple[Any, int, int]:
+        """Write the new version: the whole table (a Lance ``Overwrite``) when ``rewrite``,
+        else the rows ``upsert`` and the deletions ``removed`` in one ``Update``
+        (:meth:`_upsert`). Returns ``(dataset, rows written, rows deleted)``."""
+        if rewrite:
+            new = _lance().write_dataset(
+                records_to_arrow(final, dtype),
+                ds,
+                mode="overwrite",
+                max_rows_per_file=ROWS_PER_FRAGMENT,
+                transaction_properties=props,
+            )
+            return new, len(final), len(removed or [])
+        assert upsert is not None  # not a rewrite: the diff was computed
+        new = self._upsert(
+            ds, records_to_arrow(final.take(upsert), dtype), removed, props, addresses=addresses
+        )
+        return new, len(upsert), len(removed)
 
     def _drop_changelog(self, log: str, ds: Any) -> None:
         """A commit failed (a full disk, a read-only file system): remove the changelog it
