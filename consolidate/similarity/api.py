@@ -252,16 +252,24 @@ def threshold_pairs(
     if not np.isfinite(threshold):
         raise ValueError(f"threshold must be a finite cosine, got {threshold!r}")
     _check_tiles(tile_rows, tile_cols)
-    v = torch.as_tensor(vectors).detach()
-    if v.ndim != 2:
-        raise ValueError(f"vectors must be [n, d], got shape {tuple(v.shape)}")
-    _check_unit(v, "vectors")
-    n = v.shape[0]
-    seg = torch.zeros(n, dtype=torch.int64) if segments is None else _codes(segments, "segments")
-    if seg.shape != (n,):
-        raise ValueError(f"segments must have shape ({n},), got {tuple(seg.shape)}")
+    v, seg = _threshold_inputs(vectors, segments)
     eng = get_engine(name)
-    dev = eng.place(device, dev)
+    tiles = {"tile_rows": tile_rows, "tile_cols": tile_cols, "budget_bytes": budget_bytes}
+    return _join(v, seg, eng, eng.place(device, dev), threshold, dtype, tiles)
+
+
+def _join(
+    v: torch.Tensor,
+    seg: torch.Tensor,
+    eng: Engine,
+    dev: torch.device,
+    threshold: float,
+    dtype: str,
+    tiles: dict[str, int | None],
+) -> Pairs:
+    """:func:`threshold_pairs` on checked inputs: rows grouped by segment, the engine's
+    candidates, float64 re-scoring (:func:`_pairs_from_candidates`)."""
+    n = v.shape[0]
     empty = Pairs(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64))
     if n < 2:
         return empty
@@ -272,16 +280,12 @@ def threshold_pairs(
     # copy of the whole store
     lazy = grp is not None and eng.gathers
     v32 = vdev if lazy else _take(vdev, grp)
-    # rows per namespace, in sorted order
-    _, counts = torch.unique_consecutive(seg_sorted, return_counts=True)
     ci_, cj_ = eng.threshold_candidates(
         v32,
-        counts,
+        torch.unique_consecutive(seg_sorted, return_counts=True)[1],  # rows per namespace
         threshold,
         dtype=dtype,
-        tile_rows=tile_rows,
-        tile_cols=tile_cols,
-        budget_bytes=budget_bytes,
+        **tiles,
         **({"rows": order} if lazy else {}),
     )
     if not ci_.numel():
@@ -290,6 +294,26 @@ def threshold_pairs(
     # input order (lazy) from the input rows by their positions
     src = v.to(dev) if v.dtype == torch.float64 else (vdev if lazy else None)
     return _pairs_from_candidates(v32, order, ci_, cj_, threshold, src=src)
+
+
+def _threshold_inputs(
+    vectors: torch.Tensor | np.ndarray, segments: torch.Tensor | np.ndarray | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`threshold_pairs`'s inputs checked: ``(vectors, int64 [n] segment codes)`` (one
+    segment when none are given).
+
+    Raises:
+        ValueError: see :func:`threshold_pairs`.
+    """
+    v = torch.as_tensor(vectors).detach()
+    if v.ndim != 2:
+        raise ValueError(f"vectors must be [n, d], got shape {tuple(v.shape)}")
+    _check_unit(v, "vectors")
+    n = v.shape[0]
+    seg = torch.zeros(n, dtype=torch.int64) if segments is None else _codes(segments, "segments")
+    if seg.shape != (n,):
+        raise ValueError(f"segments must have shape ({n},), got {tuple(seg.shape)}")
+    return v, seg
 
 
 def _pairs_from_candidates(

@@ -1086,52 +1086,29 @@ class ParquetStore(StoreBase):
             ConcurrentCommitError: ``CURRENT`` no longer points at ``base.version``.
         """
         ptr = self.head()
-        if ptr.version != base.version:
-            raise ConcurrentCommitError(
-                f"{self.root}: pointer is at version {ptr.version}, the pass read "
-                f"{base.version}; rerun the pass"
-            )
-        problems = validate(
-            records, dim=ptr.dim, future_tolerance_h=READ_SKEW * self.future_tolerance_h
-        )
-        if problems:
-            raise InvalidRecordsError(
-                f"the new snapshot for {self.root} (nothing written)", problems
-            )
+        self._check_commit(ptr, base, records)
         late = [n for n in self._pending(ptr) if n not in set(base.deltas)]
-        carried_ids: list[str] = []
-        n_touch = 0
-        for name in late:
-            records, added = self._apply_delta(records, name, ptr.dim)
-            carried_ids += added
-            n_touch += name.endswith((".touch.json", ".patch.json"))
+        records, carried_ids, n_touch = self._carry(records, late, ptr.dim)
         if late:
             events = events + [{"op": "carried", "deltas": late, "record_ids": carried_ids}]
         version = ptr.version + 1
         leftover = tuple(n for n in ptr.folded if (self.root / "deltas" / n).exists())
         if (not dry_run and not late and not base.deltas and not leftover
-                and _maybe_same(records, base.records)):  # fmt: skip
-            table = records_to_arrow(records, self.vector_dtype or ptr.vector_dtype)
-            if self._same_as_stored(ptr, table):
-                # nothing to change: no new version (the pass's events are in its summary)
-                return {
-                    "version": ptr.version,
-                    "snapshot": None,
-                    "changelog": None,
-                    "carried_records": 0,
-                    "carried_touches": 0,
-                    "unchanged": True,
-                }
-        if dry_run:
-            name = f"dry-run-{version:06d}-{dry_run_stamp()}.jsonl"
-            _write_atomic(self.root / "changelogs" / name, lambda p: _write_jsonl(p, events))
+                and self._unchanged(ptr, records, base.records)):  # fmt: skip
+            # nothing to change: no new version (the pass's events are in its summary)
             return {
                 "version": ptr.version,
                 "snapshot": None,
-                "changelog": name,
-                "carried_records": len(carried_ids),
-                "carried_touches": n_touch,
+                "changelog": None,
+                "carried_records": 0,
+                "carried_touches": 0,
+                "unchanged": True,
             }
+        if dry_run:
+            name = f"dry-run-{version:06d}-{dry_run_stamp()}.jsonl"
+            _write_atomic(self.root / "changelogs" / name, lambda p: _write_jsonl(p, events))
+            carried = {"carried_records": len(carried_ids), "carried_touches": n_touch}
+            return {"version": ptr.version, "snapshot": None, "changelog": name, **carried}
         # deltas folded by the previous commit whose cleanup did not finish (crash) stay
         # listed (``leftover``), so they are never applied twice
         folded = leftover + tuple(base.deltas) + tuple(late)
@@ -1151,6 +1128,48 @@ class ParquetStore(StoreBase):
             "carried_records": len(carried_ids),
             "carried_touches": n_touch,
         }
+
+    def _check_commit(self, ptr: Pointer, base: Snapshot, records: Records) -> None:
+        """Refuse a commit over a version other than the one the pass read, or of invalid
+        records (nothing is written).
+
+        Raises:
+            ConcurrentCommitError: ``CURRENT`` no longer points at ``base.version``.
+            InvalidRecordsError: the records are invalid (:func:`validate`).
+        """
+        if ptr.version != base.version:
+            raise ConcurrentCommitError(
+                f"{self.root}: pointer is at version {ptr.version}, the pass read "
+                f"{base.version}; rerun the pass"
+            )
+        problems = validate(
+            records, dim=ptr.dim, future_tolerance_h=READ_SKEW * self.future_tolerance_h
+        )
+        if problems:
+            raise InvalidRecordsError(
+                f"the new snapshot for {self.root} (nothing written)", problems
+            )
+
+    def _carry(self, records: Records, late: list[str], dim: int) -> tuple[Records, list[str], int]:
+        """``records`` with the delta files ``late`` (written after the pass read its
+        snapshot) applied in order; returns them, the ids of the records the deltas added
+        and the number of touch and patch files."""
+        carried_ids: list[str] = []
+        n_touch = 0
+        for name in late:
+            records, added = self._apply_delta(records, name, dim)
+            carried_ids += added
+            n_touch += name.endswith((".touch.json", ".patch.json"))
+        return records, carried_ids, n_touch
+
+    def _unchanged(self, ptr: Pointer, records: Records, base: Records) -> bool:
+        """Whether ``records`` are the stored snapshot's rows as they are (nothing to
+        commit): a quick check against the loaded ``base``, then the rows as they would be
+        written against the stored file (:meth:`_same_as_stored`)."""
+        if not _maybe_same(records, base):
+            return False
+        table = records_to_arrow(records, self.vector_dtype or ptr.vector_dtype)
+        return self._same_as_stored(ptr, table)
 
     def _same_as_stored(self, ptr: Pointer, table: pa.Table) -> bool:
         """Whether ``table`` (records as :meth:`commit` would write them) equals the snapshot
@@ -1324,7 +1343,7 @@ def _name_hours(name: str) -> float | None:
     return int(head) / 3.6e12 if head.isdigit() and len(head) == 20 else None
 
 
-def read_json_delta(path: Path, *, skew_h: float, wall: float | None = None) -> dict[str, Any]:  # noqa: C901
+def read_json_delta(path: Path, *, skew_h: float, wall: float | None = None) -> dict[str, Any]:
     """Read and check a recall-bookkeeping (``*.touch.json``) or patch (``*.patch.json``)
     delta with the rules :meth:`Store.mark_used` and :meth:`Store.patch` apply when they write
     one.
@@ -1350,73 +1369,95 @@ def read_json_delta(path: Path, *, skew_h: float, wall: float | None = None) -> 
         DeltaError: it is not valid JSON of that form, its checksum does not match, or an
             entry breaks a rule (names the file and the entry).
     """
-    wall = hours_now() if wall is None else wall
-    late = wall + skew_h
-    name = path.name
-
-    def bad(why: str) -> DeltaError:
-        return DeltaError(f"delta {path}: {why}")
-
-    try:
-        d = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise bad(f"not JSON ({e})") from None
-    if not isinstance(d, dict):
-        raise bad("not a JSON object")
-    if "sha256" in d or "written" in d:
-        sha = d.pop("sha256", None)
-        if not isinstance(sha, str) or _json_digest(d) != sha:
-            raise bad("content does not match its sha256 (changed after it was written)")
-        w = d.get("written")
-        if not (_is_hours(w) and w <= late):  # type: ignore[operator]
-            raise bad(f"written={w!r} is not a time before now")
+    rules = _DeltaRules(path, hours_now() if wall is None else wall, skew_h)
+    d = rules.load()
+    if path.name.endswith(".touch.json"):
+        rules.check_touch(d)
+    elif path.name.endswith(".patch.json"):
+        rules.check_patches(d)
     else:
-        d["written"] = _name_hours(name)
+        raise rules.bad("not a recall-bookkeeping or patch delta name")
+    return d
 
-    def when(what: str, t: object) -> float:
-        if not _is_hours(t) or t > late:  # type: ignore[operator]
-            raise bad(
+
+class _DeltaRules:
+    """The checks of :func:`read_json_delta` for one file, at wall clock ``wall`` (hours)
+    with ``skew_h`` hours of clock skew allowed."""
+
+    def __init__(self, path: Path, wall: float, skew_h: float) -> None:
+        self.path, self.wall, self.late = path, wall, wall + skew_h
+
+    def bad(self, why: str) -> DeltaError:
+        return DeltaError(f"delta {self.path}: {why}")
+
+    def when(self, what: str, t: object) -> float:
+        """``t`` as hours, if finite and not after the wall clock (plus skew)."""
+        if not _is_hours(t) or t > self.late:  # type: ignore[operator]
+            raise self.bad(
                 f"{what}={t!r} is not finite hours since the epoch before now "
-                f"(wall clock {wall:.1f} h)"
+                f"(wall clock {self.wall:.1f} h)"
             )
         return float(t)  # type: ignore[arg-type]
 
-    if name.endswith(".touch.json"):
+    def load(self) -> dict[str, Any]:
+        """The file as a JSON object, its ``sha256`` checked and removed, ``written`` set."""
+        try:
+            d = json.loads(self.path.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise self.bad(f"not JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise self.bad("not a JSON object")
+        if "sha256" in d or "written" in d:
+            sha = d.pop("sha256", None)
+            if not isinstance(sha, str) or _json_digest(d) != sha:
+                raise self.bad("content does not match its sha256 (changed after it was written)")
+            w = d.get("written")
+            if not (_is_hours(w) and w <= self.late):  # type: ignore[operator]
+                raise self.bad(f"written={w!r} is not a time before now")
+        else:
+            d["written"] = _name_hours(self.path.name)
+        return d
+
+    def check_touch(self, d: dict[str, Any]) -> None:
+        """A recall-bookkeeping delta: ids strings, ``now`` a time, ``strength_cap`` null or
+        >= 1 (``now`` made a float)."""
         if set(d) - {"ids", "now", "strength_cap", "written"} or "ids" not in d:
-            raise bad(f"keys {sorted(d)} are not those of a recall-bookkeeping delta")
+            raise self.bad(f"keys {sorted(d)} are not those of a recall-bookkeeping delta")
         ids = d["ids"]
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            raise bad("ids is not a list of strings")
-        d["now"] = when("now", d.get("now"))
+            raise self.bad("ids is not a list of strings")
+        d["now"] = self.when("now", d.get("now"))
         cap = d.get("strength_cap")
         if cap is not None and not (_is_hours(cap) and cap >= 1):
-            raise bad(f"strength_cap={cap!r} is not null or a number >= 1")
-        return d
-    if not name.endswith(".patch.json"):
-        raise bad("not a recall-bookkeeping or patch delta name")
-    if set(d) - {"patches", "written"} or not isinstance(d.get("patches"), list):
-        raise bad(f"keys {sorted(d)} are not those of a patch delta")
-    for k, p in enumerate(d["patches"]):
-        if not isinstance(p, dict) or not isinstance(p.get("id"), str):
-            raise bad(f"patch {k} has no string id")
-        i, op = p["id"], p.get("op")
-        if op == "delete":
-            if set(p) - {"id", "op", "into", "at", "reason"}:
-                raise bad(f"patch {k} ({i!r}) has unknown keys {sorted(set(p))}")
-            p["at"] = when(f"at of patch {k} ({i!r})", p.get("at"))
-            into = p.get("into")
-            if into is not None and (not isinstance(into, str) or into == i):
-                raise bad(f"patch {k} ({i!r}): into={into!r} is not another record's id")
-            if p.get("reason") not in _PATCH_REASONS:
-                raise bad(f"patch {k} ({i!r}): unknown reason {p.get('reason')!r}")
-        elif op == "close":
-            if set(p) - {"id", "op", "valid_to"}:
-                raise bad(f"patch {k} ({i!r}) has unknown keys {sorted(set(p))}")
-            if not _is_hours(p.get("valid_to")):
-                raise bad(f"patch {k} ({i!r}): valid_to={p.get('valid_to')!r} is not hours")
-        else:
-            raise bad(f"patch {k} ({i!r}): unknown op {op!r} (delete or close)")
-    return d
+            raise self.bad(f"strength_cap={cap!r} is not null or a number >= 1")
+
+    def check_patches(self, d: dict[str, Any]) -> None:
+        """A patch delta: ``delete`` ops (a time, a known reason, ``into`` another id) and
+        ``close`` ops (``valid_to`` hours) only."""
+        if set(d) - {"patches", "written"} or not isinstance(d.get("patches"), list):
+            raise self.bad(f"keys {sorted(d)} are not those of a patch delta")
+        for k, p in enumerate(d["patches"]):
+            if not isinstance(p, dict) or not isinstance(p.get("id"), str):
+                raise self.bad(f"patch {k} has no string id")
+            i, op = p["id"], p.get("op")
+            if op == "delete":
+                if set(p) - {"id", "op", "into", "at", "reason"}:
+                    raise self.bad(f"patch {k} ({i!r}) has unknown keys {sorted(set(p))}")
+                p["at"] = self.when(f"at of patch {k} ({i!r})", p.get("at"))
+                into = p.get("into")
+                if into is not None and (not isinstance(into, str) or into == i):
+                    raise self.bad(f"patch {k} ({i!r}): into={into!r} is not another record's id")
+                if p.get("reason") not in _PATCH_REASONS:
+                    raise self.bad(f"patch {k} ({i!r}): unknown reason {p.get('reason')!r}")
+            elif op == "close":
+                if set(p) - {"id", "op", "valid_to"}:
+                    raise self.bad(f"patch {k} ({i!r}) has unknown keys {sorted(set(p))}")
+                if not _is_hours(p.get("valid_to")):
+                    raise self.bad(
+                        f"patch {k} ({i!r}): valid_to={p.get('valid_to')!r} is not hours"
+                    )
+            else:
+                raise self.bad(f"patch {k} ({i!r}): unknown op {op!r} (delete or close)")
 
 
 def apply_patch(
