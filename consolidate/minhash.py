@@ -547,9 +547,44 @@ def signature_pairs(
     live = np.setdiff1d(np.arange(n), dead, assume_unique=True) if len(dead) else np.arange(n)
     if len(live) < 2:
         return empty
-    lseg = seg[live]
-    bkeys = _band_keys(sig, live, bands, rows)
-    m = len(live)
+    pair_keys = _banded_candidates(
+        _band_keys(sig, live, bands, rows), seg[live], max_bucket, skipped
+    )
+    if not len(pair_keys):
+        return empty
+    a, b = np.divmod(pair_keys, len(live))
+    i, j = live[a], live[b]  # live is increasing: (i, j) keep the sorted order of (a, b)
+    est = _estimated_jaccard(sig, i, j)
+    ok = est >= threshold
+    return i[ok], j[ok], est[ok]
+
+
+def _estimated_jaccard(sig: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """``float64 [m]``: the share of equal slots of the signatures of rows ``i`` and ``j``
+    (in blocks of about :data:`BLOCK_BYTES`)."""
+    num_perm = sig.shape[1]
+    matches = np.empty(len(i), np.int64)
+    step = max(1, BLOCK_BYTES // (3 * 8 * num_perm))
+    for s in range(0, len(i), step):
+        matches[s : s + step] = (sig[i[s : s + step]] == sig[j[s : s + step]]).sum(axis=1)
+    return matches / num_perm
+
+
+def _banded_candidates(
+    bkeys: np.ndarray,
+    lseg: np.ndarray,
+    max_bucket: int | None,
+    skipped: dict[str, int] | None,
+) -> np.ndarray:
+    """``int64``: the candidate pairs ``a < b`` of rows (positions into ``bkeys``' ``m``
+    rows) that share a segment and one band's key, as sorted unique keys ``a * m + b``.
+
+    Args:
+        bkeys: ``[m, bands]`` band keys (:func:`_band_keys`).
+        lseg: ``[m]`` segment codes.
+        max_bucket, skipped: see :func:`signature_pairs`.
+    """
+    m, bands = bkeys.shape
     pair_keys = np.zeros(0, np.int64)
     for band in range(bands):
         key = bkeys[:, band]
@@ -563,17 +598,7 @@ def signature_pairs(
             continue
         a, b = _group_pairs(order, new_group, ss, band, max_bucket, skipped)
         pair_keys = np.union1d(pair_keys, a * m + b)  # a < b: order is ascending in groups
-    if not len(pair_keys):
-        return empty
-    a, b = np.divmod(pair_keys, m)
-    i, j = live[a], live[b]  # live is increasing: (i, j) keep the sorted order of (a, b)
-    matches = np.empty(len(i), np.int64)
-    step = max(1, BLOCK_BYTES // (3 * 8 * num_perm))
-    for s in range(0, len(i), step):
-        matches[s : s + step] = (sig[i[s : s + step]] == sig[j[s : s + step]]).sum(axis=1)
-    est = matches / num_perm
-    ok = est >= threshold
-    return i[ok], j[ok], est[ok]
+    return pair_keys
 
 
 def minhash_pairs(

@@ -123,7 +123,7 @@ def heuristic_importance(text: str, cfg: ImportanceConfig) -> float:
     return float(min(1.0, max(0.0, score)))
 
 
-def read_locomo_observations(  # noqa: C901
+def read_locomo_observations(
     path: str | Path, conversations: int | None = None
 ) -> tuple[list[LocomoObservation], ImportReport]:
     """Read every observation of ``locomo10.json``.
@@ -173,52 +173,65 @@ def read_locomo_observations(  # noqa: C901
                 f"{where}: needs a string sample_id and dicts 'conversation' and 'observation'"
             )
         report.conversations += 1
-        sessions = sorted(
-            (int(m.group(1)), k) for k in conv["observation"] if (m := _SESSION_OBS.match(k))
-        )
-        times: dict[int, float] = {}
-        for num, _ in sessions:
-            when = conv["conversation"].get(f"session_{num}_date_time")
-            try:
-                times[num] = parse_session_time(when).timestamp() / 3600.0
-            except (ValueError, AttributeError, TypeError):
-                report.bad_times.append({"conversation": sid, "session": num, "value": when})
-        if sessions and not times:
-            raise ValueError(f"{where}: no session has a parseable date/time")
-        for num, key in sessions:
-            # an unparseable session time takes the nearest parseable session's time
-            t_h = times.get(num)
-            if t_h is None:
-                near = min(times, key=lambda s: (abs(s - num), s))
-                t_h = times[near]
-            by_speaker = conv["observation"][key]
-            if not isinstance(by_speaker, dict):
-                raise ValueError(f"{where}: {key} is not a dict of speaker -> observations")
-            for speaker, items in by_speaker.items():
-                if not isinstance(items, list):
-                    raise ValueError(f"{where}: {key}/{speaker} is not a list of observations")
-                for k, item in enumerate(items):
-                    rid = f"{sid}/{speaker}/s{num}/{k}"
-                    ok = (
-                        isinstance(item, list)
-                        and 1 <= len(item) <= 2
-                        and isinstance(item[0], str)
-                        and item[0].strip()
-                    )
-                    if not ok:
-                        report.malformed_items.append({"id": rid, "item": repr(item)[:200]})
-                        continue
-                    text, evid = (item + [None])[:2]
-                    good, bad = parse_evidence(evid) if evid is not None else ([], [])
-                    if bad or not good:
-                        report.malformed_evidence.append({"id": rid, "evidence": evid})
-                    out.append(
-                        LocomoObservation(
-                            rid, f"{sid}/{speaker}", text, good + bad, t_h, sid, str(speaker), num
-                        )
-                    )
+        out += _conversation_observations(conv, sid, where, report)
     report.observations = len(out)
     return out, report
+
+
+def _conversation_observations(
+    conv: dict[str, Any], sid: str, where: str, report: ImportReport
+) -> list[LocomoObservation]:
+    """The observations of one conversation (see :func:`read_locomo_observations`); bad
+    session times, malformed items and malformed evidence go to ``report``.
+
+    Raises:
+        ValueError: no session time parses, or the observations are not shaped as LOCOMO's.
+    """
+    sessions = sorted(
+        (int(m.group(1)), k) for k in conv["observation"] if (m := _SESSION_OBS.match(k))
+    )
+    times: dict[int, float] = {}
+    for num, _ in sessions:
+        when = conv["conversation"].get(f"session_{num}_date_time")
+        try:
+            times[num] = parse_session_time(when).timestamp() / 3600.0
+        except (ValueError, AttributeError, TypeError):
+            report.bad_times.append({"conversation": sid, "session": num, "value": when})
+    if sessions and not times:
+        raise ValueError(f"{where}: no session has a parseable date/time")
+    out: list[LocomoObservation] = []
+    for num, key in sessions:
+        # an unparseable session time takes the nearest parseable session's time
+        t_h = times.get(num)
+        if t_h is None:
+            t_h = times[min(times, key=lambda s: (abs(s - num), s))]
+        by_speaker = conv["observation"][key]
+        if not isinstance(by_speaker, dict):
+            raise ValueError(f"{where}: {key} is not a dict of speaker -> observations")
+        for speaker, items in by_speaker.items():
+            if not isinstance(items, list):
+                raise ValueError(f"{where}: {key}/{speaker} is not a list of observations")
+            for k, item in enumerate(items):
+                rid = f"{sid}/{speaker}/s{num}/{k}"
+                ok = (
+                    isinstance(item, list)
+                    and 1 <= len(item) <= 2
+                    and isinstance(item[0], str)
+                    and item[0].strip()
+                )
+                if not ok:
+                    report.malformed_items.append({"id": rid, "item": repr(item)[:200]})
+                    continue
+                text, evid = (item + [None])[:2]
+                good, bad = parse_evidence(evid) if evid is not None else ([], [])
+                if bad or not good:
+                    report.malformed_evidence.append({"id": rid, "evidence": evid})
+                out.append(
+                    LocomoObservation(
+                        rid, f"{sid}/{speaker}", text, good + bad, t_h, sid, str(speaker), num
+                    )
+                )
+    return out
 
 
 def locomo_records(
