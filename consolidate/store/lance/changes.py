@@ -4,7 +4,7 @@ column as arrays, and the difference of two versions."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -139,7 +139,35 @@ def _diff(
         )
 
     f_ids, s_ids = final.meta["id"].to_numpy(object), col("id")
-    o = final.origin
+    matched = _matches(final.origin, f_ids, s_ids, stored_ids)
+    if matched is None:
+        return None
+    have, sp, new = matched
+    same = _same_columns(final, col, have, sp)
+    if same is None:
+        return None
+    diff = ~same
+    d = final.dim
+    diff |= _vector_diff(
+        final.vectors.reshape(n, d), have, sp, [v.reshape(len(v), d) for v in vectors]
+    )
+    kept = np.zeros(m, bool)
+    kept[sp] = True
+    gone = np.flatnonzero(~kept)
+    upsert = np.sort(np.concatenate([new, have[diff]]))
+    dead = np.sort(np.concatenate([sp[diff], gone]))
+    return upsert, dead, s_ids[gone].tolist()
+
+
+def _matches(
+    origin: np.ndarray | None, f_ids: np.ndarray, s_ids: np.ndarray, stored_ids: pa.ChunkedArray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """For :func:`_diff`: ``(have, sp, new)``, the positions of the new rows matched to a
+    stored row, their stored positions, and the positions of the unmatched (new) rows; or
+    ``None`` when a match does not check (ids differ, a stored row matched twice) or an
+    unmatched id is repeated, missing or stored."""
+    m, n = len(s_ids), len(f_ids)
+    o = origin
     if o is None:
         if n < m or not (f_ids[:m] == s_ids).all():
             return None
@@ -147,11 +175,10 @@ def _diff(
     ok = o >= 0
     have = np.flatnonzero(ok)
     sp = o[have]
-    increasing = bool(np.all(np.diff(sp) > 0))
     if len(sp):
         if sp.min() < 0 or sp.max() >= m:
             return None
-        if not increasing and np.bincount(sp, minlength=m).max() > 1:
+        if not np.all(np.diff(sp) > 0) and np.bincount(sp, minlength=m).max() > 1:
             return None
         if not np.all(f_ids[have] == s_ids[sp]):
             return None
@@ -168,10 +195,23 @@ def _diff(
             or pc.any(pc.is_in(stored_ids, value_set=nid)).as_py()
         ):
             return None  # a repeated, missing or stored id: the Arrow path decides
+    return have, sp, new
+
+
+def _same_columns(
+    final: Records, col: Callable[[str], np.ndarray], have: np.ndarray, sp: np.ndarray
+) -> np.ndarray | None:
+    """``bool [len(have)]``: every column but the id of the new rows ``have`` equals the
+    stored rows ``sp``'s (``col(c)``: a stored column); ``None`` when a column does not
+    compare as arrays."""
     k = len(have)
     # both exactly 0..k-1 (have is increasing by construction; sp must be too)
     straight = (
-        k > 0 and increasing and int(have[-1]) == k - 1 and int(sp[0]) == 0 and int(sp[-1]) == k - 1
+        k > 0
+        and bool(np.all(np.diff(sp) > 0))
+        and int(have[-1]) == k - 1
+        and int(sp[0]) == 0
+        and int(sp[-1]) == k - 1
     )
     same = np.ones(k, bool)
     try:
@@ -186,17 +226,7 @@ def _diff(
             )
     except (TypeError, ValueError, KeyError, Warning):
         return None
-    diff = ~same
-    d = final.dim
-    diff |= _vector_diff(
-        final.vectors.reshape(n, d), have, sp, [v.reshape(len(v), d) for v in vectors]
-    )
-    kept = np.zeros(m, bool)
-    kept[sp] = True
-    gone = np.flatnonzero(~kept)
-    upsert = np.sort(np.concatenate([new, have[diff]]))
-    dead = np.sort(np.concatenate([sp[diff], gone]))
-    return upsert, dead, s_ids[gone].tolist()
+    return same
 
 
 def _changes(

@@ -168,23 +168,13 @@ def _scan(
             block = decode_vectors(
                 b.column("vector"), b.column(SCALE_COLUMN) if SCALE_COLUMN in vcols else None
             )
-        if at + k <= n and np.array_equal(got, addr[at : at + k]):
-            vecs[at : at + k] = block
-            pos = np.arange(at, at + k)
-        else:
-            if order is None:
-                order = np.argsort(addr, kind="stable")
-            j = np.searchsorted(addr, got, sorter=order)
-            if at + k > n or np.any(j >= n) or np.any(addr[order[np.minimum(j, n - 1)]] != got):
-                raise ValueError(
-                    f"the vector scan returned rows the first scan of {n} rows did not"
-                )
-            vecs[order[j]] = block
-            pos = order[j]
+        pos, order = _batch_rows(got, addr, at, order)
+        vecs[pos] = block
         if variable:
             assert widths_out is not None
             wrong = np.flatnonzero(widths != dim)
-            widths_out.update(zip(pos[wrong].tolist(), widths[wrong].tolist(), strict=True))
+            rows = np.arange(pos.start, pos.stop) if isinstance(pos, slice) else pos
+            widths_out.update(zip(rows[wrong].tolist(), widths[wrong].tolist(), strict=True))
         at += k
     if at != n:
         raise ValueError(f"the vector scan returned {at} rows, the first {n}")
@@ -206,6 +196,28 @@ def _string_field(t: pa.DataType) -> bool:
 
 #: rows read per ``take`` while looking for the rows whose strings Lance cannot decode
 _UTF8_CHUNK = 8192
+
+
+def _batch_rows(
+    got: np.ndarray, addr: np.ndarray, at: int, order: np.ndarray | None
+) -> tuple[slice | np.ndarray, np.ndarray | None]:
+    """Where a vector batch with row addresses ``got`` goes among the first scan's rows
+    (addresses ``addr``; ``at`` rows placed so far): the next ``len(got)`` rows when the
+    scans agree (a slice), else the rows found by address (``order``: ``addr``'s sort
+    order, built on first need and returned for the next batches).
+
+    Raises:
+        ValueError: an address the first scan did not return.
+    """
+    n, k = len(addr), len(got)
+    if at + k <= n and np.array_equal(got, addr[at : at + k]):
+        return slice(at, at + k), order
+    if order is None:
+        order = np.argsort(addr, kind="stable")
+    j = np.searchsorted(addr, got, sorter=order)
+    if at + k > n or np.any(j >= n) or np.any(addr[order[np.minimum(j, n - 1)]] != got):
+        raise ValueError(f"the vector scan returned rows the first scan of {n} rows did not")
+    return order[j], order
 
 
 def _scan_past_bad_strings(
