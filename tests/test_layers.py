@@ -203,3 +203,50 @@ def test_the_environment_module_reads_the_checkout():
     assert device_name("cpu").startswith("cpu: ")
     env = environment("cpu")
     assert set(env) == {"git_commit", "packages", "device", "python"} and env["device"] == "cpu"
+
+
+#: the longest a function may be, in lines (signature and docstring included)
+MAX_FUNCTION_LINES = 80
+
+#: functions still over the limit (the benchmarks' and the Triton launchers'), to be split;
+#: a function split leaves this list, and no other may join it
+LONG_FUNCTIONS = {
+    ("bench/store_bench.py", "step"),
+    ("bench/store_bench.py", "main"),
+    ("bench/pass_bench.py", "make_pass_store"),
+    ("bench/pass_bench.py", "measure"),
+    ("bench/benchmark.py", "write_report"),
+    ("bench/benchmark.py", "run_benchmark"),
+    ("bench/benchmark.py", "preset_cases"),
+    ("bench/benchmark.py", "measure"),
+    ("bench/benchmark.py", "run_pass_case"),
+    ("bench/fleet_bench.py", "main"),
+    ("kernels/triton_join.py", "threshold_candidates"),
+    ("kernels/triton_join.py", "topk_candidates"),
+}
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:
+    """``(name, lines)`` of each function in ``path`` longer than ``limit`` lines."""
+    return [
+        (n.name, n.end_lineno - n.lineno + 1)
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.end_lineno - n.lineno + 1 > limit
+    ]
+
+
+def test_functions_stay_short(tmp_path):
+    found = {
+        (str(p.relative_to(PKG)), name): lines
+        for p in sorted(PKG.rglob("*.py"))
+        for name, lines in long_functions(p)
+    }
+    new = {k: v for k, v in found.items() if k not in LONG_FUNCTIONS}
+    assert not new, f"functions over {MAX_FUNCTION_LINES} lines: {new}"
+    assert set(found) >= LONG_FUNCTIONS, (
+        f"split already, remove from LONG_FUNCTIONS: {sorted(LONG_FUNCTIONS - set(found))}"
+    )
+    f = tmp_path / "f.py"
+    f.write_text("def f():\n" + "    x = 1\n" * 80)
+    assert long_functions(f) == [("f", 81)]

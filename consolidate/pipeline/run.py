@@ -236,75 +236,63 @@ def _now_fn(
     return now
 
 
-def check_settings(cfg: PassConfig) -> None:  # noqa: C901
+def check_settings(cfg: PassConfig) -> None:
     """Refuse settings that would silently do the wrong thing (NaN compares false); the jobs
     call it before any work, :func:`run_pass` again.
 
     Raises:
-        ValueError: the first setting out of range, named as its ``sleep.*`` key.
+        ValueError: the first setting out of range (in the order of :data:`_SETTINGS`),
+            named as its ``sleep.*`` key.
     """
+    for key, ok, what in _SETTINGS:
+        value = getattr(cfg, key)
+        if not ok(value):
+            raise ValueError(f"sleep.{key} must be {what}, got {value!r}")
 
-    def real(x: Any) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
-    if not (real(cfg.threshold) and -1.0 <= cfg.threshold <= 1.0):
-        raise ValueError(f"sleep.threshold must be in [-1, 1], got {cfg.threshold!r}")
-    if not (real(cfg.tau_hours) and cfg.tau_hours > 0):
-        raise ValueError(f"sleep.tau_hours must be > 0 hours, got {cfg.tau_hours!r}")
-    if not (real(cfg.floor) and 0.0 <= cfg.floor <= 1.0):
-        raise ValueError(f"sleep.floor must be in [0, 1], got {cfg.floor!r}")
-    if cfg.cap is not None and not (
-        isinstance(cfg.cap, int) and not isinstance(cfg.cap, bool) and cfg.cap >= 0
-    ):
-        raise ValueError(f"sleep.cap must be an integer >= 0 or null, got {cfg.cap!r}")
-    if not (real(cfg.strength_cap) and cfg.strength_cap >= 1):
-        raise ValueError(f"sleep.strength_cap must be >= 1, got {cfg.strength_cap!r}")
-    if not (
-        real(cfg.max_namespace_drop_fraction) and 0.0 <= cfg.max_namespace_drop_fraction <= 1.0
-    ):
-        raise ValueError(
-            f"sleep.max_namespace_drop_fraction must be in [0, 1], got "
-            f"{cfg.max_namespace_drop_fraction!r}"
-        )
-    if not (isinstance(cfg.now, str) and cfg.now in ("wall", "latest")):
-        from .clock import resolve_now
+def _real(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
-        resolve_now(cfg.now, pd.DataFrame({"namespace": []}), 0.0)  # raises naming sleep.now
-    m = cfg.namespace_stop_min_live
-    if not (isinstance(m, int) and not isinstance(m, bool) and m >= 1):
-        raise ValueError(f"sleep.namespace_stop_min_live must be an integer >= 1, got {m!r}")
-    if not (real(cfg.max_drop_fraction) and 0.0 <= cfg.max_drop_fraction <= 1.0):
-        raise ValueError(
-            f"sleep.max_drop_fraction must be in [0, 1], got {cfg.max_drop_fraction!r}"
-        )
-    if not (real(cfg.reflect_threshold) and -1.0 <= cfg.reflect_threshold <= 1.0):
-        raise ValueError(
-            f"sleep.reflect_threshold must be in [-1, 1], got {cfg.reflect_threshold!r}"
-        )
-    mc = cfg.minhash_min_chars
-    if mc is not None and not (isinstance(mc, int) and not isinstance(mc, bool) and mc >= 1):
-        raise ValueError(f"sleep.minhash_min_chars must be an integer >= 1 or null, got {mc!r}")
-    if not (real(cfg.minhash_threshold) and 0.0 < cfg.minhash_threshold <= 1.0):
-        raise ValueError(
-            f"sleep.minhash_threshold must be in (0, 1], got {cfg.minhash_threshold!r}"
-        )
-    pi = cfg.protect_importance
-    if pi is not None and not (real(pi) and 0.0 <= pi <= 1.0):
-        raise ValueError(f"sleep.protect_importance must be in [0, 1] or null, got {pi!r}")
-    if cfg.fidelity not in ("refuse", "report"):
-        raise ValueError(f"sleep.fidelity must be refuse or report, got {cfg.fidelity!r}")
-    if not (real(cfg.fidelity_threshold) and 0.0 < cfg.fidelity_threshold <= 1.0):
-        raise ValueError(
-            f"sleep.fidelity_threshold must be in (0, 1], got {cfg.fidelity_threshold!r}"
-        )
-    for key in ("reflect_min_size", "reflect_max_per_namespace"):
-        v = getattr(cfg, key)
-        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
-            raise ValueError(f"sleep.{key} must be an integer >= 1, got {v!r}")
-    if isinstance(cfg.now, (int, float)) or cfg.now not in ("wall", "latest"):
-        try:
-            val = float(cfg.now)
-        except (TypeError, ValueError):
-            val = None
-        if val is not None and not math.isfinite(val):
-            raise ValueError(f"sleep.now must be finite, got {cfg.now!r}")
+
+def _int(x: Any, low: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= low
+
+
+def _now_ok(now: Any) -> bool:
+    """``sleep.now`` is ``wall``, ``latest``, or a time :func:`resolve_now` reads (which
+    raises naming the setting otherwise); a number must be finite."""
+    if isinstance(now, str) and now in ("wall", "latest"):
+        return True
+    from .clock import resolve_now
+
+    resolve_now(now, pd.DataFrame({"namespace": []}), 0.0)  # raises naming sleep.now
+    try:
+        return math.isfinite(float(now))
+    except (TypeError, ValueError):
+        return True  # an ISO time
+
+
+#: ``(setting, test, what it must be)`` of each pass setting :func:`check_settings` checks
+_SETTINGS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("threshold", lambda x: _real(x) and -1.0 <= x <= 1.0, "in [-1, 1]"),
+    ("tau_hours", lambda x: _real(x) and x > 0, "> 0 hours"),
+    ("floor", lambda x: _real(x) and 0.0 <= x <= 1.0, "in [0, 1]"),
+    ("cap", lambda x: x is None or _int(x, 0), "an integer >= 0 or null"),
+    ("strength_cap", lambda x: _real(x) and x >= 1, ">= 1"),
+    ("max_namespace_drop_fraction", lambda x: _real(x) and 0.0 <= x <= 1.0, "in [0, 1]"),
+    ("now", _now_ok, "finite"),
+    ("namespace_stop_min_live", lambda x: _int(x, 1), "an integer >= 1"),
+    ("max_drop_fraction", lambda x: _real(x) and 0.0 <= x <= 1.0, "in [0, 1]"),
+    ("reflect_threshold", lambda x: _real(x) and -1.0 <= x <= 1.0, "in [-1, 1]"),
+    ("minhash_min_chars", lambda x: x is None or _int(x, 1), "an integer >= 1 or null"),
+    ("minhash_threshold", lambda x: _real(x) and 0.0 < x <= 1.0, "in (0, 1]"),
+    (
+        "protect_importance",
+        lambda x: x is None or (_real(x) and 0.0 <= x <= 1.0),
+        "in [0, 1] or null",
+    ),
+    ("fidelity", lambda x: x in ("refuse", "report"), "refuse or report"),
+    ("fidelity_threshold", lambda x: _real(x) and 0.0 < x <= 1.0, "in (0, 1]"),
+    ("reflect_min_size", lambda x: _int(x, 1), "an integer >= 1"),
+    ("reflect_max_per_namespace", lambda x: _int(x, 1), "an integer >= 1"),
+)

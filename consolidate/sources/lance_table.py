@@ -158,6 +158,27 @@ def _canon(row: dict[str, Any]) -> str:
     return json.dumps(row, sort_keys=True, default=str)
 
 
+def _rows_by_id(
+    ds: Any, idc: str, want: list[str]
+) -> tuple[list[dict[str, Any]], np.ndarray, dict[str, list[int]]]:
+    """The rows of ``ds`` whose id column ``idc`` holds one of ``want``: ``(rows, row
+    addresses, {id: positions in rows})``."""
+    t = ds.to_table(filter=pc.field(idc).isin(pa.array(want, pa.string())), with_row_address=True)
+    addr = t.column("_rowaddr").to_numpy()
+    rows = t.drop_columns(["_rowaddr"]).to_pylist()
+    by_id: dict[str, list[int]] = {}
+    for k, r in enumerate(rows):
+        by_id.setdefault(r[idc], []).append(k)
+    return rows, addr, by_id
+
+
+def _not_undoable(key: str, merged_again: list[str]) -> str:
+    """Why the merge ``key`` cannot be undone: its row was merged again, or is gone."""
+    if merged_again:
+        return f"{key} was merged again into {merged_again[0]}: undo that first"
+    return f"the merged row {key} is gone or no longer live"
+
+
 class LanceTable:
     """A user's Lance dataset the pass reads from and applies its plan to.
 
@@ -279,6 +300,49 @@ class LanceTable:
         m = self._mapped()
         t = ds.to_table(columns=list(dict.fromkeys(m.values())), filter=self._filter(namespaces))
         where = f"{self.path} (version {ds.version})"
+        meta = self._columns(t, m, where)
+        vec = t.column(m["vector"])
+        if not pa.types.is_fixed_size_list(vec.type):
+            raise LanceSourceError(
+                f"{where}: column {m['vector']!r} is {vec.type}, not a fixed-size list of floats"
+            )
+        d = vec.type.list_size
+        has = pc.is_valid(vec).to_numpy(zero_copy_only=False)
+        no_vec = [meta["id"][k] for k in np.flatnonzero(~has)]
+        if len(no_vec):  # not embedded yet: left out of the pass, untouched
+            keep = np.flatnonzero(has)
+            meta = {
+                k: ([v[j] for j in keep] if isinstance(v, list) else v[keep])
+                for k, v in meta.items()
+            }
+            vec = vec.filter(pa.array(has))
+        n = int(has.sum())
+        flat = pc.list_flatten(vec.combine_chunks())
+        vectors = flat.to_numpy(zero_copy_only=False).astype(np.float32).reshape(n, d)
+        rows = pd.DataFrame(meta).to_dict("records")
+        for r, v in zip(rows, vectors, strict=True):
+            r["vector"] = v
+        recs = records_from_rows(rows, dim=d) if rows else Records.empty(d)
+        if len(recs):
+            recs = with_keep_apart(
+                as_stored(recs, where), self.journal.keep_apart(), self.journal.kept()
+            )
+        return LanceSnapshot(
+            recs,
+            ds.version,
+            None if namespaces is None else sorted(namespaces),
+            no_vector=len(no_vec),
+            no_vector_ids=sorted(no_vec)[:20],
+        )
+
+    def _columns(self, t: pa.Table, m: dict[str, str], where: str) -> dict[str, Any]:
+        """The record columns of the rows read (``t``, the mapped columns ``m``) but the
+        vector: times as hours, unmapped bookkeeping filled in (``last_used`` =
+        ``created_at``, importance 0.5, strength 1, not pinned, no source ids).
+
+        Raises:
+            LanceSourceError: a time column of another type.
+        """
         n = t.num_rows
         meta: dict[str, Any] = {
             "id": t.column(m["id"]).to_pylist(),
@@ -314,38 +378,7 @@ class LanceTable:
             if "source_ids" in m
             else [[] for _ in range(n)]
         )
-        vec = t.column(m["vector"])
-        if not pa.types.is_fixed_size_list(vec.type):
-            raise LanceSourceError(
-                f"{where}: column {m['vector']!r} is {vec.type}, not a fixed-size list of floats"
-            )
-        d = vec.type.list_size
-        has = pc.is_valid(vec).to_numpy(zero_copy_only=False)
-        no_vec = [meta["id"][k] for k in np.flatnonzero(~has)]
-        if len(no_vec):  # not embedded yet: left out of the pass, untouched
-            keep = np.flatnonzero(has)
-            meta = {
-                k: ([v[j] for j in keep] if isinstance(v, list) else v[keep])
-                for k, v in meta.items()
-            }
-            vec, n = vec.filter(pa.array(has)), int(has.sum())
-        flat = pc.list_flatten(vec.combine_chunks())
-        vectors = flat.to_numpy(zero_copy_only=False).astype(np.float32).reshape(n, d)
-        rows = pd.DataFrame(meta).to_dict("records")
-        for r, v in zip(rows, vectors, strict=True):
-            r["vector"] = v
-        recs = records_from_rows(rows, dim=d) if rows else Records.empty(d)
-        if len(recs):
-            recs = with_keep_apart(
-                as_stored(recs, where), self.journal.keep_apart(), self.journal.kept()
-            )
-        return LanceSnapshot(
-            recs,
-            ds.version,
-            None if namespaces is None else sorted(namespaces),
-            no_vector=len(no_vec),
-            no_vector_ids=sorted(no_vec)[:20],
-        )
+        return meta
 
     # ------------------------------------------------------------ plan
     def plan(self, snap: LanceSnapshot, result: Records) -> LancePlan:
@@ -572,14 +605,7 @@ class LanceTable:
         idc, soft = m["id"], "deleted_at" in m
         dc, mc = m.get("deleted_at"), m.get("merged_into")
         want = sorted({i for u in units for i in u["ids"]} | {u["key"] for u in units})
-        t = ds.to_table(
-            filter=pc.field(idc).isin(pa.array(want, pa.string())), with_row_address=True
-        )
-        addr = t.column("_rowaddr").to_numpy()
-        rows = t.drop_columns(["_rowaddr"]).to_pylist()
-        by_id: dict[str, list[int]] = {}
-        for k, r in enumerate(rows):
-            by_id.setdefault(r[idc], []).append(k)
+        rows, addr, by_id = _rows_by_id(ds, idc, want)
 
         def is_live(k: int) -> bool:
             return not soft or rows[k][dc] is None
@@ -595,15 +621,9 @@ class LanceTable:
             merged = [k for k in by_id.get(key, []) if is_live(k)] if u["kind"] == "merge" else []
             members_live = all(any(is_live(k) for k in by_id.get(i, [])) for i in u["ids"])
             if u["kind"] == "merge" and not merged:
-                if members_live:
-                    out[key] = list(u["ids"])  # undone already, not yet recorded (a crash)
-                    continue
+                # undone already, not yet recorded (a crash); or the merged row is gone
                 again = [rows[k][mc] for k in by_id.get(key, []) if mc and rows[k][mc]]
-                out[key] = (
-                    f"{key} was merged again into {again[0]}: undo that first"
-                    if again
-                    else f"the merged row {key} is gone or no longer live"
-                )
+                out[key] = list(u["ids"]) if members_live else _not_undoable(key, again)
                 continue
             back = []
             for i in u["ids"]:

@@ -181,6 +181,49 @@ def timestamp(hours: float) -> datetime:
     return pd.Timestamp(round(float(hours) * 3.6e9), unit="us", tz="UTC").to_pydatetime()
 
 
+def _record_rows(
+    want: list[str], rows: list[tuple[Any, ...]]
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The rows read (columns ``want``, then ``now()``) as record dicts, unmapped
+    bookkeeping filled in (``last_used`` = ``created_at``, importance 0.5, strength 1, not
+    pinned, no source ids), and each row's ``updated_at`` (ISO) by id."""
+    out, versions = [], {}
+    for r in rows:
+        d = dict(zip(want, r[:-1], strict=True))
+        versions[d["id"]] = _iso(d.pop("updated_at"))
+        v = d["vector"]
+        d["vector"] = (
+            None
+            if v is None
+            else np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v, np.float32)
+        )
+        if "last_used" not in d or d["last_used"] is None:
+            d["last_used"] = d["created_at"]
+        for k, default in (("importance", 0.5), ("strength", 1.0)):
+            if d.get(k) is None:
+                d[k] = default
+        d["pinned"] = bool(d.get("pinned") or False)
+        d["source_ids"] = [] if d.get("source_ids") is None else d["source_ids"]
+        out.append(d)
+    return out, versions
+
+
+def _stale(
+    u: dict[str, Any], now_state: dict[str, tuple[str, Any]], versions: dict[str, str]
+) -> str:
+    """Why unit ``u`` no longer applies (its merged row's id is taken, or a row it touches
+    changed, was deleted or is gone since the plan read it), or ``""``. ``now_state``: id ->
+    (updated_at, deleted_at) as locked now; ``versions``: id -> updated_at as planned."""
+    if u["insert"] and u["insert"]["id"] in now_state:
+        return f"the merged row's id {u['insert']['id']} is taken already"
+    changed = [
+        i
+        for i in u["ids"]
+        if i not in now_state or now_state[i][0] != versions.get(i) or now_state[i][1] is not None
+    ]
+    return f"rows changed since the plan: {changed[:5]}" if changed else ""
+
+
 def _update_units(
     before: pd.DataFrame, res: pd.DataFrame, kept: np.ndarray, cols: list[str]
 ) -> list[dict[str, Any]]:
@@ -345,24 +388,7 @@ class PgVectorTable:
                     self._ident(m["id"]), self._tab()
                 )
             ).fetchone()
-        out, versions = [], {}
-        for r in rows:
-            d = dict(zip(want, r[:-1], strict=True))
-            versions[d["id"]] = _iso(d.pop("updated_at"))
-            v = d["vector"]
-            d["vector"] = (
-                None
-                if v is None
-                else np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v, np.float32)
-            )
-            if "last_used" not in d or d["last_used"] is None:
-                d["last_used"] = d["created_at"]
-            for k, default in (("importance", 0.5), ("strength", 1.0)):
-                if d.get(k) is None:
-                    d[k] = default
-            d["pinned"] = bool(d.get("pinned") or False)
-            d["source_ids"] = [] if d.get("source_ids") is None else d["source_ids"]
-            out.append(d)
+        out, versions = _record_rows(want, rows)
         recs = records_from_rows(out) if out else Records.empty(0)
         if len(recs):
             recs = with_keep_apart(as_stored(recs, f"table {self.table}"), apart, kept)
@@ -710,27 +736,10 @@ class PgVectorTable:
         sql: Any,
     ) -> None:
         """One namespace's units, in the caller's transaction."""
-        key = f"consolidate|{self.table}|{ns}"
-        got = conn.execute(
-            "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))", (key,)
-        ).fetchone()[0]
-        if not got:
-            rep.skipped += [
-                {"unit": k, "namespace": ns, "why": "another job holds the namespace"} for k in ks
-            ]
+        why = self._namespace_busy(conn, plan, ns, dry_run, sql)
+        if why:
+            rep.skipped += [{"unit": k, "namespace": ns, "why": why} for k in ks]
             return
-        if not dry_run:
-            done = conn.execute(
-                sql.SQL("SELECT 1 FROM {} WHERE plan_id = %s AND namespace = %s").format(
-                    self._tab(_APPLIED)
-                ),
-                (plan.plan_id, ns),
-            ).fetchone()
-            if done:
-                rep.skipped += [
-                    {"unit": k, "namespace": ns, "why": "plan already applied"} for k in ks
-                ]
-                return
         new_ids = {plan.units[k]["insert"]["id"] for k in ks if plan.units[k]["insert"]}
         ids = sorted({i for k in ks for i in plan.units[k]["ids"]} | new_ids)
         rows = conn.execute(
@@ -746,32 +755,9 @@ class PgVectorTable:
         now_state = {r[0]: (_iso(r[1]), r[2]) for r in rows}
         for k in ks:
             u = plan.units[k]
-            changed = [
-                i
-                for i in u["ids"]
-                if i not in now_state
-                or now_state[i][0] != plan.versions.get(i)
-                or now_state[i][1] is not None
-            ]
-            if u["insert"] and u["insert"]["id"] in now_state:
-                rep.skipped.append(
-                    {
-                        "unit": k,
-                        "namespace": ns,
-                        "kind": u["kind"],
-                        "why": f"the merged row's id {u['insert']['id']} is taken already",
-                    }
-                )
-                continue
-            if changed:
-                rep.skipped.append(
-                    {
-                        "unit": k,
-                        "namespace": ns,
-                        "kind": u["kind"],
-                        "why": f"rows changed since the plan: {changed[:5]}",
-                    }
-                )
+            why = _stale(u, now_state, plan.versions)
+            if why:
+                rep.skipped.append({"unit": k, "namespace": ns, "kind": u["kind"], "why": why})
                 continue
             if not dry_run:
                 self._write_unit(conn, plan.plan_id, u, m, sql)
@@ -784,6 +770,26 @@ class PgVectorTable:
                 (plan.plan_id, ns),
             )
         rep.namespaces.append(ns)
+
+    def _namespace_busy(self, conn: Any, plan: PgPlan, ns: str, dry_run: bool, sql: Any) -> str:
+        """Why the units of namespace ``ns`` cannot be applied now (another job holds its
+        advisory lock, or the plan was applied to it already), or ``""``."""
+        key = f"consolidate|{self.table}|{ns}"
+        got = conn.execute(
+            "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))", (key,)
+        ).fetchone()[0]
+        if not got:
+            return "another job holds the namespace"
+        if not dry_run:
+            done = conn.execute(
+                sql.SQL("SELECT 1 FROM {} WHERE plan_id = %s AND namespace = %s").format(
+                    self._tab(_APPLIED)
+                ),
+                (plan.plan_id, ns),
+            ).fetchone()
+            if done:
+                return "plan already applied"
+        return ""
 
     def _write_unit(
         self, conn: Any, plan_id: str, u: dict[str, Any], m: dict[str, str], sql: Any

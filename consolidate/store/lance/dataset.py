@@ -537,33 +537,38 @@ class LanceDataset(StoreBase):
             read = [p for p in files if p in mine]
         elif meta:  # the version's manifest, transaction and index files too
             read = files + self._meta_files(ds)
-        checked = 0
         for p in read:
-            if p not in known:
-                continue
-            try:
-                got = _crc32(self.dataset_path / p)
-            except FileNotFoundError:
-                raise CorruptStoreError(
-                    f"{self.dataset_path / p} of version {ds.version} is missing"
-                ) from None
-            if got != known[p]:
-                raise CorruptStoreError(
-                    f"{self.dataset_path / p} of version {ds.version} does not match the "
-                    f"CRC32 recorded when it was written (a flipped bit, a partial copy): "
-                    + (
-                        "an index (derived data): `consolidate-versions action=reindex` rebuilds it"
-                        if p.startswith("_indices/")
-                        else "restore it from a backup, or roll back to a version without it"
-                    )
-                )
-            checked += 1
+            if p in known:
+                self._check_crc(p, known[p], ds.version)
         return {
             "files": len(read),
-            "checked": checked,
+            "checked": sum(p in known for p in read),
             "unrecorded": sum(p not in known for p in read),
             "digest": want is not None,
         }
+
+    def _check_crc(self, p: str, want: int, version: int) -> None:
+        """File ``p`` of the dataset (a path inside it) against its recorded CRC32.
+
+        Raises:
+            CorruptStoreError: the file is missing or its CRC32 differs (says how to mend).
+        """
+        try:
+            got = _crc32(self.dataset_path / p)
+        except FileNotFoundError:
+            raise CorruptStoreError(
+                f"{self.dataset_path / p} of version {version} is missing"
+            ) from None
+        if got != want:
+            raise CorruptStoreError(
+                f"{self.dataset_path / p} of version {version} does not match the "
+                f"CRC32 recorded when it was written (a flipped bit, a partial copy): "
+                + (
+                    "an index (derived data): `consolidate-versions action=reindex` rebuilds it"
+                    if p.startswith("_indices/")
+                    else "restore it from a backup, or roll back to a version without it"
+                )
+            )
 
     def verify_all(self) -> list[dict[str, Any]]:
         """:meth:`verify` every retained version, oldest first: every data, deletion,
