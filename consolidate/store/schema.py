@@ -238,7 +238,9 @@ class _RowParser:
     def bad(self, kind: str, k: int) -> None:
         self.problems.setdefault(kind, []).append(k)
 
-    def parse(self, row: Mapping[str, Any], k: int) -> dict[str, Any]:  # noqa: C901
+    def parse(self, row: Mapping[str, Any], k: int) -> dict[str, Any]:
+        """Row ``k`` as record fields; each problem is reported (:meth:`bad`) and the field
+        gets a value the later checks refuse or a neutral default."""
         if not isinstance(row, Mapping):
             self.bad(f"record is a {type(row).__name__}, not a mapping", k)
             row = {}
@@ -254,11 +256,43 @@ class _RowParser:
         r["text"] = row.get("text")
         for c, default in (("importance", 0.5), ("strength", 1.0)):
             v = row.get(c, default)
-            if _is_real(v):
-                r[c] = float(v)
-            else:
-                r[c] = math.nan
+            r[c] = float(v) if _is_real(v) else math.nan
+            if not _is_real(v):
                 self.bad(f"{c} is not a number", k)
+        self._times(row, r, k)
+        p = row.get("pinned", False)
+        if not isinstance(p, (bool, np.bool_)):
+            self.bad("pinned is not a boolean", k)
+        r["pinned"] = bool(p) if isinstance(p, (bool, np.bool_)) else False
+        r["source_ids"] = self._strings(row, "source_ids", k)
+        for c in _NULLABLE_STR:
+            v = row.get(c)
+            r[c] = v if isinstance(v, str) else None
+            if v is not None and not isinstance(v, str):
+                self.bad(f"{c} is not a string", k)
+        lp = row.get("last_pass")
+        r["last_pass"] = float(lp) if lp is not None and _is_real(lp) else math.nan
+        for c in ("keep_apart", "derived_from"):
+            r[c] = self._strings(row, c, k)
+        return r
+
+    def _strings(self, row: Mapping[str, Any], c: str, k: int) -> list[str]:
+        """List column ``c`` of row ``k`` (missing or null: empty); one that is not a list
+        of strings is reported and empty."""
+        v = row.get(c)
+        v = [] if v is None else v
+        if (
+            isinstance(v, (str, bytes))
+            or not isinstance(v, (list, tuple, np.ndarray))
+            or not all(isinstance(x, str) for x in v)
+        ):
+            self.bad(f"{c} is not a list of strings", k)
+            return []
+        return list(v)
+
+    def _times(self, row: Mapping[str, Any], r: dict[str, Any], k: int) -> None:
+        """The time columns of row ``k`` as hours (``created_at`` and ``last_used`` stand in
+        for each other, then the reader's clock); one that is no time is reported, NaN."""
         for c in TIME_COLUMNS:
             v = row.get(c)
             if c == "created_at" and v is None:
@@ -270,38 +304,6 @@ class _RowParser:
             except (ValueError, TypeError, OverflowError):
                 r[c] = math.nan
                 self.bad(f"{c} is not a time", k)
-        p = row.get("pinned", False)
-        if not isinstance(p, (bool, np.bool_)):
-            self.bad("pinned is not a boolean", k)
-        r["pinned"] = bool(p) if isinstance(p, (bool, np.bool_)) else False
-        src = row.get("source_ids", [])
-        if src is None:
-            src = []
-        if (
-            isinstance(src, (str, bytes))
-            or not isinstance(src, (list, tuple, np.ndarray))
-            or not all(isinstance(x, str) for x in src)
-        ):
-            self.bad("source_ids is not a list of strings", k)
-            src = []
-        r["source_ids"] = list(src)
-        for c in _NULLABLE_STR:
-            v = row.get(c)
-            r[c] = v if isinstance(v, str) else None
-            if v is not None and not isinstance(v, str):
-                self.bad(f"{c} is not a string", k)
-        lp = row.get("last_pass")
-        r["last_pass"] = float(lp) if lp is not None and _is_real(lp) else math.nan
-        for c in ("keep_apart", "derived_from"):
-            v = row.get(c)
-            v = [] if v is None else v
-            if not isinstance(v, (list, tuple, np.ndarray)) or not all(
-                isinstance(x, str) for x in v
-            ):
-                self.bad(f"{c} is not a list of strings", k)
-                v = []
-            r[c] = list(v)
-        return r
 
 
 def records_from_rows(rows: Iterable[Mapping[str, Any]], dim: int | None = None) -> Records:
