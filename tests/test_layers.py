@@ -211,8 +211,6 @@ MAX_FUNCTION_LINES = 80
 #: functions still over the limit (the benchmarks' and the Triton launchers'), to be split;
 #: a function split leaves this list, and no other may join it
 LONG_FUNCTIONS = {
-    ("bench/store_bench.py", "step"),
-    ("bench/store_bench.py", "main"),
     ("bench/pass_bench.py", "make_pass_store"),
     ("bench/pass_bench.py", "measure"),
     ("bench/benchmark.py", "write_report"),

@@ -54,156 +54,199 @@ def _open(fmt: str, root: str):
 
 
 def step(name: str, fmt: str, root: str, n: int, ns_size: int) -> dict:
-    """One timed operation in this process; returns seconds and memory in bytes."""
+    """One timed operation (:data:`STEPS`) in this process; returns seconds and memory in
+    bytes.
+
+    Raises:
+        ValueError: an unknown step name.
+    """
+    if name not in STEPS:
+        raise ValueError(name)
+    out: dict = {"step": name, "format": fmt}
+    STEPS[name](name, fmt, root, n, ns_size, out)
+    return out
+
+
+def _create(name: str, fmt: str, root: str, n: int, ns_size: int, out: dict) -> None:
+    """A new store of ``n`` benchmark rows (:func:`~consolidate.bench.pass_bench.make_pass_store`)."""
+    from consolidate.bench import pass_bench
+
+    recs, info = pass_bench.make_pass_store(n, ns_size, seed=0)
+    out.update(vector_bytes=info["vector_bytes"], text_bytes=info["text_bytes"])
+    base = _rss()
+    t = time.perf_counter()
+    _open(fmt, root).create(recs, source="store-bench")
+    out["s"] = time.perf_counter() - t
+    out["rss_before"] = base
+    out["disk_bytes"] = sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
+
+
+def _load(name: str, fmt: str, root: str, n: int, ns_size: int, out: dict) -> None:
+    """A whole load, with the peak memory."""
+    s = _open(fmt, root)
+    base = _rss()
+    t = time.perf_counter()
+    snap = s.load()
+    out["s"] = time.perf_counter() - t
+    out["rows"] = len(snap.records)
+    out["rss_before"], out["peak"] = base, _hwm()
+
+
+def _write(name: str, fmt: str, root: str, n: int, ns_size: int, out: dict) -> None:
+    """``append``: 10 new memories; ``mark_used``: 10 recalls."""
     import numpy as np
 
-    from consolidate.bench import pass_bench
+    s = _open(fmt, root)
+    rng = np.random.default_rng(1)
+    if name == "append":
+        v = rng.normal(size=(10, 384)).astype(np.float32)
+        rows = [
+            {
+                "id": f"bench-new-{time.time_ns()}-{k}",
+                "namespace": "ns000000",
+                "text": f"a new fact number {k}",
+                "vector": v[k].tolist(),
+                "importance": 0.5,
+            }
+            for k in range(10)
+        ]
+        t = time.perf_counter()
+        s.append(rows)
+    else:
+        ids = [f"mem-{x:08x}" for x in rng.choice(n, 10, replace=False)]
+        t = time.perf_counter()
+        s.mark_used(ids)
+    out["s"] = time.perf_counter() - t
+
+
+def _commit(name: str, fmt: str, root: str, n: int, ns_size: int, out: dict) -> None:
+    """A commit with the strength of 1% (``commit_1pct``) or all (``commit_all``) rows
+    changed."""
+    import numpy as np
+
     from consolidate.store import Records
 
-    out: dict = {"step": name, "format": fmt}
-    if name == "create":
-        recs, info = pass_bench.make_pass_store(n, ns_size, seed=0)
-        out.update(vector_bytes=info["vector_bytes"], text_bytes=info["text_bytes"])
-        base = _rss()
-        t = time.perf_counter()
-        _open(fmt, root).create(recs, source="store-bench")
-        out["s"] = time.perf_counter() - t
-        out["rss_before"] = base
-        out["disk_bytes"] = sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
-    elif name == "load":
-        s = _open(fmt, root)
-        base = _rss()
-        t = time.perf_counter()
+    s = _open(fmt, root)
+    with s.lock():
         snap = s.load()
+        meta = snap.records.meta.copy()
+        rng = np.random.default_rng(2)
+        k = len(meta) // 100 if name == "commit_1pct" else len(meta)
+        rows = rng.choice(len(meta), k, replace=False)
+        st = meta["strength"].to_numpy(np.float64).copy()
+        st[rows] += 1.0
+        meta["strength"] = st
+        recs = Records(meta, snap.records.vectors)
+        t = time.perf_counter()
+        info = s.commit(recs, [{"op": "bench", "changed": int(k)}], base=snap)
         out["s"] = time.perf_counter() - t
-        out["rows"] = len(snap.records)
-        out["rss_before"], out["peak"] = base, _hwm()
-    elif name in ("append", "mark_used"):
-        s = _open(fmt, root)
-        rng = np.random.default_rng(1)
-        if name == "append":
-            v = rng.normal(size=(10, 384)).astype(np.float32)
-            rows = [
-                {
-                    "id": f"bench-new-{time.time_ns()}-{k}",
-                    "namespace": "ns000000",
-                    "text": f"a new fact number {k}",
-                    "vector": v[k].tolist(),
-                    "importance": 0.5,
-                }
-                for k in range(10)
-            ]
-            t = time.perf_counter()
-            s.append(rows)
-        else:
-            ids = [f"mem-{x:08x}" for x in rng.choice(n, 10, replace=False)]
-            t = time.perf_counter()
-            s.mark_used(ids)
-        out["s"] = time.perf_counter() - t
-    elif name in ("commit_1pct", "commit_all"):
-        s = _open(fmt, root)
-        with s.lock():
-            snap = s.load()
-            meta = snap.records.meta.copy()
-            rng = np.random.default_rng(2)
-            k = len(meta) // 100 if name == "commit_1pct" else len(meta)
-            rows = rng.choice(len(meta), k, replace=False)
-            st = meta["strength"].to_numpy(np.float64).copy()
-            st[rows] += 1.0
-            meta["strength"] = st
-            recs = Records(meta, snap.records.vectors)
-            t = time.perf_counter()
-            info = s.commit(recs, [{"op": "bench", "changed": int(k)}], base=snap)
-            out["s"] = time.perf_counter() - t
-            out["changed"] = int(k)
-            out["rows_written"] = info.get("rows_written", len(meta))
-    elif name == "commit_1pct_mixed":
-        # what a pass hands over: 0.25% of the rows purged, 0.5% changed, 0.25% new (merged)
-        # rows, the vectors a fresh copy (the pass gathers the survivors)
-        s = _open(fmt, root)
-        with s.lock():
-            snap = s.load()
-            rng = np.random.default_rng(4)
-            n_all = len(snap.records)
-            k = n_all // 400
-            keep = np.sort(rng.choice(n_all, n_all - k, replace=False))
-            kept = snap.records.take(keep)
-            meta = kept.meta.copy()
-            rows = rng.choice(len(meta), 2 * k, replace=False)
-            st = meta["strength"].to_numpy(np.float64).copy()
-            st[rows] += 1.0
-            meta["strength"] = st
-            new = Records.empty(snap.dim)
-            v = rng.normal(size=(k, snap.dim)).astype(np.float32)
-            v /= np.linalg.norm(v, axis=1, keepdims=True)
-            from consolidate.store.schema import records_from_rows
+        out["changed"] = int(k)
+        out["rows_written"] = info.get("rows_written", len(meta))
 
-            new = records_from_rows(
-                [
-                    {
-                        "id": f"bench-merged-{j}",
-                        "namespace": "ns000000",
-                        "text": f"merged fact {j}",
-                        "vector": v[j],
-                        "importance": 0.5,
-                    }
-                    for j in range(k)
-                ],
-                dim=snap.dim,
-            )
-            recs = Records.concat([Records(meta, kept.vectors, origin=kept.origin), new], snap.dim)
-            t = time.perf_counter()
-            info = s.commit(recs, [{"op": "bench", "changed": int(4 * k)}], base=snap)
-            out["s"] = time.perf_counter() - t
-            out["changed"] = int(4 * k)
-            out["rows_written"] = info.get("rows_written", len(recs))
-            out["rows_deleted"] = info.get("rows_deleted", k)
-    elif name == "incremental":
-        # a nightly run after 1% of the namespaces got one new memory each: every stored
-        # row seen by a pass (last_pass set), then 100 appends; time the per-namespace
-        # trigger plus the load of what fired
-        s = _open(fmt, root)
-        with s.lock():
-            snap = s.load()
-            meta = snap.records.meta.copy()
-            meta["last_pass"] = 1.0
-            s.commit(Records(meta, snap.records.vectors), [{"op": "bench"}], base=snap)
-        del snap, meta
-        n_ns = n // ns_size
-        fired_ns = [f"ns{k:06d}" for k in range(0, n_ns, 100)]
-        rng = np.random.default_rng(3)
-        v = rng.normal(size=(len(fired_ns), 384)).astype(np.float32)
-        s.append(
+
+def _commit_mixed(name: str, fmt: str, root: str, n: int, ns_size: int, out: dict) -> None:
+    """What a pass hands over: 0.25% of the rows purged, 0.5% changed, 0.25% new (merged)
+    rows, the vectors a fresh copy (the pass gathers the survivors)."""
+    import numpy as np
+
+    from consolidate.store import Records
+    from consolidate.store.schema import records_from_rows
+
+    s = _open(fmt, root)
+    with s.lock():
+        snap = s.load()
+        rng = np.random.default_rng(4)
+        n_all = len(snap.records)
+        k = n_all // 400
+        keep = np.sort(rng.choice(n_all, n_all - k, replace=False))
+        kept = snap.records.take(keep)
+        meta = kept.meta.copy()
+        rows = rng.choice(len(meta), 2 * k, replace=False)
+        st = meta["strength"].to_numpy(np.float64).copy()
+        st[rows] += 1.0
+        meta["strength"] = st
+        v = rng.normal(size=(k, snap.dim)).astype(np.float32)
+        v /= np.linalg.norm(v, axis=1, keepdims=True)
+        new = records_from_rows(
             [
                 {
-                    "id": f"bench-inc-{k}",
-                    "namespace": ns,
-                    "text": f"new fact for {ns}",
-                    "vector": v[k].tolist(),
-                    "importance": 1.0,
+                    "id": f"bench-merged-{j}",
+                    "namespace": "ns000000",
+                    "text": f"merged fact {j}",
+                    "vector": v[j],
+                    "importance": 0.5,
                 }
-                for k, ns in enumerate(fired_ns)
-            ]
+                for j in range(k)
+            ],
+            dim=snap.dim,
         )
+        recs = Records.concat([Records(meta, kept.vectors, origin=kept.origin), new], snap.dim)
         t = time.perf_counter()
-        if fmt == "lance":
-            fired, _ = s.trigger(0.5)
-            snap = s.load(namespaces=fired)
-        else:
-            from consolidate.pipeline import trigger
-
-            snap = s.load()
-            trigger(snap.records, 0.5)
-            fired = sorted(
-                set(snap.records.meta["namespace"][snap.records.meta["last_pass"].isna()])
-            )
+        info = s.commit(recs, [{"op": "bench", "changed": int(4 * k)}], base=snap)
         out["s"] = time.perf_counter() - t
-        out["namespaces_fired"] = len(fired)
-        out["rows_read"] = len(snap.records)
-        out["rows_total"] = s._open().count_rows() if fmt == "lance" else len(snap.records)
+        out["changed"] = int(4 * k)
+        out["rows_written"] = info.get("rows_written", len(recs))
+        out["rows_deleted"] = info.get("rows_deleted", k)
+
+
+def _incremental(name: str, fmt: str, root: str, n: int, ns_size: int, out: dict) -> None:
+    """A nightly run after 1% of the namespaces got one new memory each: every stored row
+    seen by a pass (``last_pass`` set), then 100 appends; times the per-namespace trigger
+    plus the load of what fired."""
+    import numpy as np
+
+    from consolidate.store import Records
+
+    s = _open(fmt, root)
+    with s.lock():
+        snap = s.load()
+        meta = snap.records.meta.copy()
+        meta["last_pass"] = 1.0
+        s.commit(Records(meta, snap.records.vectors), [{"op": "bench"}], base=snap)
+    del snap, meta
+    n_ns = n // ns_size
+    fired_ns = [f"ns{k:06d}" for k in range(0, n_ns, 100)]
+    rng = np.random.default_rng(3)
+    v = rng.normal(size=(len(fired_ns), 384)).astype(np.float32)
+    s.append(
+        [
+            {
+                "id": f"bench-inc-{k}",
+                "namespace": ns,
+                "text": f"new fact for {ns}",
+                "vector": v[k].tolist(),
+                "importance": 1.0,
+            }
+            for k, ns in enumerate(fired_ns)
+        ]
+    )
+    t = time.perf_counter()
+    if fmt == "lance":
+        fired, _ = s.trigger(0.5)
+        snap = s.load(namespaces=fired)
     else:
-        raise ValueError(name)
-    return out
+        from consolidate.pipeline import trigger
+
+        snap = s.load()
+        trigger(snap.records, 0.5)
+        fired = sorted(set(snap.records.meta["namespace"][snap.records.meta["last_pass"].isna()]))
+    out["s"] = time.perf_counter() - t
+    out["namespaces_fired"] = len(fired)
+    out["rows_read"] = len(snap.records)
+    out["rows_total"] = s._open().count_rows() if fmt == "lance" else len(snap.records)
+
+
+#: the store benchmark's steps, each run in a process of its own (:func:`run_step`)
+STEPS = {
+    "create": _create,
+    "load": _load,
+    "append": _write,
+    "mark_used": _write,
+    "commit_1pct": _commit,
+    "commit_all": _commit,
+    "commit_1pct_mixed": _commit_mixed,
+    "incremental": _incremental,
+}
 
 
 def run_step(name: str, fmt: str, root: str, n: int, ns_size: int) -> dict:
@@ -272,13 +315,25 @@ def main(argv: list[str]) -> int:
             shutil.rmtree(root, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    report = _report(results, a.n, a.ns_size)
+    print(report)
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+        (out / "report.md").write_text(report)
+    return 0
+
+
+def _report(results: dict, n: int, ns_size: int) -> str:
+    """``report.md`` of a run's ``results`` (adds the ratios it states to them)."""
     data = (
         results["formats"]["lance"]["create"]["vector_bytes"]
         + results["formats"]["lance"]["create"]["text_bytes"]
     )
     results["data_bytes"] = data
     lines = [
-        f"# Store benchmark: n = {a.n:,}, d = 384, {a.n // a.ns_size:,} namespaces, "
+        f"# Store benchmark: n = {n:,}, d = 384, {n // ns_size:,} namespaces, "
         f"{results['cpus']} CPUs ({results['cpu']}), commit {results['git']}",
         "",
         "| operation | parquet | lance | target (lance) |",
@@ -325,14 +380,7 @@ def main(argv: list[str]) -> int:
             for fmt in ("parquet", "lance")
         ],
     ]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if a.out:
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(results, indent=1))
-        (out / "report.md").write_text(report)
-    return 0
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
