@@ -211,8 +211,6 @@ MAX_FUNCTION_LINES = 80
 #: functions still over the limit (the benchmarks' and the Triton launchers'), to be split;
 #: a function split leaves this list, and no other may join it
 LONG_FUNCTIONS = {
-    ("bench/pass_bench.py", "make_pass_store"),
-    ("bench/pass_bench.py", "measure"),
     ("bench/benchmark.py", "write_report"),
     ("bench/benchmark.py", "run_benchmark"),
     ("bench/benchmark.py", "preset_cases"),

@@ -26,6 +26,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -236,70 +237,137 @@ def make_pass_store(
 
     Deterministic for a ``seed`` (times up to ``now_h``, default the clock).
     """
-    import pandas as pd
-
-    from consolidate.store.schema import COLUMNS, Records, hours_now
-    from consolidate.text import text_hash
+    from consolidate.store.schema import Records
 
     if n % ns_size:
         raise ValueError(f"n={n} is not a multiple of the namespace size {ns_size}")
     rng = np.random.default_rng(seed)
     n_ns, m = n // ns_size, ns_size
     c = default_clusters(m) if clusters_per_ns is None else int(clusters_per_ns)
-    dups = round(dup_frac * m)
-    sizes = rng.integers(2, MAX_CLUSTER + 1, size=(n_ns, c))
-    in_clusters = sizes.sum(1)
-    if (in_clusters + dups >= m).any():
-        raise ValueError(
-            f"{c} clusters of up to {MAX_CLUSTER} and {dups} duplicates do not "
-            f"fit in namespaces of {m} rows"
-        )
-    ns_base = np.arange(n_ns, dtype=np.int64)[:, None] * m
-    # rows [ns*m, ns*m + in_clusters): the clusters, then the duplicates, then the rest
-    cstart = (ns_base + np.cumsum(sizes, 1) - sizes).ravel()
-    csize = sizes.ravel()
-    n_cl = csize.size
-    first = np.repeat(np.cumsum(csize) - csize, csize)
-    member_k = np.arange(int(csize.sum())) - first
-    member_cl = np.repeat(np.arange(n_cl), csize)
-    member_rows = np.repeat(cstart, csize) + member_k
-    dup_rows = (ns_base + in_clusters[:, None] + np.arange(dups)[None, :]).ravel()
-    free = (m - in_clusters - dups)[:, None]
-    src_rows = (
-        ns_base
-        + in_clusters[:, None]
-        + dups
-        + np.floor(rng.random((n_ns, dups)) * free).astype(np.int64)
-    ).ravel()
-
-    v = _unit_rows(rng, n, d)
-    u = 1.0 / rng.uniform(*cos, size=n_cl) - 1.0  # |noise|^2: cosine ~ 1 / (1 + u)
-    scale = np.sqrt(u / d).astype(np.float32)
-    base = v[cstart].copy()
-    for r0 in range(0, member_rows.size, 65_536):
-        rows, cl = member_rows[r0 : r0 + 65_536], member_cl[r0 : r0 + 65_536]
-        x = base[cl] + scale[cl, None] * rng.standard_normal((rows.size, d), dtype=np.float32)
-        v[rows] = x / np.linalg.norm(x, axis=1, keepdims=True)
-    v[dup_rows] = v[src_rows]
+    lay = _Layout.draw(rng, n_ns, m, c, round(dup_frac * m))
+    v = _planted_vectors(rng, n, d, cos, lay)
 
     # text of a row: its own entity (a sentence), a cluster's entity with the member's verb,
     # or a duplicate's source's text
     entity = np.arange(n, dtype=np.int64)
     variant = np.zeros(n, np.int64)
-    entity[member_rows] = n + member_cl  # ids above n: never another row's sentence
-    variant[member_rows] = member_k
-    entity[dup_rows] = entity[src_rows]
+    entity[lay.member_rows] = n + lay.member_cl  # ids above n: never another row's sentence
+    variant[lay.member_rows] = lay.member_k
+    entity[lay.dup_rows] = entity[lay.src_rows]
+    n_cl = lay.csize.size
     if n + n_cl > TEXT_COMBOS:
         raise ValueError(f"n={n}: more sentences needed than the vocabulary has")
     ns_code = np.arange(n, dtype=np.int64) // m
-    role = np.zeros(n, np.int8)  # 0 single, 1 cluster member, 2 duplicate
-    role[member_rows] = 1
-    role[dup_rows] = 2
-
     perm = rng.permutation(n)
     v = v[perm]
-    entity, variant, ns_code, role = entity[perm], variant[perm], ns_code[perm], role[perm]
+    entity, variant, ns_code = entity[perm], variant[perm], ns_code[perm]
     texts = texts_for(entity, variant, seed)
+    meta = _bench_meta(rng, texts, ns_code, n_ns, now_h)
+    cluster_rows = int(lay.csize.sum())
+    info = {
+        "n": n,
+        "d": d,
+        "ns_size": m,
+        "namespaces": n_ns,
+        "clusters_per_ns": c,
+        "planted_clusters": int(n_cl),
+        "cluster_rows": cluster_rows,
+        "duplicate_rows": int(lay.dup_rows.size),
+        "duplicate_groups": int(np.unique(lay.src_rows).size),
+        # what a pass that finds exactly the planted structure leaves live
+        "expected_out": int(n - lay.dup_rows.size - cluster_rows + n_cl),
+        "vector_bytes": int(v.nbytes),
+        "text_bytes": int(sum(len(t.encode()) for t in texts)),
+        "seed": seed,
+    }
+    return Records(meta, v), info
+
+
+@dataclass
+class _Layout:
+    """Where :func:`make_pass_store` plants its structure, as row positions before the
+    shuffle: clusters (start and size of each; each member's row, cluster and place in it),
+    exact duplicates and the rows they copy."""
+
+    cstart: np.ndarray
+    csize: np.ndarray
+    member_rows: np.ndarray
+    member_cl: np.ndarray
+    member_k: np.ndarray
+    dup_rows: np.ndarray
+    src_rows: np.ndarray
+
+    @classmethod
+    def draw(cls, rng: np.random.Generator, n_ns: int, m: int, c: int, dups: int) -> _Layout:
+        """``c`` clusters of 2..:data:`MAX_CLUSTER` rows and ``dups`` duplicates in each of
+        ``n_ns`` namespaces of ``m`` rows: rows ``[ns*m, ns*m + in_clusters)`` the
+        clusters, then the duplicates, then the rest (the duplicates' sources among them).
+
+        Raises:
+            ValueError: they do not fit in ``m`` rows.
+        """
+        sizes = rng.integers(2, MAX_CLUSTER + 1, size=(n_ns, c))
+        in_clusters = sizes.sum(1)
+        if (in_clusters + dups >= m).any():
+            raise ValueError(
+                f"{c} clusters of up to {MAX_CLUSTER} and {dups} duplicates do not "
+                f"fit in namespaces of {m} rows"
+            )
+        ns_base = np.arange(n_ns, dtype=np.int64)[:, None] * m
+        cstart = (ns_base + np.cumsum(sizes, 1) - sizes).ravel()
+        csize = sizes.ravel()
+        first = np.repeat(np.cumsum(csize) - csize, csize)
+        member_k = np.arange(int(csize.sum())) - first
+        free = (m - in_clusters - dups)[:, None]
+        src_rows = (
+            ns_base
+            + in_clusters[:, None]
+            + dups
+            + np.floor(rng.random((n_ns, dups)) * free).astype(np.int64)
+        ).ravel()
+        return cls(
+            cstart=cstart,
+            csize=csize,
+            member_rows=np.repeat(cstart, csize) + member_k,
+            member_cl=np.repeat(np.arange(csize.size), csize),
+            member_k=member_k,
+            dup_rows=(ns_base + in_clusters[:, None] + np.arange(dups)[None, :]).ravel(),
+            src_rows=src_rows,
+        )
+
+
+def _planted_vectors(
+    rng: np.random.Generator, n: int, d: int, cos: tuple[float, float], lay: _Layout
+) -> np.ndarray:
+    """``float32 [n, d]`` unit vectors: random rows, each cluster's members its first row
+    plus noise scaled for a cosine drawn from ``cos``, each duplicate its source's vector."""
+    v = _unit_rows(rng, n, d)
+    u = 1.0 / rng.uniform(*cos, size=lay.csize.size) - 1.0  # |noise|^2: cosine ~ 1 / (1 + u)
+    scale = np.sqrt(u / d).astype(np.float32)
+    base = v[lay.cstart].copy()
+    for r0 in range(0, lay.member_rows.size, 65_536):
+        rows, cl = lay.member_rows[r0 : r0 + 65_536], lay.member_cl[r0 : r0 + 65_536]
+        x = base[cl] + scale[cl, None] * rng.standard_normal((rows.size, d), dtype=np.float32)
+        v[rows] = x / np.linalg.norm(x, axis=1, keepdims=True)
+    v[lay.dup_rows] = v[lay.src_rows]
+    return v
+
+
+def _bench_meta(
+    rng: np.random.Generator,
+    texts: list[str],
+    ns_code: np.ndarray,
+    n_ns: int,
+    now_h: float | None,
+) -> Any:
+    """The store columns of the benchmark rows (shuffled): random ids, times in the 30
+    days before ``now_h`` (default: the clock), importance uniform in [0.2, 1]."""
+    import pandas as pd
+
+    from consolidate.store.schema import COLUMNS, hours_now
+    from consolidate.text import text_hash
+
+    n = len(texts)
     id_num = rng.permutation(n)
     ids = [f"mem-{x:08x}" for x in id_num]
     ns_names = np.array([f"ns{k:06d}" for k in range(n_ns)], dtype=object)
@@ -336,25 +404,7 @@ def make_pass_store(
     for col, dt in COLUMNS.items():
         if str(meta[col].dtype) != dt:
             meta[col] = meta[col].astype(dt)
-    n_groups = int(np.unique(src_rows).size)
-    cluster_rows = int(csize.sum())
-    info = {
-        "n": n,
-        "d": d,
-        "ns_size": m,
-        "namespaces": n_ns,
-        "clusters_per_ns": c,
-        "planted_clusters": int(n_cl),
-        "cluster_rows": cluster_rows,
-        "duplicate_rows": int(dup_rows.size),
-        "duplicate_groups": n_groups,
-        # what a pass that finds exactly the planted structure leaves live
-        "expected_out": int(n - dup_rows.size - cluster_rows + n_cl),
-        "vector_bytes": int(v.nbytes),
-        "text_bytes": int(sum(len(t.encode()) for t in texts)),
-        "seed": seed,
-    }
-    return Records(meta, v), info
+    return meta
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -492,16 +542,27 @@ def _resolved_device(stats: Any, want: str) -> str:
     return "cuda" if want != "cpu" and torch.cuda.is_available() else "cpu"
 
 
-def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    pkg = _use_package()
-    from consolidate.config import PassConfig, SimilarityConfig
-    from consolidate.store import Store
+#: the pass's counts each measurement reports
+_STATS = (
+    "records_in",
+    "records_out",
+    "pairs",
+    "clusters",
+    "merges",
+    "exact_merges",
+    "exact_groups",
+    "merged_members",
+    "review_pairs",
+    "engine",
+)
 
-    try:
-        from consolidate.pipeline import run_pass
-    except ImportError:
-        from consolidate.sleep import run_pass
-    _check_modules(os.environ.get(PKG_ENV) or str(REPO))
+
+def _pass_configs(spec: dict[str, Any]) -> tuple[Any, Any]:
+    """``(PassConfig, SimilarityConfig)`` of a measurement: ``spec``'s threshold (0.9),
+    device and dtype, no cap and no mass-drop stop (fields the measured package lacks are
+    left out, :func:`_filtered`)."""
+    from consolidate.config import PassConfig, SimilarityConfig
+
     cfg = _filtered(
         PassConfig,
         {
@@ -514,6 +575,22 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     sim_cfg = _filtered(
         SimilarityConfig, {"device": spec.get("device", "cpu"), "dtype": spec.get("dtype", "fp32")}
     )
+    return cfg, sim_cfg
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """One whole-pass measurement in this process (a child of the benchmark, with the package
+    ``spec`` names on its path): load the store at ``spec["store"]``, warm up on a slice,
+    time the pass and the commit, sample the peak RSS; returns the times, memory and counts."""
+    pkg = _use_package()
+    from consolidate.store import Store
+
+    try:
+        from consolidate.pipeline import run_pass
+    except ImportError:
+        from consolidate.sleep import run_pass
+    _check_modules(os.environ.get(PKG_ENV) or str(REPO))
+    cfg, sim_cfg = _pass_configs(spec)
     out: dict[str, Any] = {
         "package": pkg,
         "run_pass": f"{run_pass.__module__}.run_pass",
@@ -557,19 +634,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     _check_modules(os.environ.get(PKG_ENV) or str(REPO))  # lazy imports too
     st = res.stats
     out["stages"] = {str(k): float(v) for k, v in dict(_stat(st, "time_s") or {}).items()}
-    for key in (
-        "records_in",
-        "records_out",
-        "pairs",
-        "clusters",
-        "merges",
-        "exact_merges",
-        "exact_groups",
-        "merged_members",
-        "review_pairs",
-        "engine",
-    ):
-        out[key] = _stat(st, key)
+    out.update({key: _stat(st, key) for key in _STATS})
     out["device"] = _resolved_device(st, sim_cfg.device)
     out["events"] = len(res.events)
     out["version"] = done.get("version") if isinstance(done, dict) else None
