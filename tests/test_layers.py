@@ -216,7 +216,6 @@ LONG_FUNCTIONS = {
     ("bench/benchmark.py", "preset_cases"),
     ("bench/benchmark.py", "measure"),
     ("bench/benchmark.py", "run_pass_case"),
-    ("bench/fleet_bench.py", "main"),
     ("kernels/triton_join.py", "threshold_candidates"),
     ("kernels/triton_join.py", "topk_candidates"),
 }

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from consolidate.environment import git_commit, machine
 
@@ -91,7 +92,6 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", default="eval/fleet_bench")
     args = ap.parse_args(argv)
 
-    import numpy as np
     import ray
     import torch
 
@@ -115,7 +115,7 @@ def main(argv: list[str]) -> int:
         "torch_threads_single": torch.get_num_threads(),
         "max_rows_per_shard": args.max_rows_per_shard,
         "commit": git_commit(short=True, dirty=True),
-        **machine(),
+        "machine": machine(),
     }
     try:
         wall = hours_now() - 1.0
@@ -146,38 +146,59 @@ def main(argv: list[str]) -> int:
         res["full_single"] = _single(a, pc, sc, wall)
         res["full_fleet"] = _fleet(b, pc, sc, rc, wall)
         res["full_same_records"] = _same(a, b)
-        # nightly: one new memory in 1% of the namespaces
-        ns = sorted(set(a.load(validate_records=False).records.meta["namespace"]))
-        rng = np.random.default_rng(1)
-        fired = sorted(rng.choice(ns, max(1, len(ns) // 100), replace=False).tolist())
-        new, _ = pass_bench.make_pass_store(len(fired) * 10, 10, now_h=wall)
-        new = new.take(np.arange(0, len(new), 10))
-        new.meta["namespace"] = fired
-        new.meta["id"] = [f"new-{k}" for k in range(len(fired))]
-        new.meta["importance"] = 1.0
-        for s in (a, b):
-            s.append(new)
-        pc2 = PassConfig(trigger_importance=1.0)
-        fa, _ = a.trigger(pc2.trigger_importance)
-        fb, _ = b.trigger(pc2.trigger_importance)
-        res["nightly_fired"] = [len(fa), len(fb), len(ns)]
-        res["nightly_single"] = _single(a, pc2, sc, wall + 24, namespaces=fa)
-        res["nightly_fleet"] = _fleet(b, pc2, sc, rc, wall + 24, namespaces=fb)
-        res["nightly_same_records"] = _same(a, b)
+        res.update(_nightly(a, b, sc, rc, wall))
         ray.shutdown()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for k in ("full", "nightly"):
         res[f"{k}_ratio"] = round(res[f"{k}_fleet"]["wall_s"] / res[f"{k}_single"]["wall_s"], 3)
     (out_dir / "results.json").write_text(json.dumps(res, indent=2, default=float))
+    lines = _report_lines(res)
+    (out_dir / "report.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0 if res["full_same_records"] and res["nightly_same_records"] else 1
+
+
+def _nightly(a: Any, b: Any, sc: Any, rc: Any, wall: float) -> dict[str, Any]:
+    """The nightly case on both stores (``a`` single process, ``b`` fleet): one new memory
+    in 1% of the namespaces, the trigger, the pass over what fired, the records compared."""
+    import numpy as np
+
+    from consolidate.bench import pass_bench
+    from consolidate.config import PassConfig
+
+    ns = sorted(set(a.load(validate_records=False).records.meta["namespace"]))
+    rng = np.random.default_rng(1)
+    fired = sorted(rng.choice(ns, max(1, len(ns) // 100), replace=False).tolist())
+    new, _ = pass_bench.make_pass_store(len(fired) * 10, 10, now_h=wall)
+    new = new.take(np.arange(0, len(new), 10))
+    new.meta["namespace"] = fired
+    new.meta["id"] = [f"new-{k}" for k in range(len(fired))]
+    new.meta["importance"] = 1.0
+    for s in (a, b):
+        s.append(new)
+    pc2 = PassConfig(trigger_importance=1.0)
+    fa, _ = a.trigger(pc2.trigger_importance)
+    fb, _ = b.trigger(pc2.trigger_importance)
+    return {
+        "nightly_fired": [len(fa), len(fb), len(ns)],
+        "nightly_single": _single(a, pc2, sc, wall + 24, namespaces=fa),
+        "nightly_fleet": _fleet(b, pc2, sc, rc, wall + 24, namespaces=fb),
+        "nightly_same_records": _same(a, b),
+    }
+
+
+def _report_lines(res: dict[str, Any]) -> list[str]:
+    """``report.md`` of a run's results."""
+    n, ns_size = res["n"], res["ns_size"]
+    actors, cpus, max_rows = res["actors"], res["cpus"], res["max_rows_per_shard"]
     fs, ff = res["full_single"], res["full_fleet"]
     ns_, nf = res["nightly_single"], res["nightly_fleet"]
     lines = [
-        f"# Fleet benchmark (n = {args.n}, {args.n // args.ns_size} namespaces, d = 384; "
-        f"commit {res['commit']})",
+        f"# Fleet benchmark (n = {n}, {n // ns_size} namespaces, d = 384; commit {res['commit']})",
         "",
-        f"Local Ray cluster: {args.cpus} CPUs, {args.actors} actors of 1 CPU, shards of at "
-        f"most {args.max_rows_per_shard} rows; single process: {res['torch_threads_single']} "
+        f"Local Ray cluster: {cpus} CPUs, {actors} actors of 1 CPU, shards of at "
+        f"most {max_rows} rows; single process: {res['torch_threads_single']} "
         f"torch threads. Ray start-up {res['ray_start_s']} s (not counted below).",
         "",
         "| run | single process (s) | fleet on Ray (s) | fleet / single | shards | same records |",
@@ -194,9 +215,7 @@ def main(argv: list[str]) -> int:
         f"{ff['fleet']['workers']} worker processes.",
         "",
     ]
-    (out_dir / "report.md").write_text("\n".join(lines))
-    print("\n".join(lines))
-    return 0 if res["full_same_records"] and res["nightly_same_records"] else 1
+    return lines
 
 
 if __name__ == "__main__":
