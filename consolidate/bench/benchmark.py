@@ -173,107 +173,121 @@ TOPK_NS = NS[:-1]  # the same method names, top-k variants (padded bmm is a join
 
 
 def preset_cases(preset: str) -> tuple[list[Case], dict[str, Any]]:
-    """Cases of a preset and its defaults (budget, caps)."""
-    if preset == "cpu":
-        return [
-            Case("join", 50_000, 384, "fp32", 0.9, methods=JOIN),
-            Case(
-                "join",
-                10_000,
-                384,
-                "fp32",
-                0.9,
-                methods=["ours (torch)", "ours (faiss)", "numpy tiles"] + ST_JOIN,
-            ),
-            Case("topk", 50_000, 384, "fp32", k=10, q=5_000, methods=TOPK),
-            Case("namespaces", 200_000, 384, "fp32", 0.9, namespaces=2_000, methods=NS),
-            Case("namespaces", 100_000, 384, "fp32", 0.9, namespaces=1_000, methods=NS),
-            Case("topk", 200_000, 384, "fp32", k=10, q=20_000, namespaces=2_000, methods=TOPK_NS),
-            Case(
-                "join",
-                0,
-                384,
-                "fp32",
-                0.9,
-                source="locomo",
-                methods=["ours (torch)", "ours (faiss)", "numpy tiles", "faiss range_search"]
-                + ST_JOIN,
-            ),
-        ], {
-            "budget_s": 300.0,
-            "cpu_cap_tflop": 1.5,
-            "st_cap_n": 10_000,
-            "locomo_conv": 2,
-            "repeats": 3,
-            "slow_s": 2.0,
-            "warm_rows": 4096,
-        }
-    if preset == "gpu":
-        # the leading cases of the issue's grid, most important first; the rest of the grid
-        # (n=1e4, d=1024 at 0.85/0.95, k=100) runs only while the time budget lasts
-        return [
-            Case("join", 1_000_000, 1024, "bf16", 0.9, methods=JOIN),
-            Case("join", 1_000_000, 384, "bf16", 0.9, methods=JOIN),
-            Case(
-                "topk",
-                1_000_000,
-                1024,
-                "bf16",
-                k=10,
-                q=1_000_000,
-                methods=["ours (torch)", "ours (triton)", "ours (faiss)", "naive torch tiles"],
-            ),
-            Case("namespaces", 1_000_000, 384, "bf16", 0.9, namespaces=10_000, methods=NS),
-            Case(
-                "topk", 1_000_000, 384, "bf16", k=10, q=100_000, namespaces=10_000, methods=TOPK_NS
-            ),
-            Case("join", 100_000, 384, "bf16", 0.9, methods=JOIN + ST_JOIN),
-            Case("join", 0, 384, "bf16", 0.9, source="locomo", methods=JOIN + ST_JOIN),
-            Case("join", 100_000, 1024, "bf16", 0.85, methods=JOIN[:4]),
-            Case("join", 100_000, 1024, "bf16", 0.95, methods=JOIN[:4]),
-            Case(
-                "topk",
-                100_000,
-                384,
-                "bf16",
-                k=100,
-                q=100_000,
-                methods=TOPK[:4] + ["st semantic_search"],
-            ),
-            Case("join", 10_000, 384, "bf16", 0.9, methods=JOIN + ST_JOIN),
-            Case(
-                "join",
-                1_000_000,
-                384,
-                "bf16",
-                0.9,
-                methods=["ours pairs + clusters", "st community_detection"],
-            ),
-        ], {
-            "budget_s": 270.0,
-            "cpu_cap_tflop": 4.0,
-            "st_cap_n": 1_000_000,
-            "locomo_conv": 10,
-            "repeats": 3,
-            "slow_s": 5.0,
-            "warm_rows": 65_536,
-        }
-    if preset == "tiny":
-        return [
-            Case("join", 3_000, 64, "fp32", 0.9, methods=JOIN + ST_JOIN),
-            Case("topk", 3_000, 64, "fp32", k=10, q=500, methods=TOPK),
-            Case("namespaces", 2_000, 64, "fp32", 0.9, namespaces=20, methods=NS),
-            Case("topk", 2_000, 64, "fp32", k=10, q=400, namespaces=20, methods=TOPK_NS),
-        ], {
-            "budget_s": 60.0,
-            "cpu_cap_tflop": 0.1,
-            "st_cap_n": 10_000,
-            "locomo_conv": 1,
-            "repeats": 2,
-            "slow_s": 1.0,
-            "warm_rows": 512,
-        }
-    raise SystemExit(f"unknown preset {preset!r}")
+    """Cases of a preset and its defaults (budget, caps).
+
+    Raises:
+        SystemExit: an unknown preset.
+    """
+    presets = {"cpu": _cpu_cases, "gpu": _gpu_cases, "tiny": _tiny_cases}
+    if preset not in presets:
+        raise SystemExit(f"unknown preset {preset!r}")
+    return presets[preset]()
+
+
+def _cpu_cases() -> tuple[list[Case], dict[str, Any]]:
+    """The cpu preset: cases for a 2-core machine."""
+    return [
+        Case("join", 50_000, 384, "fp32", 0.9, methods=JOIN),
+        Case(
+            "join",
+            10_000,
+            384,
+            "fp32",
+            0.9,
+            methods=["ours (torch)", "ours (faiss)", "numpy tiles"] + ST_JOIN,
+        ),
+        Case("topk", 50_000, 384, "fp32", k=10, q=5_000, methods=TOPK),
+        Case("namespaces", 200_000, 384, "fp32", 0.9, namespaces=2_000, methods=NS),
+        Case("namespaces", 100_000, 384, "fp32", 0.9, namespaces=1_000, methods=NS),
+        Case("topk", 200_000, 384, "fp32", k=10, q=20_000, namespaces=2_000, methods=TOPK_NS),
+        Case(
+            "join",
+            0,
+            384,
+            "fp32",
+            0.9,
+            source="locomo",
+            methods=["ours (torch)", "ours (faiss)", "numpy tiles", "faiss range_search"] + ST_JOIN,
+        ),
+    ], {
+        "budget_s": 300.0,
+        "cpu_cap_tflop": 1.5,
+        "st_cap_n": 10_000,
+        "locomo_conv": 2,
+        "repeats": 3,
+        "slow_s": 2.0,
+        "warm_rows": 4096,
+    }
+
+
+def _gpu_cases() -> tuple[list[Case], dict[str, Any]]:
+    """The gpu preset: the leading cases of the issue's grid, most important first; the rest
+    of the grid (n=1e4, d=1024 at 0.85/0.95, k=100) runs only while the time budget lasts."""
+    # the leading cases of the issue's grid, most important first; the rest of the grid
+    # (n=1e4, d=1024 at 0.85/0.95, k=100) runs only while the time budget lasts
+    return [
+        Case("join", 1_000_000, 1024, "bf16", 0.9, methods=JOIN),
+        Case("join", 1_000_000, 384, "bf16", 0.9, methods=JOIN),
+        Case(
+            "topk",
+            1_000_000,
+            1024,
+            "bf16",
+            k=10,
+            q=1_000_000,
+            methods=["ours (torch)", "ours (triton)", "ours (faiss)", "naive torch tiles"],
+        ),
+        Case("namespaces", 1_000_000, 384, "bf16", 0.9, namespaces=10_000, methods=NS),
+        Case("topk", 1_000_000, 384, "bf16", k=10, q=100_000, namespaces=10_000, methods=TOPK_NS),
+        Case("join", 100_000, 384, "bf16", 0.9, methods=JOIN + ST_JOIN),
+        Case("join", 0, 384, "bf16", 0.9, source="locomo", methods=JOIN + ST_JOIN),
+        Case("join", 100_000, 1024, "bf16", 0.85, methods=JOIN[:4]),
+        Case("join", 100_000, 1024, "bf16", 0.95, methods=JOIN[:4]),
+        Case(
+            "topk",
+            100_000,
+            384,
+            "bf16",
+            k=100,
+            q=100_000,
+            methods=TOPK[:4] + ["st semantic_search"],
+        ),
+        Case("join", 10_000, 384, "bf16", 0.9, methods=JOIN + ST_JOIN),
+        Case(
+            "join",
+            1_000_000,
+            384,
+            "bf16",
+            0.9,
+            methods=["ours pairs + clusters", "st community_detection"],
+        ),
+    ], {
+        "budget_s": 270.0,
+        "cpu_cap_tflop": 4.0,
+        "st_cap_n": 1_000_000,
+        "locomo_conv": 10,
+        "repeats": 3,
+        "slow_s": 5.0,
+        "warm_rows": 65_536,
+    }
+
+
+def _tiny_cases() -> tuple[list[Case], dict[str, Any]]:
+    """The tiny preset: a smoke test (fixed costs dominate its times)."""
+    return [
+        Case("join", 3_000, 64, "fp32", 0.9, methods=JOIN + ST_JOIN),
+        Case("topk", 3_000, 64, "fp32", k=10, q=500, methods=TOPK),
+        Case("namespaces", 2_000, 64, "fp32", 0.9, namespaces=20, methods=NS),
+        Case("topk", 2_000, 64, "fp32", k=10, q=400, namespaces=20, methods=TOPK_NS),
+    ], {
+        "budget_s": 60.0,
+        "cpu_cap_tflop": 0.1,
+        "st_cap_n": 10_000,
+        "locomo_conv": 1,
+        "repeats": 2,
+        "slow_s": 1.0,
+        "warm_rows": 512,
+    }
 
 
 # --------------------------------------------------------------------------- data
@@ -1035,7 +1049,10 @@ class Runner:
         self.last_cpu = time.process_time() - c
         return time.perf_counter() - t, out
 
-    def measure(self, ctx: Ctx, name: str, m: Method) -> dict[str, Any]:  # noqa: C901
+    def measure(self, ctx: Ctx, name: str, m: Method) -> dict[str, Any]:
+        """One method on one case: warm-up on a slice, the time extrapolated against the
+        budget, then up to ``repeats`` timed calls; a row of results (``status`` ok,
+        skipped or error: a method that fails is a result, not a crash)."""
         c, dev = ctx.case, self.device
         where = {"dev": dev.type, "cpu": "cpu"}.get(m.where) or (
             "cuda" if dev.type == "cuda" and _faiss_gpu() else "cpu"
@@ -1062,32 +1079,7 @@ class Runner:
             if self.left() <= 0:
                 raise Skip("time budget spent")
             precheck(ctx, name, m, where)
-            warm = ctx.slice(self.args.warm_rows)
-            with PeakRSS() as rss:
-                if m.prepare:
-                    m.prepare(warm)
-                # first call: compiles, allocates, spins up; a second one (if the first was
-                # quick) gives the time that is extrapolated to the full case
-                t_warm, _ = self._timed(lambda: m.fn(warm))
-                if t_warm < 1.0:
-                    t_warm, _ = self._timed(lambda: m.fn(warm))
-                est = t_warm * f / max(flops(warm), 1.0)
-                if est > self.left():
-                    raise Skip(
-                        f"estimated {est:.0f} s (from the warm-up) > {self.left():.0f} s "
-                        f"left of the budget"
-                    )
-                if m.prepare:
-                    m.prepare(ctx)
-                if dev.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(dev)
-                times, cpu = [], []
-                for _ in range(max(1, self.args.repeats)):
-                    t, out = self._timed(lambda: m.fn(ctx))
-                    times.append(t)
-                    cpu.append(self.last_cpu)
-                    if t > self.args.slow_s or self.left() < 0:
-                        break
+            times, cpu, out, rss = self._runs(ctx, m, f)
         except Skip as e:
             print(f"   {name:34s} skipped: {e}", flush=True)
             return {**row, "status": "skipped", "note": str(e)}
@@ -1109,7 +1101,7 @@ class Runner:
                 "tflops": f / best / 1e12,
                 "peak_tflops": peak,
                 "share_of_peak": f / best / 1e12 / peak,
-                "peak_rss_mb": rss.peak / 2**20,
+                "peak_rss_mb": rss / 2**20,
                 "peak_dev_mb": torch.cuda.max_memory_allocated(dev) / 2**20
                 if dev.type == "cuda"
                 else math.nan,
@@ -1135,6 +1127,41 @@ class Runner:
             flush=True,
         )
         return row
+
+    def _runs(self, ctx: Ctx, m: Method, f: float) -> tuple[list[float], list[float], Any, int]:
+        """``(times, cpu seconds, last output, peak RSS bytes)`` of ``m`` on ``ctx``.
+
+        Raises:
+            Skip: the warm-up's time, extrapolated to the case, exceeds the budget left.
+        """
+        dev = self.device
+        warm = ctx.slice(self.args.warm_rows)
+        with PeakRSS() as rss:
+            if m.prepare:
+                m.prepare(warm)
+            # first call: compiles, allocates, spins up; a second one (if the first was
+            # quick) gives the time that is extrapolated to the full case
+            t_warm, _ = self._timed(lambda: m.fn(warm))
+            if t_warm < 1.0:
+                t_warm, _ = self._timed(lambda: m.fn(warm))
+            est = t_warm * f / max(flops(warm), 1.0)
+            if est > self.left():
+                raise Skip(
+                    f"estimated {est:.0f} s (from the warm-up) > {self.left():.0f} s "
+                    f"left of the budget"
+                )
+            if m.prepare:
+                m.prepare(ctx)
+            if dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(dev)
+            times, cpu = [], []
+            for _ in range(max(1, self.args.repeats)):
+                t, out = self._timed(lambda: m.fn(ctx))
+                times.append(t)
+                cpu.append(self.last_cpu)
+                if t > self.args.slow_s or self.left() < 0:
+                    break
+        return times, cpu, out, rss.peak
 
     def frame(self) -> pd.DataFrame:
         cols = [
@@ -1258,43 +1285,58 @@ class Runner:
                         }
                     )
             for method, family, pkg in runs:
-                work = root / "run"
-                shutil.copytree(root / "gen", work)
-                spec = {
-                    "store": str(work),
-                    "device": args.pass_device,
-                    "dtype": args.pass_dtype,
-                    "threshold": 0.9,
-                    "warm_rows": args.pass_warm_rows,
-                }
-                try:
-                    meas = pass_child("measure", spec, pkg, args.pass_timeout_s)
-                    row = pass_row(case, gen, meas, method, family, args.pass_dtype)
-                    print(
-                        f"   {method:34s} {row['time_s']:9.3f} s  (similarity "
-                        f"{row['similarity_s']:.3g} s, non-sim {row['nonsim_ratio']:.3g}x; "
-                        f"load {row['load_s']:.3g} s, commit {row['commit_s']:.3g} s; peak "
-                        f"RSS {row['peak_rss_gb']:.3g} GB = {row['rss_ratio']:.3g}x data)",
-                        flush=True,
-                    )
-                    self.pass_raw.append(
-                        {"case": case.name, "method": method, "generate": gen, "measure": meas}
-                    )
-                except (RuntimeError, subprocess.TimeoutExpired, KeyError, TypeError) as e:
-                    print(f"   {method:34s} failed: {e}", flush=True)
-                    row = {
-                        **head,
-                        "method": method,
-                        "family": family,
-                        "status": "error",
-                        "note": f"{type(e).__name__}: {e}"[:300],
-                    }
-                finally:
-                    shutil.rmtree(work, ignore_errors=True)
-                self.rows.append(row)
+                self.rows.append(self._pass_run(case, head, gen, root, method, family, pkg))
                 self.checkpoint()
         finally:
             shutil.rmtree(root, ignore_errors=True)
+
+    def _pass_run(
+        self,
+        case: PassCase,
+        head: dict[str, Any],
+        gen: dict[str, Any],
+        root: Path,
+        method: str,
+        family: str,
+        pkg: Path | None,
+    ) -> dict[str, Any]:
+        """One package's measurement of a whole-pass case, in a child on a fresh copy of the
+        generated store (``root / "gen"``); its result row (``status`` error if it failed)."""
+        args = self.args
+        work = root / "run"
+        shutil.copytree(root / "gen", work)
+        spec = {
+            "store": str(work),
+            "device": args.pass_device,
+            "dtype": args.pass_dtype,
+            "threshold": 0.9,
+            "warm_rows": args.pass_warm_rows,
+        }
+        try:
+            meas = pass_child("measure", spec, pkg, args.pass_timeout_s)
+            row = pass_row(case, gen, meas, method, family, args.pass_dtype)
+            print(
+                f"   {method:34s} {row['time_s']:9.3f} s  (similarity "
+                f"{row['similarity_s']:.3g} s, non-sim {row['nonsim_ratio']:.3g}x; "
+                f"load {row['load_s']:.3g} s, commit {row['commit_s']:.3g} s; peak "
+                f"RSS {row['peak_rss_gb']:.3g} GB = {row['rss_ratio']:.3g}x data)",
+                flush=True,
+            )
+            self.pass_raw.append(
+                {"case": case.name, "method": method, "generate": gen, "measure": meas}
+            )
+            return row
+        except (RuntimeError, subprocess.TimeoutExpired, KeyError, TypeError) as e:
+            print(f"   {method:34s} failed: {e}", flush=True)
+            return {
+                **head,
+                "method": method,
+                "family": family,
+                "status": "error",
+                "note": f"{type(e).__name__}: {e}"[:300],
+            }
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
     def checkpoint(self) -> None:
         out = Path(self.args.out)
@@ -1771,114 +1813,16 @@ def pass_child(
 
 
 def write_report(df: pd.DataFrame, meta: dict[str, Any], out: Path) -> list[str]:
+    """Write ``results.parquet``, ``meta.json``, ``report.md`` and ``benchmark.png`` of a run
+    into ``out``; returns the target and ratio lines (also printed by the caller)."""
     df.to_parquet(out / "results.parquet", index=False)
     (out / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    tables = []
     sim_df = df[df.kind != "pass"] if "kind" in df.columns else df
-    for case, g in sim_df.groupby("case", sort=False):
-        ok = g[g.status == "ok"]
-        show = ok[
-            [
-                "method",
-                "device",
-                "dtype",
-                "time_s",
-                "runs",
-                "cpu_s",
-                "load1",
-                "pairs",
-                "pairs_per_s",
-                "queries_per_s",
-                "tflops",
-                "share_of_peak",
-                "peak_rss_mb",
-                "peak_dev_mb",
-                "recall",
-                "precision",
-            ]
-        ].dropna(axis=1, how="all")
-        scope = ok.recall_scope.dropna()
-        tables += [f"### {case}", ""]
-        if len(show):
-            tables += [show.to_markdown(index=False, floatfmt=".4g"), ""]
-        if len(scope):
-            tables += [f"recall against float64: {scope.iloc[0]}.", ""]
-        tables += [
-            f"* {r.method}: {r.status}: {r.note}"
-            for r in g.itertuples()
-            if isinstance(r.note, str) and r.note
-        ]
-        tables.append("")
+    tables = _case_tables(sim_df)
     ratios = ratio_lines(df) + pass_ratio_lines(df)
     targets = target_lines(df)
-    peaks = "; ".join(f"{k}: {v:.3g} TFLOP/s" for k, v in meta["matmul_peak_tflops"].items())
-    peaks = peaks or "not measured (no similarity case in this run)"
-    passes = pass_table(df)
-    if passes:
-        passes = [
-            "## Whole pass (load, run_pass, commit; separate processes)",
-            "",
-            "* Each case: a synthetic store (d = 384 float32 unit vectors; 2% exact "
-            "duplicates; near-duplicate clusters of 2-5 paraphrases at cosine ~0.93-0.99; "
-            "the rest random) written by one process as a real store, then, per package "
-            "(ours; the baseline revision exported with `git archive` when "
-            "`--pass-baseline` is given), a fresh process on a copy of it: `Store.load`, an "
-            "untimed warm-up pass on 2,000 rows, `run_pass` (threshold 0.9, cap none, "
-            "max_drop_fraction 1, extractive merger), `store.commit` under `store.lock()`.",
-            "* pass s: wall time of `run_pass` (no I/O). similarity s: its "
-            "`stats['time_s']['similarity']`; non-sim s = pass s - similarity s (includes "
-            "untimed s, the time inside run_pass outside every timed stage). planted out: "
-            "live records left if the pass finds exactly the planted duplicates and "
-            "clusters.",
-            "* peak RSS: `VmHWM` of the measuring process after the pass (it includes "
-            "loading the store: the load's own peak and the pass-only sampled peak are in "
-            "the line under the table); RSS / data = peak / (vector bytes + UTF-8 text "
-            "bytes).",
-            "* pass cpu s: cpu seconds of the measuring process (all threads) during the pass; "
-            "load1: the 1-minute load average after it (other processes on a shared machine "
-            "slow the pass down: pass s grows, pass cpu s much less).",
-            "",
-            *passes,
-        ]
-    sim_notes = (
-        [
-            f"Matmul peak measured in this run (square matmul, best of the start and the end of the "
-            f"run): {peaks}.",
-            "",
-            "* time: best of `runs` calls after two warm-up calls (one if it took over 1 s) on "
-            "the first "
-            f"{meta['args']['warm_rows']} rows; `runs` = 1 where a call took longer than "
-            f"{meta['args']['slow_s']} s. Untimed: building the store, the IVF index build "
-            "(in its note), the float64 reference of recall.",
-            "* TFLOP/s counts useful work only: `n^2 d` per namespace for a join (upper "
-            "triangle), `2 q n d` for top-k, whatever the method computes; share_of_peak divides "
-            "by the matmul peak measured in this run for the method's device and dtype.",
-            "* recall / precision: against float64 brute force (`recall_scope` in "
-            "results.parquet). community_detection: recall = share of reference pairs inside one "
-            "community, pairs = pairs inside communities. ours pairs + clusters: our join, then "
-            "the pass's centroid-checked, complete-link clusters; its recall is below 1 by "
-            "design (a pair whose clusters are not completely linked stays apart: no chaining), "
-            "where community_detection's precision below 1 shows the pairs its communities add.",
-            "* naive torch tiles: row tile against the rows from the tile on (upper triangle), "
-            "`>= t` on the scores of the case's dtype, no re-scoring. numpy / faiss: float32 on "
-            "the cpu. faiss range_search: the whole store against itself (both triangles). "
-            "paraphrase_mining: library defaults (top_k=100, max_pairs=500000) then `>= t`.",
-            f"* sentence-transformers paraphrase_mining / community_detection run only up to "
-            f"n = {meta['args']['st_cap_n']} (their time grows fast: on the 2-core cpu about a "
-            "minute each at n = 50,000); cpu baselines (numpy, faiss-cpu) only up to "
-            f"{meta['args']['cpu_cap_tflop']} TFLOP of useful work; a skipped row says why.",
-            "* cpu_s: cpu seconds of this process (all threads) in the timed call: with other "
-            "processes on the machine, time_s grows but cpu_s much less; load1: the 1-minute "
-            "load average after the method (the machine has "
-            f"{meta['cpu_count']} cpus).",
-            "* peak_rss_mb: the process's resident memory, sampled every 10 ms during the "
-            "method (includes the store and earlier allocations); peak_dev_mb: "
-            "torch.cuda.max_memory_allocated.",
-            "",
-        ]
-        if len(sim_df)
-        else []
-    )
+    passes = _pass_section(df)
+    sim_notes = _similarity_notes(meta) if len(sim_df) else []
     title = " and ".join(
         x for x, on in (("Similarity join / top-k", len(sim_df)), ("whole pass", passes)) if on
     )
@@ -1914,6 +1858,120 @@ def write_report(df: pd.DataFrame, meta: dict[str, Any], out: Path) -> list[str]
     (out / "report.md").write_text("\n".join(text))
     plot(df, out / "benchmark.png")
     return targets + ratios
+
+
+def _case_tables(sim_df: pd.DataFrame) -> list[str]:
+    """One markdown table per similarity case (the methods that ran), with its recall scope
+    and each method's status note."""
+    tables = []
+    for case, g in sim_df.groupby("case", sort=False):
+        ok = g[g.status == "ok"]
+        show = ok[
+            [
+                "method",
+                "device",
+                "dtype",
+                "time_s",
+                "runs",
+                "cpu_s",
+                "load1",
+                "pairs",
+                "pairs_per_s",
+                "queries_per_s",
+                "tflops",
+                "share_of_peak",
+                "peak_rss_mb",
+                "peak_dev_mb",
+                "recall",
+                "precision",
+            ]
+        ].dropna(axis=1, how="all")
+        scope = ok.recall_scope.dropna()
+        tables += [f"### {case}", ""]
+        if len(show):
+            tables += [show.to_markdown(index=False, floatfmt=".4g"), ""]
+        if len(scope):
+            tables += [f"recall against float64: {scope.iloc[0]}.", ""]
+        tables += [
+            f"* {r.method}: {r.status}: {r.note}"
+            for r in g.itertuples()
+            if isinstance(r.note, str) and r.note
+        ]
+        tables.append("")
+    return tables
+
+
+def _pass_section(df: pd.DataFrame) -> list[str]:
+    """The whole-pass section: how the cases are measured, then their table."""
+    passes = pass_table(df)
+    if passes:
+        passes = [
+            "## Whole pass (load, run_pass, commit; separate processes)",
+            "",
+            "* Each case: a synthetic store (d = 384 float32 unit vectors; 2% exact "
+            "duplicates; near-duplicate clusters of 2-5 paraphrases at cosine ~0.93-0.99; "
+            "the rest random) written by one process as a real store, then, per package "
+            "(ours; the baseline revision exported with `git archive` when "
+            "`--pass-baseline` is given), a fresh process on a copy of it: `Store.load`, an "
+            "untimed warm-up pass on 2,000 rows, `run_pass` (threshold 0.9, cap none, "
+            "max_drop_fraction 1, extractive merger), `store.commit` under `store.lock()`.",
+            "* pass s: wall time of `run_pass` (no I/O). similarity s: its "
+            "`stats['time_s']['similarity']`; non-sim s = pass s - similarity s (includes "
+            "untimed s, the time inside run_pass outside every timed stage). planted out: "
+            "live records left if the pass finds exactly the planted duplicates and "
+            "clusters.",
+            "* peak RSS: `VmHWM` of the measuring process after the pass (it includes "
+            "loading the store: the load's own peak and the pass-only sampled peak are in "
+            "the line under the table); RSS / data = peak / (vector bytes + UTF-8 text "
+            "bytes).",
+            "* pass cpu s: cpu seconds of the measuring process (all threads) during the pass; "
+            "load1: the 1-minute load average after it (other processes on a shared machine "
+            "slow the pass down: pass s grows, pass cpu s much less).",
+            "",
+            *passes,
+        ]
+    return passes
+
+
+def _similarity_notes(meta: dict[str, Any]) -> list[str]:
+    """How the similarity cases are measured (with the run's matmul peaks)."""
+    peaks = "; ".join(f"{k}: {v:.3g} TFLOP/s" for k, v in meta["matmul_peak_tflops"].items())
+    peaks = peaks or "not measured (no similarity case in this run)"
+    return [
+        f"Matmul peak measured in this run (square matmul, best of the start and the end of the "
+        f"run): {peaks}.",
+        "",
+        "* time: best of `runs` calls after two warm-up calls (one if it took over 1 s) on "
+        "the first "
+        f"{meta['args']['warm_rows']} rows; `runs` = 1 where a call took longer than "
+        f"{meta['args']['slow_s']} s. Untimed: building the store, the IVF index build "
+        "(in its note), the float64 reference of recall.",
+        "* TFLOP/s counts useful work only: `n^2 d` per namespace for a join (upper "
+        "triangle), `2 q n d` for top-k, whatever the method computes; share_of_peak divides "
+        "by the matmul peak measured in this run for the method's device and dtype.",
+        "* recall / precision: against float64 brute force (`recall_scope` in "
+        "results.parquet). community_detection: recall = share of reference pairs inside one "
+        "community, pairs = pairs inside communities. ours pairs + clusters: our join, then "
+        "the pass's centroid-checked, complete-link clusters; its recall is below 1 by "
+        "design (a pair whose clusters are not completely linked stays apart: no chaining), "
+        "where community_detection's precision below 1 shows the pairs its communities add.",
+        "* naive torch tiles: row tile against the rows from the tile on (upper triangle), "
+        "`>= t` on the scores of the case's dtype, no re-scoring. numpy / faiss: float32 on "
+        "the cpu. faiss range_search: the whole store against itself (both triangles). "
+        "paraphrase_mining: library defaults (top_k=100, max_pairs=500000) then `>= t`.",
+        f"* sentence-transformers paraphrase_mining / community_detection run only up to "
+        f"n = {meta['args']['st_cap_n']} (their time grows fast: on the 2-core cpu about a "
+        "minute each at n = 50,000); cpu baselines (numpy, faiss-cpu) only up to "
+        f"{meta['args']['cpu_cap_tflop']} TFLOP of useful work; a skipped row says why.",
+        "* cpu_s: cpu seconds of this process (all threads) in the timed call: with other "
+        "processes on the machine, time_s grows but cpu_s much less; load1: the 1-minute "
+        "load average after the method (the machine has "
+        f"{meta['cpu_count']} cpus).",
+        "* peak_rss_mb: the process's resident memory, sampled every 10 ms during the "
+        "method (includes the store and earlier allocations); peak_dev_mb: "
+        "torch.cuda.max_memory_allocated.",
+        "",
+    ]
 
 
 def plot(df: pd.DataFrame, path: Path) -> None:
@@ -2037,15 +2095,10 @@ def _numbers(x: Any, what: str) -> list[int]:
         raise ValueError(f"{what} must be numbers (e.g. {what}=[0,2]), got {x!r}") from None
 
 
-def run_benchmark(args: BenchConfig) -> Path:  # noqa: C901
-    """Run the preset's cases and write the report (see the module docstring).
-
-    Args:
-        args: the settings (changed in place: the preset's defaults fill the ``None`` ones).
-
-    Returns:
-        The output folder: ``results.json`` (the results schema of the evaluation jobs),
-        ``results.parquet``, ``report.md``, ``benchmark.png``, ``meta.json``.
+def _chosen_cases(args: BenchConfig) -> tuple[list[Case], list[PassCase]]:
+    """The similarity and whole-pass cases ``args`` asks for (its preset's, picked by
+    ``cases``, ``pass_cases``, ``pass_sizes`` and ``only``); fills the ``None`` settings
+    with the preset's defaults.
 
     Raises:
         ValueError: an unknown preset, ``only`` or case number.
@@ -2059,12 +2112,7 @@ def run_benchmark(args: BenchConfig) -> Path:  # noqa: C901
     cases, defaults = preset_cases(args.preset)
     pass_cases = preset_pass_cases(args.preset)
     if args.pass_cases is not None:
-        pick = _numbers(args.pass_cases, "pass_cases")
-        if any(not 0 <= k < len(pass_cases) for k in pick):
-            raise ValueError(
-                f"pass_cases: the {args.preset} preset has cases 0-{len(pass_cases) - 1}"
-            )
-        pass_cases = [pass_cases[k] for k in pick]
+        pass_cases = _picked(pass_cases, args.pass_cases, "pass_cases", args.preset)
     if args.pass_sizes is not None:
         sizes = set(_numbers(args.pass_sizes, "pass_sizes"))
         pass_cases = [c for c in pass_cases if c.n in sizes]
@@ -2076,16 +2124,63 @@ def run_benchmark(args: BenchConfig) -> Path:  # noqa: C901
     if args.out is None:
         args.out = str(Path("outputs") / "bench" / time.strftime("%Y-%m-%d_%H-%M-%S"))
     if args.cases is not None:
-        pick = _numbers(args.cases, "cases")
-        if any(not 0 <= k < len(cases) for k in pick):
-            raise ValueError(f"cases: the {args.preset} preset has cases 0-{len(cases) - 1}")
-        cases = [cases[i] for i in pick]
+        cases = _picked(cases, args.cases, "cases", args.preset)
     if args.locomo_conv == 0:
         cases = [c for c in cases if c.source != "locomo"]
     if args.only == "pass":
         cases = []
     elif args.only == "sim":
         pass_cases = []
+    return cases, pass_cases
+
+
+def _picked(items: list[Any], spec: Any, name: str, preset: str) -> list[Any]:
+    """The ``items`` numbered in ``spec`` (the setting ``name``), in its order.
+
+    Raises:
+        ValueError: a number outside the preset's cases.
+    """
+    pick = _numbers(spec, name)
+    if any(not 0 <= k < len(items) for k in pick):
+        raise ValueError(f"{name}: the {preset} preset has cases 0-{len(items) - 1}")
+    return [items[k] for k in pick]
+
+
+def _run_pass_cases(
+    runner: Runner,
+    pass_cases: list[PassCase],
+    baseline_rev: str | None,
+    meta: dict[str, Any],
+    out: Path,
+) -> None:
+    """Each whole-pass case in child processes, ours and (with ``baseline_rev``) the
+    baseline revision's package exported beside it; the report rewritten after each."""
+    with tempfile.TemporaryDirectory(prefix="pass-baseline-") as tmp:
+        baseline = None
+        if baseline_rev:
+            rev = export_revision(baseline_rev, Path(tmp))
+            baseline = (rev, Path(tmp))
+            meta["pass_baseline"] = rev
+            print(f"baseline pass: consolidate/ of {rev} in {tmp}", flush=True)
+        for pc in pass_cases:  # not under --budget-s: each child has --pass-timeout-s
+            runner.run_pass_case(pc, baseline)
+            report(runner, meta, out, final=False)
+
+
+def run_benchmark(args: BenchConfig) -> Path:
+    """Run the preset's cases and write the report (see the module docstring).
+
+    Args:
+        args: the settings (changed in place: the preset's defaults fill the ``None`` ones).
+
+    Returns:
+        The output folder: ``results.json`` (the results schema of the evaluation jobs),
+        ``results.parquet``, ``report.md``, ``benchmark.png``, ``meta.json``.
+
+    Raises:
+        ValueError: an unknown preset, ``only`` or case number.
+    """
+    cases, pass_cases = _chosen_cases(args)
     dev = resolve_device(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -2134,16 +2229,7 @@ def run_benchmark(args: BenchConfig) -> Path:  # noqa: C901
         runner.run_case(case)
         report(runner, meta, out, final=False)  # a run cut short keeps its report
     if pass_cases:
-        with tempfile.TemporaryDirectory(prefix="pass-baseline-") as tmp:
-            baseline = None
-            if args.pass_baseline:
-                rev = export_revision(args.pass_baseline, Path(tmp))
-                baseline = (rev, Path(tmp))
-                meta["pass_baseline"] = rev
-                print(f"baseline pass: consolidate/ of {rev} in {tmp}", flush=True)
-            for pc in pass_cases:  # not under --budget-s: each child has --pass-timeout-s
-                runner.run_pass_case(pc, baseline)
-                report(runner, meta, out, final=False)
+        _run_pass_cases(runner, pass_cases, args.pass_baseline, meta, out)
     ratios = report(runner, meta, out, final=True)
     print(
         f"\nwrote {out}/results.json, results.parquet, report.md, benchmark.png, meta.json "
