@@ -47,7 +47,7 @@ RULES = {
             "bench",
             "fleet.py",
             "reembed.py",
-            "write_path.py",
+            "ingest.py",
             "recall.py",
         ],
         ["consolidate.jobs"],

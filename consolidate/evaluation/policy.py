@@ -2,7 +2,7 @@
 with the smallest store.
 
 A policy is a set of :class:`~consolidate.config.PassConfig` overrides. Each policy of a grid
-is run as an evaluation variant (:func:`consolidate.evaluation.ablation.run_evaluate`); its row of
+is run as an evaluation variant (:func:`consolidate.evaluation.evaluate.run_evaluate`); its row of
 the ablation table gives the store's size in memories (``store_size``) and in stored tokens
 (``store_tokens``, the embedder's tokenizer) and its evidence recall. Memory count alone is
 not store size: merges that concatenate hold the same tokens in fewer rows, so the frontier

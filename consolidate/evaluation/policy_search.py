@@ -17,7 +17,7 @@ import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .ablation import run_evaluate
+from .evaluate import run_evaluate
 from .policy import frontier_mask, policy_grid, policy_name, recommend
 from .results import now_iso
 

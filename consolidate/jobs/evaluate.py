@@ -1,6 +1,6 @@
 """``consolidate-evaluate``: evidence recall before and after consolidation, with the
 ablation table (Hydra job; the run itself is
-:func:`consolidate.evaluation.ablation.run_evaluate`). Tasks: ``locomo10`` (default),
+:func:`consolidate.evaluation.evaluate.run_evaluate`). Tasks: ``locomo10`` (default),
 ``longmemeval-fixture`` (a tiny file in LongMemEval's format shipped in the package),
 ``longmemeval`` (any file in that format, ``longmemeval_file=...``).
 
@@ -16,7 +16,7 @@ import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from ..evaluation.ablation import full_context, run_evaluate  # noqa: F401  (this job's library)
+from ..evaluation.evaluate import full_context, run_evaluate  # noqa: F401  (this job's library)
 from .cli import job
 from .common import user_errors
 

@@ -13,15 +13,15 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import EmbedderConfig, StoreConfig
+from ..ingest import IngestConfig, ingest
 from ..llm import make_backend
 from ..store.locomo import read_locomo_turns
-from ..write_path import IngestConfig, ingest
 from .cli import job
 from .common import make_embedder, make_store, sim_cfg, typed, user_errors
 
 
 def run_ingest(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
-    """Read turns, run :func:`consolidate.write_path.ingest`, write ``ingest_summary.json``
+    """Read turns, run :func:`consolidate.ingest.ingest`, write ``ingest_summary.json``
     and ``ingest_log.jsonl`` (every decision with the raw model answer) to ``out_dir``."""
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
     turns = read_locomo_turns(

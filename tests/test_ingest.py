@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
+from consolidate.ingest import IngestConfig, ingest
 from consolidate.llm.extract import Turn
 from consolidate.store import Store
 from consolidate.store.lance import open_store_dir
-from consolidate.write_path import IngestConfig, ingest
 from tests.helpers import Scripted, make_records, require_smollm2
 
 
@@ -349,7 +349,7 @@ _TURN = _MAY8 + 2 * 24 + 15
     ],
 )
 def test_model_dates_never_fail_the_batch(text, hours, why):
-    from consolidate.write_path import _valid_from_hours
+    from consolidate.ingest import _valid_from_hours
 
     got, reason = _valid_from_hours(text, _TURN)
     if hours is None:
@@ -596,7 +596,7 @@ def test_a_delete_of_a_dated_fact_stores_the_new_fact(tmp_path):
 
 
 def test_every_refused_fact_is_kept_in_the_refused_facts_log(store):
-    from consolidate.write_path import refused_facts_path
+    from consolidate.ingest import refused_facts_path
 
     turns = [
         turn(1, "My sister Mia lives in Kyoto now."),
@@ -769,7 +769,7 @@ def test_the_write_path_cases_end_to_end(tmp_path):
         "refused_by_reason": {"ungrounded": 1},
         "turns_refused": {},
     }
-    from consolidate.write_path import refused_facts_path
+    from consolidate.ingest import refused_facts_path
 
     (log,) = [json.loads(x) for x in refused_facts_path(s).read_text().splitlines()]
     assert (log["turn"], log["fact"], log["reason"], log["detail"]) == (
@@ -839,14 +839,14 @@ def _h(y, m, d, hour=15):
     ],
 )
 def test_relative_date_labels(text, when, want, unresolved):
-    from consolidate.write_path import resolve_relative_dates
+    from consolidate.ingest import resolve_relative_dates
 
     out, _, flagged = resolve_relative_dates(text, _h(*when))
     assert out == want and flagged == unresolved
 
 
 def test_relative_dates_of_a_turn_without_a_time():
-    from consolidate.write_path import resolve_relative_dates
+    from consolidate.ingest import resolve_relative_dates
 
     for t in (float("nan"), float("inf"), -1e9):
         assert resolve_relative_dates("hiked yesterday", t) == (
