@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from .evaluation.calibrate import load_calibration
+from .evaluation.thresholds import load_calibration
 from .factory import make_embedder, open_store, pass_cfg, sim_cfg, typed, write_summary
 from .pipeline import check_settings, run_pass, trigger
 from .similarity import check_engine

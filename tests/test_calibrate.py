@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from consolidate.evaluation.calibrate import pr_curve
+from consolidate.evaluation.thresholds import pr_curve
 
 
 def test_pr_curve_by_hand():

@@ -121,7 +121,7 @@ def test_sleep_now_forms_accepted(now):
 
 
 def test_a_missing_policy_or_calibration_file_is_named_by_its_key(tmp_path):
-    from consolidate.evaluation.calibrate import load_calibration
+    from consolidate.evaluation.thresholds import load_calibration
     from consolidate.nightly import _settings_file
 
     with pytest.raises(ValueError, match=r"^sleep\.policy_file=/nowhere/p\.json: no such file$"):

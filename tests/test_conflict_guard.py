@@ -142,7 +142,7 @@ def test_long_texts_stay_linear_enough():
 def test_hand_written_identifier_and_paraphrase_pairs():
     """The calibration report's pair set: every identifier pair flagged, paraphrases at most
     5% (one pair: "Is vegetarian" / "Does not eat meat", which needs world knowledge)."""
-    from consolidate.evaluation.calibration import guard_pair_rates, load_guard_pairs
+    from consolidate.evaluation.calibrate import guard_pair_rates, load_guard_pairs
 
     df = load_guard_pairs()
     assert (df["kind"] == "identifier").sum() >= 40 and (df["kind"] == "paraphrase").sum() >= 40
@@ -153,7 +153,7 @@ def test_hand_written_identifier_and_paraphrase_pairs():
 
 
 def test_guard_pairs_bad_line_is_named(tmp_path):
-    from consolidate.evaluation.calibration import load_guard_pairs
+    from consolidate.evaluation.calibrate import load_guard_pairs
 
     p = tmp_path / "pairs.jsonl"
     p.write_text('{"a": "x", "b": "y", "kind": "identifier"}\n{"a": "x", "kind": "paraphrase"}\n')

@@ -179,7 +179,7 @@ def test_calibrate_subset_and_use_in_consolidate(tmp_path):
         "hist_sick-all_fp32.png",
     ):
         assert (tmp_path / f).exists(), f
-    from consolidate.evaluation.calibrate import load_calibration
+    from consolidate.evaluation.thresholds import load_calibration
 
     assert (
         load_calibration(tmp_path / "calibration.json")["threshold"]

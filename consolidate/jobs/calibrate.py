@@ -12,7 +12,7 @@ from __future__ import annotations
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from ..evaluation.calibration import run_calibrate  # noqa: F401  (this job's library)
+from ..evaluation.calibrate import run_calibrate  # noqa: F401  (this job's library)
 from .cli import job
 from .common import user_errors
 
