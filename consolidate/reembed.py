@@ -162,7 +162,9 @@ def reembed_store(
         first = store.load()
         old_dim = first.dim
         known, vecs = _embed_unique(first.records.meta["text"], encoder)
-        log.info("re-embedded %d texts of %s (d %d -> %d)", len(known), root, old_dim, len(vecs.T))
+        log.info(
+            "re-embedded %d texts of %s (d %d -> %d)", len(known), root, old_dim, vecs.shape[1]
+        )
         recs, late, moved = _switch(
             store, root, shadow, backup, (known, vecs), encoder, model, check, writers_timeout_s
         )
