@@ -94,6 +94,10 @@ class PassConfig:
             lost members in the event and count them as ``members lost``).
         fidelity_threshold: term coverage a member's clause needs in the merged text to
             survive (:data:`consolidate.fidelity.DEFAULT_THRESHOLD`, 1.0 = every term).
+        text_workers: processes for the conflict guard and a model-free merger with its
+            fidelity check on a large pass (forked, :mod:`consolidate.workers`; the answers
+            are the same as with one); ``None`` = the CPUs this process may use, 1 = none
+            forked.
     """
 
     threshold: float = 0.9
@@ -125,6 +129,7 @@ class PassConfig:
     reflect_max_per_namespace: int = 5
     fidelity: str = "refuse"
     fidelity_threshold: float = 1.0
+    text_workers: int | None = None
 
 
 @dataclass

@@ -22,6 +22,7 @@ __all__ = [
     "device_name",
     "machine",
     "environment",
+    "usable_cpus",
 ]
 
 #: distributions whose versions a result records (those installed)
@@ -101,6 +102,15 @@ def device_name(device: Any) -> str:
 def machine() -> dict[str, Any]:
     """``{"python", "cpus", "cpu"}``: the Python version, CPU count and CPU model."""
     return {"python": platform.python_version(), "cpus": os.cpu_count(), "cpu": cpu_name()}
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one, else
+    :func:`os.cpu_count`); at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def environment(device: str) -> dict[str, Any]:

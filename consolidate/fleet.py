@@ -333,8 +333,9 @@ class _ShardPass:
         self.store = LanceStore(root, **store_kw)
         self.plan = plan
         # the store-wide safety stop is the driver's (over all shards); the per-namespace
-        # one stays in each shard
-        self.cfg = replace(pass_cfg, max_drop_fraction=1.0)
+        # one stays in each shard; an actor has its CPUs of the cluster, so its text rules
+        # fork no processes unless sleep.text_workers says so
+        self.cfg = replace(pass_cfg, max_drop_fraction=1.0, text_workers=pass_cfg.text_workers or 1)
         self.sim_cfg = sim_cfg
         if book is not None:  # the LLM stage answers: the merger asks the book
             self.merger = instantiate(

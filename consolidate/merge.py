@@ -353,6 +353,9 @@ class ExtractiveMerger:
 
     name = "extractive"
     handles_conflicts = False
+    #: ``merge_batch`` is a pure function of its requests (no model, no I/O): the pass may
+    #: run it in forked processes (:mod:`consolidate.workers`)
+    pure = True
 
     def __init__(
         self,

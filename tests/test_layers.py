@@ -150,6 +150,7 @@ def test_the_checker_sees_a_copied_word_list(tmp_path, monkeypatch):
 #: calls that read the machine a result was measured on (consolidate/environment.py)
 _ENV_CALLS = {
     ("os", "cpu_count"),
+    ("os", "sched_getaffinity"),
     ("platform", "python_version"),
     ("platform", "processor"),
     ("platform", "machine"),

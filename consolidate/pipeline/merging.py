@@ -3,7 +3,6 @@ conflict-handling mergers, then one new record per merge and per exact-only grou
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,11 +19,20 @@ from ..merge import (
     fact_time,
     newer_fact_times,
 )
+from ..workers import fork_map, split_evenly
 from .exact import _ranges
 from .rows import new_records
 from .state import PassState, claim_ids, list_lengths, merged_id
 
-__all__ = ["merge_stage", "members", "latency_stats", "PAIRWISE_SIMILARITIES_MAX"]
+__all__ = [
+    "merge_stage",
+    "members",
+    "latency_stats",
+    "answer_requests",
+    "checked_merge",
+    "superseding",
+    "PAIRWISE_SIMILARITIES_MAX",
+]
 
 #: clusters up to this size list every pair's cosine in their request and changelog event;
 #: bigger ones list each member's cosine to the centroid (pairs grow quadratically)
@@ -235,20 +243,48 @@ def _requests(st: PassState, version: int) -> list[MergeRequest]:
 #: cache (:func:`~consolidate.fidelity.clauses_of`, 65,536 texts) when the check reads them
 MERGE_CHUNK = 8192
 
+#: clusters from which a model-free merger (``pure``) and the fidelity check run in forked
+#: processes (:func:`~consolidate.workers.fork_map`); fewer are answered inline
+PARALLEL_MIN_CLUSTERS = 4_000
 
-def _answers(
-    merger: Merger,
-    requests: list[MergeRequest],
-    clusters: list[list[int]],
-    responses: list[MergeResponse],
-) -> Iterator[tuple[MergeRequest, MergeResponse, list[int]]]:
-    """``(request, response, cluster)`` in order, asking ``merger`` for
-    :data:`MERGE_CHUNK` requests at a time; every response is also appended to
-    ``responses``.
+
+def superseding(
+    req: MergeRequest, resp: MergeResponse
+) -> tuple[dict[str, float], list[str], list[str]]:
+    """``(allowed, bad, sup)`` of a response: the member ids :func:`newer_fact_times`
+    allows to be superseded (with their closing times), the ids the merger superseded
+    without that (the response is then not applied), and the ids superseded (sorted;
+    empty when ``bad``)."""
+    allowed = newer_fact_times(req) if resp.superseded else {}
+    bad = sorted(set(resp.superseded) - set(allowed))
+    sup = [] if bad else sorted(set(resp.superseded))
+    return allowed, bad, sup
+
+
+def checked_merge(req: MergeRequest, resp: MergeResponse, threshold: float) -> dict[str, list[str]]:
+    """The fidelity check of a response's merged text: the members (those it does not
+    supersede) whose content the text loses (:func:`~consolidate.fidelity.lost_members`,
+    against each member's :attr:`~consolidate.merge.MergeMember.merge_texts`); empty when
+    nothing is lost or nothing is merged (no text, a ``bad`` supersede, fewer than two
+    members left)."""
+    text = resp.text.strip() if resp.text is not None else ""
+    _, bad, sup = superseding(req, resp)
+    rest = [m for m in req.members if m.id not in sup]
+    if not text or bad or len(rest) < 2:
+        return {}
+    return lost_members(text, ((m.id, m.merge_texts) for m in rest), threshold)
+
+
+def answer_requests(
+    merger: Merger, requests: list[MergeRequest], threshold: float
+) -> list[tuple[MergeResponse, dict[str, list[str]]]]:
+    """The merger's response to each request, :data:`MERGE_CHUNK` requests per
+    ``merge_batch`` call, each with its fidelity check (:func:`checked_merge`).
 
     Raises:
         ValueError: the merger returned the wrong number of responses for a chunk.
     """
+    out = []
     for k0 in range(0, len(requests), MERGE_CHUNK):
         reqs = requests[k0 : k0 + MERGE_CHUNK]
         got = merger.merge_batch(reqs)
@@ -256,8 +292,23 @@ def _answers(
             raise ValueError(
                 f"merger {merger.name!r} returned {len(got)} responses for {len(reqs)} requests"
             )
-        responses += got
-        yield from zip(reqs, got, clusters[k0 : k0 + MERGE_CHUNK], strict=True)
+        out += [(r, checked_merge(q, r, threshold)) for q, r in zip(reqs, got, strict=True)]
+    return out
+
+
+def _answers(
+    merger: Merger, requests: list[MergeRequest], threshold: float, workers: int
+) -> list[tuple[MergeResponse, dict[str, list[str]]]]:
+    """:func:`answer_requests` over all requests: in ``workers`` processes when the merger
+    is ``pure`` (no model, no I/O: :class:`~consolidate.merge.ExtractiveMerger`) and there
+    are at least :data:`PARALLEL_MIN_CLUSTERS` requests, else inline."""
+    if not getattr(merger, "pure", False) or len(requests) < PARALLEL_MIN_CLUSTERS:
+        workers = 1
+    parts = split_evenly(len(requests), workers)
+    got = fork_map(
+        lambda ab: answer_requests(merger, requests[ab[0] : ab[1]], threshold), parts, workers
+    )
+    return [a for part in got for a in part]
 
 
 @dataclass
@@ -306,7 +357,6 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     assert u is not None
     ids = st.meta["id"].to_numpy(object)
     requests = _requests(st, version)
-    responses: list[MergeResponse] = []
     row_of = {str(ids[r]): r for c in st.clusters for k in c for r in u.members(k).tolist()}
     done = _Applied(
         ids,
@@ -314,14 +364,14 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
         st.col("valid_to").copy(),
         {k for c in st.clusters for k in c},
     )
-    for req, resp, c in _answers(merger, requests, st.clusters, responses):
-        allowed = newer_fact_times(req) if resp.superseded else {}
-        bad = sorted(set(resp.superseded) - set(allowed))
-        sup = [] if bad else sorted(set(resp.superseded))
+    answered = _answers(merger, requests, cfg.fidelity_threshold, st.workers)
+    responses = [resp for resp, _ in answered]
+    for req, (resp, lost), c in zip(requests, answered, st.clusters, strict=True):
+        allowed, bad, sup = superseding(req, resp)
         if sup:
             _supersede(st, req, resp, sup, allowed, row_of, merger.name, done)
         rest = [r for k in c for r in u.members(k).tolist() if r not in done.superseded]
-        _merge_or_decline(st, cfg, req, resp, c, rest, bad, sup, done)
+        _merge_or_decline(st, cfg, req, resp, c, rest, bad, sup, lost, done)
     done.merges += _exact_merges(st, done)
     st.meta["valid_to"] = done.valid_to
     _merge_stats(st, done, responses)
@@ -382,37 +432,31 @@ def _merge_or_decline(
     rest: list[int],
     bad: list[str],
     sup: list[str],
+    lost: dict[str, list[str]],
     done: _Applied,
 ) -> None:
     """The merge of the rows ``rest`` (the cluster's rows less the superseded ones) with the
-    merger's text, checked by the fidelity checker; or, when the merger wrote no text, named
-    a member it may not supersede (``bad``), left fewer than two rows or (with
-    ``cfg.fidelity="refuse"``) lost a member's content: a ``merge_declined`` event (none when
-    something was superseded) and the cluster's exact groups fall back to exact merges."""
+    merger's text, whose fidelity check found ``lost`` (:func:`checked_merge`); or, when the
+    merger wrote no text, named a member it may not supersede (``bad``), left fewer than two
+    rows or (with ``cfg.fidelity="refuse"``) lost a member's content: a ``merge_declined``
+    event (none when something was superseded) and the cluster's exact groups fall back to
+    exact merges."""
     text = resp.text.strip() if resp.text is not None else ""
-    lost: dict[str, list[str]] = {}
-    if not bad and text and len(rest) > 1:
-        rest_ids = {str(done.ids[r]) for r in rest}
-        lost = lost_members(
-            text,
-            ((m.id, m.merge_texts) for m in req.members if m.id in rest_ids),
-            cfg.fidelity_threshold,
-        )
-        if not (lost and cfg.fidelity == "refuse"):
-            longest = max(len(str(t)) for t in done.texts[rest])
-            ratio = len(text) / max(longest, 1)
-            done.ratios.append(ratio)
-            done.lost += len(lost)
-            extra = {
-                "similarities": [list(s) for s in req.similarities],
-                "raw": resp.raw,
-                "note": resp.note,
-                "length_ratio": round(ratio, 4),
-                **({"superseded": sup} if sup else {}),
-                **({"lost_members": lost} if lost else {}),
-            }
-            done.merges.append((np.array(rest, np.int64), text, "merge", extra))
-            return
+    if not bad and text and len(rest) > 1 and not (lost and cfg.fidelity == "refuse"):
+        longest = max(len(str(t)) for t in done.texts[rest])
+        ratio = len(text) / max(longest, 1)
+        done.ratios.append(ratio)
+        done.lost += len(lost)
+        extra = {
+            "similarities": [list(s) for s in req.similarities],
+            "raw": resp.raw,
+            "note": resp.note,
+            "length_ratio": round(ratio, 4),
+            **({"superseded": sup} if sup else {}),
+            **({"lost_members": lost} if lost else {}),
+        }
+        done.merges.append((np.array(rest, np.int64), text, "merge", extra))
+        return
     note = (
         f"merger superseded {bad}, which no newer conflicting member contradicts"
         if bad

@@ -20,9 +20,17 @@ from ..config import PassConfig, SimilarityConfig
 from ..device import resolve_device
 from ..similarity import Pairs, threshold_pairs
 from ..text import ConflictSignature, conflict_between, conflict_signature
+from ..workers import fork_map, split_evenly
 from .state import PassState, list_lengths
 
-__all__ = ["similar_pairs", "similarity_stage", "cluster_stage", "compact_clusters"]
+__all__ = [
+    "similar_pairs",
+    "similarity_stage",
+    "cluster_stage",
+    "compact_clusters",
+    "guard_pairs",
+    "namespace_parts",
+]
 
 
 def similar_pairs(
@@ -67,7 +75,7 @@ def compact_clusters(
     weight: np.ndarray,
     keys: np.ndarray,
     threshold: float,
-    conflicts: Callable[[np.ndarray], dict[str, Any]] | None = None,
+    conflicts: Callable[[np.ndarray, np.ndarray, np.ndarray], dict[str, Any]] | None = None,
 ) -> tuple[np.ndarray, ClusterResult]:
     """:func:`~consolidate.cluster.centroid_clusters` over only the items that appear in a
     pair.
@@ -77,9 +85,10 @@ def compact_clusters(
         vec: ``float32 [m, d]`` item vectors (any device). weight: ``float64 [m]``.
         keys: ``object [m]`` item keys (record ids) for deterministic tie-breaking.
         threshold: cosine threshold.
-        conflicts: ``conflicts(items) -> keyword arguments`` of ``centroid_clusters``
-            (``conflict``, ``conflict_class``, ``allow_conflicts``, ``blocking``) for the
-            paired items ``items`` (``int64``, sorted), in their compact positions.
+        conflicts: ``conflicts(items, ci, cj) -> keyword arguments`` of
+            ``centroid_clusters`` (``conflict``, ``conflict_class``, ``allow_conflicts``,
+            ``blocking``) for the paired items ``items`` (``int64``, sorted), in their
+            compact positions, with the pairs ``(ci[e], cj[e])`` in those positions.
 
     Returns:
         ``(items, result)``: the paired items and the clustering in compact positions
@@ -88,11 +97,97 @@ def compact_clusters(
     items = np.unique(np.concatenate([pairs.i, pairs.j]))
     ci, cj = np.searchsorted(items, pairs.i), np.searchsorted(items, pairs.j)
     sub = vec.index_select(0, torch.from_numpy(items).to(vec.device)).cpu().numpy()
-    kw = conflicts(items) if conflicts is not None else {}
+    kw = conflicts(items, ci, cj) if conflicts is not None else {}
     cr = centroid_clusters(
         ci, cj, pairs.sim, sub, weight[items], keys[items].tolist(), threshold, **kw
     )
     return items, cr
+
+
+#: candidate pairs from which the conflict guard runs in forked processes
+#: (:func:`~consolidate.workers.fork_map`); fewer are answered inline
+PARALLEL_MIN_PAIRS = 20_000
+
+
+def guard_pairs(
+    texts: list[str], ci: np.ndarray, cj: np.ndarray, parts: list[tuple[int, int]], workers: int
+) -> tuple[np.ndarray, dict[tuple[int, int], str | None]]:
+    """The conflict guard over candidate pairs, part by part, in up to ``workers``
+    processes.
+
+    Each part is a contiguous range of items ``[a, b)`` that holds whole namespaces, so it
+    holds both items of each of its pairs. In a part, the texts get their
+    :class:`~consolidate.text.ConflictSignature` (once per distinct text), each item its
+    class (the part's first item with an equal signature), and each pair of classes one
+    :func:`~consolidate.text.conflict_between` answer (the guard is symmetric: the order of
+    the two texts does not change the answer).
+
+    Args:
+        texts: the ``m`` items' texts.
+        ci, cj: ``int64 [p]`` item positions of the pairs (each pair inside one part).
+        parts: ``(a, b)`` item ranges covering ``range(m)``.
+        workers: processes in all (1 = inline).
+
+    Returns:
+        ``(cls, answers)``: ``int64 [m]`` each item's class (an item position: equal
+        classes have equal signatures); ``{(low, high) item positions: reason or None}``
+        for every pair.
+    """
+    part_of = np.zeros(len(texts), np.int64)
+    for k, (a, b) in enumerate(parts):
+        part_of[a:b] = k
+    pair_part = part_of[ci]
+    if not np.array_equal(pair_part, part_of[cj]):
+        raise ValueError("a pair crosses two parts of the conflict guard")
+    lo, hi = np.minimum(ci, cj), np.maximum(ci, cj)
+    order = np.argsort(pair_part, kind="stable")
+    cuts = np.searchsorted(pair_part[order], np.arange(len(parts) + 1))
+
+    def part(k: int) -> tuple[list[int], list[str | None]]:
+        a, b = parts[k]
+        memo: dict[str, ConflictSignature] = {}
+        first: dict[ConflictSignature, int] = {}
+        sigs, cls = [], []
+        for x in range(a, b):
+            t = texts[x]
+            sig = memo.get(t)
+            if sig is None:
+                sig = memo[t] = conflict_signature(t)
+            sigs.append(sig)
+            cls.append(first.setdefault(sig, x))
+        done: dict[tuple[int, int], str | None] = {}
+        out = []
+        for e in order[cuts[k] : cuts[k + 1]].tolist():
+            x, y = int(lo[e]), int(hi[e])
+            key = (cls[x - a], cls[y - a])
+            if key not in done:
+                done[key] = conflict_between(sigs[x - a], sigs[y - a])
+            out.append(done[key])
+        return cls, out
+
+    got = fork_map(part, list(range(len(parts))), workers)
+    cls = (
+        np.concatenate([np.asarray(c, np.int64) for c, _ in got]) if got else np.zeros(0, np.int64)
+    )
+    answers: dict[tuple[int, int], str | None] = {}
+    for k, (_, out) in enumerate(got):
+        es = order[cuts[k] : cuts[k + 1]]
+        answers.update(zip(zip(lo[es].tolist(), hi[es].tolist(), strict=True), out, strict=True))
+    return cls, answers
+
+
+def namespace_parts(ns: np.ndarray, parts: int) -> list[tuple[int, int]]:
+    """At most ``parts`` contiguous ranges of ``ns`` (``int64 [m]``, sorted namespace codes)
+    of about equal size, each cut at a change of namespace."""
+    bounds = np.flatnonzero(np.diff(ns)) + 1  # where a namespace starts
+    cuts = [0]
+    for a, _ in split_evenly(len(ns), parts)[1:]:
+        k = int(np.searchsorted(bounds, a))
+        c = int(bounds[k]) if k < len(bounds) else len(ns)
+        if cuts[-1] < c < len(ns):
+            cuts.append(c)
+    cuts.append(len(ns))
+    return [(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
 
 
 def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> PassState:
@@ -130,12 +225,18 @@ def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> Pa
     return st
 
 
+#: a pair the guard did not answer in :func:`guard_pairs`
+_UNASKED = object()
+
+
 def _conflict_rules(
     st: PassState, handles_conflicts: bool
-) -> Callable[[np.ndarray], dict[str, Any]]:
-    """``conflicts(items)`` for :func:`compact_clusters`: the conflict guard's keyword
-    arguments of :func:`~consolidate.cluster.centroid_clusters` over the units ``items``.
-    Units of one text share a conflict class, except a unit that an undo constraint names
+) -> Callable[[np.ndarray, np.ndarray, np.ndarray], dict[str, Any]]:
+    """``conflicts(items, ci, cj)`` for :func:`compact_clusters`: the conflict guard's
+    keyword arguments of :func:`~consolidate.cluster.centroid_clusters` over the units
+    ``items``, with the candidate pairs answered up front (:func:`guard_pairs`, in
+    ``st.workers`` processes from :data:`PARALLEL_MIN_PAIRS` pairs). Units of one
+    signature share a conflict class, except a unit that an undo constraint names
     (``keep_apart``), which keeps one of its own."""
     u = st.units
     assert u is not None
@@ -146,10 +247,25 @@ def _conflict_rules(
     has_apart = np.flatnonzero(list_lengths(apart_col)[u.rows] > 0)  # read in row order
     named = {x for r in u.rows[has_apart].tolist() for x in apart_col[r]}
 
-    def conflicts(items: np.ndarray) -> dict[str, Any]:
+    def conflicts(items: np.ndarray, ci: np.ndarray, cj: np.ndarray) -> dict[str, Any]:
         texts = st.meta["text"].to_numpy(object)[u.first[items]].tolist()
+        workers = st.workers if len(ci) >= PARALLEL_MIN_PAIRS else 1
+        parts = namespace_parts(u.ns[items], workers)
+        sig_cls, answers = guard_pairs(texts, ci, cj, parts, workers)
         memo: dict[str, ConflictSignature] = {}
-        sig = [memo[t] if t in memo else memo.setdefault(t, conflict_signature(t)) for t in texts]
+
+        def signature(x: int) -> ConflictSignature:
+            t = texts[x]
+            if t not in memo:
+                memo[t] = conflict_signature(t)
+            return memo[t]
+
+        def guard(a: int, b: int) -> str | None:
+            """The guard's answer: computed already for a candidate pair, else here (the
+            clustering loop may ask two clusters' members that are no pair)."""
+            got = answers.get((a, b) if a < b else (b, a), _UNASKED)
+            return conflict_between(signature(a), signature(b)) if got is _UNASKED else got
+
         # undo constraints: only units holding a keep_apart, or holding a named id, need sets
         apart: dict[int, set[str]] = {}
         members: dict[int, set[str]] = {}
@@ -162,11 +278,13 @@ def _conflict_rules(
                     apart[x] = a
                 if a or m & named:
                     members[x] = m
-        cls: list[Hashable] = [(sig[x], x if x in members else -1) for x in range(len(items))]
+        cls: list[Hashable] = [
+            (c, x if x in members else -1) for x, c in enumerate(sig_cls.tolist())
+        ]
         empty: set[str] = set()
 
         def conflict(a: int, b: int) -> str | None:
-            return conflict_between(sig[a], sig[b]) or (
+            return guard(a, b) or (
                 "undone merge"
                 if (apart.get(a, empty) & members.get(b, empty))
                 or (apart.get(b, empty) & members.get(a, empty))

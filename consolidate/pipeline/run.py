@@ -23,6 +23,7 @@ from ..config import PassConfig, SimilarityConfig
 from ..device import resolve_device
 from ..merge import ExtractiveMerger, Merger
 from ..store.schema import Records
+from ..workers import resolve_workers
 from .clock import resolve_now
 from .exact import exact_stage
 from .long_texts import long_text_stage
@@ -124,6 +125,7 @@ def _stages(
         "purge",
         lambda: purge_stage(with_now(_start(records, sim_cfg, wall_h, merger.name, version)), cfg),
     )
+    st.workers = resolve_workers(cfg.text_workers)
     st = timed("exact", lambda: exact_stage(st, cfg))
     st = timed("similarity", lambda: similarity_stage(st, cfg, sim_cfg))
     st = timed("minhash", lambda: long_text_stage(st, cfg))
@@ -295,4 +297,5 @@ _SETTINGS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("fidelity_threshold", lambda x: _real(x) and 0.0 < x <= 1.0, "in (0, 1]"),
     ("reflect_min_size", lambda x: _int(x, 1), "an integer >= 1"),
     ("reflect_max_per_namespace", lambda x: _int(x, 1), "an integer >= 1"),
+    ("text_workers", lambda x: x is None or _int(x, 1), "an integer >= 1 or null"),
 )

@@ -423,6 +423,7 @@ class PassState:
             the units are dropped, :meth:`records` writes the output vectors into it when
             they fit, instead of into fresh memory (the pages are already mapped: on a VM a
             first touch of fresh memory costs seconds per GB).
+        workers: processes the text rules may use (:func:`~consolidate.workers.fork_map`).
     """
 
     meta: pd.DataFrame
@@ -442,6 +443,7 @@ class PassState:
     stats: PassStats = field(default_factory=PassStats)
     origin: np.ndarray | None = None
     spare: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    workers: int = 1
     #: :meth:`sorted_ids`' cache (``None``: not built, or rows appended since)
     _sorted_ids: np.ndarray | None = field(default=None, repr=False, compare=False)
 

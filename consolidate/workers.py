@@ -1,0 +1,136 @@
+"""Forked worker processes for the pass's pure text rules.
+
+The conflict guard (:func:`~consolidate.text.conflict_between` over
+:func:`~consolidate.text.conflict_signature`) and a model-free merger with the fidelity
+checker (:mod:`consolidate.fidelity`) are pure Python functions of texts that hold the GIL:
+threads cannot share them out. :func:`fork_map` runs the parts of such a job in processes
+forked from the pass, which read the pass's memory as it was at the fork (nothing is
+pickled on the way in) and send back only their answers (reasons, merged texts). The
+calling process works on the first part meanwhile. Every part is computed by the same
+functions as inline, so the answers are the same whatever the number of processes.
+
+Where ``fork`` is not a start method (Windows), or with one worker, the parts run inline.
+A forked process never touches torch, CUDA or I/O: it computes, sends, and exits.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .environment import usable_cpus
+
+__all__ = ["resolve_workers", "fork_map", "split_evenly", "WorkerError"]
+
+T = TypeVar("T")
+
+
+class WorkerError(RuntimeError):
+    """A forked worker failed (its traceback is in the message) or died without an
+    answer."""
+
+
+def resolve_workers(workers: int | None) -> int:
+    """The number of processes a pass's text rules may use: ``workers``, or the CPUs this
+    process may run on (:func:`~consolidate.environment.usable_cpus`) when ``None``; 1 where
+    processes cannot be forked.
+
+    Raises:
+        ValueError: ``workers`` below 1.
+    """
+    if workers is not None and (isinstance(workers, bool) or int(workers) < 1):
+        raise ValueError(f"text workers must be an integer >= 1 or None, got {workers!r}")
+    n = usable_cpus() if workers is None else int(workers)
+    if n > 1 and "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    return n
+
+
+def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous ``(start, stop)`` ranges covering ``range(n)``, sizes differing
+    by at most one (empty ranges dropped)."""
+    cuts = np.linspace(0, n, max(1, parts) + 1).round().astype(np.int64).tolist()
+    return [(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
+
+
+def _child(fn: Callable[[Any], Any], part: Any, conn: Any) -> None:
+    """A forked worker's body: one answer (or the traceback) down the pipe."""
+    try:
+        out = ("ok", fn(part))
+    except BaseException:  # noqa: BLE001 - every failure goes back to the parent
+        out = ("error", traceback.format_exc())
+    conn.send(out)
+    conn.close()
+
+
+def fork_map(fn: Callable[[Any], T], parts: Sequence[Any], workers: int) -> list[T]:
+    """``[fn(p) for p in parts]``, the parts after the first in forked processes (at most
+    ``workers - 1`` of them at a time), the first in this process.
+
+    ``fn`` and the parts are not pickled (the children are forks); each answer is, so
+    answers should be small (strings, numbers). ``fn`` must not write files, use torch or
+    change state the caller reads afterwards: a child's writes stay in the child.
+
+    Args:
+        fn: a pure function of one part.
+        parts: the parts, in order.
+        workers: processes in all, this one included (1 = inline).
+
+    Returns:
+        The answers in the order of ``parts``.
+
+    Raises:
+        WorkerError: a child raised (its traceback is in the message) or died without an
+            answer.
+    """
+    if workers <= 1 or len(parts) <= 1:
+        return [fn(p) for p in parts]
+    ctx = multiprocessing.get_context("fork")
+    out: list[Any] = [None] * len(parts)
+    rest = list(range(1, len(parts)))
+    first_done = False
+    while rest:
+        batch, rest = rest[: workers - 1], rest[workers - 1 :]
+        running = []
+        try:
+            with warnings.catch_warnings():
+                # Python 3.12 warns on fork in a threaded process (torch's pools): the
+                # child runs pure Python and exits, it takes no lock a thread may hold
+                warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork")
+                for k in batch:
+                    recv, send = ctx.Pipe(duplex=False)
+                    proc = ctx.Process(target=_child, args=(fn, parts[k], send), daemon=True)
+                    proc.start()
+                    send.close()
+                    running.append((k, proc, recv))
+            if not first_done:
+                out[0] = fn(parts[0])
+                first_done = True
+            for k, proc, recv in running:
+                out[k] = _answer(k, len(parts), proc, recv)
+        finally:
+            for _, proc, recv in running:
+                recv.close()
+                if proc.is_alive():
+                    proc.terminate()
+                proc.join()
+    return out
+
+
+def _answer(k: int, n: int, proc: Any, recv: Any) -> Any:
+    """Child ``k``'s answer from its pipe, or :class:`WorkerError`."""
+    try:
+        status, value = recv.recv()
+    except EOFError:
+        proc.join()
+        raise WorkerError(
+            f"text worker {k} of {n} died without an answer (exit code {proc.exitcode})"
+        ) from None
+    if status != "ok":
+        raise WorkerError(f"text worker {k} of {n} failed:\n{value}")
+    return value

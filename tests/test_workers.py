@@ -1,0 +1,185 @@
+"""Forked workers for the pass's text rules: the same answers as inline, in order, and a
+failed or dead worker is a clear error."""
+
+import os
+
+import numpy as np
+import pytest
+
+import consolidate.pipeline.merging as merging
+import consolidate.pipeline.near as near
+from consolidate.config import PassConfig
+from consolidate.merge import ExtractiveMerger
+from consolidate.pipeline import run_pass
+from consolidate.text import conflict_reason, conflict_signature
+from consolidate.workers import WorkerError, fork_map, resolve_workers, split_evenly
+from tests.helpers import make_records
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+
+
+def test_split_evenly_covers_the_range_in_near_equal_parts():
+    assert split_evenly(10, 3) == [(0, 3), (3, 7), (7, 10)]
+    assert split_evenly(2, 4) == [(0, 1), (1, 2)]
+    assert split_evenly(0, 2) == []
+
+
+def test_fork_map_answers_in_order_from_forked_processes():
+    parent = os.getpid()
+    got = fork_map(lambda k: (k * k, os.getpid() != parent), list(range(5)), 3)
+    assert [a for a, _ in got] == [0, 1, 4, 9, 16]
+    # the first part runs here, the others in children
+    assert [forked for _, forked in got] == [False, True, True, True, True]
+
+
+def test_fork_map_with_one_worker_runs_inline():
+    seen = []
+    assert fork_map(lambda k: seen.append(k) or k + 1, [1, 2, 3], 1) == [2, 3, 4]
+    assert seen == [1, 2, 3]  # the calls' side effects are this process's
+
+
+def test_a_failing_or_dead_worker_is_a_clear_error():
+    def fail(k):
+        if k == 2:
+            raise KeyError("record r7")
+        return k
+
+    with pytest.raises(
+        WorkerError, match=r"text worker 2 of 3 failed:(.|\n)*KeyError: 'record r7'"
+    ):
+        fork_map(fail, [0, 1, 2], 3)
+    with pytest.raises(
+        WorkerError, match=r"text worker 1 of 2 died without an answer \(exit code 3\)"
+    ):
+        fork_map(lambda k: os._exit(3) if k else 0, [0, 1], 2)
+
+
+def test_resolve_workers():
+    assert resolve_workers(3) == 3 and resolve_workers(1) == 1
+    assert resolve_workers(None) >= 1
+    with pytest.raises(ValueError, match="text workers must be an integer >= 1"):
+        resolve_workers(0)
+
+
+def test_namespace_parts_cut_between_namespaces():
+    ns = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 3], np.int64)
+    assert near.namespace_parts(ns, 1) == [(0, 10)]
+    # even cuts move forward to the next namespace's start: 5 is one already; of 3 and 7,
+    # 3 is one and 7 (inside namespace 2) moves to 9
+    assert near.namespace_parts(ns, 2) == [(0, 5), (5, 10)]
+    assert near.namespace_parts(ns, 3) == [(0, 3), (3, 9), (9, 10)]
+    assert near.namespace_parts(np.zeros(6, np.int64), 4) == [(0, 6)]
+    assert near.namespace_parts(np.zeros(0, np.int64), 2) == []
+
+
+TEXTS = [
+    "Gina has 2 cats",
+    "Gina has 3 cats",
+    "Gina has 2 cats",
+    "Gina does not like tea",
+    "Gina likes tea",
+    "Jon likes tea",
+    "Jon has two dogs",
+    "Jon has 2 dogs",
+]
+
+
+def test_guard_pairs_equal_the_guard_pair_by_pair():
+    # items 0-4 in one namespace, 5-7 in another; every pair within a namespace
+    ns = np.array([0, 0, 0, 0, 0, 1, 1, 1], np.int64)
+    pairs = [(a, b) for a in range(8) for b in range(a + 1, 8) if ns[a] == ns[b]]
+    ci = np.array([b for a, b in pairs], np.int64)  # both orientations in the input
+    cj = np.array([a for a, b in pairs], np.int64)
+    for workers in (1, 2):
+        parts = near.namespace_parts(ns, workers)
+        assert len(parts) == workers
+        cls, answers = near.guard_pairs(TEXTS, ci, cj, parts, workers)
+        assert answers == {(a, b): conflict_reason(TEXTS[a], TEXTS[b]) for a, b in pairs}
+        assert answers[(0, 1)] == "number" and answers[(3, 4)] == "negation"
+        assert answers[(0, 2)] is None
+        # a class is the part's first item with an equal signature
+        assert cls.tolist() == [0, 1, 0, 3, 4, 5, 6, 7]
+        sig = [conflict_signature(t) for t in TEXTS]
+        assert all((cls[a] == cls[b]) == (sig[a] == sig[b]) for a, b in pairs)
+    with pytest.raises(ValueError, match="crosses two parts"):
+        near.guard_pairs(TEXTS, ci, cj, [(0, 3), (3, 8)], 1)
+
+
+NAMES = ["Gina", "Jon", "Ana", "Omar", "Lena", "Ravi", "Mia", "Tom", "Sara", "Ivan", "Zoe"]
+THINGS = ["tea", "jazz", "chess", "tennis", "poetry", "sushi", "hiking"]
+
+
+def _store(seed: int):
+    """150 clusters of 1-4 near-duplicates in 6 namespaces, whose texts conflict (numbers,
+    negations), repeat (exact duplicates) or add clauses; some pinned, some tombstones, and
+    in every tenth cluster the first two members kept apart as an undo leaves them."""
+    g = np.random.default_rng(seed)
+    rows = []
+    for c in range(150):
+        base = g.normal(size=24)
+        name, thing = NAMES[c % len(NAMES)], THINGS[c % len(THINGS)]
+        first = len(rows)
+        for _ in range(int(g.integers(1, 5))):
+            k = len(rows)
+            rows.append(
+                {
+                    "id": f"r{k:04d}",
+                    "namespace": f"ns{c % 6}",
+                    "text": [
+                        f"{name} has {int(g.integers(2, 4))} cats",
+                        f"{name} does not like {thing}",
+                        f"{name} likes {thing}",
+                        f"{name} likes {thing}; {name} walks daily",
+                        f"{name} likes {thing}. {name} reads at night",
+                    ][int(g.integers(5))],
+                    "vector": (base + 0.03 * g.normal(size=24)).astype(np.float32),
+                    "importance": float(g.uniform(0.2, 1.0)),
+                    "created_at": 500.0 + float(g.uniform(0, 400)),
+                    "last_used": 900.0 + float(g.uniform(0, 90)),
+                    "pinned": bool(g.random() < 0.05),
+                }
+            )
+            if g.random() < 0.03:
+                rows[-1]["deleted_at"] = 995.0
+        if c % 10 == 0 and len(rows) - first >= 2:
+            rows[first]["keep_apart"] = [rows[first + 1]["id"]]
+            rows[first + 1]["keep_apart"] = [rows[first]["id"]]
+    return make_records(rows)
+
+
+@pytest.mark.parametrize("newer_wins", [False, True])
+def test_the_pass_gives_the_same_records_with_forked_workers(monkeypatch, newer_wins):
+    calls = []
+    for mod in (near, merging):
+        real = mod.fork_map
+
+        def spy(fn, parts, workers, real=real):
+            calls.append((len(parts), workers))
+            return real(fn, parts, workers)
+
+        monkeypatch.setattr(mod, "fork_map", spy)
+    recs = _store(5)
+    cfg = PassConfig(threshold=0.9, now="1000", cap=None, max_drop_fraction=1.0)
+    monkeypatch.setattr(near, "PARALLEL_MIN_PAIRS", 0)
+    monkeypatch.setattr(merging, "PARALLEL_MIN_CLUSTERS", 0)
+    out = {}
+    for workers in (1, 2, 3):
+        calls.clear()
+        res = run_pass(
+            recs,
+            cfg=PassConfig(**{**cfg.__dict__, "text_workers": workers}),
+            merger=ExtractiveMerger(newer_wins=newer_wins),
+            version=2,
+            wall_h=1003.0,
+        )
+        assert calls == [(workers, workers), (workers, workers)]
+        out[workers] = res
+    s = out[1].stats
+    assert s.merges >= 40 and s.review_pairs >= 60 and s.exact_merges >= 20
+    assert s.superseded >= 5 if newer_wins else s.superseded == 0
+    assert s.tombstones_in >= 5
+    assert any(e["op"] == "review" and e["reason"] == "undone merge" for e in out[1].events)
+    for workers in (2, 3):
+        assert out[workers].records.meta.equals(out[1].records.meta)
+        assert np.array_equal(out[workers].records.vectors, out[1].records.vectors)
+        assert out[workers].events == out[1].events
