@@ -1535,7 +1535,10 @@ def pass_row(
 
     non-similarity time = the pass's wall time minus its similarity stage (so it includes
     ``untimed_s``, the time inside ``run_pass`` outside every timed stage); peak RSS =
-    ``VmHWM`` after the pass; ``rss_ratio`` = peak / (vector bytes + UTF-8 text bytes).
+    ``VmHWM`` after the pass plus the most private memory one forked text worker held
+    (``workers_private_gb``, :func:`consolidate.workers.peak_private_bytes`);
+    ``rss_ratio`` = peak / (vector bytes + UTF-8 text bytes); ``cpu_s`` counts the
+    workers' CPU time too (``workers_cpu_s``).
     """
     stages = {str(k): float(v) for k, v in (meas.get("stages") or {}).items()}
     sim = (
@@ -1547,7 +1550,8 @@ def pass_row(
     pass_s = float(meas["pass_s"])
     nonsim = pass_s - sim
     data = int(gen["vector_bytes"]) + int(gen["text_bytes"])
-    peak = float(meas["hwm_after_gb"]) * 2**30
+    workers_gb = float(meas.get("workers_private_gb") or 0.0)
+    peak = (float(meas["hwm_after_gb"]) + workers_gb) * 2**30
     return {
         "case": case.name,
         "kind": "pass",
@@ -1588,9 +1592,20 @@ def pass_row(
         "start_rss_gb": meas.get("hwm_start_gb"),
         "data_gb": data / 2**30,
         "rss_ratio": peak / data if data else math.nan,
-        "cpu_s": meas.get("pass_cpu_s"),
+        "workers_private_gb": workers_gb,
+        "cpu_s": (meas.get("pass_cpu_s") or 0.0) + (meas.get("workers_cpu_s") or 0.0),
+        "workers_cpu_s": meas.get("workers_cpu_s"),
         "load1": meas.get("load1", os.getloadavg()[0]),
     }
+
+
+def _workers_line(r: Any) -> str:
+    """The forked text workers' part of a whole-pass row's detail line ("" without them)."""
+    gb = getattr(r, "workers_private_gb", None)
+    cpu = getattr(r, "workers_cpu_s", None)
+    if not gb or (isinstance(gb, float) and math.isnan(gb)):
+        return ""
+    return f"; forked text workers: {cpu:.3g} cpu s, at most {gb:.3g} GB private memory each"
 
 
 def _pass_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -1754,7 +1769,7 @@ def pass_table(df: pd.DataFrame) -> list[str]:
                 + f"; RSS after the imports "
                 f"{r.start_rss_gb:.3g} GB, peak after load {r.hwm_before_gb:.3g} GB, "
                 f"pass-only sampled peak {r.pass_peak_rss_gb:.3g} GB, peak after commit "
-                f"{r.commit_peak_rss_gb:.3g} GB"
+                f"{r.commit_peak_rss_gb:.3g} GB" + _workers_line(r)
             )
     out += [
         f"* {r.case}, {r.method}: {r.status}: {r.note}"
@@ -1922,9 +1937,12 @@ def _pass_section(df: pd.DataFrame) -> list[str]:
             "clusters.",
             "* peak RSS: `VmHWM` of the measuring process after the pass (it includes "
             "loading the store: the load's own peak and the pass-only sampled peak are in "
-            "the line under the table); RSS / data = peak / (vector bytes + UTF-8 text "
-            "bytes).",
-            "* pass cpu s: cpu seconds of the measuring process (all threads) during the pass; "
+            "the line under the table), plus the most private memory one of its forked "
+            "text workers held (`sleep.text_workers`; the pages they share with the "
+            "measuring process are counted once); RSS / data = peak / (vector bytes + UTF-8 "
+            "text bytes).",
+            "* pass cpu s: cpu seconds of the measuring process (all threads) and its forked "
+            "text workers during the pass; "
             "load1: the 1-minute load average after it (other processes on a shared machine "
             "slow the pass down: pass s grows, pass cpu s much less).",
             "",

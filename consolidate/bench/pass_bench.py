@@ -557,6 +557,22 @@ _STATS = (
 )
 
 
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's finished children (the pass's forked workers)."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def _workers_private() -> int:
+    """The most private memory one forked worker of the pass held (bytes; 0 for a package
+    without :mod:`consolidate.workers`)."""
+    try:
+        from consolidate.workers import peak_private_bytes
+    except ImportError:
+        return 0
+    return peak_private_bytes()
+
+
 def _pass_configs(spec: dict[str, Any]) -> tuple[Any, Any]:
     """``(PassConfig, SimilarityConfig)`` of a measurement: ``spec``'s threshold (0.9),
     device and dtype, no cap and no mass-drop stop (fields the measured package lacks are
@@ -619,10 +635,13 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         flush=True,
     )
     with PeakRSS(every_s=0.05) as sampler:
-        t, c = time.perf_counter(), time.process_time()
+        t, c, kids = time.perf_counter(), time.process_time(), _children_cpu_s()
         res = run_pass(snap.records, cfg=cfg, sim_cfg=sim_cfg, version=snap.version + 1)
         out["pass_s"] = round(time.perf_counter() - t, 4)
         out["pass_cpu_s"] = round(time.process_time() - c, 4)
+        # forked text workers (consolidate.workers): their CPU time and own memory
+        out["workers_cpu_s"] = round(_children_cpu_s() - kids, 4)
+    out["workers_private_gb"] = _gb(_workers_private())
     out["load1"] = os.getloadavg()[0]
     out["hwm_after_gb"] = _gb(_proc_status("VmHWM"))
     out["pass_sampled_peak_gb"] = _gb(sampler.peak)
