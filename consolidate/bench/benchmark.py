@@ -76,7 +76,6 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 
 from consolidate.bench.pass_bench import PeakRSS  # noqa: E402
-from consolidate.cluster import centroid_clusters  # noqa: E402
 from consolidate.config import BenchConfig  # noqa: E402
 from consolidate.device import resolve_device  # noqa: E402
 from consolidate.environment import (  # noqa: E402
@@ -85,6 +84,7 @@ from consolidate.environment import (  # noqa: E402
     machine,
     package_versions,
 )
+from consolidate.ops.cluster import centroid_clusters  # noqa: E402
 from consolidate.similarity import TopK, threshold_pairs, topk_neighbours  # noqa: E402
 from consolidate.similarity.engines.faiss_engine import recall_at_k  # noqa: E402
 
@@ -604,7 +604,7 @@ def clusters_prepare(ctx: Ctx) -> None:
 
 def ours_clusters(ctx: Ctx) -> list[list[int]]:
     """What the pass does: our join (default engine) then centroid-checked, complete-link
-    clusters (consolidate.cluster, unit weights, no conflict guard), the counterpart of
+    clusters (consolidate.ops.cluster, unit weights, no conflict guard), the counterpart of
     community_detection."""
     c = ctx.case
     p = threshold_pairs(ctx.v, c.threshold, segments=ctx.seg_t, device=ctx.device, dtype=c.dtype)
@@ -1220,6 +1220,8 @@ class Runner:
             "start_rss_gb",
             "data_gb",
             "rss_ratio",
+            "workers_private_gb",
+            "workers_cpu_s",
         ]
         return pd.DataFrame(self.rows).reindex(columns=cols)
 
