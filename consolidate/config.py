@@ -89,11 +89,11 @@ class PassConfig:
             ``reflect_threshold`` (centroid-checked like merges) get one new memory each,
             at most ``reflect_max_per_namespace`` groups per namespace, largest first.
         fidelity: what the pass does with a merge whose text loses a member's content
-            (:mod:`consolidate.fidelity`): ``refuse`` (leave the cluster unmerged, with a
+            (:mod:`consolidate.ops.fidelity`): ``refuse`` (leave the cluster unmerged, with a
             ``merge_declined`` event naming the lost members) or ``report`` (merge, list the
             lost members in the event and count them as ``members lost``).
         fidelity_threshold: term coverage a member's clause needs in the merged text to
-            survive (:data:`consolidate.fidelity.DEFAULT_THRESHOLD`, 1.0 = every term).
+            survive (:data:`consolidate.ops.fidelity.DEFAULT_THRESHOLD`, 1.0 = every term).
         text_workers: processes for the conflict guard and a model-free merger with its
             fidelity check on a large pass (forked, :mod:`consolidate.workers`; the answers
             are the same as with one); ``None`` = the CPUs this process may use, 1 = none

@@ -1,6 +1,6 @@
 """Objects built from a composed config: typed config nodes, the store (opened, or built from
 LOCOMO), the embedder, and the run summary file. The jobs and the library functions they
-call (:func:`consolidate.nightly.run_consolidate`, :func:`consolidate.evaluation.evaluate.
+call (:func:`consolidate.consolidation.run_consolidate`, :func:`consolidate.evaluation.evaluate.
 run_evaluate`, ...) use these, so Python code composes a config and calls the same."""
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ from .lexicon import NUMBER_WORDS, SMALL_CARDINALS, WEEKDAYS
 from .llm.base import LLMBackend
 from .llm.decide import Decision, Neighbour, decide_request, parse_answer, prefilter
 from .llm.extract import Turn, extract_request, parse_facts, trusted, ungrounded
+from .ops.guard import conflict_reason
 from .similarity import topk_neighbours
 from .store import (
     MemoryStore,
@@ -59,7 +60,7 @@ from .store import (
     records_from_rows,
 )
 from .store.schema import normalise_vectors
-from .text import conflict_reason, text_hash
+from .text import text_hash
 
 __all__ = ["IngestConfig", "ingest", "resolve_relative_dates"]
 
@@ -78,7 +79,7 @@ class IngestConfig:
             ``ungrounded_fact`` with what it added, never stored).
         supersede_above: a fact the model ADDs (or NOOPs against a memory it conflicts
             with) whose nearest stored memory in its namespace has at least this cosine and
-            is its negation or opposite (:func:`~consolidate.text.conflict_reason`
+            is its negation or opposite (:func:`~consolidate.ops.guard.conflict_reason`
             ``"negation"`` / ``"opposite"``) supersedes that memory like a DELETE (decided
             ``by="guard"``); a pinned memory, one already changed in the batch, or one newer
             than the fact's turn stays live and the pair is logged as

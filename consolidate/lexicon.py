@@ -9,7 +9,7 @@ in May 2023.", "Bob is not allergic to nuts."); they are lower case and match th
 Which rule reads which list:
 
 - :data:`NEGATIONS`: the conflict guard's polarity cues (:mod:`consolidate.text`) and the
-  merge's negated-sentence rule (:mod:`consolidate.merge`).
+  merge's negated-sentence rule (:mod:`consolidate.ops.merge`).
 - :data:`POLARITY_MARKERS`: the four plain negation markers, a subset of
   :data:`NEGATIONS`; :data:`STOP_WORDS` holds them, :data:`CONTENT_STOP_WORDS` does not.
 - :data:`NUMBER_WORDS`: numbers written as words (cardinals, ordinals, "once", "dozen"),

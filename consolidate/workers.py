@@ -1,8 +1,8 @@
 """Forked worker processes for the pass's pure text rules.
 
-The conflict guard (:func:`~consolidate.text.conflict_between` over
-:func:`~consolidate.text.conflict_signature`) and a model-free merger with the fidelity
-checker (:mod:`consolidate.fidelity`) are pure Python functions of texts that hold the GIL:
+The conflict guard (:func:`~consolidate.ops.guard.conflict_between` over
+:func:`~consolidate.ops.guard.conflict_signature`) and a model-free merger with the fidelity
+checker (:mod:`consolidate.ops.fidelity`) are pure Python functions of texts that hold the GIL:
 threads cannot share them out. :func:`fork_map` runs the parts of such a job in processes
 forked from the pass, which read the pass's memory as it was at the fork (nothing is
 pickled on the way in) and send back only their answers (reasons, merged texts). The

@@ -17,7 +17,7 @@
 #   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
 #                                               (consolidate.llm; pydantic-core is cp312-only)
 #   faiss-cpu==1.15.1                           (18.8 MB: the faiss engine and baselines)
-#   PyStemmer==3.1.0 (cp312)                    (consolidate.fidelity: the pass's merge stage)
+#   PyStemmer==3.1.0 (cp312)                    (consolidate.ops.fidelity: the pass's merge stage)
 #   nltk==3.10.4                                (consolidate.evaluation.metrics, test imports)
 # plus antlr4-python3-runtime==4.9.3 (omegaconf's parser), which has no wheel on PyPI, only
 # an sdist: build it here with

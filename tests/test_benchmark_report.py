@@ -220,8 +220,8 @@ def test_pass_store_plants_what_it_says():
     import numpy as np
 
     from consolidate.config import PassConfig, SimilarityConfig
+    from consolidate.ops.guard import conflict_reason
     from consolidate.store.schema import COLUMNS, validate
-    from consolidate.text import conflict_reason
 
     try:
         from consolidate.pipeline import run_pass

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from consolidate.cluster import centroid_clusters
 from consolidate.config import PassConfig
+from consolidate.ops.cluster import centroid_clusters
 from consolidate.pipeline import run_pass
 from tests.helpers import make_records, random_rows
 
@@ -269,7 +269,7 @@ def test_the_pass_gives_the_same_records_with_and_without_the_shortcut(monkeypat
     # a seeded store with conflicting paraphrases (numbers), pins, an undo constraint,
     # exact duplicates and tombstones: every record and event of the pass is the same when
     # every cluster goes through the pair-by-pair loop
-    import consolidate.cluster as cl
+    import consolidate.ops.cluster as cl
     from consolidate.bench.pass_bench import make_pass_store
 
     recs, _ = make_pass_store(3000, 100, d=32, seed=3, now_h=1000.0)
@@ -304,7 +304,7 @@ def test_the_pass_gives_the_same_records_with_and_without_the_shortcut(monkeypat
 
 @pytest.mark.parametrize("seed", range(4))
 def test_components_match_a_union_find_and_are_labelled_by_their_smallest_item(seed):
-    from consolidate.cluster import components
+    from consolidate.ops.cluster import components
 
     rng = np.random.default_rng(seed)
     n = 500

@@ -121,8 +121,8 @@ def test_sleep_now_forms_accepted(now):
 
 
 def test_a_missing_policy_or_calibration_file_is_named_by_its_key(tmp_path):
+    from consolidate.consolidation import _settings_file
     from consolidate.evaluation.thresholds import load_calibration
-    from consolidate.nightly import _settings_file
 
     with pytest.raises(ValueError, match=r"^sleep\.policy_file=/nowhere/p\.json: no such file$"):
         _settings_file(load_calibration, "sleep.policy_file", "/nowhere/p.json")

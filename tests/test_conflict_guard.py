@@ -1,10 +1,10 @@
-"""The conflict guard's rules (consolidate.text.conflict_reason), each on small pairs of
+"""The conflict guard's rules (consolidate.ops.guard.conflict_reason), each on small pairs of
 statements that an embedding scores as near-duplicates, with a paraphrase of each that must
 stay mergeable."""
 
 import pytest
 
-from consolidate.text import conflict_reason, conflict_signature
+from consolidate.ops.guard import conflict_reason, conflict_signature
 
 
 @pytest.mark.parametrize(

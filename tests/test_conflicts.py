@@ -7,7 +7,7 @@ import pytest
 
 from consolidate.config import PassConfig
 from consolidate.llm.merger import LLMMerger
-from consolidate.merge import ExtractiveMerger, MergeMember, MergeRequest, newer_fact_times
+from consolidate.ops.merge import ExtractiveMerger, MergeMember, MergeRequest, newer_fact_times
 from consolidate.pipeline import run_pass, undo_merge
 from tests.helpers import Scripted, make_records
 
@@ -308,7 +308,7 @@ def test_supersede_names_every_newer_partner_and_is_not_repeated():
 def test_guard_is_symmetric_and_never_flags_a_text_against_itself():
     import random
 
-    from consolidate.text import conflict_reason
+    from consolidate.ops.guard import conflict_reason
 
     rnd = random.Random(3)
     vocab = [

@@ -243,7 +243,7 @@ def test_a_lost_index_is_rebuilt_at_the_next_commit(tmp_path, caplog, monkeypatc
 def test_a_merger_that_obeys_an_injected_instruction_is_refused():
     """A stored memory tells the merger what the merged note must say; a model that obeys
     it loses the victim's fact, and the pass's fidelity check refuses the merge."""
-    from consolidate.merge import MergeResponse
+    from consolidate.ops.merge import MergeResponse
 
     class Obedient:
         name, handles_conflicts = "obedient", False

@@ -149,7 +149,7 @@ def test_calibrate_subset_and_use_in_consolidate(tmp_path):
     assert len(samples) == 3 * 300 and {s["dataset"] for s in samples} == set(entries)
     sick = [s for s in samples if s["dataset"] == "sick-all"]
     thr = entries["sick-all"]["best_f1_threshold"]
-    from consolidate.text import conflict_reason
+    from consolidate.ops.guard import conflict_reason
 
     above = [s for s in sick if s["score"] >= thr and s["contradiction"]]
     assert entries["sick-all"]["contradictions_above"] == len(above)

@@ -1,4 +1,4 @@
-"""The fidelity checker (consolidate.fidelity), the pass's use of it, and faithful recall:
+"""The fidelity checker (consolidate.ops.fidelity), the pass's use of it, and faithful recall:
 exact verdicts on pairs of our own, the agreement with the hand-labelled merge cases in
 eval/fidelity/cases.jsonl, and a metric that sees a merge that drops a member's text."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from consolidate.config import PassConfig
 from consolidate.evaluation.retrieval import faithful_source_ids, origin_texts, retrieval_table
-from consolidate.fidelity import lost_clauses, lost_members, survives
-from consolidate.merge import MergeResponse
+from consolidate.ops.fidelity import lost_clauses, lost_members, survives
+from consolidate.ops.merge import MergeResponse
 from consolidate.pipeline import run_pass
 from tests.helpers import make_records
 

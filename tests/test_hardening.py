@@ -131,7 +131,7 @@ def test_exact_dedup_keeps_signs_and_symbols_apart():
 
 
 def test_signed_numbers_conflict():
-    from consolidate.text import conflict_reason
+    from consolidate.ops.guard import conflict_reason
 
     assert conflict_reason("-5 degrees outside", "5 degrees outside") == "number"
 

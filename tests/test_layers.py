@@ -28,7 +28,7 @@ RULES = {
         ],
     ),
     "engines": (
-        ["similarity", "kernels", "cluster.py", "scoring.py"],
+        ["similarity", "kernels", "ops/cluster.py", "ops/scoring.py"],
         [
             "consolidate.store",
             "consolidate.llm",
@@ -37,10 +37,25 @@ RULES = {
             "consolidate.jobs",
         ],
     ),
+    # the stages' algorithms and the text rules they share: no pass state, no storage, no
+    # models; the pipeline imports them, never the other way
+    "algorithms": (
+        ["ops", "text.py", "lexicon.py", "workers.py"],
+        [
+            "consolidate.pipeline",
+            "consolidate.store",
+            "consolidate.sources",
+            "consolidate.llm",
+            "consolidate.embed",
+            "consolidate.evaluation",
+            "consolidate.jobs",
+            "consolidate.fleet",
+        ],
+    ),
     "library": (
         [
             "factory.py",
-            "nightly.py",
+            "consolidation.py",
             "evaluation",
             "pipeline",
             "sources",

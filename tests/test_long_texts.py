@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from consolidate.config import PassConfig, SimilarityConfig
-from consolidate.minhash import minhash_pairs
+from consolidate.ops.minhash import minhash_pairs
 from consolidate.pipeline import run_pass
 from consolidate.pipeline.long_texts import MINHASH_FN_WEIGHT, MINHASH_PERM
 from tests.helpers import make_records

@@ -8,8 +8,8 @@ import math
 import pytest
 
 from consolidate.config import PassConfig
-from consolidate.fidelity import lost_members
-from consolidate.merge import (
+from consolidate.ops.fidelity import lost_members
+from consolidate.ops.merge import (
     ExtractiveMerger,
     MergeMember,
     MergeRequest,

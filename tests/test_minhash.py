@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from consolidate import minhash as mh
-from consolidate.minhash import (
+from consolidate.ops import minhash as mh
+from consolidate.ops.minhash import (
     EMPTY_SLOT,
     choose_bands,
     minhash_pairs,

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from consolidate.config import ImportanceConfig, PassConfig, SimilarityConfig
-from consolidate.fidelity import lost_members
-from consolidate.merge import lost_facts
+from consolidate.ops.fidelity import lost_members
+from consolidate.ops.merge import lost_facts
 from consolidate.pipeline import PassStats, run_pass
 from consolidate.pipeline.exact import exact_stage
 from consolidate.pipeline.run import _start
@@ -291,7 +291,7 @@ def test_the_pass_pauses_the_garbage_collector_and_restores_it(enabled):
     stage raises."""
     import gc
 
-    from consolidate.merge import ExtractiveMerger
+    from consolidate.ops.merge import ExtractiveMerger
 
     seen = []
 
@@ -323,7 +323,7 @@ def test_merges_are_asked_in_chunks_and_a_short_answer_is_an_error(monkeypatch):
     # 5 clusters in chunks of 2: three merge_batch calls of 2, 2 and 1 requests, each chunk
     # answered before the next is asked; a merger that answers one too few is refused
     import consolidate.pipeline.merging as mg
-    from consolidate.merge import ExtractiveMerger
+    from consolidate.ops.merge import ExtractiveMerger
 
     rows = random_rows(40, 16, seed=4, dup_frac=0.5, noise=0.01)
     recs = make_records(rows)

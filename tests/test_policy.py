@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from consolidate.evaluation.policy import frontier_mask, policy_grid, policy_name, recommend
+from consolidate.evaluation.frontier import frontier_mask, policy_grid, policy_name, recommend
 
 
 def test_policy_grid_in_order_and_checked():
@@ -26,7 +26,7 @@ def test_policy_grid_in_order_and_checked():
 
 
 def test_policy_grid_refuses_bad_values_before_anything_runs():
-    from consolidate.evaluation.policy import check_policy
+    from consolidate.evaluation.frontier import check_policy
 
     with pytest.raises(ValueError, match="sleep.threshold must be in \\[-1, 1\\]"):
         policy_grid({"threshold": [0.9, 2.0]})

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from consolidate.scoring import retention_score, select_survivors
+from consolidate.ops.scoring import retention_score, select_survivors
 
 
 def test_retention_score_hand_computed():

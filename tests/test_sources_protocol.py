@@ -52,7 +52,7 @@ def test_the_class_gives_the_source_interface(kind):
 
 
 def test_the_nightly_run_never_branches_on_the_source_kind():
-    tree = ast.parse((REPO / "consolidate" / "nightly.py").read_text())
+    tree = ast.parse((REPO / "consolidate" / "consolidation.py").read_text())
     kinds = set(CLASSES)
     bad = [
         n.lineno
@@ -60,4 +60,4 @@ def test_the_nightly_run_never_branches_on_the_source_kind():
         if isinstance(n, ast.Compare)
         and any(isinstance(c, ast.Constant) and c.value in kinds for c in n.comparators)
     ]
-    assert not bad, f"nightly.py compares with a source kind at lines {bad}"
+    assert not bad, f"consolidation.py compares with a source kind at lines {bad}"

@@ -9,9 +9,9 @@ import pytest
 import consolidate.pipeline.merging as merging
 import consolidate.pipeline.near as near
 from consolidate.config import PassConfig
-from consolidate.merge import ExtractiveMerger
+from consolidate.ops.guard import conflict_reason, conflict_signature
+from consolidate.ops.merge import ExtractiveMerger
 from consolidate.pipeline import run_pass
-from consolidate.text import conflict_reason, conflict_signature
 from consolidate.workers import WorkerError, fork_map, resolve_workers, split_evenly
 from tests.helpers import make_records
 

@@ -22,7 +22,7 @@ def main(out_path: str) -> None:
     from consolidate.llm.decide import Neighbour, decide_request, parse_decisions
     from consolidate.llm.extract import Turn, extract_request, parse_facts
     from consolidate.llm.merger import merge_chat_request, parse_merge
-    from consolidate.merge import MergeMember, MergeRequest
+    from consolidate.ops.merge import MergeMember, MergeRequest
     from consolidate.pipeline import run_pass
     from tests.helpers import make_records
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Side-by-side benchmark: ``consolidate.minhash`` against ``datasketch`` (MinHash +
+"""Side-by-side benchmark: ``consolidate.ops.minhash`` against ``datasketch`` (MinHash +
 MinHashLSH) on synthetic long texts with planted near-duplicates.
 
 Both methods see the same texts, the same segments (namespaces), ``num_perm`` and threshold,
 and the same shingles: word 3-grams of ``consolidate.text.normalise(text).split()``.
 
-* ours: :func:`~consolidate.minhash.minhash_signatures` (signature time), then
-  :func:`~consolidate.minhash.signature_pairs` (LSH/pair time: banding, candidate pairs,
+* ours: :func:`~consolidate.ops.minhash.minhash_signatures` (signature time), then
+  :func:`~consolidate.ops.minhash.signature_pairs` (LSH/pair time: banding, candidate pairs,
   estimate >= threshold). Run with the default band choice (``fn_weight=0.5``, the
   unweighted S-curve error, like datasketch's default) and with ``fn_weight=0.8``.
 * datasketch: signature time = normalise + split + 3-gram strings + ``MinHash.bulk``; pair
@@ -45,7 +45,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 
 from consolidate.environment import machine  # noqa: E402
-from consolidate.minhash import choose_bands, minhash_signatures, signature_pairs  # noqa: E402
+from consolidate.ops.minhash import choose_bands, minhash_signatures, signature_pairs  # noqa: E402
 from consolidate.text import normalise  # noqa: E402
 
 K = 3
@@ -255,7 +255,7 @@ def bench(n, args, have_ds):
 
 def report_md(results, args, env) -> str:
     lines = [
-        "# MinHash near-exact stage: consolidate.minhash vs datasketch",
+        "# MinHash near-exact stage: consolidate.ops.minhash vs datasketch",
         "",
         f"Command: `{env['command']}`",
         "",
@@ -323,7 +323,7 @@ def main(argv=None):
     except ImportError:
         print(
             "datasketch is not installed (pip install datasketch): measuring "
-            "consolidate.minhash alone",
+            "consolidate.ops.minhash alone",
             file=sys.stderr,
         )
         ds_version, have_ds = "not installed", False

@@ -51,12 +51,12 @@ def _guard_rates(
     threshold: float,
     memo: dict[tuple[str, int], str | None],
 ) -> dict[str, Any]:
-    """Flag rates of the conflict guard (:func:`consolidate.text.conflict_reason`) among the
+    """Flag rates of the conflict guard (:func:`consolidate.ops.guard.conflict_reason`) among the
     pairs a pass at ``threshold`` would merge: contradiction pairs (should be flagged) and
     duplicate pairs (should not), with the count of each reason among the flagged
     contradictions. One guard call per pair, shared across dtypes and thresholds through
     ``memo`` (``(dataset, pair) -> reason``)."""
-    from ..text import conflict_reason
+    from ..ops.guard import conflict_reason
 
     above = np.flatnonzero(cos >= threshold)
     s1, s2 = df["sentence1"].astype(str).to_numpy(), df["sentence2"].astype(str).to_numpy()
@@ -354,7 +354,7 @@ def _calibration_report(
             "merge without the conflict guard. `guard_flags_contradictions` / `guard_flags_"
             "duplicates`: of the contradiction / duplicate pairs at or above that threshold, the "
             "share the conflict guard keeps apart (negation, number, date, opposite, value, "
-            "roles; see `consolidate.text.conflict_reason`): the first should be high (target "
+            "roles; see `consolidate.ops.guard.conflict_reason`): the first should be high (target "
             ">= 0.9), the second low (target <= 0.1).",
             f"- recommended threshold: {thr:.4f} ({cfg.recommend.rule} on {cfg.recommend.dataset},"
             f" {cfg.recommend.dtype})",
@@ -410,10 +410,10 @@ def load_guard_pairs(path: Path = GUARD_PAIRS) -> pd.DataFrame:
 
 def guard_pair_rates(embedder: Any = None, path: Path = GUARD_PAIRS) -> list[dict[str, Any]]:
     """Per kind of :func:`load_guard_pairs`: ``pairs``, ``flagged`` (count and share the
-    conflict guard, :func:`consolidate.text.conflict_reason`, keeps apart), ``reasons`` and,
+    conflict guard, :func:`consolidate.ops.guard.conflict_reason`, keeps apart), ``reasons`` and,
     with an ``embedder`` (``encode(texts) -> float32 [n, d]``, unit rows), the mean and
     minimum cosine of the pairs and the count at or above 0.9."""
-    from ..text import conflict_reason
+    from ..ops.guard import conflict_reason
 
     df = load_guard_pairs(path)
     why = [conflict_reason(a, b) for a, b in zip(df["a"], df["b"], strict=True)]

@@ -625,7 +625,7 @@ def _report(res: Results, abl: pd.DataFrame, per_cat: pd.DataFrame, cols: list[s
         ),
         "- `faithful_recall` (the headline) = share of a question's evidence ids whose "
         "original text survives in the text of a retrieved memory (the pass's fidelity "
-        "checker, `consolidate.fidelity`): it sees a merge that drops what a member said. "
+        "checker, `consolidate.ops.fidelity`): it sees a merge that drops what a member said. "
         "`recall` = provenance recall, the share covered by the retrieved memories' "
         "source_ids whatever their text says: it measures retrieval alone. `@Ntok` = "
         "retrieval cut at N injected tokens (MiniLM tokenizer).",

@@ -1,180 +1,293 @@
-"""Retention-policy calibration: which merge threshold, τ, floor and cap keep a recall target
-with the smallest store.
+"""The retention-policy search of ``consolidate-policy``: every policy of a grid as an
+evaluation variant, the frontier and the recommendation in ``policy.json``
+(:func:`run_policy`, :func:`load_policy`).
 
-A policy is a set of :class:`~consolidate.config.PassConfig` overrides. Each policy of a grid
-is run as an evaluation variant (:func:`consolidate.evaluation.evaluate.run_evaluate`); its row of
-the ablation table gives the store's size in memories (``store_size``) and in stored tokens
-(``store_tokens``, the embedder's tokenizer) and its evidence recall. Memory count alone is
-not store size: merges that concatenate hold the same tokens in fewer rows, so the frontier
-and the recommendation are on tokens.
-
-Definitions:
-
-* baseline: the variant that keeps every memory (no pass); its recall is 100%.
-* a policy *keeps the target* when, for every metric in ``metrics``, its recall is at least
-  ``share`` x the baseline's (default 0.98 on ``faithful_recall@10`` and
-  ``faithful_recall@500tok``).
-* frontier: the policies no other policy beats on tokens and on every metric at once (at
-  most as many tokens and at least the recall of each metric, one of them strictly).
-* recommendation: among policies that keep the target, the fewest stored tokens (ties: the
-  higher recall on the first metric, then the grid order).
-"""
+The policy is chosen on one half of the task's question groups (LOCOMO: conversations) and
+reported on the other (:func:`policy_split`, a fixed rule recorded in ``policy.json``), so the
+figure a user reads was not used to pick the policy."""
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Mapping, Sequence
+import hashlib
+import json
+from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-__all__ = ["policy_grid", "policy_name", "check_policy", "frontier_mask", "recommend"]
+from .evaluate import run_evaluate
+from .frontier import frontier_mask, policy_grid, policy_name, recommend
+from .results import now_iso
 
-#: the PassConfig fields a policy may set
-POLICY_KEYS = ("threshold", "tau_hours", "floor", "cap", "decay", "near_dedup")
-
-
-def policy_name(policy: Mapping[str, Any]) -> str:
-    """A variant name for ``policy`` (``"policy t0.9 tau720 floor0.001 capNone"``)."""
-    short = {
-        "threshold": "t",
-        "tau_hours": "tau",
-        "floor": "floor",
-        "cap": "cap",
-        "decay": "decay",
-        "near_dedup": "near",
-    }
-    return "policy " + " ".join(f"{short[k]}{policy[k]}" for k in POLICY_KEYS if k in policy)
+BASELINE = "keep-all"
+CHOOSE, HELD_OUT = "choose", "held_out"
 
 
-def check_policy(policy: Mapping[str, Any], where: str = "policy") -> dict[str, Any]:
-    """``policy`` as a plain ``dict`` once its keys and values pass the pass's own settings
-    check (a whole number for ``cap`` written as ``100.0`` becomes ``100``).
+def policy_split(groups: list[str]) -> dict[str, list[str]]:
+    """The fixed split of question groups: ordered by the SHA-256 of their name, the first
+    ``ceil(n / 2)`` choose the policy (``"choose"``), the rest report it (``"held_out"``).
+    The same groups always split the same way, whatever their order.
 
     Raises:
-        ValueError: not a mapping, an unknown key, or a value the pass refuses (the message
-            starts with ``where``).
+        ValueError: fewer than two groups (nothing to hold out).
     """
-    from ..config import PassConfig
-    from ..pipeline.run import check_settings
-
-    if not isinstance(policy, Mapping):
+    if len(set(groups)) < 2:
         raise ValueError(
-            f"{where}: a policy is a mapping of pass settings, got {type(policy).__name__}"
+            f"the policy search needs at least two question groups to hold one out, got "
+            f"{sorted(set(groups))}"
         )
-    bad = sorted(set(policy) - set(POLICY_KEYS))
-    if bad:
-        raise ValueError(f"{where}: unknown keys {bad} (a policy sets {', '.join(POLICY_KEYS)})")
-    out = dict(policy)
-    cap = out.get("cap")
-    if isinstance(cap, float) and cap.is_integer():
-        out["cap"] = int(cap)
-    for k in ("decay", "near_dedup"):
-        if k in out and not isinstance(out[k], bool):
-            raise ValueError(f"{where}: {k} must be true or false, got {out[k]!r}")
-    try:
-        check_settings(PassConfig(**out))
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
-    return out
+    order = sorted(set(groups), key=lambda g: hashlib.sha256(str(g).encode()).hexdigest())
+    n = (len(order) + 1) // 2
+    return {CHOOSE: sorted(order[:n]), HELD_OUT: sorted(order[n:])}
 
 
-def policy_grid(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
-    """Every combination of ``grid``'s values, in the order the keys and values are given,
-    each checked with :func:`check_policy`.
-
-    Args:
-        grid: ``{PassConfig field: [values]}``; fields from :data:`POLICY_KEYS`.
-
-    Returns:
-        One ``dict`` per policy (distinct).
+def run_policy(cfg: DictConfig, out_dir: str | Path | None = None) -> dict[str, Any]:
+    """Evaluate every policy of ``cfg.grid`` and recommend one; returns the
+    ``policy.json`` content (also written to ``out_dir``).
 
     Raises:
-        ValueError: an unknown key, a key whose values are not a non-empty list, a value
-            the pass refuses, or the same policy twice.
+        ValueError: a bad grid or target.
     """
-    bad = sorted(set(grid) - set(POLICY_KEYS))
-    if bad:
-        raise ValueError(f"policy grid: unknown keys {bad} (use {', '.join(POLICY_KEYS)})")
-    not_list = sorted(
-        k for k, v in grid.items() if isinstance(v, (str, bytes)) or not isinstance(v, Sequence)
-    )
-    if not_list:
-        raise ValueError(
-            f"policy grid: {not_list} must be lists of values (e.g. grid.threshold=[0.85,0.9])"
-        )
-    empty = sorted(k for k, v in grid.items() if not len(v))
-    if empty:
-        raise ValueError(f"policy grid: no values for {empty}")
-    keys = list(grid)
-    combos = [
-        dict(zip(keys, c, strict=True)) for c in itertools.product(*(list(grid[k]) for k in keys))
+    out = Path(out_dir or HydraConfig.get().runtime.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    grid = OmegaConf.to_container(cfg.grid, resolve=True)
+    if not isinstance(grid, dict) or not grid:
+        raise ValueError("grid must map pass settings to lists of values")
+    policies = policy_grid(grid)
+    metrics, share = _target(cfg)  # checked before any policy runs
+    variants = [{"name": BASELINE, "consolidate": False}] + [
+        {"name": policy_name(p), "sleep": p} for p in policies
     ]
-    out = [check_policy(c, f"policy grid {c}") for c in combos]
-    names = [policy_name(p) for p in out]
-    if len(set(names)) < len(names):
-        dup = sorted({n for n in names if names.count(n) > 1})
-        raise ValueError(f"policy grid: the same policy twice ({dup[0]})")
+    ecfg = cfg.copy()
+    with open_dict(ecfg):
+        ecfg.variants = variants
+    res = run_evaluate(ecfg, out, splits=policy_split)
+    abl = pd.DataFrame(res.tables["ablation"]).set_index("variant")
+    held = [f"{m}[{HELD_OUT}]" for m in metrics]
+    chosen_on = [f"{m}[{CHOOSE}]" for m in metrics]
+    # the search sees the choosing half only, under the metrics' plain names
+    view = abl[["store_size", "store_tokens", "merges", "dropped", *held]].join(
+        abl[chosen_on].set_axis(metrics, axis=1)
+    )
+    base = view.loc[BASELINE]
+    cols = ["store_size", "store_tokens", "merges", "dropped", *metrics, *held]
+    rows = pd.DataFrame(
+        [
+            {**p, "variant": policy_name(p), **view.loc[policy_name(p), cols].to_dict()}
+            for p in policies
+        ]
+    )
+    rows["frontier"] = frontier_mask(rows, "store_tokens", metrics)
+    rec = recommend(rows, base, metrics, share)
+    doc = _policy_doc(res, policies, rows, base, rec, metrics, share)
+    (out / "policy.json").write_text(json.dumps(doc, indent=1, default=str))
+    _policy_report(out, doc, rows, base, rec, metrics)
+    return doc
+
+
+def _target(cfg: DictConfig) -> tuple[list[str], float]:
+    """``(metrics, share)`` of ``cfg.target``, checked: measured recalls, a share in (0, 1].
+
+    Raises:
+        ValueError: a metric that is not measured, or a bad share.
+    """
+    metrics = list(cfg.target.metrics)
+    share = cfg.target.share
+    measured = {f"recall@{k}" for k in cfg.ks} | {f"recall@{b}tok" for b in cfg.budgets}
+    measured |= {"faithful_" + m for m in measured}
+    if not metrics or set(metrics) - measured:
+        raise ValueError(
+            f"target.metrics must be a non-empty list of measured recalls "
+            f"({', '.join(sorted(measured))}), got {metrics}"
+        )
+    if not (isinstance(share, (int, float)) and not isinstance(share, bool) and 0 < share <= 1):
+        raise ValueError(f"target.share must be in (0, 1], got {share!r}")
+    return metrics, float(share)
+
+
+def _policy_doc(
+    res: Any,
+    policies: list[dict[str, Any]],
+    rows: pd.DataFrame,
+    base: pd.Series,
+    rec: Any,
+    metrics: list[str],
+    share: float,
+) -> dict[str, Any]:
+    """The ``policy.json`` document: provenance, target, split, baseline, the recommended
+    policy (on the choosing half and on the held-out half) and every policy's row."""
+    held = [f"{m}[{HELD_OUT}]" for m in metrics]
+    split = {r["split"]: r for r in res.tables["splits"]}
+    return {
+        "schema_version": 1,
+        "created_at": now_iso(),
+        "git_commit": res.git_commit,
+        "task": {
+            "name": res.task.name,
+            "files_sha256": res.task.files_sha256,
+            "hash_verified": res.task.hash_verified,
+        },
+        "target": {"share": share, "metrics": metrics},
+        "split": {
+            "rule": "groups ordered by sha256 of their name; the first ceil(n/2) choose",
+            CHOOSE: split[CHOOSE]["groups"],
+            HELD_OUT: split[HELD_OUT]["groups"],
+            "questions": {k: split[k]["questions"] for k in (CHOOSE, HELD_OUT)},
+        },
+        "baseline": {
+            "store_size": int(base["store_size"]),
+            "store_tokens": int(base["store_tokens"]),
+            **{m: float(base[m]) for m in metrics},
+            HELD_OUT: {m: float(base[h]) for m, h in zip(metrics, held, strict=True)},
+        },
+        "recommended": None
+        if rec is None
+        else {
+            # the policy as the grid gave it (the table's columns are floats, NaN for null)
+            "pass": next(p for p in policies if policy_name(p) == rec["variant"]),
+            "store_size": int(rec["store_size"]),
+            "store_tokens": int(rec["store_tokens"]),
+            **{m: float(rec[m]) for m in metrics},
+            "keeps": rec["keeps"],
+            "tokens_vs_baseline": round(rec["store_tokens"] / max(base["store_tokens"], 1), 4),
+            HELD_OUT: {
+                **{m: float(rec[h]) for m, h in zip(metrics, held, strict=True)},
+                "keeps": {
+                    m: round(float(rec[h]) / float(base[h]), 4) if base[h] else None
+                    for m, h in zip(metrics, held, strict=True)
+                },
+            },
+        },
+        "policies": rows.round(6).to_dict("records"),
+    }
+
+
+def _policy_report(
+    out: Path,
+    doc: dict[str, Any],
+    rows: pd.DataFrame,
+    base: pd.Series,
+    rec: Any,
+    metrics: list[str],
+) -> None:
+    """``frontier.png`` (both halves' recalls against store tokens) and the policy section
+    appended to ``report.md``."""
+    held = [f"{m}[{HELD_OUT}]" for m in metrics]
+    chosen_on = [f"{m}[{CHOOSE}]" for m in metrics]
+    both = rows.rename(columns=dict(zip(metrics, chosen_on, strict=True)))
+    from .plots import plot_frontier
+
+    plot_frontier(
+        both,
+        base.rename(dict(zip(metrics, chosen_on, strict=True))),
+        [*chosen_on, *held],
+        out / "frontier.png",
+        None if rec is None else rec["variant"],
+    )
+    with open(out / "report.md", "a") as f:
+        f.write(
+            "\n".join(
+                [
+                    "",
+                    "## Policy calibration",
+                    "",
+                    policy_verdict(doc),
+                    "",
+                    rows.round(4).to_markdown(index=False),
+                    "",
+                    "![frontier](frontier.png)",
+                    "",
+                ]
+            )
+        )
+
+
+def policy_verdict(doc: dict[str, Any]) -> str:
+    """One sentence: the recommended policy and what it costs, or that none keeps the
+    target."""
+    t, b, r = doc["target"], doc["baseline"], doc["recommended"]
+    want = " and ".join(t["metrics"])
+    if r is None:
+        return (
+            f"No policy of the grid keeps {t['share']:.0%} of the baseline's {want}; "
+            f"widen the grid or lower target.share."
+        )
+    keeps = ", ".join(f"{m} {r[m]:.4f} ({v:.1%} of {b[m]:.4f})" for m, v in r["keeps"].items())
+    out = (
+        f"Recommended: {r['pass']}: {r['store_size']} memories and {r['store_tokens']} "
+        f"stored tokens ({r['tokens_vs_baseline']:.1%} of keeping all {b['store_size']} "
+        f"memories, {b['store_tokens']} tokens), keeping {keeps} on the choosing half"
+    )
+    h, hb = r.get(HELD_OUT), b.get(HELD_OUT)
+    if not h or not hb:
+        return out + "."
+    held = ", ".join(
+        f"{m} {h[m]:.4f} ({v:.1%} of {hb[m]:.4f})" for m, v in h["keeps"].items() if v is not None
+    )
+    out += f"; on the held-out half: {held}."
+    over = [m for m, v in h["keeps"].items() if v is not None and v > 1.0]
+    if over:
+        out += (
+            f" Above 1.0x on {', '.join(over)}: merged memories rank higher or fit more "
+            f"evidence in the token budget; no memory says more than before, so this is "
+            f"a retrieval effect, not a reason to pick the policy."
+        )
     return out
 
 
-def frontier_mask(table: pd.DataFrame, cost: str, gains: Sequence[str]) -> np.ndarray:
-    """``bool [len(table)]``: rows no other row dominates (``cost`` at most theirs and every
-    ``gains`` column at least theirs, one of them strictly). O(n^2) over policies, which
-    number in the tens."""
-    c = table[cost].to_numpy(np.float64)
-    g = table[list(gains)].to_numpy(np.float64)
-    # a row with no measure (NaN) is on no frontier
-    bad = np.isnan(c) | np.isnan(g).any(1)
-    c = np.where(bad, np.inf, c)
-    g = np.where(bad[:, None], -np.inf, g)
-    no_worse = (c[None, :] <= c[:, None]) & (g[None, :, :] >= g[:, None, :]).all(-1)
-    better = (c[None, :] < c[:, None]) | (g[None, :, :] > g[:, None, :]).any(-1)
-    dominated = (no_worse & better).any(1)  # [i]: some j dominates i
-    return ~dominated & ~bad
-
-
-def recommend(
-    table: pd.DataFrame,
-    baseline: Mapping[str, float],
-    metrics: Sequence[str],
-    share: float,
-    cost: str = "store_tokens",
-) -> dict[str, Any] | None:
-    """The policy row that keeps ``share`` of ``baseline``'s recall on every metric with the
-    fewest ``cost`` (see the module docstring), or ``None`` if none does.
-
-    Args:
-        table: one row per policy with ``cost`` and ``metrics`` columns.
-        baseline: the no-consolidation row's metrics.
-        metrics: recall columns the target applies to.
-        share: fraction of the baseline's recall to keep, in (0, 1].
-
-    Returns:
-        The chosen row as a ``dict`` with ``keeps`` (per metric: its share of the baseline).
+def load_policy(path: str | Path) -> dict[str, Any]:
+    """Read ``policy.json``'s recommendation: ``{"pass": {...}, "file", "target", "task",
+    "baseline", ...}``.
 
     Raises:
-        ValueError: ``share`` outside (0, 1], or a metric missing from the table.
+        FileNotFoundError: no such file.
+        ValueError: the file holds no recommendation (no policy kept the target) or a
+            setting that is not a policy key.
     """
-    if not (isinstance(share, (int, float)) and 0 < share <= 1):
-        raise ValueError(f"share must be in (0, 1], got {share!r}")
-    if not len(metrics):
-        raise ValueError("policy recommendation: no metrics to keep")
-    missing = [m for m in metrics if m not in table.columns or m not in baseline]
-    if missing:
-        raise ValueError(f"policy recommendation: no column {missing}")
-    ok = np.ones(len(table), bool)
-    for m in metrics:
-        ok &= table[m].to_numpy(np.float64) >= share * float(baseline[m]) - 1e-12
-    if not ok.any():
-        return None
-    cand = table[ok].assign(_order=np.flatnonzero(ok))
-    best = cand.sort_values(
-        [cost, metrics[0], "_order"], ascending=[True, False, True], kind="stable"
-    ).iloc[0]
-    row = {k: (v.item() if hasattr(v, "item") else v) for k, v in best.drop("_order").items()}
-    row["keeps"] = {
-        m: round(float(best[m]) / float(baseline[m]), 4) if baseline[m] else None for m in metrics
+    from .frontier import check_policy
+
+    try:
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable policy.json ({e})") from None
+    rec = d.get("recommended") if isinstance(d, dict) else None
+    if not isinstance(rec, dict) or not isinstance(rec.get("pass"), dict):
+        raise ValueError(
+            f"{path}: no recommended policy (no policy of its grid kept the "
+            f"target, or not a policy.json)"
+        )
+    pol = check_policy(rec["pass"], f"{path}: recommended.pass")
+    target, task = d.get("target"), d.get("task")
+    keeps, ratio = rec.get("keeps"), rec.get("tokens_vs_baseline")
+
+    def num(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
+
+    if not (
+        isinstance(target, dict)
+        and num(target.get("share"))
+        and isinstance(target.get("metrics"), list)
+        and isinstance(keeps, dict)
+        and keeps
+        and all(num(v) for v in keeps.values())
+        and num(ratio)
+        and isinstance(task, dict)
+        and isinstance(task.get("name"), str)
+    ):
+        raise ValueError(
+            f"{path}: incomplete policy.json (needs target.share, "
+            f"target.metrics, task.name, recommended.keeps and "
+            f"recommended.tokens_vs_baseline, as consolidate-policy writes)"
+        )
+    return {
+        **rec,
+        "pass": pol,
+        "file": str(path),
+        "target": target,
+        "task": task,
+        "baseline": d.get("baseline"),
     }
-    return row

@@ -11,7 +11,7 @@ ranked by cosine to the question; from that ranking:
 * ``faithful_recall@k`` and ``faithful_recall@<B>tok``: the same rankings, but a retrieved
   memory is credited only with the provenance ids whose original text survives in the
   memory's text (:func:`faithful_source_ids`, the pass's fidelity checker
-  :mod:`consolidate.fidelity`). Provenance recall measures retrieval (did the ranking reach
+  :mod:`consolidate.ops.fidelity`). Provenance recall measures retrieval (did the ranking reach
   a memory descended from the evidence?); faithful recall also measures what consolidation
   kept (does the memory still say it?). A merge that drops a member's text keeps its
   provenance recall and loses its faithful recall.
@@ -61,7 +61,7 @@ def faithful_source_ids(
     """Per live record (row order): the provenance ids it is credited with under faithful
     recall, i.e. those of its ``source_ids`` for which some original text carrying the id
     (``origin``, from :func:`origin_texts`) survives in the record's text
-    (:func:`consolidate.fidelity.survives`). A record whose text is one of the id's
+    (:func:`consolidate.ops.fidelity.survives`). A record whose text is one of the id's
     original texts keeps the id without a check; an id with no original text is credited
     (nothing to compare).
 
@@ -69,12 +69,12 @@ def faithful_source_ids(
         live: the records retrieved from (after the pass).
         origin: provenance id -> original texts.
         threshold: the checker's term coverage (default
-            :data:`consolidate.fidelity.DEFAULT_THRESHOLD`).
+            :data:`consolidate.ops.fidelity.DEFAULT_THRESHOLD`).
 
     Returns:
         ``list[list[str]]``, one list per row of ``live``.
     """
-    from ..fidelity import DEFAULT_THRESHOLD, survives
+    from ..ops.fidelity import DEFAULT_THRESHOLD, survives
 
     thr = DEFAULT_THRESHOLD if threshold is None else threshold
     out = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from ..nightly import run_consolidate  # noqa: F401  (this job's library)
+from ..consolidation import run_consolidate  # noqa: F401  (this job's library)
 from ..summary import format_summary  # noqa: F401  (printed below; tests import it here)
 from .cli import job
 from .common import user_errors

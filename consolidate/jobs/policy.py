@@ -14,7 +14,7 @@ from __future__ import annotations
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from ..evaluation.policy_search import load_policy, policy_verdict, run_policy  # noqa: F401  (this job's library)
+from ..evaluation.policy import load_policy, policy_verdict, run_policy  # noqa: F401  (this job's library)
 from .cli import job
 from .common import user_errors
 

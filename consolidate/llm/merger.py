@@ -1,4 +1,4 @@
-"""``LLMMerger``: the pass's :class:`~consolidate.merge.Merger` backed by any LLM backend.
+"""``LLMMerger``: the pass's :class:`~consolidate.ops.merge.Merger` backed by any LLM backend.
 
 One request per cluster, all clusters in one batch call. The model writes one text from the
 members' own texts (each member is shown verbatim; a member that an earlier pass merged is
@@ -6,7 +6,7 @@ shown as the texts it was merged from, so a re-merge starts from the source fact
 wording does not drift from pass to pass). The prompt's contract is the extractive merger's:
 keep every distinct statement of every note, drop only what is said twice. A merge is
 accepted only if every member's content survives in it (the fidelity checker,
-:func:`consolidate.fidelity.lost_members`, which also covers numbers, date terms, negations and
+:func:`consolidate.ops.fidelity.lost_members`, which also covers numbers, date terms, negations and
 names) and it adds no number, name or (beyond a quarter of its content words) vocabulary of
 its own; otherwise the request is retried once with what was lost, and after that the
 cluster is left unmerged (the conservative choice). The pass checks the text once more with
@@ -16,7 +16,7 @@ With ``handles_conflicts=True`` the pass also sends clusters whose members the c
 flagged. Those get a second prompt (``merge-conflict-v1``): the notes numbered in time order
 with their dates and the flagged pairs, and the answer names the outdated notes (contradicted
 by a newer one) besides the merged text of the others. An outdated note is accepted only if a
-strictly newer flagged partner exists (:func:`~consolidate.merge.newer_fact_times`), and the
+strictly newer flagged partner exists (:func:`~consolidate.ops.merge.newer_fact_times`), and the
 text is checked against the notes that stay true only; anything else is retried once, then the
 cluster is left unmerged and nothing is closed.
 """
@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..lexicon import CONTENT_STOP_WORDS
-from ..merge import (
+from ..ops.merge import (
     MergeRequest,
     MergeResponse,
     canonical_order,
@@ -170,12 +170,12 @@ def invented(text: str, members: Sequence[str]) -> list[str]:
 
 def missing_facts(text: str, members: Sequence[str], max_novel: float = 0.25) -> list[str]:
     """What is wrong with a merged ``text`` given its ``members``: a dropped number, date
-    term, negation or capitalised name (:func:`~consolidate.merge.lost_facts`); a member
-    clause that does not survive (:func:`consolidate.fidelity.lost_clauses`, as
+    term, negation or capitalised name (:func:`~consolidate.ops.merge.lost_facts`); a member
+    clause that does not survive (:func:`consolidate.ops.fidelity.lost_clauses`, as
     ``lost "<clause>"``); an added number or name (:func:`invented`); or more than
     ``max_novel`` of its content words found in no member (invented facts). Empty list =
     acceptable."""
-    from ..fidelity import lost_clauses
+    from ..ops.fidelity import lost_clauses
 
     missing = lost_facts(text, members)
     missing += [f'lost "{c}"' for m in members for c in lost_clauses(m, text)]

@@ -12,7 +12,7 @@ importance-sum trigger: here reflection runs in the nightly pass, over clusters.
 Checks: an answer must be valid JSON with a non-empty ``text`` that adds no number and no
 name that is in no member (a reflection may generalise; it may not invent specifics); one
 retry, then the group gets no reflection. Reflector answers use the same
-:class:`~consolidate.merge.MergeRequest` / :class:`~consolidate.merge.MergeResponse` types
+:class:`~consolidate.ops.merge.MergeRequest` / :class:`~consolidate.ops.merge.MergeResponse` types
 as merges.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..merge import MergeRequest, MergeResponse, canonical_order
+from ..ops.merge import MergeRequest, MergeResponse, canonical_order
 from .base import ChatRequest, json_request, parse_json_model, quote
 from .cache import backend_from
 from .merger import invented

@@ -4,7 +4,7 @@ Sentence embeddings summarise a long text in one vector (all-MiniLM-L6-v2 reads 
 first 256 word pieces), so two long memories that say nearly the same thing word for word
 can score below the cosine threshold. This stage proposes such pairs from the texts
 themselves: units whose text has at least ``cfg.minhash_min_chars`` characters get MinHash
-signatures of their word 3-grams (:func:`consolidate.minhash.minhash_pairs`), and pairs in
+signatures of their word 3-grams (:func:`consolidate.ops.minhash.minhash_pairs`), and pairs in
 one namespace whose estimated Jaccard reaches ``cfg.minhash_threshold`` are candidates.
 
 It only proposes. A candidate joins the pass's pairs (``st.pairs``) with its float64 cosine,
@@ -24,7 +24,7 @@ import pyarrow as pa
 import torch
 
 from ..config import PassConfig
-from ..minhash import minhash_pairs
+from ..ops.minhash import minhash_pairs
 from ..similarity import Pairs
 from .state import PassState, list_lengths
 

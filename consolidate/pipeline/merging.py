@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 
 from ..config import PassConfig
-from ..fidelity import lost_members
-from ..merge import (
+from ..ops.fidelity import lost_members
+from ..ops.merge import (
     MergeMember,
     Merger,
     MergeRequest,
@@ -81,7 +81,7 @@ def source_texts(st: PassState, ids: list[str]) -> dict[str, tuple[str, ...]]:
 
 
 def members(st: PassState, groups: list[np.ndarray]) -> list[tuple[MergeMember, ...]]:
-    """The :class:`~consolidate.merge.MergeMember` of each row of each group (rows in the
+    """The :class:`~consolidate.ops.merge.MergeMember` of each row of each group (rows in the
     given order), with the columns read once for all groups' rows; ``sources`` from
     :func:`source_texts`."""
     if not groups:
@@ -119,7 +119,7 @@ def members(st: PassState, groups: list[np.ndarray]) -> list[tuple[MergeMember, 
 
 
 def _canonical_texts(st: PassState, groups: list[np.ndarray]) -> list[str]:
-    """The text of each group's first member in :func:`~consolidate.merge.canonical_order`
+    """The text of each group's first member in :func:`~consolidate.ops.merge.canonical_order`
     (importance desc, last_used desc, strength desc, id asc), chosen with one sort."""
     if not groups:
         return []
@@ -240,7 +240,7 @@ def _requests(st: PassState, version: int) -> list[MergeRequest]:
 
 #: requests per call of the merger's ``merge_batch``: each chunk's merges are checked before
 #: the next chunk is merged, so its members' clauses are still in the fidelity checker's
-#: cache (:func:`~consolidate.fidelity.clauses_of`, 65,536 texts) when the check reads them
+#: cache (:func:`~consolidate.ops.fidelity.clauses_of`, 65,536 texts) when the check reads them
 MERGE_CHUNK = 8192
 
 #: clusters from which a model-free merger (``pure``) and the fidelity check run in forked
@@ -263,8 +263,8 @@ def superseding(
 
 def checked_merge(req: MergeRequest, resp: MergeResponse, threshold: float) -> dict[str, list[str]]:
     """The fidelity check of a response's merged text: the members (those it does not
-    supersede) whose content the text loses (:func:`~consolidate.fidelity.lost_members`,
-    against each member's :attr:`~consolidate.merge.MergeMember.merge_texts`); empty when
+    supersede) whose content the text loses (:func:`~consolidate.ops.fidelity.lost_members`,
+    against each member's :attr:`~consolidate.ops.merge.MergeMember.merge_texts`); empty when
     nothing is lost or nothing is merged (no text, a ``bad`` supersede, fewer than two
     members left)."""
     text = resp.text.strip() if resp.text is not None else ""
@@ -300,7 +300,7 @@ def _answers(
     merger: Merger, requests: list[MergeRequest], threshold: float, workers: int
 ) -> list[tuple[MergeResponse, dict[str, list[str]]]]:
     """:func:`answer_requests` over all requests: in ``workers`` processes when the merger
-    is ``pure`` (no model, no I/O: :class:`~consolidate.merge.ExtractiveMerger`) and there
+    is ``pure`` (no model, no I/O: :class:`~consolidate.ops.merge.ExtractiveMerger`) and there
     are at least :data:`PARALLEL_MIN_CLUSTERS` requests, else inline."""
     if not getattr(merger, "pure", False) or len(requests) < PARALLEL_MIN_CLUSTERS:
         workers = 1
@@ -338,15 +338,15 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     For each cluster: superseded members (only ids that :func:`newer_fact_times` allows) get
     their ``valid_to`` closed and stay live (``supersede`` events); the rest is merged if the
     merger wrote a text and at least two remain. Every merged text, whichever merger wrote
-    it, is checked by the fidelity checker (:func:`~consolidate.fidelity.lost_members`,
-    against each member's :attr:`~consolidate.merge.MergeMember.merge_texts`): with
+    it, is checked by the fidelity checker (:func:`~consolidate.ops.fidelity.lost_members`,
+    against each member's :attr:`~consolidate.ops.merge.MergeMember.merge_texts`): with
     ``cfg.fidelity="refuse"`` (the default) a merge that loses a member's content is not
     made; with ``"report"`` it is made and the lost members are listed in its event
     (``lost_members``) and counted (``members_lost``). A merge not made gets a
     ``merge_declined`` event (unless something was superseded; it lists ``lost_members``
     when the checker refused it) and its exact groups fall back to exact-only merges. Every
     exact group not inside a merged cluster becomes an ``exact_merge`` with its canonical
-    text (:func:`~consolidate.merge.canonical_order`). Merged rows become tombstones
+    text (:func:`~consolidate.ops.merge.canonical_order`). Merged rows become tombstones
     (``deleted_reason="merged"``, ``merged_into``); reflections that named a merged row
     follow it to its merged record.
 

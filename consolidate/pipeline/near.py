@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..cluster import ClusterResult, centroid_clusters
 from ..config import PassConfig, SimilarityConfig
 from ..device import resolve_device
+from ..ops.cluster import ClusterResult, centroid_clusters
+from ..ops.guard import ConflictSignature, conflict_between, conflict_signature
 from ..similarity import Pairs, threshold_pairs
-from ..text import ConflictSignature, conflict_between, conflict_signature
 from ..workers import fork_map, split_evenly
 from .state import PassState, list_lengths
 
@@ -77,7 +77,7 @@ def compact_clusters(
     threshold: float,
     conflicts: Callable[[np.ndarray, np.ndarray, np.ndarray], dict[str, Any]] | None = None,
 ) -> tuple[np.ndarray, ClusterResult]:
-    """:func:`~consolidate.cluster.centroid_clusters` over only the items that appear in a
+    """:func:`~consolidate.ops.cluster.centroid_clusters` over only the items that appear in a
     pair.
 
     Args:
@@ -117,9 +117,9 @@ def guard_pairs(
 
     Each part is a contiguous range of items ``[a, b)`` that holds whole namespaces, so it
     holds both items of each of its pairs. In a part, the texts get their
-    :class:`~consolidate.text.ConflictSignature` (once per distinct text), each item its
+    :class:`~consolidate.ops.guard.ConflictSignature` (once per distinct text), each item its
     class (the part's first item with an equal signature), and each pair of classes one
-    :func:`~consolidate.text.conflict_between` answer (the guard is symmetric: the order of
+    :func:`~consolidate.ops.guard.conflict_between` answer (the guard is symmetric: the order of
     the two texts does not change the answer).
 
     Args:
@@ -193,7 +193,7 @@ def namespace_parts(ns: np.ndarray, parts: int) -> list[tuple[int, int]]:
 def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> PassState:
     """Centroid-checked clusters of the paired units with the conflict guard.
 
-    A pair conflicts if the texts' :class:`~consolidate.text.ConflictSignature` differ
+    A pair conflicts if the texts' :class:`~consolidate.ops.guard.ConflictSignature` differ
     (negation, number, date) or an undo put one unit's members in the other's
     ``keep_apart`` ("undone merge", which blocks even a conflict-handling merger).
 
@@ -225,15 +225,11 @@ def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> Pa
     return st
 
 
-#: a pair the guard did not answer in :func:`guard_pairs`
-_UNASKED = object()
-
-
 def _conflict_rules(
     st: PassState, handles_conflicts: bool
 ) -> Callable[[np.ndarray, np.ndarray, np.ndarray], dict[str, Any]]:
     """``conflicts(items, ci, cj)`` for :func:`compact_clusters`: the conflict guard's
-    keyword arguments of :func:`~consolidate.cluster.centroid_clusters` over the units
+    keyword arguments of :func:`~consolidate.ops.cluster.centroid_clusters` over the units
     ``items``, with the candidate pairs answered up front (:func:`guard_pairs`, in
     ``st.workers`` processes from :data:`PARALLEL_MIN_PAIRS` pairs). Units of one
     signature share a conflict class, except a unit that an undo constraint names
@@ -263,8 +259,10 @@ def _conflict_rules(
         def guard(a: int, b: int) -> str | None:
             """The guard's answer: computed already for a candidate pair, else here (the
             clustering loop may ask two clusters' members that are no pair)."""
-            got = answers.get((a, b) if a < b else (b, a), _UNASKED)
-            return conflict_between(signature(a), signature(b)) if got is _UNASKED else got
+            key = (a, b) if a < b else (b, a)
+            if key in answers:
+                return answers[key]
+            return conflict_between(signature(a), signature(b))
 
         # undo constraints: only units holding a keep_apart, or holding a named id, need sets
         apart: dict[int, set[str]] = {}

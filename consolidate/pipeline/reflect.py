@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..config import PassConfig, SimilarityConfig
-from ..merge import MergeRequest
+from ..ops.merge import MergeRequest
 from .exact import open_facts
 from .merging import latency_stats, members
 from .near import compact_clusters, similar_pairs

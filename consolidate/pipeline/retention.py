@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 
 from ..config import PassConfig
-from ..scoring import retention_score, select_survivors
+from ..ops.scoring import retention_score, select_survivors
 from .state import PassState
 
 __all__ = ["retention_stage", "MassDropError", "mass_drop_error"]
@@ -64,9 +64,9 @@ def mass_drop_error(
 
 
 def retention_stage(st: PassState, cfg: PassConfig, version: int) -> PassState:
-    """Score live rows with :func:`~consolidate.scoring.retention_score` (on the pass
+    """Score live rows with :func:`~consolidate.ops.scoring.retention_score` (on the pass
     device; importance alone when ``cfg.decay`` is off), drop those below ``cfg.floor`` and
-    those over ``cfg.cap`` per namespace (:func:`~consolidate.scoring.select_survivors`):
+    those over ``cfg.cap`` per namespace (:func:`~consolidate.ops.scoring.select_survivors`):
     they become tombstones with ``deleted_reason`` ``floor`` or ``cap`` and a ``drop``
     event each. Kept rows that no pass had seen get ``last_pass = version`` (a row's
     ``last_pass`` is set once, so a pass rewrites only the rows it changes).

@@ -21,7 +21,7 @@ import torch
 
 from ..config import PassConfig, SimilarityConfig
 from ..device import resolve_device
-from ..merge import ExtractiveMerger, Merger
+from ..ops.merge import ExtractiveMerger, Merger
 from ..store.schema import Records
 from ..workers import resolve_workers
 from .clock import resolve_now
@@ -66,7 +66,7 @@ def run_pass(
         records: all records of the snapshot (tombstones pass through untouched).
         cfg: pass settings (threshold, tau in hours, floor, cap, strength cap, now, stages).
         sim_cfg: similarity engine settings (device, dtype, tiles); default auto fp32.
-        merger: the :class:`~consolidate.merge.Merger` (default: extractive).
+        merger: the :class:`~consolidate.ops.merge.Merger` (default: extractive).
         version: version of the snapshot this pass will write (stamped as ``last_pass`` and
             mixed into merged ids).
         wall_h: wall clock in hours since the epoch, used for tombstone times and as ``now``

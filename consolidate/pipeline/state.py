@@ -254,7 +254,7 @@ class PassStats:
         merge_text_ratio_mean, merge_text_ratio_max: length of a merge's text over its
             longest member's, mean and max over the merges (``None`` without merges).
         merges_losing_facts: merges the fidelity checker refused because their text lost a
-            member's content (:func:`~consolidate.fidelity.lost_members`).
+            member's content (:func:`~consolidate.ops.fidelity.lost_members`).
         members_lost: members whose content a committed merge lost (0 unless
             ``sleep.fidelity=report``). members_lost_refused: members the refused merges
             would have lost.

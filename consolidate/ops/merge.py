@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from .lexicon import DATE_WORDS, NEGATIONS, NUMBER_WORDS, STOP_WORDS
-from .text import (
+from ..lexicon import DATE_WORDS, NEGATIONS, NUMBER_WORDS, STOP_WORDS
+from ..text import (
     _DIGIT,
     _date_terms,
     _numbers,
@@ -204,7 +204,7 @@ def names_in(text: str) -> list[str]:
 @dataclass(frozen=True)
 class Facts:
     """The facts a merge must keep from one text: what sentence embeddings do not tell
-    apart (see :func:`~consolidate.text.conflict_reason`).
+    apart (see :func:`~consolidate.ops.guard.conflict_reason`).
 
     Attributes:
         numbers: numbers as written in digits or as number words (``"2"``, ``"3.5"``).
@@ -316,7 +316,7 @@ class ExtractiveMerger:
     member is kept, verbatim; only a clause that another kept clause already says is dropped.
 
     Clauses and "already says" are those of the fidelity checker
-    (:func:`~consolidate.fidelity.clause_covers`: same polarity, every number, date term and
+    (:func:`~consolidate.ops.fidelity.clause_covers`: same polarity, every number, date term and
     name, and at least ``threshold`` of the content terms), so the merged text passes the
     checker by construction. Members are read in the order their facts became true
     (:func:`fact_time`, then id), each from :attr:`MergeMember.merge_texts` (a record an
@@ -345,7 +345,7 @@ class ExtractiveMerger:
         supersede_on: conflict reasons the rule resolves (``number``, ``date``,
             ``negation``, ``opposite``, ``value``, ``roles``).
         threshold: term coverage at which a kept clause says another
-            (:data:`~consolidate.fidelity.DEFAULT_THRESHOLD` when ``None``); in (0, 1].
+            (:data:`~consolidate.ops.fidelity.DEFAULT_THRESHOLD` when ``None``); in (0, 1].
 
     Raises:
         ValueError: ``max_chars`` below 1, or ``threshold`` outside (0, 1].

@@ -54,7 +54,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .text import normalise_arrow
+from ..text import normalise_arrow
 
 __all__ = [
     "shingle_hashes",

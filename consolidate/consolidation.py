@@ -109,7 +109,7 @@ def _settings(cfg: DictConfig) -> tuple[Any, Any, Any, Any, Any, Any]:
         pc.threshold = calibration["threshold"]
     policy = None
     if pc.policy_file:
-        from .evaluation.policy_search import load_policy
+        from .evaluation.policy import load_policy
 
         policy = _settings_file(load_policy, "sleep.policy_file", pc.policy_file)
         for k, v in policy["pass"].items():

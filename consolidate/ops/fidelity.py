@@ -8,7 +8,7 @@ A text is split into **clauses** (:func:`~consolidate.text.split_facts`: sentenc
 stop-words of :data:`~consolidate.lexicon.CONTENT_STOP_WORDS` removed, stemmed by Porter's algorithm (M. F. Porter,
 "An algorithm for suffix stripping", Program 14(3), 1980; the Snowball implementation in
 PyStemmer), so "plays"/"playing" and "service"/"services" are one term); its **hard items** are the numbers (digits or number
-words, which are not terms), date terms and names of :class:`~consolidate.merge.Facts`,
+words, which are not terms), date terms and names of :class:`~consolidate.ops.merge.Facts`,
 which sentence embeddings do not tell apart.
 
 A member clause ``c`` **survives** in a merged text ``M`` when all of:
@@ -19,8 +19,8 @@ A member clause ``c`` **survives** in a merged text ``M`` when all of:
    (default :data:`DEFAULT_THRESHOLD`) for the clause ``M_k`` of ``M`` that covers it best;
    a clause with no term (``"It was so."``) is covered by any text;
 3. polarity: if exactly one of ``c`` and that best clause is negated
-   (:attr:`~consolidate.merge.Facts.negated`), the words that negation denies
-   (:attr:`~consolidate.merge.Facts.negated_scope`, stemmed) share no term with the other
+   (:attr:`~consolidate.ops.merge.Facts.negated`), the words that negation denies
+   (:attr:`~consolidate.ops.merge.Facts.negated_scope`, stemmed) share no term with the other
    clause: "likes fish" does not survive in "does not like fish", while "adopted 2 cats"
    survives in "adopted 2 cats and does not eat fish".
 
@@ -38,9 +38,9 @@ import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .lexicon import CONTENT_STOP_WORDS, NUMBER_WORDS
+from ..lexicon import CONTENT_STOP_WORDS, NUMBER_WORDS
+from ..text import content_tokens, split_facts
 from .merge import _name_key, facts_from_tokens
-from .text import content_tokens, split_facts
 
 __all__ = [
     "DEFAULT_THRESHOLD",
@@ -86,7 +86,7 @@ class Clause:
         negated: whether it has a negation marker.
         scope: the stemmed content words its first negation denies (empty if none).
         words: its lower-case words, possessives also without ``'s`` (where names are
-            looked up: :attr:`~consolidate.merge.Facts.words`).
+            looked up: :attr:`~consolidate.ops.merge.Facts.words`).
     """
 
     text: str
@@ -101,7 +101,7 @@ class Clause:
 def _clause_key(part: str) -> str:
     """What a clause's analysis depends on: ``part`` without a trailing ``.``, ``;``, ``,``
     or ``:`` and with its first letter in lower case. A merged text's clause written as a
-    sentence (:func:`~consolidate.merge._sentence`: "likes tea;" -> "Likes tea.") is then
+    sentence (:func:`~consolidate.ops.merge._sentence`: "likes tea;" -> "Likes tea.") is then
     the member clause it came from, and is analysed once: none of the rules reads the first
     word's case (names skip a sentence's first word, terms and items are lower case) or a
     trailing mark (numbers need a digit after ``.``/``,``/``:``)."""
