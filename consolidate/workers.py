@@ -15,10 +15,13 @@ A forked process never touches torch, CUDA or I/O: it computes, sends, and exits
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import mmap
 import multiprocessing
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -92,7 +95,44 @@ def _child(fn: Callable[[Any], Any], part: Any, conn: Any) -> None:
     conn.close()
 
 
-def fork_map(fn: Callable[[Any], T], parts: Sequence[Any], workers: int) -> list[T]:
+#: ``madvise`` advice values (Linux): a range is not mapped in, or again mapped in, a child
+_MADV_DONTFORK, _MADV_DOFORK = 10, 11
+
+
+@contextlib.contextmanager
+def _not_forked(arrays: Sequence[np.ndarray]) -> Iterator[None]:
+    """While open, the whole pages of each array are not mapped into forked children
+    (``madvise(MADV_DONTFORK)``, undone on exit): the fork copies no page tables for them,
+    and this process's later writes to them take no copy-on-write faults. A child must not
+    read them (it would fault). A no-op where ``madvise`` is missing or refuses."""
+    done = []
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        madvise = libc.madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    except (OSError, AttributeError):
+        madvise = None
+    page = mmap.PAGESIZE
+    for a in arrays if madvise is not None else ():
+        if a is None or not a.nbytes:
+            continue
+        lo = -(-a.ctypes.data // page) * page
+        hi = (a.ctypes.data + a.nbytes) // page * page
+        if hi - lo >= 16 * page and madvise(lo, hi - lo, _MADV_DONTFORK) == 0:
+            done.append((lo, hi - lo))
+    try:
+        yield
+    finally:
+        for lo, n in done:
+            madvise(lo, n, _MADV_DOFORK)
+
+
+def fork_map(
+    fn: Callable[[Any], T],
+    parts: Sequence[Any],
+    workers: int,
+    not_shared: Sequence[np.ndarray] = (),
+) -> list[T]:
     """``[fn(p) for p in parts]``, the parts after the first in forked processes (at most
     ``workers - 1`` of them at a time), the first in this process.
 
@@ -104,6 +144,9 @@ def fork_map(fn: Callable[[Any], T], parts: Sequence[Any], workers: int) -> list
         fn: a pure function of one part.
         parts: the parts, in order.
         workers: processes in all, this one included (1 = inline).
+        not_shared: large arrays ``fn`` never reads (the pass's vectors): left out of the
+            children's memory (:func:`_not_forked`), which makes the fork and this
+            process's later writes to them cheaper.
 
     Returns:
         The answers in the order of ``parts``.
@@ -114,6 +157,12 @@ def fork_map(fn: Callable[[Any], T], parts: Sequence[Any], workers: int) -> list
     """
     if workers <= 1 or len(parts) <= 1:
         return [fn(p) for p in parts]
+    with _not_forked(not_shared):
+        return _forked(fn, parts, workers)
+
+
+def _forked(fn: Callable[[Any], T], parts: Sequence[Any], workers: int) -> list[T]:
+    """:func:`fork_map`'s forks: ``workers - 1`` children at a time, the first part here."""
     ctx = multiprocessing.get_context("fork")
     out: list[Any] = [None] * len(parts)
     rest = list(range(1, len(parts)))

@@ -54,6 +54,16 @@ def test_a_failing_or_dead_worker_is_a_clear_error():
         fork_map(lambda k: os._exit(3) if k else 0, [0, 1], 2)
 
 
+def test_arrays_not_shared_are_left_out_of_the_children_and_back_after():
+    a = np.arange(1 << 20, dtype=np.float64)  # 8 MiB: whole pages of its own
+    mid = len(a) // 2
+    # a child that reads an array kept out of it faults: a clear error, not a wrong answer
+    with pytest.raises(WorkerError, match=r"died without an answer \(exit code -11\)"):
+        fork_map(lambda k: float(a[mid]), [0, 1], 2, not_shared=[a])
+    # the parent read it meanwhile, and children see it again afterwards
+    assert fork_map(lambda k: float(a[mid]) + k, [0, 1], 2) == [mid, mid + 1.0]
+
+
 def test_resolve_workers():
     assert resolve_workers(3) == 3 and resolve_workers(1) == 1
     assert resolve_workers(None) >= 1
@@ -153,9 +163,10 @@ def test_the_pass_gives_the_same_records_with_forked_workers(monkeypatch, newer_
     for mod in (near, merging):
         real = mod.fork_map
 
-        def spy(fn, parts, workers, real=real):
-            calls.append((len(parts), workers))
-            return real(fn, parts, workers)
+        def spy(fn, parts, workers, not_shared=(), real=real):
+            # the pass keeps its vectors (the snapshot's, the units') out of the children
+            calls.append((len(parts), workers, sum(a.nbytes for a in not_shared)))
+            return real(fn, parts, workers, not_shared)
 
         monkeypatch.setattr(mod, "fork_map", spy)
     recs = _store(5)
@@ -172,7 +183,9 @@ def test_the_pass_gives_the_same_records_with_forked_workers(monkeypatch, newer_
             version=2,
             wall_h=1003.0,
         )
-        assert calls == [(workers, workers), (workers, workers)]
+        vec_bytes = recs.vectors.nbytes
+        assert [c[:2] for c in calls] == [(workers, workers), (workers, workers)]
+        assert all(c[2] >= vec_bytes for c in calls)
         out[workers] = res
     s = out[1].stats
     assert s.merges >= 40 and s.review_pairs >= 60 and s.exact_merges >= 20

@@ -297,16 +297,20 @@ def answer_requests(
 
 
 def _answers(
-    merger: Merger, requests: list[MergeRequest], threshold: float, workers: int
+    st: PassState, merger: Merger, requests: list[MergeRequest], threshold: float
 ) -> list[tuple[MergeResponse, dict[str, list[str]]]]:
-    """:func:`answer_requests` over all requests: in ``workers`` processes when the merger
-    is ``pure`` (no model, no I/O: :class:`~consolidate.ops.merge.ExtractiveMerger`) and there
-    are at least :data:`PARALLEL_MIN_CLUSTERS` requests, else inline."""
+    """:func:`answer_requests` over all requests: in ``st.workers`` processes when the
+    merger is ``pure`` (no model, no I/O: :class:`~consolidate.ops.merge.ExtractiveMerger`)
+    and there are at least :data:`PARALLEL_MIN_CLUSTERS` requests, else inline."""
+    workers = st.workers
     if not getattr(merger, "pure", False) or len(requests) < PARALLEL_MIN_CLUSTERS:
         workers = 1
     parts = split_evenly(len(requests), workers)
     got = fork_map(
-        lambda ab: answer_requests(merger, requests[ab[0] : ab[1]], threshold), parts, workers
+        lambda ab: answer_requests(merger, requests[ab[0] : ab[1]], threshold),
+        parts,
+        workers,
+        st.vector_buffers(),
     )
     return [a for part in got for a in part]
 
@@ -364,7 +368,7 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
         st.col("valid_to").copy(),
         {k for c in st.clusters for k in c},
     )
-    answered = _answers(merger, requests, cfg.fidelity_threshold, st.workers)
+    answered = _answers(st, merger, requests, cfg.fidelity_threshold)
     responses = [resp for resp, _ in answered]
     for req, (resp, lost), c in zip(requests, answered, st.clusters, strict=True):
         allowed, bad, sup = superseding(req, resp)

@@ -9,7 +9,7 @@ runs on them alone, so the Python work grows with the pairs, not with the store.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -110,7 +110,12 @@ PARALLEL_MIN_PAIRS = 20_000
 
 
 def guard_pairs(
-    texts: list[str], ci: np.ndarray, cj: np.ndarray, parts: list[tuple[int, int]], workers: int
+    texts: list[str],
+    ci: np.ndarray,
+    cj: np.ndarray,
+    parts: list[tuple[int, int]],
+    workers: int,
+    not_shared: Sequence[np.ndarray] = (),
 ) -> tuple[np.ndarray, dict[tuple[int, int], str | None]]:
     """The conflict guard over candidate pairs, part by part, in up to ``workers``
     processes.
@@ -127,6 +132,7 @@ def guard_pairs(
         ci, cj: ``int64 [p]`` item positions of the pairs (each pair inside one part).
         parts: ``(a, b)`` item ranges covering ``range(m)``.
         workers: processes in all (1 = inline).
+        not_shared: large arrays the parts never read, kept out of forked children.
 
     Returns:
         ``(cls, answers)``: ``int64 [m]`` each item's class (an item position: equal
@@ -165,7 +171,7 @@ def guard_pairs(
             out.append(done[key])
         return cls, out
 
-    got = fork_map(part, list(range(len(parts))), workers)
+    got = fork_map(part, list(range(len(parts))), workers, not_shared)
     cls = (
         np.concatenate([np.asarray(c, np.int64) for c, _ in got]) if got else np.zeros(0, np.int64)
     )
@@ -247,7 +253,7 @@ def _conflict_rules(
         texts = st.meta["text"].to_numpy(object)[u.first[items]].tolist()
         workers = st.workers if len(ci) >= PARALLEL_MIN_PAIRS else 1
         parts = namespace_parts(u.ns[items], workers)
-        sig_cls, answers = guard_pairs(texts, ci, cj, parts, workers)
+        sig_cls, answers = guard_pairs(texts, ci, cj, parts, workers, st.vector_buffers())
         memo: dict[str, ConflictSignature] = {}
 
         def signature(x: int) -> ConflictSignature:

@@ -452,6 +452,17 @@ class PassState:
         """Rows in the table (snapshot rows plus rows written so far)."""
         return len(self.meta)
 
+    def vector_buffers(self) -> list[np.ndarray]:
+        """The pass's large vector arrays in host memory (the snapshot's, the units', the
+        spare buffer), as views: what forked text workers never read
+        (:func:`~consolidate.workers.fork_map`'s ``not_shared``)."""
+        units = self.units.vec if self.units is not None else None
+        return [
+            t.detach().numpy()
+            for t in (self.vec, units, self.spare)
+            if t is not None and t.device.type == "cpu"
+        ]
+
     def col(self, name: str) -> np.ndarray:
         """Column ``name`` as a numpy array (no copy for numeric columns)."""
         s = self.meta[name]
