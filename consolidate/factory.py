@@ -48,10 +48,14 @@ def typed(cfg: DictConfig, key: str, cls: type) -> Any:
 
 
 def pass_cfg(cfg: DictConfig) -> PassConfig:
+    """The ``sleep`` group of a composed config as a typed
+    :class:`~consolidate.config.PassConfig`."""
     return typed(cfg, "sleep", PassConfig)
 
 
 def sim_cfg(cfg: DictConfig) -> SimilarityConfig:
+    """The ``similarity`` group of a composed config as a typed
+    :class:`~consolidate.config.SimilarityConfig`."""
     return typed(cfg, "similarity", SimilarityConfig)
 
 
@@ -165,6 +169,8 @@ def make_embedder(ecfg: EmbedderConfig) -> Any:
 
 
 def write_summary(out_dir: str | Path, summary: dict[str, Any]) -> Path:
+    """Write ``summary`` as ``summary.json`` into ``out_dir`` (created if missing); returns
+    the file's path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     p = out / "summary.json"

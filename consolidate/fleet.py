@@ -327,7 +327,7 @@ class _ShardPass:
         import torch
         from hydra.utils import instantiate
 
-        from .llm.answers import AnswerBook
+        from .llm.answer_book import AnswerBook
 
         torch.set_num_threads(max(1, threads))
         self.store = LanceStore(root, **store_kw)
@@ -351,7 +351,7 @@ class _ShardPass:
 
     def _run(self, k: int, t: pa.Table) -> dict[str, Any]:
         """Shard ``k`` (its stored rows ``t``): snapshot, pass, changes."""
-        from .llm.answers import NeedAnswers
+        from .llm.answer_book import NeedAnswers
         from .pipeline import run_pass
 
         t0 = time.perf_counter()

@@ -360,6 +360,8 @@ def locomo_store(
 
 
 def sync(device: torch.device) -> None:
+    """Wait for ``device``'s queued kernels (cuda), so that a timer reads finished work; a
+    no-op on the cpu."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -575,6 +577,8 @@ def faiss_ivf_build(ctx: Ctx) -> None:
 
 
 def faiss_ivf(ctx: Ctx) -> np.ndarray:
+    """The baseline method ``faiss IVF``: top-k of the case's queries from the IVF index the
+    case built in ``ctx.cache`` (``int64 [q, k]`` neighbour positions)."""
     return ctx.cache["ivf"].search(ctx.host[: ctx.q], ctx.case.k).indices
 
 
@@ -591,6 +595,8 @@ def st_paraphrase(ctx: Ctx) -> tuple[np.ndarray, np.ndarray]:
 
 
 def st_community(ctx: Ctx) -> list[list[int]]:
+    """The baseline method ``sentence-transformers community_detection``: groups of at least
+    two vectors at the case's threshold (lists of positions)."""
     from sentence_transformers import util
 
     return util.community_detection(ctx.v, threshold=ctx.case.threshold, min_community_size=2)
@@ -615,6 +621,8 @@ def ours_clusters(ctx: Ctx) -> list[list[int]]:
 
 
 def st_semantic(ctx: Ctx) -> np.ndarray:
+    """The baseline method ``sentence-transformers semantic_search``: top-k of the case's
+    queries (``int64 [q, k]`` positions, ``-1`` where fewer were found)."""
     from sentence_transformers import util
 
     res = util.semantic_search(ctx.v[: ctx.q], ctx.v, top_k=ctx.case.k)
@@ -939,6 +947,11 @@ REF_NAME = "torch float64 tiles (reference)"
 
 
 class Runner:
+    """Runs the benchmark's cases within the time budget (``bench.budget_s``, for the
+    similarity cases), measures each method (:meth:`measure`, :meth:`run_pass_case`), and
+    collects the result rows, the measured matmul peak TFLOP/s per device and dtype
+    (:meth:`peak`) and the whole-pass children's JSON."""
+
     def __init__(self, args: BenchConfig, device: torch.device) -> None:
         self.args = args
         self.device = device
@@ -1995,6 +2008,9 @@ def _similarity_notes(meta: dict[str, Any]) -> list[str]:
 
 
 def plot(df: pd.DataFrame, path: Path) -> None:
+    """Plot each case's time per call of every method that ran (log scale; ours blue,
+    baselines orange), one panel per case, into ``path`` (PNG); nothing when no case
+    ran."""
     import matplotlib
 
     matplotlib.use("Agg")

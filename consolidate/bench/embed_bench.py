@@ -19,8 +19,54 @@ from consolidate.embed import Embedder
 from consolidate.environment import machine
 from consolidate.store.locomo import read_locomo_observations
 
+#: words of the synthetic sentences used where LOCOMO is not at hand (LOCOMO-like lengths)
+_VOCAB = [
+    "Gina",
+    "Jon",
+    "adopted",
+    "two",
+    "cats",
+    "dance",
+    "studio",
+    "in",
+    "May",
+    "because",
+    "she",
+    "said",
+    "they",
+    "went",
+    "to",
+    "the",
+    "park",
+    "and",
+    "loved",
+    "it",
+    "every",
+    "weekend",
+    "with",
+    "friends",
+]
+
+
+def _texts(a: argparse.Namespace) -> tuple[list[str], str]:
+    """The texts to embed and what they are: ``--texts`` lines, LOCOMO's observations, or
+    synthetic sentences of 5-39 words where no data travels."""
+    src = Path(a.data) / "locomo" / "locomo10.json"
+    if a.texts:
+        return Path(a.texts).read_text().splitlines()[: a.n], a.texts
+    if src.exists():
+        return [o.text for o in read_locomo_observations(src)[0]][: a.n], "LOCOMO observations"
+    g = np.random.default_rng(0)
+    return [
+        " ".join(g.choice(_VOCAB, int(n))) for n in g.integers(5, 40, a.n)
+    ], "synthetic sentences"
+
 
 def main() -> None:
+    """Command line (``python -m consolidate.bench.embed_bench``): embed LOCOMO's
+    observations (or ``--texts``) with the packed pipeline and with plain
+    ``SentenceTransformer.encode``, and write the timings and their agreement to
+    ``--out``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="fp32")
@@ -30,42 +76,7 @@ def main() -> None:
     ap.add_argument("--texts", default=None, help="one text per line, instead of LOCOMO")
     ap.add_argument("--out", default="eval/embed_cpu")
     a = ap.parse_args()
-    src = Path(a.data) / "locomo" / "locomo10.json"
-    if a.texts:
-        texts, source = Path(a.texts).read_text().splitlines()[: a.n], a.texts
-    elif src.exists():
-        texts = [o.text for o in read_locomo_observations(src)[0]][: a.n]
-        source = "LOCOMO observations"
-    else:
-        source = "synthetic sentences"  # LOCOMO-like lengths, where no data travels
-        g = np.random.default_rng(0)
-        vocab = [
-            "Gina",
-            "Jon",
-            "adopted",
-            "two",
-            "cats",
-            "dance",
-            "studio",
-            "in",
-            "May",
-            "because",
-            "she",
-            "said",
-            "they",
-            "went",
-            "to",
-            "the",
-            "park",
-            "and",
-            "loved",
-            "it",
-            "every",
-            "weekend",
-            "with",
-            "friends",
-        ]
-        texts = [" ".join(g.choice(vocab, int(n))) for n in g.integers(5, 40, a.n)]
+    texts, source = _texts(a)
     res = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "n": len(texts),

@@ -83,6 +83,9 @@ def _same(a, b) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    """Command line (``python -m consolidate.bench.fleet_bench``): the same store passed by
+    one process and by the Ray fleet, full and nightly; writes the report to ``--out``.
+    Returns 0 when both give the same records."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--ns-size", type=int, default=100)

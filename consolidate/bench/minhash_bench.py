@@ -91,6 +91,8 @@ def make_texts(n: int, dup_frac: float, segments: int, seed: int):
 
 
 def shingle_strings(text: str) -> list[str]:
+    """Word 3-grams of ``normalise(text).split()`` as strings (the whole text when shorter
+    than 3 words; none when empty): the shingles both methods hash."""
     w = normalise(text).split()
     if not w:
         return []
@@ -101,6 +103,9 @@ def shingle_strings(text: str) -> list[str]:
 
 # ----------------------------------------------------------------------------- methods
 def run_ours(texts, seg, threshold, num_perm, fn_weight):
+    """Time :func:`~consolidate.ops.minhash.minhash_signatures` and
+    :func:`~consolidate.ops.minhash.signature_pairs` on ``texts`` (segments ``seg``);
+    also every LSH candidate of the same bands, untimed, for the truth set."""
     t0 = time.perf_counter()
     sig = minhash_signatures(texts, num_perm=num_perm, k=K)
     t1 = time.perf_counter()
@@ -120,6 +125,8 @@ def run_ours(texts, seg, threshold, num_perm, fn_weight):
 
 
 def run_datasketch(texts, seg, threshold, num_perm):
+    """Time datasketch's ``MinHash.bulk`` and ``MinHashLSH`` per segment on the same
+    shingles and threshold (the baseline)."""
     from datasketch import MinHash, MinHashLSH
 
     t0 = time.perf_counter()
@@ -170,6 +177,8 @@ def exact_truth(texts, seg, pairs, threshold):
 
 
 def score(found, truth):
+    """Recall and precision of the pairs ``found`` against the pairs ``truth`` (sets of
+    ``(i, j)``; 1.0 when the denominator is empty)."""
     hit = len(found & truth)
     return {
         "found": len(found),
@@ -181,6 +190,8 @@ def score(found, truth):
 
 # ----------------------------------------------------------------------------- main
 def bench(n, args, have_ds):
+    """One size ``n``: generate texts with planted near-duplicates, run both methods, and
+    score them against the planted pairs."""
     t = time.perf_counter()
     texts, seg, planted = make_texts(n, args.dup_frac, args.segments, args.seed)
     words = sum(len(x.split()) for x in texts)
@@ -254,6 +265,8 @@ def bench(n, args, have_ds):
 
 
 def report_md(results, args, env) -> str:
+    """The Markdown report of ``results`` (one entry per size), with the command and the
+    machine."""
     lines = [
         "# MinHash near-exact stage: consolidate.ops.minhash vs datasketch",
         "",
@@ -300,6 +313,8 @@ def report_md(results, args, env) -> str:
 
 
 def main(argv=None):
+    """Command line (``python -m consolidate.bench.minhash_bench``): both methods at each
+    ``--n``; prints and writes the report (``--out``)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, nargs="+", default=[2_000, 20_000])
     ap.add_argument("--out", type=Path, default=None)

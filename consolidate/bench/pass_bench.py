@@ -506,6 +506,9 @@ def _filtered(cls: Any, kw: dict[str, Any]) -> Any:
 
 
 def generate(spec: dict[str, Any]) -> dict[str, Any]:
+    """The ``generate`` child: build the case's synthetic store (``spec``: n, namespace
+    size, d, seed, layout, store path) with the package under test and write it; returns
+    its facts (planted clusters, expected output, vector and text bytes)."""
     pkg = _use_package()
     from consolidate.store import Store
 
@@ -661,6 +664,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    """Command line of a child process: ``generate SPEC`` or ``measure SPEC`` (``SPEC`` a
+    JSON object); prints the result as one JSON line (``ok`` false with the error when it
+    failed). Returns the exit code."""
     if len(argv) != 2 or argv[0] not in ("generate", "measure"):
         print(__doc__, file=sys.stderr)
         return 2

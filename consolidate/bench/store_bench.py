@@ -250,6 +250,8 @@ STEPS = {
 
 
 def run_step(name: str, fmt: str, root: str, n: int, ns_size: int) -> dict:
+    """Run one measured step (``--step name``) of the store benchmark in a fresh process on
+    the store at ``root`` and return its JSON result."""
     p = subprocess.run(
         [
             sys.executable,
@@ -274,6 +276,9 @@ def run_step(name: str, fmt: str, root: str, n: int, ns_size: int) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    """Command line (``python -m consolidate.bench.store_bench``): build a Lance and a
+    Parquet store of ``--n`` memories and time each step of :data:`STEPS` on both, one
+    process per step; or, with ``--step``, run that one step. Returns the exit code."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1_000_000)
     ap.add_argument("--ns-size", type=int, default=100)

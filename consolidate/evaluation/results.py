@@ -58,6 +58,10 @@ class TaskInfo(BaseModel):
 
 
 class Results(BaseModel):
+    """The ``results.json`` every evaluation job writes (pydantic): what ran (job, task with
+    its file hashes, config), where (commit, packages, device, Python), and its tables
+    and scores."""
+
     schema_version: int = SCHEMA_VERSION
     job: str
     created_at: str
@@ -105,6 +109,7 @@ def hashes_verified(declared: dict[str, str], read: dict[str, str]) -> bool:
 
 
 def now_iso() -> str:
+    """The wall clock in UTC as ISO 8601 with seconds (``2026-12-05T20:32:43+00:00``)."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 

@@ -110,6 +110,7 @@ class DatasetHashError(ValueError):
 
 
 def sha256_file(path: str | Path) -> str:
+    """The SHA-256 of the file at ``path`` (hex), read in 1 MiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

@@ -25,6 +25,9 @@ from .common import typed, user_errors
 
 @job("bench")
 def main(cfg: DictConfig) -> None:
+    """Hydra entry point of ``consolidate-bench``:
+    :func:`~consolidate.bench.benchmark.run_benchmark` with the ``bench`` group's
+    settings, written under ``bench.out`` (default: the run's output folder)."""
     with user_errors():
         from ..bench.benchmark import run_benchmark
 

@@ -19,6 +19,9 @@ from .common import user_errors
 
 @job("calibrate")
 def main(cfg: DictConfig) -> None:
+    """Hydra entry point of ``consolidate-calibrate``: :func:`run_calibrate`, then one
+    line per dataset and dtype (average precision, best F1 and its threshold, the
+    guard's flag rates)."""
     with user_errors():
         calib = run_calibrate(cfg)
     for e in calib["entries"]:

@@ -20,6 +20,9 @@ from .common import user_errors
 
 @job("consolidate")
 def main(cfg: DictConfig) -> None:
+    """Hydra entry point of ``consolidate``: :func:`run_consolidate`, then its summary
+    table; a user error prints one line and exits 1
+    (:func:`~consolidate.jobs.common.user_errors`)."""
     with user_errors():
         summary = run_consolidate(cfg)
     print(format_summary(summary))

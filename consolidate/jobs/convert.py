@@ -27,6 +27,8 @@ def run_convert(cfg: DictConfig) -> dict[str, Any]:
 
 @job("convert")
 def main(cfg: DictConfig) -> None:
+    """Hydra entry point of ``consolidate-convert``: :func:`run_convert` (a Parquet
+    store into a new Lance store), then what was converted."""
     with user_errors():
         out = run_convert(cfg)
     print(

@@ -45,6 +45,8 @@ def judge_line(r: dict) -> str:
 
 @job("evaluate")
 def main(cfg: DictConfig) -> None:
+    """Hydra entry point of ``consolidate-evaluate``: :func:`run_evaluate`, then the
+    ablation table (store size, faithful recall and recall at k and at a token budget)."""
     with user_errors():
         res = run_evaluate(cfg)
     abl = pd.DataFrame(res.tables["ablation"])

@@ -95,6 +95,8 @@ def import_message(out: dict[str, Any]) -> str:
 
 @job("import")
 def main(cfg: DictConfig) -> None:
+    """Hydra entry point of ``consolidate-import``: :func:`run_import`, then what was
+    imported."""
     with user_errors():
         out = run_import(cfg)
     print(import_message(out))

@@ -56,6 +56,9 @@ def run_ingest(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
 
 @job("ingest")
 def main(cfg: DictConfig) -> None:
+    """Hydra entry point of ``consolidate-ingest``: :func:`run_ingest` into the run's
+    output folder, then its summary as JSON and the accounting line of every extracted
+    fact."""
     with user_errors():
         out = run_ingest(cfg, HydraConfig.get().runtime.output_dir)
     out.pop("refused", None)  # the entries are in the refused-facts log

@@ -21,6 +21,8 @@ from .common import user_errors
 
 @job("policy")
 def main(cfg: DictConfig) -> None:
+    """Hydra entry point of ``consolidate-policy``: :func:`run_policy`, then the verdict
+    and how to use the recommended ``policy.json``."""
     with user_errors():
         doc = run_policy(cfg)
     out = HydraConfig.get().runtime.output_dir

@@ -85,6 +85,8 @@ def _warn_if_historical(store: Any, namespace: str) -> None:
 
 @job("recall")
 def main(cfg: DictConfig) -> None:
+    """Hydra entry point of ``consolidate-recall``: :func:`run_recall`, then the
+    recalled memories with their scores and the token count."""
     with user_errors():
         out = run_recall(cfg)
     if not out.ids:

@@ -96,6 +96,8 @@ def _compose(name: str) -> DictConfig:
 
 @job("reembed")
 def main(cfg: DictConfig) -> None:
+    """Hydra entry point of ``consolidate-reembed``: :func:`run_reembed` (re-embed a
+    store, or switch to the re-embedded copy), then what it did."""
     with user_errors():
         s = run_reembed(cfg)
     if s["action"] == "switch":

@@ -38,6 +38,8 @@ def run_report(cfg: DictConfig, out_dir: str | Path) -> dict[str, Path]:
 
 @job("report")
 def main(cfg: DictConfig) -> None:
+    """Hydra entry point of ``consolidate-report``: :func:`run_report` into the run's
+    output folder, then the files it wrote."""
     with user_errors():
         paths = run_report(cfg, HydraConfig.get().runtime.output_dir)
     print("\n".join(f"{k}: {v}" for k, v in paths.items()))

@@ -273,6 +273,8 @@ def format_undo(out: dict[str, Any]) -> str:
 
 @job("undo")
 def main(cfg: DictConfig) -> None:
+    """Hydra entry point of ``consolidate-undo``: :func:`run_undo`, then what was
+    undone; exits 1 when no unit could be undone."""
     with user_errors():
         out = run_undo(cfg)
     print(format_undo(out))

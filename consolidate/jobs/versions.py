@@ -72,6 +72,8 @@ def run_versions(cfg: DictConfig) -> dict[str, Any]:
 
 @job("versions")
 def main(cfg: DictConfig) -> None:
+    """Hydra entry point of ``consolidate-versions``: :func:`run_versions` (list, diff
+    or verify a store's versions), then its table."""
     with user_errors():
         out = run_versions(cfg)
     if "versions" in out:

@@ -64,6 +64,10 @@ class ChatResponse:
 
 @runtime_checkable
 class LLMBackend(Protocol):
+    """What a model backend is: a ``name``, the ``model`` it runs, and :meth:`chat` over a
+    batch of requests (the ``transformers``, ``vllm`` and ``openai`` backends, or one of
+    your own)."""
+
     name: str
     model: str
 

@@ -37,6 +37,9 @@ EXTRACT_PROMPT_VERSION = "extract-v2"
 
 
 class ExtractedFact(BaseModel):
+    """One fact the extraction model returns: its text (not blank), importance 1-10 as rated
+    at write time, and the time it became true if the turn says (ISO date, else none)."""
+
     text: str = Field(min_length=1, pattern=r"\S")  # not whitespace only
     importance: int = Field(ge=1, le=10)
     valid_from: str | None = None

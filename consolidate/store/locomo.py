@@ -40,6 +40,10 @@ LOCOMO_SHA256 = "79fa87e90f04081343b8c8debecb80a9a6842b76a7aa537dc9fdf651ea698ff
 
 @dataclass
 class LocomoObservation:
+    """One LOCOMO observation as a memory: its id, namespace (the speaker's conversation),
+    text, the dialogue ids it came from, its session's time (hours since the epoch),
+    conversation, speaker and session number."""
+
     id: str
     namespace: str
     text: str

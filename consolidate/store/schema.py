@@ -187,6 +187,9 @@ class InvalidRecordsError(ValueError):
 
 @dataclass
 class Problem:
+    """One kind of invalid input found by :func:`validate`, with the rows and ids that have
+    it; :meth:`describe` names the first few."""
+
     kind: str
     rows: list[int] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)

@@ -285,6 +285,10 @@ def _write_atomic(path: Path, write: Any, crash_tag: str = "") -> None:
 
 @dataclass(frozen=True)
 class Pointer:
+    """The Parquet store's ``CURRENT`` pointer: the version, its snapshot and changelog
+    files, the vector dimension and dtype, the delta files folded into it, its times and
+    the snapshot's checksum."""
+
     version: int
     snapshot: str
     changelog: str | None
