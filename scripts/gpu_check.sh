@@ -113,7 +113,7 @@ fi
 # 3. the CUDA cases of the similarity, triton and faiss tests, those files whole
 {
     files=()
-    for f in tests/test_similarity.py tests/test_triton.py tests/test_faiss_engine.py; do
+    for f in tests/similarity/test_similarity.py tests/kernels/test_triton.py tests/similarity/test_faiss_engine.py; do
         if [ -f "$f" ]; then files+=("$f"); else echo "missing (skipped): $f"; fi
     done
     if [ "${QUICK:-0}" = "1" ]; then

@@ -26,5 +26,5 @@ fi
 .venv/bin/python -m pytest -q "$@"
 if [ "${CONSOLIDATE_SKIP_VLLM:-0}" != 1 ]; then
   bash scripts/setup_vllm.sh
-  .venv-vllm/bin/python -m pytest -q tests/test_vllm.py
+  .venv-vllm/bin/python -m pytest -q tests/llm/test_vllm.py
 fi

@@ -5,12 +5,21 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests import helpers
+
 
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def device(request):
     if request.param == "cuda" and not torch.cuda.is_available():
         pytest.skip("CUDA not available")
     return request.param
+
+
+@pytest.fixture
+def compose_cfg():
+    """``compose_cfg(name, overrides=(), config_dir=None)``: a job's config as Hydra composes
+    it (:func:`tests.helpers.compose_cfg`)."""
+    return helpers.compose_cfg
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,18 @@ DATA_DIR = Path(os.environ.get("CONSOLIDATE_DATA_DIR", REPO.parent / "shared" / 
 LOCOMO = DATA_DIR / "locomo" / "locomo10.json"
 
 
+def compose_cfg(name: str, overrides=(), config_dir: str | Path | None = None):
+    """The config of job ``name`` (a primary config of ``consolidate/conf``, or of
+    ``config_dir``) as Hydra composes it with ``overrides``; no job runs and nothing is
+    written. The ``compose_cfg`` fixture (``conftest.py``) hands this to a test."""
+    from hydra import compose, initialize_config_dir
+
+    from consolidate.jobs.common import CONFIG_DIR
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir or CONFIG_DIR)):
+        return compose(config_name=name, overrides=list(overrides))
+
+
 class Scripted:
     """An LLM backend that answers from a list (one answer per request, in order), records
     every request, and reports ``tokens`` = (prompt, completion) per answer."""

@@ -3,27 +3,22 @@
 import shutil
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError
 
 from consolidate.config import PassConfig, SimilarityConfig, StoreConfig
 from consolidate.jobs.common import CONFIG_DIR, pass_cfg, sim_cfg, typed
-
-
-def _compose(name, overrides=(), config_dir=CONFIG_DIR):
-    with initialize_config_dir(version_base="1.3", config_dir=str(config_dir)):
-        return compose(config_name=name, overrides=list(overrides))
+from tests.helpers import compose_cfg
 
 
 @pytest.mark.parametrize("name", ["consolidate", "undo", "import"])
 def test_primary_configs_compose(name):
-    cfg = _compose(name, ["merge_id=m-x"] if name == "undo" else [])
+    cfg = compose_cfg(name, ["merge_id=m-x"] if name == "undo" else [])
     assert cfg.task_name == name
 
 
 def test_defaults_are_typed():
-    cfg = _compose("consolidate")
+    cfg = compose_cfg("consolidate")
     pc = pass_cfg(cfg)
     assert isinstance(pc, PassConfig) and pc.threshold == 0.9 and pc.tau_hours == 2160
     assert isinstance(sim_cfg(cfg), SimilarityConfig)
@@ -33,22 +28,22 @@ def test_defaults_are_typed():
 
 def test_data_dir_from_environment(monkeypatch):
     monkeypatch.setenv("CONSOLIDATE_DATA_DIR", "/data/x")
-    st = typed(_compose("consolidate"), "store", StoreConfig)
+    st = typed(compose_cfg("consolidate"), "store", StoreConfig)
     assert st.locomo_file == "/data/x/locomo/locomo10.json"
 
 
 def test_presets():
-    cfg = _compose("consolidate", ["experiment=nightly", "store.dir=/tmp/s"])
+    cfg = compose_cfg("consolidate", ["experiment=nightly", "store.dir=/tmp/s"])
     assert pass_cfg(cfg).now == "wall" and cfg.store.init_from is None
-    cfg = _compose("consolidate", ["debug=default"])
+    cfg = compose_cfg("consolidate", ["debug=default"])
     assert cfg.store.conversations == 2 and cfg.store.name == "locomo-debug"
 
 
 def test_mistyped_override_fails():
     with pytest.raises(ConfigCompositionException, match="treshold"):
-        _compose("consolidate", ["sleep.treshold=0.5"])
+        compose_cfg("consolidate", ["sleep.treshold=0.5"])
     with pytest.raises(ConfigCompositionException):
-        _compose("consolidate", ["sleep.tau_hours=many"])
+        compose_cfg("consolidate", ["sleep.tau_hours=many"])
 
 
 def test_mistyped_key_in_a_yaml_file_fails(tmp_path):
@@ -56,11 +51,11 @@ def test_mistyped_key_in_a_yaml_file_fails(tmp_path):
     shutil.copytree(CONFIG_DIR, d)
     (d / "sleep" / "typo.yaml").write_text("defaults:\n  - base\n  - _self_\ntreshold: 0.5\n")
     with pytest.raises((ConfigCompositionException, ConfigKeyError), match="treshold"):
-        _compose("consolidate", ["sleep=typo"], config_dir=d)
+        compose_cfg("consolidate", ["sleep=typo"], config_dir=d)
 
 
 def test_plus_added_typo_is_refused_when_the_job_reads_the_config():
-    cfg = _compose("consolidate", ["+sleep.treshold=0.5"])
+    cfg = compose_cfg("consolidate", ["+sleep.treshold=0.5"])
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['treshold'\] in 'sleep'"):
         pass_cfg(cfg)
 
@@ -68,7 +63,7 @@ def test_plus_added_typo_is_refused_when_the_job_reads_the_config():
 def test_nightly_requires_a_store_dir():
     from omegaconf import OmegaConf
 
-    cfg = _compose("consolidate", ["experiment=nightly"])
+    cfg = compose_cfg("consolidate", ["experiment=nightly"])
     assert OmegaConf.is_missing(cfg.store, "dir")
 
 
@@ -91,7 +86,7 @@ def test_the_embedder_and_llm_backends_are_built_from_target():
         "show_progress": True, "dtype": "fp32", "pipeline": "packed", "batch_tokens": 16384,
         "long_text": "error",
     }  # fmt: skip
-    cfg = _compose("consolidate", ["merge=llm", "+merge.backend._target_=tests.helpers.Scripted",
+    cfg = compose_cfg("consolidate", ["merge=llm", "+merge.backend._target_=tests.helpers.Scripted",
                                    "+merge.backend.answers=[]", "merge.cache_path=null"])  # fmt: skip
     from hydra.utils import instantiate
 

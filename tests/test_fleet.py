@@ -235,28 +235,25 @@ def test_store_wide_safety_stop_over_all_shards_commits_nothing(tmp_path, cluste
 
 
 @pytest.mark.slow
-def test_consolidate_job_with_the_ray_runner(tmp_path, cluster):
-    from hydra import compose, initialize_config_dir
+def test_consolidate_job_with_the_ray_runner(tmp_path, cluster, compose_cfg):
 
-    from consolidate.jobs.common import CONFIG_DIR
     from consolidate.jobs.consolidate import format_summary, run_consolidate
 
     recs = fleet_records(n=1000)
     a, b = twin_stores(tmp_path, recs)
 
     def job(store, runner, *more):
-        with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-            cfg = compose(
-                config_name="consolidate",
-                overrides=[
-                    f"store.dir={store.root}",
-                    "store.init_from=null",
-                    "similarity.device=cpu",
-                    f"runner={runner}",
-                    "runner.max_rows_per_shard=400",
-                    *more,
-                ],
-            )
+        cfg = compose_cfg(
+            "consolidate",
+            overrides=[
+                f"store.dir={store.root}",
+                "store.init_from=null",
+                "similarity.device=cpu",
+                f"runner={runner}",
+                "runner.max_rows_per_shard=400",
+                *more,
+            ],
+        )
         return run_consolidate(cfg, out_dir=str(tmp_path / runner))
 
     v0 = b.head().version
@@ -387,7 +384,7 @@ def test_gpu_actors_get_whole_shards(tmp_path, cluster):
 def test_llm_stage_answers_the_merges_of_every_shard_in_rounds(tmp_path, cluster):
     """runner.llm=ray_data: the actors' LLM merger asks the driver, which has one engine
     answer the requests of all shards (here SmolLM2 through the transformers backend, in
-    place of Ray Data's vLLM processor, which tests/test_vllm.py runs in .venv-vllm). The
+    place of Ray Data's vLLM processor, which tests/llm/test_vllm.py runs in .venv-vllm). The
     records are those of a single-process pass with the same merger and answers, which
     finds every answer in the response cache the fleet run filled."""
     require_smollm2()

@@ -425,28 +425,25 @@ def test_new_store_is_created_from_the_first_adds(tmp_path):
 
 
 @pytest.mark.slow
-def test_ingest_locomo_turns_with_smollm2(tmp_path):
+def test_ingest_locomo_turns_with_smollm2(tmp_path, compose_cfg):
     """SmolLM2-135M end to end on a few real turns: structure only (it is a toy model)."""
     require_smollm2()
-    from hydra import compose, initialize_config_dir
 
-    from consolidate.jobs.common import CONFIG_DIR
     from consolidate.jobs.ingest import run_ingest
     from tests.helpers import DATA_DIR, LOCOMO, REPO
 
     if not LOCOMO.exists():
         pytest.skip("LOCOMO data not present")
-    with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-        cfg = compose(
-            config_name="ingest",
-            overrides=[
-                f"paths.data_dir={DATA_DIR}",
-                f"store.dir={tmp_path / 's'}",
-                "ingest.max_turns=4",
-                f"ingest.backend_kwargs.cache_dir={REPO / '.cache' / 'models'}",
-                "embedder.show_progress=false",
-            ],
-        )
+    cfg = compose_cfg(
+        "ingest",
+        overrides=[
+            f"paths.data_dir={DATA_DIR}",
+            f"store.dir={tmp_path / 's'}",
+            "ingest.max_turns=4",
+            f"ingest.backend_kwargs.cache_dir={REPO / '.cache' / 'models'}",
+            "embedder.show_progress=false",
+        ],
+    )
     out = run_ingest(cfg, tmp_path / "out")
     assert out["turns"] == 4 and out["model_calls"]["extract"] >= 4
     assert out["prompt_tokens"] > 0 and out["completion_tokens"] > 0

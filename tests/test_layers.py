@@ -256,3 +256,27 @@ def test_functions_stay_short(tmp_path):
     f = tmp_path / "f.py"
     f.write_text("def f():\n" + "    x = 1\n" * 80)
     assert long_functions(f) == [("f", 81)]
+
+
+def test_tests_mirror_the_package_and_compose_configs_one_way():
+    # a folder of tests is named after the package folder it tests; a test composes a job's
+    # config through the compose_cfg fixture (tests/helpers.py), never by hand
+    tests = REPO / "tests"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith("__")}
+    assert folders <= {p.name for p in PKG.iterdir() if p.is_dir()}, folders
+    by_hand = [
+        str(p.relative_to(REPO))
+        for p in sorted(tests.rglob("*.py"))
+        if p.name != "helpers.py" and "initialize_config_dir" in calls(p)
+    ]
+    assert not by_hand, by_hand
+
+
+def calls(path: Path) -> set[str]:
+    """The names of the functions ``path`` calls (``f(...)`` and ``x.f(...)``)."""
+    out = set()
+    for n in ast.walk(ast.parse(path.read_text())):
+        if isinstance(n, ast.Call):
+            f = n.func
+            out.add(f.id if isinstance(f, ast.Name) else getattr(f, "attr", ""))
+    return out

@@ -29,7 +29,7 @@ strict containment of terms: a merge may drop a clause only when another clause 
 least the same words. It was chosen on the hand-labelled merge cases in
 ``eval/fidelity/cases.jsonl`` (member text, merged text, kept/lost), where it agrees with the
 labels at the rate recorded in ``eval/fidelity/report.md`` (the test
-``tests/test_fidelity.py`` recomputes it).
+``tests/ops/test_fidelity.py`` recomputes it).
 """
 
 from __future__ import annotations

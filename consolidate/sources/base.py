@@ -8,7 +8,7 @@ or a plan later. The implementations are :class:`~consolidate.sources.files.File
 :class:`~consolidate.sources.pgvector.PgVectorTable`,
 :class:`~consolidate.sources.mem0.Mem0Source` and
 :class:`~consolidate.sources.lance_table.LanceTable`, registered by kind in
-:data:`consolidate.sources.open.SOURCES`; ``tests/test_sources_protocol.py`` checks that each
+:data:`consolidate.sources.open.SOURCES`; ``tests/sources/test_sources_protocol.py`` checks that each
 gives this interface with these signatures.
 """
 

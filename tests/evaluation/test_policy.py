@@ -127,27 +127,24 @@ def test_recommendation_by_hand():
 
 
 @pytest.mark.slow
-def test_policy_job_on_two_locomo_conversations(tmp_path):
-    from hydra import compose, initialize_config_dir
+def test_policy_job_on_two_locomo_conversations(tmp_path, compose_cfg):
 
-    from consolidate.jobs.common import CONFIG_DIR
     from consolidate.jobs.policy import load_policy, run_policy
     from tests.helpers import DATA_DIR, LOCOMO
 
     if not LOCOMO.exists():
         pytest.skip("LOCOMO data not present")
-    with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-        cfg = compose(
-            config_name="policy",
-            overrides=[
-                f"paths.data_dir={DATA_DIR}",
-                "store.conversations=2",
-                "embedder.show_progress=false",
-                "grid.threshold=[0.85,0.95]",
-                "grid.tau_hours=[720,8760]",
-                "grid.floor=[0.0,0.01]",
-            ],
-        )
+    cfg = compose_cfg(
+        "policy",
+        overrides=[
+            f"paths.data_dir={DATA_DIR}",
+            "store.conversations=2",
+            "embedder.show_progress=false",
+            "grid.threshold=[0.85,0.95]",
+            "grid.tau_hours=[720,8760]",
+            "grid.floor=[0.0,0.01]",
+        ],
+    )
     doc = run_policy(cfg, tmp_path)
     assert len(doc["policies"]) == 8 and doc["target"]["share"] == 0.98
     res = json.loads((tmp_path / "results.json").read_text())
@@ -186,18 +183,17 @@ def test_policy_job_on_two_locomo_conversations(tmp_path):
     # the main job applies it and says so
     from consolidate.jobs.consolidate import format_summary, run_consolidate
 
-    with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-        ccfg = compose(
-            config_name="consolidate",
-            overrides=[
-                f"paths.data_dir={DATA_DIR}",
-                "store.conversations=2",
-                f"store.dir={tmp_path / 'store'}",
-                "store.create=true",
-                "embedder.show_progress=false",
-                f"sleep.policy_file={tmp_path / 'policy.json'}",
-            ],
-        )
+    ccfg = compose_cfg(
+        "consolidate",
+        overrides=[
+            f"paths.data_dir={DATA_DIR}",
+            "store.conversations=2",
+            f"store.dir={tmp_path / 'store'}",
+            "store.create=true",
+            "embedder.show_progress=false",
+            f"sleep.policy_file={tmp_path / 'policy.json'}",
+        ],
+    )
     s = run_consolidate(ccfg, str(tmp_path / "out"))
     assert s["policy"]["pass"] == rec["pass"] and s["policy"]["calibrated"] is True
     line = next(x for x in format_summary(s).splitlines() if x.startswith("policy"))

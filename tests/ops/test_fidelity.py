@@ -16,7 +16,7 @@ from consolidate.ops.merge import MergeResponse
 from consolidate.pipeline import run_pass
 from tests.helpers import make_records
 
-CASES = Path(__file__).resolve().parents[1] / "eval" / "fidelity" / "cases.jsonl"
+CASES = Path(__file__).resolve().parents[2] / "eval" / "fidelity" / "cases.jsonl"
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from consolidate.sources.journal import Journal, JournalError, expand_apart, match_target
-from tests.test_undo_sources import live, memory_file, one_pass
+from tests.sources.test_undo_sources import live, memory_file, one_pass
 
 
 def _unit(key, ids, kind="merge"):

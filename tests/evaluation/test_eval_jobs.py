@@ -7,21 +7,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from consolidate.evaluation.results import read_results
 from consolidate.jobs.calibrate import run_calibrate
 from consolidate.jobs.common import CONFIG_DIR
 from consolidate.jobs.evaluate import run_evaluate
 from consolidate.jobs.report import run_report
-from tests.helpers import DATA_DIR, LOCOMO, REPO, require_smollm2
+from tests.helpers import DATA_DIR, LOCOMO, REPO, compose_cfg, require_smollm2
 
 pytestmark = pytest.mark.slow
 
 
 def _cfg(name, overrides):
-    with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-        return compose(config_name=name, overrides=[f"paths.data_dir={DATA_DIR}", *overrides])
+    return compose_cfg(name, overrides=[f"paths.data_dir={DATA_DIR}", *overrides])
 
 
 def test_evaluate_longmemeval_fixture(tmp_path):
@@ -67,7 +65,7 @@ def test_evaluate_unknown_vector_dtype_names_the_variant(tmp_path):
         run_evaluate(cfg, tmp_path)
 
 
-def test_a_file_given_by_path_is_named_as_it_is_and_not_verified(tmp_path):
+def test_a_file_given_by_path_is_named_as_it_is_and_not_verified(tmp_path, compose_cfg):
     fixture = Path(CONFIG_DIR).parent / "evaluation/longmemeval_tiny.json"
     mine = tmp_path / "my_longmemeval.json"
     mine.write_bytes(fixture.read_bytes())
@@ -95,12 +93,11 @@ def test_a_file_given_by_path_is_named_as_it_is_and_not_verified(tmp_path):
         ],
     )
     run_evaluate(cfg2, tmp_path / "f")
-    with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-        rc = compose(config_name="report", overrides=[f"runs=[{tmp_path}/p,{tmp_path}/f]"])
-        ok = compose(
-            config_name="report",
-            overrides=[f"runs=[{tmp_path}/p,{tmp_path}/f]", "allow_mixed=true"],
-        )
+    rc = compose_cfg("report", overrides=[f"runs=[{tmp_path}/p,{tmp_path}/f]"])
+    ok = compose_cfg(
+        "report",
+        overrides=[f"runs=[{tmp_path}/p,{tmp_path}/f]", "allow_mixed=true"],
+    )
     with pytest.raises(ValueError, match="evaluate runs differ in task"):
         run_report(rc, tmp_path / "r1")
     # ... unless asked
@@ -187,7 +184,7 @@ def test_calibrate_subset_and_use_in_consolidate(tmp_path):
     )
 
 
-def test_multirun_sweep_collects_a_table(tmp_path):
+def test_multirun_sweep_collects_a_table(tmp_path, compose_cfg):
     env = {**os.environ, "CONSOLIDATE_DATA_DIR": str(DATA_DIR)}
     p = subprocess.run(
         [
@@ -219,8 +216,7 @@ def test_multirun_sweep_collects_a_table(tmp_path):
     }
     # a 24 h time constant over a months-long haystack drops most memories
     assert by_tau["24"]["store_size"] < by_tau["720"]["store_size"] == 10
-    with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-        cfg = compose(config_name="report", overrides=[f"root={tmp_path}"])
+    cfg = compose_cfg("report", overrides=[f"root={tmp_path}"])
     paths = run_report(cfg, tmp_path / "report")
     assert len(pd.read_parquet(paths["parquet"])) == 2
     assert json.loads((tmp_path / "0" / "results.json").read_text())["job"] == "evaluate"

@@ -14,7 +14,7 @@ from consolidate.store.lance import LanceStore
 from consolidate.store.schema import hours_from_datetime, hours_now
 from consolidate.store.store import DeltaError, read_json_delta
 from tests.helpers import make_records
-from tests.test_store import base_rows
+from tests.store.test_store import base_rows
 
 KINDS = [Store, LanceStore]
 

@@ -18,7 +18,7 @@ from consolidate.store.lance import LanceStore, convert, open_store_dir, store_f
 from consolidate.store.lance.changes import _changes, _diff
 from consolidate.store.schema import records_to_arrow
 from tests.helpers import REPO, make_records, random_rows
-from tests.test_store import base_rows, commit_pass
+from tests.store.test_store import base_rows, commit_pass
 
 pytest.importorskip("lance")
 

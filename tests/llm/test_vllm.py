@@ -26,7 +26,7 @@ pytestmark = [
     ),
 ]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def out(tmp_path_factory):
     require_smollm2()
     path = tmp_path_factory.mktemp("vllm") / "out.json"
     p = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "vllm_check.py"), str(path)],
+        [sys.executable, str(ROOT / "tests" / "llm" / "vllm_check.py"), str(path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -89,39 +89,36 @@ class _CacheOnly:
         raise AssertionError(f"{len(requests)} requests missed the cache")
 
 
-def test_fleet_run_with_ray_data_llm_as_the_merge_stage(tmp_path, monkeypatch):
+def test_fleet_run_with_ray_data_llm_as_the_merge_stage(tmp_path, monkeypatch, compose_cfg):
     """runner=ray runner.llm=ray_data merge=vllm: the merge prompts of every shard go to
     Ray Data's vLLM processor (ray.data.llm, vLLM's CPU build on a local 2-CPU cluster);
     the records equal a single-process pass's with the same answers, which it finds in the
     response cache the fleet run filled."""
     pytest.importorskip("ray.data.llm")
     require_smollm2()
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     import consolidate.store.lance.writing as ls
     from consolidate.config import PassConfig, RunnerConfig, SimilarityConfig
     from consolidate.fleet import run_fleet_pass
-    from consolidate.jobs.common import CONFIG_DIR
     from consolidate.llm.merger import LLMMerger
     from consolidate.pipeline import run_pass
     from consolidate.store.lance import LanceStore
     from tests.test_fleet import WALL, events, fleet_records, same_store
 
     monkeypatch.setattr(ls, "REWRITE_FRACTION", 1.01)  # both commits upsert (test_fleet)
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(
-            "consolidate",
-            overrides=[
-                "merge=vllm",
-                "runner=ray",
-                "runner.llm=ray_data",
-                "runner.num_cpus=2",
-                "runner.actors=1",
-                f"merge.cache_path={tmp_path / 'llm_cache.sqlite'}",
-                "merge.max_tokens=48",
-            ],
-        )
+    cfg = compose_cfg(
+        "consolidate",
+        overrides=[
+            "merge=vllm",
+            "runner=ray",
+            "runner.llm=ray_data",
+            "runner.num_cpus=2",
+            "runner.actors=1",
+            f"merge.cache_path={tmp_path / 'llm_cache.sqlite'}",
+            "merge.max_tokens=48",
+        ],
+    )
     merge = OmegaConf.to_container(cfg.merge, resolve=True)
     rc = RunnerConfig(**OmegaConf.to_container(cfg.runner, resolve=True))
     recs = fleet_records(n=200)  # 2 namespaces, planted near-duplicates

@@ -303,33 +303,30 @@ def test_rows_without_a_vector_yet_are_left_out_and_untouched(pg):
     assert all(after[i] == before[i] for i in waiting)
 
 
-def test_the_consolidate_job_on_a_pgvector_table(pg, tmp_path):
+def test_the_consolidate_job_on_a_pgvector_table(pg, tmp_path, compose_cfg):
     """`consolidate source=pgvector ...`: a dry run by default, then source.apply=true."""
-    from hydra import compose, initialize_config_dir
 
-    from consolidate.jobs.common import CONFIG_DIR
     from consolidate.jobs.consolidate import format_summary, run_consolidate
 
     fill(pg, "mem_e", rows())
 
     def job(*more):
-        with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-            cfg = compose(
-                config_name="consolidate",
-                overrides=[
-                    "source=pgvector",
-                    f"source.dsn='{pg}'",
-                    "source.table=mem_e",
-                    "source.columns.namespace=user_id",
-                    "source.columns.text=memory",
-                    "source.columns.importance=importance",
-                    "source.columns.merged_into=merged_into",
-                    "similarity.device=cpu",
-                    "sleep.force=true",
-                    "sleep.max_drop_fraction=0.5",
-                    *more,
-                ],
-            )
+        cfg = compose_cfg(
+            "consolidate",
+            overrides=[
+                "source=pgvector",
+                f"source.dsn='{pg}'",
+                "source.table=mem_e",
+                "source.columns.namespace=user_id",
+                "source.columns.text=memory",
+                "source.columns.importance=importance",
+                "source.columns.merged_into=merged_into",
+                "similarity.device=cpu",
+                "sleep.force=true",
+                "sleep.max_drop_fraction=0.5",
+                *more,
+            ],
+        )
         return run_consolidate(cfg, out_dir=str(tmp_path / f"run{len(more)}"))
 
     before = table_rows(pg, "mem_e")

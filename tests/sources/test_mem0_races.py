@@ -8,7 +8,7 @@ import pytest
 
 from consolidate.sources import mem0_late
 from tests.helpers import requires
-from tests.test_mem0 import memory, run, source  # noqa: F401 (the fixture)
+from tests.sources.test_mem0 import memory, run, source  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.slow, requires("mem0")]
 

@@ -10,17 +10,15 @@ import tempfile
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
 
 from consolidate.config import PassConfig, SimilarityConfig
 from consolidate.embed import Embedder, packaged_model_path
 from consolidate.evaluation.tasks import locomo_task
-from consolidate.jobs.common import CONFIG_DIR
 from consolidate.jobs.evaluate import run_evaluate
 from consolidate.pipeline import run_pass
 from consolidate.store.lance import LanceStore
 from consolidate.store.schema import records_from_rows
-from tests.helpers import DATA_DIR, LOCOMO
+from tests.helpers import DATA_DIR, LOCOMO, compose_cfg
 
 os.environ["MEM0_TELEMETRY"] = "False"
 os.environ.setdefault("MEM0_DIR", tempfile.mkdtemp(prefix="mem0home-"))
@@ -101,17 +99,16 @@ def merges_and_drops(events):
 
 
 def evaluate(tmp_path, name, overrides):
-    with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-        cfg = compose(
-            config_name="evaluate",
-            overrides=[
-                f"paths.data_dir={DATA_DIR}",
-                "embedder.show_progress=false",
-                "latency_sample=5",
-                VARIANTS,
-                *overrides,
-            ],
-        )
+    cfg = compose_cfg(
+        "evaluate",
+        overrides=[
+            f"paths.data_dir={DATA_DIR}",
+            "embedder.show_progress=false",
+            "latency_sample=5",
+            VARIANTS,
+            *overrides,
+        ],
+    )
     return {r["variant"]: r for r in run_evaluate(cfg, tmp_path / name).tables["ablation"]}
 
 

@@ -11,7 +11,7 @@ from consolidate.config import PassConfig
 from consolidate.pipeline import run_pass
 from consolidate.store import CorruptStoreError
 from tests.helpers import make_records
-from tests.test_store import base_rows
+from tests.store.test_store import base_rows
 
 pytest.importorskip("lance")
 from consolidate.store.lance import CHECKSUMS, LanceStore  # noqa: E402

@@ -27,7 +27,7 @@ import torch
 from tests.helpers import pair_reference as ref_pairs
 from tests.helpers import topk_reference as ref_topk
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 CHECKS = {}
 
@@ -420,7 +420,7 @@ def interpreted(tmp_path_factory) -> dict[str, dict]:
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
     code = (
-        "import json, sys; from tests.test_triton import CHECKS, run_checks; "
+        "import json, sys; from tests.kernels.test_triton import CHECKS, run_checks; "
         "json.dump(run_checks('cpu', list(CHECKS)), open(sys.argv[1], 'w'))"
     )
     proc = subprocess.run(

@@ -331,7 +331,7 @@ def test_baseline_child_imports_only_the_exported_package(tmp_path):
 
     (tmp_path / "consolidate").mkdir()
     (tmp_path / "consolidate" / "__init__.py").write_text("")
-    script = Path(__file__).resolve().parents[1] / "consolidate" / "bench" / "pass_bench.py"
+    script = Path(__file__).resolve().parents[2] / "consolidate" / "bench" / "pass_bench.py"
     code = (
         "import importlib.util as u, sys\n"
         f"s = u.spec_from_file_location('pb', {str(script)!r})\n"

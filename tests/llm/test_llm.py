@@ -244,36 +244,33 @@ def test_openai_backend_gives_up_after_retries():
 
 
 @pytest.mark.slow
-def test_consolidate_with_smollm2_as_the_merger(tmp_path):
+def test_consolidate_with_smollm2_as_the_merger(tmp_path, compose_cfg):
     """The real 135M model writes the merges: assert structure, not wording."""
     require_smollm2()
-    from hydra import compose, initialize_config_dir
 
-    from consolidate.jobs.common import CONFIG_DIR
     from consolidate.jobs.consolidate import run_consolidate
     from consolidate.store.lance import open_store_dir
     from tests.helpers import DATA_DIR, LOCOMO, REPO
 
     if not LOCOMO.exists():
         pytest.skip("LOCOMO data not present")
-    with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-        cfg = compose(
-            config_name="consolidate",
-            overrides=[
-                "debug=default",
-                f"paths.data_dir={DATA_DIR}",
-                f"store.dir={tmp_path / 's'}",
-                "merge=llm",
-                f"merge.backend_kwargs.cache_dir={REPO / '.cache' / 'models'}",
-                f"merge.cache_path={tmp_path / 'cache.sqlite'}",
-                "merge.max_tokens=64",
-                "sleep.decay=false",
-                "sleep.reflect=true",
-                "sleep.reflect_max_per_namespace=1",
-                f"reflect.backend_kwargs.cache_dir={REPO / '.cache' / 'models'}",
-                f"reflect.cache_path={tmp_path / 'cache.sqlite'}",
-            ],
-        )
+    cfg = compose_cfg(
+        "consolidate",
+        overrides=[
+            "debug=default",
+            f"paths.data_dir={DATA_DIR}",
+            f"store.dir={tmp_path / 's'}",
+            "merge=llm",
+            f"merge.backend_kwargs.cache_dir={REPO / '.cache' / 'models'}",
+            f"merge.cache_path={tmp_path / 'cache.sqlite'}",
+            "merge.max_tokens=64",
+            "sleep.decay=false",
+            "sleep.reflect=true",
+            "sleep.reflect_max_per_namespace=1",
+            f"reflect.backend_kwargs.cache_dir={REPO / '.cache' / 'models'}",
+            f"reflect.cache_path={tmp_path / 'cache.sqlite'}",
+        ],
+    )
     s = run_consolidate(cfg, out_dir=tmp_path / "out")
     st = s["stats"]
     assert st["merger"] == "llm:transformers" and st["clusters"] > 0

@@ -145,7 +145,7 @@ def test_a_memory_file_undo(tmp_path):
 def test_a_lancedb_table_undo(tmp_path, soft):
     pytest.importorskip("lancedb")
     from consolidate.sources.lance_table import LanceTable
-    from tests.test_lance_table import SCHEMA, SOFT, table
+    from tests.sources.test_lance_table import SCHEMA, SOFT, table
 
     if soft:
         schema, cols = SCHEMA, SOFT
@@ -172,7 +172,7 @@ def test_a_pgvector_table_undo(pg):
     import psycopg
 
     from consolidate.sources.pgvector import PgVectorTable
-    from tests.test_pgvector import COLS, fill
+    from tests.sources.test_pgvector import COLS, fill
 
     fill(pg, "mem_undo", rows())
     src = PgVectorTable(pg, "mem_undo", COLS)
@@ -206,11 +206,9 @@ def test_a_pgvector_table_undo(pg):
     assert n == undone_rows  # every row the undo changed, as it was, in the history
 
 
-def test_the_undo_job_on_a_memory_file(tmp_path, capsys):
+def test_the_undo_job_on_a_memory_file(tmp_path, capsys, compose_cfg):
     """``consolidate-undo source=jsonl source.path=F id=PREFIX``: the job's lines."""
-    from hydra import compose, initialize_config_dir
 
-    from consolidate.jobs.common import CONFIG_DIR
     from consolidate.jobs.undo import format_undo, run_undo
     from consolidate.sources import FileSource
 
@@ -218,11 +216,10 @@ def test_the_undo_job_on_a_memory_file(tmp_path, capsys):
     _, _, plan, _ = one_pass(FileSource(path))
 
     def undo(target):
-        with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-            cfg = compose(
-                config_name="undo",
-                overrides=["source=jsonl", f"source.path={path}", f"id={target}"],
-            )
+        cfg = compose_cfg(
+            "undo",
+            overrides=["source=jsonl", f"source.path={path}", f"id={target}"],
+        )
         return format_undo(run_undo(cfg))
 
     n = len([u for u in plan.units if u["kind"] in ("merge", "drop")])
@@ -292,14 +289,12 @@ def test_undo_pass_undoes_every_merge_and_drop_of_a_pass_as_arrays():
     assert m.at["f", "merged_into"] == "m3" and m.at["m3", "merged_into"] == "m4"
 
 
-def test_the_undo_job_undoes_a_whole_pass_on_the_store(tmp_path):
+def test_the_undo_job_undoes_a_whole_pass_on_the_store(tmp_path, compose_cfg):
     """``consolidate-undo id=last`` (or ``v<N>``) on the store: every merge of the newest
     pass undone in one new version, its members live and apart; the next pass keeps them
     apart; a second undo does nothing; an unknown version names the changelogs."""
-    from hydra import compose, initialize_config_dir
 
     from consolidate.config import PassConfig, SimilarityConfig
-    from consolidate.jobs.common import CONFIG_DIR
     from consolidate.jobs.undo import format_undo, run_undo
     from consolidate.pipeline import run_pass
     from consolidate.sources.journal import UndoTargetError
@@ -316,8 +311,7 @@ def test_the_undo_job_undoes_a_whole_pass_on_the_store(tmp_path):
     assert len(merges) >= 3
 
     def undo(target):
-        with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-            cfg = compose(config_name="undo", overrides=[f"store.dir={s.root}", f"id={target}"])
+        cfg = compose_cfg("undo", overrides=[f"store.dir={s.root}", f"id={target}"])
         return run_undo(cfg)
 
     out = undo("last")

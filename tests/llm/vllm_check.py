@@ -1,8 +1,8 @@
 """Run the ``vllm`` backend for real (vLLM's CPU build here, any vLLM on a GPU box) and write
-what came back as JSON. Called by ``tests/test_vllm.py`` in a subprocess: vLLM starts its
+what came back as JSON. Called by ``tests/llm/test_vllm.py`` in a subprocess: vLLM starts its
 workers with ``spawn``, which needs this ``__main__`` guard.
 
-Usage: python tests/vllm_check.py OUT.json
+Usage: python tests/llm/vllm_check.py OUT.json
 """
 
 import json
@@ -10,27 +10,24 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for tests.helpers
 
 
 def main(out_path: str) -> None:
-    from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
     from consolidate.config import PassConfig
-    from consolidate.jobs.common import CONFIG_DIR
     from consolidate.llm.decide import Neighbour, decide_request, parse_decisions
     from consolidate.llm.extract import Turn, extract_request, parse_facts
     from consolidate.llm.merger import merge_chat_request, parse_merge
     from consolidate.ops.merge import MergeMember, MergeRequest
     from consolidate.pipeline import run_pass
-    from tests.helpers import make_records
+    from tests.helpers import compose_cfg, make_records
 
     # the merger exactly as `consolidate merge=vllm` builds it (consolidate/conf/merge/vllm.yaml)
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(
-            "consolidate", overrides=["merge=vllm", "merge.cache_path=null", "merge.max_tokens=64"]
-        )
+    cfg = compose_cfg(
+        "consolidate", overrides=["merge=vllm", "merge.cache_path=null", "merge.max_tokens=64"]
+    )
     t = time.perf_counter()
     merger = instantiate(cfg.merge)
     start_s = time.perf_counter() - t

@@ -192,16 +192,14 @@ def test_an_edited_member_keeps_its_cluster_unmerged(memory, tmp_path):
     assert os.path.exists(src.journal.dir / "applied.jsonl")  # the other units were applied
 
 
-def test_the_consolidate_job_on_a_mem0_store(tmp_path, monkeypatch):
+def test_the_consolidate_job_on_a_mem0_store(tmp_path, monkeypatch, compose_cfg):
     """`consolidate source=mem0 source.mem0...=...`: a dry run, then source.apply=true
     (the merged texts visible through Mem0's get_all, the undo journal written beside the
     Qdrant folder)."""
     monkeypatch.setenv("OPENAI_API_KEY", "unused")
-    from hydra import compose, initialize_config_dir
     from mem0 import Memory
 
     from consolidate.embed import packaged_model_path
-    from consolidate.jobs.common import CONFIG_DIR
     from consolidate.jobs.consolidate import format_summary, run_consolidate
 
     over = [
@@ -209,8 +207,7 @@ def test_the_consolidate_job_on_a_mem0_store(tmp_path, monkeypatch):
         f"source.mem0.embedder.config.model={packaged_model_path()}",
         f"source.mem0.history_db_path={tmp_path / 'history.db'}",
     ]
-    with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-        base = compose(config_name="consolidate", overrides=["source=mem0", *over])
+    base = compose_cfg("consolidate", overrides=["source=mem0", *over])
     m = Memory.from_config(dict(as_dict(base.source.mem0)))
     for user, notes in NOTES.items():
         for text in notes:
@@ -218,17 +215,16 @@ def test_the_consolidate_job_on_a_mem0_store(tmp_path, monkeypatch):
     del m  # Qdrant's local mode allows one client per folder
 
     def job(*more):
-        with initialize_config_dir(version_base="1.3", config_dir=CONFIG_DIR):
-            cfg = compose(
-                config_name="consolidate",
-                overrides=[
-                    "source=mem0",
-                    *over,
-                    "similarity.device=cpu",
-                    "sleep.force=true",
-                    *more,
-                ],
-            )
+        cfg = compose_cfg(
+            "consolidate",
+            overrides=[
+                "source=mem0",
+                *over,
+                "similarity.device=cpu",
+                "sleep.force=true",
+                *more,
+            ],
+        )
         return run_consolidate(cfg, out_dir=str(tmp_path / f"run{len(more)}"))
 
     s = job()
@@ -323,10 +319,10 @@ def test_importance_and_pinned_from_mem0_metadata(memory):
 
 
 def test_undo_by_merge_and_plan_prefix_twice_and_no_merge_again(memory):
-    """The promise every source keeps (tests/test_undo_sources.py::check_undo): one merge
+    """The promise every source keeps (tests/sources/test_undo_sources.py::check_undo): one merge
     undone by a prefix of its merged id, the rest of the plan by a prefix of the plan id,
     a second undo restores nothing, and the next pass keeps the members apart."""
-    from tests.test_undo_sources import check_undo, live, one_pass
+    from tests.sources.test_undo_sources import check_undo, live, one_pass
 
     src = Mem0Source(memory, state_dir=memory._test_state, drops=True)
     before = live(src)
