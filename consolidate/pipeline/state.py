@@ -543,11 +543,10 @@ class PassState:
         else:
             out = np.empty((len(meta), base.shape[1]), np.float32)
         if base.device.type == "cpu" and len(kb) == n0:
-            out[:n0] = base.numpy()  # nothing purged: one contiguous copy
+            # nothing purged: one contiguous copy (torch's copy uses the intra-op threads)
+            torch.from_numpy(out[:n0]).copy_(base)
         elif base.device.type == "cpu":
-            # mode="clip": the positions are valid, and "raise" buffers ``out`` (a second
-            # copy of the vectors)
-            np.take(base.numpy(), kb, axis=0, out=out[: len(kb)], mode="clip")
+            torch.index_select(base, 0, torch.from_numpy(kb), out=torch.from_numpy(out[: len(kb)]))
         else:
             out[: len(kb)] = (
                 base.index_select(0, torch.from_numpy(kb).to(base.device)).cpu().numpy()
