@@ -67,23 +67,20 @@ class RayDataVLLM:
         gpus_per_engine: float = 0.0,
     ) -> None:
         from .transformers_backend import resolve_model_path
+        from .vllm_args import engine_args
 
         for key, v in (("concurrency", concurrency), ("batch_size", batch_size)):
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
                 raise ValueError(f"runner.llm_{key} must be an integer >= 1, got {v!r}")
-        if not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(
-                f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
-            )
-        self.model = str(resolve_model_path(model_path, cache_dir))
-        self.engine_kwargs = dict(
-            dtype=dtype,
-            tensor_parallel_size=int(tensor_parallel_size),
-            gpu_memory_utilization=float(gpu_memory_utilization),
-            max_model_len=int(max_model_len),
-            enforce_eager=bool(enforce_eager),
-            **dict(engine_kwargs or {}),
+        self.engine_kwargs = engine_args(
+            dtype,
+            tensor_parallel_size,
+            gpu_memory_utilization,
+            max_model_len,
+            enforce_eager,
+            engine_kwargs,
         )
+        self.model = str(resolve_model_path(model_path, cache_dir))
         self.concurrency, self.batch_size = concurrency, batch_size
         self.gpus_per_engine = float(gpus_per_engine)
         self.calls = 0

@@ -27,6 +27,7 @@ import vllm  # the module is imported only when the vllm backend is chosen
 
 from .base import ChatRequest, ChatResponse
 from .transformers_backend import resolve_model_path
+from .vllm_args import engine_args
 
 __all__ = ["VLLMBackend"]
 
@@ -70,20 +71,16 @@ class VLLMBackend:
         enforce_eager: bool = True,
         engine_kwargs: dict | None = None,
     ) -> None:
-        if not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(
-                f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
-            )
-        self.model = str(resolve_model_path(model_path, cache_dir))
-        settings = dict(
-            model=self.model,
-            dtype=dtype,
-            tensor_parallel_size=int(tensor_parallel_size),
-            gpu_memory_utilization=float(gpu_memory_utilization),
-            max_model_len=int(max_model_len),
-            enforce_eager=bool(enforce_eager),
-            **dict(engine_kwargs or {}),
+        args = engine_args(
+            dtype,
+            tensor_parallel_size,
+            gpu_memory_utilization,
+            max_model_len,
+            enforce_eager,
+            engine_kwargs,
         )
+        self.model = str(resolve_model_path(model_path, cache_dir))
+        settings = dict(model=self.model, **args)
         self._settings = settings
         self._key = tuple(sorted((k, repr(v)) for k, v in settings.items()))
         self.max_model_len = int(max_model_len)
