@@ -245,7 +245,7 @@ MERGE_CHUNK = 8192
 
 #: clusters from which a model-free merger (``pure``) and the fidelity check run in forked
 #: processes (:func:`~consolidate.workers.fork_map`); fewer are answered inline
-PARALLEL_MIN_CLUSTERS = 4_000
+PARALLEL_MIN_CLUSTERS = 1_000
 
 
 def superseding(

@@ -106,7 +106,7 @@ def compact_clusters(
 
 #: candidate pairs from which the conflict guard runs in forked processes
 #: (:func:`~consolidate.workers.fork_map`); fewer are answered inline
-PARALLEL_MIN_PAIRS = 20_000
+PARALLEL_MIN_PAIRS = 5_000
 
 
 def guard_pairs(
