@@ -1,6 +1,6 @@
 """The store issue's attacks, replayed against the Lance store (the default format): a lost
 marker, a full disk during a commit, a job on a folder without a marker (times in the
-future: tests/test_hardening.py, for both formats)."""
+future: tests/store/test_hardening.py, for both formats)."""
 
 import subprocess
 import sys
@@ -9,7 +9,7 @@ import pytest
 
 from consolidate.store.lance import LanceStore
 from tests.helpers import REPO, make_records, tree_digest
-from tests.test_hardening import GOOD
+from tests.store.test_hardening import GOOD
 
 pytest.importorskip("lance")
 
