@@ -286,18 +286,24 @@ def test_invalid_utf8_ids_are_a_clear_error():
 
 
 @pytest.mark.parametrize("enabled", [True, False])
-def test_the_pass_pauses_the_garbage_collector_and_restores_it(enabled):
-    """The stages run with the cyclic collector off; afterwards it is as it was, also when a
-    stage raises."""
+def test_the_pass_pauses_the_garbage_collector_and_huge_pages_and_restores_them(enabled):
+    """The stages run with the cyclic collector off and NumPy's huge-page advice off;
+    afterwards both are as they were, also when a stage raises."""
     import gc
 
     from consolidate.ops.merge import ExtractiveMerger
+    from consolidate.pipeline.run import _numpy_hugepage
+
+    def hugepage() -> bool:
+        now = _numpy_hugepage(True)
+        _numpy_hugepage(now)
+        return now
 
     seen = []
 
     class Watching(ExtractiveMerger):
         def merge_batch(self, requests):
-            seen.append(gc.isenabled())
+            seen.append((gc.isenabled(), hugepage()))
             return super().merge_batch(requests)
 
     class Failing(ExtractiveMerger):
@@ -306,17 +312,20 @@ def test_the_pass_pauses_the_garbage_collector_and_restores_it(enabled):
 
     recs = make_records(random_rows(200, 16, seed=2, namespaces=2, dup_frac=0.3, noise=0.02))
     cfg = PassConfig(threshold=0.9, decay=False, cap=None)
-    was = gc.isenabled()
+    was, was_huge = gc.isenabled(), hugepage()
     try:
         gc.enable() if enabled else gc.disable()
+        _numpy_hugepage(enabled)
+        assert hugepage() is enabled
         res = run_pass(recs, cfg=cfg, sim_cfg=SimilarityConfig(device="cpu"), merger=Watching())
-        assert res.stats.merges > 0 and seen == [False]
-        assert gc.isenabled() is enabled
+        assert res.stats.merges > 0 and seen == [(False, False)]
+        assert gc.isenabled() is enabled and hugepage() is enabled
         with pytest.raises(RuntimeError, match="merger down"):
             run_pass(recs, cfg=cfg, sim_cfg=SimilarityConfig(device="cpu"), merger=Failing())
-        assert gc.isenabled() is enabled
+        assert gc.isenabled() is enabled and hugepage() is enabled
     finally:
         gc.enable() if was else gc.disable()
+        _numpy_hugepage(was_huge)
 
 
 def test_merges_are_asked_in_chunks_and_a_short_answer_is_an_error(monkeypatch):
