@@ -4,6 +4,7 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -132,6 +133,38 @@ def test_store_keeps_its_dtype(tmp_path, dtype):
     t2 = pq.read_table(tmp_path / "s" / "snapshots" / s2.head().snapshot)
     assert t2.column("vector").slice(0, 40).equals(table.column("vector"))
     assert s2.head().vector_dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8", "fp16"])
+def test_a_snapshot_in_many_row_groups_loads_group_by_group(tmp_path, monkeypatch, dtype):
+    """A snapshot is written in row groups of ROW_GROUP_ROWS; the load decodes its vectors
+    group by group into one array (the same values as one read of the whole file), and
+    the unchanged-commit check compares the file group by group, the last one included."""
+    import consolidate.store.store as store_mod
+
+    monkeypatch.setattr(store_mod, "ROW_GROUP_ROWS", 7)
+    recs = make_records(random_rows(40, 16, seed=8))
+    s = Store(tmp_path / "s", vector_dtype=dtype)
+    s.create(recs)
+    path = tmp_path / "s" / "snapshots" / s.head().snapshot
+    assert pq.ParquetFile(path).metadata.num_row_groups == 6  # 5 x 7 + 5
+    whole = records_from_arrow(pq.read_table(path), dim=16)
+    snap = s.load()
+    assert snap.records.vectors.dtype == np.float32 and snap.records.vectors.shape == (40, 16)
+    np.testing.assert_array_equal(snap.records.vectors, whole.vectors)
+    np.testing.assert_array_equal(snap.records.vectors, stored_vectors(recs.vectors, dtype))
+    pd.testing.assert_frame_equal(snap.records.meta, whole.meta)
+    table = records_to_arrow(snap.records, dtype)
+    assert s._same_as_stored(s.head(), table)
+    assert not s._same_as_stored(s.head(), table.slice(0, 39))  # a row short
+    last = table.slice(39, 1).to_pylist()[0]
+    changed = pa.Table.from_pylist(
+        table.slice(0, 39).to_pylist() + [{**last, "importance": last["importance"] / 2}],
+        schema=table.schema,
+    )
+    assert not s._same_as_stored(s.head(), changed)  # a change in the last group
+    with s.lock():
+        assert s.commit(snap.records, [], base=snap)["unchanged"] is True
 
 
 def test_store_conversion_and_bad_pointer(tmp_path):
