@@ -12,6 +12,7 @@ from consolidate.config import PassConfig
 from consolidate.ops.guard import conflict_reason, conflict_signature
 from consolidate.ops.merge import ExtractiveMerger
 from consolidate.pipeline import run_pass
+from consolidate.text import text_hashes
 from consolidate.workers import WorkerError, fork_map, resolve_workers, split_evenly
 from tests.helpers import make_records
 
@@ -192,6 +193,10 @@ def test_the_pass_gives_the_same_records_with_forked_workers(monkeypatch, newer_
     assert s.superseded >= 5 if newer_wins else s.superseded == 0
     assert s.tombstones_in >= 5
     assert any(e["op"] == "review" and e["reason"] == "undone merge" for e in out[1].events)
+    for workers in (1, 2, 3):
+        # every text_hash is its text's, those of merged texts from the workers included
+        meta = out[workers].records.meta
+        assert meta["text_hash"].tolist() == text_hashes(meta["text"].tolist())
     for workers in (2, 3):
         assert out[workers].records.meta.equals(out[1].records.meta)
         assert np.array_equal(out[workers].records.vectors, out[1].records.vectors)

@@ -19,6 +19,7 @@ from ..ops.merge import (
     fact_time,
     newer_fact_times,
 )
+from ..text import text_hashes
 from ..workers import fork_map, split_evenly
 from .exact import _ranges
 from .rows import new_records
@@ -298,21 +299,28 @@ def answer_requests(
 
 def _answers(
     st: PassState, merger: Merger, requests: list[MergeRequest], threshold: float
-) -> list[tuple[MergeResponse, dict[str, list[str]]]]:
-    """:func:`answer_requests` over all requests: in ``st.workers`` processes when the
-    merger is ``pure`` (no model, no I/O: :class:`~consolidate.ops.merge.ExtractiveMerger`)
-    and there are at least :data:`PARALLEL_MIN_CLUSTERS` requests, else inline."""
+) -> tuple[list[tuple[MergeResponse, dict[str, list[str]]]], dict[str, str]]:
+    """:func:`answer_requests` over all requests, and the ``text_hash`` of each merged text
+    (stripped, as the merge stage writes it) when the answers came from forked processes:
+    in ``st.workers`` processes when the merger is ``pure`` (no model, no I/O:
+    :class:`~consolidate.ops.merge.ExtractiveMerger`) and there are at least
+    :data:`PARALLEL_MIN_CLUSTERS` requests, else inline (no hashes: the merge stage computes
+    those of the merges it makes)."""
     workers = st.workers
     if not getattr(merger, "pure", False) or len(requests) < PARALLEL_MIN_CLUSTERS:
         workers = 1
-    parts = split_evenly(len(requests), workers)
-    got = fork_map(
-        lambda ab: answer_requests(merger, requests[ab[0] : ab[1]], threshold),
-        parts,
-        workers,
-        st.vector_buffers(),
-    )
-    return [a for part in got for a in part]
+
+    def part(ab: tuple[int, int]) -> tuple[list, list[str]]:
+        got = answer_requests(merger, requests[ab[0] : ab[1]], threshold)
+        texts = [r.text.strip() for r, _ in got if r.text is not None] if workers > 1 else []
+        return got, texts and text_hashes(texts)
+
+    done = fork_map(part, split_evenly(len(requests), workers), workers, st.vector_buffers())
+    hashes: dict[str, str] = {}
+    for got, hs in done:
+        texts = [r.text.strip() for r, _ in got if r.text is not None] if hs else []
+        hashes.update(zip(texts, hs, strict=True))
+    return [a for got, _ in done for a in got], hashes
 
 
 @dataclass
@@ -368,7 +376,7 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
         st.col("valid_to").copy(),
         {k for c in st.clusters for k in c},
     )
-    answered = _answers(st, merger, requests, cfg.fidelity_threshold)
+    answered, hashes = _answers(st, merger, requests, cfg.fidelity_threshold)
     responses = [resp for resp, _ in answered]
     for req, (resp, lost), c in zip(requests, answered, st.clusters, strict=True):
         allowed, bad, sup = superseding(req, resp)
@@ -379,7 +387,7 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     done.merges += _exact_merges(st, done)
     st.meta["valid_to"] = done.valid_to
     _merge_stats(st, done, responses)
-    _write_merges(st, cfg, merger, version, done.merges)
+    _write_merges(st, cfg, merger, version, done.merges, hashes)
     return st
 
 
@@ -531,8 +539,11 @@ def _write_merges(
     merger: Merger,
     version: int,
     merges: list[tuple[np.ndarray, str, str, dict[str, Any]]],
+    hashes: dict[str, str],
 ) -> None:
-    """New merged records (ordered by their lowest member id), tombstones, events."""
+    """New merged records (ordered by their lowest member id), tombstones, events.
+    ``hashes``: ``text_hash`` of merged texts known already (:func:`_answers`); an exact
+    merge's is its rows' (they share one, and its text is one of theirs)."""
     ids = st.meta["id"].to_numpy(object)
     rank = st.id_rank
     if merges:  # each merge's rows in id order
@@ -544,6 +555,7 @@ def _write_merges(
     groups = [m[0] for m in merges]
     member_ids = [ids[g].tolist() for g in groups]
     mids = claim_ids(st, [merged_id(version, m) for m in member_ids], member_ids, version)
+    stored = st.meta["text_hash"].to_numpy(object)
     meta, vec = new_records(
         st,
         groups,
@@ -552,6 +564,9 @@ def _write_merges(
         kind="merge",
         version=version,
         strength_cap=cfg.strength_cap,
+        hashes=[
+            (stored[m[0][0]] or None) if m[2] == "exact_merge" else hashes.get(m[1]) for m in merges
+        ],
     )
     if groups:
         flat = np.concatenate(groups)

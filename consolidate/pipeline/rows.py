@@ -65,6 +65,20 @@ def _merge_columns(
     }
 
 
+def _text_hashes(texts: Sequence[str], known: Sequence[str | None] | None) -> list[str]:
+    """:func:`~consolidate.text.text_hashes` of ``texts``, taken from ``known`` where it
+    holds one (same length as ``texts``) and computed for the rest."""
+    if known is None:
+        return text_hashes(list(texts))
+    if len(known) != len(texts):
+        raise ValueError(f"{len(known)} text hashes for {len(texts)} texts")
+    todo = [k for k, h in enumerate(known) if h is None]
+    out = list(known)
+    for k, h in zip(todo, text_hashes([texts[k] for k in todo]), strict=True):
+        out[k] = h
+    return out  # type: ignore[return-value]
+
+
 def new_records(
     st: PassState,
     groups: Sequence[np.ndarray],
@@ -74,6 +88,7 @@ def new_records(
     kind: Literal["merge", "reflection"],
     version: int,
     strength_cap: float = 20.0,
+    hashes: Sequence[str | None] | None = None,
 ) -> tuple[pd.DataFrame, torch.Tensor]:
     """Rows (store columns) and vectors of new records, one per group of snapshot rows.
 
@@ -96,6 +111,7 @@ def new_records(
         kind: ``"merge"`` or ``"reflection"``.
         version: the snapshot version the pass writes.
         strength_cap: cap on merged strength.
+        hashes: each text's ``text_hash`` where the caller has it (``None``: computed).
 
     Returns:
         ``(meta, vectors)``: a ``DataFrame`` with the store's columns and ``float32 [k, d]``
@@ -126,7 +142,7 @@ def new_records(
         "deleted_at": np.full(k, np.nan),
         "deleted_reason": pd.Series([None] * k, dtype=object),
         "merged_into": pd.Series([None] * k, dtype=object),
-        "text_hash": pd.Series(text_hashes(list(texts)), dtype=object),
+        "text_hash": pd.Series(_text_hashes(texts, hashes), dtype=object),
         "last_pass": np.full(k, float(version)),
     }
     if kind == "merge":
