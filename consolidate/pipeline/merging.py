@@ -369,7 +369,6 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     assert u is not None
     ids = st.meta["id"].to_numpy(object)
     requests = _requests(st, version)
-    row_of = {str(ids[r]): r for c in st.clusters for k in c for r in u.members(k).tolist()}
     done = _Applied(
         ids,
         st.meta["text"].to_numpy(object),
@@ -381,6 +380,8 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     for req, (resp, lost), c in zip(requests, answered, st.clusters, strict=True):
         allowed, bad, sup = superseding(req, resp)
         if sup:
+            rows = [r for k in c for r in u.members(k).tolist()]
+            row_of = dict(zip(ids[rows].tolist(), rows, strict=True))
             _supersede(st, req, resp, sup, allowed, row_of, merger.name, done)
         rest = [r for k in c for r in u.members(k).tolist() if r not in done.superseded]
         _merge_or_decline(st, cfg, req, resp, c, rest, bad, sup, lost, done)
