@@ -402,6 +402,9 @@ class BenchConfig:
         pass_device: similarity device of the pass (``None``: auto for gpu, else cpu).
         pass_dtype, pass_warm_rows, pass_timeout_s, pass_tmp: tile dtype, rows of the
             untimed warm-up pass, time limit of each child (s), folder of the temp stores.
+        pass_repeats: measurements of each package per whole-pass case, interleaved
+            (ours, baseline, ours, ...), each in a fresh process on a fresh copy of the
+            store; the fastest pass is the row, every pass time is in its note.
     """
 
     preset: str = "cpu"
@@ -431,6 +434,7 @@ class BenchConfig:
     pass_warm_rows: int = 2000
     pass_timeout_s: float = 3600.0
     pass_tmp: str | None = None
+    pass_repeats: int = 1
 
 
 @dataclass

@@ -210,6 +210,28 @@ def test_pass_ratio_lines_and_report_table():
     assert bm.target_lines(pd.DataFrame([err])) == []
 
 
+def test_repeated_pass_runs_keep_the_fastest_and_list_every_time():
+    bm = load_benchmark()
+    runs = [
+        fake_pass(bm, 10**5, 100, pass_s=t, sim_s=1.0, other_stages=(("merge", t - 1.5),))
+        for t in (6.0, 4.5, 5.0)
+    ]
+    err = {**runs[0], "status": "error", "note": "measure: MemoryError"}
+    best = bm.best_pass_row([runs[0], err, runs[1], runs[2]])
+    assert best["time_s"] == 4.5 and best["runs"] == 4 and best["status"] == "ok"
+    assert best["note"] == "fastest of 4 runs: 6 s, error, 4.5 s, 5 s"
+    assert runs[1].get("runs") == 1 and "fastest" not in str(runs[1].get("note"))  # a copy
+    one = bm.best_pass_row([runs[2]])
+    assert one["time_s"] == 5.0 and one["runs"] == 1 and "fastest" not in str(one.get("note"))
+    assert bm.best_pass_row([err, err])["status"] == "error"
+    with pytest.raises(ValueError, match="no measurement"):
+        bm.best_pass_row([])
+    # the report's detail line lists the runs
+    text = "\n".join(bm.pass_table(pd.DataFrame([best])))
+    assert "fastest of 4 runs: 6 s, error, 4.5 s, 5 s" in text
+    assert "fastest of" not in "\n".join(bm.pass_table(pd.DataFrame([one])))
+
+
 def load_pass_bench():
     from consolidate.bench import pass_bench
 
