@@ -79,6 +79,18 @@ def _text_hashes(texts: Sequence[str], known: Sequence[str | None] | None) -> li
     return out  # type: ignore[return-value]
 
 
+def _centroids(
+    st: PassState, rows: np.ndarray, seg: np.ndarray, k: int, strength: np.ndarray
+) -> torch.Tensor:
+    """:func:`~consolidate.pipeline.state.segment_centroids` of the table's rows ``rows``:
+    read block by block from the snapshot's vectors when every row is a snapshot row (no
+    gathered copy of the members' vectors), else from a gather that includes rows the pass
+    wrote."""
+    if int(rows.max()) < st.vec.shape[0]:
+        return segment_centroids(st.vec, rows, seg, k, strength)
+    return segment_centroids(st.vectors(rows), np.arange(len(rows)), seg, k, strength)
+
+
 def new_records(
     st: PassState,
     groups: Sequence[np.ndarray],
@@ -127,7 +139,7 @@ def new_records(
     seg = np.repeat(np.arange(k), sizes)
     starts = np.r_[0, np.cumsum(sizes)[:-1]]
     strength = st.col("strength")[rows]
-    vec = segment_centroids(st.vectors(rows), np.arange(len(rows)), seg, k, strength)
+    vec = _centroids(st, rows, seg, k, strength)
     cols: dict[str, Any] = {
         "id": pd.Series(list(ids), dtype=object),
         "namespace": pd.Series(st.meta["namespace"].to_numpy(object)[rows[starts]], dtype=object),
