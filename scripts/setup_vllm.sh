@@ -8,6 +8,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 V=.venv-vllm
+if ! { [ -x $V/bin/python ] && $V/bin/python -c "import vllm" 2>/dev/null; }; then
+  # the install needs about 6 GB on disk while pip unpacks; say so before it fails halfway
+  free_gb=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
+  if [ "$free_gb" -lt 6 ]; then
+    echo "setup_vllm.sh: $free_gb GB free on the disk of $(pwd); $V needs about 6 GB:" \
+      "free some space (or set CONSOLIDATE_SKIP_VLLM=1 to skip the vllm tests)" >&2
+    exit 1
+  fi
+fi
 [ -x $V/bin/python ] || "$PY" -m venv $V
 $V/bin/python -m pip install -q --upgrade pip
 $V/bin/python -c "import torch" 2>/dev/null || $V/bin/python -m pip install -q torch==2.13.0
