@@ -1302,45 +1302,50 @@ def _read_snapshot(path: Path, dim: int | None) -> tuple[pa.Table, np.ndarray | 
     """Read a snapshot as ``(table, vectors)``, verifying page checksums
     (:func:`_read_parquet`).
 
-    A fixed-size vector column ``dim`` wide (any stored dtype) is decoded row group by row
-    group into one ``float32 [n, d]`` array allocated up front
-    (:func:`~consolidate.store.vectors.empty_vectors`), and ``table`` holds the other
-    columns: the peak is the output plus one row group, not the whole encoded column beside
-    its decoded copy (a snapshot of 10^6 x 384 fp32 written in one row group peaked at
-    5.3 GB to read). Any other vector column (a variable-length list another writer left)
-    is read with the table, ``vectors`` ``None``, for
-    :func:`~consolidate.store.schema.records_from_arrow` to decode and check row by row.
+    A fixed-size vector column ``dim`` wide (any stored dtype) is read row group by row
+    group: each group's vectors are decoded into one ``float32 [n, d]`` array allocated up
+    front (:func:`~consolidate.store.vectors.empty_vectors`) and its other columns kept as
+    ``table``'s chunks. The peak is the output plus one row group, not the whole encoded
+    column beside its decoded copy (a snapshot of 10^6 x 384 fp32 written in one row group
+    peaked at 5.3 GB to read). Every column of a row is read from the same group, so a
+    footer that miscounts a group cannot shift the vectors against the ids. Any other
+    vector column (a variable-length list another writer left) is read with the table,
+    ``vectors`` ``None``, for :func:`~consolidate.store.schema.records_from_arrow` to
+    decode and check row by row.
 
     Raises:
         OSError, pyarrow.ArrowException: the file cannot be read, or a checksum fails.
-        ValueError: the vector scan returned another number of rows than the table.
+        ValueError: the row groups hold another number of rows than the footer's total.
     """
     # pre_buffer off: on, the reader keeps every row group's encoded column chunks it has
     # read (1.5 GB more for 10^6 x 384 fp32, and twice the time)
     pf = pq.ParquetFile(path, page_checksum_verification=True, pre_buffer=False)
-    names = pf.schema_arrow.names
-    vtype = pf.schema_arrow.field("vector").type if "vector" in names else None
+    schema = pf.schema_arrow
+    vtype = schema.field("vector").type if "vector" in schema.names else None
     if (
         vtype is None
         or not pa.types.is_fixed_size_list(vtype)
         or (dim is not None and vtype.list_size != dim)
     ):
         return pf.read(), None
-    vcols = ["vector", *([SCALE_COLUMN] if SCALE_COLUMN in names else [])]
-    table = pf.read(columns=[c for c in names if c not in vcols])
-    n = table.num_rows
+    vcols = ["vector", *([SCALE_COLUMN] if SCALE_COLUMN in schema.names else [])]
+    n = pf.metadata.num_rows
     vectors = empty_vectors(n, vtype.list_size)
+    parts = []
     at = 0
     for g in range(pf.num_row_groups):
-        batch = pf.read_row_group(g, columns=vcols)
-        k = batch.num_rows
+        group = pf.read_row_group(g)
+        k = group.num_rows
         if at + k > n:
-            raise ValueError(f"the vector column of {path} has more rows than its table ({n})")
-        scale = batch.column(SCALE_COLUMN) if SCALE_COLUMN in vcols else None
-        vectors[at : at + k] = decode_vectors(batch.column("vector"), scale)
+            raise ValueError(f"the row groups of {path} hold more rows than its footer's {n}")
+        scale = group.column(SCALE_COLUMN) if SCALE_COLUMN in vcols else None
+        vectors[at : at + k] = decode_vectors(group.column("vector"), scale)
+        parts.append(group.drop_columns(vcols))
         at += k
+        del group  # its vectors are decoded: the next group reuses their memory
     if at != n:
-        raise ValueError(f"the vector column of {path} has {at} rows, its table {n}")
+        raise ValueError(f"the row groups of {path} hold {at} rows, its footer says {n}")
+    table = pa.concat_tables(parts) if parts else schema.empty_table().drop_columns(vcols)
     return table, vectors
 
 

@@ -167,6 +167,38 @@ def test_a_snapshot_in_many_row_groups_loads_group_by_group(tmp_path, monkeypatc
         assert s.commit(snap.records, [], base=snap)["unchanged"] is True
 
 
+def test_a_row_group_shorter_than_its_footer_says_is_refused_not_shifted(tmp_path, monkeypatch):
+    """Every column of a row comes from one row group: a group that yields a row fewer than
+    the footer's total (a miscounted group in a damaged footer, under a CURRENT without
+    ``rows`` or a checksum) is a CorruptStoreError naming the file, never vectors shifted
+    against their ids."""
+    import consolidate.store.store as store_mod
+
+    monkeypatch.setattr(store_mod, "ROW_GROUP_ROWS", 7)
+    recs = make_records(random_rows(40, 16, seed=8))
+    s = Store(tmp_path / "s")
+    s.create(recs)
+    ptr = json.loads(s.pointer_path.read_text())
+    ptr.pop("snapshot_sha256", None)
+    ptr.pop("rows", None)
+    s.pointer_path.write_text(json.dumps(ptr))
+    real = pq.ParquetFile.read_row_group
+
+    def short_group_2(self, i, *args, **kwargs):
+        got = real(self, i, *args, **kwargs)
+        return got.slice(0, got.num_rows - 1) if i == 2 else got
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", short_group_2)
+    snapshot = tmp_path / "s" / "snapshots" / s.head().snapshot
+    with pytest.raises(CorruptStoreError, match="hold 39 rows, its footer says 40") as e:
+        s.load()
+    assert str(snapshot) in str(e.value)
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", real)
+    snap = s.load()  # the file itself is whole
+    np.testing.assert_array_equal(snap.records.vectors, recs.vectors)
+    assert snap.records.meta["id"].tolist() == recs.meta["id"].tolist()
+
+
 def test_store_conversion_and_bad_pointer(tmp_path):
     recs = make_records(random_rows(20, 8, seed=5))
     s = Store(tmp_path / "s")
