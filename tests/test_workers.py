@@ -116,6 +116,27 @@ def test_guard_pairs_equal_the_guard_pair_by_pair():
         near.guard_pairs(TEXTS, ci, cj, [(0, 3), (3, 8)], 1)
 
 
+def test_guard_pairs_in_groups_keep_classes_inside_a_group():
+    # item 5 repeats item 0's text in the other namespace: one part, two groups
+    texts = TEXTS[:5] + ["Gina has 2 cats"] + TEXTS[6:]
+    ns = np.array([0, 0, 0, 0, 0, 1, 1, 1], np.int64)
+    pairs = [(a, b) for a in range(8) for b in range(a + 1, 8) if ns[a] == ns[b]]
+    ci = np.array([a for a, _ in pairs], np.int64)
+    cj = np.array([b for _, b in pairs], np.int64)
+    want = {(a, b): conflict_reason(texts[a], texts[b]) for a, b in pairs}
+    for workers in (1, 2):
+        parts = near.namespace_parts(ns, workers)
+        cls, answers = near.guard_pairs(texts, ci, cj, parts, workers, groups=ns)
+        assert answers == want
+        # a class is the first item of its group with an equal signature
+        assert cls.tolist() == [0, 1, 0, 3, 4, 5, 6, 7]
+    # without groups, one part: item 5 shares item 0's class
+    cls, answers = near.guard_pairs(texts, ci, cj, [(0, 8)], 1)
+    assert answers == want and cls.tolist() == [0, 1, 0, 3, 4, 0, 6, 7]
+    with pytest.raises(ValueError, match="crosses two groups"):
+        near.guard_pairs(texts, np.array([0]), np.array([5]), [(0, 8)], 1, groups=ns)
+
+
 NAMES = ["Gina", "Jon", "Ana", "Omar", "Lena", "Ravi", "Mia", "Tom", "Sara", "Ivan", "Zoe"]
 THINGS = ["tea", "jazz", "chess", "tennis", "poetry", "sushi", "hiking"]
 

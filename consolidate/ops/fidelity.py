@@ -118,7 +118,7 @@ def _term(t: str) -> str | None:
     return _stem(t)
 
 
-@functools.lru_cache(maxsize=1 << 17)
+@functools.lru_cache(maxsize=1 << 14)
 def _analysis(key: str) -> tuple[frozenset, frozenset, frozenset, bool, frozenset, frozenset]:
     toks = content_tokens(key)
     f = facts_from_tokens(key, toks)
@@ -130,7 +130,7 @@ def _analysis(key: str) -> tuple[frozenset, frozenset, frozenset, bool, frozense
     return terms, items, f.names, f.negated, scope, f.words
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=1 << 13)
 def clauses_of(text: str) -> tuple[Clause, ...]:
     """The :class:`Clause` of each part of ``text`` (``str``) that has a letter or a digit,
     in order; cached (members recur across clusters and passes), and each clause's analysis

@@ -240,9 +240,13 @@ def _requests(st: PassState, version: int) -> list[MergeRequest]:
 
 
 #: requests per call of the merger's ``merge_batch``: each chunk's merges are checked before
-#: the next chunk is merged, so its members' clauses are still in the fidelity checker's
-#: cache (:func:`~consolidate.ops.fidelity.clauses_of`, 65,536 texts) when the check reads them
+#: the next chunk is merged
 MERGE_CHUNK = 8192
+
+#: requests per ``merge_batch`` call of a model-free merger (``pure``): small enough that a
+#: chunk's member clauses, read by the merger, are still in the fidelity checker's cache
+#: (:func:`~consolidate.ops.fidelity.clauses_of`, 8,192 texts) when the check reads them
+PURE_MERGE_CHUNK = 256
 
 #: clusters from which a model-free merger (``pure``) and the fidelity check run in forked
 #: processes (:func:`~consolidate.workers.fork_map`); fewer are answered inline
@@ -280,14 +284,16 @@ def answer_requests(
     merger: Merger, requests: list[MergeRequest], threshold: float
 ) -> list[tuple[MergeResponse, dict[str, list[str]]]]:
     """The merger's response to each request, :data:`MERGE_CHUNK` requests per
-    ``merge_batch`` call, each with its fidelity check (:func:`checked_merge`).
+    ``merge_batch`` call (:data:`PURE_MERGE_CHUNK` for a model-free merger), each with its
+    fidelity check (:func:`checked_merge`).
 
     Raises:
         ValueError: the merger returned the wrong number of responses for a chunk.
     """
     out = []
-    for k0 in range(0, len(requests), MERGE_CHUNK):
-        reqs = requests[k0 : k0 + MERGE_CHUNK]
+    chunk = PURE_MERGE_CHUNK if getattr(merger, "pure", False) else MERGE_CHUNK
+    for k0 in range(0, len(requests), chunk):
+        reqs = requests[k0 : k0 + chunk]
         got = merger.merge_batch(reqs)
         if len(got) != len(reqs):
             raise ValueError(

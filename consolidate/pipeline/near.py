@@ -13,6 +13,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from ..config import PassConfig, SimilarityConfig
@@ -116,70 +117,110 @@ def guard_pairs(
     parts: list[tuple[int, int]],
     workers: int,
     not_shared: Sequence[np.ndarray] = (),
+    groups: np.ndarray | None = None,
 ) -> tuple[np.ndarray, dict[tuple[int, int], str | None]]:
     """The conflict guard over candidate pairs, part by part, in up to ``workers``
     processes.
 
-    Each part is a contiguous range of items ``[a, b)`` that holds whole namespaces, so it
-    holds both items of each of its pairs. In a part, the texts get their
-    :class:`~consolidate.ops.guard.ConflictSignature` (once per distinct text), each item its
-    class (the part's first item with an equal signature), and each pair of classes one
-    :func:`~consolidate.ops.guard.conflict_between` answer (the guard is symmetric: the order of
-    the two texts does not change the answer).
+    Each part is a contiguous range of items ``[a, b)`` that holds whole groups (the
+    pass's namespaces), so it holds both items of each of its pairs. In a group, the texts
+    get their :class:`~consolidate.ops.guard.ConflictSignature` (once per distinct text),
+    each item its class (the group's first item with an equal signature), and each pair of
+    classes one :func:`~consolidate.ops.guard.conflict_between` answer (the guard is
+    symmetric: the order of the two texts does not change the answer). A group's
+    signatures are dropped when its pairs are answered, so memory grows with the largest
+    group, not with the part. A forked worker reads its part's texts from an Arrow copy
+    made before the fork, not from this process's string objects (reading those would
+    copy every memory page that holds one into the worker).
 
     Args:
         texts: the ``m`` items' texts.
-        ci, cj: ``int64 [p]`` item positions of the pairs (each pair inside one part).
+        ci, cj: ``int64 [p]`` item positions of the pairs (each pair inside one group).
         parts: ``(a, b)`` item ranges covering ``range(m)``.
         workers: processes in all (1 = inline).
         not_shared: large arrays the parts never read, kept out of forked children.
+        groups: ``int64 [m]`` group code per item, each group one contiguous run of items
+            inside one part; ``None``: each part is one group.
 
     Returns:
         ``(cls, answers)``: ``int64 [m]`` each item's class (an item position: equal
         classes have equal signatures); ``{(low, high) item positions: reason or None}``
         for every pair.
+
+    Raises:
+        ValueError: a pair crosses two parts or two groups.
     """
-    part_of = np.zeros(len(texts), np.int64)
+    m = len(texts)
+    part_of = np.zeros(m, np.int64)
     for k, (a, b) in enumerate(parts):
         part_of[a:b] = k
     pair_part = part_of[ci]
     if not np.array_equal(pair_part, part_of[cj]):
         raise ValueError("a pair crosses two parts of the conflict guard")
+    starts = np.array([a for a, _ in parts] + [m], np.int64)
+    if groups is not None:
+        groups = np.asarray(groups, np.int64)
+        if not np.array_equal(groups[ci], groups[cj]):
+            raise ValueError("a pair crosses two groups of the conflict guard")
+        starts = np.union1d(starts, np.flatnonzero(np.diff(groups)) + 1)
     lo, hi = np.minimum(ci, cj), np.maximum(ci, cj)
-    order = np.argsort(pair_part, kind="stable")
-    cuts = np.searchsorted(pair_part[order], np.arange(len(parts) + 1))
+    # the pairs by low item: each group's pairs are one run, the parts' runs in part order
+    order = np.argsort(lo, kind="stable")
+    lo_s, hi_s = lo[order], hi[order]
+    pair_cut = np.searchsorted(lo_s, starts)
+    packed: dict[int, pa.Array] = {}  # the parts forked workers answer (all but the first)
+    if workers > 1 and len(parts) > 1:
+        packed = {k: pa.array(texts[a:b], pa.large_string()) for k, (a, b) in enumerate(parts)}
+        del packed[0]
 
     def part(k: int) -> tuple[list[int], list[str | None]]:
         a, b = parts[k]
-        memo: dict[str, ConflictSignature] = {}
-        first: dict[ConflictSignature, int] = {}
-        sigs, cls = [], []
-        for x in range(a, b):
-            t = texts[x]
-            sig = memo.get(t)
-            if sig is None:
-                sig = memo[t] = conflict_signature(t)
-            sigs.append(sig)
-            cls.append(first.setdefault(sig, x))
-        done: dict[tuple[int, int], str | None] = {}
-        out = []
-        for e in order[cuts[k] : cuts[k + 1]].tolist():
-            x, y = int(lo[e]), int(hi[e])
-            key = (cls[x - a], cls[y - a])
-            if key not in done:
-                done[key] = conflict_between(sigs[x - a], sigs[y - a])
-            out.append(done[key])
-        return cls, out
+        own = packed[k].to_pylist() if k in packed else texts[a:b]
+        g0, g1 = np.searchsorted(starts, [a, b])
+        return _guard_groups(own, a, starts[g0 : g1 + 1], lo_s, hi_s, pair_cut[g0 : g1 + 1])
 
     got = fork_map(part, list(range(len(parts))), workers, not_shared)
     cls = (
         np.concatenate([np.asarray(c, np.int64) for c, _ in got]) if got else np.zeros(0, np.int64)
     )
-    answers: dict[tuple[int, int], str | None] = {}
-    for k, (_, out) in enumerate(got):
-        es = order[cuts[k] : cuts[k + 1]]
-        answers.update(zip(zip(lo[es].tolist(), hi[es].tolist(), strict=True), out, strict=True))
-    return cls, answers
+    keys = zip(lo_s.tolist(), hi_s.tolist(), strict=True)
+    return cls, dict(zip(keys, [r for _, out in got for r in out], strict=True))
+
+
+def _guard_groups(
+    texts: list[str],
+    a: int,
+    starts: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    pair_cut: np.ndarray,
+) -> tuple[list[int], list[str | None]]:
+    """:func:`guard_pairs` for one part: ``texts`` of items ``a..``, its groups' first
+    items ``starts`` (and the part's end), the pairs ``(lo, hi)`` sorted by ``lo`` with
+    group ``g``'s pairs at ``pair_cut[g]:pair_cut[g + 1]``. Returns each item's class and
+    each pair's answer, in that order."""
+    cls = list(range(a, a + len(texts)))
+    out: list[str | None] = []
+    for g in range(len(starts) - 1):
+        s, e = int(starts[g]), int(starts[g + 1])
+        memo: dict[str, ConflictSignature] = {}
+        first: dict[ConflictSignature, int] = {}
+        sigs = []
+        for x in range(s, e):
+            t = texts[x - a]
+            sig = memo.get(t)
+            if sig is None:
+                sig = memo[t] = conflict_signature(t)
+            sigs.append(sig)
+            cls[x - a] = first.setdefault(sig, x)
+        done: dict[tuple[int, int], str | None] = {}
+        p0, p1 = int(pair_cut[g]), int(pair_cut[g + 1])
+        for x, y in zip(lo[p0:p1].tolist(), hi[p0:p1].tolist(), strict=True):
+            key = (cls[x - a], cls[y - a])
+            if key not in done:
+                done[key] = conflict_between(sigs[x - s], sigs[y - s])
+            out.append(done[key])
+    return cls, out
 
 
 def namespace_parts(ns: np.ndarray, parts: int) -> list[tuple[int, int]]:
@@ -253,7 +294,9 @@ def _conflict_rules(
         texts = st.meta["text"].to_numpy(object)[u.first[items]].tolist()
         workers = st.workers if len(ci) >= PARALLEL_MIN_PAIRS else 1
         parts = namespace_parts(u.ns[items], workers)
-        sig_cls, answers = guard_pairs(texts, ci, cj, parts, workers, st.vector_buffers())
+        sig_cls, answers = guard_pairs(
+            texts, ci, cj, parts, workers, st.vector_buffers(), groups=u.ns[items]
+        )
         memo: dict[str, ConflictSignature] = {}
 
         def signature(x: int) -> ConflictSignature:

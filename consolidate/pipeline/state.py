@@ -552,7 +552,17 @@ class PassState:
                 base.index_select(0, torch.from_numpy(kb).to(base.device)).cpu().numpy()
             )
         if self.new_vec:
-            out[len(kb) :] = torch.cat(self.new_vec).cpu().numpy()[keep[keep >= n0] - n0]
+            # piece by piece: no concatenated copy of the written rows' vectors
+            kn = keep[keep >= n0] - n0  # sorted positions among the written rows
+            at, lo = len(kb), 0
+            for piece in self.new_vec:
+                hi = lo + piece.shape[0]
+                a, b = np.searchsorted(kn, [lo, hi])
+                if b > a:
+                    sel = kn[a:b] - lo
+                    v = piece.cpu().numpy()
+                    out[at : at + b - a] = v if b - a == len(v) else v[sel]
+                at, lo = at + b - a, hi
         return Records(meta, out, origin=origin)
 
 

@@ -329,8 +329,9 @@ def test_the_pass_pauses_the_garbage_collector_and_huge_pages_and_restores_them(
 
 
 def test_merges_are_asked_in_chunks_and_a_short_answer_is_an_error(monkeypatch):
-    # 5 clusters in chunks of 2: three merge_batch calls of 2, 2 and 1 requests, each chunk
-    # answered before the next is asked; a merger that answers one too few is refused
+    # 5 clusters in chunks of 2 (a model merger) or 3 (a model-free one): merge_batch calls
+    # of 2, 2 and 1 or of 3 and 2 requests, each chunk answered before the next is asked; a
+    # merger that answers one too few is refused
     import consolidate.pipeline.merging as mg
     from consolidate.ops.merge import ExtractiveMerger
 
@@ -339,8 +340,11 @@ def test_merges_are_asked_in_chunks_and_a_short_answer_is_an_error(monkeypatch):
     cfg = PassConfig(threshold=0.9, now="1000")
     whole = run_pass(recs, cfg=cfg, wall_h=1001.0)  # one merge_batch call
     monkeypatch.setattr(mg, "MERGE_CHUNK", 2)
+    monkeypatch.setattr(mg, "PURE_MERGE_CHUNK", 3)
 
     class Counting(ExtractiveMerger):
+        pure = False  # as if it called a model
+
         def __init__(self, drop=False):
             super().__init__()
             self.sizes, self.drop = [], drop
@@ -356,5 +360,12 @@ def test_merges_are_asked_in_chunks_and_a_short_answer_is_an_error(monkeypatch):
     assert n >= 3 and m.sizes == [2] * (n // 2) + [1] * (n % 2)
     assert res.records.meta.equals(whole.records.meta)
     assert res.events == whole.events
+    Counting.pure = True
+    m = Counting()
+    res = run_pass(recs, cfg=cfg, merger=m, wall_h=1001.0)
+    assert m.sizes == [3] * (n // 3) + [n % 3] * (n % 3 > 0)
+    assert res.records.meta.equals(whole.records.meta)
+    assert res.events == whole.events
+    Counting.pure = False
     with pytest.raises(ValueError, match="returned 1 responses for 2 requests"):
         run_pass(recs, cfg=cfg, merger=Counting(drop=True), wall_h=1001.0)
