@@ -152,7 +152,50 @@ def id_ranks(ids: np.ndarray | pd.Series) -> np.ndarray:
         ) from e
     if len(arr) > 1 and pc.all(pc.less(arr.slice(0, len(arr) - 1), arr.slice(1))).as_py():
         return np.arange(len(arr), dtype=np.int64)  # already in id order (no sort)
-    return pc.rank(arr, sort_keys="ascending", tiebreaker="first").to_numpy().astype(np.int64) - 1
+    order = _byte_key_order(arr)
+    if order is None:
+        return (
+            pc.rank(arr, sort_keys="ascending", tiebreaker="first").to_numpy().astype(np.int64) - 1
+        )
+    rank = np.empty(len(arr), np.int64)
+    rank[order] = np.arange(len(arr), dtype=np.int64)
+    return rank
+
+
+def _byte_key_order(arr: pa.StringArray) -> np.ndarray | None:
+    """The ascending order (``int64 [n]`` positions) of the strings ``arr`` (no nulls) by
+    their UTF-8 bytes, from an integer sort: each string's 8 bytes after the prefix all
+    share (zero-padded) form a big-endian ``uint64`` key; strings whose keys tie are then
+    ordered by their whole text (Arrow's sort, on those alone). ``None`` when more than an
+    eighth of the strings tie (Arrow's sort of all is then as fast). A zero pad sorts a
+    string before the longer strings it starts, as byte order does; a string holding a NUL
+    ties with the padding and goes to the whole-text sort."""
+    n = len(arr)
+    if arr.null_count or n < 2:
+        return None
+    lo, hi = pc.min_max(arr).values()
+    a, b = lo.as_py().encode("utf-8"), hi.as_py().encode("utf-8")
+    p = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    _, offs_buf, data_buf = arr.buffers()
+    offs = np.frombuffer(offs_buf, np.int32, n + 1, arr.offset * 4).astype(np.int64)
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    data = np.concatenate([data[offs[0] : offs[-1]], np.zeros(8, np.uint8)])
+    start, lens = offs[:-1] - offs[0] + p, np.diff(offs) - p
+    window = np.lib.stride_tricks.sliding_window_view(data, 8)[start]  # uint8 [n, 8]
+    window[np.arange(8) >= lens[:, None]] = 0  # the zero pad past each string's end
+    key = window.view(">u8").ravel().astype(np.uint64)
+    order = np.argsort(key)
+    ks = key[order]
+    tie = ks[1:] == ks[:-1]
+    if not tie.any():
+        return order
+    slots = np.flatnonzero(np.r_[tie, False] | np.r_[False, tie])
+    if len(slots) > n // 8:
+        return None
+    sub = np.sort(order[slots])  # equal strings keep their order (a stable sort below)
+    tab = pa.table({"k": key[sub], "s": arr.take(pa.array(sub))})
+    order[slots] = sub[pc.sort_indices(tab, [("k", "ascending"), ("s", "ascending")]).to_numpy()]
+    return order
 
 
 def _merge_ranks(

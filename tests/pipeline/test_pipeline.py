@@ -46,6 +46,30 @@ def test_id_ranks_follow_code_point_order():
     assert [ids[k] for k in np.argsort(id_ranks(ids))] == sorted(ids.tolist())
 
 
+def test_id_ranks_by_byte_keys_equal_pythons_sort():
+    # a long shared prefix, prefixes of one another, ties in the 8 bytes after the prefix
+    # (resolved by the whole text), NUL (ties with the zero pad), multi-byte characters,
+    # the empty id; then random ids that never tie, and too many ties (Arrow's sort)
+    import pyarrow as pa
+
+    from consolidate.pipeline.state import _byte_key_order
+
+    rng = np.random.default_rng(3)
+    odd = ["user-42/mem-" + s for s in ("", "a", "a\x00", "a\x00b", "ab", "abcdefgh", "abcdefghZ")]
+    odd += ["user-42/mem-abcdefgh" + s for s in ("a", "", "é", "\U0001f600", "~")]
+    odd += ["user-42/mem-" + "".join(rng.choice(list("xyz\x00é"), 9)) for _ in range(300)]
+    cases = [
+        sorted(set(odd), key=lambda _: rng.random()),
+        [f"id-{k:016x}" for k in dict.fromkeys(rng.integers(0, 2**40, 500).tolist())],
+        [f"{k % 7}" * 9 + str(k) for k in rng.permutation(400)],
+    ]
+    for ids in cases:
+        arr = np.array(ids, dtype=object)
+        assert [arr[k] for k in np.argsort(id_ranks(arr))] == sorted(ids)
+    assert _byte_key_order(pa.array(cases[2])) is None  # ties everywhere: Arrow's sort
+    assert len(_byte_key_order(pa.array(cases[1]))) == len(cases[1])
+
+
 def test_id_ranks_of_ids_in_order_and_out_of_order():
     ids = np.array([f"m-{k:05d}" for k in range(50)], dtype=object)
     assert id_ranks(ids).tolist() == list(range(50))  # already sorted: no sort
