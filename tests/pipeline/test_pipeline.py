@@ -393,3 +393,28 @@ def test_merges_are_asked_in_chunks_and_a_short_answer_is_an_error(monkeypatch):
     Counting.pure = False
     with pytest.raises(ValueError, match="returned 1 responses for 2 requests"):
         run_pass(recs, cfg=cfg, merger=Counting(drop=True), wall_h=1001.0)
+
+
+@pytest.mark.parametrize("block", [3, 1024])
+def test_unit_rows_rescale_only_rows_off_unit_length(monkeypatch, block):
+    # unit rows (float64-normalised, then float32) are left as they are, with no copy; rows
+    # rounded through fp16 (off by ~1e-3) are rescaled in float64; zero and NaN rows stay
+    import consolidate.pipeline.run as run_mod
+
+    monkeypatch.setattr(run_mod, "UNIT_BLOCK", block)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((10, 24))
+    unit = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    assert run_mod._unit_rows(unit) is unit
+    v = unit.copy()
+    v[[1, 7]] = v[[1, 7]].astype(np.float16).astype(np.float32) * 1.01
+    v[4], v[8] = 0.0, np.nan
+    got = run_mod._unit_rows(v)
+    assert got is not v and np.array_equal(
+        v[[1, 7]], (unit[[1, 7]].astype(np.float16).astype(np.float32) * 1.01)
+    )
+    want = v[[1, 7]].astype(np.float64)
+    want = (want / np.linalg.norm(want, axis=1, keepdims=True)).astype(np.float32)
+    assert np.array_equal(got[[1, 7]], want)
+    same = [0, 2, 3, 4, 5, 6, 9]
+    assert np.array_equal(got[same], v[same]) and np.isnan(got[8]).all()
