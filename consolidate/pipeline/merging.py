@@ -206,23 +206,28 @@ def _requests(st: PassState, version: int) -> list[MergeRequest]:
     at = np.clip(np.searchsorted(pair_key, want), 0, max(len(pair_key) - 1, 0))
     found = pair_key[at] == want if len(pair_key) else np.zeros(len(want), bool)
     sim_of = np.where(found, p.sim[at] if p is not None and len(pair_key) else 0.0, np.nan)
+    # every combination's (key, key, cosine) at once; a cluster takes its slice (without
+    # the pairs the join did not return, where it has any)
+    flat = list(
+        zip(
+            keys[ca].tolist(),
+            keys[cb].tolist(),
+            [round(sv, 6) for sv in sim_of.tolist()],
+            strict=True,
+        )
+    )
+    missing = np.r_[0, np.cumsum(~found)]
     next_combo = 0
 
     out = []
     groups = cluster_rows(st)
     for x, (c, rows, mem) in enumerate(zip(st.clusters, groups, members(st, groups), strict=True)):
         if len(c) <= PAIRWISE_SIMILARITIES_MAX:
-            k = len(c) * (len(c) - 1) // 2
+            a, b = next_combo, next_combo + len(c) * (len(c) - 1) // 2
             sims = tuple(
-                (keys[a], keys[b], round(float(sv), 6))
-                for (a, b), sv in zip(
-                    combos[next_combo : next_combo + k],
-                    sim_of[next_combo : next_combo + k].tolist(),
-                    strict=True,
-                )
-                if sv == sv
+                flat[a:b] if missing[b] == missing[a] else (t for t in flat[a:b] if t[2] == t[2])
             )
-            next_combo += k
+            next_combo = b
         else:
             uv = u.vec[c].cpu().numpy().astype(np.float64)
             cen = (u.weight[c, None] * uv).sum(0)
