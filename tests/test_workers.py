@@ -4,6 +4,7 @@ failed or dead worker is a clear error."""
 import os
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import consolidate.pipeline.merging as merging
@@ -222,3 +223,23 @@ def test_the_pass_gives_the_same_records_with_forked_workers(monkeypatch, newer_
         assert out[workers].records.meta.equals(out[1].records.meta)
         assert np.array_equal(out[workers].records.vectors, out[1].records.vectors)
         assert out[workers].events == out[1].events
+
+
+def test_texts_arrow_cannot_hold_give_the_same_pass_with_forked_workers(monkeypatch):
+    # a lone surrogate (a text that is no valid UTF-8) cannot go into the Arrow copies the
+    # workers read: the pass reads those texts as they are and gives the same records
+    recs = _store(7)
+    texts = recs.meta["text"].to_numpy(object).copy()
+    texts[::7] = [t + " \udcff" for t in texts[::7]]
+    recs.meta["text"] = pd.Series(texts, dtype=object)
+    monkeypatch.setattr(near, "PARALLEL_MIN_PAIRS", 0)
+    monkeypatch.setattr(merging, "PARALLEL_MIN_CLUSTERS", 0)
+    out = []
+    for workers in (1, 2):
+        cfg = PassConfig(threshold=0.9, now="1000", cap=None, max_drop_fraction=1.0)
+        cfg = PassConfig(**{**cfg.__dict__, "text_workers": workers})
+        out.append(run_pass(recs, cfg=cfg, version=2, wall_h=1003.0))
+    assert out[0].stats.merges >= 20
+    assert any("\udcff" in t for t in out[0].records.meta["text"].dropna())
+    assert out[1].records.meta.equals(out[0].records.meta)
+    assert out[1].events == out[0].events

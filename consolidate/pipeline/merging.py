@@ -82,6 +82,16 @@ def source_texts(st: PassState, ids: list[str]) -> dict[str, tuple[str, ...]]:
     return out
 
 
+def _own_strings(values: np.ndarray) -> list[Any]:
+    """``values`` (``object [k]``) as a list of new string objects (through an Arrow copy),
+    or as they are where Arrow cannot hold them (a lone surrogate, a value that is no
+    string)."""
+    try:
+        return pa.array(values, pa.large_string()).to_pylist()
+    except (UnicodeError, pa.ArrowException):
+        return values.tolist()
+
+
 def members(st: PassState, groups: list[np.ndarray]) -> list[tuple[MergeMember, ...]]:
     """The :class:`~consolidate.ops.merge.MergeMember` of each row of each group (rows in the
     given order), with the columns read once for all groups' rows; ``sources`` from
@@ -93,7 +103,7 @@ def members(st: PassState, groups: list[np.ndarray]) -> list[tuple[MergeMember, 
     rows = np.concatenate(groups).astype(np.int64)
     m = st.meta.iloc[rows]
     cols = (
-        [pa.array(m[c].to_numpy(object), pa.large_string()).to_pylist() for c in ("id", "text")]
+        [_own_strings(m[c].to_numpy(object)) for c in ("id", "text")]
         + [
             m[c].to_numpy(np.float64).tolist()
             for c in ("importance", "last_used", "strength", "created_at")

@@ -170,8 +170,11 @@ def guard_pairs(
     pair_cut = np.searchsorted(lo_s, starts)
     packed: dict[int, pa.Array] = {}  # the parts forked workers answer (all but the first)
     if workers > 1 and len(parts) > 1:
-        packed = {k: pa.array(texts[a:b], pa.large_string()) for k, (a, b) in enumerate(parts)}
-        del packed[0]
+        try:
+            packed = {k: pa.array(texts[a:b], pa.large_string()) for k, (a, b) in enumerate(parts)}
+            del packed[0]
+        except (UnicodeError, pa.ArrowException):
+            packed = {}  # a text Arrow cannot hold (a lone surrogate): read as it is
 
     def part(k: int) -> tuple[list[int], list[str | None]]:
         a, b = parts[k]
