@@ -8,7 +8,6 @@ import pandas as pd
 import torch
 
 from ..config import PassConfig
-from ..pages import take_rows
 from .state import PassState, Units, group_sums, key_order, list_lengths, segment_centroids
 
 __all__ = ["exact_stage", "open_facts"]
@@ -88,8 +87,7 @@ def _unit_vectors(
         # snapshot's rows plus one new row per unit, more than a pass usually writes
         # (PassState.records falls back to fresh memory if not); untouched rows cost none
         st.spare = torch.empty((st.n + len(size), st.vec.shape[1]), dtype=st.vec.dtype)
-        out = take_rows(st.vec, idx, out=st.spare[: len(size)])
-        st.spare_mapped = len(size)
+        out = torch.index_select(st.vec, 0, idx, out=st.spare[: len(size)])
     else:
         out = st.vec.index_select(0, idx)
     multi = np.flatnonzero(size > 1)

@@ -20,7 +20,6 @@ from ..config import PassConfig, SimilarityConfig
 from ..device import resolve_device
 from ..ops.cluster import ClusterResult, centroid_clusters
 from ..ops.guard import ConflictSignature, conflict_between, conflict_signature
-from ..pages import take_rows
 from ..similarity import Pairs, threshold_pairs
 from ..workers import fork_map, split_evenly
 from .state import PassState, list_lengths
@@ -98,7 +97,7 @@ def compact_clusters(
     """
     items = np.unique(np.concatenate([pairs.i, pairs.j]))
     ci, cj = np.searchsorted(items, pairs.i), np.searchsorted(items, pairs.j)
-    sub = take_rows(vec, torch.from_numpy(items).to(vec.device)).cpu().numpy()
+    sub = vec.index_select(0, torch.from_numpy(items).to(vec.device)).cpu().numpy()
     kw = conflicts(items, ci, cj) if conflicts is not None else {}
     cr = centroid_clusters(
         ci, cj, pairs.sim, sub, weight[items], keys[items].tolist(), threshold, **kw

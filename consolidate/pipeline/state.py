@@ -21,7 +21,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from ..pages import populate, take_rows
 from ..similarity import Pairs
 from ..store.schema import COLUMNS, Records
 from ..text import utf8_ok
@@ -251,7 +250,6 @@ def segment_centroids(
     out = torch.empty((n_seg, d), dtype=torch.float32, device=dev)
     if not n_seg:
         return out
-    populate(out)  # see pages
     rows, seg = np.asarray(rows, np.int64), np.asarray(seg, np.int64)
     w = np.asarray(weight, np.float64)
     starts = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])
@@ -468,7 +466,6 @@ class PassState:
             the units are dropped, :meth:`records` writes the output vectors into it when
             they fit, instead of into fresh memory (the pages are already mapped: on a VM a
             first touch of fresh memory costs seconds per GB).
-        spare_mapped: leading rows of ``spare`` already written (their pages are mapped).
         workers: processes the text rules may use (:func:`~consolidate.workers.fork_map`).
     """
 
@@ -489,7 +486,6 @@ class PassState:
     stats: PassStats = field(default_factory=PassStats)
     origin: np.ndarray | None = None
     spare: torch.Tensor | None = field(default=None, repr=False, compare=False)
-    spare_mapped: int = 0
     workers: int = 1
     #: :meth:`sorted_ids`' cache (``None``: not built, or rows appended since)
     _sorted_ids: np.ndarray | None = field(default=None, repr=False, compare=False)
@@ -583,18 +579,17 @@ class PassState:
         )
         if base.device.type == "cpu" and len(kb) == n0 and not self.new_vec:
             return Records(meta, base.numpy(), origin=origin)  # nothing purged or written
-        spare, mapped = self.spare, 0
+        spare = self.spare
         if self.units is None and spare is not None and spare.shape[0] >= len(meta):
             out = spare.numpy()[: len(meta)]  # the units' rows, no longer needed
-            mapped, self.spare = self.spare_mapped, None
+            self.spare = None
         else:
             out = np.empty((len(meta), base.shape[1]), np.float32)
-        populate(out[mapped:])  # see pages: before torch's threads or a copy write it
         if base.device.type == "cpu" and len(kb) == n0:
             # nothing purged: one contiguous copy (torch's copy uses the intra-op threads)
             torch.from_numpy(out[:n0]).copy_(base)
         elif base.device.type == "cpu":
-            take_rows(base, torch.from_numpy(kb), out=torch.from_numpy(out[: len(kb)]))
+            torch.index_select(base, 0, torch.from_numpy(kb), out=torch.from_numpy(out[: len(kb)]))
         else:
             out[: len(kb)] = (
                 base.index_select(0, torch.from_numpy(kb).to(base.device)).cpu().numpy()
