@@ -1235,6 +1235,8 @@ class Runner:
             "rss_ratio",
             "workers_private_gb",
             "workers_cpu_s",
+            "sys_s",
+            "minor_faults",
         ]
         return pd.DataFrame(self.rows).reindex(columns=cols)
 
@@ -1640,6 +1642,8 @@ def pass_row(
         "workers_private_gb": workers_gb,
         "cpu_s": (meas.get("pass_cpu_s") or 0.0) + (meas.get("workers_cpu_s") or 0.0),
         "workers_cpu_s": meas.get("workers_cpu_s"),
+        "sys_s": meas.get("pass_sys_s", math.nan),
+        "minor_faults": meas.get("pass_minor_faults", math.nan),
         "load1": meas.get("load1", os.getloadavg()[0]),
     }
 
@@ -1809,6 +1813,8 @@ def pass_table(df: pd.DataFrame) -> list[str]:
             "load_s": "load s",
             "commit_s": "commit s",
             "cpu_s": "pass cpu s",
+            "sys_s": "kernel s",
+            "minor_faults": "page faults",
             "load1": "load1",
             "peak_rss_gb": "peak RSS GB",
             "rss_ratio": "RSS / data",
@@ -2000,7 +2006,12 @@ def _pass_section(df: pd.DataFrame) -> list[str]:
             "* pass cpu s: cpu seconds of the measuring process (all threads) and its forked "
             "text workers during the pass; "
             "load1: the 1-minute load average after it (other processes on a shared machine "
-            "slow the pass down: pass s grows, pass cpu s much less).",
+            "slow the pass down: pass s grows, pass cpu s much less). kernel s, page faults: "
+            "the measuring process's system cpu seconds and minor page faults during the "
+            "pass (`getrusage`). Most faults are first writes to memory the process has not "
+            "written before; on a virtual machine whose host takes back freed memory (free "
+            "page reporting) such a write can cost 10-20 us instead of 1-2 us, so kernel s "
+            "shows how much of pass s the machine's memory state added.",
             "",
             *passes,
         ]

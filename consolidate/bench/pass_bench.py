@@ -597,6 +597,17 @@ def _pass_configs(spec: dict[str, Any]) -> tuple[Any, Any]:
     return cfg, sim_cfg
 
 
+def _rusage() -> tuple[float, int]:
+    """``(kernel cpu s, minor page faults)`` of this process so far (``(nan, 0)`` where the
+    ``resource`` module is missing)."""
+    try:
+        import resource
+    except ImportError:
+        return math.nan, 0
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_stime, ru.ru_minflt
+
+
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """One whole-pass measurement in this process (a child of the benchmark, with the package
     ``spec`` names on its path): load the store at ``spec["store"]``, warm up on a slice,
@@ -639,9 +650,14 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     )
     with PeakRSS(every_s=0.05) as sampler:
         t, c, kids = time.perf_counter(), time.process_time(), _children_cpu_s()
+        ru = _rusage()
         res = run_pass(snap.records, cfg=cfg, sim_cfg=sim_cfg, version=snap.version + 1)
         out["pass_s"] = round(time.perf_counter() - t, 4)
         out["pass_cpu_s"] = round(time.process_time() - c, 4)
+        # kernel time (page faults, forks) and minor page faults of this process in the pass
+        ru2 = _rusage()
+        out["pass_sys_s"] = round(ru2[0] - ru[0], 4)
+        out["pass_minor_faults"] = ru2[1] - ru[1]
         # forked text workers (consolidate.workers): their CPU time and own memory
         out["workers_cpu_s"] = round(_children_cpu_s() - kids, 4)
     out["workers_private_gb"] = _gb(_workers_private())

@@ -105,6 +105,8 @@ def fake_pass(
         "merges": 7,
         "exact_merges": 3,
         "device": device,
+        "pass_sys_s": 0.75,
+        "pass_minor_faults": 123_456,
     }
     return bm.pass_row(case, gen, meas, method, family)
 
@@ -122,6 +124,7 @@ def test_pass_row_splits_the_pass_into_similarity_and_the_rest():
     assert r["nonsim_ratio"] == 0.5
     assert r["data_gb"] == 2.0 and r["peak_rss_gb"] == 4.0 and r["rss_ratio"] == 2.0
     assert r["expected_out"] == 10**6 - 10 and r["records_out"] == 10**6 - 10
+    assert r["sys_s"] == 0.75 and r["minor_faults"] == 123_456  # the child's getrusage
     no_sim = fake_pass(bm, 2000, 100, pass_s=1.0, sim_s=0.0)
     assert no_sim["nonsim_ratio"] != no_sim["nonsim_ratio"]  # NaN, not a division by zero
 
@@ -341,8 +344,13 @@ def test_tiny_pass_cases_run_end_to_end(tmp_path):
     assert (df.records_out == df.expected_out).all()
     assert (df.clusters == df.planted_clusters).all()
     assert (df.similarity_s > 0).all() and (df.rss_ratio > 1).all()
+    # the child's kernel time and page faults in the pass (it writes fresh memory)
+    assert (df.minor_faults > 0).all() and (df.sys_s >= 0).all()
     report = (tmp_path / "report.md").read_text()
     assert "## Whole pass" in report and "x faster than baseline" not in report
+    header = next(x for x in report.splitlines() if x.startswith("|") and "pass s" in x)
+    assert [c.strip() for c in header.split("|")].count("kernel s") == 1
+    assert [c.strip() for c in header.split("|")].count("page faults") == 1
 
 
 def test_baseline_child_imports_only_the_exported_package(tmp_path):
