@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from ..config import PassConfig
 from ..ops.fidelity import lost_members
@@ -24,7 +23,7 @@ from ..text import text_hashes
 from ..workers import fork_map, split_evenly
 from .exact import _ranges
 from .rows import new_records
-from .state import PassState, claim_ids, list_lengths, merged_id
+from .state import PassState, arrow_strings, claim_ids, list_lengths, merged_id
 
 __all__ = [
     "merge_stage",
@@ -83,13 +82,11 @@ def source_texts(st: PassState, ids: list[str]) -> dict[str, tuple[str, ...]]:
 
 
 def _own_strings(values: np.ndarray) -> list[Any]:
-    """``values`` (``object [k]``) as a list of new string objects (through an Arrow copy),
-    or as they are where Arrow cannot hold them (a lone surrogate, a value that is no
-    string)."""
-    try:
-        return pa.array(values, pa.large_string()).to_pylist()
-    except (UnicodeError, pa.ArrowException):
-        return values.tolist()
+    """``values`` (``object [k]``) as a list of new string objects (through an Arrow copy,
+    :func:`~consolidate.pipeline.state.arrow_strings`), or as they are where Arrow cannot
+    hold them (a lone surrogate, a value that is no string)."""
+    arr = arrow_strings(values)
+    return values.tolist() if arr is None else arr.to_pylist()
 
 
 def members(st: PassState, groups: list[np.ndarray]) -> list[tuple[MergeMember, ...]]:

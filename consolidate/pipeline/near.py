@@ -22,7 +22,7 @@ from ..ops.cluster import ClusterResult, centroid_clusters
 from ..ops.guard import ConflictSignature, conflict_between, conflict_signature
 from ..similarity import Pairs, threshold_pairs
 from ..workers import fork_map, split_evenly
-from .state import PassState, list_lengths
+from .state import PassState, arrow_strings, list_lengths
 
 __all__ = [
     "similar_pairs",
@@ -168,17 +168,16 @@ def guard_pairs(
     order = np.argsort(lo, kind="stable")
     lo_s, hi_s = lo[order], hi[order]
     pair_cut = np.searchsorted(lo_s, starts)
-    packed: dict[int, pa.Array] = {}  # the parts forked workers answer (all but the first)
+    packed: dict[int, pa.Array | None] = {}  # the parts forked workers answer (not the first)
     if workers > 1 and len(parts) > 1:
-        try:
-            packed = {k: pa.array(texts[a:b], pa.large_string()) for k, (a, b) in enumerate(parts)}
-            del packed[0]
-        except (UnicodeError, pa.ArrowException):
+        packed = {k: arrow_strings(texts[a:b]) for k, (a, b) in enumerate(parts) if k}
+        if any(v is None for v in packed.values()):
             packed = {}  # a text Arrow cannot hold (a lone surrogate): read as it is
 
     def part(k: int) -> tuple[list[int], list[str | None]]:
         a, b = parts[k]
-        own = packed[k].to_pylist() if k in packed else texts[a:b]
+        got = packed.get(k)
+        own = got.to_pylist() if got is not None else texts[a:b]
         g0, g1 = np.searchsorted(starts, [a, b])
         return _guard_groups(own, a, starts[g0 : g1 + 1], lo_s, hi_s, pair_cut[g0 : g1 + 1])
 

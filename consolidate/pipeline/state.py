@@ -37,6 +37,7 @@ __all__ = [
     "key_order",
     "group_sums",
     "segment_centroids",
+    "arrow_strings",
 ]
 
 
@@ -136,6 +137,20 @@ def key_order(*keys: np.ndarray) -> np.ndarray:
                 combined += a
             return np.argsort(combined, kind="stable")
     return np.lexsort(arrs[::-1])
+
+
+def arrow_strings(values: Sequence[Any] | np.ndarray) -> pa.LargeStringArray | None:
+    """``values`` copied into one Arrow ``large_string`` array (the characters of all of them
+    in one buffer; ``None`` values become nulls), or ``None`` where Arrow cannot hold one of
+    them (a lone surrogate, a value that is not a string).
+
+    Its ``to_pylist()`` gives new string objects next to each other in memory: what a
+    forked worker should read instead of the parent's own strings (reading a string writes
+    its reference count, which copies the whole page that holds it into the worker)."""
+    try:
+        return pa.array(values, pa.large_string())
+    except (UnicodeError, pa.ArrowException):
+        return None
 
 
 def id_ranks(ids: np.ndarray | pd.Series) -> np.ndarray:
@@ -602,9 +617,8 @@ class PassState:
                 hi = lo + piece.shape[0]
                 a, b = np.searchsorted(kn, [lo, hi])
                 if b > a:
-                    sel = kn[a:b] - lo
                     v = piece.cpu().numpy()
-                    out[at : at + b - a] = v if b - a == len(v) else v[sel]
+                    out[at : at + b - a] = v if b - a == len(v) else v[kn[a:b] - lo]
                 at, lo = at + b - a, hi
         return Records(meta, out, origin=origin)
 

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 import torch
 
@@ -16,7 +17,7 @@ from consolidate.ops.merge import lost_facts
 from consolidate.pipeline import PassStats, run_pass
 from consolidate.pipeline.exact import exact_stage
 from consolidate.pipeline.run import _start
-from consolidate.pipeline.state import id_ranks, segment_centroids
+from consolidate.pipeline.state import arrow_strings, id_ranks, segment_centroids
 from tests.helpers import LOCOMO, make_records, random_rows
 
 
@@ -44,6 +45,17 @@ def test_segment_centroids_match_a_float64_reference():
 def test_id_ranks_follow_code_point_order():
     ids = np.array(["b", "a", "é", "B", "ab", "z9"], dtype=object)
     assert [ids[k] for k in np.argsort(id_ranks(ids))] == sorted(ids.tolist())
+
+
+def test_arrow_strings_copy_what_arrow_can_hold():
+    values = np.array(["ab c", "é ü", None, "x" * 70_000], dtype=object)
+    arr = arrow_strings(values)
+    assert arr is not None and arr.type == pa.large_string()
+    got = arr.to_pylist()
+    assert got == values.tolist()
+    assert all(g is not v for g, v in zip(got, values, strict=True) if v is not None)  # new
+    assert arrow_strings(["ok", "\ud800"]) is None  # a lone surrogate has no UTF-8
+    assert arrow_strings(["ok", 3]) is None  # not a string
 
 
 def test_id_ranks_by_byte_keys_equal_pythons_sort():
