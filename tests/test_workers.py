@@ -236,8 +236,9 @@ def test_texts_arrow_cannot_hold_give_the_same_pass_with_forked_workers(monkeypa
     monkeypatch.setattr(merging, "PARALLEL_MIN_CLUSTERS", 0)
     out = []
     for workers in (1, 2):
-        cfg = PassConfig(threshold=0.9, now="1000", cap=None, max_drop_fraction=1.0)
-        cfg = PassConfig(**{**cfg.__dict__, "text_workers": workers})
+        cfg = PassConfig(
+            threshold=0.9, now="1000", cap=None, max_drop_fraction=1.0, text_workers=workers
+        )
         out.append(run_pass(recs, cfg=cfg, version=2, wall_h=1003.0))
     assert out[0].stats.merges >= 20
     assert any("\udcff" in t for t in out[0].records.meta["text"].dropna())

@@ -597,15 +597,15 @@ def _pass_configs(spec: dict[str, Any]) -> tuple[Any, Any]:
     return cfg, sim_cfg
 
 
-def _rusage() -> tuple[float, int]:
-    """``(kernel cpu s, minor page faults)`` of this process so far (``(nan, 0)`` where the
-    ``resource`` module is missing)."""
+def _rusage() -> tuple[float, float]:
+    """``(kernel cpu s, minor page faults)`` of this process so far (both NaN where the
+    ``resource`` module is missing: not measured, rather than none)."""
     try:
         import resource
     except ImportError:
-        return math.nan, 0
+        return math.nan, math.nan
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_stime, ru.ru_minflt
+    return float(ru.ru_stime), float(ru.ru_minflt)
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
@@ -657,7 +657,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         # kernel time (page faults, forks) and minor page faults of this process in the pass
         ru2 = _rusage()
         out["pass_sys_s"] = round(ru2[0] - ru[0], 4)
-        out["pass_minor_faults"] = ru2[1] - ru[1]
+        out["pass_minor_faults"] = ru2[1] - ru[1]  # a float: NaN when not measured
         # forked text workers (consolidate.workers): their CPU time and own memory
         out["workers_cpu_s"] = round(_children_cpu_s() - kids, 4)
     out["workers_private_gb"] = _gb(_workers_private())
