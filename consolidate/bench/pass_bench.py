@@ -657,7 +657,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         # kernel time (page faults, forks) and minor page faults of this process in the pass
         ru2 = _rusage()
         out["pass_sys_s"] = round(ru2[0] - ru[0], 4)
-        out["pass_minor_faults"] = ru2[1] - ru[1]  # a float: NaN when not measured
+        faults = ru2[1] - ru[1]
+        out["pass_minor_faults"] = int(faults) if math.isfinite(faults) else math.nan
         # forked text workers (consolidate.workers): their CPU time and own memory
         out["workers_cpu_s"] = round(_children_cpu_s() - kids, 4)
     out["workers_private_gb"] = _gb(_workers_private())
