@@ -40,6 +40,9 @@ __all__ = [
 _WS = re.compile(r"\s+")
 _EDGE_PUNCT = re.compile(r"^[\s\"'`]+|[\s.!?,;:\"'`]+$")
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|n't")
+# the characters _EDGE_PUNCT removes at each end, besides whitespace
+_EDGE_LEAD = frozenset("\"'`")
+_EDGE_TRAIL = frozenset(".!?,;:\"'`")
 
 
 _QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"'})
@@ -59,10 +62,21 @@ def normalise(text: str) -> str:
     Returns:
         The normalised ``str`` (possibly empty).
     """
-    t = unicodedata.normalize("NFKC", text).casefold().translate(_QUOTES)
-    t = _WS.sub(" ", t).strip()
-    core = _EDGE_PUNCT.sub("", t)
-    return core if core else t
+    if text.isascii() and text.isprintable():
+        # printable ASCII: NFKC and the quote table change nothing, the only whitespace is
+        # " ", and the regular expressions are skipped where they would change nothing
+        t = text.lower()
+        if "  " in t:
+            t = _WS.sub(" ", t)
+        t = t.strip(" ")
+    else:
+        t = unicodedata.normalize("NFKC", text).casefold().translate(_QUOTES)
+        t = _WS.sub(" ", t).strip()
+    # after strip() the ends are no whitespace: the edges match only on these characters
+    if t[:1] in _EDGE_LEAD or t[-1:] in _EDGE_TRAIL:
+        core = _EDGE_PUNCT.sub("", t)
+        return core if core else t
+    return t
 
 
 def text_hash(text: str) -> str:

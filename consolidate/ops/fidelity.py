@@ -35,6 +35,7 @@ labels at the rate recorded in ``eval/fidelity/report.md`` (the test
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -125,9 +126,22 @@ def _analysis(key: str) -> tuple[frozenset, frozenset, frozenset, bool, frozense
     terms = frozenset(map(_term, toks))
     if None in terms:
         terms = terms - {None}
-    items = frozenset({("number", x) for x in f.numbers} | {("date", x) for x in f.dates})
-    scope = frozenset(_stem(t) for t in f.negated_scope if t not in CONTENT_STOP_WORDS)
+    items = (
+        frozenset({("number", x) for x in f.numbers} | {("date", x) for x in f.dates})
+        if f.numbers or f.dates
+        else _NONE
+    )
+    scope = (
+        frozenset(_stem(t) for t in f.negated_scope if t not in CONTENT_STOP_WORDS)
+        if f.negated_scope
+        else _NONE
+    )
     return terms, items, f.names, f.negated, scope, f.words
+
+
+_NONE: frozenset = frozenset()
+#: a letter or a digit (``str.isalnum``: ``\w`` is that and ``_``)
+_ALNUM = re.compile(r"[^\W_]")
 
 
 @functools.lru_cache(maxsize=1 << 13)
@@ -138,7 +152,7 @@ def clauses_of(text: str) -> tuple[Clause, ...]:
     split and lookups."""
     out = []
     for part in split_facts(str(text)) or [str(text)]:
-        if not any(ch.isalnum() for ch in part):
+        if _ALNUM.search(part) is None:
             continue
         part = part.strip()
         out.append(Clause(part, *_analysis(_clause_key(part))))

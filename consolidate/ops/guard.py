@@ -146,6 +146,7 @@ for _g, (_name, _p0, _p1) in enumerate(_OPPOSITE_GROUPS):
     for _pole, _words in enumerate((_p0, _p1)):
         for _w in _words.split():
             _POLES[_w] = (*_POLES.get(_w, ()), (_g, _pole))
+_POLE_WORDS = frozenset(_POLES)
 
 # negative prefixes: "unhappy" / "happy", "dislikes" / "likes", "nonsmoker" / "smoker";
 # and positive ones that take their place: "disabled" / "enabled"
@@ -193,13 +194,15 @@ class ConflictSignature:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _word(w: str) -> tuple[str, bool, bool, str | None, str | None, str | None]:
-    """What the guard reads from one word as written: ``(lower case, is a value wherever it
-    stands, is a value inside a sentence, negated stem, stem without a positive prefix,
-    role word)``. Cached: a store's words repeat."""
+def _word(w: str) -> tuple[str, str, bool, bool, bool, bool, str | None, str | None, str | None]:
+    """What the guard reads from one word as written: ``(lower case, as kept after a
+    sentence's first word, is a value wherever it stands, is a name or value after a
+    sentence's first word, counts as a longer word there, counts as a capitalised longer
+    word there, negated stem, stem without a positive prefix, role word)``. Cached: a
+    store's words repeat."""
     low = w.casefold()
     if w.isdigit():  # numbers have a rule of their own
-        return low, False, False, None, None, None
+        return low, low, False, False, False, False, None, None, None
     function = low in GUARD_FUNCTION_WORDS
     value = bool(_IDENT.search(w)) or (
         low.isascii()
@@ -209,6 +212,10 @@ def _word(w: str) -> tuple[str, bool, bool, str | None, str | None, str | None]:
         and not _common(low, _vocabulary())
     )
     inner = value or (w[:1].isupper() and not function)
+    # inside a sentence, a lone capital letter other than "I" is an identifier
+    # ("revision A" / "revision B"), not the article: kept in its case
+    letter = len(w) == 1 and w.isupper() and w != "I"
+    longer = len(low) >= 4 and low.isalpha()
     neg = next(
         (low[len(p) :] for p in _NEG_PREFIXES if low.startswith(p) and len(low) - len(p) >= 4), None
     )
@@ -216,46 +223,61 @@ def _word(w: str) -> tuple[str, bool, bool, str | None, str | None, str | None]:
         (low[len(p) :] for p in _POS_PREFIXES if low.startswith(p) and len(low) - len(p) >= 4), None
     )
     role = None if function and low not in _ROLE_PIVOTS else _singular(low)
-    return low, value, inner, neg, pos, role
+    later_low = w if letter else low
+    return low, later_low, value, inner or letter, longer, longer and inner, neg, pos, role
+
+
+def _read_words(orig: str) -> tuple[list[str], list[bool], set[str], set[str], list[str]]:
+    """The words of ``orig`` (NFKC, quotes straight) as :func:`conflict_signature` reads
+    them: ``(lower-case words, is a value, negated stems, positively prefixed stems, role
+    words)``, in order (see :func:`_word`)."""
+    lows: list[str] = []
+    flags: list[bool] = []  # a value: wherever it stands, or as a name inside a sentence
+    names: list[int] = []  # positions of the words that are values only as names
+    negated: set[str] = set()
+    pos_stems: set[str] = set()
+    roles: list[str] = []
+    caps = longer = 0
+    for sent in split_sentences(orig):
+        first = True
+        for w in _WORD.findall(sent):
+            x = _word(w)
+            if first:
+                lows.append(x[0])
+                flags.append(x[2])
+                first = False
+            else:
+                lows.append(x[1])
+                flags.append(x[2] or x[3])
+                if x[3] and not x[2]:
+                    names.append(len(flags) - 1)
+                if x[4]:
+                    longer += 1
+                    caps += x[5]
+            if x[6] is not None:
+                negated.add(x[6])
+            if x[7] is not None:
+                pos_stems.add(x[7])
+            if x[8] is not None:
+                roles.append(x[8])
+    # a title-case text ("Jordan Opens First Tent Camp") capitalises words that are no names
+    if names and longer >= 3 and caps >= 0.5 * longer:
+        for k in names:
+            flags[k] = False
+    return lows, flags, negated, pos_stems, roles
 
 
 def conflict_signature(text: str) -> ConflictSignature:
     """The :class:`ConflictSignature` of ``text`` (``str``)."""
     orig = unicodedata.normalize("NFKC", text).translate(_QUOTES)
     low = orig.casefold()
-    lows: list[str] = []
-    plain: list[bool] = []  # a value wherever it stands
-    named: list[bool] = []  # a capitalised word inside a sentence
-    negated: set[str] = set()
-    pos_stems: set[str] = set()
-    roles: list[str] = []
-    caps = longer = 0
-    for sent in split_sentences(orig):
-        for k, w in enumerate(_WORD.findall(sent)):
-            x = _word(w)
-            later = k > 0
-            # inside a sentence, a lone capital letter other than "I" is an identifier
-            # ("revision A" / "revision B"), not the article: kept in its case
-            letter = later and len(w) == 1 and w.isupper() and w != "I"
-            lows.append(w if letter else x[0])
-            plain.append(x[1])
-            named.append((x[2] or letter) and later)
-            if later and len(x[0]) >= 4 and x[0].isalpha():
-                longer += 1
-                caps += x[2]
-            if x[3] is not None:
-                negated.add(x[3])
-            if x[4] is not None:
-                pos_stems.add(x[4])
-            if x[5] is not None:
-                roles.append(x[5])
-    # a title-case text ("Jordan Opens First Tent Camp") capitalises words that are no names
-    if longer >= 3 and caps >= 0.5 * longer:
-        named = [False] * len(named)
-    words = tuple(zip(lows, [p or q for p, q in zip(plain, named, strict=True)], strict=True))
-    word_set = frozenset(lows)
+    lows, flags, negated, pos_stems, roles = _read_words(orig)
+    word_list = tuple(lows)
+    words = tuple(zip(word_list, flags, strict=True))
+    word_set = frozenset(word_list)
     stems = word_set | pos_stems if pos_stems else word_set
-    poles = sorted({gp for t in word_set for gp in _POLES.get(t, ())})
+    hit = word_set & _POLE_WORDS
+    poles = sorted({gp for t in hit for gp in _POLES[t]}) if hit else ()
     # the multisets, from content_tokens, skipped where the text has none of their words
     # (most texts)
     negs: tuple[tuple[Any, int], ...] = ()
@@ -273,9 +295,13 @@ def conflict_signature(text: str) -> ConflictSignature:
         if has_date:
             dates = tuple(sorted(_date_terms(toks).items()))
     role_t = tuple(roles)
-    seen: dict[str, int] = {}
-    for k, w in enumerate(role_t):
-        seen[w] = -1 if w in seen else k
+    if len(set(role_t)) == len(role_t):
+        role_pos = dict(zip(role_t, range(len(role_t)), strict=True))
+    else:  # a repeated word has no one position: left out
+        seen: dict[str, int] = {}
+        for k, w in enumerate(role_t):
+            seen[w] = -1 if w in seen else k
+        role_pos = {w: k for w, k in seen.items() if k >= 0}
     return ConflictSignature(
         negs,
         nums,
@@ -285,10 +311,10 @@ def conflict_signature(text: str) -> ConflictSignature:
         stems,
         words,
         role_t,
-        word_list=tuple(lows),
+        word_list=word_list,
         word_set=word_set,
-        value_set=frozenset(w for w, v in words if v),
-        role_pos={w: k for w, k in seen.items() if k >= 0},
+        value_set=frozenset(itertools.compress(word_list, flags)),
+        role_pos=role_pos,
     )
 
 

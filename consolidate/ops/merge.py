@@ -251,7 +251,8 @@ def facts_from_tokens(text: str, toks: list[str]) -> Facts:
     """:func:`facts_of` given ``toks = content_tokens(text)`` (for callers that need the
     tokens too: one tokenisation)."""
     tokset = frozenset(toks)
-    uwords = [_fold(w) for w in _UWORD.findall(text)]
+    raw = _UWORD.findall(text)
+    uwords = [_fold(w) for w in raw]
     if NEGATIONS.isdisjoint(tokset):
         neg_at = None
         scope: frozenset = frozenset()
@@ -266,11 +267,22 @@ def facts_from_tokens(text: str, toks: list[str]) -> Facts:
     return Facts(
         frozenset(_numbers(toks, text)) if has_num else frozenset(),
         frozenset(_date_terms(toks)) if not DATE_WORDS.isdisjoint(tokset) else frozenset(),
-        frozenset(names_in(text)),
+        _names(text, raw),
         neg_at is not None,  # a negation word among the tokens (what _negation_count counts)
         words,
         scope,
     )
+
+
+def _names(text: str, words: list[str]) -> frozenset:
+    """``frozenset(names_in(text))`` given ``words = _UWORD.findall(text)``: none in a text
+    without an upper-case letter, and the later capitalised ``words`` when the text is one
+    sentence (its words are then the sentence's)."""
+    if text.islower():  # no character is upper or title case
+        return frozenset()
+    if len(split_sentences(text.strip())) == 1:
+        return frozenset([w for w in words[1:] if w[0].isupper()])
+    return frozenset(names_in(text))
 
 
 def lost_facts(text: str, members: Sequence[str]) -> list[str]:

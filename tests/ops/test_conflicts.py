@@ -392,3 +392,80 @@ def test_normalise_many_equals_normalise():
         normalise_many(["a", None])
     with pytest.raises(TypeError, match="position 0 is bytes"):
         normalise_many([b"a"])
+
+
+def _normalise_reference(text: str) -> str:
+    """The steps of normalise's docstring, each applied (no shortcut)."""
+    import re
+    import unicodedata
+
+    quotes = str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"'})
+    t = unicodedata.normalize("NFKC", text).casefold().translate(quotes)
+    t = re.sub(r"\s+", " ", t).strip()
+    core = re.sub(r"^[\s\"'`]+|[\s.!?,;:\"'`]+$", "", t)
+    return core if core else t
+
+
+def test_normalise_equals_its_steps_on_ascii_and_beyond():
+    import random
+
+    from consolidate.text import normalise
+
+    assert normalise("  Has  2 Cats. ") == "has 2 cats"
+    assert normalise("'x'!") == "x"
+    assert normalise("a\tb") == "a b"
+    assert normalise("...") == "..."
+    assert normalise("Bob\u2019s \u201cpie\u201d") == "bob's \"pie"
+    rng = random.Random(1)
+    alpha = [chr(i) for i in range(128)] + ["\u00e9", "\u2019", "\u00a0", "\u3000", "\u1e9e"]
+    printable = [c for c in alpha if c.isprintable()]
+    texts = ["".join(rng.choice(alpha) for _ in range(rng.randint(0, 12))) for _ in range(5000)]
+    texts += [
+        "".join(rng.choice(printable) for _ in range(rng.randint(0, 12))) for _ in range(5000)
+    ]
+    assert [normalise(t) for t in texts] == [_normalise_reference(t) for t in texts]
+
+
+def test_names_of_one_or_several_sentences():
+    from consolidate.ops.merge import facts_of, names_in
+
+    assert facts_of("met Gina and Jon at the Louvre").names == {"Gina", "Jon", "Louvre"}
+    assert facts_of("Gina left. Then Jon came").names == {"Jon"}  # sentence starts skipped
+    assert facts_of("Dr. Smith met us").names == {"Smith"}  # an abbreviation ends none
+    assert facts_of("all lower case here").names == frozenset()
+    assert facts_of("ǅemal met \U0001d400bc").names == {"\U0001d400bc"}  # no lower-case form
+    texts = [
+        "saw İstanbul. Then Ödön! And é",
+        "the 2 GPUs of ACME",
+        "x. Y z",
+        "  Lead space with Name  ",
+        "Nate's car and O'Brien's",
+        "",
+        "...",
+    ]
+    for t in texts:
+        assert facts_of(t).names == frozenset(names_in(t)), t
+
+
+def test_signature_title_case_and_role_positions():
+    from consolidate.ops.guard import conflict_signature
+
+    s = conflict_signature("Jordan Opens First Tent Camp")
+    # title case: the capitals mark no names, so only rare words stay values
+    assert s.words[0] == ("jordan", False)
+    assert [w for w, _ in s.words] == ["jordan", "opens", "first", "tent", "camp"]
+    assert not any(v for w, v in s.words if w in {"opens", "first", "tent", "camp"})
+    s = conflict_signature("we met Gina at revision A")
+    assert s.words == (
+        ("we", False),
+        ("met", False),
+        ("gina", True),
+        ("at", False),
+        ("revision", False),
+        ("A", True),
+    )
+    assert s.value_set == {"gina", "A"}
+    # a role word said twice has no one position
+    s = conflict_signature("the fish follows the turtle the fish")
+    assert s.roles == ("fish", "follow", "turtle", "fish")
+    assert s.role_pos == {"follow": 1, "turtle": 2}
