@@ -76,6 +76,7 @@ def centroid_clusters(
     conflict_class: Sequence[Hashable] | None = None,
     blocking: Callable[[str], bool] | None = None,
     greedy_only: bool = False,
+    conflict_many: Callable[[np.ndarray, np.ndarray], Sequence[str | None]] | None = None,
 ) -> ClusterResult:
     """Cluster items joined by pairs; see the module docstring for the rules.
 
@@ -89,13 +90,18 @@ def centroid_clusters(
         conflict: ``conflict(a, b) -> reason | None`` for items ``a``, ``b``.
         allow_conflicts: if ``True``, conflicts are reported in ``review`` but do not block
             merging (for mergers that send such clusters to a model).
-        conflict_class: hashable per item; items of one class must give the same
-            ``conflict`` answers (default: every item its own class).
+        conflict_class: hashable per item, or an ``int`` array of class codes; items of one
+            class must give the same ``conflict`` answers (default: every item its own
+            class).
         blocking: ``blocking(reason) -> bool``: conflicts that keep items apart even with
             ``allow_conflicts`` (e.g. an undone merge); default none.
         greedy_only: run every pair through the pair-by-pair loop, without the
             complete-component shortcut (:func:`_by_components`); the same result, slower
             (the reference the tests compare the shortcut with).
+        conflict_many: ``conflict_many(a, b)``, ``a`` and ``b`` ``int64 [q]`` items: the
+            ``conflict`` answers of the ``q`` pairs at once, in order (the same answers as
+            ``conflict``); used where many pairs are asked together (default: ``conflict``
+            pair by pair).
 
     Returns:
         :class:`ClusterResult`.
@@ -114,14 +120,24 @@ def centroid_clusters(
         )
     if not (len(i) == len(j) == len(sim)):
         raise ValueError(f"i, j and sim must have one length, got {len(i)}, {len(j)}, {len(sim)}")
-    if conflict_class is not None:  # by position (a pandas Series would index by label)
+    if isinstance(conflict_class, np.ndarray) and conflict_class.dtype.kind in "iu":
+        if len(conflict_class) != n:
+            raise ValueError(f"conflict_class has {len(conflict_class)} codes for {n} items")
+        conflict_class = conflict_class.astype(np.int64, copy=False)
+    elif conflict_class is not None:  # by position (a pandas Series would index by label)
         conflict_class = list(conflict_class)
+    if conflict is None:
+        conflict_many = None
     involved = np.unique(np.concatenate([i, j]))
     args = (conflict, allow_conflicts, conflict_class, blocking, greedy_only)
     if involved.size < n:
-        return _on_paired_items(involved, i, j, sim, vectors, weights, keys, threshold, *args)
+        return _on_paired_items(
+            involved, i, j, sim, vectors, weights, keys, threshold, *args, conflict_many
+        )
     if not greedy_only and len(i):
-        return _by_components(i, j, sim, vectors, weights, keys, threshold, *args[:4])
+        return _by_components(
+            i, j, sim, vectors, weights, keys, threshold, *args[:4], conflict_many
+        )
     loop = _Greedy(i, j, keys, conflict, allow_conflicts, conflict_class, blocking)
     clusters = loop.run(sim)
     labels = np.arange(n, dtype=np.int64)
@@ -151,6 +167,8 @@ class _Greedy:
         self.conflict, self.allow, self.blocking = conflict, allow_conflicts, blocking
         if conflict_class is None:
             self.cls = list(range(n))
+        elif isinstance(conflict_class, np.ndarray):  # class codes already
+            self.cls = conflict_class.tolist()
         else:  # hashable classes -> small ints (cheap cache keys)
             codes: dict[Hashable, int] = {}
             self.cls = [codes.setdefault(c, len(codes)) for c in conflict_class]
@@ -351,6 +369,7 @@ def _on_paired_items(
     conflict_class: Sequence[Hashable] | None,
     blocking: Callable[[str], bool] | None,
     greedy_only: bool,
+    conflict_many: Callable[[np.ndarray, np.ndarray], Sequence[str | None]] | None,
 ) -> ClusterResult:
     """:func:`centroid_clusters` over only the items that appear in a pair (``involved``,
     sorted positions), mapped back: an item in no pair is its own cluster, so the Python
@@ -362,6 +381,15 @@ def _on_paired_items(
     sub_conflict = (
         None if conflict is None else (lambda a, b: conflict(int(involved[a]), int(involved[b])))
     )
+    sub_many = (
+        None if conflict_many is None else (lambda a, b: conflict_many(involved[a], involved[b]))
+    )
+    if conflict_class is None:
+        sub_class = None
+    elif isinstance(conflict_class, np.ndarray):
+        sub_class = conflict_class[involved]
+    else:
+        sub_class = [conflict_class[x] for x in involved.tolist()]
     sub = centroid_clusters(
         ci,
         cj,
@@ -372,11 +400,10 @@ def _on_paired_items(
         threshold,
         conflict=sub_conflict,
         allow_conflicts=allow_conflicts,
-        conflict_class=None
-        if conflict_class is None
-        else [conflict_class[x] for x in involved.tolist()],
+        conflict_class=sub_class,
         blocking=blocking,
         greedy_only=greedy_only,
+        conflict_many=sub_many,
     )
     labels = np.arange(n, dtype=np.int64)
     labels[involved] = involved[sub.labels]
@@ -393,6 +420,8 @@ def _class_codes(conflict_class: Sequence[Hashable] | None, n: int) -> np.ndarra
     class when ``conflict_class`` is ``None``)."""
     if conflict_class is None:
         return np.arange(n, dtype=np.int64)
+    if isinstance(conflict_class, np.ndarray):
+        return conflict_class
     ids: dict[Hashable, int] = {}
     return np.fromiter((ids.setdefault(c, len(ids)) for c in conflict_class), np.int64, n)
 
@@ -404,6 +433,7 @@ def _asked_conflicts(
     n: int,
     conflict: Callable[[int, int], str | None] | None,
     conflict_class: Sequence[Hashable] | None,
+    conflict_many: Callable[[np.ndarray, np.ndarray], Sequence[str | None]] | None = None,
 ) -> tuple[list[str | None], np.ndarray, np.ndarray]:
     """The conflicts of the pairs ``(i[e], j[e])`` where ``ask[e]`` (``bool [p]``), asked
     once per pair of conflict classes.
@@ -424,7 +454,12 @@ def _asked_conflicts(
     e_ask = np.flatnonzero(ask)
     _, first, inv = np.unique(ckey[e_ask], return_index=True, return_inverse=True)
     rep = e_ask[first]
-    asked = [conflict(a, b) for a, b in zip(i[rep].tolist(), j[rep].tolist(), strict=True)]
+    if conflict_many is not None:
+        asked = list(conflict_many(i[rep], j[rep]))
+        if len(asked) != len(rep):
+            raise ValueError(f"conflict_many gave {len(asked)} answers for {len(rep)} pairs")
+    else:
+        asked = [conflict(a, b) for a, b in zip(i[rep].tolist(), j[rep].tolist(), strict=True)]
     which[e_ask] = inv
     hit = np.fromiter((r is not None for r in asked), bool, len(asked))
     flagged[e_ask] = hit[inv]
@@ -466,6 +501,7 @@ def _by_components(
     allow_conflicts: bool,
     conflict_class: Sequence[Hashable] | None,
     blocking: Callable[[str], bool] | None,
+    conflict_many: Callable[[np.ndarray, np.ndarray], Sequence[str | None]] | None = None,
 ) -> ClusterResult:
     """:func:`centroid_clusters` where every item is in a pair, by connected components of
     the pair graph (:func:`components`), with the same result as the pair-by-pair loop:
@@ -488,7 +524,9 @@ def _by_components(
     pc = comp[i]
     complete = np.bincount(pc, minlength=n) == size * (size - 1) // 2
     in_complete = complete[pc]
-    asked, which, flagged = _asked_conflicts(i, j, in_complete, n, conflict, conflict_class)
+    asked, which, flagged = _asked_conflicts(
+        i, j, in_complete, n, conflict, conflict_class, conflict_many
+    )
     pair2 = in_complete & (size[pc] == 2)
     review, two_blocked = _isolated_pairs(
         i, j, sim, pair2 & flagged, asked, which, allow_conflicts, blocking

@@ -118,7 +118,7 @@ def guard_pairs(
     workers: int,
     not_shared: Sequence[np.ndarray] = (),
     groups: np.ndarray | None = None,
-) -> tuple[np.ndarray, dict[tuple[int, int], str | None]]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The conflict guard over candidate pairs, part by part, in up to ``workers``
     processes.
 
@@ -143,9 +143,10 @@ def guard_pairs(
             inside one part; ``None``: each part is one group.
 
     Returns:
-        ``(cls, answers)``: ``int64 [m]`` each item's class (an item position: equal
-        classes have equal signatures); ``{(low, high) item positions: reason or None}``
-        for every pair.
+        ``(cls, keys, reasons)``: ``int64 [m]`` each item's class (an item position: equal
+        classes have equal signatures); ``int64 [p]`` each pair's key ``low * m + high``
+        (its item positions), ascending; ``object [p]`` the reason (``str``) or ``None`` of
+        the pair with that key.
 
     Raises:
         ValueError: a pair crosses two parts or two groups.
@@ -185,8 +186,11 @@ def guard_pairs(
     cls = (
         np.concatenate([np.asarray(c, np.int64) for c, _ in got]) if got else np.zeros(0, np.int64)
     )
-    keys = zip(lo_s.tolist(), hi_s.tolist(), strict=True)
-    return cls, dict(zip(keys, [r for _, out in got for r in out], strict=True))
+    keys = lo_s * m + hi_s
+    reasons = np.empty(len(keys), dtype=object)
+    reasons[:] = [r for _, out in got for r in out]
+    order = np.argsort(keys, kind="stable")
+    return cls, keys[order], reasons[order]
 
 
 def _guard_groups(
@@ -296,9 +300,10 @@ def _conflict_rules(
         texts = st.meta["text"].to_numpy(object)[u.first[items]].tolist()
         workers = st.workers if len(ci) >= PARALLEL_MIN_PAIRS else 1
         parts = namespace_parts(u.ns[items], workers)
-        sig_cls, answers = guard_pairs(
+        sig_cls, keys, reasons = guard_pairs(
             texts, ci, cj, parts, workers, st.vector_buffers(), groups=u.ns[items]
         )
+        n_items = len(items)
         memo: dict[str, ConflictSignature] = {}
 
         def signature(x: int) -> ConflictSignature:
@@ -307,13 +312,8 @@ def _conflict_rules(
                 memo[t] = conflict_signature(t)
             return memo[t]
 
-        def guard(a: int, b: int) -> str | None:
-            """The guard's answer: computed already for a candidate pair, else here (the
-            clustering loop may ask two clusters' members that are no pair)."""
-            key = (a, b) if a < b else (b, a)
-            if key in answers:
-                return answers[key]
-            return conflict_between(signature(a), signature(b))
+        def guard_many(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            return _guard_answers(keys, reasons, n_items, a, b, signature)
 
         # undo constraints: only units holding a keep_apart, or holding a named id, need sets
         apart: dict[int, set[str]] = {}
@@ -327,27 +327,62 @@ def _conflict_rules(
                     apart[x] = a
                 if a or m & named:
                     members[x] = m
-        cls: list[Hashable] = [
-            (c, x if x in members else -1) for x, c in enumerate(sig_cls.tolist())
-        ]
+        cls: list[Hashable] | np.ndarray = (
+            [(c, x if x in members else -1) for x, c in enumerate(sig_cls.tolist())]
+            if members
+            else sig_cls
+        )
         empty: set[str] = set()
 
+        def undone(a: int, b: int) -> str | None:
+            if (apart.get(a, empty) & members.get(b, empty)) or (
+                apart.get(b, empty) & members.get(a, empty)
+            ):
+                return "undone merge"
+            return None
+
         def conflict(a: int, b: int) -> str | None:
-            return guard(a, b) or (
-                "undone merge"
-                if (apart.get(a, empty) & members.get(b, empty))
-                or (apart.get(b, empty) & members.get(a, empty))
-                else None
-            )
+            return guard_many(np.array([a]), np.array([b]))[0] or undone(a, b)
+
+        def conflict_many(a: np.ndarray, b: np.ndarray) -> list[str | None]:
+            out = guard_many(a, b)
+            if apart:  # only pairs with a unit that holds an undo constraint
+                held = np.fromiter(apart, np.int64, len(apart))
+                for x in np.flatnonzero(np.isin(a, held) | np.isin(b, held)).tolist():
+                    out[x] = out[x] or undone(int(a[x]), int(b[x]))
+            return out.tolist()
 
         return {
             "conflict": conflict,
+            "conflict_many": conflict_many,
             "conflict_class": cls,
             "allow_conflicts": handles_conflicts,
             "blocking": lambda reason: reason == "undone merge",
         }
 
     return conflicts
+
+
+def _guard_answers(
+    keys: np.ndarray,
+    reasons: np.ndarray,
+    m: int,
+    a: np.ndarray,
+    b: np.ndarray,
+    signature: Callable[[int], ConflictSignature],
+) -> np.ndarray:
+    """The guard's answers (``object [q]``) for the item pairs ``(a[e], b[e])``: looked up
+    in the candidate pairs' ``keys`` (ascending ``low * m + high``) and ``reasons``
+    (:func:`guard_pairs`), else computed here from ``signature(item)`` (the clustering loop
+    may ask two clusters' members that are no pair)."""
+    want = np.minimum(a, b) * m + np.maximum(a, b)
+    at = np.minimum(np.searchsorted(keys, want), max(len(keys) - 1, 0))
+    found = keys[at] == want if len(keys) else np.zeros(len(want), bool)
+    out = np.empty(len(want), dtype=object)
+    out[found] = reasons[at[found]]
+    for x in np.flatnonzero(~found).tolist():
+        out[x] = conflict_between(signature(int(a[x])), signature(int(b[x])))
+    return out
 
 
 def _review_events(

@@ -204,6 +204,68 @@ def test_conflict_class_is_read_by_position_not_by_label():
         assert res.review == [(0, 1, 1.0, "negation")]
 
 
+def test_conflict_many_and_class_codes_give_the_same_clusters():
+    rng = np.random.default_rng(3)
+    n = 60
+    base = rng.standard_normal((6, 8))
+    v = base[rng.integers(0, 6, n)] + 0.05 * rng.standard_normal((n, 8))
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    s = v @ v.T
+    i, j = np.nonzero(np.triu(s >= 0.9, 1))
+    codes = rng.integers(0, 4, n)  # 4 classes; classes 0 and 3 conflict
+    # every second item in no pair, so the paired-items path maps the answers too
+    keep = (i % 2 == 0) & (j % 2 == 0)
+    i, j = i[keep], j[keep]
+    sim = s[i, j]
+    keys = [f"k{x:03d}" for x in range(n)]
+    asked = []
+
+    def conflict(a, b):
+        return "number" if {int(codes[a]), int(codes[b])} == {0, 3} else None
+
+    def conflict_many(a, b):
+        asked.append(len(a))
+        return [conflict(x, y) for x, y in zip(a.tolist(), b.tolist(), strict=True)]
+
+    ref = centroid_clusters(i, j, sim, v, np.ones(n), keys, 0.9, conflict=conflict)
+    for cls in (None, codes.tolist(), codes):
+        for allow in (False, True):
+            want = centroid_clusters(
+                i,
+                j,
+                sim,
+                v,
+                np.ones(n),
+                keys,
+                0.9,
+                conflict=conflict,
+                conflict_class=cls,
+                allow_conflicts=allow,
+            )
+            got = centroid_clusters(
+                i,
+                j,
+                sim,
+                v,
+                np.ones(n),
+                keys,
+                0.9,
+                conflict=conflict,
+                conflict_many=conflict_many,
+                conflict_class=cls,
+                allow_conflicts=allow,
+            )
+            assert got.clusters == want.clusters and got.review == want.review
+            assert got.labels.tolist() == want.labels.tolist()
+            assert got.rejected == want.rejected
+            if not allow:
+                assert got.clusters == ref.clusters
+    assert asked and sum(asked) > 0
+    assert len(ref.review) > 0  # the case has conflicts to see
+    with pytest.raises(ValueError, match="conflict_class has 3 codes for 60 items"):
+        centroid_clusters(i, j, sim, v, np.ones(n), keys, 0.9, conflict_class=codes[:3])
+
+
 def test_bad_pairs_are_errors():
     v = np.eye(3)
     with pytest.raises(ValueError, match=r"pair positions must be in \[0, 3\)"):
