@@ -269,7 +269,8 @@ def _read_words(orig: str) -> tuple[list[str], list[bool], set[str], set[str], l
 
 def conflict_signature(text: str) -> ConflictSignature:
     """The :class:`ConflictSignature` of ``text`` (``str``)."""
-    orig = unicodedata.normalize("NFKC", text).translate(_QUOTES)
+    # NFKC and the quote table change no ASCII text
+    orig = text if text.isascii() else unicodedata.normalize("NFKC", text).translate(_QUOTES)
     low = orig.casefold()
     lows, flags, negated, pos_stems, roles = _read_words(orig)
     word_list = tuple(lows)

@@ -186,8 +186,9 @@ def cluster_rows(st: PassState) -> list[np.ndarray]:
     return in_id_order(st.id_rank, rows, per_cluster)
 
 
-def _requests(st: PassState, version: int) -> list[MergeRequest]:
-    """One :class:`MergeRequest` per cluster (members in id order)."""
+def _requests(st: PassState, version: int, groups: list[np.ndarray]) -> list[MergeRequest]:
+    """One :class:`MergeRequest` per cluster (members in id order); ``groups``: each
+    cluster's rows in id order (:func:`cluster_rows`)."""
     u, p = st.units, st.pairs
     assert u is not None
     ids = st.meta["id"].to_numpy(object)
@@ -227,7 +228,6 @@ def _requests(st: PassState, version: int) -> list[MergeRequest]:
     next_combo = 0
 
     out = []
-    groups = cluster_rows(st)
     for x, (c, rows, mem) in enumerate(zip(st.clusters, groups, members(st, groups), strict=True)):
         if len(c) <= PAIRWISE_SIMILARITIES_MAX:
             a, b = next_combo, next_combo + len(c) * (len(c) - 1) // 2
@@ -389,7 +389,8 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     u = st.units
     assert u is not None
     ids = st.meta["id"].to_numpy(object)
-    requests = _requests(st, version)
+    groups = cluster_rows(st)
+    requests = _requests(st, version, groups)
     done = _Applied(
         ids,
         st.meta["text"].to_numpy(object),
@@ -398,14 +399,16 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     )
     answered, hashes = _answers(st, merger, requests, cfg.fidelity_threshold)
     responses = [resp for resp, _ in answered]
-    for req, (resp, lost), c in zip(requests, answered, st.clusters, strict=True):
+    longest = _longest_texts(done.texts, groups)
+    for x, (req, (resp, lost), c) in enumerate(zip(requests, answered, st.clusters, strict=True)):
         allowed, bad, sup = superseding(req, resp)
+        rest = groups[x].tolist()
         if sup:
-            rows = [r for k in c for r in u.members(k).tolist()]
-            row_of = dict(zip(ids[rows].tolist(), rows, strict=True))
+            row_of = dict(zip(ids[rest].tolist(), rest, strict=True))
             _supersede(st, req, resp, sup, allowed, row_of, merger.name, done)
-        rest = [r for k in c for r in u.members(k).tolist() if r not in done.superseded]
-        _merge_or_decline(st, cfg, req, resp, c, rest, bad, sup, lost, done)
+            rest = [r for r in rest if r not in done.superseded]
+            longest[x] = max((len(str(t)) for t in done.texts[rest]), default=0)
+        _merge_or_decline(st, cfg, req, resp, c, rest, bad, sup, lost, done, int(longest[x]))
     done.merges += _exact_merges(st, done)
     st.meta["valid_to"] = done.valid_to
     _merge_stats(st, done, responses)
@@ -468,16 +471,17 @@ def _merge_or_decline(
     sup: list[str],
     lost: dict[str, list[str]],
     done: _Applied,
+    longest: int,
 ) -> None:
-    """The merge of the rows ``rest`` (the cluster's rows less the superseded ones) with the
-    merger's text, whose fidelity check found ``lost`` (:func:`checked_merge`); or, when the
+    """The merge of the rows ``rest`` (the cluster's rows less the superseded ones, whose
+    longest text has ``longest`` characters) with the merger's text, whose fidelity check
+    found ``lost`` (:func:`checked_merge`); or, when the
     merger wrote no text, named a member it may not supersede (``bad``), left fewer than two
     rows or (with ``cfg.fidelity="refuse"``) lost a member's content: a ``merge_declined``
     event (none when something was superseded) and the cluster's exact groups fall back to
     exact merges."""
     text = resp.text.strip() if resp.text is not None else ""
     if not bad and text and len(rest) > 1 and not (lost and cfg.fidelity == "refuse"):
-        longest = max(len(str(t)) for t in done.texts[rest])
         ratio = len(text) / max(longest, 1)
         done.ratios.append(ratio)
         done.lost += len(lost)
@@ -514,6 +518,22 @@ def _merge_or_decline(
             }
         )
     done.in_cluster -= set(cluster)  # fall back to exact-only merges of its groups
+
+
+def _longest_texts(texts: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
+    """``int64 [len(groups)]``: the length (characters) of the longest of ``texts`` (``object
+    [n]``) at each group's rows (0 for an empty group)."""
+    if not groups:
+        return np.zeros(0, np.int64)
+    sizes = np.fromiter(map(len, groups), np.int64, len(groups))
+    rows = texts[np.concatenate(groups)]
+    lens = np.fromiter(map(len, map(str, rows)), np.int64, len(rows))  # as written (str)
+    out = np.zeros(len(groups), np.int64)
+    full = sizes > 0
+    if full.any():
+        starts = (np.cumsum(sizes) - sizes)[full]
+        out[full] = np.maximum.reduceat(lens, starts) if len(lens) else 0
+    return out
 
 
 def _exact_merges(

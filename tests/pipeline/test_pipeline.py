@@ -430,3 +430,12 @@ def test_unit_rows_rescale_only_rows_off_unit_length(monkeypatch, block):
     assert np.array_equal(got[[1, 7]], want)
     same = [0, 2, 3, 4, 5, 6, 9]
     assert np.array_equal(got[same], v[same]) and np.isnan(got[8]).all()
+
+
+def test_longest_text_of_each_cluster():
+    from consolidate.pipeline.merging import _longest_texts
+
+    texts = np.array(["ab", "abcd", "é", "", "xyz"], dtype=object)
+    groups = [np.array([0, 1]), np.array([], np.int64), np.array([2, 3]), np.array([4, 0])]
+    assert _longest_texts(texts, groups).tolist() == [4, 0, 1, 3]
+    assert _longest_texts(texts, []).tolist() == []
