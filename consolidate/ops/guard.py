@@ -442,6 +442,9 @@ def _roles_swapped(a: ConflictSignature, b: ConflictSignature) -> bool:
         return False  # long texts: roles of single statements only
     if len(common) < 3 or len(common) < 0.8 * max(len(ra), len(rb)):
         return False  # not the same words reordered: a paraphrase that moves clauses
+    in_a, in_b = [pa[w] for w in common], [pb[w] for w in common]
+    if in_a == sorted(in_a) and in_b == sorted(in_b):
+        return False  # every two common words in one order on both sides (the usual case)
     for x, y in itertools.combinations(common, 2):
         if (pa[x] - pa[y]) * (pb[x] - pb[y]) > 0:
             continue  # same order
