@@ -98,14 +98,17 @@ def members(st: PassState, groups: list[np.ndarray]) -> list[tuple[MergeMember, 
     if not groups:
         return []
     rows = np.concatenate(groups).astype(np.int64)
-    m = st.meta.iloc[rows]
+
+    def col(c: str, dtype: Any) -> np.ndarray:  # the rows of one column (no table copy)
+        return st.meta[c].to_numpy(dtype)[rows]
+
     cols = (
-        [_own_strings(m[c].to_numpy(object)) for c in ("id", "text")]
+        [_own_strings(col(c, object)) for c in ("id", "text")]
         + [
-            m[c].to_numpy(np.float64).tolist()
+            col(c, np.float64).tolist()
             for c in ("importance", "last_used", "strength", "created_at")
         ]
-        + [m["source_ids"].tolist(), m["valid_from"].to_numpy(np.float64).tolist()]
+        + [col("source_ids", object).tolist(), col("valid_from", np.float64).tolist()]
     )
     src = source_texts(st, [str(i) for i in cols[0]])
     flat = [
