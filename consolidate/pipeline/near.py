@@ -22,7 +22,7 @@ from ..ops.cluster import ClusterResult, centroid_clusters
 from ..ops.guard import ConflictSignature, conflict_between, conflict_signature
 from ..similarity import Pairs, threshold_pairs
 from ..workers import fork_map, split_evenly
-from .state import PassState, arrow_strings, list_lengths
+from .state import PassState, Units, arrow_strings, list_lengths
 
 __all__ = [
     "similar_pairs",
@@ -186,8 +186,7 @@ def guard_pairs(
     cls = (
         np.concatenate([np.asarray(c, np.int64) for c, _ in got]) if got else np.zeros(0, np.int64)
     )
-    keys = lo_s * m + hi_s
-    reasons = np.empty(len(keys), dtype=object)
+    keys, reasons = lo_s * m + hi_s, np.empty(len(lo_s), dtype=object)
     reasons[:] = [r for _, out in got for r in out]
     order = np.argsort(keys, kind="stable")
     return cls, keys[order], reasons[order]
@@ -315,18 +314,7 @@ def _conflict_rules(
         def guard_many(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             return _guard_answers(keys, reasons, n_items, a, b, signature)
 
-        # undo constraints: only units holding a keep_apart, or holding a named id, need sets
-        apart: dict[int, set[str]] = {}
-        members: dict[int, set[str]] = {}
-        if named:
-            for x, k in enumerate(items.tolist()):
-                rows = u.members(k).tolist()
-                a = {y for r in rows for y in apart_col[r]}
-                m = set(ids[rows].tolist())
-                if a:
-                    apart[x] = a
-                if a or m & named:
-                    members[x] = m
+        apart, members = _undo_sets(u, items, ids, apart_col, named)
         cls: list[Hashable] | np.ndarray = (
             [(c, x if x in members else -1) for x, c in enumerate(sig_cls.tolist())]
             if members
@@ -361,6 +349,27 @@ def _conflict_rules(
         }
 
     return conflicts
+
+
+def _undo_sets(
+    u: Units, items: np.ndarray, ids: np.ndarray, apart_col: np.ndarray, named: set[str]
+) -> tuple[dict[int, set[str]], dict[int, set[str]]]:
+    """The undo constraints of the units ``items`` (compact positions): ``{x: ids its rows
+    must stay apart from}`` for units holding a ``keep_apart``, and ``{x: its rows' ids}``
+    for those and for units holding an id in ``named``; only those units get sets (none
+    without ``named``)."""
+    apart: dict[int, set[str]] = {}
+    members: dict[int, set[str]] = {}
+    if named:
+        for x, k in enumerate(items.tolist()):
+            rows = u.members(k).tolist()
+            a = {y for r in rows for y in apart_col[r]}
+            m = set(ids[rows].tolist())
+            if a:
+                apart[x] = a
+            if a or m & named:
+                members[x] = m
+    return apart, members
 
 
 def _guard_answers(
