@@ -420,8 +420,8 @@ def _class_codes(conflict_class: Sequence[Hashable] | None, n: int) -> np.ndarra
     class when ``conflict_class`` is ``None``)."""
     if conflict_class is None:
         return np.arange(n, dtype=np.int64)
-    if isinstance(conflict_class, np.ndarray):
-        return conflict_class
+    if isinstance(conflict_class, np.ndarray):  # any integers: made dense, in [0, n)
+        return np.unique(conflict_class, return_inverse=True)[1].astype(np.int64).reshape(-1)
     ids: dict[Hashable, int] = {}
     return np.fromiter((ids.setdefault(c, len(ids)) for c in conflict_class), np.int64, n)
 

@@ -228,7 +228,9 @@ def test_conflict_many_and_class_codes_give_the_same_clusters():
         return [conflict(x, y) for x, y in zip(a.tolist(), b.tolist(), strict=True)]
 
     ref = centroid_clusters(i, j, sim, v, np.ones(n), keys, 0.9, conflict=conflict)
-    for cls in (None, codes.tolist(), codes):
+    # codes at or above the number of items name the same classes (0, 1, 60, 120: a key of
+    # low * 60 + high would mix the class pairs (0, 120) and (1, 60))
+    for cls in (None, codes.tolist(), codes, np.array([0, 1, 60, 120])[codes]):
         for allow in (False, True):
             want = centroid_clusters(
                 i,
@@ -262,6 +264,11 @@ def test_conflict_many_and_class_codes_give_the_same_clusters():
                 assert got.clusters == ref.clusters
     assert asked and sum(asked) > 0
     assert len(ref.review) > 0  # the case has conflicts to see
+    # integer codes of any size become dense codes in [0, n): the pair key low * n + high
+    # stays one key per pair of classes
+    from consolidate.ops.cluster import _class_codes
+
+    assert _class_codes(np.array([5, 900, 5, -3]), 4).tolist() == [1, 2, 1, 0]
     with pytest.raises(ValueError, match="conflict_class has 3 codes for 60 items"):
         centroid_clusters(i, j, sim, v, np.ones(n), keys, 0.9, conflict_class=codes[:3])
 
