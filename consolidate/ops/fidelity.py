@@ -119,6 +119,11 @@ def _term(t: str) -> str | None:
     return _stem(t)
 
 
+_NONE: frozenset = frozenset()
+#: a letter or a digit (``str.isalnum``: ``\w`` is that and ``_``)
+_ALNUM = re.compile(r"[^\W_]")
+
+
 @functools.lru_cache(maxsize=1 << 14)
 def _analysis(key: str) -> tuple[frozenset, frozenset, frozenset, bool, frozenset, frozenset]:
     toks = content_tokens(key)
@@ -137,11 +142,6 @@ def _analysis(key: str) -> tuple[frozenset, frozenset, frozenset, bool, frozense
         else _NONE
     )
     return terms, items, f.names, f.negated, scope, f.words
-
-
-_NONE: frozenset = frozenset()
-#: a letter or a digit (``str.isalnum``: ``\w`` is that and ``_``)
-_ALNUM = re.compile(r"[^\W_]")
 
 
 @functools.lru_cache(maxsize=1 << 13)

@@ -389,8 +389,7 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     Raises:
         ValueError: the merger returned the wrong number of responses.
     """
-    u = st.units
-    assert u is not None
+    assert st.units is not None
     ids = st.meta["id"].to_numpy(object)
     groups = cluster_rows(st)
     requests = _requests(st, version, groups)
@@ -532,10 +531,9 @@ def _longest_texts(texts: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
     rows = texts[np.concatenate(groups)]
     lens = np.fromiter(map(len, map(str, rows)), np.int64, len(rows))  # as written (str)
     out = np.zeros(len(groups), np.int64)
-    full = sizes > 0
+    full = sizes > 0  # reduceat would give an empty group its next group's first length
     if full.any():
-        starts = (np.cumsum(sizes) - sizes)[full]
-        out[full] = np.maximum.reduceat(lens, starts) if len(lens) else 0
+        out[full] = np.maximum.reduceat(lens, (np.cumsum(sizes) - sizes)[full])
     return out
 
 
