@@ -13,6 +13,7 @@ from consolidate.config import PassConfig
 from consolidate.ops.guard import conflict_reason, conflict_signature
 from consolidate.ops.merge import ExtractiveMerger
 from consolidate.pipeline import run_pass
+from consolidate.pipeline.state import merged_id
 from consolidate.text import text_hashes
 from consolidate.workers import WorkerError, fork_map, resolve_workers, split_evenly
 from tests.helpers import make_records
@@ -251,3 +252,24 @@ def test_texts_arrow_cannot_hold_give_the_same_pass_with_forked_workers(monkeypa
     assert any("\udcff" in t for t in out[0].records.meta["text"].dropna())
     assert out[1].records.meta.equals(out[0].records.meta)
     assert out[1].events == out[0].events
+
+
+@pytest.mark.parametrize("newer_wins", [False, True])
+def test_a_merged_record_takes_the_id_of_the_members_it_merges(newer_wins):
+    # the id is the hash of the merged members: the cluster's own when all are merged, the
+    # rest's when the merger superseded some (not the id its request carried)
+    res = run_pass(
+        _store(5),
+        cfg=PassConfig(threshold=0.9, now="1000", cap=None, max_drop_fraction=1.0),
+        merger=ExtractiveMerger(newer_wins=newer_wins),
+        version=2,
+        wall_h=1003.0,
+    )
+    made = [e for e in res.events if e["op"] in ("merge", "exact_merge")]
+    assert len(made) >= 60
+    assert all(e["id"] == merged_id(2, e["members"]) for e in made)
+    sup = [e for e in made if e.get("superseded")]
+    assert len(sup) == (2 if newer_wins else 0)
+    for e in sup:
+        assert e["id"] != merged_id(2, e["members"] + e["superseded"])
+        assert e["id"] in set(res.records.meta["id"])

@@ -189,27 +189,57 @@ def cluster_rows(st: PassState) -> list[np.ndarray]:
     return in_id_order(st.id_rank, rows, per_cluster)
 
 
-def _requests(st: PassState, version: int, groups: list[np.ndarray]) -> list[MergeRequest]:
-    """One :class:`MergeRequest` per cluster (members in id order); ``groups``: each
-    cluster's rows in id order (:func:`cluster_rows`)."""
+def _centroid_similarities(st: PassState) -> dict[int, tuple[tuple[str, str, float], ...]]:
+    """``(id, "centroid", cosine)`` of each member of each cluster bigger than
+    :data:`PAIRWISE_SIMILARITIES_MAX`, by cluster position (read from the units' vectors
+    here: a forked worker never reads vectors)."""
+    u = st.units
+    assert u is not None
+    keys = st.meta["id"].to_numpy(object)[u.first]
+    sizes = np.fromiter(map(len, st.clusters), np.int64, len(st.clusters))
+    out = {}
+    for x in np.flatnonzero(sizes > PAIRWISE_SIMILARITIES_MAX).tolist():
+        c = st.clusters[x]
+        uv = u.vec[c].cpu().numpy().astype(np.float64)
+        cen = (u.weight[c, None] * uv).sum(0)
+        cen /= np.linalg.norm(cen)
+        out[x] = tuple((keys[a], "centroid", round(float(uv[y] @ cen), 6)) for y, a in enumerate(c))
+    return out
+
+
+def _requests(
+    st: PassState,
+    version: int,
+    groups: list[np.ndarray],
+    lo: int = 0,
+    hi: int | None = None,
+    big: dict[int, tuple[tuple[str, str, float], ...]] | None = None,
+) -> list[MergeRequest]:
+    """One :class:`MergeRequest` per cluster ``lo..hi`` (default all; members in id order);
+    ``groups``: every cluster's rows in id order (:func:`cluster_rows`); ``big``: the
+    clusters' :func:`_centroid_similarities` (computed when ``None``)."""
     u, p = st.units, st.pairs
     assert u is not None
+    hi = len(st.clusters) if hi is None else hi
+    big = _centroid_similarities(st) if big is None else big
+    clusters = st.clusters[lo:hi]
     ids = st.meta["id"].to_numpy(object)
     keys = ids[u.first]
-    cluster_of = {k: x for x, c in enumerate(st.clusters) for k in c}
     # conflicting pairs inside each cluster (only a conflict-handling merger gets any), as
     # record-id pairs: every row of one unit against every row of the other
     confl_of: dict[int, list[tuple[str, str, str]]] = {}
-    for a, b, _, r in st.review:
-        x = cluster_of.get(a)
-        if x is not None and cluster_of.get(b) == x:
-            confl_of.setdefault(x, []).extend(
-                (str(ids[ra]), str(ids[rb]), r) for ra in u.members(a) for rb in u.members(b)
-            )
+    if st.review:
+        cluster_of = {k: x for x, c in enumerate(clusters) for k in c}
+        for a, b, _, r in st.review:
+            x = cluster_of.get(a)
+            if x is not None and cluster_of.get(b) == x:
+                confl_of.setdefault(x, []).extend(
+                    (str(ids[ra]), str(ids[rb]), r) for ra in u.members(a) for rb in u.members(b)
+                )
     pair_key = (p.i * len(u) + p.j) if p is not None else np.zeros(0, np.int64)
     # cosine of every member pair of the small clusters, looked up at once in the
     # (i, j)-sorted pairs (no dict of every pair: millions in a dense namespace)
-    small = [c for c in st.clusters if len(c) <= PAIRWISE_SIMILARITIES_MAX]
+    small = [c for c in clusters if len(c) <= PAIRWISE_SIMILARITIES_MAX]
     combos = [(a, b) for c in small for y, a in enumerate(c) for b in c[y + 1 :]]
     ca = np.array([a for a, _ in combos], np.int64)
     cb = np.array([b for _, b in combos], np.int64)
@@ -231,7 +261,8 @@ def _requests(st: PassState, version: int, groups: list[np.ndarray]) -> list[Mer
     next_combo = 0
 
     out = []
-    for x, (c, rows, mem) in enumerate(zip(st.clusters, groups, members(st, groups), strict=True)):
+    rows_of = groups[lo:hi]
+    for x, (c, rows, mem) in enumerate(zip(clusters, rows_of, members(st, rows_of), strict=True)):
         if len(c) <= PAIRWISE_SIMILARITIES_MAX:
             a, b = next_combo, next_combo + len(c) * (len(c) - 1) // 2
             sims = tuple(
@@ -239,12 +270,7 @@ def _requests(st: PassState, version: int, groups: list[np.ndarray]) -> list[Mer
             )
             next_combo = b
         else:
-            uv = u.vec[c].cpu().numpy().astype(np.float64)
-            cen = (u.weight[c, None] * uv).sum(0)
-            cen /= np.linalg.norm(cen)
-            sims = tuple(
-                (keys[a], "centroid", round(float(uv[y] @ cen), 6)) for y, a in enumerate(c)
-            )
+            sims = big[lo + x]
         out.append(
             MergeRequest(
                 cluster_id=merged_id(version, ids[rows].tolist()),
@@ -321,50 +347,121 @@ def answer_requests(
     return out
 
 
-def _answers(
-    st: PassState, merger: Merger, requests: list[MergeRequest], threshold: float
-) -> tuple[list[tuple[MergeResponse, dict[str, list[str]]]], dict[str, str]]:
-    """:func:`answer_requests` over all requests, and the ``text_hash`` of each merged text
-    (stripped, as the merge stage writes it) when the answers came from forked processes:
-    in ``st.workers`` processes when the merger is ``pure`` (no model, no I/O:
-    :class:`~consolidate.ops.merge.ExtractiveMerger`) and there are at least
-    :data:`PARALLEL_MIN_CLUSTERS` requests, else inline (no hashes: the merge stage computes
-    those of the merges it makes)."""
-    workers = st.workers
-    if not getattr(merger, "pure", False) or len(requests) < PARALLEL_MIN_CLUSTERS:
-        workers = 1
-
-    def part(ab: tuple[int, int]) -> tuple[list, list[str]]:
-        got = answer_requests(merger, requests[ab[0] : ab[1]], threshold)
-        texts = [r.text.strip() for r, _ in got if r.text is not None] if workers > 1 else []
-        return got, texts and text_hashes(texts)
-
-    done = fork_map(part, split_evenly(len(requests), workers), workers, st.vector_buffers())
-    hashes: dict[str, str] = {}
-    for got, hs in done:
-        texts = [r.text.strip() for r, _ in got if r.text is not None] if hs else []
-        hashes.update(zip(texts, hs, strict=True))
-    return [a for got, _ in done for a in got], hashes
+#: a merge to write: its rows, text, ``op`` (``merge`` or ``exact_merge``), the fields its
+#: event adds, and its id when known already (the request's ``cluster_id``, when every row
+#: of the cluster is merged), else ``None``
+_Merge = tuple[np.ndarray, str, str, dict[str, Any], str | None]
 
 
 @dataclass
 class _Applied:
-    """What the merge stage's answers did so far: the new ``valid_to`` column, the rows
-    superseded, the merges to write (``(rows, text, op, event fields)``), the clusters
-    still merged, and the counts for :class:`~consolidate.pipeline.state.PassStats`
-    (``ids`` and ``texts``: the columns, read once)."""
+    """What the answers of a run of clusters did: the validity intervals closed (row ->
+    new ``valid_to``), the events in order (supersedes, declined merges), the merges to
+    write, the units of declined clusters (their exact groups fall back to exact merges),
+    the ``text_hash`` of merged texts (when computed in a forked worker), and the counts
+    for :class:`~consolidate.pipeline.state.PassStats` and the merger's accounting.
+    Small: a forked worker sends it back whole."""
 
-    ids: np.ndarray
-    texts: np.ndarray
-    valid_to: np.ndarray
-    in_cluster: set[int]
-    superseded: set[int] = field(default_factory=set)
-    merges: list[tuple[np.ndarray, str, str, dict[str, Any]]] = field(default_factory=list)
+    closed_to: dict[int, float] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    merges: list[_Merge] = field(default_factory=list)
+    declined_units: list[int] = field(default_factory=list)
+    hashes: dict[str, str] = field(default_factory=dict)
     ratios: list[float] = field(default_factory=list)  # merged text length / longest member's
     closed: int = 0
     refused: int = 0
     lost: int = 0
     lost_refused: int = 0
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latencies: list[float] = field(default_factory=list)
+
+    def add(self, other: _Applied) -> None:
+        """Append ``other`` (the next run of clusters) to this one."""
+        self.closed_to.update(other.closed_to)
+        self.events += other.events
+        self.merges += other.merges
+        self.declined_units += other.declined_units
+        self.hashes.update(other.hashes)
+        self.ratios += other.ratios
+        self.latencies += other.latencies
+        for k in (
+            "closed",
+            "refused",
+            "lost",
+            "lost_refused",
+            "calls",
+            "prompt_tokens",
+            "completion_tokens",
+        ):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
+
+def _apply_answers(
+    st: PassState,
+    cfg: PassConfig,
+    merger: Merger,
+    groups: list[np.ndarray],
+    longest: np.ndarray,
+    requests: list[MergeRequest],
+    answered: list[tuple[MergeResponse, dict[str, list[str]]]],
+    lo: int,
+) -> _Applied:
+    """The answers to clusters ``lo, lo + 1, ...`` (``requests`` and ``answered`` in that
+    order; ``groups`` and ``longest``: every cluster's rows and longest text,
+    :func:`_longest_texts`): supersedes, then the merge or its refusal, per cluster. Reads
+    the state, writes none of it (a forked worker may run it)."""
+    done = _Applied()
+    ids = st.meta["id"].to_numpy(object)
+    texts = st.meta["text"].to_numpy(object)
+    valid_to = st.col("valid_to")
+    for x, (req, (resp, lost)) in enumerate(zip(requests, answered, strict=True)):
+        allowed, bad, sup = superseding(req, resp)
+        rest = groups[lo + x].tolist()
+        width = int(longest[lo + x])
+        if sup:
+            row_of = dict(zip(ids[rest].tolist(), rest, strict=True))
+            gone = _supersede(req, resp, sup, allowed, row_of, valid_to, merger.name, done)
+            rest = [r for r in rest if r not in gone]
+            width = max((len(str(t)) for t in texts[rest]), default=0)
+        _merge_or_decline(cfg, req, resp, st.clusters[lo + x], rest, bad, sup, lost, done, width)
+        done.calls += resp.calls
+        done.prompt_tokens += resp.prompt_tokens
+        done.completion_tokens += resp.completion_tokens
+        if "latency_s" in resp.extra:
+            done.latencies.append(resp.extra["latency_s"])
+    return done
+
+
+def _answer_clusters(
+    st: PassState, cfg: PassConfig, merger: Merger, version: int, groups: list[np.ndarray]
+) -> _Applied:
+    """Requests, answers (:func:`answer_requests`) and what they do
+    (:func:`_apply_answers`) for every cluster, in order. In ``st.workers`` processes, each
+    on a run of clusters, when the merger is ``pure`` (no model, no I/O:
+    :class:`~consolidate.ops.merge.ExtractiveMerger`) and there are at least
+    :data:`PARALLEL_MIN_CLUSTERS` clusters, else inline; a forked worker also gives the
+    ``text_hash`` of its merged texts (inline, the merge stage computes those it needs)."""
+    workers = st.workers
+    if not getattr(merger, "pure", False) or len(groups) < PARALLEL_MIN_CLUSTERS:
+        workers = 1
+    big = _centroid_similarities(st)  # vectors: read here, never in a worker
+    longest = _longest_texts(st.meta["text"].to_numpy(object), groups)
+
+    def part(ab: tuple[int, int]) -> _Applied:
+        reqs = _requests(st, version, groups, ab[0], ab[1], big)
+        got = answer_requests(merger, reqs, cfg.fidelity_threshold)
+        done = _apply_answers(st, cfg, merger, groups, longest, reqs, got, ab[0])
+        if workers > 1:
+            merged = [m[1] for m in done.merges]
+            done.hashes = dict(zip(merged, text_hashes(merged), strict=True))
+        return done
+
+    out = _Applied()
+    for done in fork_map(part, split_evenly(len(groups), workers), workers, st.vector_buffers()):
+        out.add(done)
+    return out
 
 
 def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) -> PassState:
@@ -390,63 +487,51 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
         ValueError: the merger returned the wrong number of responses.
     """
     assert st.units is not None
-    ids = st.meta["id"].to_numpy(object)
-    groups = cluster_rows(st)
-    requests = _requests(st, version, groups)
-    done = _Applied(
-        ids,
-        st.meta["text"].to_numpy(object),
-        st.col("valid_to").copy(),
-        {k for c in st.clusters for k in c},
-    )
-    answered, hashes = _answers(st, merger, requests, cfg.fidelity_threshold)
-    responses = [resp for resp, _ in answered]
-    longest = _longest_texts(done.texts, groups)
-    for x, (req, (resp, lost), c) in enumerate(zip(requests, answered, st.clusters, strict=True)):
-        allowed, bad, sup = superseding(req, resp)
-        rest = groups[x].tolist()
-        if sup:
-            row_of = dict(zip(ids[rest].tolist(), rest, strict=True))
-            _supersede(st, req, resp, sup, allowed, row_of, merger.name, done)
-            rest = [r for r in rest if r not in done.superseded]
-            longest[x] = max((len(str(t)) for t in done.texts[rest]), default=0)
-        _merge_or_decline(st, cfg, req, resp, c, rest, bad, sup, lost, done, int(longest[x]))
-    done.merges += _exact_merges(st, done)
-    st.meta["valid_to"] = done.valid_to
-    _merge_stats(st, done, responses)
-    _write_merges(st, cfg, merger, version, done.merges, hashes)
+    done = _answer_clusters(st, cfg, merger, version, cluster_rows(st))
+    if done.closed_to:
+        valid_to = st.col("valid_to").copy()
+        closed = np.fromiter(done.closed_to, np.int64, len(done.closed_to))
+        valid_to[closed] = np.fromiter(done.closed_to.values(), np.float64, len(closed))
+        st.meta["valid_to"] = valid_to
+    st.events += done.events
+    in_cluster = {k for c in st.clusters for k in c} - set(done.declined_units)
+    done.merges += _exact_merges(st, in_cluster, set(done.closed_to))
+    _merge_stats(st, done)
+    _write_merges(st, cfg, merger, version, done.merges, done.hashes)
     return st
 
 
 def _supersede(
-    st: PassState,
     req: MergeRequest,
     resp: MergeResponse,
     sup: list[str],
     allowed: dict[str, float],
     row_of: dict[str, int],
+    valid_to: np.ndarray,
     merger: str,
     done: _Applied,
-) -> None:
+) -> set[int]:
     """Newer wins: close the validity interval of each superseded member ``sup`` at the
-    time ``allowed`` gives it (the member stays live), with a ``supersede`` event unless it
-    was closed there already (a fact that becomes true later)."""
+    time ``allowed`` gives it (the member stays live; ``valid_to``: the column before),
+    with a ``supersede`` event unless it was closed there already (a fact that becomes
+    true later). Returns the rows superseded."""
     ftime = {m.id: fact_time(m) for m in req.members}
-    valid_to = done.valid_to
+    rows = set()
     for x in sup:
         r = row_of[x]
         old_vt = valid_to[r]
-        valid_to[r] = allowed[x] if np.isnan(old_vt) else min(old_vt, allowed[x])
-        done.superseded.add(r)
-        if valid_to[r] == old_vt:
+        new_vt = allowed[x] if np.isnan(old_vt) else min(old_vt, allowed[x])
+        done.closed_to[r] = new_vt
+        rows.add(r)
+        if new_vt == old_vt:
             continue
         done.closed += 1
-        st.events.append(
+        done.events.append(
             {
                 "op": "supersede",
                 "id": x,
                 "namespace": req.namespace,
-                "valid_to": float(valid_to[r]),
+                "valid_to": float(new_vt),
                 "cluster_id": req.cluster_id,
                 "by": sorted(
                     {
@@ -460,10 +545,10 @@ def _supersede(
                 "raw": resp.raw,
             }
         )
+    return rows
 
 
 def _merge_or_decline(
-    st: PassState,
     cfg: PassConfig,
     req: MergeRequest,
     resp: MergeResponse,
@@ -495,7 +580,9 @@ def _merge_or_decline(
             **({"superseded": sup} if sup else {}),
             **({"lost_members": lost} if lost else {}),
         }
-        done.merges.append((np.array(rest, np.int64), text, "merge", extra))
+        # every row of the cluster merged: the merged record takes the request's id
+        known = None if sup else req.cluster_id
+        done.merges.append((np.array(rest, np.int64), text, "merge", extra, known))
         return
     note = (
         f"merger superseded {bad}, which no newer conflicting member contradicts"
@@ -509,7 +596,7 @@ def _merge_or_decline(
         done.refused += 1
         done.lost_refused += len(lost)
     if not sup:
-        st.events.append(
+        done.events.append(
             {
                 "op": "merge_declined",
                 "cluster_id": req.cluster_id,
@@ -519,7 +606,7 @@ def _merge_or_decline(
                 **({"lost_members": lost} if lost else {}),
             }
         )
-    done.in_cluster -= set(cluster)  # fall back to exact-only merges of its groups
+    done.declined_units += cluster  # its groups fall back to exact-only merges
 
 
 def _longest_texts(texts: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
@@ -537,29 +624,26 @@ def _longest_texts(texts: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
     return out
 
 
-def _exact_merges(
-    st: PassState, done: _Applied
-) -> list[tuple[np.ndarray, str, str, dict[str, Any]]]:
-    """An ``exact_merge`` of each exact group of two or more rows (less the superseded) that
-    is not inside a merged cluster, with its canonical text."""
+def _exact_merges(st: PassState, in_cluster: set[int], superseded: set[int]) -> list[_Merge]:
+    """An ``exact_merge`` of each exact group of two or more rows (less the ``superseded``
+    rows) that is not inside a merged cluster (its unit not in ``in_cluster``), with its
+    canonical text."""
     u = st.units
     assert u is not None
     exact = [
         g
         for k in np.flatnonzero(u.size > 1).tolist()
-        if k not in done.in_cluster
-        and len(
-            g := np.array([r for r in u.members(k).tolist() if r not in done.superseded], np.int64)
-        )
+        if k not in in_cluster
+        and len(g := np.array([r for r in u.members(k).tolist() if r not in superseded], np.int64))
         > 1
     ]
     return [
-        (g, text, "exact_merge", {})
+        (g, text, "exact_merge", {}, None)
         for g, text in zip(exact, _canonical_texts(st, exact), strict=True)
     ]
 
 
-def _merge_stats(st: PassState, done: _Applied, responses: list[MergeResponse]) -> None:
+def _merge_stats(st: PassState, done: _Applied) -> None:
     """The merge stage's counts and the merger's model accounting into ``st.stats``."""
     st.stats.superseded = done.closed
     st.stats.merges_losing_facts = done.refused
@@ -568,12 +652,13 @@ def _merge_stats(st: PassState, done: _Applied, responses: list[MergeResponse]) 
     if done.ratios:
         st.stats.merge_text_ratio_mean = float(np.mean(done.ratios))
         st.stats.merge_text_ratio_max = float(np.max(done.ratios))
-    st.stats.model_calls = sum(r.calls for r in responses)
-    st.stats.prompt_tokens = sum(r.prompt_tokens for r in responses)
-    st.stats.completion_tokens = sum(r.completion_tokens for r in responses)
-    lat = latency_stats(responses)
-    if lat:
-        st.stats.merge_latency_p50_s, st.stats.merge_latency_p95_s = lat
+    st.stats.model_calls = done.calls
+    st.stats.prompt_tokens = done.prompt_tokens
+    st.stats.completion_tokens = done.completion_tokens
+    if done.latencies:
+        lat = done.latencies
+        st.stats.merge_latency_p50_s = float(np.percentile(lat, 50))
+        st.stats.merge_latency_p95_s = float(np.percentile(lat, 95))
 
 
 def _write_merges(
@@ -581,23 +666,30 @@ def _write_merges(
     cfg: PassConfig,
     merger: Merger,
     version: int,
-    merges: list[tuple[np.ndarray, str, str, dict[str, Any]]],
+    merges: list[_Merge],
     hashes: dict[str, str],
 ) -> None:
     """New merged records (ordered by their lowest member id), tombstones, events.
-    ``hashes``: ``text_hash`` of merged texts known already (:func:`_answers`); an exact
-    merge's is its rows' (they share one, and its text is one of theirs)."""
+    ``hashes``: ``text_hash`` of merged texts known already (:func:`_answer_clusters`); an
+    exact merge's is its rows' (they share one, and its text is one of theirs)."""
     ids = st.meta["id"].to_numpy(object)
     rank = st.id_rank
-    if merges:  # each merge's rows in id order
+    if merges:  # each merge's rows in id order (sorted only if some are not already)
         sizes = np.fromiter((len(m[0]) for m in merges), np.int64, len(merges))
         flat = np.concatenate([m[0] for m in merges]).astype(np.int64)
-        parts = in_id_order(rank, flat, sizes)
-        merges = [(g, *m[1:]) for g, m in zip(parts, merges, strict=True)]
+        step = np.diff(rank[flat])
+        step[np.cumsum(sizes)[:-1] - 1] = 1  # a group's first row may rank below the last's
+        if len(step) and step.min() <= 0:
+            parts = in_id_order(rank, flat, sizes)
+            merges = [(g, *m[1:]) for g, m in zip(parts, merges, strict=True)]
     merges.sort(key=lambda m: rank[m[0][0]])
     groups = [m[0] for m in merges]
-    member_ids = [ids[g].tolist() for g in groups]
-    mids = claim_ids(st, [merged_id(version, m) for m in member_ids], member_ids, version)
+    sizes = np.fromiter(map(len, groups), np.int64, len(groups))
+    every = ids[np.concatenate(groups)].tolist() if groups else []
+    cuts = np.r_[0, np.cumsum(sizes)].tolist()
+    member_ids = [every[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    proposed = [m[4] or merged_id(version, g) for m, g in zip(merges, member_ids, strict=True)]
+    mids = claim_ids(st, proposed, member_ids, version)
     stored = st.meta["text_hash"].to_numpy(object)
     meta, vec = new_records(
         st,
@@ -625,13 +717,13 @@ def _write_merges(
         st.meta["merged_into"] = pd.Series(merged_into, dtype=object)
     st.append(meta, vec)
     ns = meta["namespace"].tolist()
-    for (rows, text, op, extra), mid, n in zip(merges, mids, ns, strict=True):
+    for (_, text, op, extra, _), mid, n, got in zip(merges, mids, ns, member_ids, strict=True):
         st.events.append(
             {
                 "op": op,
                 "id": mid,
                 "namespace": n,
-                "members": ids[rows].tolist(),
+                "members": got,
                 "text": text,
                 "merger": merger.name if op == "merge" else None,
                 **extra,
