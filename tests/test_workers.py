@@ -273,3 +273,43 @@ def test_a_merged_record_takes_the_id_of_the_members_it_merges(newer_wins):
     for e in sup:
         assert e["id"] != merged_id(2, e["members"] + e["superseded"])
         assert e["id"] in set(res.records.meta["id"])
+
+
+def test_a_cluster_too_big_for_pairwise_similarities_gets_the_same_merge_in_workers(monkeypatch):
+    # a cluster of more than PAIRWISE_SIMILARITIES_MAX members lists each member's cosine to
+    # its centroid, read from the vectors before the fork (a worker reads no vector)
+    g = np.random.default_rng(3)
+    base = g.normal(size=24)
+    words = ["tea", "jazz", "chess", "tennis", "poetry", "sushi", "hiking", "opera", "golf"]
+    words += ["kites", "maps", "clocks", "jade", "figs", "yoga", "salsa", "surf", "ramen"]
+    words += ["stamps", "coins", "shells", "comics", "vinyl", "posters", "dolls", "mugs"]
+    rows = [
+        {
+            "id": f"k{k:02d}",
+            "namespace": "big",
+            "text": f"Kim collects {w}",
+            "vector": (base + 0.01 * g.normal(size=24)).astype(np.float32),
+            "importance": 0.5,
+            "created_at": 500.0 + k,
+            "last_used": 900.0,
+        }
+        for k, w in enumerate(words)
+    ]
+    recs = make_records(rows)
+    monkeypatch.setattr(merging, "PARALLEL_MIN_CLUSTERS", 0)
+    out = []
+    for workers in (1, 2):
+        cfg = PassConfig(
+            threshold=0.9, now="1000", cap=None, max_drop_fraction=1.0, text_workers=workers
+        )
+        out.append(run_pass(recs, cfg=cfg, version=2, wall_h=1003.0))
+    made = max((e for e in out[0].events if e["op"] == "merge"), key=lambda e: len(e["members"]))
+    assert len(made["members"]) == 25 > merging.PAIRWISE_SIMILARITIES_MAX
+    sims = made["similarities"]
+    assert [s[:2] for s in sims] == [[i, "centroid"] for i in made["members"]]
+    at = [int(i[1:]) for i in made["members"]]
+    v = recs.vectors[at].astype(np.float64)
+    cen = v.sum(0) / np.linalg.norm(v.sum(0))
+    np.testing.assert_allclose([s[2] for s in sims], v @ cen, atol=1e-6)
+    assert out[1].events == out[0].events
+    assert out[1].records.meta.equals(out[0].records.meta)
