@@ -3,6 +3,7 @@ conflict-handling mergers, then one new record per merge and per exact-only grou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,47 +90,66 @@ def _own_strings(values: np.ndarray) -> list[Any]:
     return values.tolist() if arr is None else arr.to_pylist()
 
 
-def members(st: PassState, groups: list[np.ndarray]) -> list[tuple[MergeMember, ...]]:
-    """The :class:`~consolidate.ops.merge.MergeMember` of each row of each group (rows in the
-    given order), with the columns read once for all groups' rows; ``sources`` from
-    :func:`source_texts`. Ids and texts are new string objects, next to each other in
-    memory: a forked worker that reads the requests then copies few pages (reading the
-    row table's own strings copied 115 MiB of pages into each worker at 10^6 rows)."""
-    if not groups:
-        return []
-    rows = np.concatenate(groups).astype(np.int64)
+#: the :class:`~consolidate.ops.merge.MergeMember` fields :func:`member_columns` reads, in
+#: the order of its lists
+_MEMBER_FIELDS = (
+    "id",
+    "text",
+    "importance",
+    "last_used",
+    "strength",
+    "created_at",
+    "source_ids",
+    "valid_from",
+    "sources",
+)
+
+
+def member_columns(st: PassState, groups: list[np.ndarray]) -> list[list[Any]]:
+    """The values of each :data:`_MEMBER_FIELDS` field at the groups' rows (group after
+    group), one list per field, read once for all groups; ``sources`` from
+    :func:`source_texts`. Every value is a new object next to the others in memory (ids
+    and texts through an Arrow copy, lists as tuples): a forked worker that reads them,
+    rather than the row table's own objects, copies few pages (reading the row table's
+    strings copied 115 MiB of pages into each worker at 10^6 rows)."""
+    rows = np.concatenate(groups).astype(np.int64) if groups else np.zeros(0, np.int64)
 
     def col(c: str, dtype: Any) -> np.ndarray:  # the rows of one column (no table copy)
         return st.meta[c].to_numpy(dtype)[rows]
 
-    cols = (
-        [_own_strings(col(c, object)) for c in ("id", "text")]
-        + [
-            col(c, np.float64).tolist()
-            for c in ("importance", "last_used", "strength", "created_at")
-        ]
-        + [col("source_ids", object).tolist(), col("valid_from", np.float64).tolist()]
-    )
-    src = source_texts(st, [str(i) for i in cols[0]])
-    flat = [
-        MergeMember(
-            id=str(i),
-            text=str(t),
-            importance=imp,
-            last_used=lu,
-            strength=s,
-            created_at=c,
-            source_ids=tuple(src_ids),
-            valid_from=vf,
-            sources=src.get(str(i), ()),
-        )
-        for i, t, imp, lu, s, c, src_ids, vf in zip(*cols, strict=True)
+    ids = [str(i) for i in _own_strings(col("id", object))]
+    src = source_texts(st, ids)
+    return [
+        ids,
+        [str(t) for t in _own_strings(col("text", object))],
+        *(col(c, np.float64).tolist() for c in ("importance", "last_used", "strength")),
+        col("created_at", np.float64).tolist(),
+        [tuple(x) for x in col("source_ids", object).tolist()],
+        col("valid_from", np.float64).tolist(),
+        [src.get(i, ()) for i in ids] if src else [()] * len(ids),
     ]
-    out, k = [], 0
-    for g in groups:
-        out.append(tuple(flat[k : k + len(g)]))
-        k += len(g)
-    return out
+
+
+def members_of(
+    cols: list[list[Any]], offsets: Sequence[int], lo: int = 0, hi: int | None = None
+) -> list[tuple[MergeMember, ...]]:
+    """The :class:`~consolidate.ops.merge.MergeMember` of each row of groups ``lo..hi``
+    (default all), from :func:`member_columns`; group ``g``'s rows are at
+    ``offsets[g]:offsets[g + 1]`` of its lists."""
+    hi = len(offsets) - 1 if hi is None else hi
+    a = offsets[lo]
+    flat = [MergeMember(*vals) for vals in zip(*(c[a : offsets[hi]] for c in cols), strict=True)]
+    return [tuple(flat[offsets[g] - a : offsets[g + 1] - a]) for g in range(lo, hi)]
+
+
+def members(st: PassState, groups: list[np.ndarray]) -> list[tuple[MergeMember, ...]]:
+    """The :class:`~consolidate.ops.merge.MergeMember` of each row of each group (rows in the
+    given order): :func:`members_of` :func:`member_columns`."""
+    if not groups:
+        return []
+    return members_of(
+        member_columns(st, groups), np.cumsum([0] + [len(g) for g in groups]).tolist()
+    )
 
 
 def _canonical_texts(st: PassState, groups: list[np.ndarray]) -> list[str]:
@@ -207,36 +227,76 @@ def _centroid_similarities(st: PassState) -> dict[int, tuple[tuple[str, str, flo
     return out
 
 
+@dataclass
+class _RequestInputs:
+    """What the requests of any run of clusters read, made before a fork (so that a forked
+    worker reads new objects next to each other, never the row table's, and no vector):
+    the members' columns (:func:`member_columns`), the rows per cluster, each cluster's
+    namespace, the key (first id) of each clustered unit at ``unit_at[unit]``, the pairs'
+    keys ``i * units + j``, the conflicting id pairs per cluster and the similarities of
+    clusters too big to list every pair (:func:`_centroid_similarities`)."""
+
+    cols: list[list[Any]]
+    offsets: list[int]
+    namespaces: list[str]
+    unit_keys: np.ndarray
+    unit_at: np.ndarray
+    pair_key: np.ndarray
+    conflicts: dict[int, list[tuple[str, str, str]]]
+    big: dict[int, tuple[tuple[str, str, float], ...]]
+
+    @classmethod
+    def of(cls, st: PassState, groups: list[np.ndarray]) -> _RequestInputs:
+        """The inputs of the requests of ``st.clusters``, whose rows are ``groups``."""
+        u, p = st.units, st.pairs
+        assert u is not None
+        ids = st.meta["id"].to_numpy(object)
+        units = np.fromiter((k for c in st.clusters for k in c), np.int64)
+        unit_at = np.full(len(u), -1, np.int64)
+        unit_at[units] = np.arange(len(units))
+        first = np.fromiter((c[0] for c in st.clusters), np.int64, len(st.clusters))
+        # conflicting pairs inside each cluster (only a conflict-handling merger gets any),
+        # as record-id pairs: every row of one unit against every row of the other
+        confl_of: dict[int, list[tuple[str, str, str]]] = {}
+        if st.review:
+            cluster_of = {k: x for x, c in enumerate(st.clusters) for k in c}
+            for a, b, _, r in st.review:
+                x = cluster_of.get(a)
+                if x is not None and cluster_of.get(b) == x:
+                    confl_of.setdefault(x, []).extend(
+                        (str(ids[ra]), str(ids[rb]), r)
+                        for ra in u.members(a)
+                        for rb in u.members(b)
+                    )
+        return cls(
+            cols=member_columns(st, groups),
+            offsets=np.cumsum([0] + [len(g) for g in groups]).tolist(),
+            namespaces=_own_strings(st.ns_names[u.ns[first]]),
+            unit_keys=np.array(_own_strings(ids[u.first[units]]), dtype=object),
+            unit_at=unit_at,
+            pair_key=(p.i * len(u) + p.j) if p is not None else np.zeros(0, np.int64),
+            conflicts=confl_of,
+            big=_centroid_similarities(st),
+        )
+
+
 def _requests(
     st: PassState,
     version: int,
     groups: list[np.ndarray],
     lo: int = 0,
     hi: int | None = None,
-    big: dict[int, tuple[tuple[str, str, float], ...]] | None = None,
+    inputs: _RequestInputs | None = None,
 ) -> list[MergeRequest]:
     """One :class:`MergeRequest` per cluster ``lo..hi`` (default all; members in id order);
-    ``groups``: every cluster's rows in id order (:func:`cluster_rows`); ``big``: the
-    clusters' :func:`_centroid_similarities` (computed when ``None``)."""
+    ``groups``: every cluster's rows in id order (:func:`cluster_rows`); ``inputs``: their
+    :class:`_RequestInputs` (made when ``None``)."""
     u, p = st.units, st.pairs
     assert u is not None
     hi = len(st.clusters) if hi is None else hi
-    big = _centroid_similarities(st) if big is None else big
+    got = _RequestInputs.of(st, groups) if inputs is None else inputs
     clusters = st.clusters[lo:hi]
-    ids = st.meta["id"].to_numpy(object)
-    keys = ids[u.first]
-    # conflicting pairs inside each cluster (only a conflict-handling merger gets any), as
-    # record-id pairs: every row of one unit against every row of the other
-    confl_of: dict[int, list[tuple[str, str, str]]] = {}
-    if st.review:
-        cluster_of = {k: x for x, c in enumerate(clusters) for k in c}
-        for a, b, _, r in st.review:
-            x = cluster_of.get(a)
-            if x is not None and cluster_of.get(b) == x:
-                confl_of.setdefault(x, []).extend(
-                    (str(ids[ra]), str(ids[rb]), r) for ra in u.members(a) for rb in u.members(b)
-                )
-    pair_key = (p.i * len(u) + p.j) if p is not None else np.zeros(0, np.int64)
+    pair_key = got.pair_key
     # cosine of every member pair of the small clusters, looked up at once in the
     # (i, j)-sorted pairs (no dict of every pair: millions in a dense namespace)
     small = [c for c in clusters if len(c) <= PAIRWISE_SIMILARITIES_MAX]
@@ -249,10 +309,11 @@ def _requests(
     sim_of = np.where(found, p.sim[at] if p is not None and len(pair_key) else 0.0, np.nan)
     # every combination's (key, key, cosine) at once; a cluster takes its slice (without
     # the pairs the join did not return, where it has any)
+    keys = got.unit_keys
     flat = list(
         zip(
-            keys[ca].tolist(),
-            keys[cb].tolist(),
+            keys[got.unit_at[ca]].tolist(),
+            keys[got.unit_at[cb]].tolist(),
             [round(sv, 6) for sv in sim_of.tolist()],
             strict=True,
         )
@@ -261,8 +322,8 @@ def _requests(
     next_combo = 0
 
     out = []
-    rows_of = groups[lo:hi]
-    for x, (c, rows, mem) in enumerate(zip(clusters, rows_of, members(st, rows_of), strict=True)):
+    mems = members_of(got.cols, got.offsets, lo, hi)
+    for x, (c, mem) in enumerate(zip(clusters, mems, strict=True)):
         if len(c) <= PAIRWISE_SIMILARITIES_MAX:
             a, b = next_combo, next_combo + len(c) * (len(c) - 1) // 2
             sims = tuple(
@@ -270,14 +331,14 @@ def _requests(
             )
             next_combo = b
         else:
-            sims = big[lo + x]
+            sims = got.big[lo + x]
         out.append(
             MergeRequest(
-                cluster_id=merged_id(version, ids[rows].tolist()),
-                namespace=str(st.ns_names[u.ns[c[0]]]),
+                cluster_id=merged_id(version, [m.id for m in mem]),
+                namespace=got.namespaces[lo + x],
                 members=mem,
                 similarities=sims,
-                conflicts=tuple(confl_of.get(x, ())),
+                conflicts=tuple(got.conflicts.get(lo + x, ())),
             )
         )
     return out
@@ -413,18 +474,16 @@ def _apply_answers(
     :func:`_longest_texts`): supersedes, then the merge or its refusal, per cluster. Reads
     the state, writes none of it (a forked worker may run it)."""
     done = _Applied()
-    ids = st.meta["id"].to_numpy(object)
-    texts = st.meta["text"].to_numpy(object)
     valid_to = st.col("valid_to")
     for x, (req, (resp, lost)) in enumerate(zip(requests, answered, strict=True)):
         allowed, bad, sup = superseding(req, resp)
         rest = groups[lo + x].tolist()
         width = int(longest[lo + x])
-        if sup:
-            row_of = dict(zip(ids[rest].tolist(), rest, strict=True))
+        if sup:  # the members are the rows, in the same order
+            row_of = {m.id: r for m, r in zip(req.members, rest, strict=True)}
             gone = _supersede(req, resp, sup, allowed, row_of, valid_to, merger.name, done)
             rest = [r for r in rest if r not in gone]
-            width = max((len(str(t)) for t in texts[rest]), default=0)
+            width = max((len(m.text) for m in req.members if row_of[m.id] in rest), default=0)
         _merge_or_decline(cfg, req, resp, st.clusters[lo + x], rest, bad, sup, lost, done, width)
         done.calls += resp.calls
         done.prompt_tokens += resp.prompt_tokens
@@ -446,13 +505,17 @@ def _answer_clusters(
     workers = st.workers
     if not getattr(merger, "pure", False) or len(groups) < PARALLEL_MIN_CLUSTERS:
         workers = 1
-    big = _centroid_similarities(st)  # vectors: read here, never in a worker
+    inputs = _RequestInputs.of(st, groups)  # vectors and row table: read here, never in a worker
+    chunk = PURE_MERGE_CHUNK if getattr(merger, "pure", False) else MERGE_CHUNK
     longest = _longest_texts(st.meta["text"].to_numpy(object), groups)
 
     def part(ab: tuple[int, int]) -> _Applied:
-        reqs = _requests(st, version, groups, ab[0], ab[1], big)
-        got = answer_requests(merger, reqs, cfg.fidelity_threshold)
-        done = _apply_answers(st, cfg, merger, groups, longest, reqs, got, ab[0])
+        # a chunk's requests at a time: only those are held (in a worker: its own memory)
+        done = _Applied()
+        for a in range(ab[0], ab[1], chunk):
+            reqs = _requests(st, version, groups, a, min(a + chunk, ab[1]), inputs)
+            got = answer_requests(merger, reqs, cfg.fidelity_threshold)
+            done.add(_apply_answers(st, cfg, merger, groups, longest, reqs, got, a))
         if workers > 1:
             merged = [m[1] for m in done.merges]
             done.hashes = dict(zip(merged, text_hashes(merged), strict=True))
