@@ -188,6 +188,21 @@ def _store(seed: int):
     return make_records(rows)
 
 
+def _inline_and_forked(recs):
+    """The default pass over ``recs`` inline and with two forked text workers."""
+    return [
+        run_pass(
+            recs,
+            cfg=PassConfig(
+                threshold=0.9, now="1000", cap=None, max_drop_fraction=1.0, text_workers=workers
+            ),
+            version=2,
+            wall_h=1003.0,
+        )
+        for workers in (1, 2)
+    ]
+
+
 @pytest.mark.parametrize("newer_wins", [False, True])
 def test_the_pass_gives_the_same_records_with_forked_workers(monkeypatch, newer_wins):
     calls = []
@@ -242,12 +257,7 @@ def test_texts_arrow_cannot_hold_give_the_same_pass_with_forked_workers(monkeypa
     recs.meta["text"] = pd.Series(texts, dtype=object)
     monkeypatch.setattr(near, "PARALLEL_MIN_PAIRS", 0)
     monkeypatch.setattr(merging, "PARALLEL_MIN_CLUSTERS", 0)
-    out = []
-    for workers in (1, 2):
-        cfg = PassConfig(
-            threshold=0.9, now="1000", cap=None, max_drop_fraction=1.0, text_workers=workers
-        )
-        out.append(run_pass(recs, cfg=cfg, version=2, wall_h=1003.0))
+    out = _inline_and_forked(recs)
     assert out[0].stats.merges >= 20
     assert any("\udcff" in t for t in out[0].records.meta["text"].dropna())
     assert out[1].records.meta.equals(out[0].records.meta)
@@ -297,12 +307,7 @@ def test_a_cluster_too_big_for_pairwise_similarities_gets_the_same_merge_in_work
     ]
     recs = make_records(rows)
     monkeypatch.setattr(merging, "PARALLEL_MIN_CLUSTERS", 0)
-    out = []
-    for workers in (1, 2):
-        cfg = PassConfig(
-            threshold=0.9, now="1000", cap=None, max_drop_fraction=1.0, text_workers=workers
-        )
-        out.append(run_pass(recs, cfg=cfg, version=2, wall_h=1003.0))
+    out = _inline_and_forked(recs)
     made = max((e for e in out[0].events if e["op"] == "merge"), key=lambda e: len(e["members"]))
     assert len(made["members"]) == 25 > merging.PAIRWISE_SIMILARITIES_MAX
     sims = made["similarities"]
