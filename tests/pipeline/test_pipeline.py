@@ -439,3 +439,31 @@ def test_longest_text_of_each_cluster():
     groups = [np.array([0, 1]), np.array([], np.int64), np.array([2, 3]), np.array([4, 0])]
     assert _longest_texts(texts, groups).tolist() == [4, 0, 1, 3]
     assert _longest_texts(texts, []).tolist() == []
+
+
+def test_members_of_a_run_of_groups_read_their_rows_fields():
+    import dataclasses
+
+    from consolidate.ops.merge import MergeMember
+    from consolidate.pipeline.merging import _MEMBER_FIELDS, member_columns, members_of
+
+    # the columns' order is the dataclass's (members_of builds members from it by position)
+    assert tuple(f.name for f in dataclasses.fields(MergeMember)) == _MEMBER_FIELDS
+    rows = [
+        {"id": f"r{k}", "text": f"t{k}", "vector": np.eye(4)[k % 4], "importance": k / 10}
+        for k in range(6)
+    ]
+    rows[4]["source_ids"] = ["s1", "s0"]
+    st = _start(make_records(rows), SimilarityConfig(device="cpu"), 0.0, "x", 1)
+    groups = [np.array([5, 0]), np.array([3]), np.array([4, 1, 2])]
+    cols = member_columns(st, groups)
+    got = members_of(cols, [0, 2, 3, 6], 1, 3)
+    assert [[m.id for m in g] for g in got] == [["r3"], ["r4", "r1", "r2"]]
+    m = got[1][0]
+    assert (m.text, m.importance, m.source_ids, m.sources) == ("t4", 0.4, ("s1", "s0"), ())
+    assert members_of(cols, [0, 2, 3, 6]) == [
+        tuple(
+            MergeMember(**{f: c[k] for f, c in zip(_MEMBER_FIELDS, cols, strict=True)}) for k in ks
+        )
+        for ks in ([0, 1], [2], [3, 4, 5])
+    ]
