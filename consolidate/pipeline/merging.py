@@ -271,7 +271,7 @@ class _RequestInputs:
         return cls(
             cols=member_columns(st, groups),
             offsets=np.cumsum([0] + [len(g) for g in groups]).tolist(),
-            namespaces=_own_strings(st.ns_names[u.ns[first]]),
+            namespaces=[str(x) for x in _own_strings(st.ns_names[u.ns[first]])],
             unit_keys=np.array(_own_strings(ids[u.first[units]]), dtype=object),
             unit_at=unit_at,
             pair_key=(p.i * len(u) + p.j) if p is not None else np.zeros(0, np.int64),
@@ -433,9 +433,10 @@ class _Applied:
     refused: int = 0
     lost: int = 0
     lost_refused: int = 0
-    calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    # each response's model calls, prompt and completion tokens (summed once, in order)
+    calls: list[int] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)
+    completion_tokens: list[int] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
 
     def add(self, other: _Applied) -> None:
@@ -447,15 +448,10 @@ class _Applied:
         self.hashes.update(other.hashes)
         self.ratios += other.ratios
         self.latencies += other.latencies
-        for k in (
-            "closed",
-            "refused",
-            "lost",
-            "lost_refused",
-            "calls",
-            "prompt_tokens",
-            "completion_tokens",
-        ):
+        self.calls += other.calls
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        for k in ("closed", "refused", "lost", "lost_refused"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
 
 
@@ -485,9 +481,9 @@ def _apply_answers(
             rest = [r for r in rest if r not in gone]
             width = max((len(m.text) for m in req.members if row_of[m.id] in rest), default=0)
         _merge_or_decline(cfg, req, resp, st.clusters[lo + x], rest, bad, sup, lost, done, width)
-        done.calls += resp.calls
-        done.prompt_tokens += resp.prompt_tokens
-        done.completion_tokens += resp.completion_tokens
+        done.calls.append(resp.calls)
+        done.prompt_tokens.append(resp.prompt_tokens)
+        done.completion_tokens.append(resp.completion_tokens)
         if "latency_s" in resp.extra:
             done.latencies.append(resp.extra["latency_s"])
     return done
@@ -551,11 +547,11 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
     """
     assert st.units is not None
     done = _answer_clusters(st, cfg, merger, version, cluster_rows(st))
+    valid_to = st.col("valid_to").copy()  # float64, whatever the caller's column held
     if done.closed_to:
-        valid_to = st.col("valid_to").copy()
         closed = np.fromiter(done.closed_to, np.int64, len(done.closed_to))
         valid_to[closed] = np.fromiter(done.closed_to.values(), np.float64, len(closed))
-        st.meta["valid_to"] = valid_to
+    st.meta["valid_to"] = valid_to
     st.events += done.events
     in_cluster = {k for c in st.clusters for k in c} - set(done.declined_units)
     done.merges += _exact_merges(st, in_cluster, set(done.closed_to))
@@ -715,9 +711,9 @@ def _merge_stats(st: PassState, done: _Applied) -> None:
     if done.ratios:
         st.stats.merge_text_ratio_mean = float(np.mean(done.ratios))
         st.stats.merge_text_ratio_max = float(np.max(done.ratios))
-    st.stats.model_calls = done.calls
-    st.stats.prompt_tokens = done.prompt_tokens
-    st.stats.completion_tokens = done.completion_tokens
+    st.stats.model_calls = sum(done.calls)
+    st.stats.prompt_tokens = sum(done.prompt_tokens)
+    st.stats.completion_tokens = sum(done.completion_tokens)
     if done.latencies:
         lat = done.latencies
         st.stats.merge_latency_p50_s = float(np.percentile(lat, 50))

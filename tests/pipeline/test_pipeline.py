@@ -467,3 +467,22 @@ def test_members_of_a_run_of_groups_read_their_rows_fields():
         )
         for ks in ([0, 1], [2], [3, 4, 5])
     ]
+
+
+def test_a_pass_writes_valid_to_as_float64_whatever_the_input_column_held():
+    from consolidate.store.schema import Records
+
+    v = np.ones(8, np.float32)
+    rows = [
+        {"id": f"r{k}", "namespace": "a", "text": t, "vector": v + 0.01 * k, "last_used": 900.0}
+        for k, t in enumerate(["Ann likes tea", "Ann likes tea; Ann walks"])
+    ]
+    recs = make_records(rows)
+    meta = recs.meta.copy()
+    meta["valid_to"] = pd.Series([None, None], dtype=object)
+    res = run_pass(
+        Records(meta, recs.vectors), cfg=PassConfig(threshold=0.9, now="1000"), wall_h=1003.0
+    )
+    assert res.stats.merges == 1 and res.stats.superseded == 0
+    assert res.records.meta["valid_to"].dtype == np.float64
+    assert res.records.meta["valid_to"].isna().all()
