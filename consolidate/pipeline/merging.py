@@ -147,9 +147,13 @@ def members(st: PassState, groups: list[np.ndarray]) -> list[tuple[MergeMember, 
     given order): :func:`members_of` :func:`member_columns`."""
     if not groups:
         return []
-    return members_of(
-        member_columns(st, groups), np.cumsum([0] + [len(g) for g in groups]).tolist()
-    )
+    return members_of(member_columns(st, groups), _offsets(groups))
+
+
+def _offsets(groups: list[np.ndarray]) -> list[int]:
+    """``[0, len(g0), len(g0) + len(g1), ...]``: where each group starts in the
+    concatenation of ``groups`` (and where the last ends)."""
+    return np.cumsum([0] + [len(g) for g in groups]).tolist()
 
 
 def _canonical_texts(st: PassState, groups: list[np.ndarray]) -> list[str]:
@@ -174,10 +178,14 @@ def _canonical_texts(st: PassState, groups: list[np.ndarray]) -> list[str]:
 
 def latency_stats(responses: list[MergeResponse]) -> tuple[float, float] | None:
     """``(p50, p95)`` of the responses' ``latency_s`` (seconds), or ``None``."""
-    lat = [r.extra["latency_s"] for r in responses if "latency_s" in r.extra]
-    if not lat:
+    return _p50_p95([r.extra["latency_s"] for r in responses if "latency_s" in r.extra])
+
+
+def _p50_p95(latencies: list[float]) -> tuple[float, float] | None:
+    """``(p50, p95)`` of ``latencies`` (seconds), or ``None`` when there are none."""
+    if not latencies:
         return None
-    return float(np.percentile(lat, 50)), float(np.percentile(lat, 95))
+    return float(np.percentile(latencies, 50)), float(np.percentile(latencies, 95))
 
 
 def in_id_order(rank: np.ndarray, rows: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
@@ -215,15 +223,18 @@ def _centroid_similarities(st: PassState) -> dict[int, tuple[tuple[str, str, flo
     here: a forked worker never reads vectors)."""
     u = st.units
     assert u is not None
-    keys = st.meta["id"].to_numpy(object)[u.first]
+    ids = st.meta["id"].to_numpy(object)
     sizes = np.fromiter(map(len, st.clusters), np.int64, len(st.clusters))
     out = {}
     for x in np.flatnonzero(sizes > PAIRWISE_SIMILARITIES_MAX).tolist():
         c = st.clusters[x]
+        keys = ids[u.first[c]].tolist()  # only these clusters' units (rare)
         uv = u.vec[c].cpu().numpy().astype(np.float64)
         cen = (u.weight[c, None] * uv).sum(0)
         cen /= np.linalg.norm(cen)
-        out[x] = tuple((keys[a], "centroid", round(float(uv[y] @ cen), 6)) for y, a in enumerate(c))
+        out[x] = tuple(
+            (k, "centroid", round(float(v @ cen), 6)) for k, v in zip(keys, uv, strict=True)
+        )
     return out
 
 
@@ -270,7 +281,7 @@ class _RequestInputs:
                     )
         return cls(
             cols=member_columns(st, groups),
-            offsets=np.cumsum([0] + [len(g) for g in groups]).tolist(),
+            offsets=_offsets(groups),
             namespaces=[str(x) for x in _own_strings(st.ns_names[u.ns[first]])],
             unit_keys=np.array(_own_strings(ids[u.first[units]]), dtype=object),
             unit_at=unit_at,
@@ -714,10 +725,9 @@ def _merge_stats(st: PassState, done: _Applied) -> None:
     st.stats.model_calls = sum(done.calls)
     st.stats.prompt_tokens = sum(done.prompt_tokens)
     st.stats.completion_tokens = sum(done.completion_tokens)
-    if done.latencies:
-        lat = done.latencies
-        st.stats.merge_latency_p50_s = float(np.percentile(lat, 50))
-        st.stats.merge_latency_p95_s = float(np.percentile(lat, 95))
+    lat = _p50_p95(done.latencies)
+    if lat:
+        st.stats.merge_latency_p50_s, st.stats.merge_latency_p95_s = lat
 
 
 def _write_merges(

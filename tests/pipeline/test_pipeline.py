@@ -486,3 +486,49 @@ def test_a_pass_writes_valid_to_as_float64_whatever_the_input_column_held():
     assert res.stats.merges == 1 and res.stats.superseded == 0
     assert res.records.meta["valid_to"].dtype == np.float64
     assert res.records.meta["valid_to"].isna().all()
+
+
+def test_the_merge_stage_reports_the_merger_s_calls_tokens_and_latency_percentiles():
+    from consolidate.ops.merge import MergeResponse
+
+    class Timed:
+        """A model-like merger: the first member's text, one call, 10 + k prompt tokens and
+        k seconds for the k-th request it answers."""
+
+        name, handles_conflicts = "timed", False
+
+        def __init__(self) -> None:
+            self.k = 0
+
+        def merge_batch(self, requests):
+            out = []
+            for r in requests:
+                self.k += 1
+                out.append(
+                    MergeResponse(
+                        r.members[0].text,
+                        calls=1,
+                        prompt_tokens=10 + self.k,
+                        completion_tokens=2,
+                        extra={"latency_s": float(self.k)},
+                    )
+                )
+            return out
+
+    rows = [
+        {
+            "id": f"r{c}{k}",
+            "namespace": "a",
+            "text": f"Ann likes tea {c}" + " daily" * k,
+            "vector": np.eye(8)[c] + 0.01 * k * np.eye(8)[(c + 1) % 8],
+        }
+        for c in range(4)
+        for k in range(2)
+    ]
+    cfg = PassConfig(threshold=0.9, now="1000", fidelity="report")
+    st = run_pass(make_records(rows), cfg=cfg, merger=Timed(), wall_h=1003.0).stats
+    assert st.clusters == 4 and st.model_calls == 4
+    assert (st.prompt_tokens, st.completion_tokens) == (11 + 12 + 13 + 14, 8)
+    # numpy's linear percentiles of 1, 2, 3, 4
+    assert st.merge_latency_p50_s == pytest.approx(2.5)
+    assert st.merge_latency_p95_s == pytest.approx(3.85)
