@@ -9,10 +9,11 @@ runs on them alone, so the Python work grows with the pairs, not with the store.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import torch
 
@@ -315,11 +316,11 @@ def _conflict_rules(
             return _guard_answers(keys, reasons, n_items, a, b, signature)
 
         apart, members = _undo_sets(u, items, ids, apart_col, named)
-        cls: list[Hashable] | np.ndarray = (
-            [(c, x if x in members else -1) for x, c in enumerate(sig_cls.tolist())]
-            if members
-            else sig_cls
-        )
+        cls = sig_cls
+        if members:  # a unit an undo constraint names: a class of its own (codes >= n_items)
+            own = np.sort(np.fromiter(members, np.int64, len(members)))
+            cls = sig_cls.copy()
+            cls[own] = n_items + np.arange(len(own))
         empty: set[str] = set()
 
         def undone(a: int, b: int) -> str | None:
@@ -357,18 +358,28 @@ def _undo_sets(
     """The undo constraints of the units ``items`` (compact positions): ``{x: ids its rows
     must stay apart from}`` for units holding a ``keep_apart``, and ``{x: its rows' ids}``
     for those and for units holding an id in ``named``; only those units get sets (none
-    without ``named``)."""
+    without ``named``). The units concerned are found on arrays; sets are built for them
+    alone."""
     apart: dict[int, set[str]] = {}
     members: dict[int, set[str]] = {}
-    if named:
-        for x, k in enumerate(items.tolist()):
-            rows = u.members(k).tolist()
-            a = {y for r in rows for y in apart_col[r]}
-            m = set(ids[rows].tolist())
-            if a:
-                apart[x] = a
-            if a or m & named:
-                members[x] = m
+    if not named or not len(items):
+        return apart, members
+    lo, hi = u.start[items], u.start[items + 1]
+    size = hi - lo
+    # every row of the item units, unit after unit (a CSR gather)
+    at = np.repeat(lo - np.cumsum(size) + size, size) + np.arange(int(size.sum()))
+    rows = u.rows[at]
+    held = (list_lengths(apart_col)[rows] > 0) | pd.Series(ids[rows], dtype=object).isin(
+        named
+    ).to_numpy(bool)
+    for x in np.unique(np.repeat(np.arange(len(items)), size)[held]).tolist():
+        rs = u.members(int(items[x])).tolist()
+        a = {y for r in rs for y in apart_col[r]}
+        m = set(ids[rs].tolist())
+        if a:
+            apart[x] = a
+        if a or m & named:
+            members[x] = m
     return apart, members
 
 

@@ -469,3 +469,42 @@ def test_signature_title_case_and_role_positions():
     s = conflict_signature("the fish follows the turtle the fish")
     assert s.roles == ("fish", "follow", "turtle", "fish")
     assert s.role_pos == {"follow": 1, "turtle": 2}
+
+
+def test_undo_sets_name_exactly_the_constrained_units():
+    # units of 1-3 rows (exact-duplicate groups); some rows hold a keep_apart, others are
+    # named by one; the sets are built for those units alone, as a loop over every unit
+    # would build them
+    import numpy as np
+    import torch
+
+    from consolidate.pipeline.near import _undo_sets
+    from consolidate.pipeline.state import Units
+
+    rng = np.random.default_rng(7)
+    size = rng.integers(1, 4, 400)
+    start = np.concatenate([[0], np.cumsum(size)]).astype(np.int64)
+    n_rows = int(start[-1])
+    rows = rng.permutation(n_rows).astype(np.int64)
+    ids = np.array([f"r{k:04d}" for k in range(n_rows)], dtype=object)
+    apart_col = np.empty(n_rows, dtype=object)
+    apart_col[:] = [[] for _ in range(n_rows)]
+    for r in rng.choice(n_rows, 12, replace=False).tolist():
+        apart_col[r] = [str(x) for x in rng.choice(ids, 2, replace=False)]
+    named = {x for a in apart_col for x in a}
+    u = Units(rows, start, np.zeros(400, np.int64), torch.zeros(400, 2), np.ones(400))
+    items = np.sort(rng.choice(400, 300, replace=False)).astype(np.int64)
+
+    want_apart, want_members = {}, {}
+    for x, k in enumerate(items.tolist()):
+        rs = rows[start[k] : start[k + 1]].tolist()
+        a = {y for r in rs for y in apart_col[r]}
+        m = set(ids[rs].tolist())
+        if a:
+            want_apart[x] = a
+        if a or m & named:
+            want_members[x] = m
+    apart, members = _undo_sets(u, items, ids, apart_col, named)
+    assert apart == want_apart and members == want_members
+    assert 0 < len(apart) < len(members) < 40  # few units hold a constraint or are named
+    assert _undo_sets(u, items, ids, apart_col, set()) == ({}, {})
