@@ -365,18 +365,29 @@ def _one_char_apart(x: str, y: str) -> bool:
     )
 
 
-def _values_differ(a: ConflictSignature, b: ConflictSignature) -> bool:
-    """In the word alignment of the two texts, a replaced span of at most 3 words on each
-    side holds, on each side, a value that the other text does not contain and that is no
-    form of the other (:func:`_related`); or one word is replaced by a word one character
-    apart, each absent from the other text."""
+def _value_candidates(a: ConflictSignature, b: ConflictSignature) -> bool:
+    """Whether :func:`_values_differ` can hold in either direction: each text has a word
+    the other lacks, and either each has a value among those words or two of those words
+    are one character apart. Symmetric in ``a`` and ``b``."""
     in_a, in_b = a.word_set, b.word_set
     only_a, only_b = in_a - in_b, in_b - in_a
     if not only_a or not only_b:
         return False
-    vals = (a.value_set & only_a) and (b.value_set & only_b)
-    if not vals and not any(_one_char_apart(x, y) for x in only_a for y in only_b):
+    if (a.value_set & only_a) and (b.value_set & only_b):
+        return True
+    return any(_one_char_apart(x, y) for x in only_a for y in only_b)
+
+
+def _values_differ(a: ConflictSignature, b: ConflictSignature, checked: bool = False) -> bool:
+    """In the word alignment of the two texts, a replaced span of at most 3 words on each
+    side holds, on each side, a value that the other text does not contain and that is no
+    form of the other (:func:`_related`); or one word is replaced by a word one character
+    apart, each absent from the other text. ``checked``: :func:`_value_candidates` is known
+    to hold already."""
+    if not checked and not _value_candidates(a, b):
         return False  # no candidate: skip the alignment
+    in_a, in_b = a.word_set, b.word_set
+    only_a, only_b = in_a - in_b, in_b - in_a
     wa, wb = a.word_list, b.word_list
     # near-duplicates mostly differ in one place: the words between the common prefix and
     # suffix are the one replaced span, no alignment needed
@@ -583,7 +594,8 @@ def conflict_between(a: ConflictSignature, b: ConflictSignature) -> str | None:
         return None
     if prefixes and _opposite(a, b):
         return "opposite"
-    if _values_differ(a, b) or _values_differ(b, a):  # difflib's alignment is not symmetric
+    # the candidates are symmetric, difflib's alignment is not: both directions when any
+    if _value_candidates(a, b) and (_values_differ(a, b, True) or _values_differ(b, a, True)):
         return "value"
     if _roles_swapped(a, b):
         return "roles"
