@@ -495,15 +495,15 @@ def test_undo_sets_name_exactly_the_constrained_units():
     u = Units(rows, start, np.zeros(400, np.int64), torch.zeros(400, 2), np.ones(400))
     items = np.sort(rng.choice(400, 300, replace=False)).astype(np.int64)
 
-    want_apart, want_members = {}, {}
-    for x, k in enumerate(items.tolist()):
-        rs = rows[start[k] : start[k + 1]].tolist()
-        a = {y for r in rs for y in apart_col[r]}
-        m = set(ids[rs].tolist())
-        if a:
-            want_apart[x] = a
-        if a or m & named:
-            want_members[x] = m
+    # the reference: every unit visited
+    of_unit = {x: rows[start[k] : start[k + 1]].tolist() for x, k in enumerate(items.tolist())}
+    held = {x: set().union(*(apart_col[r] for r in rs)) for x, rs in of_unit.items()}
+    want_apart = {x: a for x, a in held.items() if a}
+    want_members = {
+        x: set(ids[rs].tolist())
+        for x, rs in of_unit.items()
+        if x in want_apart or named.intersection(ids[rs].tolist())
+    }
     apart, members = _undo_sets(u, items, ids, apart_col, named)
     assert apart == want_apart and members == want_members
     assert 0 < len(apart) < len(members) < 40  # few units hold a constraint or are named
