@@ -378,14 +378,12 @@ def _value_candidates(a: ConflictSignature, b: ConflictSignature) -> bool:
     return any(_one_char_apart(x, y) for x in only_a for y in only_b)
 
 
-def _values_differ(a: ConflictSignature, b: ConflictSignature, checked: bool = False) -> bool:
+def _values_differ(a: ConflictSignature, b: ConflictSignature) -> bool:
     """In the word alignment of the two texts, a replaced span of at most 3 words on each
     side holds, on each side, a value that the other text does not contain and that is no
     form of the other (:func:`_related`); or one word is replaced by a word one character
-    apart, each absent from the other text. ``checked``: :func:`_value_candidates` is known
-    to hold already."""
-    if not checked and not _value_candidates(a, b):
-        return False  # no candidate: skip the alignment
+    apart, each absent from the other text. Only meaningful where
+    :func:`_value_candidates` holds (the caller checks it once for both directions)."""
     in_a, in_b = a.word_set, b.word_set
     only_a, only_b = in_a - in_b, in_b - in_a
     wa, wb = a.word_list, b.word_list
@@ -595,7 +593,7 @@ def conflict_between(a: ConflictSignature, b: ConflictSignature) -> str | None:
     if prefixes and _opposite(a, b):
         return "opposite"
     # the candidates are symmetric, difflib's alignment is not: both directions when any
-    if _value_candidates(a, b) and (_values_differ(a, b, True) or _values_differ(b, a, True)):
+    if _value_candidates(a, b) and (_values_differ(a, b) or _values_differ(b, a)):
         return "value"
     if _roles_swapped(a, b):
         return "roles"

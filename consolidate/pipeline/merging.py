@@ -204,13 +204,20 @@ def in_id_order(rank: np.ndarray, rows: np.ndarray, sizes: np.ndarray) -> list[n
     return np.split(rows, np.cumsum(sizes)[:-1])
 
 
-def cluster_rows(st: PassState) -> list[np.ndarray]:
-    """The rows of each cluster's units (``int64``, in id order), for all clusters at once."""
+def clustered_units(clusters: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """``(units, sizes)``: ``int64`` every cluster's unit positions, cluster after cluster,
+    and ``int64 [len(clusters)]`` the units per cluster."""
+    sizes = np.fromiter(map(len, clusters), np.int64, len(clusters))
+    units = np.fromiter((k for c in clusters for k in c), np.int64, int(sizes.sum()))
+    return units, sizes
+
+
+def cluster_rows(st: PassState, units: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+    """The rows of each cluster's units (``int64``, in id order), for all clusters at once;
+    ``units, sizes``: :func:`clustered_units` of ``st.clusters``."""
     u = st.units
     if not st.clusters or u is None:
         return []
-    sizes = np.fromiter(map(len, st.clusters), np.int64, len(st.clusters))
-    units = np.fromiter((k for c in st.clusters for k in c), np.int64, int(sizes.sum()))
     per_unit = u.size[units]
     rows = u.rows[_ranges(u.start[units], per_unit)]
     per_cluster = np.add.reduceat(per_unit, np.cumsum(sizes) - sizes)
@@ -257,23 +264,26 @@ class _RequestInputs:
     big: dict[int, tuple[tuple[str, str, float], ...]]
 
     @classmethod
-    def of(cls, st: PassState, groups: list[np.ndarray]) -> _RequestInputs:
-        """The inputs of the requests of ``st.clusters``, whose rows are ``groups``."""
+    def of(
+        cls, st: PassState, groups: list[np.ndarray], units: np.ndarray, sizes: np.ndarray
+    ) -> _RequestInputs:
+        """The inputs of the requests of ``st.clusters``, whose rows are ``groups``;
+        ``units, sizes``: :func:`clustered_units` of ``st.clusters``."""
         u, p = st.units, st.pairs
         assert u is not None
         ids = st.meta["id"].to_numpy(object)
-        units = np.fromiter((k for c in st.clusters for k in c), np.int64)
         unit_at = np.full(len(u), -1, np.int64)
         unit_at[units] = np.arange(len(units))
-        first = np.fromiter((c[0] for c in st.clusters), np.int64, len(st.clusters))
+        first = units[np.cumsum(sizes) - sizes]
         # conflicting pairs inside each cluster (only a conflict-handling merger gets any),
         # as record-id pairs: every row of one unit against every row of the other
         confl_of: dict[int, list[tuple[str, str, str]]] = {}
         if st.review:
-            cluster_of = {k: x for x, c in enumerate(st.clusters) for k in c}
+            cluster_of = np.full(len(u), -1, np.int64)
+            cluster_of[units] = np.repeat(np.arange(len(sizes)), sizes)
             for a, b, _, r in st.review:
-                x = cluster_of.get(a)
-                if x is not None and cluster_of.get(b) == x:
+                x = int(cluster_of[a])
+                if x >= 0 and cluster_of[b] == x:
                     confl_of.setdefault(x, []).extend(
                         (str(ids[ra]), str(ids[rb]), r)
                         for ra in u.members(a)
@@ -292,20 +302,12 @@ class _RequestInputs:
 
 
 def _requests(
-    st: PassState,
-    version: int,
-    groups: list[np.ndarray],
-    lo: int = 0,
-    hi: int | None = None,
-    inputs: _RequestInputs | None = None,
+    st: PassState, version: int, got: _RequestInputs, lo: int, hi: int
 ) -> list[MergeRequest]:
-    """One :class:`MergeRequest` per cluster ``lo..hi`` (default all; members in id order);
-    ``groups``: every cluster's rows in id order (:func:`cluster_rows`); ``inputs``: their
-    :class:`_RequestInputs` (made when ``None``)."""
+    """One :class:`MergeRequest` per cluster ``lo..hi`` of ``st.clusters`` (members in id
+    order), from the clusters' :class:`_RequestInputs` ``got``."""
     u, p = st.units, st.pairs
     assert u is not None
-    hi = len(st.clusters) if hi is None else hi
-    got = _RequestInputs.of(st, groups) if inputs is None else inputs
     clusters = st.clusters[lo:hi]
     pair_key = got.pair_key
     # cosine of every member pair of the small clusters, looked up at once in the
@@ -490,7 +492,7 @@ def _apply_answers(
             row_of = {m.id: r for m, r in zip(req.members, rest, strict=True)}
             gone = _supersede(req, resp, sup, allowed, row_of, valid_to, merger.name, done)
             rest = [r for r in rest if r not in gone]
-            width = max((len(m.text) for m in req.members if row_of[m.id] in rest), default=0)
+            width = max((len(m.text) for m in req.members if row_of[m.id] not in gone), default=0)
         _merge_or_decline(cfg, req, resp, st.clusters[lo + x], rest, bad, sup, lost, done, width)
         done.calls.append(resp.calls)
         done.prompt_tokens.append(resp.prompt_tokens)
@@ -501,18 +503,26 @@ def _apply_answers(
 
 
 def _answer_clusters(
-    st: PassState, cfg: PassConfig, merger: Merger, version: int, groups: list[np.ndarray]
+    st: PassState,
+    cfg: PassConfig,
+    merger: Merger,
+    version: int,
+    units: np.ndarray,
+    sizes: np.ndarray,
 ) -> _Applied:
     """Requests, answers (:func:`answer_requests`) and what they do
     (:func:`_apply_answers`) for every cluster, in order. In ``st.workers`` processes, each
     on a run of clusters, when the merger is ``pure`` (no model, no I/O:
     :class:`~consolidate.ops.merge.ExtractiveMerger`) and there are at least
     :data:`PARALLEL_MIN_CLUSTERS` clusters, else inline; a forked worker also gives the
-    ``text_hash`` of its merged texts (inline, the merge stage computes those it needs)."""
+    ``text_hash`` of its merged texts (inline, the merge stage computes those it needs).
+    ``units, sizes``: :func:`clustered_units` of ``st.clusters``."""
+    groups = cluster_rows(st, units, sizes)
     workers = st.workers
     if not getattr(merger, "pure", False) or len(groups) < PARALLEL_MIN_CLUSTERS:
         workers = 1
-    inputs = _RequestInputs.of(st, groups)  # vectors and row table: read here, never in a worker
+    # vectors and row table: read here, never in a worker
+    inputs = _RequestInputs.of(st, groups, units, sizes)
     chunk = PURE_MERGE_CHUNK if getattr(merger, "pure", False) else MERGE_CHUNK
     longest = _longest_texts(st.meta["text"].to_numpy(object), groups)
 
@@ -520,7 +530,7 @@ def _answer_clusters(
         # a chunk's requests at a time: only those are held (in a worker: its own memory)
         done = _Applied()
         for a in range(ab[0], ab[1], chunk):
-            reqs = _requests(st, version, groups, a, min(a + chunk, ab[1]), inputs)
+            reqs = _requests(st, version, inputs, a, min(a + chunk, ab[1]))
             got = answer_requests(merger, reqs, cfg.fidelity_threshold)
             done.add(_apply_answers(st, cfg, merger, groups, longest, reqs, got, a))
         if workers > 1:
@@ -557,14 +567,15 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
         ValueError: the merger returned the wrong number of responses.
     """
     assert st.units is not None
-    done = _answer_clusters(st, cfg, merger, version, cluster_rows(st))
+    units, sizes = clustered_units(st.clusters)
+    done = _answer_clusters(st, cfg, merger, version, units, sizes)
     valid_to = st.col("valid_to").copy()  # float64, whatever the caller's column held
     if done.closed_to:
         closed = np.fromiter(done.closed_to, np.int64, len(done.closed_to))
         valid_to[closed] = np.fromiter(done.closed_to.values(), np.float64, len(closed))
     st.meta["valid_to"] = valid_to
     st.events += done.events
-    in_cluster = {k for c in st.clusters for k in c} - set(done.declined_units)
+    in_cluster = set(units.tolist()) - set(done.declined_units)
     done.merges += _exact_merges(st, in_cluster, set(done.closed_to))
     _merge_stats(st, done)
     _write_merges(st, cfg, merger, version, done.merges, done.hashes)

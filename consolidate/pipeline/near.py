@@ -23,6 +23,7 @@ from ..ops.cluster import ClusterResult, centroid_clusters
 from ..ops.guard import ConflictSignature, conflict_between, conflict_signature
 from ..similarity import Pairs, threshold_pairs
 from ..workers import fork_map, split_evenly
+from .exact import _ranges
 from .state import PassState, Units, arrow_strings, list_lengths
 
 __all__ = [
@@ -364,11 +365,8 @@ def _undo_sets(
     members: dict[int, set[str]] = {}
     if not named or not len(items):
         return apart, members
-    lo, hi = u.start[items], u.start[items + 1]
-    size = hi - lo
-    # every row of the item units, unit after unit (a CSR gather)
-    at = np.repeat(lo - np.cumsum(size) + size, size) + np.arange(int(size.sum()))
-    rows = u.rows[at]
+    size = u.size[items]
+    rows = u.rows[_ranges(u.start[items], size)]  # every row of the item units, in turn
     held = (list_lengths(apart_col)[rows] > 0) | pd.Series(ids[rows], dtype=object).isin(
         named
     ).to_numpy(bool)
