@@ -575,8 +575,9 @@ def merge_stage(st: PassState, cfg: PassConfig, merger: Merger, version: int) ->
         valid_to[closed] = np.fromiter(done.closed_to.values(), np.float64, len(closed))
     st.meta["valid_to"] = valid_to
     st.events += done.events
-    in_cluster = set(units.tolist()) - set(done.declined_units)
-    done.merges += _exact_merges(st, in_cluster, set(done.closed_to))
+    in_cluster = np.setdiff1d(units, np.asarray(done.declined_units, np.int64))
+    closed_rows = np.fromiter(done.closed_to, np.int64, len(done.closed_to))
+    done.merges += _exact_merges(st, in_cluster, closed_rows)
     _merge_stats(st, done)
     _write_merges(st, cfg, merger, version, done.merges, done.hashes)
     return st
@@ -705,19 +706,25 @@ def _longest_texts(texts: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
     return out
 
 
-def _exact_merges(st: PassState, in_cluster: set[int], superseded: set[int]) -> list[_Merge]:
+def _exact_merges(st: PassState, in_cluster: np.ndarray, superseded: np.ndarray) -> list[_Merge]:
     """An ``exact_merge`` of each exact group of two or more rows (less the ``superseded``
-    rows) that is not inside a merged cluster (its unit not in ``in_cluster``), with its
-    canonical text."""
+    rows, ``int64``) that is not inside a merged cluster (its unit not among ``in_cluster``,
+    ``int64`` unit numbers), with its canonical text. Selected on arrays: the groups' rows
+    in one gather, the superseded rows and the groups left with one row dropped by mask."""
     u = st.units
     assert u is not None
-    exact = [
-        g
-        for k in np.flatnonzero(u.size > 1).tolist()
-        if k not in in_cluster
-        and len(g := np.array([r for r in u.members(k).tolist() if r not in superseded], np.int64))
-        > 1
-    ]
+    multi = np.flatnonzero(u.size > 1)
+    multi = multi[~np.isin(multi, in_cluster)]
+    sizes = u.size[multi]
+    rows = u.rows[_ranges(u.start[multi], sizes)]
+    seg = np.repeat(np.arange(len(multi)), sizes)
+    if len(superseded):
+        keep = ~np.isin(rows, superseded)
+        rows, seg = rows[keep], seg[keep]
+    left = np.bincount(seg, minlength=len(multi))
+    two = left > 1
+    rows = rows[two[seg]].astype(np.int64)
+    exact = np.split(rows, np.cumsum(left[two])[:-1]) if len(rows) else []
     return [
         (g, text, "exact_merge", {}, None)
         for g, text in zip(exact, _canonical_texts(st, exact), strict=True)

@@ -508,3 +508,47 @@ def test_undo_sets_name_exactly_the_constrained_units():
     assert apart == want_apart and members == want_members
     assert 0 < len(apart) < len(members) < 40  # few units hold a constraint or are named
     assert _undo_sets(u, items, ids, apart_col, set()) == ({}, {})
+
+
+def _copies(times):
+    """Rows ``a1, a2, ...`` of one text (an exact group) created at ``times``."""
+    return [
+        {
+            "id": f"a{k + 1}",
+            "namespace": "u",
+            "text": "Gina has 2 cats",
+            "vector": [1.0, 0.0, 0.0],
+            "created_at": t,
+            "last_used": t,
+            "importance": 0.6,
+        }
+        for k, t in enumerate(times)
+    ]
+
+
+@pytest.mark.parametrize(
+    "times,max_chars,closed,exact",
+    [
+        # every copy older than b: all closed at b's time, no exact merge of closed rows
+        ((10.0, 12.0), None, {"a1": 20.0, "a2": 20.0}, []),
+        # a1 older than b, a2 newer: a1 and b closed, a2 left alone (no merge of one row)
+        ((10.0, 30.0), None, {"a1": 20.0, "b": 30.0}, []),
+        # the merge declined (text too long): the open copies fall back to an exact merge
+        ((10.0, 30.0, 40.0), 5, {"a1": 20.0, "b": 30.0}, [["a2", "a3"]]),
+    ],
+)
+def test_an_exact_group_a_supersede_reaches(times, max_chars, closed, exact):
+    b = {**rows()[1], "created_at": 20.0, "last_used": 20.0}
+    res = run_pass(
+        make_records(_copies(times) + [b]),
+        cfg=CFG,
+        merger=ExtractiveMerger(newer_wins=True, max_chars=max_chars),
+        wall_h=200.0,
+    )
+    m = by_id(res)
+    got = {i: m.loc[i, "valid_to"] for i in m.index if not math.isnan(m.loc[i, "valid_to"])}
+    assert got == closed
+    assert [e["members"] for e in res.events if e["op"] == "exact_merge"] == exact
+    assert res.stats["exact_merges"] == len(exact) and res.stats["merges"] == 0
+    merged = {i for g in exact for i in g}
+    assert set(m.index[m["deleted_reason"] == "merged"]) == merged
