@@ -88,6 +88,9 @@ class Clause:
         scope: the stemmed content words its first negation denies (empty if none).
         words: its lower-case words, possessives also without ``'s`` (where names are
             looked up: :attr:`~consolidate.ops.merge.Facts.words`).
+        key: the string its analysis was read from (:func:`_clause_key` of ``text``; two
+            clauses with one key have one analysis); ``""`` for a clause built by hand.
+            Not compared.
     """
 
     text: str
@@ -97,7 +100,6 @@ class Clause:
     negated: bool
     scope: frozenset = frozenset()
     words: frozenset = frozenset()
-    #: what its analysis was read from (:func:`_clause_key`); "" when built by hand
     key: str = field(default="", compare=False, repr=False)
 
 
@@ -185,13 +187,13 @@ def clause_covers(k: Clause, c: Clause, threshold: float = DEFAULT_THRESHOLD) ->
     ``k`` as the whole merged text, and the same polarity (both negated or neither: the
     extractive merger never drops a clause for one of the other polarity)."""
     # at threshold 1.0 coverage is containment, the test that fails first for most pairs
-    if threshold >= 1.0 and not c.terms <= k.terms:
+    if threshold == 1.0 and not c.terms <= k.terms:
         return False
     if c.negated != k.negated or not c.items <= k.items:
         return False
     if c.names and any(_name_key(n) not in k.words for n in c.names):
         return False
-    return threshold >= 1.0 or coverage(c, k) >= threshold
+    return threshold == 1.0 or coverage(c, k) >= threshold
 
 
 def lost_clauses(member: str, merged: str, threshold: float = DEFAULT_THRESHOLD) -> list[str]:
@@ -214,13 +216,14 @@ def lost_clauses(member: str, merged: str, threshold: float = DEFAULT_THRESHOLD)
 class _Merged:
     """A merged text as the check reads it: the analysis keys of its clauses
     (:func:`_clause_key`) at once; its clauses, with the union of their items and of their
-    words, only when a member's clause is not one of them as written (:meth:`read`)."""
+    words, only for a member clause whose key is not among them (or whose names are not
+    among its own words) (:meth:`read`)."""
 
     __slots__ = ("text", "keys", "_read")
 
     def __init__(self, merged: str) -> None:
-        self.text = merged
-        self.keys = frozenset(map(_clause_key, _parts(merged)))
+        self.text = str(merged)
+        self.keys = frozenset(map(_clause_key, _parts(self.text)))
         self._read: tuple[tuple[Clause, ...], frozenset, frozenset] | None = None
 
     def read(self) -> tuple[tuple[Clause, ...], frozenset, frozenset]:
@@ -249,7 +252,7 @@ def _lost(member: str, merged: _Merged, threshold: float) -> list[str]:
         if not c.terms:
             continue
         # a merged clause with every term of c and no polarity clash is the best one there
-        # is (the usual case: the clause is in the merged text as written)
+        # is
         if any(c.terms <= k.terms and polarity_ok(c, k) for k in have):
             continue
         best = max(have, key=lambda k: (coverage(c, k), polarity_ok(c, k)), default=None)

@@ -12,6 +12,7 @@ import pytest
 from consolidate.config import PassConfig
 from consolidate.evaluation.retrieval import faithful_source_ids, origin_texts, retrieval_table
 from consolidate.ops.fidelity import (
+    clause_covers,
     clauses_of,
     coverage,
     lost_clauses,
@@ -122,6 +123,13 @@ def test_a_clause_kept_as_written_gets_the_answer_of_every_rule(threshold):
             assert lost_clauses(member, merged, threshold) == want, (member, merged)
             found += member in merged and not want
     assert found > 200  # members kept as written, with every clause surviving
+
+
+def test_coverage_above_one_is_never_reached_and_a_merged_value_is_read_as_str():
+    c = clauses_of("twelve apples")[0]
+    assert clause_covers(c, c) and clause_covers(c, c, 0.5)
+    assert not clause_covers(c, c, 1.5)  # coverage is at most 1.0
+    assert lost_clauses("5", 5) == [] and lost_clauses("likes tea", None) == ["likes tea"]
 
 
 def test_agreement_with_the_hand_labelled_cases():
