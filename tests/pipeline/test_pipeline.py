@@ -407,13 +407,16 @@ def test_merges_are_asked_in_chunks_and_a_short_answer_is_an_error(monkeypatch):
         run_pass(recs, cfg=cfg, merger=Counting(drop=True), wall_h=1001.0)
 
 
-@pytest.mark.parametrize("block", [3, 1024])
-def test_unit_rows_rescale_only_rows_off_unit_length(monkeypatch, block):
+@pytest.mark.parametrize("block,threaded_from", [(3, 1 << 16), (1024, 1 << 16), (3, 4)])
+def test_unit_rows_rescale_only_rows_off_unit_length(monkeypatch, block, threaded_from):
     # unit rows (float64-normalised, then float32) are left as they are, with no copy; rows
-    # rounded through fp16 (off by ~1e-3) are rescaled in float64; zero and NaN rows stay
+    # rounded through fp16 (off by ~1e-3) are rescaled in float64; zero and NaN rows stay;
+    # the same with the rows shared out over threads (threaded_from=4: 3 runs of rows)
     import consolidate.pipeline.run as run_mod
 
     monkeypatch.setattr(run_mod, "UNIT_BLOCK", block)
+    monkeypatch.setattr(run_mod, "UNIT_THREADED_MIN", threaded_from)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     rng = np.random.default_rng(5)
     x = rng.standard_normal((10, 24))
     unit = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
