@@ -214,10 +214,10 @@ def lost_clauses(member: str, merged: str, threshold: float = DEFAULT_THRESHOLD)
 
 
 class _Merged:
-    """A merged text as the check reads it: the analysis keys of its clauses
-    (:func:`_clause_key`) at once; its clauses, with the union of their items and of their
-    words, only for a member clause whose key is not among them (or whose names are not
-    among its own words) (:meth:`read`)."""
+    """A merged text as the check reads it. ``keys``: the analysis keys of its clauses
+    (:func:`_clause_key`), read at once. :meth:`read`: its clauses with the union of their
+    items and of their words, read only when a member clause's key is not among ``keys``
+    or its names are not among its own words."""
 
     __slots__ = ("text", "keys", "_read")
 
