@@ -9,13 +9,20 @@ import pytest
 
 import consolidate.pipeline.merging as merging
 import consolidate.pipeline.near as near
+import consolidate.workers as workers_mod
 from consolidate.config import PassConfig
 from consolidate.ops.guard import conflict_reason, conflict_signature
 from consolidate.ops.merge import ExtractiveMerger
 from consolidate.pipeline import run_pass
 from consolidate.pipeline.state import merged_id
 from consolidate.text import text_hashes
-from consolidate.workers import WorkerError, fork_map, resolve_workers, split_evenly
+from consolidate.workers import (
+    FirstTouch,
+    WorkerError,
+    fork_map,
+    resolve_workers,
+    split_evenly,
+)
 from tests.helpers import make_records
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
@@ -318,3 +325,64 @@ def test_a_cluster_too_big_for_pairwise_similarities_gets_the_same_merge_in_work
     np.testing.assert_allclose([s[2] for s in sims], v @ cen, atol=1e-6)
     assert out[1].events == out[0].events
     assert out[1].records.meta.equals(out[0].records.meta)
+
+
+def test_first_touch_zeroes_a_prefix_in_whole_steps_and_nothing_else(monkeypatch):
+    import time
+
+    monkeypatch.setattr(workers_mod, "FIRST_TOUCH_STEP", 4096)
+    a = np.full(40_000, 7, np.uint8)
+    ft = FirstTouch(a, 30_001)  # 8 steps, the last of 1,329 bytes
+    deadline = time.monotonic() + 30
+    while not ft.done and time.monotonic() < deadline:
+        time.sleep(0.001)
+    ft.join()
+    ft.join()  # idempotent
+    assert not a[:30_001].any()
+    assert (a[30_001:] == 7).all()
+
+    # stopped at once: whatever was zeroed is whole steps from the start, the rest as it was
+    b = np.full(1 << 20, 5, np.int64)
+    ft = FirstTouch(b, b.nbytes)
+    ft.join()
+    assert ft.done
+    zeroed = int(np.argmax(b != 0)) if (b != 0).any() else len(b)
+    assert (zeroed * 8) % 4096 == 0
+    assert not b[:zeroed].any() and (b[zeroed:] == 5).all()
+
+
+def test_first_touch_refuses_what_it_cannot_map_in():
+    a = np.zeros((4, 4), np.float32)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        FirstTouch(a[:, :2], 8)
+    with pytest.raises(ValueError, match="65 bytes of an array of 64"):
+        FirstTouch(a, 65)
+    with pytest.raises(ValueError, match="-1 bytes"):
+        FirstTouch(a, -1)
+
+
+@pytest.mark.parametrize("step", [64, 1 << 25])
+def test_the_pass_maps_its_vector_buffer_in_ahead_with_the_same_records(monkeypatch, step):
+    import consolidate.pipeline.run as run_mod
+
+    started = []
+    real = run_mod.FirstTouch
+
+    def spy(array, nbytes):
+        started.append(nbytes)
+        return real(array, nbytes)
+
+    monkeypatch.setattr(run_mod, "FirstTouch", spy)
+    monkeypatch.setattr(workers_mod, "FIRST_TOUCH_STEP", step)
+    recs = _store(5)
+    cfg = PassConfig(threshold=0.9, now="1000", cap=None, max_drop_fraction=1.0, text_workers=2)
+    out = {}
+    for least in (1 << 60, 0):
+        monkeypatch.setattr(run_mod, "FIRST_TOUCH_MIN_BYTES", least)
+        out[least] = run_pass(recs, cfg=cfg, version=2, wall_h=1003.0)
+    live = int(np.isnan(recs.meta["deleted_at"].to_numpy(np.float64)).sum())
+    assert started == [live * recs.vectors.shape[1] * 4]
+    assert out[0].stats.merges >= 40
+    assert out[0].records.meta.equals(out[1 << 60].records.meta)
+    assert np.array_equal(out[0].records.vectors, out[1 << 60].records.vectors)
+    assert out[0].events == out[1 << 60].events

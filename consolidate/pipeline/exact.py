@@ -83,10 +83,14 @@ def _unit_vectors(
     dev = st.vec.device
     idx = torch.from_numpy(rows[ustart[:-1]]).to(dev)
     if dev.type == "cpu":
+        if st.first_touch is not None:
+            st.first_touch.join()  # before anything writes the spare buffer's rows
+            st.first_touch = None
         # room for the pass's output vectors after the units' (see PassState.spare): the
         # snapshot's rows plus one new row per unit, more than a pass usually writes
         # (PassState.records falls back to fresh memory if not); untouched rows cost none
-        st.spare = torch.empty((st.n + len(size), st.vec.shape[1]), dtype=st.vec.dtype)
+        if st.spare is None or st.spare.shape[0] < st.n + len(size):
+            st.spare = torch.empty((st.n + len(size), st.vec.shape[1]), dtype=st.vec.dtype)
         out = torch.index_select(st.vec, 0, idx, out=st.spare[: len(size)])
     else:
         out = st.vec.index_select(0, idx)

@@ -24,7 +24,7 @@ from ..config import PassConfig, SimilarityConfig
 from ..device import resolve_device
 from ..ops.merge import ExtractiveMerger, Merger
 from ..store.schema import Records
-from ..workers import resolve_workers
+from ..workers import FirstTouch, resolve_workers
 from .clock import resolve_now
 from .exact import exact_stage
 from .long_texts import long_text_stage
@@ -212,7 +212,7 @@ def _start(
         vec = vec.to(dev)
     ns, names = pd.factorize(meta["namespace"].to_numpy(object), sort=True)
     n = len(meta)
-    return PassState(
+    st = PassState(
         meta=meta,
         vec=vec,
         ns=ns.astype(np.int64),
@@ -224,7 +224,19 @@ def _start(
         stats=PassStats(merger=merger, version=version),
         origin=records.origin,
     )
+    live = int(st.live().sum())  # at least as many as the exact stage's units
+    d = vec.shape[1]
+    if dev.type == "cpu" and live * d * 4 >= FIRST_TOUCH_MIN_BYTES:
+        # the exact stage's unit vectors go to the spare buffer's first rows: their pages
+        # are mapped in on the idle core while the purge stage runs
+        st.spare = torch.empty((n + live, d), dtype=torch.float32)
+        st.first_touch = FirstTouch(st.spare.numpy(), live * d * 4)
+    return st
 
+
+#: the unit vectors' bytes from which the pass maps in their buffer in a background thread
+#: (:class:`~consolidate.workers.FirstTouch`); below, starting a thread costs more
+FIRST_TOUCH_MIN_BYTES = 64 << 20
 
 #: rows further than this from unit length are rescaled by the pass (not in the store)
 UNIT_SLACK = 1e-6

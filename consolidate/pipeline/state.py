@@ -24,6 +24,7 @@ import torch
 from ..similarity import Pairs
 from ..store.schema import COLUMNS, Records
 from ..text import utf8_ok
+from ..workers import FirstTouch
 
 __all__ = [
     "PassResult",
@@ -481,6 +482,9 @@ class PassState:
             the units are dropped, :meth:`records` writes the output vectors into it when
             they fit, instead of into fresh memory (the pages are already mapped: on a VM a
             first touch of fresh memory costs seconds per GB).
+        first_touch: the :class:`~consolidate.workers.FirstTouch` mapping in the spare
+            buffer's first rows while the purge stage runs (joined by the exact stage before
+            it writes them), or ``None``.
         workers: processes the text rules may use (:func:`~consolidate.workers.fork_map`).
     """
 
@@ -501,6 +505,7 @@ class PassState:
     stats: PassStats = field(default_factory=PassStats)
     origin: np.ndarray | None = None
     spare: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    first_touch: FirstTouch | None = field(default=None, repr=False, compare=False)
     workers: int = 1
     #: :meth:`sorted_ids`' cache (``None``: not built, or rows appended since)
     _sorted_ids: np.ndarray | None = field(default=None, repr=False, compare=False)
