@@ -37,7 +37,6 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 
 from ..lexicon import CONTENT_STOP_WORDS, NUMBER_WORDS
 from ..text import content_tokens, split_facts
@@ -75,7 +74,6 @@ def _is_number(t: str) -> bool:
     return t[:1].isdigit() or t in NUMBER_WORDS
 
 
-@dataclass(frozen=True)
 class Clause:
     """One clause of a text.
 
@@ -91,16 +89,91 @@ class Clause:
         key: the string its analysis was read from (:func:`_clause_key` of ``text``; two
             clauses with one key have one analysis); ``""`` for a clause built by hand.
             Not compared.
+
+    A clause of :func:`clauses_of` reads its terms at once and the rest of its analysis
+    (:class:`~consolidate.ops.merge.Facts`) the first time one of ``items``, ``names``,
+    ``negated``, ``scope`` or ``words`` is asked for; ``names`` of a key without an
+    upper-case letter is empty without it. Most clauses of an extractive merge are only
+    ever compared by their terms and key. Two clauses are equal when all attributes but
+    ``key`` are; a clause is hashable and not meant to be changed.
     """
 
-    text: str
-    terms: frozenset
-    items: frozenset
-    names: frozenset
-    negated: bool
-    scope: frozenset = frozenset()
-    words: frozenset = frozenset()
-    key: str = field(default="", compare=False, repr=False)
+    __slots__ = ("text", "terms", "key", "_rest")
+
+    def __init__(
+        self,
+        text: str,
+        terms: frozenset,
+        items: frozenset,
+        names: frozenset,
+        negated: bool,
+        scope: frozenset = frozenset(),
+        words: frozenset = frozenset(),
+        key: str = "",
+    ) -> None:
+        self.text = text
+        self.terms = terms
+        self.key = key
+        self._rest: tuple[frozenset, frozenset, bool, frozenset, frozenset] | None = (
+            items,
+            names,
+            negated,
+            scope,
+            words,
+        )
+
+    @classmethod
+    def _of_key(cls, text: str, key: str) -> Clause:
+        """The clause ``text`` with analysis key ``key``: terms now, the rest when asked."""
+        c = cls.__new__(cls)
+        c.text, c.terms, c.key, c._rest = text, _terms(key), key, None
+        return c
+
+    def _facts(self) -> tuple[frozenset, frozenset, bool, frozenset, frozenset]:
+        rest = self._rest
+        if rest is None:
+            rest = self._rest = _rest(self.key)
+        return rest
+
+    @property
+    def items(self) -> frozenset:
+        return self._facts()[0]
+
+    @property
+    def names(self) -> frozenset:
+        if self._rest is None and self.key.islower():
+            return _NONE  # names need an upper-case letter (merge._names)
+        return self._facts()[1]
+
+    @property
+    def negated(self) -> bool:
+        return self._facts()[2]
+
+    @property
+    def scope(self) -> frozenset:
+        return self._facts()[3]
+
+    @property
+    def words(self) -> frozenset:
+        return self._facts()[4]
+
+    def _compared(self) -> tuple:
+        return (self.text, self.terms, *self._facts())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Clause):
+            return NotImplemented
+        return self._compared() == other._compared()
+
+    def __hash__(self) -> int:
+        return hash(self._compared())
+
+    def __repr__(self) -> str:
+        items, names, negated, scope, words = self._facts()
+        return (
+            f"Clause(text={self.text!r}, terms={self.terms!r}, items={items!r}, "
+            f"names={names!r}, negated={negated!r}, scope={scope!r}, words={words!r})"
+        )
 
 
 def _clause_key(part: str) -> str:
@@ -129,12 +202,17 @@ _ALNUM = re.compile(r"[^\W_]")
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def _analysis(key: str) -> tuple[frozenset, frozenset, frozenset, bool, frozenset, frozenset]:
-    toks = content_tokens(key)
-    f = facts_from_tokens(key, toks)
-    terms = frozenset(map(_term, toks))
-    if None in terms:
-        terms = terms - {None}
+def _terms(key: str) -> frozenset:
+    """The terms of the clause with analysis key ``key`` (:func:`_term` of its tokens)."""
+    terms = frozenset(map(_term, content_tokens(key)))
+    return terms - {None} if None in terms else terms
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _rest(key: str) -> tuple[frozenset, frozenset, bool, frozenset, frozenset]:
+    """The rest of the analysis of the clause with key ``key``: ``(items, names, negated,
+    scope, words)`` (:class:`Clause`), from its :class:`~consolidate.ops.merge.Facts`."""
+    f = facts_from_tokens(key, content_tokens(key))
     items = (
         frozenset({("number", x) for x in f.numbers} | {("date", x) for x in f.dates})
         if f.numbers or f.dates
@@ -145,7 +223,7 @@ def _analysis(key: str) -> tuple[frozenset, frozenset, frozenset, bool, frozense
         if f.negated_scope
         else _NONE
     )
-    return terms, items, f.names, f.negated, scope, f.words
+    return items, f.names, f.negated, scope, f.words
 
 
 @functools.lru_cache(maxsize=1 << 13)
@@ -157,7 +235,7 @@ def clauses_of(text: str) -> tuple[Clause, ...]:
     out = []
     for part in _parts(str(text)):
         key = _clause_key(part)
-        out.append(Clause(part, *_analysis(key), key=key))
+        out.append(Clause._of_key(part, key))
     return tuple(out)
 
 

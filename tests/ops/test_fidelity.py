@@ -11,6 +11,8 @@ import pytest
 
 from consolidate.config import PassConfig
 from consolidate.evaluation.retrieval import faithful_source_ids, origin_texts, retrieval_table
+from consolidate.lexicon import CONTENT_STOP_WORDS
+from consolidate.ops import fidelity
 from consolidate.ops.fidelity import (
     clause_covers,
     clauses_of,
@@ -20,8 +22,15 @@ from consolidate.ops.fidelity import (
     polarity_ok,
     survives,
 )
-from consolidate.ops.merge import MergeResponse, _name_key
+from consolidate.ops.merge import (
+    ExtractiveMerger,
+    MergeMember,
+    MergeResponse,
+    _name_key,
+    facts_from_tokens,
+)
 from consolidate.pipeline import run_pass
+from consolidate.text import content_tokens
 from tests.helpers import make_records
 
 CASES = Path(__file__).resolve().parents[2] / "eval" / "fidelity" / "cases.jsonl"
@@ -123,6 +132,57 @@ def test_a_clause_kept_as_written_gets_the_answer_of_every_rule(threshold):
             assert lost_clauses(member, merged, threshold) == want, (member, merged)
             found += member in merged and not want
     assert found > 200  # members kept as written, with every clause surviving
+
+
+@pytest.mark.parametrize("first", ["names", "items", "terms"])
+def test_a_clause_reads_what_its_facts_say_whichever_attribute_is_asked_first(first):
+    # the reference: the clause key's Facts and tokens, read straight (module docstring)
+    for text in [*SAID, "123 456", "i met NYC's mayor", "ÉCOLE is shut; the café isn't open"]:
+        for c in fidelity._parts(text):
+            key = fidelity._clause_key(c)
+            fidelity._rest.cache_clear()
+            got = fidelity.Clause._of_key(c, key)
+            getattr(got, first)
+            toks = content_tokens(key)
+            f = facts_from_tokens(key, toks)
+            assert got.terms == {fidelity._term(t) for t in toks} - {None}
+            assert got.items == {("number", x) for x in f.numbers} | {("date", x) for x in f.dates}
+            assert (got.names, got.negated, got.words) == (f.names, f.negated, f.words)
+            assert got.scope == {
+                fidelity._stem(t) for t in f.negated_scope if t not in CONTENT_STOP_WORDS
+            }
+            hand = fidelity.Clause(
+                c, got.terms, got.items, got.names, got.negated, got.scope, got.words
+            )
+            assert got == hand and hash(got) == hash(hand) and repr(got) == repr(hand)
+    assert clauses_of("Met Jon at the gym")[0].names == {"Jon"}
+    assert clauses_of("i met NYC's mayor")[0].names == {"NYC's"}
+
+
+def test_an_extractive_merge_of_clauses_without_names_reads_only_their_terms(monkeypatch):
+    # paraphrases with no capital past a clause's first letter: the merge compares terms,
+    # the check finds every clause as written, so no clause needs the rest of its analysis
+    calls = []
+    real = fidelity.facts_from_tokens
+    monkeypatch.setattr(
+        fidelity, "facts_from_tokens", lambda text, toks: calls.append(text) or real(text, toks)
+    )
+    fidelity._rest.cache_clear()
+    fidelity.clauses_of.cache_clear()
+    members = [
+        MergeMember("a", "Likes green tea in the morning.", 0.5, 1.0, 1.0, created_at=1.0),
+        MergeMember("b", "drinks green tea every morning; walks the dog", 0.5, 1.0, 1.0, 2.0),
+    ]
+    merged = ExtractiveMerger().merge_text(members)
+    assert (
+        merged == "Likes green tea in the morning. Drinks green tea every morning. Walks the dog."
+    )
+    assert lost_members(merged, [(m.id, m.merge_texts) for m in members]) == {}
+    assert calls == []
+    # one clause said by another: its polarity and items are read, and only then
+    members.append(MergeMember("c", "likes green tea", 0.5, 1.0, 1.0, created_at=3.0))
+    assert ExtractiveMerger().merge_text(members) == merged
+    assert sorted(calls) == ["likes green tea", "likes green tea in the morning"]
 
 
 def test_coverage_above_one_is_never_reached_and_a_merged_value_is_read_as_str():
