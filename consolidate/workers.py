@@ -234,22 +234,26 @@ class FirstTouch:
     zeros (``memset``, which releases the GIL) in steps of :data:`FIRST_TOUCH_STEP` bytes
     and holds a reference to the array while it runs. Nobody may read or write the array's
     first ``nbytes`` until :meth:`join` returns; :meth:`join` stops the thread after its
-    current step (the caller's own writes map in the rest). A failure in the thread is
+    current step (the caller's own writes map in the rest). An exception in the thread is
     dropped: the caller's writes then map the pages in as they would have without it.
 
     Args:
-        array: a C-contiguous array (e.g. ``tensor.numpy()``, which keeps the tensor alive).
+        array: a C-contiguous, writeable array that owns fresh memory (e.g.
+            ``torch.empty(...).numpy()``, which keeps the tensor alive); its first ``nbytes``
+            bytes are overwritten with zeros.
         nbytes: how many of its first bytes to map in (``int``).
 
     Raises:
-        ValueError: ``array`` is not C-contiguous, or ``nbytes`` is negative or larger than
-            ``array.nbytes``.
+        ValueError: ``array`` is not C-contiguous or not writeable, or ``nbytes`` is
+            negative or larger than ``array.nbytes``.
     """
 
     def __init__(self, array: np.ndarray, nbytes: int) -> None:
         nbytes = int(nbytes)
         if not array.flags.c_contiguous:
             raise ValueError("FirstTouch needs a C-contiguous array")
+        if not array.flags.writeable:
+            raise ValueError("FirstTouch needs a writeable array")
         if not 0 <= nbytes <= array.nbytes:
             raise ValueError(f"FirstTouch of {nbytes} bytes of an array of {array.nbytes}")
         self._array = array

@@ -359,6 +359,32 @@ def test_first_touch_refuses_what_it_cannot_map_in():
         FirstTouch(a, 65)
     with pytest.raises(ValueError, match="-1 bytes"):
         FirstTouch(a, -1)
+    frozen = np.frombuffer(b"not to be written", np.uint8)
+    with pytest.raises(ValueError, match="writeable"):
+        FirstTouch(frozen, frozen.nbytes)
+    assert bytes(frozen) == b"not to be written"
+
+
+def test_a_pass_that_fails_after_starting_its_buffer_thread_stops_it(monkeypatch):
+    import consolidate.pipeline.run as run_mod
+
+    started = []
+    real = run_mod.FirstTouch
+
+    def spy(array, nbytes):
+        started.append(real(array, nbytes))
+        return started[-1]
+
+    def fail(st, cfg):
+        raise RuntimeError("purge failed")
+
+    monkeypatch.setattr(run_mod, "FirstTouch", spy)
+    monkeypatch.setattr(run_mod, "FIRST_TOUCH_MIN_BYTES", 0)
+    monkeypatch.setattr(workers_mod, "FIRST_TOUCH_STEP", 64)  # thousands of steps to go
+    monkeypatch.setattr(run_mod, "purge_stage", fail)
+    with pytest.raises(RuntimeError, match="purge failed"):
+        run_pass(_store(5), cfg=PassConfig(threshold=0.9, now="1000"), version=2, wall_h=1003.0)
+    assert len(started) == 1 and started[0].done
 
 
 @pytest.mark.parametrize("step", [64, 1 << 25])

@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import FrozenInstanceError
 
 from ..lexicon import CONTENT_STOP_WORDS, NUMBER_WORDS
 from ..text import content_tokens, split_facts
@@ -74,6 +75,9 @@ def _is_number(t: str) -> bool:
     return t[:1].isdigit() or t in NUMBER_WORDS
 
 
+_set = object.__setattr__  # how a (frozen) Clause sets its own slots
+
+
 class Clause:
     """One clause of a text.
 
@@ -92,13 +96,16 @@ class Clause:
 
     A clause of :func:`clauses_of` reads its terms at once and the rest of its analysis
     (:class:`~consolidate.ops.merge.Facts`) the first time one of ``items``, ``names``,
-    ``negated``, ``scope`` or ``words`` is asked for; ``names`` of a key without an
-    upper-case letter is empty without it. Most clauses of an extractive merge are only
-    ever compared by their terms and key. Two clauses are equal when all attributes but
-    ``key`` are; a clause is hashable and not meant to be changed.
+    ``negated``, ``scope`` or ``words`` is asked for; ``names`` of a key whose cased
+    letters are all lower case (``str.islower``) is empty without it. Most clauses of an
+    extractive merge are only ever compared by their terms and key. Two clauses of one
+    class are equal when all attributes but ``key`` are. A clause is hashable and frozen
+    (setting an attribute raises :class:`dataclasses.FrozenInstanceError`: clauses are
+    cached and shared), and pickles with every protocol (its analysis read first).
     """
 
-    __slots__ = ("text", "terms", "key", "_rest")
+    __slots__ = ("text", "terms", "key", "_rest", "__weakref__")
+    __match_args__ = ("text", "terms", "items", "names", "negated", "scope", "words", "key")
 
     def __init__(
         self,
@@ -111,28 +118,35 @@ class Clause:
         words: frozenset = frozenset(),
         key: str = "",
     ) -> None:
-        self.text = text
-        self.terms = terms
-        self.key = key
-        self._rest: tuple[frozenset, frozenset, bool, frozenset, frozenset] | None = (
-            items,
-            names,
-            negated,
-            scope,
-            words,
-        )
+        _set(self, "text", text)
+        _set(self, "terms", terms)
+        _set(self, "key", key)
+        _set(self, "_rest", (items, names, negated, scope, words))
 
     @classmethod
     def _of_key(cls, text: str, key: str) -> Clause:
         """The clause ``text`` with analysis key ``key``: terms now, the rest when asked."""
         c = cls.__new__(cls)
-        c.text, c.terms, c.key, c._rest = text, _terms(key), key, None
+        _set(c, "text", text)
+        _set(c, "terms", _terms(key))
+        _set(c, "key", key)
+        _set(c, "_rest", None)
         return c
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.text, self.terms, *self._facts(), self.key))
 
     def _facts(self) -> tuple[frozenset, frozenset, bool, frozenset, frozenset]:
         rest = self._rest
         if rest is None:
-            rest = self._rest = _rest(self.key)
+            rest = _rest(self.key)
+            _set(self, "_rest", rest)
         return rest
 
     @property
@@ -161,7 +175,7 @@ class Clause:
         return (self.text, self.terms, *self._facts())
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Clause):
+        if other.__class__ is not self.__class__:
             return NotImplemented
         return self._compared() == other._compared()
 

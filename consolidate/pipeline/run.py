@@ -122,30 +122,39 @@ def _stages(
         st.now = refresh_now(st)  # "latest" depends on the live rows: after every change
         return st
 
-    st = timed(
-        "purge",
-        lambda: purge_stage(with_now(_start(records, sim_cfg, wall_h, merger.name, version)), cfg),
-    )
-    st.workers = resolve_workers(cfg.text_workers)
-    st = timed("exact", lambda: exact_stage(st, cfg))
-    st = timed("similarity", lambda: similarity_stage(st, cfg, sim_cfg))
-    st = timed("minhash", lambda: long_text_stage(st, cfg))
-    st = timed(
-        "cluster",
-        lambda: cluster_stage(st, cfg, bool(getattr(merger, "handles_conflicts", False))),
-    )
-    st = timed("merge", lambda: merge_stage(st, cfg, merger, version))
-    st.units = st.pairs = None  # unit vectors (as large as the store's) are not needed now
-    st = timed(
-        "reflect",
-        lambda: (
-            reflect_stage(with_now(st), cfg, sim_cfg, reflector, version) if cfg.reflect else st
-        ),
-    )
-    st = timed("score", lambda: retention_stage(with_now(st), cfg, version))
-    out = timed("score", st.records)
-    st.stats.time_s = {k: round(v, 4) for k, v in times.items()}
-    return PassResult(out, st.events, st.stats)
+    started: list[PassState] = []
+
+    def start() -> PassState:
+        started.append(_start(records, sim_cfg, wall_h, merger.name, version))
+        return started[0]
+
+    try:
+        st = timed("purge", lambda: purge_stage(with_now(start()), cfg))
+        st.workers = resolve_workers(cfg.text_workers)
+        st = timed("exact", lambda: exact_stage(st, cfg))
+        st = timed("similarity", lambda: similarity_stage(st, cfg, sim_cfg))
+        st = timed("minhash", lambda: long_text_stage(st, cfg))
+        st = timed(
+            "cluster",
+            lambda: cluster_stage(st, cfg, bool(getattr(merger, "handles_conflicts", False))),
+        )
+        st = timed("merge", lambda: merge_stage(st, cfg, merger, version))
+        st.units = st.pairs = None  # unit vectors (as large as the store's) are not needed now
+        st = timed(
+            "reflect",
+            lambda: (
+                reflect_stage(with_now(st), cfg, sim_cfg, reflector, version) if cfg.reflect else st
+            ),
+        )
+        st = timed("score", lambda: retention_stage(with_now(st), cfg, version))
+        out = timed("score", st.records)
+        st.stats.time_s = {k: round(v, 4) for k, v in times.items()}
+        return PassResult(out, st.events, st.stats)
+    finally:
+        # a stage that failed before the exact stage joined the buffer's thread: stop it
+        if started and started[0].first_touch is not None:
+            started[0].first_touch.join()
+            started[0].first_touch = None
 
 
 @contextlib.contextmanager

@@ -159,6 +159,34 @@ def test_a_clause_reads_what_its_facts_say_whichever_attribute_is_asked_first(fi
     assert clauses_of("i met NYC's mayor")[0].names == {"NYC's"}
 
 
+def test_a_clause_is_frozen_pickles_and_matches_by_its_fields():
+    import copy
+    import dataclasses
+    import pickle
+    import weakref
+
+    fidelity.clauses_of.cache_clear()
+    c = clauses_of("Maria adopted 2 cats; does not eat fish")[1]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.text = "changed"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del c.terms
+    assert clauses_of("Maria adopted 2 cats; does not eat fish")[1].text == "does not eat fish"
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        back = pickle.loads(pickle.dumps(c, protocol))
+        assert back == c and back.key == c.key and back.negated and back.scope == {"eat", "fish"}
+    assert copy.deepcopy(c) == c and weakref.ref(c)() is c
+    match c:
+        case fidelity.Clause(text, terms, items, names, negated):
+            assert (text, items, names, negated) == ("does not eat fish", frozenset(), set(), True)
+            assert terms == {"not", "eat", "fish"}
+
+    class Other(fidelity.Clause):
+        __slots__ = ()
+
+    assert Other(c.text, c.terms, c.items, c.names, c.negated, c.scope, c.words) != c
+
+
 def test_an_extractive_merge_of_clauses_without_names_reads_only_their_terms(monkeypatch):
     # paraphrases with no capital past a clause's first letter: the merge compares terms,
     # the check finds every clause as written, so no clause needs the rest of its analysis
