@@ -106,6 +106,10 @@ class Clause:
 
     __slots__ = ("text", "terms", "key", "_rest", "__weakref__")
     __match_args__ = ("text", "terms", "items", "names", "negated", "scope", "words", "key")
+    text: str
+    terms: frozenset
+    key: str
+    _rest: tuple[frozenset, frozenset, bool, frozenset, frozenset] | None
 
     def __init__(
         self,
