@@ -160,7 +160,7 @@ class Clause:
     @property
     def names(self) -> frozenset:
         if self._rest is None and self.key.islower():
-            return _NONE  # names need an upper-case letter (merge._names)
+            return _NONE  # all cased letters lower case: no name (as in merge._names)
         return self._facts()[1]
 
     @property
