@@ -8,6 +8,9 @@
 #   bash scripts/test.sh --fast          # the fast lane: lint, then pytest -m "not slow";
 #                                        # no vllm environment
 #   bash scripts/test.sh tests/test_x.py # other arguments go to pytest
+#
+# pytest runs in CONSOLIDATE_TEST_WORKERS processes (pytest-xdist, default 2; 1 runs it in
+# one process), each with one OpenMP thread (tests/conftest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fast=0
@@ -19,11 +22,16 @@ bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+workers=${CONSOLIDATE_TEST_WORKERS:-2}
+par=()
+if [ "$workers" != 1 ]; then
+  par=(-n "$workers" --dist worksteal)
+fi
 if [ "$fast" = 1 ]; then
-  .venv/bin/python -m pytest -q -m "not slow" "$@"
+  .venv/bin/python -m pytest -q ${par[@]+"${par[@]}"} -m "not slow" "$@"
   exit 0
 fi
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q ${par[@]+"${par[@]}"} "$@"
 if [ "${CONSOLIDATE_SKIP_VLLM:-0}" != 1 ]; then
   bash scripts/setup_vllm.sh
   .venv-vllm/bin/python -m pytest -q tests/llm/test_vllm.py
