@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up (idempotent), lint (ruff check, ruff format --check, mypy on the core packages),
 # run the whole test suite (slow tests included), then the vllm backend's tests with the
-# real engine in their own environment (.venv-vllm, ~4 min to set up the first time;
-# CONSOLIDATE_SKIP_VLLM=1 skips them).
+# real engine in their own environment (.venv-vllm, ~4 min to set up the first time, done
+# while pytest runs; CONSOLIDATE_SKIP_VLLM=1 skips them).
 #
 #   bash scripts/test.sh                 # everything (what CI runs)
 #   bash scripts/test.sh --fast          # the fast lane: lint, then pytest -m "not slow";
@@ -31,8 +31,27 @@ if [ "$fast" = 1 ]; then
   .venv/bin/python -m pytest -q ${par[@]+"${par[@]}"} -m "not slow" "$@"
   exit 0
 fi
-.venv/bin/python -m pytest -q ${par[@]+"${par[@]}"} "$@"
+vllm=0
 if [ "${CONSOLIDATE_SKIP_VLLM:-0}" != 1 ]; then
-  bash scripts/setup_vllm.sh
+  # .venv-vllm is set up (pip: mostly download and unpacking) while pytest runs
+  vllm=1
+  vllm_log=$(mktemp)
+  trap 'rm -f "$vllm_log"' EXIT
+  bash scripts/setup_vllm.sh > "$vllm_log" 2>&1 &
+  vllm_pid=$!
+fi
+rc=0
+.venv/bin/python -m pytest -q ${par[@]+"${par[@]}"} "$@" || rc=$?
+if [ "$vllm" = 1 ]; then
+  vrc=0
+  wait "$vllm_pid" || vrc=$?
+  cat "$vllm_log"
+  if [ "$vrc" != 0 ]; then
+    echo "test.sh: scripts/setup_vllm.sh failed (exit $vrc), see above" >&2
+    exit "$vrc"
+  fi
+fi
+[ "$rc" = 0 ] || exit "$rc"
+if [ "$vllm" = 1 ]; then
   .venv-vllm/bin/python -m pytest -q tests/llm/test_vllm.py
 fi

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -43,3 +44,5 @@ def pg(tmp_path_factory):
         c.execute("CREATE EXTENSION IF NOT EXISTS vector")
     yield uri
     srv.cleanup()
+    # its atexit hook logs once more, when the streams a job's logging wrote to are closed
+    logging.getLogger(pgserver.__name__).propagate = False
