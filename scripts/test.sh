@@ -36,12 +36,16 @@ if [ "${CONSOLIDATE_SKIP_VLLM:-0}" != 1 ]; then
   # .venv-vllm is set up (pip: mostly download and unpacking) while pytest runs
   vllm=1
   vllm_log=$(mktemp)
-  trap 'rm -f "$vllm_log"' EXIT
+  set -m # its own process group: stopped with pip's processes if this script stops first
   bash scripts/setup_vllm.sh > "$vllm_log" 2>&1 &
   vllm_pid=$!
+  set +m
+  trap 'kill -- -"$vllm_pid" 2>/dev/null || true; rm -f "$vllm_log"' EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
 fi
-rc=0
-.venv/bin/python -m pytest -q ${par[@]+"${par[@]}"} "$@" || rc=$?
+# a failure exits here (set -e), and the EXIT trap stops the set-up; a later run redoes it
+.venv/bin/python -m pytest -q ${par[@]+"${par[@]}"} "$@"
 if [ "$vllm" = 1 ]; then
   vrc=0
   wait "$vllm_pid" || vrc=$?
@@ -50,8 +54,5 @@ if [ "$vllm" = 1 ]; then
     echo "test.sh: scripts/setup_vllm.sh failed (exit $vrc), see above" >&2
     exit "$vrc"
   fi
-fi
-[ "$rc" = 0 ] || exit "$rc"
-if [ "$vllm" = 1 ]; then
   .venv-vllm/bin/python -m pytest -q tests/llm/test_vllm.py
 fi
