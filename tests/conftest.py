@@ -7,7 +7,7 @@ import os
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # one OpenMP thread per pytest-xdist worker (scripts/test.sh runs two): two workers that
-    # each spin two threads on two cores made the model tests 3-4x slower; subprocesses
+    # each spin two threads on two cores made the model tests 3-5x slower; subprocesses
     # that tests start inherit it
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
