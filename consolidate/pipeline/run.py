@@ -122,14 +122,9 @@ def _stages(
         st.now = refresh_now(st)  # "latest" depends on the live rows: after every change
         return st
 
-    started: list[PassState] = []
-
-    def start() -> PassState:
-        started.append(_start(records, sim_cfg, wall_h, merger.name, version))
-        return started[0]
-
+    first = timed("purge", lambda: _start(records, sim_cfg, wall_h, merger.name, version))
     try:
-        st = timed("purge", lambda: purge_stage(with_now(start()), cfg))
+        st = timed("purge", lambda: purge_stage(with_now(first), cfg))
         st.workers = resolve_workers(cfg.text_workers)
         st = timed("exact", lambda: exact_stage(st, cfg))
         st = timed("similarity", lambda: similarity_stage(st, cfg, sim_cfg))
@@ -152,9 +147,9 @@ def _stages(
         return PassResult(out, st.events, st.stats)
     finally:
         # a stage that failed before the exact stage joined the buffer's thread: stop it
-        if started and started[0].first_touch is not None:
-            started[0].first_touch.join()
-            started[0].first_touch = None
+        if first.first_touch is not None:
+            first.first_touch.join()
+            first.first_touch = None
 
 
 @contextlib.contextmanager
