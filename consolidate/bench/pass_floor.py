@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    if args.repeats < 1 or args.n < 2 or args.ns_size < 2 or args.n % args.ns_size:
+        ap.error("--repeats must be >= 1, and --n a multiple of --ns-size (both >= 2)")
     t0 = time.perf_counter()
     runs, _ = floor_runs(args.n, args.ns_size, args.repeats)
     best = {

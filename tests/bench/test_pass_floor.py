@@ -3,6 +3,9 @@ gone after it."""
 
 import json
 
+import numpy as np
+import pytest
+
 from consolidate.bench import pass_floor
 from consolidate.ops.merge import ExtractiveMerger
 from consolidate.pipeline import merging, near
@@ -31,8 +34,6 @@ def test_both_ways_find_the_planted_clusters(tmp_path):
 
 
 def test_stand_ins_answer_without_text_work():
-    import numpy as np
-
     with pass_floor._without_text_work():
         cls, keys, reasons = near.guard_pairs(
             ["I live in Berlin", "I don't live in Berlin", "x"],
@@ -48,3 +49,12 @@ def test_stand_ins_answer_without_text_work():
         ["I live in Berlin", "I don't live in Berlin"], np.array([0]), np.array([1]), [(0, 2)], 1
     )
     assert got[2].tolist() != [None]
+
+
+def test_bad_arguments_are_refused_before_any_work(tmp_path, capsys):
+    for argv in (["--repeats", "0"], ["--n", "1000", "--ns-size", "300"]):
+        with pytest.raises(SystemExit) as e:
+            pass_floor.main([*argv, "--out", str(tmp_path / "x")])
+        assert e.value.code == 2
+        assert "--n a multiple of --ns-size" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
