@@ -28,8 +28,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +37,7 @@ import numpy as np
 
 from consolidate.bench.pass_bench import make_pass_store
 from consolidate.config import PassConfig, SimilarityConfig
+from consolidate.environment import git_commit, machine
 from consolidate.ops.merge import ExtractiveMerger, MergeResponse
 from consolidate.pipeline import merging, near, run_pass
 
@@ -125,13 +124,13 @@ def main(argv: list[str] | None = None) -> None:
         w: min((r for r in runs if r["way"] == w), key=lambda r: r["pass_s"])
         for w in ("full", "no text work")
     }
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    mach = machine()
     lines = [
         "# The pass without its per-text work",
         "",
         f"`python -m consolidate.bench.pass_floor --n {args.n} --ns-size {args.ns_size} --repeats "
-        f"{args.repeats} --out {args.out}` on {platform.processor() or platform.machine()} "
-        f"({os.cpu_count()} cpus), git {rev.stdout.strip()}, "
+        f"{args.repeats} --out {args.out}` on {mach['cpu']} ({mach['cpus']} cpus), "
+        f"git {git_commit(short=True, dirty=True)}, "
         f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}; {time.perf_counter() - t0:.0f} s in all; "
         f"load average at end {[round(x, 2) for x in os.getloadavg()]}.",
         "",
