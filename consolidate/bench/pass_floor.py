@@ -18,8 +18,10 @@ cost; the second is the floor of the pass's array and row-table work, which no c
 text rules can remove. Stage times are ``stats.time_s``; ``non-sim`` is the pass's wall time
 less its similarity stage.
 
-Usage: ``python -m consolidate.bench.pass_floor --n 1000000 --out eval/pass_floor_<date>`` (about
-3 min at 10^6 on two cores, 8 GB of memory). Writes ``report.md`` and ``results.json``.
+Usage: ``python -m consolidate.bench.pass_floor --n 1000000 --out eval/pass_floor_<date>``
+(52 s with two repeats, 73 s with three, at 10^6 on the 2-core machine; about 8 GB of
+memory). Writes ``report.md`` and ``results.json``. The store is built in the measuring
+process, so its passes run slower than the pass benchmark's on a loaded store.
 """
 
 from __future__ import annotations
