@@ -31,7 +31,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from unittest import mock
 
@@ -40,20 +40,30 @@ import numpy as np
 from consolidate.bench.pass_bench import make_pass_store
 from consolidate.config import PassConfig, SimilarityConfig
 from consolidate.environment import git_commit, machine
-from consolidate.ops.merge import ExtractiveMerger, MergeResponse
+from consolidate.ops.merge import ExtractiveMerger, MergeRequest, MergeResponse
 from consolidate.pipeline import merging, near, run_pass
+from consolidate.store.schema import Records
 
 COUNTS = ("clusters", "merges", "exact_merges", "review_pairs", "merged_members")
 
 
-def _no_guard(texts, ci, cj, parts, workers, not_shared=(), groups=None):  # noqa: ANN001, ANN202
-    """Stand-in for :func:`consolidate.pipeline.near.guard_pairs`: no pair conflicts."""
+def _no_guard(
+    texts: list[str],
+    ci: np.ndarray,
+    cj: np.ndarray,
+    parts: list[tuple[int, int]],
+    workers: int,
+    not_shared: Sequence[np.ndarray] = (),
+    groups: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Stand-in for :func:`consolidate.pipeline.near.guard_pairs` (same arguments and
+    returns): every item a class of its own, every pair's reason ``None``."""
     m = len(texts)
     keys = np.sort(np.minimum(ci, cj) * m + np.maximum(ci, cj))
     return np.arange(m, dtype=np.int64), keys, np.full(len(keys), None, dtype=object)
 
 
-def _first_text(self, requests):  # noqa: ANN001, ANN202
+def _first_text(self: ExtractiveMerger, requests: Sequence[MergeRequest]) -> list[MergeResponse]:
     """Stand-in for ``ExtractiveMerger.merge_batch``: each cluster's first member's text."""
     return [MergeResponse(r.members[0].text) for r in requests]
 
@@ -69,7 +79,9 @@ def _without_text_work() -> Iterator[None]:
         yield
 
 
-def _once(recs, cfg: PassConfig, sim: SimilarityConfig, floor: bool) -> dict:  # noqa: ANN001
+def _once(recs: Records, cfg: PassConfig, sim: SimilarityConfig, floor: bool) -> dict:
+    """One timed :func:`run_pass` on ``recs``, with the stand-ins when ``floor``: its way,
+    wall time and similarity stage (s), stage times, rows out and :data:`COUNTS`."""
     ctx = _without_text_work() if floor else contextlib.nullcontext()
     with ctx:
         t = time.perf_counter()
