@@ -349,7 +349,9 @@ class SourceConfig:
             starts with it, 4 characters at least): the id a dry run printed. The apply
             reads and plans again; when an agent changed the source since the dry run the
             plan differs, nothing is written and the run says so (``null``: apply the plan
-            made now).
+            made now). Hex digits; Hydra reads ``661775e6`` or ``00001234`` as a number, so
+            the job takes the text from the command line (a config composed in Python
+            quotes it: ``source.expect_plan='661775e6'``).
     """
 
     kind: str = "store"
@@ -368,7 +370,7 @@ class SourceConfig:
     state_dir: str | None = None
     allow_empty: bool = False
     write: str = "live"
-    expect_plan: str | None = None
+    expect_plan: Any = None
 
 
 @dataclass

@@ -15,7 +15,15 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from .evaluation.thresholds import load_calibration
-from .factory import make_embedder, open_store, pass_cfg, sim_cfg, typed, write_summary
+from .factory import (
+    expect_plan_text,
+    make_embedder,
+    open_store,
+    pass_cfg,
+    sim_cfg,
+    typed,
+    write_summary,
+)
 from .pipeline import check_settings, run_pass, trigger
 from .similarity import check_engine
 from .sources.base import Source
@@ -121,6 +129,7 @@ def _settings(cfg: DictConfig) -> tuple[Any, Any, Any, Any, Any, Any]:
     if rc.kind not in ("local", "ray"):
         raise ValueError(f"runner.kind must be 'local' or 'ray', got {rc.kind!r}")
     src: SourceConfig = typed(cfg, "source", SourceConfig) if "source" in cfg else SourceConfig()
+    src.expect_plan = expect_plan_text(src.expect_plan)
     return pc, sc, rc, src, calibration, policy
 
 
@@ -318,9 +327,7 @@ def _plan_and_apply(
     if expect is not None and not dry:
         from .sources.common import ApplyReport
 
-        e = str(expect).strip()
-        if len(e) < 4:
-            raise ValueError(f"source.expect_plan={e}: give 4 characters of the plan id at least")
+        e = str(expect)
         if not plan.plan_id.startswith(e):
             _write_plan_files(out_dir, [], plan, ApplyReport(dry_run=True))
             units = ", ".join(f"{n} {k}" for k, n in sorted(plan.counts().items()))

@@ -17,7 +17,7 @@ from .config import EmbedderConfig, PassConfig, SimilarityConfig, StoreConfig
 from .store import MemoryStore, StoreNotFoundError
 
 __all__ = ["typed", "pass_cfg", "sim_cfg", "open_store", "make_store", "make_embedder",
-           "write_summary"]  # fmt: skip
+           "write_summary", "as_typed", "expect_plan_text"]  # fmt: skip
 
 log = logging.getLogger("consolidate")
 
@@ -176,3 +176,76 @@ def write_summary(out_dir: str | Path, summary: dict[str, Any]) -> Path:
     p = out / "summary.json"
     p.write_text(json.dumps(summary, indent=1, default=str))
     return p
+
+
+def as_typed(key: str, value: Any, *, numbers: bool = True) -> str | None:
+    """``value`` of the setting ``key`` (a dotted path, ``id`` or ``source.expect_plan``) as
+    the user typed it. Hydra reads ``id=1e35``, ``id=00001234`` or ``id=true`` as a number or
+    a boolean, and a hex id such as ``661775e6`` is a float to it, so under a Hydra job the
+    text comes from the command line's override (``key='1e35'`` keeps it a string anyway).
+
+    Args:
+        key: the setting's dotted path as it is written on the command line.
+        value: the setting's value in the composed config (``None``: not set).
+        numbers: outside a Hydra job (a config composed in Python), return a number as
+            ``str(value)``; ``False``: refuse it, since its text is lost.
+
+    Returns:
+        The text, stripped of quotes and spaces, or ``None`` when ``value`` is ``None`` and
+        no override names ``key``.
+
+    Raises:
+        ValueError: a boolean or another non-text value; a number with ``numbers=False``
+            (the message says to quote it).
+    """
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = list(HydraConfig.get().overrides.task)
+    except (ValueError, AttributeError):  # not under a Hydra job (a call from Python)
+        overrides = []
+    for o in reversed(overrides):
+        k, eq, v = str(o).partition("=")
+        if eq and k.lstrip("+~") == key:
+            v = v.strip().strip("'\"").strip()
+            return None if v in ("null", "") and value is None else v
+    if value is None or isinstance(value, str):
+        return None if value is None else value.strip()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if numbers:
+            return str(value)
+        raise ValueError(
+            f"{key}={value!r} reached the job as a number, so the id's text is lost "
+            f"(an id of digits, or digits with one 'e', reads as a number): quote it, "
+            f"{key}=\"'<id>'\""
+        )
+    raise ValueError(f"{key}={value!r} is not an id: give it as text ({key}='...')")
+
+
+def expect_plan_text(value: Any) -> str | None:
+    """``source.expect_plan`` checked before any work: the plan id, or a prefix of it, that
+    an apply must match (:func:`as_typed` gives its text).
+
+    Args:
+        value: the setting's value in the composed config.
+
+    Returns:
+        The lower-case hex prefix, or ``None`` (not set).
+
+    Raises:
+        ValueError: not text (a number outside a Hydra job), shorter than 4 characters, or
+            not hex digits (plan ids are the first 32 hex digits of a SHA-256, as
+            ``plan.json`` and the dry run's summary print them).
+    """
+    e = as_typed("source.expect_plan", value, numbers=False)
+    if e is None:
+        return None
+    e = e.lower()
+    if len(e) < 4:
+        raise ValueError(f"source.expect_plan={e}: give 4 characters of the plan id at least")
+    if set(e) - set("0123456789abcdef"):
+        raise ValueError(
+            f"source.expect_plan={e}: not a plan id (hex digits, as the dry run printed it "
+            f"and plan.json's plan_id holds it)"
+        )
+    return e

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..factory import (  # noqa: F401  (re-exported for the jobs)
+    as_typed,
     make_embedder,
     make_store,
     open_store,

@@ -13,7 +13,7 @@ from ..config import SourceConfig, StoreConfig
 from ..pipeline import undo_merge
 from ..store import hours_now
 from .cli import job
-from .common import open_store, typed, user_errors
+from .common import as_typed, open_store, typed, user_errors
 
 log = logging.getLogger("consolidate")
 
@@ -33,29 +33,7 @@ def _target(cfg: DictConfig) -> str:
     if a is not None and b is not None and str(a) != str(b):
         raise ValueError(f"id={a} and merge_id={b} differ: give one")
     key = "id" if a is not None else "merge_id"
-    return _as_typed(key, a if a is not None else b)
-
-
-def _as_typed(key: str, value: Any) -> str:
-    """``value`` as the user typed it: Hydra reads ``id=1e35``, ``id=true`` or
-    ``id=1_000`` as a number or a boolean, so the text comes from the command line's
-    override (``id='1e35'`` keeps it a string; a field typed ``str`` would hold
-    ``'1e+35'``)."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        overrides = list(HydraConfig.get().overrides.task)
-    except (ValueError, AttributeError):  # not under a Hydra job (a call from Python)
-        overrides = []
-    for o in reversed(overrides):
-        k, eq, v = str(o).partition("=")
-        if eq and k.lstrip("+~") == key:
-            return v.strip().strip("'\"")
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    raise ValueError(f"{key}={value!r} is not an id: give it as text ({key}='...')")
+    return as_typed(key, a if a is not None else b) or ""
 
 
 def resolve_merge_id(target: str, merged: Any) -> str:

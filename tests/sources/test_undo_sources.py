@@ -218,7 +218,8 @@ def test_the_undo_job_on_a_memory_file(tmp_path, capsys, compose_cfg):
     def undo(target):
         cfg = compose_cfg(
             "undo",
-            overrides=["source=jsonl", f"source.path={path}", f"id={target}"],
+            # quoted: Hydra reads a hex prefix such as 123456 or 12e456 as a number
+            overrides=["source=jsonl", f"source.path={path}", f"id='{target}'"],
         )
         return format_undo(run_undo(cfg))
 

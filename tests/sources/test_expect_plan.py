@@ -1,0 +1,99 @@
+"""``source.expect_plan``: the plan id a dry run printed binds the apply to that plan. Plan
+ids are hex, and Hydra reads one such as ``661775e6`` (digits, one ``e``, digits) as the
+float 6.61775e11 or ``00001234`` as the int 1234; the job takes the text from its command
+line, and a config composed in Python that holds a number is refused before any work."""
+
+import subprocess
+import sys
+
+import pytest
+
+from consolidate.factory import expect_plan_text
+from tests.helpers import REPO
+from tests.sources.test_undo_sources import memory_file
+
+
+@pytest.mark.parametrize(
+    "value, want", [(None, None), ("ABCD12", "abcd12"), (" 661775e6 ", "661775e6")]
+)
+def test_a_plan_id_given_as_text(value, want):
+    assert expect_plan_text(value) == want
+
+
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        (661775e6, r"source.expect_plan=661775000000.0 reached the job as a number"),
+        (1234, r"source.expect_plan=1234 reached the job as a number"),
+        ("abc", "give 4 characters of the plan id at least"),
+        ("plan-1", "not a plan id"),
+        ("661775000000.0", "not a plan id"),
+        (True, "is not an id"),
+    ],
+)
+def test_what_is_not_a_plan_id_outside_a_hydra_job(value, why):
+    with pytest.raises(ValueError, match=why):
+        expect_plan_text(value)
+
+
+def test_a_composed_config_with_a_numeric_plan_id_is_refused_before_the_pass(tmp_path, compose_cfg):
+    from consolidate.jobs.consolidate import run_consolidate
+
+    path = memory_file(tmp_path)
+    before = path.read_bytes()
+    cfg = compose_cfg(
+        "consolidate",
+        overrides=[
+            "source=jsonl",
+            f"source.path={path}",
+            "source.apply=true",
+            "source.expect_plan=661775e6",  # Hydra: the float 661775000000.0
+            "similarity.device=cpu",
+            "sleep.force=true",
+        ],
+    )
+    with pytest.raises(ValueError, match=r"source.expect_plan=661775000000.0 reached the job"):
+        run_consolidate(cfg, out_dir=str(tmp_path / "run"))
+    assert path.read_bytes() == before
+    assert not (tmp_path / "run" / "plan.json").exists()  # refused before the pass
+
+
+def _job(tmp_path, *args):
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "consolidate.jobs.consolidate", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_the_job_reads_a_numeric_plan_id_as_the_text_typed(tmp_path):
+    """``source.expect_plan=1e35`` on the command line is compared as ``1e35`` (not
+    ``1e+35``): no plan starts with it, so exit 2, one line, nothing written; the 12
+    characters that line names apply the plan."""
+    path = memory_file(tmp_path)
+    before = path.read_bytes()
+    args = [
+        "source=jsonl",
+        f"source.path={path}",
+        "source.apply=true",
+        "similarity.device=cpu",
+        "sleep.force=true",
+        "sleep.max_drop_fraction=0.5",
+    ]
+    r = _job(tmp_path, *args, "source.expect_plan=1e35", f"hydra.run.dir={tmp_path}/r1")
+    assert r.returncode == 2, r.stderr[-2000:]
+    err = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(err) == 1 and "source.expect_plan=1e35: the plan made now is " in err[0], err
+    assert "1e+35" not in r.stderr
+    assert path.read_bytes() == before
+    plan_id = err[0].split("the plan made now is ")[1][:12]
+    assert len(plan_id) == 12 and not set(plan_id) - set("0123456789abcdef")
+    r = _job(tmp_path, *args, f"source.expect_plan={plan_id}", f"hydra.run.dir={tmp_path}/r2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "applied" in r.stdout and path.read_bytes() != before
