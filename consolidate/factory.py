@@ -182,7 +182,8 @@ def as_typed(key: str, value: Any, *, numbers: bool = True) -> str | None:
     """``value`` of the setting ``key`` (a dotted path, ``id`` or ``source.expect_plan``) as
     the user typed it. Hydra reads ``id=1e35``, ``id=00001234`` or ``id=true`` as a number or
     a boolean, and a hex id such as ``661775e6`` is a float to it, so under a Hydra job the
-    text comes from the command line's override (``key='1e35'`` keeps it a string anyway).
+    text comes from the command line's override (``key='1e35'`` keeps it a string anyway;
+    an override that interpolates, ``key=${oc.env:PLAN}``, gives its resolved value).
 
     Args:
         key: the setting's dotted path as it is written on the command line.
@@ -207,6 +208,8 @@ def as_typed(key: str, value: Any, *, numbers: bool = True) -> str | None:
     for o in reversed(overrides):
         k, eq, v = str(o).partition("=")
         if eq and k.lstrip("+~") == key:
+            if "${" in v:  # an interpolation: the composed value is what it resolved to
+                break
             v = v.strip().strip("'\"").strip()
             return None if v in ("null", "") and value is None else v
     if value is None or isinstance(value, str):

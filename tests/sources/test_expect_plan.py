@@ -58,10 +58,10 @@ def test_a_composed_config_with_a_numeric_plan_id_is_refused_before_the_pass(tmp
     assert not (tmp_path / "run" / "plan.json").exists()  # refused before the pass
 
 
-def _job(tmp_path, *args):
+def _job(tmp_path, *args, **more_env):
     import os
 
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **more_env}
     return subprocess.run(
         [sys.executable, "-m", "consolidate.jobs.consolidate", *args],
         cwd=tmp_path,
@@ -74,8 +74,9 @@ def _job(tmp_path, *args):
 
 def test_the_job_reads_a_numeric_plan_id_as_the_text_typed(tmp_path):
     """``source.expect_plan=1e35`` on the command line is compared as ``1e35`` (not
-    ``1e+35``): no plan starts with it, so exit 2, one line, nothing written; the 12
-    characters that line names apply the plan."""
+    ``1e+35``): no plan starts with it, so exit 2, one line, nothing written; so is
+    ``0e12`` read through ``${oc.env:PLAN}``; the 12 characters the first line names apply
+    the plan."""
     path = memory_file(tmp_path)
     before = path.read_bytes()
     args = [
@@ -94,6 +95,13 @@ def test_the_job_reads_a_numeric_plan_id_as_the_text_typed(tmp_path):
     assert path.read_bytes() == before
     plan_id = err[0].split("the plan made now is ")[1][:12]
     assert len(plan_id) == 12 and not set(plan_id) - set("0123456789abcdef")
+    # an interpolation gives what it resolved to (oc.env: always text)
+    r = _job(
+        tmp_path, *args, "source.expect_plan=${oc.env:PLAN}", f"hydra.run.dir={tmp_path}/r3",
+        PLAN="0e12",
+    )  # fmt: skip
+    assert r.returncode == 2 and "error: source.expect_plan=0e12: the plan made now" in r.stderr
+    assert path.read_bytes() == before
     r = _job(tmp_path, *args, f"source.expect_plan={plan_id}", f"hydra.run.dir={tmp_path}/r2")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "applied" in r.stdout and path.read_bytes() != before
