@@ -349,9 +349,9 @@ class SourceConfig:
             starts with it, 4 characters at least): the id a dry run printed. The apply
             reads and plans again; when an agent changed the source since the dry run the
             plan differs, nothing is written and the run says so (``null``: apply the plan
-            made now). Hex digits; Hydra reads ``661775e6`` or ``00001234`` as a number, so
-            the job takes the text from the command line (a config composed in Python
-            quotes it: ``source.expect_plan='661775e6'``).
+            made now). Hex digits; Hydra reads one such as ``661775e6`` as a number, so the
+            job takes the text from the command line (a config file or a config composed in
+            Python quotes it: ``expect_plan: '661775e6'``).
     """
 
     kind: str = "store"

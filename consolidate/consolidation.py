@@ -324,6 +324,15 @@ def _plan_and_apply(
             source changed since; nothing written (the plan goes to ``out_dir``).
     """
     plan = source.plan(snap, records)
+    if expect is not None and dry:
+        same = "matches it" if plan.plan_id.startswith(str(expect)) else "differs"
+        log.warning(
+            "source.expect_plan=%s binds an apply only (source.apply=true); the plan made now "
+            "is %s (%s)",
+            expect,
+            plan.plan_id[:12],
+            same,
+        )
     if expect is not None and not dry:
         from .sources.common import ApplyReport
 

@@ -17,7 +17,7 @@ from .config import EmbedderConfig, PassConfig, SimilarityConfig, StoreConfig
 from .store import MemoryStore, StoreNotFoundError
 
 __all__ = ["typed", "pass_cfg", "sim_cfg", "open_store", "make_store", "make_embedder",
-           "write_summary", "as_typed", "expect_plan_text"]  # fmt: skip
+           "write_summary", "as_typed", "expect_plan_text", "command_line_overrides"]  # fmt: skip
 
 log = logging.getLogger("consolidate")
 
@@ -178,49 +178,84 @@ def write_summary(out_dir: str | Path, summary: dict[str, Any]) -> Path:
     return p
 
 
+def command_line_overrides() -> list[str]:
+    """The running Hydra job's overrides as typed (``hydra.overrides.task``, its
+    interpolations left unresolved), or ``[]`` outside a Hydra job (a call from Python)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        task = HydraConfig.get().overrides.task
+    except (ValueError, AttributeError):
+        return []
+    return [str(o) for o in OmegaConf.to_container(task, resolve=False)]  # type: ignore[union-attr]
+
+
+def _typed_text(key: str, line: str, value: Any) -> str | None:
+    """The text ``line`` (``key=...``, ``+key=...``, ``++key=...``) gives ``key`` when
+    Hydra's parse of it is ``value`` (as is, or as the text a ``str`` field made of it);
+    otherwise ``None``: another key, a sweep, an interpolation (``value`` is what it
+    resolved to), or a line that some code changed the setting after."""
+    if "=" not in line or key not in line:
+        return None
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        o = OverridesParser.create().parse_override(line)
+    except Exception:  # noqa: BLE001 - not an override Hydra reads: not ours to judge
+        return None
+    if o.key_or_group != key or o.is_sweep_override() or o.is_delete():
+        return None
+    parsed = o.value()
+    if isinstance(parsed, str):
+        return parsed.strip() if parsed == value else None
+    same = parsed == value or (
+        isinstance(value, str) and parsed is not None and str(parsed) == value
+    )
+    return line.partition("=")[2].strip() if same else None
+
+
 def as_typed(key: str, value: Any, *, numbers: bool = True) -> str | None:
-    """``value`` of the setting ``key`` (a dotted path, ``id`` or ``source.expect_plan``) as
-    the user typed it. Hydra reads ``id=1e35``, ``id=00001234`` or ``id=true`` as a number or
-    a boolean, and a hex id such as ``661775e6`` is a float to it, so under a Hydra job the
-    text comes from the command line's override (``key='1e35'`` keeps it a string anyway;
-    an override that interpolates, ``key=${oc.env:PLAN}``, gives its resolved value).
+    """``value`` of the setting ``key`` (a dotted path: ``id``, ``source.expect_plan``) as
+    the user typed it. Hydra reads ``661775e6`` (a hex id) as the float 6.61775e11 and
+    ``1_000`` as 1000, so where ``value`` is not text, or is the text a ``str`` field made
+    of a number, the text comes from the command line: the job's override, or under
+    ``--multirun`` (whose jobs get overrides rewritten from the parsed values) the process's
+    arguments, whichever Hydra parses to ``value``. A quoted value (``key='661775e6'``)
+    and an interpolation are the composed value as it is.
 
     Args:
         key: the setting's dotted path as it is written on the command line.
         value: the setting's value in the composed config (``None``: not set).
-        numbers: outside a Hydra job (a config composed in Python), return a number as
-            ``str(value)``; ``False``: refuse it, since its text is lost.
+        numbers: outside a Hydra job (a config composed in Python, a config file), return
+            a number as ``str(value)``; ``False``: refuse it, since its text is lost.
 
     Returns:
-        The text, stripped of quotes and spaces, or ``None`` when ``value`` is ``None`` and
-        no override names ``key``.
+        The text, stripped of spaces, or ``None`` when ``value`` is ``None``.
 
     Raises:
         ValueError: a boolean or another non-text value; a number with ``numbers=False``
-            (the message says to quote it).
+            (the message says how to quote it).
     """
-    try:
-        from hydra.core.hydra_config import HydraConfig
+    if value is None:
+        return None
+    import sys
 
-        overrides = list(HydraConfig.get().overrides.task)
-    except (ValueError, AttributeError):  # not under a Hydra job (a call from Python)
-        overrides = []
-    for o in reversed(overrides):
-        k, eq, v = str(o).partition("=")
-        if eq and k.lstrip("+~") == key:
-            if "${" in v:  # an interpolation: the composed value is what it resolved to
-                break
-            v = v.strip().strip("'\"").strip()
-            return None if v in ("null", "") and value is None else v
-    if value is None or isinstance(value, str):
-        return None if value is None else value.strip()
+    # the arguments first: a --multirun job's own overrides hold the parsed values' text
+    for line in [*reversed(sys.argv[1:]), *reversed(command_line_overrides())]:
+        text = _typed_text(key, line, value)
+        if text is not None:
+            return text
+    if isinstance(value, str):
+        return value.strip()
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if numbers:
             return str(value)
+        leaf = key.rpartition(".")[2]
         raise ValueError(
-            f"{key}={value!r} reached the job as a number, so the id's text is lost "
-            f"(an id of digits, or digits with one 'e', reads as a number): quote it, "
-            f"{key}=\"'<id>'\""
+            f"{key}={value!r} reached the job as a number, so the id's text is lost (Hydra "
+            f"and YAML read an id of digits with one 'e', such as 661775e6, as a number): "
+            f"quote it: on the command line {key}=\"'<id>'\", in a config file "
+            f"{leaf}: '<id>'"
         )
     raise ValueError(f"{key}={value!r} is not an id: give it as text ({key}='...')")
 

@@ -158,12 +158,12 @@ def _check_models(config_name: str, cfg: DictConfig) -> None:
     disagree (:func:`~consolidate.jobs.llm_keys.check_llm_backends`), before the job runs."""
     from hydra.core.hydra_config import HydraConfig
 
-    from .common import user_errors
+    from .common import command_line_overrides, user_errors
     from .llm_keys import check_llm_backends
 
     hc = HydraConfig.get()
     with user_errors():
-        check_llm_backends(config_name, cfg, hc.runtime.choices, list(hc.overrides.task))
+        check_llm_backends(config_name, cfg, hc.runtime.choices, command_line_overrides())
 
 
 def _is_config_error(e: BaseException) -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..factory import (  # noqa: F401  (re-exported for the jobs)
     as_typed,
+    command_line_overrides,
     make_embedder,
     make_store,
     open_store,

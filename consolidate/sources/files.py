@@ -749,7 +749,7 @@ class FileSource:
             more.index = [u["into"] for u in merges]
             extra = pd.concat([extra, more[~more.index.isin(extra.index)]])
         blob = json.dumps(
-            {"file": str(self.path), "sha256": snap.sha256, "units": units},
+            {"file": str(self.path.resolve()), "sha256": snap.sha256, "units": units},
             sort_keys=True,
             default=str,
         )

@@ -420,7 +420,11 @@ class LanceTable:
                     f"with sleep.near_dedup=false sleep.exact_dedup=false (drops only)"
                 )
         blob = json.dumps(
-            {"path": str(self.path), "version": snap.version, "units": without_clock(units)},
+            {
+                "path": str(self.path.resolve()),
+                "version": snap.version,
+                "units": without_clock(units),
+            },
             sort_keys=True,
             default=str,
         )

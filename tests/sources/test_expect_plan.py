@@ -1,16 +1,17 @@
 """``source.expect_plan``: the plan id a dry run printed binds the apply to that plan. Plan
 ids are hex, and Hydra reads one such as ``661775e6`` (digits, one ``e``, digits) as the
-float 6.61775e11 or ``00001234`` as the int 1234; the job takes the text from its command
-line, and a config composed in Python that holds a number is refused before any work."""
+float 6.61775e11; the job takes the text from its command line (under ``--multirun`` too),
+and a config composed in Python that holds a number is refused before any work. The
+undo job's ``id`` reads the same way."""
 
 import subprocess
 import sys
 
 import pytest
 
-from consolidate.factory import expect_plan_text
+from consolidate.factory import as_typed, expect_plan_text
 from tests.helpers import REPO
-from tests.sources.test_undo_sources import memory_file
+from tests.sources.test_undo_sources import memory_file, one_pass
 
 
 @pytest.mark.parametrize(
@@ -34,6 +35,38 @@ def test_a_plan_id_given_as_text(value, want):
 def test_what_is_not_a_plan_id_outside_a_hydra_job(value, why):
     with pytest.raises(ValueError, match=why):
         expect_plan_text(value)
+
+
+@pytest.mark.parametrize(
+    "argv, key, value, want",
+    [
+        # a --multirun job: its own override says 9.3e+62, the arguments 930e60
+        (["source.expect_plan=930e60"], "source.expect_plan", 930e60, "930e60"),
+        (["++source.expect_plan=930e60"], "source.expect_plan", 930e60, "930e60"),
+        # a field typed str holds the number's text
+        (["id=930e60"], "id", "9.3e+62", "930e60"),
+        (["id=1_000"], "id", "1000", "1_000"),
+        # code set the value after the command line: the value, not the argument
+        (["source.expect_plan=930e60"], "source.expect_plan", "ffff0000", "ffff0000"),
+        (["source.expect_plan='930e60'"], "source.expect_plan", "930e60", "930e60"),
+        (["source.expect_plan=${oc.env:PLAN}"], "source.expect_plan", "930e60", "930e60"),
+        (["source.expect_plan=930e60", "id=1e35"], "id", 1e35, "1e35"),
+    ],
+)
+def test_the_text_comes_from_the_argument_that_parses_to_the_value(
+    monkeypatch, argv, key, value, want
+):
+    monkeypatch.setattr(sys, "argv", ["consolidate", *argv])
+    assert as_typed(key, value, numbers=False) == want
+
+
+def test_a_sweep_or_another_key_gives_no_text(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["consolidate", "source.expect_plan=ab12,930e60", "x=1"])
+    with pytest.raises(ValueError, match="reached the job as a number"):
+        as_typed("source.expect_plan", 930e60, numbers=False)
+    assert as_typed("x", 1.0) == "1"  # the text typed, which Hydra parses to 1 == 1.0
+    assert as_typed("x", 2.0) == "2.0"  # not what x=1 parses to
+    assert as_typed("y", 2.5) == "2.5"  # no argument names y
 
 
 def test_a_composed_config_with_a_numeric_plan_id_is_refused_before_the_pass(tmp_path, compose_cfg):
@@ -102,6 +135,54 @@ def test_the_job_reads_a_numeric_plan_id_as_the_text_typed(tmp_path):
     )  # fmt: skip
     assert r.returncode == 2 and "error: source.expect_plan=0e12: the plan made now" in r.stderr
     assert path.read_bytes() == before
+    # --multirun: the job's own override is rewritten from the parsed value (1e+35)
+    r = _job(
+        tmp_path, "--multirun", *args, "source.expect_plan=1e35", f"hydra.sweep.dir={tmp_path}/m"
+    )
+    assert r.returncode == 2 and "error: source.expect_plan=1e35: the plan made now" in r.stderr
+    assert path.read_bytes() == before
+    # a dry run only says whether the plan made now matches
+    r = _job(
+        tmp_path, *args[:2], *args[3:], f"source.expect_plan={plan_id}",
+        f"hydra.run.dir={tmp_path}/r4",
+    )  # fmt: skip
+    assert (
+        r.returncode == 0 and f"the plan made now is {plan_id} (matches it)" in r.stdout + r.stderr
+    )
+    assert path.read_bytes() == before
     r = _job(tmp_path, *args, f"source.expect_plan={plan_id}", f"hydra.run.dir={tmp_path}/r2")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "applied" in r.stdout and path.read_bytes() != before
+
+
+def test_an_override_with_a_relative_interpolation(tmp_path):
+    """``source.state_dir=${.path}.state``: the job reads its overrides without resolving
+    them (the model check and :func:`~consolidate.factory.as_typed` read them as text)."""
+    path = memory_file(tmp_path)
+    r = _job(
+        tmp_path, "source=jsonl", f"source.path={path}", "source.apply=true",
+        "similarity.device=cpu", "sleep.force=true", "sleep.max_drop_fraction=0.5",
+        "source.state_dir=${.path}.state", f"hydra.run.dir={tmp_path}/r",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "mem.jsonl.state" / "applied.jsonl").is_file()
+    assert not (tmp_path / "mem.jsonl.consolidate").exists()
+
+
+def test_a_file_plans_the_same_id_by_any_path_to_it(tmp_path, monkeypatch):
+    """A dry run given ``mem.jsonl`` and an apply given its absolute path, or a link to it,
+    plan the same id (the plan hashes the file's real path), so ``source.expect_plan``
+    binds them; another file's plan has another id."""
+    from consolidate.sources import FileSource
+
+    path = memory_file(tmp_path)
+    (tmp_path / "link.jsonl").symlink_to(path)
+    monkeypatch.chdir(tmp_path)
+    ids = {
+        one_pass(FileSource(p), apply=False)[2].plan_id
+        for p in ("mem.jsonl", path, tmp_path / "link.jsonl")
+    }
+    assert len(ids) == 1
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(path.read_bytes())
+    assert one_pass(FileSource(other), apply=False)[2].plan_id not in ids
