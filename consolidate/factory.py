@@ -198,10 +198,11 @@ def _typed_text(key: str, line: str, value: Any) -> str | None:
     if "=" not in line or key not in line:
         return None
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
 
     try:
         o = OverridesParser.create().parse_override(line)
-    except Exception:  # noqa: BLE001 - not an override Hydra reads: not ours to judge
+    except HydraException:  # not an override Hydra reads (an argument of another kind)
         return None
     if o.key_or_group != key or o.is_sweep_override() or o.is_delete():
         return None

@@ -61,7 +61,8 @@ def test_the_text_comes_from_the_argument_that_parses_to_the_value(
 
 
 def test_a_sweep_or_another_key_gives_no_text(monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["consolidate", "source.expect_plan=ab12,930e60", "x=1"])
+    argv = ["consolidate", "source.expect_plan=ab12,930e60", "source.expect_plan = 9", "x=1"]
+    monkeypatch.setattr(sys, "argv", argv)  # a sweep, a line Hydra cannot parse
     with pytest.raises(ValueError, match="reached the job as a number"):
         as_typed("source.expect_plan", 930e60, numbers=False)
     assert as_typed("x", 1.0) == "1"  # the text typed, which Hydra parses to 1 == 1.0
