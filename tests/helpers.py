@@ -17,6 +17,34 @@ DATA_DIR = Path(os.environ.get("CONSOLIDATE_DATA_DIR", REPO.parent / "shared" / 
 LOCOMO = DATA_DIR / "locomo" / "locomo10.json"
 
 
+def run_job(tmp_path: Path, *args: str, module: str = "consolidate", **env: str):
+    """``python -m consolidate.jobs.<module> hydra.run.dir=<tmp_path>/run *args`` in
+    ``tmp_path`` with this checkout on ``PYTHONPATH`` and ``env`` added (Mem0's telemetry
+    off; flags among ``args``, such as ``--multirun``, go first); returns the ``subprocess.CompletedProcess`` (text, 300 s at most). A later
+    ``hydra.run.dir=`` among ``args`` wins."""
+    import subprocess
+    import sys
+
+    full = {**os.environ, "PYTHONPATH": str(REPO), "MEM0_TELEMETRY": "False", **env}
+    full.setdefault("OPENAI_API_KEY", "unused")
+    flags = [a for a in args if a.startswith("-")]  # --multirun, ... before the overrides
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            f"consolidate.jobs.{module}",
+            *flags,
+            f"hydra.run.dir={tmp_path}/run",
+            *(a for a in args if not a.startswith("-")),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=300,
+    )
+
+
 def compose_cfg(name: str, overrides=(), config_dir: str | Path | None = None):
     """The config of job ``name`` (a primary config of ``consolidate/conf``, or of
     ``config_dir``) as Hydra composes it with ``overrides``; no job runs and nothing is

@@ -4,13 +4,12 @@ float 6.61775e11; the job takes the text from its command line (under ``--multir
 and a config composed in Python that holds a number is refused before any work. The
 undo job's ``id`` reads the same way."""
 
-import subprocess
 import sys
 
 import pytest
 
 from consolidate.factory import as_typed, expect_plan_text
-from tests.helpers import REPO
+from tests.helpers import run_job
 from tests.sources.test_undo_sources import memory_file, one_pass
 
 
@@ -92,18 +91,8 @@ def test_a_composed_config_with_a_numeric_plan_id_is_refused_before_the_pass(tmp
     assert not (tmp_path / "run" / "plan.json").exists()  # refused before the pass
 
 
-def _job(tmp_path, *args, **more_env):
-    import os
-
-    env = {**os.environ, "PYTHONPATH": str(REPO), **more_env}
-    return subprocess.run(
-        [sys.executable, "-m", "consolidate.jobs.consolidate", *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+def _job(tmp_path, *args, **env):
+    return run_job(tmp_path, *args, **env)
 
 
 def test_the_job_reads_a_numeric_plan_id_as_the_text_typed(tmp_path):

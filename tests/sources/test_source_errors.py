@@ -10,28 +10,11 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, make_records, random_rows, tree_digest
+from tests.helpers import make_records, random_rows, run_job, tree_digest
 
 
 def job(tmp_path, *args, module="consolidate"):
-    import os
-
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MEM0_TELEMETRY": "False"}
-    env.setdefault("OPENAI_API_KEY", "unused")
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            f"consolidate.jobs.{module}",
-            f"hydra.run.dir={tmp_path}/run",
-            *args,
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    return run_job(tmp_path, *args, module=module)
 
 
 def one_error(r, want):

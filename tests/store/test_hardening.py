@@ -13,7 +13,7 @@ from consolidate.config import PassConfig
 from consolidate.pipeline import MassDropError, run_pass
 from consolidate.store import CorruptStoreError, InvalidRecordsError, Records, Store
 from consolidate.store.locomo import read_locomo_observations
-from tests.helpers import REPO, make_records, rewrite_snapshot, tree_digest
+from tests.helpers import REPO, make_records, rewrite_snapshot, run_job, tree_digest
 
 GOOD = {
     "id": "ok",
@@ -446,21 +446,7 @@ def test_a_failed_commit_leaves_no_orphan(store, monkeypatch):
 
 
 def _job(tmp_path, *args):
-    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "consolidate.jobs.consolidate",
-            f"hydra.run.dir={tmp_path}/run",
-            *args,
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    return run_job(tmp_path, *args)
 
 
 def test_store_name_cannot_leave_the_store_root(tmp_path):
