@@ -336,8 +336,9 @@ class SourceConfig:
             (0..1) and pin (``null``: not read).
         state_dir: the folder of the source's undo journal and keep-apart list (files,
             Lance datasets, Mem0; see :mod:`consolidate.sources.journal`); ``null``:
-            ``<path>.consolidate`` beside the file, dataset or local Qdrant folder. A
-            pgvector table keeps them in tables of its database.
+            ``<path>.consolidate`` beside the file, dataset or local Qdrant folder (the
+            one a link names, so every path to it shares them). A pgvector table keeps
+            them in tables of its database.
         allow_empty: run on a source that holds no memories (``false``: that is an error,
             as a mistyped path, table or namespace reads as empty).
         write: what an apply writes into a file (``jsonl``): ``live`` (live memories only,

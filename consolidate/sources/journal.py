@@ -33,12 +33,15 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("consolidate")
 
 __all__ = [
     "Journal",
@@ -63,10 +66,26 @@ class UndoTargetError(ValueError):
 
 
 def default_state_dir(path: str | Path) -> Path:
-    """The journal folder of a source at ``path``: ``<path>.consolidate`` beside it (a
-    trailing ``/`` of a dataset folder ignored)."""
+    """The journal folder of a source at ``path``: ``<real path>.consolidate`` beside the
+    file or folder that ``path`` names after symbolic links (a trailing ``/`` of a dataset
+    folder ignored), so every path to one source shares its journal, lock and keep-apart
+    list. A journal folder beside the path as given (a link) that exists where none exists
+    beside the real path is still used, with a warning to move it.
+    """
     p = Path(str(path).rstrip("/"))
-    return p.with_name(p.name + ".consolidate")
+    real = p.resolve()
+    own = real.with_name(real.name + ".consolidate")
+    given = p.with_name(p.name + ".consolidate")
+    if given.resolve() != own and given.is_dir() and not own.exists():
+        log.warning(
+            "the journal of %s is %s, beside the link; move it to %s so that every path to "
+            "the source shares it (or set source.state_dir)",
+            p,
+            given,
+            own,
+        )
+        return given
+    return own
 
 
 def now_iso() -> str:

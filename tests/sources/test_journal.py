@@ -201,3 +201,30 @@ def test_a_unit_applied_again_after_a_roll_back_is_live_and_recorded_once(tmp_pa
     j.record_undone("p1", u, ["a", "b"])  # a user's undo of the second application
     assert set(j.undone()) == {("p1", "m-1")}
     assert j.keep_apart() == {"a": {"b"}, "b": {"a"}}
+
+
+def test_every_path_to_a_file_shares_its_journal(tmp_path, caplog):
+    """An apply through a link journals beside the real file, so an undo by the real path
+    finds its plan (and both paths take one lock); a journal that an earlier version kept
+    beside a link is still used, with a warning to move it."""
+    from consolidate.sources import FileSource
+    from consolidate.sources.journal import default_state_dir
+
+    path = memory_file(tmp_path)
+    (tmp_path / "link.jsonl").symlink_to(path)
+    _, _, plan, _ = one_pass(FileSource(tmp_path / "link.jsonl"))
+    assert (tmp_path / "mem.jsonl.consolidate" / "applied.jsonl").is_file()
+    assert not (tmp_path / "link.jsonl.consolidate").exists()
+    rep = FileSource(path).undo(plan.plan_id[:8])
+    assert rep.plan_id == plan.plan_id and rep.undone
+    # an older journal beside a link, none beside the real file
+    (tmp_path / "old").mkdir()
+    real = tmp_path / "old" / "m.jsonl"
+    real.write_text("")
+    (tmp_path / "old" / "l.jsonl").symlink_to(real)
+    (tmp_path / "old" / "l.jsonl.consolidate").mkdir()
+    with caplog.at_level("WARNING", logger="consolidate"):
+        got = default_state_dir(tmp_path / "old" / "l.jsonl")
+    assert got == tmp_path / "old" / "l.jsonl.consolidate"
+    assert f"move it to {real}.consolidate" in caplog.text
+    assert default_state_dir(real) == tmp_path / "old" / "m.jsonl.consolidate"
