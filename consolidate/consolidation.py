@@ -317,7 +317,9 @@ def _plan_and_apply(
     expect: str | None = None,
 ) -> tuple[Any, Any]:
     """The source's plan for the pass's ``records`` and its apply (``dry``: a dry run; a
-    memory file's dry run writes ``consolidated.<suffix>`` into ``out_dir``).
+    memory file's dry run writes ``consolidated.<suffix>`` into ``out_dir``). ``expect``:
+    the plan id prefix that :func:`~consolidate.factory.expect_plan_text` checked (a dry
+    run only logs whether the plan matches it).
 
     Raises:
         ValueError: an apply whose plan is not ``expect`` (the dry run's plan id): the
@@ -325,7 +327,7 @@ def _plan_and_apply(
     """
     plan = source.plan(snap, records)
     if expect is not None and dry:
-        same = "matches it" if plan.plan_id.startswith(str(expect)) else "differs"
+        same = "matches it" if plan.plan_id.startswith(expect) else "differs"
         log.warning(
             "source.expect_plan=%s binds an apply only (source.apply=true); the plan made now "
             "is %s (%s)",
@@ -333,19 +335,17 @@ def _plan_and_apply(
             plan.plan_id[:12],
             same,
         )
-    if expect is not None and not dry:
+    elif expect is not None and not plan.plan_id.startswith(expect):
         from .sources.common import ApplyReport
 
-        e = str(expect)
-        if not plan.plan_id.startswith(e):
-            _write_plan_files(out_dir, [], plan, ApplyReport(dry_run=True))
-            units = ", ".join(f"{n} {k}" for k, n in sorted(plan.counts().items()))
-            raise ValueError(
-                f"source.expect_plan={e}: the plan made now is {plan.plan_id[:12]} "
-                f"({units or 'no units'}; {out_dir}/plan.json): the source changed since the "
-                f"dry run, nothing written; review that plan, then apply it with "
-                f"source.expect_plan={plan.plan_id[:12]}"
-            )
+        _write_plan_files(out_dir, [], plan, ApplyReport(dry_run=True))
+        units = ", ".join(f"{n} {k}" for k, n in sorted(plan.counts().items()))
+        raise ValueError(
+            f"source.expect_plan={expect}: the plan made now is {plan.plan_id[:12]} "
+            f"({units or 'no units'}; {out_dir}/plan.json): the source changed since the "
+            f"dry run, nothing written; review that plan, then apply it with "
+            f"source.expect_plan={plan.plan_id[:12]}"
+        )
     return plan, source.apply(plan, dry_run=dry, out_dir=out_dir)
 
 
