@@ -223,32 +223,66 @@ def _answer(k: int, n: int, proc: Any, recv: Any) -> Any:
 FIRST_TOUCH_STEP = 32 << 20
 
 
+#: ``madvise`` advice that maps pages in writable without touching them (Linux 5.14+)
+MADV_POPULATE_WRITE = 23
+
+
+def _libc_madvise() -> Callable[[int, int, int], int] | None:
+    """libc's ``madvise(address, length, advice) -> 0 | -1`` (errno kept), or ``None`` where
+    there is no such libc (not Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
 class FirstTouch:
     """Map in the first ``nbytes`` of a fresh array in a background thread: the page faults
     of its first fill are taken on a core the caller leaves idle meanwhile, not by the
     caller's later write.
 
     A fresh allocation's pages are mapped in by the first write to each (a minor fault:
-    1-2 us a page on a quiet machine, 10-20 us on a virtual machine whose host took the
-    memory back; 0.4-0.6 s for 1.5 GB on the 2-core benchmark machine). The thread writes
-    zeros (``memset``, which releases the GIL) in steps of :data:`FIRST_TOUCH_STEP` bytes
-    and holds a reference to the array while it runs. Nobody may read or write the array's
-    first ``nbytes`` until :meth:`join` returns; :meth:`join` stops the thread after its
-    current step (the caller's own writes map in the rest). An exception in the thread is
-    dropped: the caller's writes then map the pages in as they would have without it.
+    1-2 us a page on a quiet machine, 3-20 us on a virtual machine whose host took the
+    memory back; 0.4-0.6 s for 1.5 GB on the 2-core benchmark machine). Two ways, chosen
+    when the object is made:
+
+    * ``populate`` (Linux 5.14 and later): ``madvise(MADV_POPULATE_WRITE)`` maps the whole
+      pages of the range in writable without writing them, in steps of
+      :data:`FIRST_TOUCH_STEP` bytes from the end of the range towards its start. It writes
+      nothing, and a page that is mapped in already keeps its contents, so the caller may
+      read and write the array while the thread runs (:attr:`writes` is ``False``); a
+      caller that fills the array from its start meets the thread somewhere in the middle,
+      each having mapped in its own part. (The kernel maps 1.5 GB in about a quarter
+      faster this way than by touching each page: 0.87 s against 1.15 s on the 2-core
+      machine.)
+    * ``zero`` (elsewhere): the thread writes zeros (``memset``, which releases the GIL) in
+      steps from the start. Nobody may read or write the array's first ``nbytes`` until
+      :meth:`join` returns (:attr:`writes` is ``True``).
+
+    The thread holds a reference to the array while it runs. :meth:`join` stops the thread
+    after its current step (the caller's own writes map in the rest). An exception in the
+    thread is dropped: the caller's writes then map the pages in as they would have
+    without it.
 
     Args:
         array: a C-contiguous, writeable array that owns fresh memory (e.g.
-            ``torch.empty(...).numpy()``, which keeps the tensor alive); its first ``nbytes``
-            bytes are overwritten with zeros.
+            ``torch.empty(...).numpy()``, which keeps the tensor alive); in ``zero`` mode its
+            first ``nbytes`` bytes are overwritten with zeros.
         nbytes: how many of its first bytes to map in (``int``).
+        populate: ``None`` (default): ``populate`` where the kernel has it, else ``zero``;
+            ``False``: ``zero``; ``True``: ``populate`` or :class:`OSError`.
 
     Raises:
         ValueError: ``array`` is not C-contiguous or not writeable, or ``nbytes`` is
             negative or larger than ``array.nbytes``.
+        OSError: ``populate=True`` where ``madvise(MADV_POPULATE_WRITE)`` fails.
     """
 
-    def __init__(self, array: np.ndarray, nbytes: int) -> None:
+    def __init__(self, array: np.ndarray, nbytes: int, populate: bool | None = None) -> None:
         nbytes = int(nbytes)
         if not array.flags.c_contiguous:
             raise ValueError("FirstTouch needs a C-contiguous array")
@@ -258,16 +292,44 @@ class FirstTouch:
             raise ValueError(f"FirstTouch of {nbytes} bytes of an array of {array.nbytes}")
         self._array = array
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(nbytes,), daemon=True)
+        page = mmap.PAGESIZE
+        address = array.ctypes.data
+        # the whole pages inside the range: a page it shares with other memory is not ours
+        lo = -(-address // page) * page
+        hi = max(lo, (address + nbytes) // page * page)
+        self._madvise = None if populate is False else _libc_madvise()
+        if self._madvise is not None and hi > lo:
+            # one page now: the kernel answers EINVAL where it has no such advice
+            if self._madvise(hi - page, page, MADV_POPULATE_WRITE) != 0:
+                err = ctypes.get_errno()
+                if populate:
+                    raise OSError(err, f"madvise(MADV_POPULATE_WRITE) failed: errno {err}")
+                self._madvise = None
+        elif populate:
+            raise OSError("madvise(MADV_POPULATE_WRITE) is not available here")
+        #: whether the thread writes the array (``zero`` mode): see the class docstring
+        self.writes = self._madvise is None
+        run, args = (self._zero, (address, nbytes)) if self.writes else (self._map, (lo, hi))
+        self._thread = threading.Thread(target=run, args=args, daemon=True)
         self._thread.start()
 
-    def _run(self, nbytes: int) -> None:
-        address = self._array.ctypes.data
+    def _zero(self, address: int, nbytes: int) -> None:
         with contextlib.suppress(Exception):
             for a in range(0, nbytes, FIRST_TOUCH_STEP):
                 if self._stop.is_set():
                     return
                 ctypes.memset(address + a, 0, min(FIRST_TOUCH_STEP, nbytes - a))
+
+    def _map(self, lo: int, hi: int) -> None:
+        madvise = self._madvise
+        assert madvise is not None
+        with contextlib.suppress(Exception):
+            for b in range(hi, lo, -FIRST_TOUCH_STEP):
+                if self._stop.is_set():
+                    return
+                a = max(lo, b - FIRST_TOUCH_STEP)
+                if madvise(a, b - a, MADV_POPULATE_WRITE) != 0:
+                    return  # e.g. out of memory: the caller's writes map the rest in
 
     @property
     def done(self) -> bool:

@@ -333,7 +333,7 @@ def test_first_touch_zeroes_a_prefix_in_whole_steps_and_nothing_else(monkeypatch
 
     monkeypatch.setattr(workers_mod, "FIRST_TOUCH_STEP", 4096)
     a = np.full(40_000, 7, np.uint8)
-    ft = FirstTouch(a, 30_001)  # 8 steps, the last of 1,329 bytes
+    ft = FirstTouch(a, 30_001, populate=False)  # 8 steps, the last of 1,329 bytes
     deadline = time.monotonic() + 30
     while not ft.done and time.monotonic() < deadline:
         time.sleep(0.001)
@@ -344,12 +344,44 @@ def test_first_touch_zeroes_a_prefix_in_whole_steps_and_nothing_else(monkeypatch
 
     # stopped at once: whatever was zeroed is whole steps from the start, the rest as it was
     b = np.full(1 << 20, 5, np.int64)
-    ft = FirstTouch(b, b.nbytes)
+    ft = FirstTouch(b, b.nbytes, populate=False)
     ft.join()
     assert ft.done
     zeroed = int(np.argmax(b != 0)) if (b != 0).any() else len(b)
     assert (zeroed * 8) % 4096 == 0
     assert not b[:zeroed].any() and (b[zeroed:] == 5).all()
+
+
+def test_first_touch_populate_maps_pages_in_and_writes_nothing():
+    import mmap
+
+    ft0 = FirstTouch(np.zeros(1 << 16, np.uint8), 1 << 16)
+    ft0.join()
+    if ft0.writes:
+        with pytest.raises(OSError):
+            FirstTouch(np.zeros(1 << 16, np.uint8), 1 << 16, populate=True)
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE")
+    # the caller writes the array while the thread maps its pages in: nothing is lost
+    a = np.empty(8 << 20, np.float32)
+    ft = FirstTouch(a, a.nbytes, populate=True)
+    assert not ft.writes
+    a[:] = np.arange(len(a), dtype=np.float32)
+    ft.join()
+    ft.join()  # idempotent
+    assert ft.done
+    assert np.array_equal(a, np.arange(len(a), dtype=np.float32))
+    # data already there survives a populate of its pages, a partial page at either end too
+    b = np.arange(3 * mmap.PAGESIZE + 100, dtype=np.uint8)
+    want = b.copy()
+    ft = FirstTouch(b[1:], b.nbytes - 1)
+    ft.join()
+    assert np.array_equal(b, want)
+    # zero mode still on request
+    c = np.full(4096 * 4, 9, np.uint8)
+    ft = FirstTouch(c, c.nbytes, populate=False)
+    assert ft.writes
+    ft.join()
+    assert ft.done
 
 
 def test_first_touch_refuses_what_it_cannot_map_in():

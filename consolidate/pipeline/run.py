@@ -232,7 +232,8 @@ def _start(
     d = vec.shape[1]
     if dev.type == "cpu" and live * d * 4 >= FIRST_TOUCH_MIN_BYTES:
         # the exact stage's unit vectors go to the spare buffer's first rows: their pages
-        # are mapped in on the idle core while the purge stage runs
+        # are mapped in on the idle core while the purge stage runs (and, where the
+        # thread writes nothing, on while the exact stage fills them from the other end)
         st.spare = torch.empty((n + live, d), dtype=torch.float32)
         st.first_touch = FirstTouch(st.spare.numpy(), live * d * 4)
     return st

@@ -483,8 +483,9 @@ class PassState:
             they fit, instead of into fresh memory (the pages are already mapped: on a VM a
             first touch of fresh memory costs seconds per GB).
         first_touch: the :class:`~consolidate.workers.FirstTouch` mapping in the spare
-            buffer's first rows while the purge stage runs (joined by the exact stage before
-            it writes them), or ``None``.
+            buffer's first rows from the purge stage on (joined by the exact stage before
+            it writes them if the thread writes zeros; else left to run, and joined at the
+            end of the pass), or ``None``.
         workers: processes the text rules may use (:func:`~consolidate.workers.fork_map`).
     """
 
