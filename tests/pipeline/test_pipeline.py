@@ -15,7 +15,7 @@ from consolidate.config import ImportanceConfig, PassConfig, SimilarityConfig
 from consolidate.ops.fidelity import lost_members
 from consolidate.ops.merge import lost_facts
 from consolidate.pipeline import PassStats, run_pass
-from consolidate.pipeline.exact import exact_stage
+from consolidate.pipeline.exact import exact_stage, hash_codes
 from consolidate.pipeline.run import _start
 from consolidate.pipeline.state import arrow_strings, id_ranks, segment_centroids
 from tests.helpers import LOCOMO, make_records, random_rows
@@ -159,6 +159,42 @@ def test_exact_stage_groups_by_namespace_and_hash():
     # the group's vector: (1 * e2 + 2 * e1) / 2 (weights over their max), renormalised
     np.testing.assert_allclose(u.vec[0].numpy(), np.array([2, 1, 0]) / math.sqrt(5), atol=1e-7)
     np.testing.assert_allclose(u.vec[1].numpy(), np.array([1, 1, 0]) / math.sqrt(2), atol=1e-7)
+
+
+def _same_partition(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two code arrays put the same positions together."""
+    pairs = set(zip(a.tolist(), b.tolist(), strict=True))
+    return len(pairs) == len(set(a.tolist())) == len(set(b.tolist()))
+
+
+def test_hash_codes_partition_values_as_factorize_does():
+    from consolidate.text import text_hashes
+
+    rng = np.random.default_rng(3)
+    texts = [f"fact {k}" for k in rng.integers(0, 400, 2_000)]
+    hashes = np.array(text_hashes(texts), dtype=object)
+    codes = hash_codes(hashes)
+    assert codes.dtype == np.int64
+    want = pd.factorize(hashes)[0]
+    assert _same_partition(codes, want) and len(set(codes.tolist())) == len(set(texts))
+    # upper-case digits read as the same numbers
+    assert _same_partition(hash_codes(np.array([h.upper() for h in hashes], object)), want)
+    assert hash_codes(np.array([], object)).tolist() == []
+
+
+def test_hash_codes_compare_whole_values_when_their_first_16_digits_tie():
+    # one 64-bit key for two different values: the codes must still tell them apart
+    tie = np.array(["0123456789abcdef" + x for x in ("aa", "bb", "aa", "", "bb")], object)
+    assert hash_codes(tie).tolist() == [0, 1, 0, 2, 1]  # pd.factorize's codes
+    # not hexadecimal, too short, not ASCII, not strings: pd.factorize's codes
+    for odd in (
+        ["zz", "yy", "zz"],
+        ["0123", "0123", "4567"],
+        ["0123456789abcdefé", "0123456789abcdefè", "0123456789abcdefé"],
+        [12, 13, 12],
+    ):
+        v = np.array(odd, object)
+        assert hash_codes(v).tolist() == pd.factorize(v)[0].tolist()
 
 
 def test_pass_stats_read_like_the_summary_dict():
