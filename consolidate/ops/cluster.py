@@ -85,7 +85,8 @@ def centroid_clusters(
         sim: ``float64 [p]`` cosine of each pair (all ``>= threshold``).
         vectors: ``float [n, d]`` unit vectors of the items (used in float64).
         weights: ``float [n]`` positive weights (memory strength) for the centroid.
-        keys: ``n`` strings (record ids) used for deterministic tie-breaking.
+        keys: ``n`` distinct strings (record ids) used for deterministic tie-breaking, or a
+            NumPy integer array of ``n`` distinct values in the same order (their ranks).
         threshold: cosine threshold.
         conflict: ``conflict(a, b) -> reason | None`` for items ``a``, ``b``.
         allow_conflicts: if ``True``, conflicts are reported in ``review`` but do not block
@@ -267,10 +268,21 @@ class _Greedy:
             nbc[root] = nbc.get(root, 0) + nbc.pop(other)
 
 
-def key_ranks(keys: Sequence[str]) -> np.ndarray:
-    """``int64 [n]``: the position of each of ``keys`` (distinct strings) in ascending order."""
+def _keys_at(keys: Sequence[str] | np.ndarray, at: np.ndarray) -> Sequence[str] | np.ndarray:
+    """The keys at positions ``at``: an integer array stays one, strings become a list."""
+    if isinstance(keys, np.ndarray) and keys.dtype.kind in "iu":
+        return keys[at]
+    return np.asarray(keys, dtype=object)[at].tolist()
+
+
+def key_ranks(keys: Sequence[str] | np.ndarray) -> np.ndarray:
+    """``int64 [n]``: the position of each of ``keys`` in ascending order; ``keys``: distinct
+    strings, or a NumPy integer array of distinct values (sorted as integers)."""
     rank = np.empty(len(keys), dtype=np.int64)
-    rank[np.argsort(np.asarray(keys, dtype=object), kind="stable")] = np.arange(len(keys))
+    arr = keys if isinstance(keys, np.ndarray) and keys.dtype.kind in "iu" else None
+    if arr is None:
+        arr = np.asarray(keys, dtype=object)
+    rank[np.argsort(arr, kind="stable")] = np.arange(len(keys))
     return rank
 
 
@@ -396,7 +408,7 @@ def _on_paired_items(
         sim,
         np.asarray(vectors)[involved],
         np.asarray(weights)[involved],
-        np.asarray(keys, dtype=object)[involved].tolist(),
+        _keys_at(keys, involved),
         threshold,
         conflict=sub_conflict,
         allow_conflicts=allow_conflicts,
@@ -566,6 +578,8 @@ def _by_components(
         cuts = np.flatnonzero(np.diff(comp[members])) + 1
         sizes = np.diff(np.r_[0, cuts, len(members)])
         _label_and_check_flat(labels, members, sizes, vectors, weights, threshold)
-        clusters += [m.tolist() for m in np.split(members, cuts)]
+        ends = np.r_[cuts, len(members)].tolist()
+        flat = members.tolist()
+        clusters += [flat[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
     clusters.sort(key=lambda m: rank[m[0]])
     return ClusterResult(labels, clusters, sorted(review), rejected)

@@ -8,6 +8,7 @@ runs on them alone, so the Python work grows with the pairs, not with the store.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -86,7 +87,8 @@ def compact_clusters(
     Args:
         pairs: pairs over ``m`` items.
         vec: ``float32 [m, d]`` item vectors (any device). weight: ``float64 [m]``.
-        keys: ``object [m]`` item keys (record ids) for deterministic tie-breaking.
+        keys: ``[m]`` item keys for deterministic tie-breaking: distinct strings (record
+            ids, ``object``) or distinct integers (their ranks, ``int64``).
         threshold: cosine threshold.
         conflicts: ``conflicts(items, ci, cj) -> keyword arguments`` of
             ``centroid_clusters`` (``conflict``, ``conflict_class``, ``allow_conflicts``,
@@ -102,9 +104,15 @@ def compact_clusters(
     sub = vec.index_select(0, torch.from_numpy(items).to(vec.device)).cpu().numpy()
     kw = conflicts(items, ci, cj) if conflicts is not None else {}
     cr = centroid_clusters(
-        ci, cj, pairs.sim, sub, weight[items], keys[items].tolist(), threshold, **kw
+        ci, cj, pairs.sim, sub, weight[items], _key_list(keys[items]), threshold, **kw
     )
     return items, cr
+
+
+def _key_list(keys: np.ndarray) -> np.ndarray | list[Any]:
+    """Keys as :func:`~consolidate.ops.cluster.centroid_clusters` takes them: an integer
+    array as it is, strings as a list."""
+    return keys.astype(np.int64) if keys.dtype.kind in "iu" else keys.tolist()
 
 
 #: candidate pairs from which the conflict guard runs in forked processes
@@ -260,11 +268,12 @@ def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> Pa
     if u is None or p is None or not len(p):
         st.stats.clusters = st.stats.review_pairs = 0
         return st
-    keys = st.meta["id"].to_numpy(object)[u.first]
-    conflicts = _conflict_rules(st, handles_conflicts)
-    items, cr = compact_clusters(p, u.vec, u.weight, keys, cfg.threshold, conflicts)
-    st.clusters = [[int(items[x]) for x in c] for c in cr.clusters]
+    # the units' first rows' id ranks: their order is their ids' order (a tie-break
+    # on integers, not on strings)
     rank = st.id_rank[u.first]
+    conflicts = _conflict_rules(st, handles_conflicts)
+    items, cr = compact_clusters(p, u.vec, u.weight, rank, cfg.threshold, conflicts)
+    st.clusters = _split_list(items[_flat(cr.clusters)].tolist(), [len(c) for c in cr.clusters])
     review = []
     for a, b, s, r in cr.review:
         a, b = int(items[a]), int(items[b])
@@ -277,6 +286,17 @@ def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> Pa
     st.stats.clusters = len(st.clusters)
     st.stats.review_pairs = len(review)
     return st
+
+
+def _flat(groups: list[list[int]]) -> np.ndarray:
+    """``int64``: the groups' items one after another."""
+    return np.fromiter(itertools.chain.from_iterable(groups), np.int64, sum(map(len, groups)))
+
+
+def _split_list(flat: list[Any], sizes: list[int]) -> list[list[Any]]:
+    """``flat`` cut into consecutive lists of ``sizes``."""
+    ends = list(itertools.accumulate(sizes))
+    return [flat[e - k : e] for e, k in zip(ends, sizes, strict=True)]
 
 
 def _conflict_rules(

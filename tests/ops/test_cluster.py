@@ -332,6 +332,27 @@ def test_the_component_shortcut_gives_the_loops_result(seed):
         assert len(ref.clusters) > 50 and ref.review  # the case has both kinds
         # weights change no rule: only the centroid check (an assertion) reads them
         assert fast.clusters == ref.clusters and fast.review == ref.review
+        # integer keys in the strings' order (their ranks, as the pass gives them) break
+        # ties as the strings do, in the shortcut, the loop and on a subset of paired items
+        ranks = np.argsort(np.argsort(np.array(keys, dtype=object), kind="stable"))
+        gapped = ranks * 7 + 3  # any increasing integers, not only 0..n-1
+        extra = n + 5  # items in no pair: centroid_clusters works on the paired ones
+        v_x = np.vstack([v, np.eye(d)[:5]])
+        for shortcut in (False, True):
+            got = centroid_clusters(
+                a, b, sims, v, np.ones(n), gapped, thr, greedy_only=not shortcut, **kw
+            )
+            assert got.clusters == ref.clusters and got.review == ref.review
+            assert got.labels.tolist() == ref.labels.tolist() and got.rejected == ref.rejected
+        kw_x = dict(kw, conflict_class=cls.tolist() + [99] * 5)
+        str_x = centroid_clusters(
+            a, b, sims, v_x, np.ones(extra), keys + [f"z{k}" for k in range(5)], thr, **kw_x
+        )
+        int_x = centroid_clusters(
+            a, b, sims, v_x, np.ones(extra), np.r_[gapped, 10 * n + np.arange(5)], thr, **kw_x
+        )
+        assert int_x.clusters == str_x.clusters and int_x.review == str_x.review
+        assert int_x.labels.tolist() == str_x.labels.tolist()
 
 
 def test_the_pass_gives_the_same_records_with_and_without_the_shortcut(monkeypatch):
