@@ -69,7 +69,7 @@ def centroid_clusters(
     sim: np.ndarray,
     vectors: np.ndarray,
     weights: np.ndarray,
-    keys: Sequence[str],
+    keys: Sequence[str] | np.ndarray,
     threshold: float,
     conflict: Callable[[int, int], str | None] | None = None,
     allow_conflicts: bool = False,
@@ -85,8 +85,7 @@ def centroid_clusters(
         sim: ``float64 [p]`` cosine of each pair (all ``>= threshold``).
         vectors: ``float [n, d]`` unit vectors of the items (used in float64).
         weights: ``float [n]`` positive weights (memory strength) for the centroid.
-        keys: ``n`` distinct strings (record ids) used for deterministic tie-breaking, or a
-            NumPy integer array of ``n`` distinct values in the same order (their ranks).
+        keys: ``n`` distinct record ids (or integers in their order) to break ties by.
         threshold: cosine threshold.
         conflict: ``conflict(a, b) -> reason | None`` for items ``a``, ``b``.
         allow_conflicts: if ``True``, conflicts are reported in ``review`` but do not block
@@ -156,7 +155,7 @@ class _Greedy:
         self,
         i: np.ndarray,
         j: np.ndarray,
-        keys: Sequence[str],
+        keys: Sequence[str] | np.ndarray,
         conflict: Callable[[int, int], str | None] | None,
         allow_conflicts: bool,
         conflict_class: Sequence[Hashable] | None,
@@ -268,6 +267,12 @@ class _Greedy:
             nbc[root] = nbc.get(root, 0) + nbc.pop(other)
 
 
+def _cut(flat: list[int], cuts: list[int]) -> list[list[int]]:
+    """``flat`` cut into lists at the positions ``cuts`` (ascending)."""
+    ends = [*cuts, len(flat)]
+    return [flat[a:b] for a, b in zip([0, *cuts], ends, strict=True)]
+
+
 def _keys_at(keys: Sequence[str] | np.ndarray, at: np.ndarray) -> Sequence[str] | np.ndarray:
     """The keys at positions ``at``: an integer array stays one, strings become a list."""
     if isinstance(keys, np.ndarray) and keys.dtype.kind in "iu":
@@ -374,7 +379,7 @@ def _on_paired_items(
     sim: np.ndarray,
     vectors: np.ndarray,
     weights: np.ndarray,
-    keys: Sequence[str],
+    keys: Sequence[str] | np.ndarray,
     threshold: float,
     conflict: Callable[[int, int], str | None] | None,
     allow_conflicts: bool,
@@ -507,7 +512,7 @@ def _by_components(
     sim: np.ndarray,
     vectors: np.ndarray,
     weights: np.ndarray,
-    keys: Sequence[str],
+    keys: Sequence[str] | np.ndarray,
     threshold: float,
     conflict: Callable[[int, int], str | None] | None,
     allow_conflicts: bool,
@@ -578,8 +583,6 @@ def _by_components(
         cuts = np.flatnonzero(np.diff(comp[members])) + 1
         sizes = np.diff(np.r_[0, cuts, len(members)])
         _label_and_check_flat(labels, members, sizes, vectors, weights, threshold)
-        ends = np.r_[cuts, len(members)].tolist()
-        flat = members.tolist()
-        clusters += [flat[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        clusters += _cut(members.tolist(), cuts.tolist())
     clusters.sort(key=lambda m: rank[m[0]])
     return ClusterResult(labels, clusters, sorted(review), rejected)

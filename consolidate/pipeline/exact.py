@@ -132,6 +132,7 @@ def _unit_vectors(
         # (PassState.records falls back to fresh memory if not); untouched rows cost none
         if small:
             st.spare = torch.empty((st.n + len(size), st.vec.shape[1]), dtype=st.vec.dtype)
+        assert st.spare is not None
         out = torch.index_select(st.vec, 0, idx, out=st.spare[: len(size)])
     else:
         out = st.vec.index_select(0, idx)
