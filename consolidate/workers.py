@@ -298,15 +298,19 @@ class FirstTouch:
         lo = -(-address // page) * page
         hi = max(lo, (address + nbytes) // page * page)
         self._madvise = None if populate is False else _libc_madvise()
-        if self._madvise is not None and hi > lo:
-            # one page now: the kernel answers EINVAL where it has no such advice
-            if self._madvise(hi - page, page, MADV_POPULATE_WRITE) != 0:
-                err = ctypes.get_errno()
-                if populate:
-                    raise OSError(err, f"madvise(MADV_POPULATE_WRITE) failed: errno {err}")
-                self._madvise = None
-        elif populate:
+        if self._madvise is None and populate:
             raise OSError("madvise(MADV_POPULATE_WRITE) is not available here")
+        # one page now: the kernel answers EINVAL where it has no such advice (a range
+        # without a whole page has nothing to map in: no probe, nothing to do)
+        if (
+            self._madvise is not None
+            and hi > lo
+            and self._madvise(hi - page, page, MADV_POPULATE_WRITE) != 0
+        ):
+            err = ctypes.get_errno()
+            if populate:
+                raise OSError(err, f"madvise(MADV_POPULATE_WRITE) failed: errno {err}")
+            self._madvise = None
         #: whether the thread writes the array (``zero`` mode): see the class docstring
         self.writes = self._madvise is None
         run, args = (self._zero, (address, nbytes)) if self.writes else (self._map, (lo, hi))

@@ -376,6 +376,12 @@ def test_first_touch_populate_maps_pages_in_and_writes_nothing():
     ft = FirstTouch(b[1:], b.nbytes - 1)
     ft.join()
     assert np.array_equal(b, want)
+    # a range without a whole page: nothing to map in, and no error when asked for populate
+    for nbytes in (0, 100):
+        tiny = np.full(100, 3, np.uint8)
+        ft = FirstTouch(tiny, nbytes, populate=True)
+        ft.join()
+        assert not ft.writes and (tiny == 3).all()
     # zero mode still on request
     c = np.full(4096 * 4, 9, np.uint8)
     ft = FirstTouch(c, c.nbytes, populate=False)

@@ -111,8 +111,8 @@ def compact_clusters(
 
 def _key_list(keys: np.ndarray) -> np.ndarray | list[Any]:
     """Keys as :func:`~consolidate.ops.cluster.centroid_clusters` takes them: an integer
-    array as it is, strings as a list."""
-    return keys.astype(np.int64) if keys.dtype.kind in "iu" else keys.tolist()
+    array as it is (its own dtype: ``uint64`` keys stay unsigned), strings as a list."""
+    return keys if keys.dtype.kind in "iu" else keys.tolist()
 
 
 #: candidate pairs from which the conflict guard runs in forked processes

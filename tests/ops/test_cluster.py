@@ -273,6 +273,22 @@ def test_conflict_many_and_class_codes_give_the_same_clusters():
         centroid_clusters(i, j, sim, v, np.ones(n), keys, 0.9, conflict_class=codes[:3])
 
 
+def test_compact_clusters_break_ties_on_unsigned_keys_as_integers():
+    import torch
+
+    from consolidate.pipeline.near import compact_clusters
+    from consolidate.similarity import Pairs
+
+    # three items, every pair at one similarity: the order of the keys decides the members'
+    # order, and a uint64 key of 2**63 or more is the largest, not a negative number
+    v = torch.tensor([[1.0, 0.0, 0.0, 0.0]] * 3)
+    p = Pairs(np.array([0, 0, 1]), np.array([1, 2, 2]), np.ones(3))
+    keys = np.array([2**63 + 5, 1, 2], np.uint64)
+    _, cr = compact_clusters(p, v, np.ones(3), keys, 0.9)
+    _, by_str = compact_clusters(p, v, np.ones(3), np.array(["c", "a", "b"], object), 0.9)
+    assert cr.clusters == by_str.clusters == [[1, 2, 0]]
+
+
 def test_bad_pairs_are_errors():
     v = np.eye(3)
     with pytest.raises(ValueError, match=r"pair positions must be in \[0, 3\)"):
