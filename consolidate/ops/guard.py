@@ -14,7 +14,6 @@ from __future__ import annotations
 import difflib
 import functools
 import itertools
-import operator
 import re
 import unicodedata
 from collections.abc import Mapping
@@ -195,16 +194,15 @@ class ConflictSignature:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _word(w: str) -> tuple[Any, ...]:
+def _word(w: str) -> tuple[str, str, bool, bool, bool, bool, str | None, str | None, str | None]:
     """What the guard reads from one word as written: ``(lower case, as kept after a
     sentence's first word, is a value wherever it stands, is a name or value after a
     sentence's first word, counts as a longer word there, counts as a capitalised longer
-    word there, negated stem, stem without a positive prefix, role word, is a value after a
-    sentence's first word, is a value there only as a name)``. Cached: a store's words
-    repeat."""
+    word there, negated stem, stem without a positive prefix, role word)``. Cached: a
+    store's words repeat."""
     low = w.casefold()
     if w.isdigit():  # numbers have a rule of their own
-        return low, low, False, False, False, False, None, None, None, False, False
+        return low, low, False, False, False, False, None, None, None
     function = low in GUARD_FUNCTION_WORDS
     value = bool(_IDENT.search(w)) or (
         low.isascii()
@@ -226,28 +224,13 @@ def _word(w: str) -> tuple[Any, ...]:
     )
     role = None if function and low not in _ROLE_PIVOTS else _singular(low)
     later_low = w if letter else low
-    later_flag = value or inner or letter  # a value or a name after the first word
-    name_only = (inner or letter) and not value
-    return (
-        low,
-        later_low,
-        value,
-        inner or letter,
-        longer,
-        longer and inner,
-        neg,
-        pos,
-        role,
-        later_flag,
-        name_only,
-    )
+    return low, later_low, value, inner or letter, longer, longer and inner, neg, pos, role
 
 
 def _read_words(orig: str) -> tuple[list[str], list[bool], set[str], set[str], list[str]]:
     """The words of ``orig`` (NFKC, quotes straight) as :func:`conflict_signature` reads
     them: ``(lower-case words, is a value, negated stems, positively prefixed stems, role
-    words)``, in order (see :func:`_word`). Each word's reading is cached; a sentence's
-    words after its first are read with C-level ``map``s over those readings."""
+    words)``, in order (see :func:`_word`)."""
     lows: list[str] = []
     flags: list[bool] = []  # a value: wherever it stands, or as a name inside a sentence
     names: list[int] = []  # positions of the words that are values only as names
@@ -255,38 +238,33 @@ def _read_words(orig: str) -> tuple[list[str], list[bool], set[str], set[str], l
     pos_stems: set[str] = set()
     roles: list[str] = []
     caps = longer = 0
-    # a text without ".", "!" or "?" is one sentence (split_sentences finds no end in it)
-    sents = split_sentences(orig) if ("." in orig or "!" in orig or "?" in orig) else (orig,)
-    for sent in sents:
-        xs = list(map(_word, _WORD.findall(sent)))
-        if not xs:
-            continue
-        x = xs[0]
-        lows.append(x[0])
-        flags.append(x[2])
-        rest = xs[1:]
-        if rest:
-            at = len(lows)
-            lows += map(_LATER_LOW, rest)
-            flags += map(_LATER_FLAG, rest)
-            if any(map(_NAME_ONLY, rest)):
-                names += itertools.compress(itertools.count(at), map(_NAME_ONLY, rest))
-            longer += sum(map(_LONGER, rest))
-            caps += sum(map(_CAPS, rest))
-        negated.update(filter(_NOT_NONE, map(_NEG, xs)))
-        pos_stems.update(filter(_NOT_NONE, map(_POS, xs)))
-        roles += filter(_NOT_NONE, map(_ROLE, xs))
+    for sent in split_sentences(orig):
+        first = True
+        for w in _WORD.findall(sent):
+            x = _word(w)
+            if first:
+                lows.append(x[0])
+                flags.append(x[2])
+                first = False
+            else:
+                lows.append(x[1])
+                flags.append(x[2] or x[3])
+                if x[3] and not x[2]:
+                    names.append(len(flags) - 1)
+                if x[4]:
+                    longer += 1
+                    caps += x[5]
+            if x[6] is not None:
+                negated.add(x[6])
+            if x[7] is not None:
+                pos_stems.add(x[7])
+            if x[8] is not None:
+                roles.append(x[8])
     # a title-case text ("Jordan Opens First Tent Camp") capitalises words that are no names
     if names and longer >= 3 and caps >= 0.5 * longer:
         for k in names:
             flags[k] = False
     return lows, flags, negated, pos_stems, roles
-
-
-#: the fields of a :func:`_word` reading that :func:`_read_words` takes
-_LATER_LOW, _LATER_FLAG, _NAME_ONLY = (operator.itemgetter(k) for k in (1, 9, 10))
-_LONGER, _CAPS, _NEG, _POS, _ROLE = (operator.itemgetter(k) for k in (4, 5, 6, 7, 8))
-_NOT_NONE = functools.partial(operator.is_not, None)
 
 
 def conflict_signature(text: str) -> ConflictSignature:
