@@ -103,8 +103,31 @@ def _child(fn: Callable[[Any], Any], part: Any, conn: Any) -> None:
     conn.close()
 
 
-#: ``madvise`` advice values (Linux): a range is not mapped in, or again mapped in, a child
-_MADV_DONTFORK, _MADV_DOFORK = 10, 11
+#: ``madvise`` advice values (Linux): a range is not mapped in, or again mapped in, a child;
+#: pages are mapped in writable without being touched (Linux 5.14+)
+_MADV_DONTFORK, _MADV_DOFORK, _MADV_POPULATE_WRITE = 10, 11, 23
+
+
+def _libc_madvise() -> Callable[[int, int, int], int] | None:
+    """libc's ``madvise(address, length, advice) -> 0 | -1`` (errno kept), or ``None`` where
+    there is no such libc (not Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _whole_pages(address: int, nbytes: int) -> tuple[int, int]:
+    """``(lo, hi)``: the bytes ``[lo, hi)`` of the whole pages inside ``[address, address +
+    nbytes)`` (``lo == hi`` when there is none); a page it shares with other memory is left
+    out."""
+    page = mmap.PAGESIZE
+    lo = -(-address // page) * page
+    return lo, max(lo, (address + nbytes) // page * page)
 
 
 @contextlib.contextmanager
@@ -114,19 +137,12 @@ def _not_forked(arrays: Sequence[np.ndarray]) -> Iterator[None]:
     and this process's later writes to them take no copy-on-write faults. A child must not
     read them (it would fault). A no-op where ``madvise`` is missing or refuses."""
     done = []
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        madvise = libc.madvise
-        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    except (OSError, AttributeError):
-        madvise = None
-    page = mmap.PAGESIZE
+    madvise = _libc_madvise()
     for a in arrays if madvise is not None else ():
         if a is None or not a.nbytes:
             continue
-        lo = -(-a.ctypes.data // page) * page
-        hi = (a.ctypes.data + a.nbytes) // page * page
-        if hi - lo >= 16 * page and madvise(lo, hi - lo, _MADV_DONTFORK) == 0:
+        lo, hi = _whole_pages(a.ctypes.data, a.nbytes)
+        if hi - lo >= 16 * mmap.PAGESIZE and madvise(lo, hi - lo, _MADV_DONTFORK) == 0:
             done.append((lo, hi - lo))
     try:
         yield
@@ -223,23 +239,6 @@ def _answer(k: int, n: int, proc: Any, recv: Any) -> Any:
 FIRST_TOUCH_STEP = 32 << 20
 
 
-#: ``madvise`` advice that maps pages in writable without touching them (Linux 5.14+)
-MADV_POPULATE_WRITE = 23
-
-
-def _libc_madvise() -> Callable[[int, int, int], int] | None:
-    """libc's ``madvise(address, length, advice) -> 0 | -1`` (errno kept), or ``None`` where
-    there is no such libc (not Linux)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
 class FirstTouch:
     """Map in the first ``nbytes`` of a fresh array in a background thread: the page faults
     of its first fill are taken on a core the caller leaves idle meanwhile, not by the
@@ -294,9 +293,7 @@ class FirstTouch:
         self._stop = threading.Event()
         page = mmap.PAGESIZE
         address = array.ctypes.data
-        # the whole pages inside the range: a page it shares with other memory is not ours
-        lo = -(-address // page) * page
-        hi = max(lo, (address + nbytes) // page * page)
+        lo, hi = _whole_pages(address, nbytes)
         self._madvise = None if populate is False else _libc_madvise()
         if self._madvise is None and populate:
             raise OSError("madvise(MADV_POPULATE_WRITE) is not available here")
@@ -305,7 +302,7 @@ class FirstTouch:
         if (
             self._madvise is not None
             and hi > lo
-            and self._madvise(hi - page, page, MADV_POPULATE_WRITE) != 0
+            and self._madvise(hi - page, page, _MADV_POPULATE_WRITE) != 0
         ):
             err = ctypes.get_errno()
             if populate:
@@ -332,7 +329,7 @@ class FirstTouch:
                 if self._stop.is_set():
                     return
                 a = max(lo, b - FIRST_TOUCH_STEP)
-                if madvise(a, b - a, MADV_POPULATE_WRITE) != 0:
+                if madvise(a, b - a, _MADV_POPULATE_WRITE) != 0:
                     return  # e.g. out of memory: the caller's writes map the rest in
 
     @property

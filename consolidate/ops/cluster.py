@@ -35,14 +35,16 @@ Tie-breaking, so that results do not depend on row order: pairs are sorted by si
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["ClusterResult", "centroid_clusters"]
+__all__ = ["ClusterResult", "centroid_clusters", "split_list"]
 
 
 @dataclass
@@ -267,10 +269,11 @@ class _Greedy:
             nbc[root] = nbc.get(root, 0) + nbc.pop(other)
 
 
-def _cut(flat: list[int], cuts: list[int]) -> list[list[int]]:
-    """``flat`` cut into lists at the positions ``cuts`` (ascending)."""
-    ends = [*cuts, len(flat)]
-    return [flat[a:b] for a, b in zip([0, *cuts], ends, strict=True)]
+def split_list(flat: list[Any], sizes: Sequence[int]) -> list[list[Any]]:
+    """``flat`` cut into consecutive lists of ``sizes`` (``sum(sizes) == len(flat)``); one
+    slice per list, no NumPy array per group."""
+    ends = list(itertools.accumulate(sizes))
+    return [flat[e - k : e] for e, k in zip(ends, sizes, strict=True)]
 
 
 def _keys_at(keys: Sequence[str] | np.ndarray, at: np.ndarray) -> Sequence[str] | np.ndarray:
@@ -284,9 +287,8 @@ def key_ranks(keys: Sequence[str] | np.ndarray) -> np.ndarray:
     """``int64 [n]``: the position of each of ``keys`` in ascending order; ``keys``: distinct
     strings, or a NumPy integer array of distinct values (sorted as integers)."""
     rank = np.empty(len(keys), dtype=np.int64)
-    arr = keys if isinstance(keys, np.ndarray) and keys.dtype.kind in "iu" else None
-    if arr is None:
-        arr = np.asarray(keys, dtype=object)
+    ints = isinstance(keys, np.ndarray) and keys.dtype.kind in "iu"
+    arr = keys if ints else np.asarray(keys, dtype=object)
     rank[np.argsort(arr, kind="stable")] = np.arange(len(keys))
     return rank
 
@@ -583,6 +585,6 @@ def _by_components(
         cuts = np.flatnonzero(np.diff(comp[members])) + 1
         sizes = np.diff(np.r_[0, cuts, len(members)])
         _label_and_check_flat(labels, members, sizes, vectors, weights, threshold)
-        clusters += _cut(members.tolist(), cuts.tolist())
+        clusters += split_list(members.tolist(), sizes.tolist())
     clusters.sort(key=lambda m: rank[m[0]])
     return ClusterResult(labels, clusters, sorted(review), rejected)

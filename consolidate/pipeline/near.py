@@ -20,7 +20,7 @@ import torch
 
 from ..config import PassConfig, SimilarityConfig
 from ..device import resolve_device
-from ..ops.cluster import ClusterResult, centroid_clusters
+from ..ops.cluster import ClusterResult, centroid_clusters, split_list
 from ..ops.guard import ConflictSignature, conflict_between, conflict_signature
 from ..similarity import Pairs, threshold_pairs
 from ..workers import fork_map, split_evenly
@@ -103,16 +103,8 @@ def compact_clusters(
     ci, cj = np.searchsorted(items, pairs.i), np.searchsorted(items, pairs.j)
     sub = vec.index_select(0, torch.from_numpy(items).to(vec.device)).cpu().numpy()
     kw = conflicts(items, ci, cj) if conflicts is not None else {}
-    cr = centroid_clusters(
-        ci, cj, pairs.sim, sub, weight[items], _key_list(keys[items]), threshold, **kw
-    )
+    cr = centroid_clusters(ci, cj, pairs.sim, sub, weight[items], keys[items], threshold, **kw)
     return items, cr
-
-
-def _key_list(keys: np.ndarray) -> np.ndarray | list[Any]:
-    """Keys as :func:`~consolidate.ops.cluster.centroid_clusters` takes them: an integer
-    array as it is (its own dtype: ``uint64`` keys stay unsigned), strings as a list."""
-    return keys if keys.dtype.kind in "iu" else keys.tolist()
 
 
 #: candidate pairs from which the conflict guard runs in forked processes
@@ -273,7 +265,7 @@ def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> Pa
     rank = st.id_rank[u.first]
     conflicts = _conflict_rules(st, handles_conflicts)
     items, cr = compact_clusters(p, u.vec, u.weight, rank, cfg.threshold, conflicts)
-    st.clusters = _split_list(items[_flat(cr.clusters)].tolist(), [len(c) for c in cr.clusters])
+    st.clusters = split_list(items[_flat(cr.clusters)].tolist(), [len(c) for c in cr.clusters])
     review = []
     for a, b, s, r in cr.review:
         a, b = int(items[a]), int(items[b])
@@ -291,12 +283,6 @@ def cluster_stage(st: PassState, cfg: PassConfig, handles_conflicts: bool) -> Pa
 def _flat(groups: list[list[int]]) -> np.ndarray:
     """``int64``: the groups' items one after another."""
     return np.fromiter(itertools.chain.from_iterable(groups), np.int64, sum(map(len, groups)))
-
-
-def _split_list(flat: list[Any], sizes: list[int]) -> list[list[Any]]:
-    """``flat`` cut into consecutive lists of ``sizes``."""
-    ends = list(itertools.accumulate(sizes))
-    return [flat[e - k : e] for e, k in zip(ends, sizes, strict=True)]
 
 
 def _conflict_rules(
