@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import functools
 import itertools
+import operator
 import re
 import unicodedata
 from collections.abc import Mapping
@@ -227,39 +228,68 @@ def _word(w: str) -> tuple[str, str, bool, bool, bool, bool, str | None, str | N
     return low, later_low, value, inner or letter, longer, longer and inner, neg, pos, role
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _later(w: str) -> tuple[str, bool, bool, bool, bool, bool, str | None]:
+    """:func:`_word` of a word after a sentence's first, as :func:`_read_words` takes it:
+    ``(lower case as kept, is a value or a name, is a value only as a name, counts as a
+    longer word, counts as a capitalised longer word, has a negated or positively
+    prefixed stem, role word)``. Cached."""
+    x = _word(w)
+    return (
+        x[1],
+        x[2] or x[3],
+        x[3] and not x[2],
+        x[4],
+        x[5],
+        x[6] is not None or x[7] is not None,
+        x[8],
+    )
+
+
 def _read_words(orig: str) -> tuple[list[str], list[bool], set[str], set[str], list[str]]:
     """The words of ``orig`` (NFKC, quotes straight) as :func:`conflict_signature` reads
     them: ``(lower-case words, is a value, negated stems, positively prefixed stems, role
-    words)``, in order (see :func:`_word`)."""
+    words)``, in order (see :func:`_word` and :func:`_later`)."""
     lows: list[str] = []
     flags: list[bool] = []  # a value: wherever it stands, or as a name inside a sentence
     names: list[int] = []  # positions of the words that are values only as names
     negated: set[str] = set()
     pos_stems: set[str] = set()
     roles: list[str] = []
+    add_low, add_flag, add_role = lows.append, flags.append, roles.append
     caps = longer = 0
-    for sent in split_sentences(orig):
-        first = True
-        for w in _WORD.findall(sent):
+    # a text without ".", "!" or "?" is one sentence (split_sentences finds no end in it)
+    sents = split_sentences(orig) if ("." in orig or "!" in orig or "?" in orig) else (orig,)
+    for sent in sents:
+        ws = iter(_WORD.findall(sent))
+        for w in ws:  # the sentence's first word: as it stands
             x = _word(w)
-            if first:
-                lows.append(x[0])
-                flags.append(x[2])
-                first = False
-            else:
-                lows.append(x[1])
-                flags.append(x[2] or x[3])
-                if x[3] and not x[2]:
-                    names.append(len(flags) - 1)
-                if x[4]:
-                    longer += 1
-                    caps += x[5]
+            add_low(x[0])
+            add_flag(x[2])
             if x[6] is not None:
                 negated.add(x[6])
             if x[7] is not None:
                 pos_stems.add(x[7])
             if x[8] is not None:
-                roles.append(x[8])
+                add_role(x[8])
+            break
+        for w in ws:  # the later words
+            low, flag, name, long_, cap, prefixed, role = _later(w)
+            add_low(low)
+            add_flag(flag)
+            if name:
+                names.append(len(flags) - 1)
+            if long_:
+                longer += 1
+                caps += cap
+            if prefixed:
+                x = _word(w)
+                if x[6] is not None:
+                    negated.add(x[6])
+                if x[7] is not None:
+                    pos_stems.add(x[7])
+            if role is not None:
+                add_role(role)
     # a title-case text ("Jordan Opens First Tent Camp") capitalises words that are no names
     if names and longer >= 3 and caps >= 0.5 * longer:
         for k in names:
@@ -296,27 +326,38 @@ def conflict_signature(text: str) -> ConflictSignature:
         if has_date:
             dates = tuple(sorted(_date_terms(toks).items()))
     role_t = tuple(roles)
-    if len(set(role_t)) == len(role_t):
-        role_pos = dict(zip(role_t, range(len(role_t)), strict=True))
-    else:  # a repeated word has no one position: left out
+    role_pos = dict(zip(role_t, range(len(role_t)), strict=True))
+    if len(role_pos) != len(role_t):  # a repeated word has no one position: left out
         seen: dict[str, int] = {}
         for k, w in enumerate(role_t):
             seen[w] = -1 if w in seen else k
         role_pos = {w: k for w, k in seen.items() if k >= 0}
-    return ConflictSignature(
-        negs,
-        nums,
-        dates,
-        tuple(poles),
-        frozenset(negated),
-        stems,
-        words,
-        role_t,
-        word_list=word_list,
-        word_set=word_set,
-        value_set=frozenset(itertools.compress(word_list, flags)),
-        role_pos=role_pos,
+    # built without the dataclass's __init__ (a dozen frozen-field writes): the pass makes
+    # one per distinct text of every paired memory
+    sig = _new(ConflictSignature)
+    _set(
+        sig,
+        "__dict__",
+        {
+            "negations": negs,
+            "numbers": nums,
+            "dates": dates,
+            "poles": tuple(poles),
+            "negated_stems": frozenset(negated),
+            "stems": stems,
+            "words": words,
+            "roles": role_t,
+            "word_list": word_list,
+            "word_set": word_set,
+            "value_set": frozenset(itertools.compress(word_list, flags)),
+            "role_pos": role_pos,
+        },
     )
+    return sig
+
+
+_new = object.__new__
+_set = object.__setattr__
 
 
 #: the signature of a text without words
@@ -331,7 +372,9 @@ def _opposite(a: ConflictSignature, b: ConflictSignature, prefixes: bool = True)
         pa, pb = set(a.poles), set(b.poles)
         if {g for g, _ in pa - pb} & {g for g, _ in pb - pa}:
             return True
-    return prefixes and bool(
+    if not prefixes or not (a.negated_stems or b.negated_stems):
+        return False
+    return bool(
         ((a.negated_stems - b.negated_stems) & b.stems)
         or ((b.negated_stems - a.negated_stems) & a.stems)
     )
@@ -358,11 +401,7 @@ def _variant(x: str, y: str) -> bool:
 def _one_char_apart(x: str, y: str) -> bool:
     """Equal length (at least 3), exactly one differing character, and not two spellings
     of one word."""
-    return (
-        len(x) == len(y) >= 3
-        and sum(c != d for c, d in zip(x, y, strict=True)) == 1
-        and not _variant(x, y)
-    )
+    return len(x) == len(y) >= 3 and sum(map(operator.ne, x, y)) == 1 and not _variant(x, y)
 
 
 def _value_candidates(a: ConflictSignature, b: ConflictSignature) -> bool:
@@ -375,7 +414,13 @@ def _value_candidates(a: ConflictSignature, b: ConflictSignature) -> bool:
         return False
     if (a.value_set & only_a) and (b.value_set & only_b):
         return True
-    return any(_one_char_apart(x, y) for x in only_a for y in only_b)
+    for x in only_a:
+        n = len(x)
+        if n >= 3:
+            for y in only_b:
+                if len(y) == n and _one_char_apart(x, y):
+                    return True
+    return False
 
 
 def _values_differ(a: ConflictSignature, b: ConflictSignature) -> bool:
@@ -446,11 +491,12 @@ def _roles_swapped(a: ConflictSignature, b: ConflictSignature) -> bool:
     if ra == rb or ("by" in ra) != ("by" in rb):
         return False
     pa, pb = a.role_pos, b.role_pos
-    common = [w for w in pa if w in pb]
-    if len(common) > _MAX_ROLES:
+    n_common = len(pa.keys() & pb.keys())
+    if n_common > _MAX_ROLES:
         return False  # long texts: roles of single statements only
-    if len(common) < 3 or len(common) < 0.8 * max(len(ra), len(rb)):
+    if n_common < 3 or n_common < 0.8 * max(len(ra), len(rb)):
         return False  # not the same words reordered: a paraphrase that moves clauses
+    common = [w for w in pa if w in pb]
     in_a, in_b = [pa[w] for w in common], [pb[w] for w in common]
     if in_a == sorted(in_a) and in_b == sorted(in_b):
         return False  # every two common words in one order on both sides (the usual case)
@@ -567,8 +613,8 @@ def _stems_in(stems: frozenset, this: ConflictSignature, other: ConflictSignatur
 
 def conflict_between(a: ConflictSignature, b: ConflictSignature) -> str | None:
     """:func:`conflict_reason` on precomputed signatures."""
-    na = sum(c for _, c in a.negations)
-    nb = sum(c for _, c in b.negations)
+    na = sum(c for _, c in a.negations) if a.negations else 0
+    nb = sum(c for _, c in b.negations) if b.negations else 0
     prefixes = True
     if na != nb:
         # as many negations each: "with no sugar" / "without sugar", "never" / "doesn't"

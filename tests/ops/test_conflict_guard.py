@@ -159,3 +159,33 @@ def test_guard_pairs_bad_line_is_named(tmp_path):
     p.write_text('{"a": "x", "b": "y", "kind": "identifier"}\n{"a": "x", "kind": "paraphrase"}\n')
     with pytest.raises(ValueError, match=r"pairs\.jsonl: line 2: needs text a, text b"):
         load_guard_pairs(p)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Jordan Opens First Tent Camp",
+        "He doesn't dislike the new flat. She moved in May!",
+        "the the cat follows the fish to the cat",
+        "Uses GPU v2 at 3 pm on Monday",
+        "",
+    ],
+)
+def test_signature_is_the_dataclass_it_would_construct(text):
+    """conflict_signature builds its signature without the dataclass's __init__: it must be
+    the same object the constructor makes (equal, same hash, frozen, replace works)."""
+    import dataclasses
+
+    from consolidate.ops.guard import ConflictSignature
+
+    sig = conflict_signature(text)
+    built = ConflictSignature(**{f.name: getattr(sig, f.name) for f in dataclasses.fields(sig)})
+    assert sig == built and hash(sig) == hash(built)
+    assert vars(sig) == vars(built)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sig.poles = ()  # type: ignore[misc]
+    assert dataclasses.replace(sig, poles=((0, 1),)).poles == ((0, 1),)
+    # the first word of a sentence is read as it stands, the later ones as kept inside one
+    if text.startswith("Jordan"):
+        assert sig.word_list == ("jordan", "opens", "first", "tent", "camp")
+        assert sig.value_set == frozenset()  # title case: capitals are no names
