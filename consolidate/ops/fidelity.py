@@ -260,7 +260,14 @@ def clauses_of(text: str) -> tuple[Clause, ...]:
 def _parts(text: str) -> list[str]:
     """The parts of ``text`` that :func:`clauses_of` reads (stripped, with a letter or a
     digit), in order."""
+    if not _CLAUSE_END.search(text):  # one part: split_facts has nowhere to split
+        part = text.strip()
+        return [part] if _ALNUM.search(part) is not None else []
     return [p.strip() for p in split_facts(text) or [text] if _ALNUM.search(p) is not None]
+
+
+#: where :func:`~consolidate.text.split_facts` may split
+_CLAUSE_END = re.compile(r"[.!?;]")
 
 
 def coverage(c: Clause, k: Clause) -> float:

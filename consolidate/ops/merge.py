@@ -22,9 +22,9 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..lexicon import DATE_WORDS, NEGATIONS, NUMBER_WORDS, STOP_WORDS
 from ..text import (
@@ -34,6 +34,9 @@ from ..text import (
     content_tokens,
     split_sentences,
 )
+
+if TYPE_CHECKING:
+    from .fidelity import Clause
 
 __all__ = [
     "MergeMember",
@@ -314,6 +317,21 @@ def _time_key(t: float) -> float:
     return t if math.isfinite(t) else math.inf
 
 
+def _member_order(m: MergeMember) -> tuple[float, str]:
+    """The order in which the extractive merger reads members: fact time (unknown last),
+    then id."""
+    return (_time_key(fact_time(m)), m.id)
+
+
+@functools.cache
+def _fidelity() -> tuple[Callable[[str], tuple[Clause, ...]], Callable[..., bool]]:
+    """``(clauses_of, clause_covers)`` of :mod:`consolidate.ops.fidelity` (which imports
+    this module), imported once."""
+    from .fidelity import clause_covers, clauses_of
+
+    return clauses_of, clause_covers
+
+
 def _sentence(x: str) -> str:
     """``x`` as a sentence: a lower-case first letter made upper case, ending in ``.``,
     ``!`` or ``?`` (a trailing ``;``, ``,`` or ``:`` becomes ``.``)."""
@@ -393,16 +411,18 @@ class ExtractiveMerger:
 
     def merge_text(self, members: Sequence[MergeMember]) -> str:
         """The deduplicated text of ``members`` (see the class docstring)."""
-        from .fidelity import Clause, clause_covers, clauses_of
-
-        ordered = sorted(members, key=lambda m: (_time_key(fact_time(m)), m.id))
+        clauses_of, clause_covers = _fidelity()
+        th = self.threshold
         kept: list[Clause] = []
-        for m in ordered:
+        for m in sorted(members, key=_member_order):
             for t in m.merge_texts:
                 for c in clauses_of(t):
-                    if any(clause_covers(k, c, self.threshold) for k in kept):
+                    if not kept:
+                        kept.append(c)
+                        continue
+                    if any(clause_covers(k, c, th) for k in kept):
                         continue  # said already
-                    under = [x for x, k in enumerate(kept) if clause_covers(c, k, self.threshold)]
+                    under = [x for x, k in enumerate(kept) if clause_covers(c, k, th)]
                     if under:  # says more than kept clauses: takes the first one's place
                         kept[under[0]] = c
                         kept = [k for x, k in enumerate(kept) if x not in under[1:]]
