@@ -406,8 +406,9 @@ class BenchConfig:
         pass_dtype, pass_warm_rows, pass_timeout_s, pass_tmp: tile dtype, rows of the
             untimed warm-up pass, time limit of each child (s), folder of the temp stores.
         pass_repeats: measurements of each package per whole-pass case, interleaved
-            (ours, baseline, ours, ...), each in a fresh process on a fresh copy of the
-            store; the fastest pass is the row, every pass time is in its note.
+            with the order reversed every other repeat (ours, baseline, baseline, ours,
+            ...), each in a fresh process on a fresh copy of the store; the fastest pass is
+            the row, every pass time is in its note.
     """
 
     preset: str = "cpu"

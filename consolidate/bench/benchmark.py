@@ -1302,11 +1302,8 @@ class Runner:
                         }
                     )
             measured: dict[str, list[dict[str, Any]]] = {m: [] for m, _, _ in runs}
-            for _ in range(max(1, args.pass_repeats)):  # interleaved: ours, baseline, ...
-                for method, family, pkg in runs:
-                    measured[method].append(
-                        self._pass_run(case, head, gen, root, method, family, pkg)
-                    )
+            for method, family, pkg in interleaved(runs, args.pass_repeats):
+                measured[method].append(self._pass_run(case, head, gen, root, method, family, pkg))
             for method, _, _ in runs:
                 self.rows.append(best_pass_row(measured[method]))
                 self.checkpoint()
@@ -1646,6 +1643,15 @@ def pass_row(
         "minor_faults": meas.get("pass_minor_faults", math.nan),
         "load1": meas.get("load1", os.getloadavg()[0]),
     }
+
+
+def interleaved(runs: list[Any], repeats: int) -> list[Any]:
+    """``runs`` (the revisions of a whole-pass case) ``repeats`` times (at least once), the
+    order reversed every other time: ``[a, b, b, a, a, b, ...]``. Each revision runs first
+    as often as the others (to within one repeat), so none takes alone the effect of its
+    place in the run (the state of memory right after the store's copy, the machine's load
+    drifting over minutes)."""
+    return [r for k in range(max(1, repeats)) for r in (runs if k % 2 == 0 else runs[::-1])]
 
 
 def _workers_line(r: Any) -> str:

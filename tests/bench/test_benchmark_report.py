@@ -415,3 +415,21 @@ def test_padded_bmm_baseline_finds_every_pair_of_uneven_namespaces():
     # float32 scores: pairs within 1e-6 of the threshold may fall either way
     near = {p for p in want ^ set(got) if abs(sims[p] - 0.9) > 1e-6}
     assert not near
+
+
+def test_whole_pass_repeats_alternate_which_revision_runs_first():
+    """ABBA: with an even number of repeats each revision runs first equally often."""
+    bm = load_benchmark()
+    assert bm.interleaved(["ours", "base"], 4) == [
+        "ours",
+        "base",
+        "base",
+        "ours",
+        "ours",
+        "base",
+        "base",
+        "ours",
+    ]
+    assert bm.interleaved(["ours", "base"], 0) == ["ours", "base"]
+    assert bm.interleaved(["ours"], 3) == ["ours", "ours", "ours"]
+    assert bm.interleaved(["a", "b", "c"], 2) == ["a", "b", "c", "c", "b", "a"]
