@@ -297,6 +297,11 @@ def _read_words(orig: str) -> tuple[list[str], list[bool], set[str], set[str], l
     return lows, flags, negated, pos_stems, roles
 
 
+#: how :func:`conflict_signature` makes a (frozen) signature without its ``__init__``
+_new = object.__new__
+_set = object.__setattr__
+
+
 def conflict_signature(text: str) -> ConflictSignature:
     """The :class:`ConflictSignature` of ``text`` (``str``)."""
     # NFKC and the quote table change no ASCII text
@@ -354,10 +359,6 @@ def conflict_signature(text: str) -> ConflictSignature:
         },
     )
     return sig
-
-
-_new = object.__new__
-_set = object.__setattr__
 
 
 #: the signature of a text without words
