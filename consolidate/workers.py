@@ -6,8 +6,11 @@ checker (:mod:`consolidate.ops.fidelity`) are pure Python functions of texts tha
 threads cannot share them out. :func:`fork_map` runs the parts of such a job in processes
 forked from the pass, which read the pass's memory as it was at the fork (nothing is
 pickled on the way in) and send back only their answers (reasons, merged texts). The
-calling process works on the first part meanwhile. Every part is computed by the same
-functions as inline, so the answers are the same whatever the number of processes.
+calling process works on the first part meanwhile, and every process then takes the next
+part nobody has taken (a counter in shared memory), so a process slowed by its machine
+or by copy-on-write faults takes fewer parts. Every part is computed by the same
+functions as inline, so the answers are the same whatever the number of processes and
+whichever process computes a part.
 
 Where ``fork`` is not a start method (Windows), or with one worker, the parts run inline.
 A forked process never touches torch, CUDA or I/O: it computes, sends, and exits.
@@ -33,6 +36,8 @@ __all__ = [
     "resolve_workers",
     "fork_map",
     "split_evenly",
+    "work_parts",
+    "PARTS_PER_WORKER",
     "WorkerError",
     "peak_private_bytes",
     "FirstTouch",
@@ -93,12 +98,38 @@ def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
 
 
-def _child(fn: Callable[[Any], Any], part: Any, conn: Any) -> None:
-    """A forked worker's body: one answer (or the traceback) down the pipe."""
+#: parts per process that :func:`work_parts` cuts a job into: enough that the process that
+#: ends first finds parts left (at most about one part's time of imbalance), few enough
+#: that a part's fixed costs do not count
+PARTS_PER_WORKER = 8
+
+
+def work_parts(workers: int) -> int:
+    """How many parts to cut a job for ``workers`` processes into: 1 inline,
+    :data:`PARTS_PER_WORKER` per process otherwise (:func:`fork_map` hands them out)."""
+    return 1 if workers <= 1 else workers * PARTS_PER_WORKER
+
+
+def _claim(counter: Any) -> int:
+    """The next part nobody has taken, from the shared ``counter`` (taken by this call)."""
+    with counter.get_lock():
+        k = int(counter.value)
+        counter.value = k + 1
+    return k
+
+
+def _child(fn: Callable[[Any], Any], parts: Sequence[Any], counter: Any, conn: Any) -> None:
+    """A forked worker's body: the parts it takes (:func:`_claim`) until none is left, then
+    their answers ``[(part, answer), ...]`` (or the failed part and its traceback) down the
+    pipe."""
+    done: list[tuple[int, Any]] = []
+    k = -1
     try:
-        out = ("ok", fn(part), _private_bytes())
+        while (k := _claim(counter)) < len(parts):
+            done.append((k, fn(parts[k])))
+        out = ("ok", done, _private_bytes())
     except BaseException:  # noqa: BLE001 - every failure goes back to the parent
-        out = ("error", traceback.format_exc(), 0)
+        out = ("error", (k, traceback.format_exc()), 0)
     conn.send(out)
     conn.close()
 
@@ -157,8 +188,13 @@ def fork_map(
     workers: int,
     not_shared: Sequence[np.ndarray] = (),
 ) -> list[T]:
-    """``[fn(p) for p in parts]``, the parts after the first in forked processes (at most
-    ``workers - 1`` of them at a time), the first in this process.
+    """``[fn(p) for p in parts]`` in this process and up to ``workers - 1`` forked ones.
+
+    This process computes the first part while the children start; then each process
+    takes the next part nobody has taken, in order, until none is left (a counter in
+    shared memory), so the work evens out when one process runs slower (the other load on
+    its core, the copy-on-write faults of a fork). Give several parts per worker for that
+    to help. Which process computes a part does not change its answer.
 
     ``fn`` and the parts are not pickled (the children are forks); each answer is, so
     answers should be small (strings, numbers). ``fn`` must not write files, use torch or
@@ -176,60 +212,71 @@ def fork_map(
         The answers in the order of ``parts``.
 
     Raises:
-        WorkerError: a child raised (its traceback is in the message) or died without an
-            answer.
+        WorkerError: a part failed in a child (the part and its traceback are in the
+            message) or a child died without an answer. A part that fails in this process
+            raises its own exception.
     """
     if workers <= 1 or len(parts) <= 1:
         return [fn(p) for p in parts]
     with _not_forked(not_shared):
-        return _forked(fn, parts, workers)
+        return _forked(fn, parts, min(workers, len(parts)))
+
+
+#: a part no process has answered yet
+_MISSING = object()
 
 
 def _forked(fn: Callable[[Any], T], parts: Sequence[Any], workers: int) -> list[T]:
-    """:func:`fork_map`'s forks: ``workers - 1`` children at a time, the first part here."""
+    """:func:`fork_map`'s forks: ``workers - 1`` children; the first part here, then
+    every process takes the next part left."""
     ctx = multiprocessing.get_context("fork")
-    out: list[Any] = [None] * len(parts)
-    rest = list(range(1, len(parts)))
-    first_done = False
-    while rest:
-        batch, rest = rest[: workers - 1], rest[workers - 1 :]
-        running = []
-        try:
-            with warnings.catch_warnings():
-                # Python 3.12 warns on fork in a threaded process (torch's pools): the
-                # child runs pure Python and exits, it takes no lock a thread may hold
-                warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork")
-                for k in batch:
-                    recv, send = ctx.Pipe(duplex=False)
-                    proc = ctx.Process(target=_child, args=(fn, parts[k], send), daemon=True)
-                    proc.start()
-                    send.close()
-                    running.append((k, proc, recv))
-            if not first_done:
-                out[0] = fn(parts[0])
-                first_done = True
-            for k, proc, recv in running:
-                out[k] = _answer(k, len(parts), proc, recv)
-        finally:
-            for _, proc, recv in running:
-                recv.close()
-                if proc.is_alive():
-                    proc.terminate()
-                proc.join()
+    n = len(parts)
+    out: list[Any] = [_MISSING] * n
+    counter = ctx.Value("q", 1)  # part 0 is this process's
+    running = []
+    try:
+        with warnings.catch_warnings():
+            # Python 3.12 warns on fork in a threaded process (torch's pools): the child
+            # runs pure Python and exits, it takes no lock a thread may hold
+            warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork")
+            for c in range(1, workers):
+                recv, send = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_child, args=(fn, parts, counter, send), daemon=True)
+                proc.start()
+                send.close()
+                running.append((c, proc, recv))
+        k = 0
+        while k < n:
+            out[k] = fn(parts[k])
+            k = _claim(counter)
+        for c, proc, recv in running:
+            for k, value in _answer(c, workers, proc, recv):
+                out[k] = value
+    finally:
+        for _, proc, recv in running:
+            recv.close()
+            if proc.is_alive():
+                proc.terminate()
+            proc.join()
+    missing = [k for k, v in enumerate(out) if v is _MISSING]
+    if missing:  # a claimed part always comes back, or its worker raised above
+        raise WorkerError(f"parts {missing} of {n} came back from no worker")
     return out
 
 
-def _answer(k: int, n: int, proc: Any, recv: Any) -> Any:
-    """Child ``k``'s answer from its pipe, or :class:`WorkerError`."""
+def _answer(c: int, n: int, proc: Any, recv: Any) -> list[tuple[int, Any]]:
+    """Child ``c``'s answers ``[(part, answer), ...]`` from its pipe, or
+    :class:`WorkerError`."""
     try:
         status, value, private = recv.recv()
     except EOFError:
         proc.join()
         raise WorkerError(
-            f"text worker {k} of {n} died without an answer (exit code {proc.exitcode})"
+            f"text worker {c} of {n} died without an answer (exit code {proc.exitcode})"
         ) from None
     if status != "ok":
-        raise WorkerError(f"text worker {k} of {n} failed:\n{value}")
+        k, tb = value
+        raise WorkerError(f"text worker {c} of {n} failed on part {k}:\n{tb}")
     _PEAK_PRIVATE[0] = max(_PEAK_PRIVATE[0], private)
     return value
 

@@ -2,7 +2,9 @@
 failed or dead worker is a clear error."""
 
 import faulthandler
+import multiprocessing
 import os
+import time
 
 import numpy as np
 import pandas as pd
@@ -23,6 +25,7 @@ from consolidate.workers import (
     fork_map,
     resolve_workers,
     split_evenly,
+    work_parts,
 )
 from tests.helpers import make_records
 
@@ -33,14 +36,59 @@ def test_split_evenly_covers_the_range_in_near_equal_parts():
     assert split_evenly(10, 3) == [(0, 3), (3, 7), (7, 10)]
     assert split_evenly(2, 4) == [(0, 1), (1, 2)]
     assert split_evenly(0, 2) == []
+    assert work_parts(1) == 1 and work_parts(2) == 2 * workers_mod.PARTS_PER_WORKER
+
+
+def _until(flag, value, what):
+    """Wait (at most 60 s) until the shared ``flag`` reaches ``value``."""
+    deadline = time.monotonic() + 60
+    while flag.value < value:
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
 
 
 def test_fork_map_answers_in_order_from_forked_processes():
     parent = os.getpid()
-    got = fork_map(lambda k: (k * k, os.getpid() != parent), list(range(5)), 3)
+    done = multiprocessing.get_context("fork").Value("q", 0)
+
+    def fn(k):
+        if os.getpid() == parent:
+            # the first part is this process's; the children take every other part
+            # meanwhile (this one waits for them), and this process finds none left
+            _until(done, 4, "the children's parts")
+        else:
+            with done.get_lock():
+                done.value += 1
+        return k * k, os.getpid() != parent
+
+    got = fork_map(fn, list(range(5)), 3)
     assert [a for a, _ in got] == [0, 1, 4, 9, 16]
-    # the first part runs here, the others in children
     assert [forked for _, forked in got] == [False, True, True, True, True]
+
+
+def test_fork_map_hands_the_parts_left_to_whichever_process_is_free():
+    # a child held up on its first part: this process answers every other part, in order;
+    # with the parts split in advance it would wait for the child's half instead
+    parent = os.getpid()
+    ctx = multiprocessing.get_context("fork")
+    held, answered = ctx.Value("q", 0), ctx.Value("q", 0)
+
+    def fn(k):
+        if os.getpid() != parent:
+            held.value = 1
+            _until(answered, 11, "this process's parts")
+        else:
+            if k == 0:
+                _until(held, 1, "the child's first part")
+            with answered.get_lock():
+                answered.value += 1
+        return k + 100, os.getpid()
+
+    got = fork_map(fn, list(range(12)), 2)
+    assert [a for a, _ in got] == list(range(100, 112))
+    by_child = [k for k, (_, pid) in enumerate(got) if pid != parent]
+    assert len(by_child) == 1 and by_child[0] >= 1  # the child answered only its first part
+    assert sum(pid == parent for _, pid in got) == 11
 
 
 def test_fork_map_with_one_worker_runs_inline():
@@ -50,19 +98,38 @@ def test_fork_map_with_one_worker_runs_inline():
 
 
 def test_a_failing_or_dead_worker_is_a_clear_error():
+    parent = os.getpid()
+    ctx = multiprocessing.get_context("fork")
+
     def fail(k):
-        if k == 2:
+        if os.getpid() == parent:
+            _until(started, 1, "the child")  # leaves part 1 to the child
+        elif k == 1:
+            started.value = 1
             raise KeyError("record r7")
         return k
 
+    started = ctx.Value("q", 0)
     with pytest.raises(
-        WorkerError, match=r"text worker 2 of 3 failed:(.|\n)*KeyError: 'record r7'"
+        WorkerError, match=r"text worker 1 of 2 failed on part 1:(.|\n)*KeyError: 'record r7'"
     ):
-        fork_map(fail, [0, 1, 2], 3)
+        fork_map(fail, [0, 1], 2)
+
+    def die(k):
+        if os.getpid() == parent:
+            _until(started, 1, "the child")
+            return 0
+        started.value = 1
+        os._exit(3)
+
+    started = ctx.Value("q", 0)
     with pytest.raises(
         WorkerError, match=r"text worker 1 of 2 died without an answer \(exit code 3\)"
     ):
-        fork_map(lambda k: os._exit(3) if k else 0, [0, 1], 2)
+        fork_map(die, [0, 1], 2)
+    # a part that fails in this process raises its own error
+    with pytest.raises(KeyError, match="r8"):
+        fork_map(lambda k: {}["r8"] if os.getpid() == parent else k, [0, 1], 2)
 
 
 def test_arrays_not_shared_are_left_out_of_the_children_and_back_after():
@@ -70,9 +137,32 @@ def test_arrays_not_shared_are_left_out_of_the_children_and_back_after():
     mid = len(a) // 2
     # a child that reads an array kept out of it faults: a clear error, not a wrong answer
     with pytest.raises(WorkerError, match=r"died without an answer \(exit code -11\)"):
-        fork_map(lambda k: (faulthandler.disable(), float(a[mid]))[1], [0, 1], 2, not_shared=[a])
+        fork_map(
+            _second_part_forked(lambda k: (faulthandler.disable(), float(a[mid]))[1]),
+            [0, 1],
+            2,
+            not_shared=[a],
+        )
     # the parent read it meanwhile, and children see it again afterwards
-    assert fork_map(lambda k: float(a[mid]) + k, [0, 1], 2) == [mid, mid + 1.0]
+    assert fork_map(_second_part_forked(lambda k: float(a[mid]) + k), [0, 1], 2) == [
+        mid,
+        mid + 1.0,
+    ]
+
+
+def _second_part_forked(fn):
+    """``fn`` for ``fork_map(..., [0, 1], 2)`` such that the child answers part 1: this
+    process's part 0 waits until the child has started on it."""
+    parent, started = os.getpid(), multiprocessing.get_context("fork").Value("q", 0)
+
+    def g(k):
+        if os.getpid() == parent:
+            _until(started, 1, "the child")
+        else:
+            started.value = 1
+        return fn(k)
+
+    return g
 
 
 def test_resolve_workers():
@@ -238,7 +328,10 @@ def test_the_pass_gives_the_same_records_with_forked_workers(monkeypatch, newer_
             wall_h=1003.0,
         )
         vec_bytes = recs.vectors.nbytes
-        assert [c[:2] for c in calls] == [(workers, workers), (workers, workers)]
+        # the guard's parts hold whole namespaces (6 here), the merges' are equal runs
+        (guard, w1), (merges, w2) = (c[:2] for c in calls)
+        assert w1 == w2 == workers and merges == work_parts(workers)
+        assert guard == min(work_parts(workers), 6)
         assert all(c[2] >= vec_bytes for c in calls)
         out[workers] = res
     s = out[1].stats

@@ -21,7 +21,7 @@ from ..ops.merge import (
     newer_fact_times,
 )
 from ..text import text_hashes
-from ..workers import fork_map, split_evenly
+from ..workers import fork_map, split_evenly, work_parts
 from .exact import _ranges
 from .rows import new_records
 from .state import PassState, arrow_strings, claim_ids, list_lengths, merged_id
@@ -542,7 +542,8 @@ def _answer_clusters(
         return done
 
     out = _Applied()
-    for done in fork_map(part, split_evenly(len(groups), workers), workers, st.vector_buffers()):
+    cuts = split_evenly(len(groups), work_parts(workers))
+    for done in fork_map(part, cuts, workers, st.vector_buffers()):
         out.add(done)
     if workers > 1:
         out.merges = [(np.asarray(m[0], np.int64), *m[1:]) for m in out.merges]

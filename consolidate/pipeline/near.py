@@ -23,7 +23,7 @@ from ..device import resolve_device
 from ..ops.cluster import ClusterResult, centroid_clusters, split_list
 from ..ops.guard import ConflictSignature, conflict_between, conflict_signature
 from ..similarity import Pairs, threshold_pairs
-from ..workers import fork_map, split_evenly
+from ..workers import fork_map, split_evenly, work_parts
 from .exact import _ranges
 from .state import PassState, Units, arrow_strings, list_lengths
 
@@ -306,7 +306,7 @@ def _conflict_rules(
     def conflicts(items: np.ndarray, ci: np.ndarray, cj: np.ndarray) -> dict[str, Any]:
         texts = st.meta["text"].to_numpy(object)[u.first[items]].tolist()
         workers = st.workers if len(ci) >= PARALLEL_MIN_PAIRS else 1
-        parts = namespace_parts(u.ns[items], workers)
+        parts = namespace_parts(u.ns[items], work_parts(workers))
         sig_cls, keys, reasons = guard_pairs(
             texts, ci, cj, parts, workers, st.vector_buffers(), groups=u.ns[items]
         )
