@@ -7,7 +7,7 @@ threads cannot share them out. :func:`fork_map` runs the parts of such a job in 
 forked from the pass, which read the pass's memory as it was at the fork (nothing is
 pickled on the way in) and send back only their answers (reasons, merged texts). The
 calling process works on the first part meanwhile, and every process then takes the next
-part nobody has taken (a counter in shared memory), so a process slowed by its machine
+part nobody has taken (tokens in a pipe), so a process slowed by its machine
 or by copy-on-write faults takes fewer parts. Every part is computed by the same
 functions as inline, so the answers are the same whatever the number of processes and
 whichever process computes a part.
@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import mmap
 import multiprocessing
+import os
 import threading
 import traceback
 import warnings
@@ -110,22 +111,57 @@ def work_parts(workers: int) -> int:
     return 1 if workers <= 1 else workers * PARTS_PER_WORKER
 
 
-def _claim(counter: Any) -> int:
-    """The next part nobody has taken, from the shared ``counter`` (taken by this call)."""
-    with counter.get_lock():
-        k = int(counter.value)
-        counter.value = k + 1
-    return k
+#: the most tokens a :class:`_Dispenser` puts in its pipe (4 bytes each: 4 KiB, which fits
+#: any pipe's buffer, so filling it never blocks)
+_MAX_TOKENS = 1024
 
 
-def _child(fn: Callable[[Any], Any], parts: Sequence[Any], counter: Any, conn: Any) -> None:
-    """A forked worker's body: the parts it takes (:func:`_claim`) until none is left, then
+class _Dispenser:
+    """Hands out the parts ``1..n-1`` in order, each to the process that asks first.
+
+    A pipe filled before the fork with one 4-byte token per run of ``step`` parts (one
+    part per token up to :data:`_MAX_TOKENS` parts), its write end closed at once: each
+    ``read`` of 4 bytes takes one token whole (a pipe read of bytes that are there is one
+    step under the pipe's lock), and an empty pipe reads as its end. No lock is held
+    between reads, so a process killed at any point leaves the others able to go on."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.step = max(1, -(-(n - 1) // _MAX_TOKENS))
+        tokens = np.arange(1, n, self.step, dtype="<u4").tobytes()
+        r, w = os.pipe()
+        try:
+            if os.write(w, tokens) != len(tokens):
+                raise OSError("the parts' tokens did not fit in a pipe")
+        except BaseException:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)
+        self.fd = r
+
+    def taken(self) -> Iterator[int]:
+        """The parts this process takes, one run of ``step`` parts at a time, until none is
+        left."""
+        while True:
+            got = os.read(self.fd, 4)
+            if not got:
+                return
+            a = int.from_bytes(got, "little")
+            yield from range(a, min(self.n, a + self.step))
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _child(fn: Callable[[Any], Any], parts: Sequence[Any], left: _Dispenser, conn: Any) -> None:
+    """A forked worker's body: the parts it takes from ``left`` until none is left, then
     their answers ``[(part, answer), ...]`` (or the failed part and its traceback) down the
     pipe."""
     done: list[tuple[int, Any]] = []
     k = -1
     try:
-        while (k := _claim(counter)) < len(parts):
+        for k in left.taken():
             done.append((k, fn(parts[k])))
         out = ("ok", done, _private_bytes())
     except BaseException:  # noqa: BLE001 - every failure goes back to the parent
@@ -191,8 +227,8 @@ def fork_map(
     """``[fn(p) for p in parts]`` in this process and up to ``workers - 1`` forked ones.
 
     This process computes the first part while the children start; then each process
-    takes the next part nobody has taken, in order, until none is left (a counter in
-    shared memory), so the work evens out when one process runs slower (the other load on
+    takes the next part nobody has taken, in order, until none is left (:class:`_Dispenser`),
+    so the work evens out when one process runs slower (the other load on
     its core, the copy-on-write faults of a fork). Give several parts per worker for that
     to help. Which process computes a part does not change its answer.
 
@@ -232,7 +268,7 @@ def _forked(fn: Callable[[Any], T], parts: Sequence[Any], workers: int) -> list[
     ctx = multiprocessing.get_context("fork")
     n = len(parts)
     out: list[Any] = [_MISSING] * n
-    counter = ctx.Value("q", 1)  # part 0 is this process's
+    left = _Dispenser(n)  # part 0 is this process's
     running = []
     try:
         with warnings.catch_warnings():
@@ -241,18 +277,18 @@ def _forked(fn: Callable[[Any], T], parts: Sequence[Any], workers: int) -> list[
             warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork")
             for c in range(1, workers):
                 recv, send = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_child, args=(fn, parts, counter, send), daemon=True)
+                proc = ctx.Process(target=_child, args=(fn, parts, left, send), daemon=True)
                 proc.start()
                 send.close()
                 running.append((c, proc, recv))
-        k = 0
-        while k < n:
+        out[0] = fn(parts[0])
+        for k in left.taken():
             out[k] = fn(parts[k])
-            k = _claim(counter)
         for c, proc, recv in running:
             for k, value in _answer(c, workers, proc, recv):
                 out[k] = value
     finally:
+        left.close()
         for _, proc, recv in running:
             recv.close()
             if proc.is_alive():

@@ -91,6 +91,19 @@ def test_fork_map_hands_the_parts_left_to_whichever_process_is_free():
     assert sum(pid == parent for _, pid in got) == 11
 
 
+def test_the_dispenser_hands_out_every_part_once_in_order():
+    for n, step in ((2, 1), (5, 1), (1025, 1), (1026, 2), (3000, 3)):
+        left = workers_mod._Dispenser(n)
+        try:
+            assert left.step == step
+            assert list(left.taken()) == list(range(1, n))
+            assert list(left.taken()) == []  # empty: nothing is handed out twice
+        finally:
+            left.close()
+    parts = list(range(3000))  # runs of 3 parts per token
+    assert fork_map(lambda k: k * 2, parts, 2) == [k * 2 for k in parts]
+
+
 def test_fork_map_with_one_worker_runs_inline():
     seen = []
     assert fork_map(lambda k: seen.append(k) or k + 1, [1, 2, 3], 1) == [2, 3, 4]
