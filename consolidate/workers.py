@@ -23,6 +23,7 @@ import ctypes
 import mmap
 import multiprocessing
 import os
+import pickle
 import threading
 import traceback
 import warnings
@@ -163,10 +164,12 @@ def _child(fn: Callable[[Any], Any], parts: Sequence[Any], left: _Dispenser, con
     try:
         for k in left.taken():
             done.append((k, fn(parts[k])))
-        out = ("ok", done, _private_bytes())
+        k = -1
+        out = pickle.dumps(("ok", done, _private_bytes()), pickle.HIGHEST_PROTOCOL)
     except BaseException:  # noqa: BLE001 - every failure goes back to the parent
-        out = ("error", (k, traceback.format_exc()), 0)
-    conn.send(out)
+        where = f"part {k}" if k >= 0 else f"its answers to parts {[j for j, _ in done]}"
+        out = pickle.dumps(("error", (where, traceback.format_exc()), 0))
+    conn.send_bytes(out)
     conn.close()
 
 
@@ -249,9 +252,12 @@ def fork_map(
 
     Raises:
         WorkerError: a part failed in a child (the part and its traceback are in the
-            message) or a child died without an answer. A part that fails in this process
-            raises its own exception.
+            message), a child's answers could not be pickled there or loaded here, or a
+            child died without an answer. A part that fails in this process raises its own
+            exception; the children are then killed and reaped.
     """
+    if not isinstance(parts, Sequence):
+        parts = list(parts)
     if workers <= 1 or len(parts) <= 1:
         return [fn(p) for p in parts]
     with _not_forked(not_shared):
@@ -277,7 +283,8 @@ def _forked(fn: Callable[[Any], T], parts: Sequence[Any], workers: int) -> list[
             warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork")
             for c in range(1, workers):
                 recv, send = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_child, args=(fn, parts, left, send), daemon=True)
+                # not a daemon, so that a part may fork_map in turn (joined below)
+                proc = ctx.Process(target=_child, args=(fn, parts, left, send))
                 proc.start()
                 send.close()
                 running.append((c, proc, recv))
@@ -289,10 +296,11 @@ def _forked(fn: Callable[[Any], T], parts: Sequence[Any], workers: int) -> list[
                 out[k] = value
     finally:
         left.close()
-        for _, proc, recv in running:
+        for _, proc, recv in running:  # first stop every child (SIGKILL: never ignored) ...
             recv.close()
-            if proc.is_alive():
-                proc.terminate()
+            if proc.exitcode is None:
+                proc.kill()
+        for _, proc, _ in running:  # ... then reap them
             proc.join()
     missing = [k for k, v in enumerate(out) if v is _MISSING]
     if missing:  # a claimed part always comes back, or its worker raised above
@@ -304,15 +312,19 @@ def _answer(c: int, n: int, proc: Any, recv: Any) -> list[tuple[int, Any]]:
     """Child ``c``'s answers ``[(part, answer), ...]`` from its pipe, or
     :class:`WorkerError`."""
     try:
-        status, value, private = recv.recv()
+        got = recv.recv_bytes()
     except EOFError:
         proc.join()
         raise WorkerError(
             f"text worker {c} of {n} died without an answer (exit code {proc.exitcode})"
         ) from None
+    try:
+        status, value, private = pickle.loads(got)
+    except Exception as e:  # noqa: BLE001 - an answer that does not load here
+        raise WorkerError(f"text worker {c} of {n} sent answers that do not load: {e!r}") from e
     if status != "ok":
-        k, tb = value
-        raise WorkerError(f"text worker {c} of {n} failed on part {k}:\n{tb}")
+        where, tb = value
+        raise WorkerError(f"text worker {c} of {n} failed on {where}:\n{tb}")
     _PEAK_PRIVATE[0] = max(_PEAK_PRIVATE[0], private)
     return value
 

@@ -145,6 +145,58 @@ def test_a_failing_or_dead_worker_is_a_clear_error():
         fork_map(lambda k: {}["r8"] if os.getpid() == parent else k, [0, 1], 2)
 
 
+class _NoLoad(Exception):
+    """Pickles, but does not load: its ``__init__`` wants two arguments."""
+
+    def __init__(self, a, b):
+        super().__init__(a)
+
+
+def test_answers_that_do_not_pickle_or_load_and_parts_that_fork_again():
+    import threading
+
+    # an answer a child cannot pickle, or that this process cannot load: a WorkerError
+    # that says so (the same call inline answers)
+    lock = _second_part_forked(lambda k: threading.Lock() if k else None)
+    with pytest.raises(
+        WorkerError, match=r"text worker 1 of 2 failed on its answers to parts \[1\]"
+    ) as e:
+        fork_map(lock, [0, 1], 2)
+    assert "cannot pickle" in str(e.value)
+    with pytest.raises(WorkerError, match=r"text worker 1 of 2 sent answers that do not load"):
+        fork_map(_second_part_forked(lambda k: _NoLoad(k, 0)), [0, 1], 2)
+    # a part may fork_map in turn, in a child too
+    inner = _second_part_forked(lambda k: fork_map(lambda q: q + 1, [10 * k, 10 * k + 1], 2))
+    assert fork_map(inner, [0, 1], 2) == [[1, 2], [11, 12]]
+    # parts given as an iterator are read once, as inline
+    assert fork_map(str, (k for k in range(3)), 2) == ["0", "1", "2"]
+
+
+def test_children_that_ignore_sigterm_are_stopped_when_this_process_fails():
+    import signal
+
+    parent = os.getpid()
+    old = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the children inherit it
+    try:
+        started = multiprocessing.get_context("fork").Value("q", 0)
+
+        def fn(k):
+            if os.getpid() == parent:
+                _until(started, 1, "the child")
+                raise KeyError("r9")
+            started.value = 1
+            time.sleep(30)  # stopped by the parent's cleanup, not waited for
+            return k
+
+        t = time.monotonic()
+        with pytest.raises(KeyError, match="r9"):
+            fork_map(fn, [0, 1, 2], 2)
+        assert time.monotonic() - t < 20
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert not multiprocessing.active_children()
+
+
 def test_arrays_not_shared_are_left_out_of_the_children_and_back_after():
     a = np.arange(1 << 20, dtype=np.float64)  # 8 MiB: whole pages of its own
     mid = len(a) // 2
