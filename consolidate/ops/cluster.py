@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["ClusterResult", "centroid_clusters", "split_list"]
+__all__ = ["ClusterResult", "RowsOf", "centroid_clusters", "split_list"]
 
 
 @dataclass
@@ -69,7 +69,7 @@ def centroid_clusters(
     i: np.ndarray,
     j: np.ndarray,
     sim: np.ndarray,
-    vectors: np.ndarray,
+    vectors: np.ndarray | RowsOf,
     weights: np.ndarray,
     keys: Sequence[str] | np.ndarray,
     threshold: float,
@@ -85,7 +85,8 @@ def centroid_clusters(
     Args:
         i, j: ``int [p]`` item positions of each pair (any orientation, no duplicates).
         sim: ``float64 [p]`` cosine of each pair (all ``>= threshold``).
-        vectors: ``float [n, d]`` unit vectors of the items (used in float64).
+        vectors: ``float [n, d]`` unit vectors of the items (used in float64), or a
+            :class:`RowsOf` view that reads them from a larger table when asked.
         weights: ``float [n]`` positive weights (memory strength) for the centroid.
         keys: ``n`` distinct record ids (or integers in their order) to break ties by.
         threshold: cosine threshold.
@@ -298,10 +299,39 @@ def key_ranks(keys: Sequence[str] | np.ndarray) -> np.ndarray:
 _CHECK_ROWS = 1 << 12
 
 
+class RowsOf:
+    """The rows ``rows`` of a ``[N, d]`` tensor, read only when asked: ``view[idx]`` is
+    ``float32 [len(idx), d]`` (NumPy, on the host) of rows ``rows[idx]``. What
+    :func:`centroid_clusters` takes as its ``vectors`` when the items are some rows of a
+    larger table: its centroid check reads the rows of the clusters it checks, so no copy
+    of every item's vector is made (161 MB for the 105,000 paired units of a 10^6 pass).
+
+    Args:
+        table: ``[N, d]`` tensor (any device and float dtype).
+        rows: ``int64 [n]`` positions in ``table``.
+    """
+
+    def __init__(self, table: torch.Tensor, rows: np.ndarray) -> None:
+        self.table = table
+        self.rows = np.asarray(rows, dtype=np.int64)
+        self.shape = (len(self.rows), int(table.shape[1]))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, idx: np.ndarray) -> np.ndarray:
+        at = torch.from_numpy(np.ascontiguousarray(self.rows[idx])).to(self.table.device)
+        return self.table.index_select(0, at).cpu().numpy()
+
+    def subset(self, idx: np.ndarray) -> RowsOf:
+        """The rows ``rows[idx]`` of the same table."""
+        return RowsOf(self.table, self.rows[idx])
+
+
 def _label_and_check(
     labels: np.ndarray,
     clusters: list[list[int]],
-    vectors: np.ndarray,
+    vectors: np.ndarray | RowsOf,
     weights: np.ndarray,
     threshold: float,
 ) -> None:
@@ -319,7 +349,7 @@ def _label_and_check_flat(
     labels: np.ndarray,
     flat: np.ndarray,
     sizes: np.ndarray,
-    vectors: np.ndarray,
+    vectors: np.ndarray | RowsOf,
     weights: np.ndarray,
     threshold: float,
 ) -> None:
@@ -333,19 +363,28 @@ def _label_and_check_flat(
     labels[flat] = np.repeat(np.minimum.reduceat(flat, starts), sizes)
     w = np.asarray(weights, dtype=np.float64)[flat]
     w = w / np.repeat(np.maximum.reduceat(w, starts), sizes)
-    vecs = np.asarray(vectors)
+    vecs = vectors if isinstance(vectors, RowsOf) else np.asarray(vectors)
     ends = np.cumsum(sizes)
+    # one set of chunk buffers for every chunk (fresh ones map their pages in each time)
+    most = max(_CHECK_ROWS, int(sizes.max()))
+    d = int(vecs.shape[1])
+    v64 = torch.empty((most, d), dtype=torch.float64)
+    tmp = torch.empty((most, d), dtype=torch.float64)
+    acc = torch.empty((most, d), dtype=torch.float64)
     c0, worst = 0, math.inf
     while c0 < len(sizes):
         # whole clusters up to about _CHECK_ROWS rows (at least one)
         c1 = max(c0 + 1, int(np.searchsorted(ends, starts[c0] + _CHECK_ROWS, side="right")))
         r0, r1 = int(starts[c0]), int(ends[c1 - 1])
         seg = torch.from_numpy(np.repeat(np.arange(c1 - c0), sizes[c0:c1]))
-        v = torch.from_numpy(np.ascontiguousarray(vecs[flat[r0:r1]], dtype=np.float64))
-        s = torch.zeros((c1 - c0, v.shape[1]), dtype=torch.float64)
-        s.index_add_(0, seg, v * torch.from_numpy(w[r0:r1])[:, None])
+        v, t = v64[: r1 - r0], tmp[: r1 - r0]
+        v.copy_(torch.from_numpy(np.asarray(vecs[flat[r0:r1]])))
+        torch.mul(v, torch.from_numpy(w[r0:r1])[:, None], out=t)
+        s = acc[: c1 - c0].zero_()
+        s.index_add_(0, seg, t)
         s /= torch.linalg.vector_norm(s, dim=1, keepdim=True)
-        worst = min(worst, float((v * s[seg]).sum(1).min()))
+        torch.index_select(s, 0, seg, out=t)
+        worst = min(worst, float(t.mul_(v).sum(1).min()))
         c0 = c1
     assert worst >= threshold - 1e-9, f"centroid condition violated: {worst}"
 
@@ -379,7 +418,7 @@ def _on_paired_items(
     i: np.ndarray,
     j: np.ndarray,
     sim: np.ndarray,
-    vectors: np.ndarray,
+    vectors: np.ndarray | RowsOf,
     weights: np.ndarray,
     keys: Sequence[str] | np.ndarray,
     threshold: float,
@@ -413,7 +452,7 @@ def _on_paired_items(
         ci,
         cj,
         sim,
-        np.asarray(vectors)[involved],
+        vectors.subset(involved) if isinstance(vectors, RowsOf) else np.asarray(vectors)[involved],
         np.asarray(weights)[involved],
         _keys_at(keys, involved),
         threshold,
@@ -512,7 +551,7 @@ def _by_components(
     i: np.ndarray,
     j: np.ndarray,
     sim: np.ndarray,
-    vectors: np.ndarray,
+    vectors: np.ndarray | RowsOf,
     weights: np.ndarray,
     keys: Sequence[str] | np.ndarray,
     threshold: float,

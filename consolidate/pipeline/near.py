@@ -20,7 +20,7 @@ import torch
 
 from ..config import PassConfig, SimilarityConfig
 from ..device import resolve_device
-from ..ops.cluster import ClusterResult, centroid_clusters, split_list
+from ..ops.cluster import ClusterResult, RowsOf, centroid_clusters, split_list
 from ..ops.guard import ConflictSignature, conflict_between, conflict_signature
 from ..similarity import Pairs, threshold_pairs
 from ..workers import fork_map, split_evenly, work_parts
@@ -101,7 +101,7 @@ def compact_clusters(
     """
     items = np.unique(np.concatenate([pairs.i, pairs.j]))
     ci, cj = np.searchsorted(items, pairs.i), np.searchsorted(items, pairs.j)
-    sub = vec.index_select(0, torch.from_numpy(items).to(vec.device)).cpu().numpy()
+    sub = RowsOf(vec, items)  # read by the centroid check, cluster by cluster
     kw = conflicts(items, ci, cj) if conflicts is not None else {}
     cr = centroid_clusters(ci, cj, pairs.sim, sub, weight[items], keys[items], threshold, **kw)
     return items, cr

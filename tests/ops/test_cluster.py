@@ -430,3 +430,44 @@ def test_components_match_a_union_find_and_are_labelled_by_their_smallest_item(s
     # a path visited in random order: many hooking rounds
     p = rng.permutation(n)
     assert components(p[:-1], p[1:], n).tolist() == [0] * n
+
+
+def test_vectors_read_through_a_row_view_give_the_same_clusters_and_check():
+    import torch
+
+    from consolidate.ops import cluster
+
+    # items that are rows 3, 5, ... of a larger table: RowsOf reads them when the
+    # centroid check asks, with the same clusters as a copy of the rows
+    rng = np.random.default_rng(4)
+    sizes = rng.integers(2, 6, 40)
+    n, d = int(sizes.sum()), 12
+    group = np.repeat(np.arange(len(sizes)), sizes)
+    v = rng.standard_normal((len(sizes), d))[group] + 0.03 * rng.standard_normal((n, d))
+    v = (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
+    rows = 3 + 2 * rng.permutation(n)
+    table = torch.from_numpy(rng.standard_normal((3 + 2 * n, d)).astype(np.float32))
+    table[rows] = torch.from_numpy(v)
+    a, b = np.triu_indices(n, 1)
+    a, b = a[group[a] == group[b]], b[group[a] == group[b]]
+    s = (v.astype(np.float64) @ v.astype(np.float64).T)[a, b]
+    thr = float(s.min()) - 1e-6
+    w = rng.uniform(1, 3, n)
+    keys = [f"k{x:04d}" for x in range(n)]
+    view = cluster.RowsOf(table, rows)
+    assert view.shape == (n, d) and np.array_equal(view[np.array([4, 0])], v[[4, 0]])
+    monkey = pytest.MonkeyPatch()
+    try:
+        monkey.setattr(cluster, "_CHECK_ROWS", 16)  # several chunks, reused buffers
+        for greedy in (False, True):
+            ref = centroid_clusters(a, b, s, v, w, keys, thr, greedy_only=greedy)
+            got = centroid_clusters(a, b, s, view, w, keys, thr, greedy_only=greedy)
+            assert got.clusters == ref.clusters and len(ref.clusters) == len(sizes)
+            assert got.labels.tolist() == ref.labels.tolist()
+        # with a pair's stated cosine far above its vectors' (a bug), the check fails
+        # through the view too (one item turned away from its group)
+        table[rows[0]] = -table[rows[0]]
+        with pytest.raises(AssertionError, match="centroid condition violated"):
+            centroid_clusters(a, b, s, view, w, keys, thr)
+    finally:
+        monkey.undo()
