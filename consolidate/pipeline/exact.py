@@ -8,7 +8,7 @@ import pandas as pd
 import torch
 
 from ..config import PassConfig
-from .state import PassState, Units, group_sums, key_order, list_lengths, segment_centroids
+from .state import PassState, Units, group_sums, key_order, segment_centroids
 
 __all__ = ["exact_stage", "open_facts", "hash_codes"]
 
@@ -20,7 +20,7 @@ def open_facts(st: PassState) -> tuple[np.ndarray, np.ndarray]:
     they are to each other): the rows that may be merged or reflected on."""
     vt = st.col("valid_to")
     closed = np.isfinite(vt) & (vt <= st.now)
-    reflection = list_lengths(st.meta["derived_from"]) > 0
+    reflection = st.nonempty("derived_from")
     return st.live() & ~closed & ~reflection, closed
 
 
@@ -164,10 +164,10 @@ def _split_apart(
     two or more rows with such a row are visited."""
     if not len(rows):
         return rows, start
-    apart_len = list_lengths(st.meta["keep_apart"].to_numpy(object))[rows]  # read in row order
+    has_apart = st.nonempty("keep_apart")[rows]  # read in row order
     bounds = np.r_[start, len(rows)]
     size = np.diff(bounds)
-    flagged = np.add.reduceat((apart_len > 0).astype(np.int64), start) > 0
+    flagged = np.add.reduceat(has_apart.astype(np.int64), start) > 0
     todo = np.flatnonzero(flagged & (size > 1))
     if not len(todo):
         return rows, start

@@ -24,7 +24,7 @@ from ..text import text_hashes
 from ..workers import fork_map, split_evenly, work_parts
 from .exact import _ranges
 from .rows import new_records
-from .state import PassState, arrow_strings, claim_ids, list_lengths, merged_id
+from .state import PassState, arrow_strings, claim_ids, merged_id
 
 __all__ = [
     "merge_stage",
@@ -833,7 +833,7 @@ def _follow_merges(st: PassState) -> None:
     instead, so no link points to a tombstone that a later purge removes. Only rows with a
     ``derived_from`` are visited."""
     derived = st.meta["derived_from"].to_numpy(object)
-    refl = np.flatnonzero((list_lengths(derived) > 0) & ~st.gone)
+    refl = np.flatnonzero(st.nonempty("derived_from") & ~st.gone)
     if not len(refl):
         return
     merged = (
@@ -853,3 +853,4 @@ def _follow_merges(st: PassState) -> None:
         got = moved.reindex(list(d))
         out[r] = sorted({m if isinstance(m, str) else x for x, m in zip(d, got, strict=True)})
     st.meta["derived_from"] = pd.Series(out, dtype=object)
+    st.forget("derived_from")

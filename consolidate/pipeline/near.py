@@ -300,7 +300,7 @@ def _conflict_rules(
     apart_col = st.meta["keep_apart"].to_numpy(object)
     # every id named in a keep_apart of a candidate row (a unit that contains one must keep
     # a conflict class of its own)
-    has_apart = np.flatnonzero(list_lengths(apart_col)[u.rows] > 0)  # read in row order
+    has_apart = np.flatnonzero(st.nonempty("keep_apart")[u.rows])  # read in row order
     named = {x for r in u.rows[has_apart].tolist() for x in apart_col[r]}
 
     def conflicts(items: np.ndarray, ci: np.ndarray, cj: np.ndarray) -> dict[str, Any]:

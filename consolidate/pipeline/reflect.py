@@ -13,7 +13,7 @@ from .exact import open_facts
 from .merging import latency_stats, members
 from .near import compact_clusters, similar_pairs
 from .rows import new_records
-from .state import PassState, claim_ids, list_lengths, merged_id
+from .state import PassState, claim_ids, merged_id
 
 __all__ = ["reflect_stage"]
 
@@ -86,7 +86,7 @@ def _reflect_groups(st: PassState, cfg: PassConfig, sim_cfg: SimilarityConfig) -
         return []
     ids = st.meta["id"].to_numpy(object)
     derived = st.meta["derived_from"].to_numpy(object)
-    refl = np.flatnonzero((list_lengths(derived) > 0) & ~st.gone)  # purged rows count for nothing
+    refl = np.flatnonzero(st.nonempty("derived_from") & ~st.gone)  # purged rows count for nothing
     reason = st.meta["deleted_reason"].to_numpy(object)[refl]
     covered = [
         set(derived[r])

@@ -161,6 +161,24 @@ def test_exact_stage_groups_by_namespace_and_hash():
     np.testing.assert_allclose(u.vec[1].numpy(), np.array([1, 1, 0]) / math.sqrt(2), atol=1e-7)
 
 
+def test_nonempty_lists_are_read_once_then_for_new_rows_until_forgotten():
+    rows = _rows()
+    rows[1]["keep_apart"] = ["a"]
+    rows[3]["derived_from"] = ["a", "b"]
+    st = _start(make_records(rows), SimilarityConfig(device="cpu"), 100.0, "extractive", 2)
+    assert st.nonempty("keep_apart").tolist() == [False, True, False, False, False]
+    assert st.nonempty("derived_from").tolist() == [False, False, False, True, False]
+    # rows the pass writes: only they are read (an earlier row's list is not read again)
+    meta = st.meta.iloc[[3, 1]].reset_index(drop=True)
+    meta["id"] = ["n1", "n2"]
+    st.meta.at[3, "derived_from"] = []  # unseen until forgotten
+    st.append(meta, torch.zeros((2, 3)))
+    assert st.nonempty("derived_from").tolist() == [False, False, False, True, False, True, False]
+    assert st.nonempty("keep_apart").tolist() == [False, True, False, False, False, False, True]
+    st.forget("derived_from")
+    assert st.nonempty("derived_from").tolist() == [False] * 5 + [True, False]
+
+
 def _same_partition(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether two code arrays put the same positions together."""
     pairs = set(zip(a.tolist(), b.tolist(), strict=True))
