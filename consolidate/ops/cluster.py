@@ -85,8 +85,7 @@ def centroid_clusters(
     Args:
         i, j: ``int [p]`` item positions of each pair (any orientation, no duplicates).
         sim: ``float64 [p]`` cosine of each pair (all ``>= threshold``).
-        vectors: ``float [n, d]`` unit vectors of the items (used in float64), or a
-            :class:`RowsOf` view that reads them from a larger table when asked.
+        vectors: ``float [n, d]`` unit vectors of the items (in float64), or a :class:`RowsOf`.
         weights: ``float [n]`` positive weights (memory strength) for the centroid.
         keys: ``n`` distinct record ids (or integers in their order) to break ties by.
         threshold: cosine threshold.
