@@ -315,9 +315,6 @@ class RowsOf:
         self.rows = np.asarray(rows, dtype=np.int64)
         self.shape = (len(self.rows), int(table.shape[1]))
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
     def __getitem__(self, idx: np.ndarray) -> np.ndarray:
         at = torch.from_numpy(np.ascontiguousarray(self.rows[idx])).to(self.table.device)
         return self.table.index_select(0, at).cpu().numpy()
