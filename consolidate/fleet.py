@@ -54,6 +54,7 @@ from .pipeline.state import PassStats
 from .store.lance import LanceStore
 from .store.lance.dataset import _MAX_CHAIN
 from .store.lance.scan import _read_table
+from .store.lance.shards import read_shard
 
 __all__ = ["FleetPlan", "plan_shards", "run_fleet_pass"]
 
@@ -267,30 +268,6 @@ def _pack(
     return shards, shard_rows, ns_shard
 
 
-def _read_shard(
-    root: str, version: int, k: int, namespaces: list[str], packed: bool = False
-) -> list[pa.Table]:
-    """One Ray Data read task: the stored rows of one shard, with a ``_shard`` column; or,
-    ``packed``, one row holding the shard's rows as an Arrow IPC stream (``_shard``,
-    ``_rows``, ``_ipc``), so that batches of one row are whole shards (GPU actors must be
-    given a batch size)."""
-    t = LanceStore(root).read_rows(version, namespaces)
-    if not packed:
-        return [t.append_column("_shard", pa.array(np.full(t.num_rows, k, np.int32)))]
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, t.schema) as w:
-        w.write_table(t)
-    return [
-        pa.table(
-            {
-                "_shard": pa.array([k], pa.int32()),
-                "_rows": [t.num_rows],
-                "_ipc": pa.array([sink.getvalue().to_pybytes()], pa.large_binary()),
-            }
-        )
-    ]
-
-
 def _shards_of(batch: pa.Table) -> list[tuple[int, pa.Table]]:
     """``(shard, its stored rows)`` for each shard in a batch of either layout."""
     if "_ipc" in batch.column_names:
@@ -426,7 +403,7 @@ def _datasource(
         ) -> list[ReadTask]:
             return [
                 ReadTask(
-                    functools.partial(_read_shard, root, plan.version, k, plan.shards[k], packed),
+                    functools.partial(read_shard, root, plan.version, k, plan.shards[k], packed),
                     BlockMetadata(
                         num_rows=int(plan.rows[k]),
                         size_bytes=int(plan.rows[k]) * row_bytes,

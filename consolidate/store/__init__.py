@@ -1,8 +1,13 @@
 """Memory store: one interface (:class:`MemoryStore`), two formats side by side (the Lance
-store, the default, and the Parquet store), the record schema and validation, importers."""
+store, the default, and the Parquet store), the record schema and validation, importers.
+
+Importing it does not import torch: :class:`MemoryBatch` and :func:`resolve_device` (the
+store's records as tensors) load it when first named, so a process that only reads or writes
+a store (a fleet run's read tasks, ``consolidate-versions``) starts without it."""
+
+from typing import Any
 
 from .base import MemoryStore
-from .batch import MemoryBatch, resolve_device
 from .lance import LanceStore, open_store_dir
 from .schema import (
     InvalidRecordsError,
@@ -48,3 +53,12 @@ __all__ = [
     "LanceStore",
     "open_store_dir",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """:class:`MemoryBatch` and :func:`resolve_device`, imported (with torch) when named."""
+    if name in ("MemoryBatch", "resolve_device"):
+        from . import batch
+
+        return getattr(batch, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

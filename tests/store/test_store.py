@@ -480,3 +480,30 @@ def test_an_in_place_change_is_committed_and_a_no_change_is_not(store):
     assert bool(store.load().records.meta.loc[0, "pinned"]) is True
     same = store.transact(lambda snap: (snap.records, []))
     assert same["unchanged"] is True and store.head().version == v + 1
+
+
+def test_the_store_loads_without_torch_until_a_batch_is_named():
+    """A process that only reads a store (a fleet run's read tasks, ``consolidate-versions``)
+    does not import torch; ``MemoryBatch`` and ``resolve_device`` still come from the
+    package, loading it when named."""
+    code = (
+        "import sys\n"
+        "import consolidate.store, consolidate.store.lance.shards\n"
+        "import consolidate.jobs.versions\n"
+        "print('torch' in sys.modules)\n"
+        "from consolidate.store import MemoryBatch, resolve_device\n"
+        "print('torch' in sys.modules, MemoryBatch.__module__, resolve_device.__module__)\n"
+        "try:\n"
+        "    consolidate.store.NoSuchThing\n"
+        "except AttributeError as e:\n"
+        "    print(e)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.splitlines() == [
+        "False",
+        "True consolidate.store.batch consolidate.device",
+        "module 'consolidate.store' has no attribute 'NoSuchThing'",
+    ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -212,3 +213,30 @@ class _Shards(_Writing):
             "rows_deleted": len(removed),
             "rewrite": False,
         }
+
+
+def read_shard(
+    root: str, version: int, k: int, namespaces: list[str], packed: bool = False
+) -> list[pa.Table]:
+    """One Ray Data read task: the stored rows of one shard, with a ``_shard`` column; or,
+    ``packed``, one row holding the shard's rows as an Arrow IPC stream (``_shard``,
+    ``_rows``, ``_ipc``), so that batches of one row are whole shards (GPU actors must be
+    given a batch size). Imports nothing beyond the store (no torch): a read task's worker
+    process stays small."""
+    from .store import LanceStore
+
+    t = LanceStore(root).read_rows(version, namespaces)
+    if not packed:
+        return [t.append_column("_shard", pa.array(np.full(t.num_rows, k, np.int32)))]
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    return [
+        pa.table(
+            {
+                "_shard": pa.array([k], pa.int32()),
+                "_rows": [t.num_rows],
+                "_ipc": pa.array([sink.getvalue().to_pybytes()], pa.large_binary()),
+            }
+        )
+    ]
