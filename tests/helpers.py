@@ -177,6 +177,28 @@ def topk_reference(q, keys, qseg, kseg, k) -> list[list[int]]:
     return out
 
 
+def crash_pass_result(store, path: Path) -> Path:
+    """The crash tests' pass (threshold 0.8, ``now`` 1000 h, floor 0.3, wall 2000 h) over
+    ``store``'s snapshot, run in this process and pickled to ``path`` as ``(version,
+    deltas, records, events)``; returns ``path``. The pass is a pure function of the
+    snapshot, so the child process that the tests kill only commits it (and starts without
+    torch)."""
+    import pickle
+
+    from consolidate.config import PassConfig
+    from consolidate.pipeline import run_pass
+
+    snap = store.load()
+    res = run_pass(
+        snap.records,
+        cfg=PassConfig(threshold=0.8, now="1000", floor=0.3),
+        version=snap.version + 1,
+        wall_h=2000.0,
+    )
+    path.write_bytes(pickle.dumps((snap.version, snap.deltas, res.records, res.events)))
+    return path
+
+
 def rewrite_snapshot(store, table) -> Path:
     """Replace the current snapshot of ``store`` by ``table`` as another tool (or an older
     version of this package) would: no page checksums and no sha256/row count in

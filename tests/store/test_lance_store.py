@@ -17,7 +17,7 @@ from consolidate.store import ConcurrentCommitError, InvalidRecordsError, Store
 from consolidate.store.lance import LanceStore, convert, open_store_dir, store_format
 from consolidate.store.lance.changes import _changes, _diff
 from consolidate.store.schema import records_to_arrow
-from tests.helpers import REPO, make_records, random_rows
+from tests.helpers import REPO, crash_pass_result, make_records, random_rows
 from tests.store.test_store import base_rows, commit_pass
 
 pytest.importorskip("lance")
@@ -405,24 +405,24 @@ def test_convert_from_parquet(tmp_path):
         convert(p, LanceStore(tmp_path / "lance"))
 
 
+# the commit of a pass's result (tests.helpers.crash_pass_result: the test runs the pass)
 CHILD = """
+import pickle
 import sys
-from consolidate.config import PassConfig
-from consolidate.pipeline import run_pass
 from consolidate.store.lance import LanceStore
 import consolidate.store.lance.writing as ls
 ls.REWRITE_FRACTION = float(sys.argv[2])
+version, deltas, records, events = pickle.loads(open(sys.argv[3], "rb").read())
 s = LanceStore(sys.argv[1])
 with s.lock():
     snap = s.load()
-    res = run_pass(snap.records, cfg=PassConfig(threshold=0.8, now="1000", floor=0.3),
-                   version=snap.version + 1, wall_h=2000.0)
+    assert (snap.version, snap.deltas) == (version, deltas), "a result of another snapshot"
     if ls.REWRITE_FRACTION < 0:  # a fleet run's commit: the changes of one shard
-        upsert, removed = s.changes(res.records, snap)
-        s.commit_changes(upsert, removed, res.events, base_version=snap.version,
+        upsert, removed = s.changes(records, snap)
+        s.commit_changes(upsert, removed, events, base_version=snap.version,
                          folded=snap.deltas, namespaces=None, pass_time_h=2000.0)
     else:
-        s.commit(res.records, res.events, base=snap)
+        s.commit(records, events, base=snap)
 print("committed", flush=True)
 """
 
@@ -465,8 +465,9 @@ def test_sigkill_during_commit(tmp_path, point, fraction):
     store.mark_used(["pending"], now=999.6)  # two deltas: a cleanup can stop between them
     before = store.load()
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "CONSOLIDATE_CRASH_AT": point}
+    result = crash_pass_result(store, tmp_path / "pass.pkl")
     p = subprocess.run(
-        [sys.executable, "-c", CHILD, str(root), str(fraction)],
+        [sys.executable, "-c", CHILD, str(root), str(fraction), str(result)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -486,8 +487,9 @@ def test_sigkill_during_commit(tmp_path, point, fraction):
         assert after.deltas == before.deltas
     assert set(before.records.meta["id"]) <= set(after.records.meta["id"])
     env.pop("CONSOLIDATE_CRASH_AT")
+    result = crash_pass_result(store, tmp_path / "pass.pkl")
     p = subprocess.run(
-        [sys.executable, "-c", CHILD, str(root), str(fraction)],
+        [sys.executable, "-c", CHILD, str(root), str(fraction), str(result)],
         cwd=REPO,
         env=env,
         capture_output=True,
