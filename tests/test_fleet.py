@@ -391,7 +391,7 @@ def test_llm_stage_answers_the_merges_of_every_shard_in_rounds(tmp_path, cluster
     from consolidate.llm.merger import LLMMerger
     from consolidate.llm.transformers_backend import TransformersBackend
 
-    recs = fleet_records(n=300)  # 3 namespaces of 100 rows: 3 shards
+    recs = fleet_records(n=200)  # 2 namespaces of 100 rows: 2 shards
     a, b, c = (LanceStore(tmp_path / name) for name in ("single", "fleet", "again"))
     for s in (a, b, c):
         s.create(recs)
@@ -418,7 +418,7 @@ def test_llm_stage_answers_the_merges_of_every_shard_in_rounds(tmp_path, cluster
             llm_backend=engine,
         )
     llm, fs = out["fleet"]["llm"], out["stats"]
-    assert out["fleet"]["shards"] == 3 and fs.merger == "llm:transformers"
+    assert out["fleet"]["shards"] == 2 and fs.merger == "llm:transformers"
     assert fs.clusters > 0 and llm["cached"] == 0
     # one round of first answers, one of retries where any answer was rejected
     assert llm["rounds"] == 1 + (fs.model_calls > fs.clusters)
