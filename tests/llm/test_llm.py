@@ -258,6 +258,7 @@ def test_consolidate_with_smollm2_as_the_merger(tmp_path, compose_cfg):
         "consolidate",
         overrides=[
             "debug=default",
+            "store.conversations=1",  # 4 clusters for the model (10 with debug's 2)
             f"paths.data_dir={DATA_DIR}",
             f"store.dir={tmp_path / 's'}",
             "merge=llm",
