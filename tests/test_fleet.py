@@ -208,6 +208,40 @@ def test_plan_packs_whole_namespaces_and_keeps_a_delta_in_one_shard(tmp_path):
         plan_shards(s, version=version, pending=pending, namespaces=None, max_rows=0)
 
 
+def test_a_read_task_loads_and_reads_its_shard_without_torch(tmp_path):
+    """A read task as Ray ships it (cloudpickled) loads in a fresh process and reads its
+    shard, packed or not, without importing torch: read tasks' workers stay small."""
+    import subprocess
+    import sys
+
+    from consolidate.fleet import _datasource
+
+    recs = fleet_records(n=300)
+    s = LanceStore(tmp_path / "s")
+    s.create(recs)
+    version, pending = s.pending()
+    plan = plan_shards(s, version=version, pending=pending, namespaces=None, max_rows=100)
+    for packed in (False, True):
+        task = _datasource(str(s.root), plan, 256, packed, [1]).get_read_tasks(1)[0]
+        (tmp_path / "task.pkl").write_bytes(ray.cloudpickle.dumps(task.read_fn))
+        code = (
+            "import pickle, sys\n"
+            "fn = pickle.loads(open(sys.argv[1], 'rb').read())\n"
+            "(t,) = list(fn())\n"
+            "print('torch' in sys.modules, t.num_rows, t.column('_shard').to_pylist()[:1])\n"
+        )
+        p = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / "task.pkl")],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert p.returncode == 0, p.stderr[-2000:]
+        rows = 1 if packed else int(plan.rows[1])
+        assert p.stdout.split() == ["False", str(rows), "[1]"]
+
+
 @pytest.mark.slow
 def test_store_wide_safety_stop_over_all_shards_commits_nothing(tmp_path, cluster):
     # every third row stale: a third of each namespace is dropped, under the per-namespace
