@@ -8,6 +8,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,8 +41,9 @@ def smollm2_gguf() -> Path:
 def convert_gguf(gguf: Path, out_dir: Path) -> Path:
     """Dequantise ``gguf`` into a Hugging Face folder ``out_dir`` (once; reused after).
 
-    Needs the ``gguf`` package. Written to a temp folder and renamed, so a crash leaves no
-    half-converted model.
+    Needs the ``gguf`` package. Written to a temp folder and renamed (:func:`_publish`), so a
+    crash leaves no half-converted model, and processes converting at once (test workers,
+    jobs started together) all end with the one folder.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -64,8 +66,25 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
     cfg = json.loads((tmp / "config.json").read_text())
     cfg.pop("quantization_config", None)
     (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+    return _publish(tmp, out_dir)
+
+
+def _publish(tmp: Path, out_dir: Path) -> Path:
+    """Rename the converted folder ``tmp`` to ``out_dir`` and return ``out_dir``. Where
+    another process renamed its own conversion there first (``out_dir/config.json``
+    exists), ``tmp`` is deleted and theirs is used: both converted the same file.
+
+    Raises:
+        OSError: the rename failed and ``out_dir`` holds no converted model (``tmp`` is
+            kept).
+    """
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, out_dir)
+    try:
+        os.replace(tmp, out_dir)
+    except OSError:
+        if not (out_dir / "config.json").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 

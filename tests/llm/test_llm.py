@@ -338,6 +338,32 @@ def test_the_model_loads_only_when_a_pass_has_work_for_it(tmp_path):
     assert model.loaded is True
 
 
+def test_a_conversion_finished_by_another_process_is_kept(tmp_path):
+    """Two processes converting the GGUF model at once (test workers, jobs started together):
+    the second to rename finds the first's folder, deletes its own and uses that one; a
+    folder in the way that holds no converted model is an error, and the conversion stays."""
+    from consolidate.llm.transformers_backend import _publish
+
+    def folder(path, text):
+        path.mkdir(parents=True)
+        (path / "config.json").write_text(text)
+        return path
+
+    out = tmp_path / "models" / "smollm2"
+    mine = folder(tmp_path / "models" / "smollm2.tmp-1", "first")
+    assert _publish(mine, out) == out and not mine.exists()
+    assert (out / "config.json").read_text() == "first"
+    late = folder(tmp_path / "models" / "smollm2.tmp-2", "second")
+    assert _publish(late, out) == out and not late.exists()
+    assert (out / "config.json").read_text() == "first"
+    other = tmp_path / "other"
+    (other / "weights").mkdir(parents=True)  # a folder in the way, not a converted model
+    third = folder(tmp_path / "other.tmp-3", "third")
+    with pytest.raises(OSError):
+        _publish(third, other)
+    assert (third / "config.json").read_text() == "third"
+
+
 # ---------------------------------------------------------------- decide parser
 from consolidate.llm.decide import (  # noqa: E402
     Neighbour,
