@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up (idempotent), lint (ruff check, ruff format --check, mypy on the core packages),
-# run the whole test suite (slow tests included), then the vllm backend's tests with the
-# real engine in their own environment (.venv-vllm, ~4 min to set up the first time, done
-# while pytest runs; CONSOLIDATE_SKIP_VLLM=1 skips them).
+# run the whole test suite (slow tests included) and, beside it, the vllm backend's tests
+# with the real engine in their own environment (.venv-vllm, ~4 min to set up the first
+# time; its tests start once it is set up, while pytest runs, and their output follows
+# pytest's; CONSOLIDATE_SKIP_VLLM=1 skips them).
 #
 #   bash scripts/test.sh                 # everything (what CI runs)
 #   bash scripts/test.sh --fast          # the fast lane: lint, then pytest -m "not slow";
@@ -33,11 +34,16 @@ if [ "$fast" = 1 ]; then
 fi
 vllm=0
 if [ "${CONSOLIDATE_SKIP_VLLM:-0}" != 1 ]; then
-  # .venv-vllm is set up (pip: mostly download and unpacking) while pytest runs
+  # .venv-vllm is set up (pip: mostly download and unpacking), then its tests run, while
+  # pytest runs: the two share the machine's CPUs (pytest leaves about a fifth idle on
+  # two cores: Ray clusters and subprocesses starting)
   vllm=1
   vllm_log=$(mktemp)
   set -m # its own process group: stopped with pip's processes if this script stops first
-  bash scripts/setup_vllm.sh > "$vllm_log" 2>&1 &
+  {
+    bash scripts/setup_vllm.sh || exit 90
+    .venv-vllm/bin/python -m pytest -q tests/llm/test_vllm.py
+  } > "$vllm_log" 2>&1 &
   vllm_pid=$!
   set +m
   trap 'kill -- -"$vllm_pid" 2>/dev/null || true; rm -f "$vllm_log"' EXIT
@@ -49,10 +55,13 @@ fi
 if [ "$vllm" = 1 ]; then
   vrc=0
   wait "$vllm_pid" || vrc=$?
+  echo "--- scripts/setup_vllm.sh, then pytest tests/llm/test_vllm.py in .venv-vllm:"
   cat "$vllm_log"
-  if [ "$vrc" != 0 ]; then
-    echo "test.sh: scripts/setup_vllm.sh failed (exit $vrc), see above" >&2
+  if [ "$vrc" = 90 ]; then
+    echo "test.sh: scripts/setup_vllm.sh failed, see above" >&2
+    exit 1
+  elif [ "$vrc" != 0 ]; then
+    echo "test.sh: the vllm tests failed (pytest exit $vrc), see above" >&2
     exit "$vrc"
   fi
-  .venv-vllm/bin/python -m pytest -q tests/llm/test_vllm.py
 fi
