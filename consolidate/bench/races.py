@@ -795,20 +795,40 @@ def writer_main(
             time.sleep(rng.uniform(0.0, pause))
 
 
+#: seconds the writers of one experiment may run before :func:`run_writers` gives up
+WRITERS_TIMEOUT_S = 1800.0
+
+
 def _spawn_writers(rig: Rig, n: int, n_ops: int, ids: list[str], logdir: Path) -> list[Any]:
-    """Start ``n`` agents (threads or processes, as the rig needs)."""
+    """Start ``n`` agents (threads or processes, as the rig needs; threads as daemons, so
+    that writers stuck on a store that stopped answering do not keep the process alive)."""
     import multiprocessing as mp
 
     out = []
     for w in range(n):
         args = (rig.name, rig.spec, w, n, n_ops, ids, str(logdir / f"w{w}.jsonl"), 1000 + w)
         if rig.threads:
-            t = threading.Thread(target=writer_main, args=args, kwargs={"rig": rig})
+            t = threading.Thread(target=writer_main, args=args, kwargs={"rig": rig}, daemon=True)
         else:
             t = mp.get_context("spawn").Process(target=writer_main, args=args)
         t.start()
         out.append(t)
     return out
+
+
+def _stop_writers(agents: list[Any], name: str, timeout: float, rounds: list[dict]) -> None:
+    """Terminate the writer processes still running (threads cannot be stopped: they are
+    daemons) and raise the :func:`run_writers` timeout error."""
+    alive = [k for k, a in enumerate(agents) if a.is_alive()]
+    for k in alive:
+        if hasattr(agents[k], "terminate"):
+            agents[k].terminate()
+            agents[k].join(10)
+    errors = [r["error"] for r in rounds if "error" in r][-3:]
+    raise RuntimeError(
+        f"races {name}: writers {alive} still running after {timeout:g} s "
+        f"({len(rounds)} rounds); last round errors: {errors or 'none'}"
+    )
 
 
 def check_writes(rows: list[dict[str, Any]], ops: list[dict[str, Any]]) -> dict[str, Any]:
@@ -862,7 +882,18 @@ def check_writes(rows: list[dict[str, Any]], ops: list[dict[str, Any]]) -> dict[
 def run_writers(
     rig_cls: type[Rig], root: Path, rows: list[dict[str, Any]], ctx: dict[str, Any], args: Any
 ) -> dict[str, Any]:
-    """The writers experiment of one rig (see the module docstring)."""
+    """The writers experiment of one rig (see the module docstring).
+
+    ``args``: ``writers``, ``ops`` (all writers together) and, optionally,
+    ``writers_timeout`` (seconds; default :data:`WRITERS_TIMEOUT_S`).
+
+    Raises:
+        RuntimeError: writers were still running ``writers_timeout`` seconds after they
+            started (a store that stopped answering, such as a PostgreSQL server gone:
+            every write and every round then waits); writer processes are terminated
+            first, and the message gives the last rounds' errors.
+    """
+    timeout = float(getattr(args, "writers_timeout", None) or WRITERS_TIMEOUT_S)
     spec = rig_cls.build(root / "w", rows, ctx)
     rig = rig_cls(spec)
     ids = [r["id"] for r in rig.rows()]
@@ -882,6 +913,8 @@ def run_writers(
             where = f"{Path(at.filename).name}:{at.lineno}"
             got = {"error": f"{type(e).__name__} at {where}: {str(e)[:300]}"}
         rounds.append({**got, "start": start, "end": _now_h()})
+        if time.perf_counter() - t0 > timeout and any(a.is_alive() for a in agents):
+            _stop_writers(agents, rig.name, timeout, rounds)
     for a in agents:
         a.join()
     final = {}
@@ -1189,6 +1222,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kills", type=int, default=100)
     ap.add_argument("--rows", type=int, default=300)
     ap.add_argument("--skip", default="", help="writers or kills")
+    ap.add_argument(
+        "--writers-timeout",
+        type=float,
+        default=WRITERS_TIMEOUT_S,
+        help="seconds the writers of one source may run before the run gives up on it",
+    )
     ap.add_argument("--out", default="eval/races")
     ap.add_argument("--keep", default="", help="a folder to build in and keep (debugging)")
     ap.add_argument(

@@ -13,7 +13,7 @@ from tests.helpers import requires
 
 pytestmark = pytest.mark.slow
 
-ARGS = SimpleNamespace(writers=2, ops=40, kills=3)
+ARGS = SimpleNamespace(writers=2, ops=40, kills=3, writers_timeout=900)
 
 
 def _ctx(name, request):
@@ -69,3 +69,26 @@ def test_the_check_sees_a_lost_write_a_duplicate_and_a_write_left_on_a_tombstone
         "duplicated": 1,
     }
     assert got["retired_not_carried"] == 2
+
+
+def test_writers_that_never_finish_are_stopped_with_the_rounds_errors():
+    """A store that stops answering (its PostgreSQL server gone) leaves writers waiting
+    forever: the run terminates the writer processes still running and raises, naming them
+    and the last rounds' errors, instead of running rounds without end."""
+    import multiprocessing as mp
+    import time
+
+    ctx = mp.get_context("spawn")
+    done = ctx.Process(target=time.sleep, args=(0,))
+    stuck = ctx.Process(target=time.sleep, args=(600,))
+    for p in (done, stuck):
+        p.start()
+    done.join(30)
+    rounds = [{"applied": {}}, {"error": "PoolTimeout at mem0.py:183: no connection"}]
+    with pytest.raises(RuntimeError) as e:
+        races._stop_writers([done, stuck], "mem0-pgvector", 5.0, rounds)
+    assert str(e.value) == (
+        "races mem0-pgvector: writers [1] still running after 5 s (2 rounds); last round "
+        "errors: ['PoolTimeout at mem0.py:183: no connection']"
+    )
+    assert not stuck.is_alive() and stuck.exitcode == -15  # SIGTERM
