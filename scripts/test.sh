@@ -39,14 +39,17 @@ if [ "${CONSOLIDATE_SKIP_VLLM:-0}" != 1 ]; then
   # two cores: Ray clusters and subprocesses starting)
   vllm=1
   vllm_log=$(mktemp)
+  # a temp folder of its own: a pytest session that starts in pytest-of-$USER takes away
+  # the access that the suite's PostgreSQL server (another user, when run as root) needs
+  vllm_tmp=$(mktemp -d)
   set -m # its own process group: stopped with pip's processes if this script stops first
   {
     bash scripts/setup_vllm.sh || exit 90
-    .venv-vllm/bin/python -m pytest -q tests/llm/test_vllm.py
+    .venv-vllm/bin/python -m pytest -q --basetemp "$vllm_tmp/pytest" tests/llm/test_vllm.py
   } > "$vllm_log" 2>&1 &
   vllm_pid=$!
   set +m
-  trap 'kill -- -"$vllm_pid" 2>/dev/null || true; rm -f "$vllm_log"' EXIT
+  trap 'kill -- -"$vllm_pid" 2>/dev/null || true; rm -rf "$vllm_log" "$vllm_tmp"' EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
 fi
