@@ -12,11 +12,13 @@ every question. It answers: how much smaller can the store get before recall dro
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from ..evaluation.evaluate import full_context, run_evaluate  # noqa: F401  (this job's library)
 from .cli import job
 from .common import user_errors
 
@@ -43,10 +45,24 @@ def judge_line(r: dict) -> str:
     )
 
 
+#: the names this module gives from its library (:func:`__getattr__`)
+_LIBRARY = ("full_context", "run_evaluate")
+
+
+def __getattr__(name: str) -> Any:
+    """This job's library (``full_context``, ``run_evaluate``), imported when first named:
+    ``consolidate-evaluate --help`` and a mistyped setting are answered without importing torch."""
+    if name in _LIBRARY:
+        return getattr(importlib.import_module("..evaluation.evaluate", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 @job("evaluate")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point of ``consolidate-evaluate``: :func:`run_evaluate`, then the
     ablation table (store size, faithful recall and recall at k and at a token budget)."""
+    from ..evaluation.evaluate import full_context, run_evaluate
+
     with user_errors():
         res = run_evaluate(cfg)
     abl = pd.DataFrame(res.tables["ablation"])

@@ -13,7 +13,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import EmbedderConfig, StoreConfig
-from ..ingest import IngestConfig, ingest
 from ..llm import make_backend
 from ..store.locomo import read_locomo_turns
 from .cli import job
@@ -23,6 +22,8 @@ from .common import make_embedder, make_store, sim_cfg, typed, user_errors
 def run_ingest(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
     """Read turns, run :func:`consolidate.ingest.ingest`, write ``ingest_summary.json``
     and ``ingest_log.jsonl`` (every decision with the raw model answer) to ``out_dir``."""
+    from ..ingest import IngestConfig, ingest  # with torch: not for --help
+
     scfg: StoreConfig = typed(cfg, "store", StoreConfig)
     turns = read_locomo_turns(
         scfg.locomo_file, scfg.conversations, cfg.ingest.sessions, cfg.ingest.max_turns

@@ -11,18 +11,34 @@ Writes ``policy.json`` (accepted by ``consolidate sleep.policy_file=...``), the 
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from ..evaluation.policy import load_policy, policy_verdict, run_policy  # noqa: F401  (this job's library)
 from .cli import job
 from .common import user_errors
+
+#: the names this module gives from its library (:func:`__getattr__`)
+_LIBRARY = ("load_policy", "policy_verdict", "run_policy")
+
+
+def __getattr__(name: str) -> Any:
+    """This job's library (``load_policy``, ``policy_verdict``, ``run_policy``), imported when
+    first named: ``consolidate-policy --help`` and a mistyped setting are answered without
+    importing torch."""
+    if name in _LIBRARY:
+        return getattr(importlib.import_module("..evaluation.policy", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @job("policy")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point of ``consolidate-policy``: :func:`run_policy`, then the verdict
     and how to use the recommended ``policy.json``."""
+    from ..evaluation.policy import policy_verdict, run_policy
+
     with user_errors():
         doc = run_policy(cfg)
     out = HydraConfig.get().runtime.output_dir

@@ -7,15 +7,17 @@ recall bookkeeping unless ``mark_used=false``. Reads an existing store (never bu
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from omegaconf import DictConfig
 
 from ..config import EmbedderConfig, PassConfig
-from ..recall import Recalled, recall
 from .cli import job, suggest
 from .common import make_embedder, open_store, sim_cfg, typed, user_errors
+
+if TYPE_CHECKING:
+    from ..recall import Recalled
 
 log = logging.getLogger("consolidate")
 
@@ -27,6 +29,8 @@ def run_recall(cfg: DictConfig) -> Recalled:
         StoreNotFoundError: no store at ``store.dir``.
         ValueError: a bad ``k`` or ``max_tokens``, an empty or over-long query.
     """
+    from ..recall import recall  # with torch: not for --help
+
     namespace, query = str(cfg.namespace), str(cfg.query)  # missing values before any work
     store, _ = open_store(cfg, build=False)
     if cfg.mark_used:

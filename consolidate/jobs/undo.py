@@ -10,7 +10,6 @@ from typing import Any
 from omegaconf import DictConfig
 
 from ..config import SourceConfig, StoreConfig
-from ..pipeline import undo_merge
 from ..store import hours_now
 from .cli import job
 from .common import as_typed, open_store, typed, user_errors
@@ -74,6 +73,8 @@ def run_undo(cfg: DictConfig) -> dict[str, Any]:
         UndoTargetError (a ``ValueError``): ``id`` matches nothing, or several things.
         ValueError / KeyError: see :func:`consolidate.pipeline.undo_merge`.
     """
+    from ..pipeline import undo_merge  # with torch: not for --help
+
     target = _target(cfg)
     src: SourceConfig = typed(cfg, "source", SourceConfig)
     if src.kind != "store":
