@@ -818,7 +818,12 @@ def _spawn_writers(rig: Rig, n: int, n_ops: int, ids: list[str], logdir: Path) -
 
 def _stop_writers(agents: list[Any], name: str, timeout: float, rounds: list[dict]) -> None:
     """Terminate the writer processes still running (threads cannot be stopped: they are
-    daemons) and raise the :func:`run_writers` timeout error."""
+    daemons); ``timeout`` (seconds) and ``rounds`` (the rounds so far) go into the error.
+
+    Raises:
+        RuntimeError: always: the :func:`run_writers` timeout, naming the writers still
+            running (their positions in ``agents``) and the last three rounds' errors.
+    """
     alive = [k for k, a in enumerate(agents) if a.is_alive()]
     for k in alive:
         if hasattr(agents[k], "terminate"):
