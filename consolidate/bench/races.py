@@ -21,7 +21,10 @@ write is looked for:
 - *lost*: an appended or edited text found in no live row; a recall whose memory's live
   holder (the row itself, or the row it was merged into) has an older ``last_used``;
 - *duplicated*: a text found in two or more live rows;
-- *on a retired row, not carried*: a lost write whose text is in a retired row.
+- *on a retired row, not carried*: a lost write whose text is in a retired row;
+- *untouched planted pairs left apart*: planted pairs no agent edited whose fact is still
+  in two live rows (:func:`check_planted`); merges counts every round's, the last one's
+  included.
 
 A write the source refused to the agent (Mem0's update of a memory the pass deleted)
 is counted as refused, not lost: the agent saw the error.
@@ -884,6 +887,42 @@ def check_writes(rows: list[dict[str, Any]], ops: list[dict[str, Any]]) -> dict[
     return out
 
 
+def check_planted(
+    first: list[dict[str, Any]], last: list[dict[str, Any]], ops: list[dict[str, Any]]
+) -> dict[str, int]:
+    """The planted near-duplicate pairs of :func:`base_rows` at the end of a writers run.
+
+    ``first`` and ``last``: the rig's rows before the agents started and after the last
+    pass; ``ops``: the agents' logged writes. A pair is *untouched* when no agent tried to
+    edit either member (an edit appends a token: a source that re-embeds the text may
+    then see the two below the threshold, so such a pair may stay apart). An untouched pair
+    is *unmerged* when its fact (the text up to its number) is in more than one live row.
+
+    Returns:
+        ``planted_pairs``, ``planted_untouched`` and ``planted_unmerged`` (counts).
+    """
+    import re
+
+    text = {r["id"]: (r["text"] or "").lower() for r in first}
+    by_fact: dict[str, list[str]] = {}
+    for i, t in text.items():
+        m = re.fullmatch(r"(.* number \d+)!?\.", t)
+        if m:
+            by_fact.setdefault(m.group(1), []).append(i)
+    pairs = {f: ms for f, ms in by_fact.items() if len(ms) == 2}
+    edited = {o.get("id") for o in ops if o["op"] == "edit"}
+    untouched = [f for f, ms in pairs.items() if not edited.intersection(ms)]
+    live = [(r["text"] or "").lower() for r in last if r["live"]]
+    unmerged = sum(
+        sum(re.search(re.escape(f) + r"(?!\d)", t) is not None for t in live) > 1 for f in untouched
+    )
+    return {
+        "planted_pairs": len(pairs),
+        "planted_untouched": len(untouched),
+        "planted_unmerged": int(unmerged),
+    }
+
+
 def run_writers(
     rig_cls: type[Rig], root: Path, rows: list[dict[str, Any]], ctx: dict[str, Any], args: Any
 ) -> dict[str, Any]:
@@ -901,7 +940,8 @@ def run_writers(
     timeout = float(getattr(args, "writers_timeout", None) or WRITERS_TIMEOUT_S)
     spec = rig_cls.build(root / "w", rows, ctx)
     rig = rig_cls(spec)
-    ids = [r["id"] for r in rig.rows()]
+    first = rig.rows()
+    ids = [r["id"] for r in first]
     logdir = root / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -936,12 +976,14 @@ def run_writers(
     during = sum(
         1 for o in ops if any(r["start"] <= o["t_end"] and o["t"] <= r["end"] for r in rounds)
     )
-    res = check_writes(rig.rows(), ops)
+    last = rig.rows()
+    res = check_writes(last, ops)
     res.update(
         rounds=len(rounds),
         rounds_failed=sum("error" in r for r in rounds),
         round_errors=[r["error"] for r in rounds if "error" in r][:5],
-        merges=sum(sum((r.get("applied") or {}).values()) for r in rounds),
+        merges=sum(sum((r.get("applied") or {}).values()) for r in [*rounds, final]),
+        **check_planted(first, last, ops),
         late_actions=dict(
             sorted(
                 Counter(
@@ -1182,8 +1224,8 @@ def report(results: dict[str, Any], args: Any) -> str:
         "",
         "## Writers during passes and applies",
         "",
-        "| source | writes | during a pass | refused | lost | duplicated | on a retired row, not carried | late writes settled | rounds (failed) | merges | s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| source | writes | during a pass | refused | lost | duplicated | on a retired row, not carried | late writes settled | rounds (failed) | merges | untouched planted pairs left apart | s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results["sources"].items():
         w = r.get("writers")
@@ -1191,7 +1233,9 @@ def report(results: dict[str, Any], args: Any) -> str:
             lines.append(
                 f"| {name} | {w['writes']} | {w['during_a_pass']} | {w['refused']} | {w['lost']} | "
                 f"{w['duplicated']} | {w['retired_not_carried']} | {w['late_settled']} | "
-                f"{w['rounds']} ({w['rounds_failed']}) | {w['merges']} | {w['seconds']} |"
+                f"{w['rounds']} ({w['rounds_failed']}) | {w['merges']} | "
+                f"{w.get('planted_unmerged', '-')} of {w.get('planted_untouched', '-')} | "
+                f"{w['seconds']} |"
             )
     lines += [
         "",

@@ -36,7 +36,9 @@ def test_writers_during_passes_and_kills_during_applies(name, tmp_path, request)
     ctx = _ctx(name, request)
     w = races.run_writers(races.RIGS[name], tmp_path / "w", rows, ctx, ARGS)
     assert w["writes"] + w["refused"] == 80 and w["writes"] >= 60
-    assert w["merges"] >= 9  # the planted pairs merge
+    # every planted pair no agent edited ends in one live row
+    assert w["planted_pairs"] == 9 and w["planted_unmerged"] == 0, w
+    assert w["merges"] >= w["planted_untouched"]
     assert (w["lost"], w["duplicated"], w["retired_not_carried"]) == (0, 0, 0), w
     assert w["rounds_failed"] == 0, w["round_errors"]
     k = races.run_kills(races.RIGS[name], tmp_path / "k", rows, ctx, ARGS)
@@ -69,6 +71,39 @@ def test_the_check_sees_a_lost_write_a_duplicate_and_a_write_left_on_a_tombstone
         "duplicated": 1,
     }
     assert got["retired_not_carried"] == 2
+
+
+def test_the_planted_check_counts_untouched_pairs_left_apart():
+    """Three planted pairs (``number 1``/``1!``, ``2``/``2!``, ``3``/``3!``): pair 1 merged
+    into one live row, pair 2 left apart but one member edited (not counted), pair 3
+    left apart and untouched; ``number 13`` does not hold the fact ``number 1``."""
+    first = [
+        {"id": i, "text": t, "live": True}
+        for i, t in [
+            ("a1", "Bob plays judo in Lima number 1."),
+            ("b1", "Bob plays judo in Lima number 1!."),
+            ("a2", "Ivo learns tango in Oslo number 2."),
+            ("b2", "Ivo learns tango in Oslo number 2!."),
+            ("a3", "Dana teaches chess in Riga number 3."),
+            ("b3", "Dana teaches chess in Riga number 3!."),
+            ("c", "Bob plays judo in Lima number 13."),
+        ]
+    ]
+    last = [
+        {"id": "a1", "text": "x", "live": False},
+        {"id": "b1", "text": "Bob plays judo in Lima number 1!.", "live": True},
+        {"id": "a2", "text": "Ivo learns tango in Oslo number 2. zq0x1w", "live": True},
+        {"id": "b2", "text": "Ivo learns tango in Oslo number 2!.", "live": True},
+        {"id": "a3", "text": "Dana teaches chess in Riga number 3.", "live": True},
+        {"id": "b3", "text": "DANA teaches chess in Riga number 3!.", "live": True},
+        {"id": "c", "text": "Bob plays judo in Lima number 13.", "live": True},
+    ]
+    ops = [{"op": "edit", "id": "a2", "ok": False}, {"op": "touch", "id": "a3", "ok": True}]
+    assert races.check_planted(first, last, ops) == {
+        "planted_pairs": 3,
+        "planted_untouched": 2,
+        "planted_unmerged": 1,
+    }
 
 
 def test_writers_that_never_finish_are_stopped_with_the_rounds_errors():
