@@ -42,7 +42,9 @@ def test_writers_during_passes_and_kills_during_applies(name, tmp_path, request)
     assert (w["lost"], w["duplicated"], w["retired_not_carried"]) == (0, 0, 0), w
     assert w["rounds_failed"] == 0, w["round_errors"]
     k = races.run_kills(races.RIGS[name], tmp_path / "k", rows, ctx, ARGS)
-    assert k["kills"] == 3 and k["intact"] == 3, k["broken"]
+    # three kills inside an apply (a kill that comes after the child ended counts apart,
+    # up to three more), and every killed copy intact
+    assert k["before_end"] == 3 and k["intact"] == k["kills"] >= 3, k
 
 
 def test_the_check_sees_a_lost_write_a_duplicate_and_a_write_left_on_a_tombstone():
