@@ -2,8 +2,8 @@
 # Set up (idempotent), lint (ruff check, ruff format --check, mypy on the core packages),
 # run the whole test suite (slow tests included) and, beside it, the vllm backend's tests
 # with the real engine in their own environment (.venv-vllm, ~4 min to set up the first
-# time; its tests start once it is set up, while pytest runs, and their output follows
-# pytest's; CONSOLIDATE_SKIP_VLLM=1 skips them).
+# time; set up and then tested in the background from before the lint on, while the lint
+# and pytest run; their output follows pytest's; CONSOLIDATE_SKIP_VLLM=1 skips them).
 #
 #   bash scripts/test.sh                 # everything (what CI runs)
 #   bash scripts/test.sh --fast          # the fast lane: lint, then pytest -m "not slow";
@@ -20,23 +20,10 @@ if [ "${1:-}" = "--fast" ]; then
   shift
 fi
 bash scripts/setup.sh
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
-.venv/bin/mypy
-workers=${CONSOLIDATE_TEST_WORKERS:-2}
-par=()
-if [ "$workers" != 1 ]; then
-  par=(-n "$workers" --dist worksteal)
-fi
-if [ "$fast" = 1 ]; then
-  .venv/bin/python -m pytest -q ${par[@]+"${par[@]}"} -m "not slow" "$@"
-  exit 0
-fi
 vllm=0
-if [ "${CONSOLIDATE_SKIP_VLLM:-0}" != 1 ]; then
+if [ "$fast" = 0 ] && [ "${CONSOLIDATE_SKIP_VLLM:-0}" != 1 ]; then
   # .venv-vllm is set up (pip: mostly download and unpacking), then its tests run, while
-  # pytest runs: the two share the machine's CPUs (pytest leaves about a fifth idle on
-  # two cores: Ray clusters and subprocesses starting)
+  # the lint (a cold mypy takes ~40 s) and pytest run: they share the machine's CPUs
   vllm=1
   vllm_log=$(mktemp)
   # a temp folder of its own: a pytest session that starts in pytest-of-$USER takes away
@@ -53,7 +40,21 @@ if [ "${CONSOLIDATE_SKIP_VLLM:-0}" != 1 ]; then
   trap 'exit 130' INT
   trap 'exit 143' TERM
 fi
-# a failure exits here (set -e), and the EXIT trap stops the set-up; a later run redoes it
+# the vllm set-up starts first: it ends after pytest otherwise
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
+workers=${CONSOLIDATE_TEST_WORKERS:-2}
+par=()
+if [ "$workers" != 1 ]; then
+  par=(-n "$workers" --dist worksteal)
+fi
+if [ "$fast" = 1 ]; then
+  .venv/bin/python -m pytest -q ${par[@]+"${par[@]}"} -m "not slow" "$@"
+  exit 0
+fi
+# a failure here or in the lint exits (set -e), and the EXIT trap stops the vllm set-up or
+# tests; a later run redoes what is missing
 .venv/bin/python -m pytest -q ${par[@]+"${par[@]}"} "$@"
 if [ "$vllm" = 1 ]; then
   vrc=0
