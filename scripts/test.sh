@@ -40,7 +40,7 @@ if [ "$fast" = 0 ] && [ "${CONSOLIDATE_SKIP_VLLM:-0}" != 1 ]; then
   trap 'exit 130' INT
   trap 'exit 143' TERM
 fi
-# the vllm set-up starts first: it ends after pytest otherwise
+# the lint runs while the vllm set-up (started above) goes on
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

@@ -49,6 +49,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -901,8 +902,6 @@ def check_planted(
     Returns:
         ``planted_pairs``, ``planted_untouched`` and ``planted_unmerged`` (counts).
     """
-    import re
-
     text = {r["id"]: (r["text"] or "").lower() for r in first}
     by_fact: dict[str, list[str]] = {}
     for i, t in text.items():

@@ -24,7 +24,27 @@ from omegaconf import DictConfig, OmegaConf
 
 from .common import CONFIG_DIR
 
-__all__ = ["job", "suggest", "config_keys", "help_text"]
+__all__ = ["job", "suggest", "config_keys", "help_text", "lazy_library"]
+
+
+def lazy_library(module: str, library: str, names: Iterable[str]) -> Callable[[str], Any]:
+    """A module-level ``__getattr__`` for the job module ``module`` (its ``__name__``):
+    each of ``names`` is taken from the module ``library`` (an absolute module name),
+    imported when first named, so that a job's ``--help`` and a mistyped setting are
+    answered without importing torch.
+
+    The returned function raises ``AttributeError`` for any other name, as a module does.
+    """
+    wanted = frozenset(names)
+
+    def __getattr__(name: str) -> Any:
+        if name in wanted:
+            import importlib
+
+            return getattr(importlib.import_module(library), name)
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
 
 
 def job(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[], None]]:

@@ -10,25 +10,14 @@ Examples::
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from omegaconf import DictConfig
 
 from ..summary import format_summary  # noqa: F401  (printed below; tests import it here)
-from .cli import job
+from .cli import job, lazy_library
 from .common import user_errors
 
-#: the names this module gives from its library (:func:`__getattr__`)
-_LIBRARY = ("run_consolidate",)
-
-
-def __getattr__(name: str) -> Any:
-    """This job's library (``run_consolidate``), imported when first named: ``consolidate
-    --help`` and a mistyped setting are answered without importing torch."""
-    if name in _LIBRARY:
-        return getattr(importlib.import_module("..consolidation", __package__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: this job's library names, imported when first named (``--help`` imports no torch)
+__getattr__ = lazy_library(__name__, "consolidate.consolidation", ("run_consolidate",))
 
 
 @job("consolidate")

@@ -12,14 +12,11 @@ every question. It answers: how much smaller can the store get before recall dro
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .cli import job
+from .cli import job, lazy_library
 from .common import user_errors
 
 
@@ -45,16 +42,10 @@ def judge_line(r: dict) -> str:
     )
 
 
-#: the names this module gives from its library (:func:`__getattr__`)
-_LIBRARY = ("full_context", "run_evaluate")
-
-
-def __getattr__(name: str) -> Any:
-    """This job's library (``full_context``, ``run_evaluate``), imported when first named:
-    ``consolidate-evaluate --help`` and a mistyped setting are answered without importing torch."""
-    if name in _LIBRARY:
-        return getattr(importlib.import_module("..evaluation.evaluate", __package__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: this job's library names, imported when first named (``--help`` imports no torch)
+__getattr__ = lazy_library(
+    __name__, "consolidate.evaluation.evaluate", ("full_context", "run_evaluate")
+)
 
 
 @job("evaluate")

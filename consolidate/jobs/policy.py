@@ -11,26 +11,16 @@ Writes ``policy.json`` (accepted by ``consolidate sleep.policy_file=...``), the 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .cli import job
+from .cli import job, lazy_library
 from .common import user_errors
 
-#: the names this module gives from its library (:func:`__getattr__`)
-_LIBRARY = ("load_policy", "policy_verdict", "run_policy")
-
-
-def __getattr__(name: str) -> Any:
-    """This job's library (``load_policy``, ``policy_verdict``, ``run_policy``), imported when
-    first named: ``consolidate-policy --help`` and a mistyped setting are answered without
-    importing torch."""
-    if name in _LIBRARY:
-        return getattr(importlib.import_module("..evaluation.policy", __package__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: this job's library names, imported when first named (``--help`` imports no torch)
+__getattr__ = lazy_library(
+    __name__, "consolidate.evaluation.policy", ("load_policy", "policy_verdict", "run_policy")
+)
 
 
 @job("policy")

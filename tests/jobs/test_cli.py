@@ -324,3 +324,19 @@ def test_help_and_a_mistyped_setting_do_not_import_torch():
         "True"
     )
     assert "did you mean sleep.threshold?" in p.stderr
+
+
+def test_a_job_module_names_only_its_library():
+    """The job modules' ``__getattr__`` (``lazy_library``) gives its library's names and
+    raises ``AttributeError`` for any other, as a module does."""
+    import json
+
+    from consolidate.jobs.cli import lazy_library
+
+    get = lazy_library("consolidate.jobs.x", "json", ("dumps",))
+    assert get("dumps") is json.dumps
+    with pytest.raises(
+        AttributeError, match="module 'consolidate.jobs.x' has no attribute 'loads'"
+    ):
+        get("loads")
+    assert not hasattr(consolidate_job, "run_pass")  # a name of no job library
